@@ -1,0 +1,730 @@
+//! The data of the pure core: states, events, commands and the per-task record they act on.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Milliseconds since the UNIX epoch. The core never reads a clock; every `now` is one of these.
+pub type Millis = u64;
+
+/// Identifies one caller request (a run, a suspend or a resume) within a task.
+pub type RequestId = u64;
+
+/// The lifecycle state of a task. Exactly these six; see the module docs for the diagram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    /// No sandbox, and nothing to restore: the next request provisions a fresh sandbox.
+    Idle,
+    /// A fresh sandbox is being created.
+    Provisioning,
+    /// A sandbox is live; commands run in it one at a time.
+    Running,
+    /// A snapshot of the sandbox's filesystem is being taken; the sandbox stops when it completes.
+    Snapshotting,
+    /// No live sandbox, but the task's files are held in its latest complete snapshot.
+    Expired,
+    /// A sandbox is being created from the latest complete snapshot.
+    Restoring,
+}
+
+impl TaskState {
+    /// All states, in lifecycle order.
+    pub const ALL: [TaskState; 6] = [
+        TaskState::Idle,
+        TaskState::Provisioning,
+        TaskState::Running,
+        TaskState::Snapshotting,
+        TaskState::Expired,
+        TaskState::Restoring,
+    ];
+
+    /// The state's name as stored and printed (`idle`, `provisioning`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Idle => "idle",
+            TaskState::Provisioning => "provisioning",
+            TaskState::Running => "running",
+            TaskState::Snapshotting => "snapshotting",
+            TaskState::Expired => "expired",
+            TaskState::Restoring => "restoring",
+        }
+    }
+
+    /// Parses a stored state name.
+    pub fn parse(s: &str) -> Option<TaskState> {
+        TaskState::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// A transient state has a provider operation in flight; a task found in one after a crash
+    /// is reconciled by re-issuing that operation (all of them are idempotent by key).
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            TaskState::Provisioning | TaskState::Snapshotting | TaskState::Restoring
+        )
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a provider failure is to be treated. Decided once, where a response or an I/O error is
+/// turned into a typed failure (the provider modules), never re-guessed by the core.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FailureKind {
+    /// Worth retrying: network errors, 5xx, 429, "still settling". `retry_after_ms` is the
+    /// provider's own hint (a `Retry-After` header), honoured as a lower bound on the delay.
+    Transient { retry_after_ms: Option<u64> },
+    /// The sandbox is gone (expired at its platform timeout, stopped, or discarded).
+    SandboxGone,
+    /// The snapshot is gone (expired or deleted). The only answer that drops a snapshot mapping.
+    SnapshotGone,
+    /// Credentials are missing, wrong or expired.
+    Auth,
+    /// The request was rejected as invalid (bad configuration); retrying cannot help.
+    Invalid,
+    /// Anything else that retrying will not fix.
+    Permanent,
+}
+
+/// A classified provider failure, with a message that is safe to journal (no secrets).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    /// How to treat it.
+    pub kind: FailureKind,
+    /// What happened, already scrubbed of secrets.
+    pub message: String,
+}
+
+impl Failure {
+    /// A transient failure with an optional retry-after hint.
+    pub fn transient(message: impl Into<String>, retry_after_ms: Option<u64>) -> Failure {
+        Failure {
+            kind: FailureKind::Transient { retry_after_ms },
+            message: message.into(),
+        }
+    }
+
+    /// A failure of the given kind.
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Failure {
+        Failure {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The pure retry policy: attempt number in, delay or give-up out. Jitter is added by the
+/// executor (`crate::retry`), so the journal and replay stay deterministic.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Total attempts of one operation, the first included. `1` means never retry.
+    pub max_attempts: u32,
+    /// Delay before the first retry.
+    pub initial_delay_ms: u64,
+    /// Upper bound on the computed delay (a provider's retry-after may exceed it).
+    pub max_delay_ms: u64,
+    /// Growth factor between consecutive delays.
+    pub multiplier: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 6,
+            initial_delay_ms: 200,
+            max_delay_ms: 10_000,
+            multiplier: 2,
+        }
+    }
+}
+
+/// What the retry policy says about a failed attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryDecision {
+    /// Try again after this many milliseconds (before jitter).
+    RetryAfter(u64),
+    /// Attempts are used up: report the last error and the count.
+    GiveUp,
+}
+
+impl RetryPolicy {
+    /// Decides whether attempt number `attempts_made` (1 for the first) may be followed by
+    /// another, and after how long. A provider's `retry_after_ms` is honoured as a lower bound.
+    pub fn decide(&self, attempts_made: u32, retry_after_ms: Option<u64>) -> RetryDecision {
+        if attempts_made >= self.max_attempts {
+            return RetryDecision::GiveUp;
+        }
+        let exp = attempts_made.saturating_sub(1).min(30);
+        let base = self
+            .initial_delay_ms
+            .saturating_mul(u64::from(self.multiplier.max(1)).saturating_pow(exp))
+            .min(self.max_delay_ms);
+        RetryDecision::RetryAfter(base.max(retry_after_ms.unwrap_or(0)))
+    }
+}
+
+/// The settings a task's lifecycle depends on, captured in the task so that replay sees exactly
+/// what the engine saw. Updated through [`Event::SettingsChanged`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSettings {
+    /// `terminal.container_persistent`: keep files in snapshots across sandboxes.
+    pub persistent: bool,
+    /// `terminal.sandbox_timeout_seconds` in ms: a sandbox's platform lifetime at creation.
+    pub sandbox_timeout_ms: u64,
+    /// `terminal.lifetime_seconds` in ms: idle time after which a sandbox is reaped.
+    pub idle_lifetime_ms: u64,
+    /// `terminal.timeout` in ms: the default per-command timeout.
+    pub command_timeout_ms: u64,
+    /// `terminal.keep_snapshots`: complete snapshots kept per task (at least 1).
+    pub keep_snapshots: u32,
+    /// `terminal.checkpoint_margin_seconds` in ms: how long before the deadline a checkpoint
+    /// snapshot is taken when the timeout cannot be extended further.
+    pub checkpoint_margin_ms: u64,
+    /// `terminal.max_sandbox_lifetime_seconds` in ms: the plan's cap on a sandbox's total
+    /// lifetime; extensions never go past `created_at + max_sandbox_lifetime_ms`.
+    pub max_sandbox_lifetime_ms: u64,
+    /// Retries of transient provider failures.
+    pub retry: RetryPolicy,
+}
+
+impl Default for TaskSettings {
+    fn default() -> Self {
+        TaskSettings {
+            persistent: true,
+            sandbox_timeout_ms: 300_000,
+            idle_lifetime_ms: 300_000,
+            command_timeout_ms: 180_000,
+            keep_snapshots: 2,
+            checkpoint_margin_ms: 30_000,
+            max_sandbox_lifetime_ms: 300_000,
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// The status of one snapshot record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotStatus {
+    /// Being taken; never restored from.
+    Pending,
+    /// Confirmed complete by the provider: a restore candidate.
+    Complete,
+    /// The attempt failed or was interrupted; never restored from.
+    Failed,
+    /// Superseded; a delete on the provider is outstanding (retried until confirmed).
+    Deleting,
+    /// Deleted on the provider.
+    Deleted,
+    /// The provider answered "snapshot gone" (expired or deleted behind our back).
+    Gone,
+}
+
+impl SnapshotStatus {
+    /// The status name as stored and printed.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotStatus::Pending => "pending",
+            SnapshotStatus::Complete => "complete",
+            SnapshotStatus::Failed => "failed",
+            SnapshotStatus::Deleting => "deleting",
+            SnapshotStatus::Deleted => "deleted",
+            SnapshotStatus::Gone => "gone",
+        }
+    }
+}
+
+/// One snapshot of a task's filesystem.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    /// Per-task sequence number; the idempotency key of the snapshot operation.
+    pub seq: u64,
+    /// The provider's snapshot id, known once complete.
+    pub id: Option<String>,
+    /// Where it stands.
+    pub status: SnapshotStatus,
+    /// Size reported by the provider.
+    pub size_bytes: u64,
+    /// The sandbox it was taken of.
+    pub sandbox_id: String,
+    /// When the attempt started.
+    pub started_at: Millis,
+    /// When the provider confirmed it.
+    pub created_at: Option<Millis>,
+    /// When the provider will expire it (`None`: never).
+    pub expires_at: Option<Millis>,
+}
+
+/// The task's live sandbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    /// The provider's handle for later calls (a workspace name, a Vercel session id).
+    pub id: String,
+    /// The sandbox's stable name (derived from task id and generation).
+    pub name: String,
+    /// Which creation of this task's sandbox it is.
+    pub generation: u64,
+    /// When it became ready.
+    pub created_at: Millis,
+    /// When the platform will stop it unless extended.
+    pub deadline: Millis,
+    /// The snapshot it was restored from, if any.
+    pub source_snapshot: Option<String>,
+}
+
+/// A caller's request waiting in a task's queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Request {
+    /// Run `command` (a `bash -c` string) with a timeout.
+    Run {
+        /// Request id.
+        id: RequestId,
+        /// The shell command.
+        command: String,
+        /// Per-command timeout.
+        timeout_ms: u64,
+    },
+    /// Snapshot (when persistent) and stop the sandbox.
+    Suspend {
+        /// Request id.
+        id: RequestId,
+    },
+    /// Make a sandbox live (restoring the latest snapshot) without running anything.
+    Resume {
+        /// Request id.
+        id: RequestId,
+    },
+}
+
+impl Request {
+    /// The request's id.
+    pub fn id(&self) -> RequestId {
+        match self {
+            Request::Run { id, .. } | Request::Suspend { id } | Request::Resume { id } => *id,
+        }
+    }
+}
+
+/// A command currently executing in the sandbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunningCommand {
+    /// The request it serves.
+    pub request_id: RequestId,
+    /// The shell command (reported if the sandbox expires under it).
+    pub command: String,
+    /// Its timeout.
+    pub timeout_ms: u64,
+    /// When it was started.
+    pub started_at: Millis,
+}
+
+/// Why a snapshot is being taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SnapshotReason {
+    /// A caller asked to suspend.
+    Suspend {
+        /// The suspend request.
+        request_id: RequestId,
+    },
+    /// The sandbox was idle for `idle_lifetime_ms`.
+    IdleReap,
+    /// The deadline is near and the timeout cannot be extended further.
+    Checkpoint,
+}
+
+/// Something the caller of the next command should know: reported once, with the next reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Notice {
+    /// A new sandbox was created for the task; live processes from before are gone.
+    Recreated {
+        /// The snapshot its files came from (`None`: started fresh).
+        from_snapshot: Option<String>,
+    },
+    /// The sandbox expired at its platform deadline.
+    SandboxExpired {
+        /// The deadline.
+        at: Millis,
+    },
+    /// Files were lost: no retained snapshot could be restored.
+    FilesLost {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Everything the core knows about one task. The store persists it whole with each transition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// The task id (a safe name; see [`crate::TaskId`]).
+    pub id: String,
+    /// Lifecycle state.
+    pub state: TaskState,
+    /// Settings in force.
+    pub settings: TaskSettings,
+    /// Sandbox creations so far; the current or next sandbox's generation.
+    pub generation: u64,
+    /// The live sandbox, in `running` and `snapshotting`.
+    pub sandbox: Option<SandboxRecord>,
+    /// The snapshot a `restoring` task is being restored from.
+    pub restore_source: Option<String>,
+    /// Every snapshot record, oldest first.
+    pub snapshots: Vec<SnapshotRecord>,
+    /// Why the current snapshot (the last record, `pending`) is being taken.
+    pub snapshot_reason: Option<SnapshotReason>,
+    /// Requests waiting their turn.
+    pub queue: VecDeque<Request>,
+    /// The command executing now, in `running`.
+    pub running: Option<RunningCommand>,
+    /// Attempts made of the operation in flight (persisted: a restart does not reset it).
+    pub attempts: u32,
+    /// Last time a command started or finished (the idle reaper's clock).
+    pub last_activity: Millis,
+    /// A checkpoint fell due while a command was running: take it when the command ends.
+    pub checkpoint_due: bool,
+    /// Notices for the next reply.
+    pub notices: Vec<Notice>,
+    /// When the task was created.
+    pub created_at: Millis,
+}
+
+impl Task {
+    /// A new idle task.
+    pub fn new(id: impl Into<String>, settings: TaskSettings, now: Millis) -> Task {
+        Task {
+            id: id.into(),
+            state: TaskState::Idle,
+            settings,
+            generation: 0,
+            sandbox: None,
+            restore_source: None,
+            snapshots: Vec::new(),
+            snapshot_reason: None,
+            queue: VecDeque::new(),
+            running: None,
+            attempts: 0,
+            last_activity: now,
+            checkpoint_due: false,
+            notices: Vec::new(),
+            created_at: now,
+        }
+    }
+
+    /// The latest complete snapshot: the one a restore must use.
+    pub fn latest_complete(&self) -> Option<&SnapshotRecord> {
+        self.snapshots
+            .iter()
+            .rev()
+            .find(|s| s.status == SnapshotStatus::Complete)
+    }
+
+    /// Snapshots retained on the provider (complete, or superseded but not yet deleted).
+    pub fn retained_snapshot_ids(&self) -> impl Iterator<Item = &str> {
+        self.snapshots.iter().filter_map(|s| match s.status {
+            SnapshotStatus::Complete | SnapshotStatus::Deleting | SnapshotStatus::Pending => {
+                s.id.as_deref()
+            }
+            _ => None,
+        })
+    }
+}
+
+/// Which timer fired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimerKind {
+    /// The idle lifetime may have passed.
+    Idle,
+    /// The checkpoint margin before the deadline is reached.
+    Checkpoint,
+    /// The sandbox's platform deadline is reached.
+    Deadline,
+    /// A backoff delay before retrying the operation in flight is over.
+    Retry,
+}
+
+/// Everything that can happen to a task: caller requests, provider outcomes, timers, restarts.
+/// Closed: adding a variant forces a look at every arm of [`step`](crate::core::step).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// A caller asked to run a command.
+    RunRequested {
+        /// Request id.
+        request_id: RequestId,
+        /// The shell command.
+        command: String,
+        /// Its timeout.
+        timeout_ms: u64,
+    },
+    /// A caller asked to suspend the task.
+    SuspendRequested {
+        /// Request id.
+        request_id: RequestId,
+    },
+    /// A caller asked to make the sandbox live again without running anything.
+    ResumeRequested {
+        /// Request id.
+        request_id: RequestId,
+    },
+    /// The configuration changed; the new settings apply from now on.
+    SettingsChanged {
+        /// The new settings.
+        settings: TaskSettings,
+    },
+    /// `CreateSandbox` succeeded.
+    SandboxReady {
+        /// The generation that was created.
+        generation: u64,
+        /// Provider handle.
+        sandbox_id: String,
+        /// Stable name.
+        name: String,
+        /// Platform deadline.
+        deadline: Millis,
+    },
+    /// `CreateSandbox` failed.
+    CreateFailed {
+        /// The generation that failed.
+        generation: u64,
+        /// Why.
+        failure: Failure,
+    },
+    /// `RunCommand` finished (the command ran; its own exit code may be non-zero).
+    CommandExited {
+        /// The request it served.
+        request_id: RequestId,
+        /// The command's exit code (124 on timeout).
+        exit_code: i32,
+        /// Whether the timeout killed it.
+        timed_out: bool,
+    },
+    /// `RunCommand` could not run or complete the command.
+    CommandFailed {
+        /// The request it served.
+        request_id: RequestId,
+        /// Why.
+        failure: Failure,
+    },
+    /// `TakeSnapshot` completed: the snapshot is confirmed and the sandbox has stopped.
+    SnapshotTaken {
+        /// The snapshot sequence number.
+        seq: u64,
+        /// The provider's snapshot id.
+        snapshot_id: String,
+        /// Its size.
+        size_bytes: u64,
+        /// When the provider will expire it.
+        expires_at: Option<Millis>,
+    },
+    /// `TakeSnapshot` failed.
+    SnapshotFailed {
+        /// The snapshot sequence number.
+        seq: u64,
+        /// Why.
+        failure: Failure,
+    },
+    /// `StopSandbox` completed.
+    SandboxStopped {
+        /// The sandbox.
+        sandbox_id: String,
+    },
+    /// `StopSandbox` failed (left for the reconciler).
+    StopFailed {
+        /// The sandbox.
+        sandbox_id: String,
+        /// Why.
+        failure: Failure,
+    },
+    /// `ExtendTimeout` succeeded.
+    TimeoutExtended {
+        /// The sandbox.
+        sandbox_id: String,
+        /// The new deadline.
+        deadline: Millis,
+    },
+    /// `ExtendTimeout` failed (the plan cap, or an error): a checkpoint is due instead.
+    ExtendFailed {
+        /// The sandbox.
+        sandbox_id: String,
+        /// Why.
+        failure: Failure,
+    },
+    /// `DeleteSnapshot` completed.
+    SnapshotDeleted {
+        /// The snapshot.
+        snapshot_id: String,
+    },
+    /// `DeleteSnapshot` failed; retried later.
+    DeleteFailed {
+        /// The snapshot.
+        snapshot_id: String,
+        /// Why.
+        failure: Failure,
+    },
+    /// `ProbeSandbox` answered.
+    SandboxProbed {
+        /// The sandbox.
+        sandbox_id: String,
+        /// Whether it is still running; with its deadline when it is.
+        alive: Option<Millis>,
+    },
+    /// A timer fired.
+    TimerFired {
+        /// Which one.
+        timer: TimerKind,
+    },
+    /// The engine (re)started and loaded this task from the store.
+    Recovered,
+}
+
+impl Event {
+    /// A short name for logs and journal columns.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::RunRequested { .. } => "run_requested",
+            Event::SuspendRequested { .. } => "suspend_requested",
+            Event::ResumeRequested { .. } => "resume_requested",
+            Event::SettingsChanged { .. } => "settings_changed",
+            Event::SandboxReady { .. } => "sandbox_ready",
+            Event::CreateFailed { .. } => "create_failed",
+            Event::CommandExited { .. } => "command_exited",
+            Event::CommandFailed { .. } => "command_failed",
+            Event::SnapshotTaken { .. } => "snapshot_taken",
+            Event::SnapshotFailed { .. } => "snapshot_failed",
+            Event::SandboxStopped { .. } => "sandbox_stopped",
+            Event::StopFailed { .. } => "stop_failed",
+            Event::TimeoutExtended { .. } => "timeout_extended",
+            Event::ExtendFailed { .. } => "extend_failed",
+            Event::SnapshotDeleted { .. } => "snapshot_deleted",
+            Event::DeleteFailed { .. } => "delete_failed",
+            Event::SandboxProbed { .. } => "sandbox_probed",
+            Event::TimerFired { .. } => "timer_fired",
+            Event::Recovered => "recovered",
+        }
+    }
+}
+
+/// What a finished request answers its caller.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reply {
+    /// The command ran (its output is delivered by the executor, not journaled).
+    Ran {
+        /// Exit code (124 on timeout).
+        exit_code: i32,
+        /// Whether the timeout killed it.
+        timed_out: bool,
+        /// What the caller should know (recreated sandbox, files lost...).
+        notices: Vec<Notice>,
+    },
+    /// The task is suspended.
+    Suspended {
+        /// The snapshot holding its files (`None`: nothing kept).
+        snapshot_id: Option<String>,
+    },
+    /// The task has a live sandbox.
+    Resumed {
+        /// The sandbox.
+        sandbox_id: String,
+        /// What the caller should know.
+        notices: Vec<Notice>,
+    },
+    /// The request failed.
+    Failed {
+        /// What went wrong, with the last real error.
+        error: String,
+        /// How many attempts were made.
+        attempts: u32,
+        /// What the caller should know.
+        notices: Vec<Notice>,
+    },
+}
+
+/// An effect to perform, emitted by `step` and committed to the journal before it is performed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Command {
+    /// Emitted entering `provisioning`/`restoring` (and on retry or recovery): create the
+    /// sandbox of this generation, from a snapshot when restoring. Idempotent by
+    /// (task, generation): a create whose answer was lost finds the sandbox by name.
+    CreateSandbox {
+        /// Generation (names the sandbox).
+        generation: u64,
+        /// The snapshot to restore, or `None` for a fresh sandbox.
+        source_snapshot: Option<String>,
+        /// Platform timeout for the new sandbox.
+        timeout_ms: u64,
+    },
+    /// Emitted when a run request reaches the front of the queue in `running` (and on retry).
+    RunCommand {
+        /// The request.
+        request_id: RequestId,
+        /// The sandbox.
+        sandbox_id: String,
+        /// The shell command.
+        command: String,
+        /// Its timeout.
+        timeout_ms: u64,
+    },
+    /// Emitted entering `snapshotting` (and on retry or recovery). Idempotent by (task, seq).
+    /// The sandbox stops once the snapshot completes.
+    TakeSnapshot {
+        /// The sandbox.
+        sandbox_id: String,
+        /// The snapshot sequence number.
+        seq: u64,
+    },
+    /// Emitted when a sandbox is no longer wanted (non-persistent suspend or reap, a stale
+    /// sandbox from an earlier generation).
+    StopSandbox {
+        /// The sandbox.
+        sandbox_id: String,
+    },
+    /// Emitted at the checkpoint timer while commands keep coming and the plan allows more.
+    ExtendTimeout {
+        /// The sandbox.
+        sandbox_id: String,
+        /// How much longer.
+        duration_ms: u64,
+    },
+    /// Emitted when a newer snapshot has been confirmed and this one falls out of retention.
+    DeleteSnapshot {
+        /// The snapshot.
+        snapshot_id: String,
+    },
+    /// Emitted on recovery of a `running` task: ask whether the sandbox still lives.
+    ProbeSandbox {
+        /// The sandbox.
+        sandbox_id: String,
+    },
+    /// Emitted to arm a timer; a later timer of the same kind replaces it.
+    ScheduleTimer {
+        /// Which timer.
+        timer: TimerKind,
+        /// When it fires.
+        at: Millis,
+    },
+    /// Emitted when a request is finished: answer its caller.
+    Reply {
+        /// The request.
+        request_id: RequestId,
+        /// The answer.
+        reply: Reply,
+    },
+}

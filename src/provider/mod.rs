@@ -1,0 +1,234 @@
+//! Sandbox providers: the only code that knows processes (local), HTTP (vercel_sandbox) or a
+//! simulated world (sim). The engine talks to them through [`SandboxProvider`].
+//!
+//! Every operation except [`SandboxProvider::exec`] is idempotent by its key, which is what lets
+//! the engine recover from a crash by re-issuing the operation that was in flight:
+//! - `create_sandbox` by the sandbox name (task id + generation): a second call finds the first
+//!   sandbox instead of creating another;
+//! - `snapshot` by (task id, seq): a second call returns the snapshot the first one took;
+//! - `stop_sandbox`, `delete_snapshot`: stopping a stopped sandbox or deleting a deleted snapshot
+//!   succeeds.
+
+pub mod local;
+pub mod sim;
+pub mod vercel;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::{Failure, FailureKind, Millis};
+
+/// The boxed future every provider operation returns (keeps the trait object-safe).
+pub type ProviderFuture<'a, T> =
+    Pin<Box<dyn Future<Output = Result<T, ProviderError>> + Send + 'a>>;
+
+/// A provider failure, classified once where it arises.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{operation}: {message}")]
+pub struct ProviderError {
+    /// How to treat it.
+    pub kind: FailureKind,
+    /// The operation that failed (`create sandbox`, `run command`, ...).
+    pub operation: &'static str,
+    /// What happened; never contains a secret.
+    pub message: String,
+}
+
+impl ProviderError {
+    /// A failure of `kind` during `operation`.
+    pub fn new(kind: FailureKind, operation: &'static str, message: impl Into<String>) -> Self {
+        ProviderError {
+            kind,
+            operation,
+            message: message.into(),
+        }
+    }
+
+    /// A transient failure (worth a retry), with the provider's retry-after hint if any.
+    pub fn transient(
+        operation: &'static str,
+        message: impl Into<String>,
+        retry_after_ms: Option<u64>,
+    ) -> Self {
+        Self::new(
+            FailureKind::Transient { retry_after_ms },
+            operation,
+            message,
+        )
+    }
+
+    /// The sandbox is gone.
+    pub fn sandbox_gone(operation: &'static str, message: impl Into<String>) -> Self {
+        Self::new(FailureKind::SandboxGone, operation, message)
+    }
+
+    /// The snapshot is gone.
+    pub fn snapshot_gone(operation: &'static str, message: impl Into<String>) -> Self {
+        Self::new(FailureKind::SnapshotGone, operation, message)
+    }
+
+    /// Whether a retry may help.
+    pub fn is_transient(&self) -> bool {
+        matches!(self.kind, FailureKind::Transient { .. })
+    }
+
+    /// The core's view of this failure.
+    pub fn to_failure(&self) -> Failure {
+        Failure::new(self.kind.clone(), self.to_string())
+    }
+}
+
+/// What to create.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// The owning task.
+    pub task_id: String,
+    /// Which creation of the task's sandbox this is.
+    pub generation: u64,
+    /// The stable name: [`sandbox_name`] of the task id and generation.
+    pub name: String,
+    /// Restore from this snapshot, or start fresh.
+    pub source_snapshot: Option<String>,
+    /// Platform lifetime from creation.
+    pub timeout_ms: u64,
+    /// The installation that owns it (a tag on the sandbox, for the reconciler).
+    pub installation_id: String,
+}
+
+/// The sandbox name for a task's `generation`: deterministic, so a create is safe to repeat.
+pub fn sandbox_name(task_id: &str, generation: u64) -> String {
+    format!("taskbox-{task_id}-g{generation}")
+}
+
+/// A created (or found) sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    /// The handle for later calls.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// When the platform stops it.
+    pub deadline: Millis,
+}
+
+/// One command to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// The `bash -c` command string.
+    pub command: String,
+    /// Kill it (the command, not the sandbox) after this long; the result then has exit 124.
+    pub timeout_ms: u64,
+}
+
+/// A finished command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecOutput {
+    /// Exit code; 124 when the timeout killed it.
+    pub exit_code: i32,
+    /// Whether the timeout killed it.
+    pub timed_out: bool,
+    /// Captured stdout, bounded (see [`bound_output`]).
+    pub stdout: String,
+    /// Captured stderr, bounded.
+    pub stderr: String,
+    /// Wall time.
+    pub duration_ms: u64,
+}
+
+/// A snapshot as the provider reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    /// Provider id.
+    pub id: String,
+    /// Size.
+    pub size_bytes: u64,
+    /// Expiry (`None`: never).
+    pub expires_at: Option<Millis>,
+}
+
+/// A provider resource listed for reconciliation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListedResource {
+    /// Provider id (sandbox handle or snapshot id).
+    pub id: String,
+    /// The task that owns it, from its tags or name.
+    pub task_id: Option<String>,
+    /// Whether it is still running (sandboxes) or present (snapshots).
+    pub live: bool,
+}
+
+/// A sandbox platform.
+pub trait SandboxProvider: Send + Sync {
+    /// The backend name (`local`, `vercel_sandbox`, `sim`).
+    fn name(&self) -> &'static str;
+
+    /// Creates the sandbox named `spec.name` (or finds it, if a create was already made).
+    /// A missing source snapshot is [`FailureKind::SnapshotGone`].
+    fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo>;
+
+    /// Runs one command; cancelling by timeout kills the command, never the sandbox.
+    /// A sandbox that is gone (or expires under the command) is [`FailureKind::SandboxGone`].
+    fn exec<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        req: &'a ExecRequest,
+    ) -> ProviderFuture<'a, ExecOutput>;
+
+    /// Snapshots the sandbox's filesystem and stops it. Idempotent by (`task_id`, `seq`).
+    fn snapshot<'a>(
+        &'a self,
+        task_id: &'a str,
+        sandbox_id: &'a str,
+        seq: u64,
+    ) -> ProviderFuture<'a, SnapshotInfo>;
+
+    /// Stops the sandbox (its files are discarded). Stopping a gone sandbox succeeds.
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()>;
+
+    /// Extends the sandbox's lifetime by `duration_ms`; returns the new deadline.
+    fn extend_timeout<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        duration_ms: u64,
+    ) -> ProviderFuture<'a, Millis>;
+
+    /// Deletes a snapshot. Deleting a gone snapshot succeeds.
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()>;
+
+    /// Whether the sandbox still runs: `Some(deadline)` if it does.
+    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>>;
+
+    /// This installation's sandboxes (found by tag), for the reconciler.
+    fn list_sandboxes<'a>(
+        &'a self,
+        installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>>;
+
+    /// This installation's snapshots, for the reconciler.
+    fn list_snapshots<'a>(
+        &'a self,
+        installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>>;
+}
+
+/// Bounds captured output the way Hermes does: at most `max_chars` characters, keeping the first
+/// 40 % and the last 60 %, with a line in between saying how much was cut.
+pub fn bound_output(text: &str, max_chars: usize) -> String {
+    let total = text.chars().count();
+    if total <= max_chars {
+        return text.to_string();
+    }
+    let head_n = max_chars * 2 / 5;
+    let tail_n = max_chars - head_n;
+    let head: String = text.chars().take(head_n).collect();
+    let tail: String = text.chars().skip(total - tail_n).collect();
+    format!(
+        "{head}\n[taskbox: output truncated, {} of {total} characters omitted]\n{tail}",
+        total - head_n - tail_n
+    )
+}
+
+/// The default bound on captured output per stream (Hermes's 50,000 characters).
+pub const MAX_OUTPUT_CHARS: usize = 50_000;

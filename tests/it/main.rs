@@ -1,0 +1,10 @@
+//! The one integration-test binary: every test module links into it once.
+
+mod cli;
+mod core_step;
+mod engine;
+mod fake_vercel;
+mod local_provider;
+mod store;
+mod support;
+mod vercel_client;
