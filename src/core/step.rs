@@ -1,19 +1,979 @@
-//! the core's transition table (being written)
-use super::*;
-/// A transition.
+//! The transition table: `step(task, event, now) -> Transition`.
+//!
+//! One exhaustive `match (state, event)` with no wildcard arm: adding a state or an event forces a
+//! decision for every pair. Outcomes that arrive late or twice (a second "snapshot taken", the
+//! exit of a command whose sandbox already expired, a timer armed before the state moved on) are
+//! absorbed on purpose — they leave the task unchanged or only release what they name. Events
+//! that no correct engine can produce are typed [`StepError`]s.
+
+use std::mem;
+
+use super::types::*;
+
+/// The outcome of one step: the task after the event, and the effects to perform — in order,
+/// after the transition has been committed to the journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transition {
+    /// The task after the event.
     pub next: Task,
+    /// Effects to perform.
     pub commands: Vec<Command>,
 }
-/// Step error.
+
+/// An event that cannot be applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("x")]
-pub struct StepError;
-/// step
-pub fn step(task: &Task, _e: Event, _now: Millis) -> Result<Transition, StepError> {
+pub enum StepError {
+    /// A request id was reused (request ids grow per task).
+    #[error("task {task}: request id {request_id} was already used (last was {last})")]
+    DuplicateRequest {
+        /// The task.
+        task: String,
+        /// The id given.
+        request_id: RequestId,
+        /// The highest id seen.
+        last: RequestId,
+    },
+    /// A request asked for something impossible (such as a zero timeout).
+    #[error("task {task}: invalid request: {why}")]
+    InvalidRequest {
+        /// The task.
+        task: String,
+        /// What is wrong.
+        why: &'static str,
+    },
+}
+
+/// Applies `event` to `task` at time `now`.
+pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepError> {
+    use TaskState::*;
+    let mut cx = Cx {
+        t: task.clone(),
+        cmds: Vec::new(),
+        now,
+    };
+    match (task.state, event) {
+        // ---- caller requests: queued in every state, then the queue is pumped ----
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::RunRequested {
+                request_id,
+                command,
+                timeout_ms,
+            },
+        ) => {
+            if timeout_ms == 0 {
+                return Err(StepError::InvalidRequest {
+                    task: task.id.clone(),
+                    why: "the command timeout must be at least 1 ms",
+                });
+            }
+            cx.accept_request(request_id)?;
+            cx.t.queue.push_back(Request::Run {
+                id: request_id,
+                command,
+                timeout_ms,
+            });
+            cx.pump();
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::SuspendRequested { request_id },
+        ) => {
+            cx.accept_request(request_id)?;
+            cx.t.queue.push_back(Request::Suspend { id: request_id });
+            cx.pump();
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::ResumeRequested { request_id },
+        ) => {
+            cx.accept_request(request_id)?;
+            cx.t.queue.push_back(Request::Resume { id: request_id });
+            cx.pump();
+        }
+
+        // ---- configuration ----
+        (Expired, Event::SettingsChanged { settings }) => {
+            cx.t.settings = settings;
+            if !cx.t.settings.persistent {
+                // Not persistent any more: the next sandbox starts fresh.
+                cx.t.state = Idle;
+            }
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Restoring,
+            Event::SettingsChanged { settings },
+        ) => {
+            cx.t.settings = settings;
+        }
+
+        // ---- sandbox creation ----
+        // provisioning/restoring ---- ready ----> running
+        (
+            Provisioning | Restoring,
+            Event::SandboxReady {
+                generation,
+                sandbox_id,
+                name,
+                deadline,
+            },
+        ) if generation == task.generation => {
+            let source = cx.t.restore_source.take();
+            if task.generation > 1 || source.is_some() {
+                cx.t.notices.push(Notice::Recreated {
+                    from_snapshot: source.clone(),
+                });
+            }
+            cx.t.sandbox = Some(SandboxRecord {
+                id: sandbox_id,
+                name,
+                generation,
+                created_at: now,
+                deadline,
+                source_snapshot: source,
+            });
+            cx.t.state = Running;
+            cx.clear_op();
+            cx.t.last_activity = now;
+            cx.arm_idle();
+            cx.arm_deadline();
+            cx.pump();
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::SandboxReady { sandbox_id, .. },
+        ) => {
+            // A sandbox we no longer want (an earlier generation, or the task moved on): stop it
+            // unless it is the one we hold (a duplicate answer).
+            if cx.t.sandbox.as_ref().map(|s| s.id.as_str()) != Some(sandbox_id.as_str()) {
+                cx.cmds.push(Command::StopSandbox { sandbox_id });
+            }
+        }
+        (
+            Provisioning | Restoring,
+            Event::CreateFailed {
+                generation,
+                failure,
+            },
+        ) if generation == task.generation => match failure.kind {
+            FailureKind::Transient { retry_after_ms } => {
+                cx.retry_or_give_up(retry_after_ms, &failure)
+            }
+            FailureKind::SnapshotGone if task.state == Restoring => cx.snapshot_gone(&failure),
+            FailureKind::SnapshotGone
+            | FailureKind::SandboxGone
+            | FailureKind::Auth
+            | FailureKind::Invalid
+            | FailureKind::Permanent => cx.give_up(&failure),
+        },
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::CreateFailed { .. },
+        ) => {} // stale: an earlier generation's create
+
+        // ---- commands ----
+        // running ---- command exited ----> running
+        (
+            Running,
+            Event::CommandExited {
+                request_id,
+                exit_code,
+                timed_out,
+            },
+        ) if cx.is_running(request_id) => {
+            cx.t.running = None;
+            cx.clear_op();
+            cx.t.last_activity = now;
+            let notices = mem::take(&mut cx.t.notices);
+            cx.reply(
+                request_id,
+                Reply::Ran {
+                    exit_code,
+                    timed_out,
+                    notices,
+                },
+            );
+            cx.arm_idle();
+            cx.pump();
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::CommandExited { .. },
+        ) => {} // stale: the request was already answered (expiry, restart)
+        (
+            Running,
+            Event::CommandFailed {
+                request_id,
+                failure,
+            },
+        ) if cx.is_running(request_id) => match failure.kind {
+            FailureKind::Transient { retry_after_ms } => {
+                cx.retry_or_give_up(retry_after_ms, &failure)
+            }
+            // running ---- sandbox gone under the command ----> expired | idle
+            FailureKind::SandboxGone => cx.expire(),
+            FailureKind::SnapshotGone
+            | FailureKind::Auth
+            | FailureKind::Invalid
+            | FailureKind::Permanent => cx.give_up(&failure),
+        },
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::CommandFailed { .. },
+        ) => {}
+
+        // ---- snapshots ----
+        // snapshotting ---- snapshot taken ----> expired
+        (
+            Snapshotting,
+            Event::SnapshotTaken {
+                seq,
+                snapshot_id,
+                size_bytes,
+                expires_at,
+            },
+        ) if cx.pending_seq() == Some(seq) => {
+            let rec =
+                cx.t.snapshots
+                    .last_mut()
+                    .expect("pending_seq found a record");
+            rec.status = SnapshotStatus::Complete;
+            rec.id = Some(snapshot_id.clone());
+            rec.size_bytes = size_bytes;
+            rec.created_at = Some(now);
+            rec.expires_at = expires_at;
+            // A snapshot stops the sandbox.
+            cx.t.sandbox = None;
+            cx.t.state = Expired;
+            cx.t.checkpoint_due = false;
+            cx.clear_op();
+            if let Some(SnapshotReason::Suspend { request_id }) = cx.t.snapshot_reason.take() {
+                cx.reply(
+                    request_id,
+                    Reply::Suspended {
+                        snapshot_id: Some(snapshot_id),
+                    },
+                );
+            }
+            cx.prune_snapshots();
+            cx.pump();
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::SnapshotTaken {
+                seq, snapshot_id, ..
+            },
+        ) => {
+            let known = task
+                .snapshots
+                .iter()
+                .any(|s| s.seq == seq && s.id.as_deref() == Some(snapshot_id.as_str()));
+            if !known {
+                // A late success of an attempt we already gave up on: nothing refers to it,
+                // and its files are still in the live sandbox, so release it.
+                cx.cmds.push(Command::DeleteSnapshot { snapshot_id });
+            }
+        }
+        (Snapshotting, Event::SnapshotFailed { seq, failure }) if cx.pending_seq() == Some(seq) => {
+            match failure.kind {
+                FailureKind::Transient { retry_after_ms } => {
+                    cx.retry_or_give_up(retry_after_ms, &failure)
+                }
+                FailureKind::SandboxGone => cx.expire(),
+                FailureKind::SnapshotGone
+                | FailureKind::Auth
+                | FailureKind::Invalid
+                | FailureKind::Permanent => cx.give_up(&failure),
+            }
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::SnapshotFailed { .. },
+        ) => {}
+
+        // ---- bookkeeping outcomes, absorbed in every state ----
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::SandboxStopped { .. } | Event::StopFailed { .. },
+        ) => {
+            // The store records the sandbox as released; a failed stop is left to the
+            // reconciler (`taskbox gc`), which stops every sandbox no task holds.
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::SnapshotDeleted { snapshot_id },
+        ) => cx.mark_deleted(&snapshot_id, SnapshotStatus::Deleted),
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::DeleteFailed {
+                snapshot_id,
+                failure,
+            },
+        ) => {
+            if failure.kind == FailureKind::SnapshotGone {
+                cx.mark_deleted(&snapshot_id, SnapshotStatus::Deleted);
+            }
+            // Otherwise it stays `deleting` and is retried on the next recovery or snapshot.
+        }
+
+        // ---- deadlines ----
+        (
+            Running | Snapshotting,
+            Event::TimeoutExtended {
+                sandbox_id,
+                deadline,
+            },
+        ) if cx.holds(&sandbox_id) => {
+            if let Some(sb) = cx.t.sandbox.as_mut() {
+                sb.deadline = sb.deadline.max(deadline);
+            }
+            cx.arm_deadline();
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::TimeoutExtended { .. },
+        ) => {}
+        (Running, Event::ExtendFailed { sandbox_id, .. }) if cx.holds(&sandbox_id) => {
+            // The plan allows no more time: checkpoint as soon as no command runs.
+            if cx.t.settings.persistent {
+                cx.t.checkpoint_due = true;
+                cx.pump();
+            }
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::ExtendFailed { .. },
+        ) => {}
+
+        // ---- reconciliation ----
+        (Running | Snapshotting, Event::SandboxProbed { sandbox_id, alive })
+            if cx.holds(&sandbox_id) =>
+        {
+            match alive {
+                Some(deadline) => {
+                    if let Some(sb) = cx.t.sandbox.as_mut() {
+                        sb.deadline = deadline;
+                    }
+                    cx.arm_idle();
+                    cx.arm_deadline();
+                    cx.pump();
+                }
+                None if task.state == Running => cx.expire(),
+                // While snapshotting, the snapshot call's answer decides.
+                None => {}
+            }
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::SandboxProbed { .. },
+        ) => {}
+
+        // ---- timers ----
+        (state, Event::TimerFired { timer }) => cx.on_timer(state, timer),
+
+        // ---- restart ----
+        (state, Event::Recovered) => cx.recover(state),
+    }
     Ok(Transition {
-        next: task.clone(),
-        commands: vec![],
+        next: cx.t,
+        commands: cx.cmds,
     })
+}
+
+/// The working copy of a task during one step, and the commands emitted so far.
+struct Cx {
+    t: Task,
+    cmds: Vec<Command>,
+    now: Millis,
+}
+
+impl Cx {
+    fn accept_request(&mut self, request_id: RequestId) -> Result<(), StepError> {
+        if request_id <= self.t.last_request_id {
+            return Err(StepError::DuplicateRequest {
+                task: self.t.id.clone(),
+                request_id,
+                last: self.t.last_request_id,
+            });
+        }
+        self.t.last_request_id = request_id;
+        Ok(())
+    }
+
+    fn reply(&mut self, request_id: RequestId, reply: Reply) {
+        self.cmds.push(Command::Reply { request_id, reply });
+    }
+
+    fn is_running(&self, request_id: RequestId) -> bool {
+        self.t.running.as_ref().map(|r| r.request_id) == Some(request_id)
+    }
+
+    fn holds(&self, sandbox_id: &str) -> bool {
+        self.t.sandbox.as_ref().map(|s| s.id.as_str()) == Some(sandbox_id)
+    }
+
+    /// The sequence number of the snapshot being taken, if any.
+    fn pending_seq(&self) -> Option<u64> {
+        self.t
+            .snapshots
+            .last()
+            .filter(|s| s.status == SnapshotStatus::Pending)
+            .map(|s| s.seq)
+    }
+
+    fn clear_op(&mut self) {
+        self.t.attempts = 0;
+        self.t.retry_at = None;
+    }
+
+    fn timer(&mut self, timer: TimerKind, at: Millis) {
+        self.cmds.push(Command::ScheduleTimer { timer, at });
+    }
+
+    fn arm_idle(&mut self) {
+        let at = self.t.last_activity + self.t.settings.idle_lifetime_ms;
+        self.timer(TimerKind::Idle, at);
+    }
+
+    fn arm_deadline(&mut self) {
+        if let Some(deadline) = self.t.sandbox.as_ref().map(|s| s.deadline) {
+            let margin = self.t.settings.checkpoint_margin_ms;
+            self.timer(TimerKind::Checkpoint, deadline.saturating_sub(margin));
+            self.timer(TimerKind::Deadline, deadline);
+        }
+    }
+
+    /// Serves queued requests as far as the current state allows.
+    fn pump(&mut self) {
+        loop {
+            match self.t.state {
+                TaskState::Idle | TaskState::Expired => match self.t.queue.front() {
+                    None => return,
+                    Some(Request::Suspend { id }) => {
+                        let id = *id;
+                        self.t.queue.pop_front();
+                        let snapshot_id = self.kept_snapshot_id();
+                        self.reply(id, Reply::Suspended { snapshot_id });
+                    }
+                    Some(Request::Run { .. } | Request::Resume { .. }) => {
+                        self.begin_sandbox();
+                        return;
+                    }
+                },
+                TaskState::Running => {
+                    if self.t.running.is_some() {
+                        return;
+                    }
+                    if self.t.checkpoint_due && self.t.settings.persistent {
+                        self.begin_snapshot(SnapshotReason::Checkpoint);
+                        return;
+                    }
+                    let Some(req) = self.t.queue.pop_front() else {
+                        return;
+                    };
+                    let sandbox_id = self
+                        .t
+                        .sandbox
+                        .as_ref()
+                        .map(|s| s.id.clone())
+                        .expect("a running task holds a sandbox");
+                    match req {
+                        Request::Run {
+                            id,
+                            command,
+                            timeout_ms,
+                        } => {
+                            self.t.running = Some(RunningCommand {
+                                request_id: id,
+                                command: command.clone(),
+                                timeout_ms,
+                                started_at: self.now,
+                            });
+                            self.t.last_activity = self.now;
+                            self.t.attempts = 1;
+                            self.cmds.push(Command::RunCommand {
+                                request_id: id,
+                                sandbox_id,
+                                command,
+                                timeout_ms,
+                            });
+                            return;
+                        }
+                        Request::Suspend { id } => {
+                            if self.t.settings.persistent {
+                                self.begin_snapshot(SnapshotReason::Suspend { request_id: id });
+                                return;
+                            }
+                            self.cmds.push(Command::StopSandbox { sandbox_id });
+                            self.t.sandbox = None;
+                            self.t.state = TaskState::Idle;
+                            self.reply(id, Reply::Suspended { snapshot_id: None });
+                        }
+                        Request::Resume { id } => {
+                            let notices = mem::take(&mut self.t.notices);
+                            self.reply(
+                                id,
+                                Reply::Resumed {
+                                    sandbox_id,
+                                    notices,
+                                },
+                            );
+                        }
+                    }
+                }
+                TaskState::Provisioning | TaskState::Snapshotting | TaskState::Restoring => return,
+            }
+        }
+    }
+
+    /// The snapshot holding the task's files while it has no sandbox.
+    fn kept_snapshot_id(&self) -> Option<String> {
+        if self.t.settings.persistent {
+            self.t.latest_complete().and_then(|s| s.id.clone())
+        } else {
+            None
+        }
+    }
+
+    /// idle ---- run/resume ----> provisioning; expired ---- run/resume ----> restoring
+    fn begin_sandbox(&mut self) {
+        self.t.generation += 1;
+        self.t.attempts = 1;
+        self.t.retry_at = None;
+        let source = if self.t.settings.persistent {
+            self.t.latest_complete().and_then(|s| s.id.clone())
+        } else {
+            None
+        };
+        if source.is_none() && self.t.state == TaskState::Expired && self.t.settings.persistent {
+            self.t.notices.push(Notice::FilesLost {
+                reason: "no complete snapshot of the task is retained".into(),
+            });
+        }
+        self.t.state = if source.is_some() {
+            TaskState::Restoring
+        } else {
+            TaskState::Provisioning
+        };
+        self.t.restore_source = source.clone();
+        self.emit_create();
+    }
+
+    fn emit_create(&mut self) {
+        self.cmds.push(Command::CreateSandbox {
+            generation: self.t.generation,
+            source_snapshot: self.t.restore_source.clone(),
+            timeout_ms: self.t.settings.sandbox_timeout_ms,
+        });
+    }
+
+    /// running ---- suspend | idle | checkpoint ----> snapshotting
+    fn begin_snapshot(&mut self, reason: SnapshotReason) {
+        let sandbox_id = self
+            .t
+            .sandbox
+            .as_ref()
+            .map(|s| s.id.clone())
+            .expect("only a task holding a sandbox snapshots");
+        let seq = self.t.snapshots.last().map_or(1, |s| s.seq + 1);
+        self.t.snapshots.push(SnapshotRecord {
+            seq,
+            id: None,
+            status: SnapshotStatus::Pending,
+            size_bytes: 0,
+            sandbox_id: sandbox_id.clone(),
+            started_at: self.now,
+            created_at: None,
+            expires_at: None,
+        });
+        self.t.snapshot_reason = Some(reason);
+        self.t.state = TaskState::Snapshotting;
+        self.t.attempts = 1;
+        self.t.retry_at = None;
+        self.cmds.push(Command::TakeSnapshot { sandbox_id, seq });
+    }
+
+    /// Re-issues the operation in flight (after a retry delay or a restart).
+    fn reissue(&mut self) {
+        match self.t.state {
+            TaskState::Provisioning | TaskState::Restoring => self.emit_create(),
+            TaskState::Snapshotting => {
+                if let (Some(seq), Some(sb)) = (self.pending_seq(), self.t.sandbox.as_ref()) {
+                    let sandbox_id = sb.id.clone();
+                    self.cmds.push(Command::TakeSnapshot { sandbox_id, seq });
+                }
+            }
+            TaskState::Running => {
+                if let (Some(run), Some(sb)) = (self.t.running.as_ref(), self.t.sandbox.as_ref()) {
+                    self.cmds.push(Command::RunCommand {
+                        request_id: run.request_id,
+                        sandbox_id: sb.id.clone(),
+                        command: run.command.clone(),
+                        timeout_ms: run.timeout_ms,
+                    });
+                }
+            }
+            TaskState::Idle | TaskState::Expired => {}
+        }
+    }
+
+    fn retry_or_give_up(&mut self, retry_after_ms: Option<u64>, failure: &Failure) {
+        match self
+            .t
+            .settings
+            .retry
+            .decide(self.t.attempts, retry_after_ms)
+        {
+            RetryDecision::RetryAfter(delay) => {
+                let at = self.now + delay;
+                self.t.retry_at = Some(at);
+                self.timer(TimerKind::Retry, at);
+            }
+            RetryDecision::GiveUp => self.give_up(failure),
+        }
+    }
+
+    /// The operation in flight failed for good: settle the state and answer who was waiting.
+    fn give_up(&mut self, failure: &Failure) {
+        let attempts = self.t.attempts.max(1);
+        let plural = if attempts == 1 { "" } else { "s" };
+        match self.t.state {
+            TaskState::Provisioning | TaskState::Restoring => {
+                let what = if self.t.state == TaskState::Restoring {
+                    "restore the sandbox from its snapshot"
+                } else {
+                    "create the sandbox"
+                };
+                let error = format!("could not {what} after {attempts} attempt{plural}: {failure}");
+                // restoring gives up to expired: the snapshot mapping is kept for the next try.
+                self.t.state = if self.t.state == TaskState::Restoring {
+                    TaskState::Expired
+                } else {
+                    TaskState::Idle
+                };
+                self.t.restore_source = None;
+                self.clear_op();
+                self.fail_queue(&error, attempts);
+            }
+            TaskState::Snapshotting => {
+                let error = format!(
+                    "could not snapshot the sandbox after {attempts} attempt{plural}: {failure}; \
+                     the sandbox keeps running and the previous snapshot stays the latest"
+                );
+                if let Some(rec) = self.t.snapshots.last_mut() {
+                    rec.status = SnapshotStatus::Failed;
+                }
+                self.t.state = TaskState::Running;
+                self.clear_op();
+                self.t.checkpoint_due = false;
+                if let Some(SnapshotReason::Suspend { request_id }) = self.t.snapshot_reason.take()
+                {
+                    self.reply(
+                        request_id,
+                        Reply::Failed {
+                            error,
+                            attempts,
+                            notices: Vec::new(),
+                        },
+                    );
+                }
+                self.t.last_activity = self.now;
+                self.arm_idle();
+                self.pump();
+            }
+            TaskState::Running => {
+                if let Some(run) = self.t.running.take() {
+                    let error = format!(
+                        "could not run `{}` after {attempts} attempt{plural}: {failure}",
+                        run.command
+                    );
+                    let notices = mem::take(&mut self.t.notices);
+                    self.reply(
+                        run.request_id,
+                        Reply::Failed {
+                            error,
+                            attempts,
+                            notices,
+                        },
+                    );
+                }
+                self.clear_op();
+                self.t.last_activity = self.now;
+                self.arm_idle();
+                self.pump();
+            }
+            TaskState::Idle | TaskState::Expired => {}
+        }
+    }
+
+    fn fail_queue(&mut self, error: &str, attempts: u32) {
+        for req in mem::take(&mut self.t.queue) {
+            match req {
+                Request::Suspend { id } => {
+                    let snapshot_id = self.kept_snapshot_id();
+                    self.reply(id, Reply::Suspended { snapshot_id });
+                }
+                Request::Run { id, .. } | Request::Resume { id } => {
+                    let notices = mem::take(&mut self.t.notices);
+                    self.reply(
+                        id,
+                        Reply::Failed {
+                            error: error.to_string(),
+                            attempts,
+                            notices,
+                        },
+                    )
+                }
+            }
+        }
+    }
+
+    /// restoring ---- snapshot gone ----> restoring (next retained) | provisioning (none left)
+    fn snapshot_gone(&mut self, failure: &Failure) {
+        let gone = self.t.restore_source.take();
+        if let Some(gone_id) = gone.as_deref() {
+            for s in &mut self.t.snapshots {
+                if s.id.as_deref() == Some(gone_id) {
+                    s.status = SnapshotStatus::Gone;
+                }
+            }
+        }
+        let gone_id = gone.unwrap_or_default();
+        self.t.generation += 1;
+        self.t.attempts = 1;
+        self.t.retry_at = None;
+        match self.t.latest_complete().and_then(|s| s.id.clone()) {
+            Some(next) => {
+                self.t.state = TaskState::Restoring;
+                self.t.restore_source = Some(next);
+            }
+            None => {
+                self.t.notices.push(Notice::FilesLost {
+                    reason: format!(
+                        "snapshot {gone_id} is gone ({failure}) and no older snapshot is retained; \
+                         the sandbox starts fresh"
+                    ),
+                });
+                self.t.state = TaskState::Provisioning;
+            }
+        }
+        self.emit_create();
+    }
+
+    /// The sandbox is gone (platform deadline, or found dead): running/snapshotting ---->
+    /// expired (files in the latest snapshot) | idle (nothing kept).
+    fn expire(&mut self) {
+        let deadline = self.t.sandbox.take().map_or(self.now, |s| s.deadline);
+        let latest = if self.t.settings.persistent {
+            self.t
+                .latest_complete()
+                .map(|s| (s.id.clone().unwrap_or_default(), s.created_at.unwrap_or(0)))
+        } else {
+            None
+        };
+        self.t.notices.push(Notice::SandboxExpired { at: deadline });
+        let restore_note = match &latest {
+            Some((id, _)) => {
+                format!("the task's files will be restored from snapshot {id} on the next command")
+            }
+            None => "no snapshot holds the task's files; the next command starts fresh".to_string(),
+        };
+        if latest.is_none() && self.t.settings.persistent {
+            self.t.notices.push(Notice::FilesLost {
+                reason: "the sandbox expired before any snapshot of it completed".into(),
+            });
+        }
+        if self.t.state == TaskState::Snapshotting {
+            if let Some(rec) = self.t.snapshots.last_mut() {
+                if rec.status == SnapshotStatus::Pending {
+                    rec.status = SnapshotStatus::Failed;
+                }
+            }
+            if let Some(SnapshotReason::Suspend { request_id }) = self.t.snapshot_reason.take() {
+                let attempts = self.t.attempts.max(1);
+                self.reply(
+                    request_id,
+                    Reply::Failed {
+                        error: format!(
+                            "the sandbox expired before its snapshot completed; {restore_note}"
+                        ),
+                        attempts,
+                        notices: Vec::new(),
+                    },
+                );
+            }
+        }
+        self.t.snapshot_reason = None;
+        self.t.checkpoint_due = false;
+        if let Some(run) = self.t.running.take() {
+            let notices = mem::take(&mut self.t.notices);
+            let attempts = self.t.attempts.max(1);
+            self.reply(
+                run.request_id,
+                Reply::Failed {
+                    error: format!(
+                        "the sandbox expired while `{}` was running; {restore_note}",
+                        run.command
+                    ),
+                    attempts,
+                    notices,
+                },
+            );
+        }
+        self.clear_op();
+        self.t.state = if latest.is_some() {
+            TaskState::Expired
+        } else {
+            TaskState::Idle
+        };
+        self.pump();
+    }
+
+    /// Keeps the newest `keep_snapshots` complete snapshots; the rest are deleted.
+    fn prune_snapshots(&mut self) {
+        let keep = self.t.settings.keep_snapshots.max(1) as usize;
+        let complete: Vec<usize> = self
+            .t
+            .snapshots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.status == SnapshotStatus::Complete)
+            .map(|(i, _)| i)
+            .collect();
+        if complete.len() > keep {
+            for &i in &complete[..complete.len() - keep] {
+                self.t.snapshots[i].status = SnapshotStatus::Deleting;
+            }
+        }
+        self.emit_pending_deletes();
+    }
+
+    fn emit_pending_deletes(&mut self) {
+        let ids: Vec<String> = self
+            .t
+            .snapshots
+            .iter()
+            .filter(|s| s.status == SnapshotStatus::Deleting)
+            .filter_map(|s| s.id.clone())
+            .collect();
+        for snapshot_id in ids {
+            self.cmds.push(Command::DeleteSnapshot { snapshot_id });
+        }
+    }
+
+    fn mark_deleted(&mut self, snapshot_id: &str, status: SnapshotStatus) {
+        for s in &mut self.t.snapshots {
+            if s.id.as_deref() == Some(snapshot_id) && s.status == SnapshotStatus::Deleting {
+                s.status = status;
+            }
+        }
+    }
+
+    fn on_timer(&mut self, state: TaskState, timer: TimerKind) {
+        let now = self.now;
+        match (state, timer) {
+            (
+                TaskState::Provisioning | TaskState::Restoring | TaskState::Snapshotting,
+                TimerKind::Retry,
+            )
+            | (TaskState::Running, TimerKind::Retry) => {
+                if self.t.retry_at.is_some_and(|at| at <= now) {
+                    self.t.retry_at = None;
+                    self.t.attempts += 1;
+                    self.reissue();
+                }
+            }
+            // running ---- idle lifetime over, no command running ----> snapshotting | idle
+            (TaskState::Running, TimerKind::Idle) => {
+                let due = self.t.last_activity + self.t.settings.idle_lifetime_ms;
+                if self.t.running.is_none() && self.t.queue.is_empty() && now >= due {
+                    if self.t.settings.persistent {
+                        self.begin_snapshot(SnapshotReason::IdleReap);
+                    } else if let Some(sb) = self.t.sandbox.take() {
+                        self.cmds.push(Command::StopSandbox { sandbox_id: sb.id });
+                        self.t.state = TaskState::Idle;
+                    }
+                }
+            }
+            (TaskState::Running, TimerKind::Checkpoint) => {
+                let Some(sb) = self.t.sandbox.as_ref() else {
+                    return;
+                };
+                if now + self.t.settings.checkpoint_margin_ms < sb.deadline {
+                    return; // an earlier timer; the deadline has moved since
+                }
+                let cap = sb.created_at + self.t.settings.max_sandbox_lifetime_ms;
+                let active = self.t.running.is_some()
+                    || now < self.t.last_activity + self.t.settings.idle_lifetime_ms;
+                if sb.deadline < cap && active {
+                    let duration_ms = (cap - sb.deadline).min(self.t.settings.sandbox_timeout_ms);
+                    let sandbox_id = sb.id.clone();
+                    self.cmds.push(Command::ExtendTimeout {
+                        sandbox_id,
+                        duration_ms,
+                    });
+                } else if self.t.settings.persistent {
+                    self.t.checkpoint_due = true;
+                    self.pump();
+                }
+            }
+            (TaskState::Running, TimerKind::Deadline) => {
+                if self.t.sandbox.as_ref().is_some_and(|sb| now >= sb.deadline) {
+                    self.expire();
+                }
+            }
+            // While snapshotting, the deadline is left to the snapshot's own answer: a
+            // snapshot that completed must not be discarded because a timer fired first.
+            (
+                TaskState::Snapshotting,
+                TimerKind::Idle | TimerKind::Checkpoint | TimerKind::Deadline,
+            )
+            | (
+                TaskState::Idle | TaskState::Expired,
+                TimerKind::Idle | TimerKind::Checkpoint | TimerKind::Deadline | TimerKind::Retry,
+            )
+            | (
+                TaskState::Provisioning | TaskState::Restoring,
+                TimerKind::Idle | TimerKind::Checkpoint | TimerKind::Deadline,
+            ) => {}
+        }
+    }
+
+    /// The engine restarted. Callers of queued requests are gone; the operation in flight is
+    /// re-issued (idempotent by key) or, for a command, reported interrupted and the sandbox probed.
+    fn recover(&mut self, state: TaskState) {
+        let error = "interrupted: taskbox restarted before the request finished";
+        self.fail_queue(error, self.t.attempts.max(1));
+        self.emit_pending_deletes();
+        match state {
+            TaskState::Idle | TaskState::Expired => {}
+            TaskState::Provisioning | TaskState::Restoring | TaskState::Snapshotting => {
+                match self.t.retry_at {
+                    Some(at) => self.timer(TimerKind::Retry, at),
+                    None => self.reissue(),
+                }
+            }
+            TaskState::Running => {
+                if let Some(run) = self.t.running.take() {
+                    let notices = mem::take(&mut self.t.notices);
+                    self.reply(
+                        run.request_id,
+                        Reply::Failed {
+                            error: format!(
+                                "interrupted: taskbox restarted while `{}` was running",
+                                run.command
+                            ),
+                            attempts: self.t.attempts.max(1),
+                            notices,
+                        },
+                    );
+                }
+                self.clear_op();
+                if let Some(sb) = self.t.sandbox.as_ref() {
+                    let sandbox_id = sb.id.clone();
+                    self.cmds.push(Command::ProbeSandbox { sandbox_id });
+                }
+            }
+        }
+    }
 }

@@ -393,6 +393,10 @@ pub struct Task {
     pub running: Option<RunningCommand>,
     /// Attempts made of the operation in flight (persisted: a restart does not reset it).
     pub attempts: u32,
+    /// When the operation in flight is due to be retried after a transient failure.
+    pub retry_at: Option<Millis>,
+    /// The highest request id seen; request ids must grow.
+    pub last_request_id: RequestId,
     /// Last time a command started or finished (the idle reaper's clock).
     pub last_activity: Millis,
     /// A checkpoint fell due while a command was running: take it when the command ends.
@@ -418,6 +422,8 @@ impl Task {
             queue: VecDeque::new(),
             running: None,
             attempts: 0,
+            retry_at: None,
+            last_request_id: 0,
             last_activity: now,
             checkpoint_due: false,
             notices: Vec::new(),
