@@ -39,9 +39,7 @@ impl Jitter {
                     .with_max_interval(centre * 2)
                     .with_max_elapsed_time(None)
                     .build();
-                let jittered = b
-                    .next_backoff()
-                    .map_or(delay_ms, |d| d.as_millis() as u64);
+                let jittered = b.next_backoff().map_or(delay_ms, |d| d.as_millis() as u64);
                 jittered.max(delay_ms)
             }
             Jitter::Seeded(state) => {

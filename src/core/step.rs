@@ -242,9 +242,10 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             rec.size_bytes = size_bytes;
             rec.created_at = Some(now);
             rec.expires_at = expires_at;
-            // A snapshot stops the sandbox.
+            // A snapshot stops the sandbox. (Persistence may have been switched off while the
+            // snapshot was taken: then the task starts fresh next time.)
             cx.t.sandbox = None;
-            cx.t.state = Expired;
+            cx.settle_without_sandbox();
             cx.t.checkpoint_due = false;
             cx.clear_op();
             if let Some(SnapshotReason::Suspend { request_id }) = cx.t.snapshot_reason.take() {
@@ -526,6 +527,16 @@ impl Cx {
         }
     }
 
+    /// Without a sandbox, a task is `expired` when a snapshot holds its files for the next
+    /// sandbox, and `idle` when the next sandbox starts fresh.
+    fn settle_without_sandbox(&mut self) {
+        self.t.state = if self.t.settings.persistent && self.t.latest_complete().is_some() {
+            TaskState::Expired
+        } else {
+            TaskState::Idle
+        };
+    }
+
     /// The snapshot holding the task's files while it has no sandbox.
     fn kept_snapshot_id(&self) -> Option<String> {
         if self.t.settings.persistent {
@@ -645,12 +656,8 @@ impl Cx {
                     "create the sandbox"
                 };
                 let error = format!("could not {what} after {attempts} attempt{plural}: {failure}");
-                // restoring gives up to expired: the snapshot mapping is kept for the next try.
-                self.t.state = if self.t.state == TaskState::Restoring {
-                    TaskState::Expired
-                } else {
-                    TaskState::Idle
-                };
+                // A failed restore keeps the snapshot mapping: the next request tries again.
+                self.settle_without_sandbox();
                 self.t.restore_source = None;
                 self.clear_op();
                 self.fail_queue(&error, attempts);
@@ -742,11 +749,17 @@ impl Cx {
         self.t.generation += 1;
         self.t.attempts = 1;
         self.t.retry_at = None;
-        match self.t.latest_complete().and_then(|s| s.id.clone()) {
+        let next = if self.t.settings.persistent {
+            self.t.latest_complete().and_then(|s| s.id.clone())
+        } else {
+            None
+        };
+        match next {
             Some(next) => {
                 self.t.state = TaskState::Restoring;
                 self.t.restore_source = Some(next);
             }
+            None if !self.t.settings.persistent => self.t.state = TaskState::Provisioning,
             None => {
                 self.t.notices.push(Notice::FilesLost {
                     reason: format!(
@@ -821,11 +834,7 @@ impl Cx {
             );
         }
         self.clear_op();
-        self.t.state = if latest.is_some() {
-            TaskState::Expired
-        } else {
-            TaskState::Idle
-        };
+        self.settle_without_sandbox();
         self.pump();
     }
 

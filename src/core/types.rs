@@ -734,3 +734,20 @@ pub enum Command {
         reply: Reply,
     },
 }
+
+impl Command {
+    /// A short name for logs, tables and journal summaries.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::CreateSandbox { .. } => "create_sandbox",
+            Command::RunCommand { .. } => "run_command",
+            Command::TakeSnapshot { .. } => "take_snapshot",
+            Command::StopSandbox { .. } => "stop_sandbox",
+            Command::ExtendTimeout { .. } => "extend_timeout",
+            Command::DeleteSnapshot { .. } => "delete_snapshot",
+            Command::ProbeSandbox { .. } => "probe_sandbox",
+            Command::ScheduleTimer { .. } => "schedule_timer",
+            Command::Reply { .. } => "reply",
+        }
+    }
+}

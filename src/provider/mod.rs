@@ -232,3 +232,33 @@ pub fn bound_output(text: &str, max_chars: usize) -> String {
 
 /// The default bound on captured output per stream (Hermes's 50,000 characters).
 pub const MAX_OUTPUT_CHARS: usize = 50_000;
+
+/// Why a provider could not be built from the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The local backend could not prepare its directories.
+    #[error(transparent)]
+    Local(#[from] local::LocalError),
+    /// The Vercel backend's configuration or credentials are not usable.
+    #[error("{0}")]
+    Vercel(String),
+}
+
+/// Builds the provider `config` names (`terminal.backend`), rooted in `data_dir`.
+pub fn from_config(
+    config: &crate::config::Config,
+    data_dir: &std::path::Path,
+    installation_id: &str,
+    clock: std::sync::Arc<dyn crate::clock::Clock>,
+) -> Result<std::sync::Arc<dyn SandboxProvider>, SetupError> {
+    match config.terminal.backend {
+        crate::config::Backend::Local => Ok(std::sync::Arc::new(local::LocalProvider::new(
+            data_dir.join("local"),
+            installation_id.to_string(),
+            clock,
+        )?)),
+        crate::config::Backend::VercelSandbox => Err(SetupError::Vercel(
+            "the vercel_sandbox backend is not wired yet".into(),
+        )),
+    }
+}

@@ -1,1 +1,839 @@
-//! (being written)
+//! The pure core: a model-based property test of `step`, and table tests of chosen transitions.
+//!
+//! The property test plays an executor that holds the commands `step` emitted and answers them
+//! in a random order with random outcomes (success, transient error, sandbox gone, snapshot
+//! gone, permanent error), interleaved with caller requests, timers, clock jumps and crashes
+//! (the task is serialized and read back, and everything in flight is lost). A tiny reference
+//! model tracks which snapshot is the latest *confirmed* one; after every step the invariants
+//! are checked, above all: **every restore uses the latest confirmed snapshot, and a task that
+//! has none never restores anything.**
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use taskbox::core::*;
+
+const T0: Millis = 1_000_000;
+
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    Ok,
+    Transient,
+    SandboxGone,
+    SnapshotGone,
+    Permanent,
+}
+
+#[derive(Debug, Clone)]
+enum Action {
+    Run,
+    Suspend,
+    Resume,
+    Complete(usize, Outcome),
+    Timer(TimerKind),
+    Advance(u64),
+    Crash,
+    SetPersistent(bool),
+}
+
+fn outcome() -> impl Strategy<Value = Outcome> {
+    prop_oneof![
+        6 => Just(Outcome::Ok),
+        2 => Just(Outcome::Transient),
+        1 => Just(Outcome::SandboxGone),
+        1 => Just(Outcome::SnapshotGone),
+        1 => Just(Outcome::Permanent),
+    ]
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        4 => Just(Action::Run),
+        2 => Just(Action::Suspend),
+        1 => Just(Action::Resume),
+        12 => (any::<usize>(), outcome()).prop_map(|(i, o)| Action::Complete(i, o)),
+        1 => Just(Action::Timer(TimerKind::Idle)),
+        1 => Just(Action::Timer(TimerKind::Checkpoint)),
+        1 => Just(Action::Timer(TimerKind::Deadline)),
+        2 => Just(Action::Timer(TimerKind::Retry)),
+        2 => (1u64..400_000).prop_map(Action::Advance),
+        1 => Just(Action::Crash),
+        1 => any::<bool>().prop_map(|p| Action::SetPersistent(p)),
+    ]
+}
+
+fn settings() -> TaskSettings {
+    TaskSettings {
+        persistent: true,
+        sandbox_timeout_ms: 300_000,
+        idle_lifetime_ms: 120_000,
+        command_timeout_ms: 10_000,
+        keep_snapshots: 2,
+        checkpoint_margin_ms: 30_000,
+        max_sandbox_lifetime_ms: 600_000,
+        retry: RetryPolicy {
+            max_attempts: 3,
+            initial_delay_ms: 100,
+            max_delay_ms: 1_000,
+            multiplier: 2,
+        },
+    }
+}
+
+/// The reference model: what the world has confirmed, independent of the core's bookkeeping.
+#[derive(Default, Debug)]
+struct Model {
+    /// Snapshots whose completion the core accepted, in order.
+    confirmed: Vec<String>,
+    /// Snapshots the provider said are gone.
+    gone: BTreeSet<String>,
+    /// Snapshots the core chose to delete (fell out of retention).
+    pruned: BTreeSet<String>,
+    /// Requests answered (each exactly once).
+    replied: BTreeSet<RequestId>,
+    /// Requests made.
+    requested: BTreeSet<RequestId>,
+}
+
+impl Model {
+    fn latest_valid(&self) -> Option<&String> {
+        self.confirmed
+            .iter()
+            .rev()
+            .find(|id| !self.gone.contains(*id) && !self.pruned.contains(*id))
+    }
+}
+
+struct Harness {
+    task: Task,
+    now: Millis,
+    inflight: Vec<Command>,
+    model: Model,
+    next_request: RequestId,
+    deadlines: BTreeMap<String, Millis>,
+    steps: usize,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        Harness {
+            task: Task::new("t", settings(), T0),
+            now: T0,
+            inflight: Vec::new(),
+            model: Model::default(),
+            next_request: 1,
+            deadlines: BTreeMap::new(),
+            steps: 0,
+        }
+    }
+
+    fn apply(&mut self, event: Event) -> Result<(), TestCaseError> {
+        let before = self.task.clone();
+        // The model's view of acceptance: a snapshot completion counts when it answers the
+        // pending snapshot of a snapshotting task.
+        if let Event::SnapshotTaken {
+            seq, snapshot_id, ..
+        } = &event
+        {
+            let pending = before
+                .snapshots
+                .last()
+                .filter(|s| s.status == SnapshotStatus::Pending)
+                .map(|s| s.seq);
+            if before.state == TaskState::Snapshotting && pending == Some(*seq) {
+                self.model.confirmed.push(snapshot_id.clone());
+            }
+        }
+        let tr = step(&before, event.clone(), self.now)
+            .map_err(|e| TestCaseError::fail(format!("step refused {event:?}: {e}")))?;
+        self.steps += 1;
+        for cmd in &tr.commands {
+            self.check_command(&before, &tr.next, cmd)?;
+        }
+        self.task = tr.next;
+        self.check_invariants(&before, &event)?;
+        for cmd in tr.commands {
+            match cmd {
+                Command::ScheduleTimer { .. } => {}
+                Command::Reply { request_id, .. } => {
+                    prop_assert!(
+                        self.model.replied.insert(request_id),
+                        "request {request_id} answered twice"
+                    );
+                }
+                other => self.inflight.push(other),
+            }
+        }
+        Ok(())
+    }
+
+    fn check_command(
+        &mut self,
+        before: &Task,
+        after: &Task,
+        cmd: &Command,
+    ) -> Result<(), TestCaseError> {
+        match cmd {
+            Command::CreateSandbox {
+                source_snapshot,
+                generation,
+                ..
+            } => {
+                let latest = self.model.latest_valid().cloned();
+                if *generation == before.generation {
+                    // A re-issue (retry, recovery) repeats the operation exactly as it began.
+                    prop_assert_eq!(
+                        source_snapshot,
+                        &before.restore_source,
+                        "a re-issued create changed its source"
+                    );
+                } else if after.settings.persistent {
+                    // THE property: a restore uses the latest confirmed snapshot, and a task
+                    // without one starts fresh.
+                    prop_assert_eq!(
+                        source_snapshot.clone(),
+                        latest,
+                        "create from the wrong snapshot (task before: {:?})",
+                        before
+                    );
+                } else {
+                    prop_assert!(
+                        source_snapshot.is_none(),
+                        "non-persistent task restored a snapshot"
+                    );
+                }
+            }
+            Command::DeleteSnapshot { snapshot_id } => {
+                // Only superseded snapshots are deleted, never the latest confirmed one...
+                let known = after
+                    .snapshots
+                    .iter()
+                    .any(|s| s.id.as_deref() == Some(snapshot_id));
+                if known {
+                    prop_assert_ne!(
+                        Some(snapshot_id),
+                        after.latest_complete().and_then(|s| s.id.as_ref())
+                    );
+                    self.model.pruned.insert(snapshot_id.clone());
+                } else {
+                    // ...or a late success the core never adopted.
+                    prop_assert!(!self.model.confirmed.contains(snapshot_id));
+                }
+            }
+            Command::RunCommand { sandbox_id, .. } | Command::TakeSnapshot { sandbox_id, .. } => {
+                prop_assert_eq!(
+                    Some(sandbox_id),
+                    after.sandbox.as_ref().map(|s| &s.id),
+                    "a command for a sandbox the task does not hold"
+                );
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn check_invariants(&self, before: &Task, event: &Event) -> Result<(), TestCaseError> {
+        let t = &self.task;
+        let ctx = || format!("after {event:?} from {before:?}\n-> {t:?}");
+        let holds = t.sandbox.is_some();
+        let should_hold = matches!(t.state, TaskState::Running | TaskState::Snapshotting);
+        prop_assert_eq!(holds, should_hold, "sandbox vs state: {}", ctx());
+        if t.running.is_some() {
+            prop_assert_eq!(t.state, TaskState::Running, "{}", ctx());
+        }
+        let pending: Vec<_> = t
+            .snapshots
+            .iter()
+            .filter(|s| s.status == SnapshotStatus::Pending)
+            .collect();
+        prop_assert!(pending.len() <= 1, "{}", ctx());
+        if !pending.is_empty() {
+            prop_assert_eq!(t.state, TaskState::Snapshotting, "{}", ctx());
+            prop_assert_eq!(
+                t.snapshots.last().map(|s| s.status),
+                Some(SnapshotStatus::Pending)
+            );
+        }
+        if t.state == TaskState::Snapshotting {
+            prop_assert_eq!(pending.len(), 1, "{}", ctx());
+        }
+        if t.state == TaskState::Expired {
+            prop_assert!(
+                t.settings.persistent && t.latest_complete().is_some(),
+                "{}",
+                ctx()
+            );
+        }
+        if t.state == TaskState::Restoring {
+            prop_assert!(t.restore_source.is_some(), "{}", ctx());
+        }
+        // The core's latest complete snapshot is the model's latest valid one.
+        prop_assert_eq!(
+            t.latest_complete().and_then(|s| s.id.clone()),
+            self.model.latest_valid().cloned(),
+            "{}",
+            ctx()
+        );
+        // Retention: never more complete snapshots than the setting.
+        let complete = t
+            .snapshots
+            .iter()
+            .filter(|s| s.status == SnapshotStatus::Complete)
+            .count();
+        prop_assert!(complete <= t.settings.keep_snapshots as usize, "{}", ctx());
+        // The snapshot sequence grows.
+        prop_assert!(
+            t.snapshots.windows(2).all(|w| w[0].seq < w[1].seq),
+            "{}",
+            ctx()
+        );
+        Ok(())
+    }
+
+    fn answer(&mut self, cmd: Command, outcome: Outcome) -> Option<Event> {
+        let now = self.now;
+        let transient = || Failure::transient("503 service unavailable", Some(50));
+        let gone = |kind: FailureKind| Failure::new(kind, "410");
+        let permanent = || Failure::new(FailureKind::Permanent, "500 broken");
+        Some(match cmd {
+            Command::CreateSandbox {
+                generation,
+                source_snapshot,
+                timeout_ms,
+            } => match outcome {
+                Outcome::Ok => {
+                    let id = format!("sb-{generation}");
+                    self.deadlines.insert(id.clone(), now + timeout_ms);
+                    Event::SandboxReady {
+                        generation,
+                        sandbox_id: id.clone(),
+                        name: id,
+                        deadline: now + timeout_ms,
+                    }
+                }
+                Outcome::Transient => Event::CreateFailed {
+                    generation,
+                    failure: transient(),
+                },
+                Outcome::SnapshotGone if source_snapshot.is_some() => {
+                    self.model
+                        .gone
+                        .insert(source_snapshot.clone().unwrap_or_default());
+                    Event::CreateFailed {
+                        generation,
+                        failure: gone(FailureKind::SnapshotGone),
+                    }
+                }
+                _ => Event::CreateFailed {
+                    generation,
+                    failure: permanent(),
+                },
+            },
+            Command::RunCommand { request_id, .. } => match outcome {
+                Outcome::Ok => Event::CommandExited {
+                    request_id,
+                    exit_code: 0,
+                    timed_out: false,
+                },
+                Outcome::Transient => Event::CommandFailed {
+                    request_id,
+                    failure: transient(),
+                },
+                Outcome::SandboxGone => Event::CommandFailed {
+                    request_id,
+                    failure: gone(FailureKind::SandboxGone),
+                },
+                _ => Event::CommandFailed {
+                    request_id,
+                    failure: permanent(),
+                },
+            },
+            Command::TakeSnapshot { seq, .. } => match outcome {
+                Outcome::Ok => Event::SnapshotTaken {
+                    seq,
+                    snapshot_id: format!("snap-{seq}"),
+                    size_bytes: 10,
+                    expires_at: None,
+                },
+                Outcome::Transient => Event::SnapshotFailed {
+                    seq,
+                    failure: transient(),
+                },
+                Outcome::SandboxGone => Event::SnapshotFailed {
+                    seq,
+                    failure: gone(FailureKind::SandboxGone),
+                },
+                _ => Event::SnapshotFailed {
+                    seq,
+                    failure: permanent(),
+                },
+            },
+            Command::StopSandbox { sandbox_id } => Event::SandboxStopped { sandbox_id },
+            Command::ExtendTimeout {
+                sandbox_id,
+                duration_ms,
+            } => match outcome {
+                Outcome::Ok => {
+                    let d = self.deadlines.entry(sandbox_id.clone()).or_insert(now);
+                    *d += duration_ms;
+                    Event::TimeoutExtended {
+                        deadline: *d,
+                        sandbox_id,
+                    }
+                }
+                _ => Event::ExtendFailed {
+                    sandbox_id,
+                    failure: permanent(),
+                },
+            },
+            Command::DeleteSnapshot { snapshot_id } => match outcome {
+                Outcome::Ok | Outcome::SnapshotGone => Event::SnapshotDeleted { snapshot_id },
+                _ => Event::DeleteFailed {
+                    snapshot_id,
+                    failure: transient(),
+                },
+            },
+            Command::ProbeSandbox { sandbox_id } => {
+                let alive = match outcome {
+                    Outcome::SandboxGone => None,
+                    _ => self
+                        .deadlines
+                        .get(&sandbox_id)
+                        .copied()
+                        .filter(|d| *d > now),
+                };
+                Event::SandboxProbed { sandbox_id, alive }
+            }
+            Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
+        })
+    }
+
+    fn act(&mut self, action: Action) -> Result<(), TestCaseError> {
+        match action {
+            Action::Run => {
+                let request_id = self.take_request();
+                self.apply(Event::RunRequested {
+                    request_id,
+                    command: "make".into(),
+                    timeout_ms: 1000,
+                })
+            }
+            Action::Suspend => {
+                let request_id = self.take_request();
+                self.apply(Event::SuspendRequested { request_id })
+            }
+            Action::Resume => {
+                let request_id = self.take_request();
+                self.apply(Event::ResumeRequested { request_id })
+            }
+            Action::Complete(i, outcome) => {
+                if self.inflight.is_empty() {
+                    return Ok(());
+                }
+                let cmd = self.inflight.remove(i % self.inflight.len());
+                match self.answer(cmd, outcome) {
+                    Some(ev) => self.apply(ev),
+                    None => Ok(()),
+                }
+            }
+            Action::Timer(timer) => self.apply(Event::TimerFired { timer }),
+            Action::Advance(ms) => {
+                self.now += ms;
+                Ok(())
+            }
+            Action::Crash => {
+                // Everything in flight is lost; the task is read back from its stored form.
+                self.inflight.clear();
+                let json = serde_json::to_string(&self.task).expect("task serializes");
+                self.task = serde_json::from_str(&json).expect("task deserializes");
+                // Waiting callers died with the process: their replies are still due once.
+                self.apply(Event::Recovered)
+            }
+            Action::SetPersistent(p) => {
+                let mut s = self.task.settings.clone();
+                s.persistent = p;
+                self.apply(Event::SettingsChanged { settings: s })
+            }
+        }
+    }
+
+    fn take_request(&mut self) -> RequestId {
+        let id = self.next_request;
+        self.next_request += 1;
+        self.model.requested.insert(id);
+        id
+    }
+
+    /// Lets every operation succeed until nothing is in flight, then checks every request was
+    /// answered exactly once.
+    fn drain(&mut self) -> Result<(), TestCaseError> {
+        for _ in 0..500 {
+            if self.inflight.is_empty() {
+                if self.task.retry_at.is_some() {
+                    self.now = self.task.retry_at.unwrap_or(self.now);
+                    self.apply(Event::TimerFired {
+                        timer: TimerKind::Retry,
+                    })?;
+                    continue;
+                }
+                break;
+            }
+            let cmd = self.inflight.remove(0);
+            if let Some(ev) = self.answer(cmd, Outcome::Ok) {
+                self.apply(ev)?;
+            }
+        }
+        prop_assert!(
+            self.inflight.is_empty(),
+            "operations never settled: {:?}",
+            self.inflight
+        );
+        prop_assert!(
+            self.task.queue.is_empty(),
+            "requests left queued: {:?}",
+            self.task
+        );
+        prop_assert_eq!(
+            &self.model.replied,
+            &self.model.requested,
+            "every request answered once"
+        );
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2048, max_shrink_iters: 4000, ..ProptestConfig::default() })]
+
+    /// Invariants hold after every step, whatever the interleaving of requests, outcomes,
+    /// timers and crashes; every restore picks the latest confirmed snapshot.
+    #[test]
+    fn step_keeps_invariants_and_restores_latest(actions in proptest::collection::vec(action(), 1..120)) {
+        let mut h = Harness::new();
+        for a in actions {
+            h.act(a)?;
+        }
+        h.drain()?;
+    }
+
+    /// Crash-and-reload equivalence at the core level: a run whose task is serialized and read
+    /// back in the middle ends exactly like the same run without the reload.
+    #[test]
+    fn reload_in_the_middle_changes_nothing(actions in proptest::collection::vec(action().prop_filter("no crash", |a| !matches!(a, Action::Crash)), 1..80), cut in 0usize..80) {
+        let mut a = Harness::new();
+        let mut b = Harness::new();
+        for (i, act) in actions.into_iter().enumerate() {
+            if i == cut {
+                let json = serde_json::to_string(&b.task).expect("serializes");
+                b.task = serde_json::from_str(&json).expect("deserializes");
+            }
+            a.act(act.clone())?;
+            b.act(act)?;
+        }
+        prop_assert_eq!(a.task, b.task);
+        prop_assert_eq!(a.inflight, b.inflight);
+    }
+}
+
+fn t0() -> Task {
+    Task::new("demo", settings(), T0)
+}
+
+fn run_step(task: &Task, ev: Event) -> Transition {
+    step(task, ev, T0 + 10).expect("valid event")
+}
+
+#[test]
+fn first_run_provisions_then_runs() {
+    let tr = run_step(
+        &t0(),
+        Event::RunRequested {
+            request_id: 1,
+            command: "ls".into(),
+            timeout_ms: 5,
+        },
+    );
+    assert_eq!(tr.next.state, TaskState::Provisioning);
+    assert!(matches!(
+        tr.commands[..],
+        [Command::CreateSandbox {
+            generation: 1,
+            source_snapshot: None,
+            ..
+        }]
+    ));
+    let tr = run_step(
+        &tr.next,
+        Event::SandboxReady {
+            generation: 1,
+            sandbox_id: "s".into(),
+            name: "s".into(),
+            deadline: T0 + 300_000,
+        },
+    );
+    assert_eq!(tr.next.state, TaskState::Running);
+    assert!(tr
+        .commands
+        .iter()
+        .any(|c| matches!(c, Command::RunCommand { request_id: 1, .. })));
+    // The first sandbox of a task is no "recreation".
+    assert!(tr.next.notices.is_empty());
+}
+
+fn running_task() -> Task {
+    let tr = run_step(&t0(), Event::ResumeRequested { request_id: 1 });
+    run_step(
+        &tr.next,
+        Event::SandboxReady {
+            generation: 1,
+            sandbox_id: "s".into(),
+            name: "s".into(),
+            deadline: T0 + 300_000,
+        },
+    )
+    .next
+}
+
+fn suspended_task() -> Task {
+    let tr = run_step(&running_task(), Event::SuspendRequested { request_id: 2 });
+    assert_eq!(tr.next.state, TaskState::Snapshotting);
+    let tr = run_step(
+        &tr.next,
+        Event::SnapshotTaken {
+            seq: 1,
+            snapshot_id: "snap-1".into(),
+            size_bytes: 1,
+            expires_at: None,
+        },
+    );
+    assert_eq!(tr.next.state, TaskState::Expired);
+    assert!(tr.commands.contains(&Command::Reply {
+        request_id: 2,
+        reply: Reply::Suspended {
+            snapshot_id: Some("snap-1".into())
+        }
+    }));
+    tr.next
+}
+
+#[test]
+fn duplicate_snapshot_taken_is_absorbed() {
+    let t = suspended_task();
+    let tr = run_step(
+        &t,
+        Event::SnapshotTaken {
+            seq: 1,
+            snapshot_id: "snap-1".into(),
+            size_bytes: 1,
+            expires_at: None,
+        },
+    );
+    assert_eq!(tr.next, t, "a second 'snapshot taken' changes nothing");
+    assert!(tr.commands.is_empty());
+}
+
+#[test]
+fn stale_command_exit_is_absorbed() {
+    let t = running_task();
+    let tr = run_step(
+        &t,
+        Event::CommandExited {
+            request_id: 99,
+            exit_code: 0,
+            timed_out: false,
+        },
+    );
+    assert_eq!(tr.next, t);
+    assert!(tr.commands.is_empty());
+}
+
+#[test]
+fn a_late_ready_from_an_old_generation_is_stopped() {
+    let t = running_task();
+    let tr = run_step(
+        &t,
+        Event::SandboxReady {
+            generation: 7,
+            sandbox_id: "other".into(),
+            name: "other".into(),
+            deadline: 0,
+        },
+    );
+    assert_eq!(tr.next, t);
+    assert_eq!(
+        tr.commands,
+        vec![Command::StopSandbox {
+            sandbox_id: "other".into()
+        }]
+    );
+}
+
+#[test]
+fn restore_falls_back_to_older_snapshot_only_when_gone() {
+    let mut t = suspended_task();
+    // Take a second snapshot.
+    let tr = run_step(&t, Event::ResumeRequested { request_id: 3 });
+    let tr = run_step(
+        &tr.next,
+        Event::SandboxReady {
+            generation: 2,
+            sandbox_id: "s2".into(),
+            name: "s2".into(),
+            deadline: T0 + 300_000,
+        },
+    );
+    let tr = run_step(&tr.next, Event::SuspendRequested { request_id: 4 });
+    t = run_step(
+        &tr.next,
+        Event::SnapshotTaken {
+            seq: 2,
+            snapshot_id: "snap-2".into(),
+            size_bytes: 1,
+            expires_at: None,
+        },
+    )
+    .next;
+    // A transient restore error keeps the mapping and retries the same snapshot.
+    let tr = run_step(
+        &t,
+        Event::RunRequested {
+            request_id: 5,
+            command: "ls".into(),
+            timeout_ms: 5,
+        },
+    );
+    assert_eq!(tr.next.restore_source.as_deref(), Some("snap-2"));
+    let failed = run_step(
+        &tr.next,
+        Event::CreateFailed {
+            generation: 3,
+            failure: Failure::transient("503", None),
+        },
+    );
+    assert_eq!(failed.next.state, TaskState::Restoring);
+    assert_eq!(failed.next.restore_source.as_deref(), Some("snap-2"));
+    // A permanent restore error gives up but keeps the snapshot.
+    let perm = run_step(
+        &tr.next,
+        Event::CreateFailed {
+            generation: 3,
+            failure: Failure::new(FailureKind::Permanent, "500"),
+        },
+    );
+    assert_eq!(perm.next.state, TaskState::Expired);
+    assert_eq!(
+        perm.next.latest_complete().and_then(|s| s.id.as_deref()),
+        Some("snap-2")
+    );
+    // Only "snapshot gone" drops it, falling back to the older one.
+    let gone = run_step(
+        &tr.next,
+        Event::CreateFailed {
+            generation: 3,
+            failure: Failure::new(FailureKind::SnapshotGone, "410 snapshot_not_found"),
+        },
+    );
+    assert_eq!(gone.next.state, TaskState::Restoring);
+    assert_eq!(gone.next.restore_source.as_deref(), Some("snap-1"));
+    // And when none is left, it starts fresh and says files were lost.
+    let gone2 = run_step(
+        &gone.next,
+        Event::CreateFailed {
+            generation: 4,
+            failure: Failure::new(FailureKind::SnapshotGone, "410 snapshot_not_found"),
+        },
+    );
+    assert_eq!(gone2.next.state, TaskState::Provisioning);
+    assert!(gone2
+        .next
+        .notices
+        .iter()
+        .any(|n| matches!(n, Notice::FilesLost { .. })));
+}
+
+#[test]
+fn idle_reaper_never_stops_a_sandbox_mid_command() {
+    let t = running_task();
+    let tr = run_step(
+        &t,
+        Event::RunRequested {
+            request_id: 2,
+            command: "sleep 1000".into(),
+            timeout_ms: 5_000_000,
+        },
+    );
+    assert!(tr.next.running.is_some());
+    let late = step(
+        &tr.next,
+        Event::TimerFired {
+            timer: TimerKind::Idle,
+        },
+        T0 + 10_000_000,
+    )
+    .expect("valid");
+    assert_eq!(
+        late.next.state,
+        TaskState::Running,
+        "a running command is activity"
+    );
+    assert!(late.commands.is_empty());
+}
+
+#[test]
+fn a_failed_snapshot_never_replaces_a_good_one() {
+    let t = suspended_task();
+    let tr = run_step(&t, Event::ResumeRequested { request_id: 3 });
+    let tr = run_step(
+        &tr.next,
+        Event::SandboxReady {
+            generation: 2,
+            sandbox_id: "s2".into(),
+            name: "s2".into(),
+            deadline: T0 + 300_000,
+        },
+    );
+    let tr = run_step(&tr.next, Event::SuspendRequested { request_id: 4 });
+    let tr = run_step(
+        &tr.next,
+        Event::SnapshotFailed {
+            seq: 2,
+            failure: Failure::new(FailureKind::Permanent, "disk full"),
+        },
+    );
+    assert_eq!(tr.next.state, TaskState::Running);
+    assert_eq!(
+        tr.next.latest_complete().and_then(|s| s.id.as_deref()),
+        Some("snap-1")
+    );
+    assert!(tr.commands.iter().any(|c| matches!(
+        c,
+        Command::Reply {
+            request_id: 4,
+            reply: Reply::Failed { .. }
+        }
+    )));
+}
+
+#[test]
+fn reused_request_ids_are_refused() {
+    let t = running_task();
+    let err = step(&t, Event::SuspendRequested { request_id: 1 }, T0).unwrap_err();
+    assert!(matches!(
+        err,
+        StepError::DuplicateRequest { request_id: 1, .. }
+    ));
+}
+
+#[test]
+fn retry_policy_gives_up_after_max_attempts_and_honours_retry_after() {
+    let p = RetryPolicy {
+        max_attempts: 3,
+        initial_delay_ms: 100,
+        max_delay_ms: 1000,
+        multiplier: 2,
+    };
+    assert_eq!(p.decide(1, None), RetryDecision::RetryAfter(100));
+    assert_eq!(p.decide(2, None), RetryDecision::RetryAfter(200));
+    assert_eq!(p.decide(2, Some(5_000)), RetryDecision::RetryAfter(5_000));
+    assert_eq!(p.decide(3, None), RetryDecision::GiveUp);
+}

@@ -1,0 +1,349 @@
+//! Argument parsing, dispatch and printing.
+
+mod output;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use taskbox::config::Config;
+use taskbox::engine::{Orchestrator, Paths};
+use taskbox::TaskId;
+
+use output::{fail, print_json, Failure};
+
+/// Exit code for taskbox's own failures (the command's own codes pass through).
+pub const EXIT_TASKBOX_ERROR: u8 = 125;
+/// Exit code of a command killed by its timeout.
+pub const EXIT_TIMEOUT: u8 = 124;
+
+/// Gives every agent task its own sandbox: runs each command in the task's sandbox, creating it
+/// on first use, and keeps the task's files in snapshots across sandboxes.
+#[derive(Parser, Debug)]
+#[command(name = "taskbox", version, about, long_about = None)]
+struct Cli {
+    /// More logging on stderr (-v info, -vv debug, -vvv trace). `RUST_LOG` overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run a command in a task's sandbox (created or restored as needed).
+    ///
+    /// Prints the command's stdout and stderr and exits with its exit code; a timeout exits 124.
+    Run(RunArgs),
+    /// Snapshot a task's files (when terminal.container_persistent) and stop its sandbox.
+    Suspend(TaskArgs),
+    /// Restore a task's latest snapshot into a live sandbox now, without running anything.
+    Resume(TaskArgs),
+    /// List every task with its state.
+    Tasks(JsonArg),
+    /// Show a task: state, sandbox, snapshots and recent journal.
+    Show(ShowArgs),
+    /// Read and change the configuration (Hermes-style `terminal.*` keys).
+    #[command(subcommand)]
+    Config(ConfigCmd),
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The task whose sandbox runs the command.
+    #[arg(long, short = 't')]
+    task: String,
+    /// Per-command timeout in seconds (default: terminal.timeout).
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// Print a JSON result on stdout instead of the command's output.
+    #[arg(long)]
+    json: bool,
+    /// The command: one shell string, or a program and its arguments (quoted for `bash -c`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct TaskArgs {
+    /// The task.
+    task: String,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct JsonArg {
+    /// Print JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ShowArgs {
+    /// The task.
+    task: String,
+    /// Journal entries to include.
+    #[arg(long, default_value_t = 20)]
+    journal: usize,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum ConfigCmd {
+    /// Print one key's value.
+    Get {
+        /// A key such as terminal.backend.
+        key: String,
+    },
+    /// Set one key.
+    Set {
+        /// A key such as terminal.backend.
+        key: String,
+        /// Its new value.
+        value: String,
+    },
+    /// Print every key with its value.
+    Show(JsonArg),
+    /// Print the config file's path.
+    Path,
+}
+
+/// Parses arguments, runs, and maps the outcome to an exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let paths = Paths::from_env(|k| std::env::var(k).ok());
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .worker_threads(2)
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&Failure::from_anyhow(anyhow::Error::new(e))),
+    };
+    match runtime.block_on(dispatch(cli.cmd, &paths)) {
+        Ok(code) => code,
+        Err(failure) => fail(&failure),
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
+    match cmd {
+        Cmd::Run(args) => run(args, paths).await,
+        Cmd::Suspend(args) => {
+            let task = task_id(&args.task)?;
+            let orch = open(paths).await?;
+            let res = orch.suspend(&task).await;
+            orch.shutdown().await;
+            let res = res.map_err(Failure::from_engine)?;
+            if args.json {
+                print_json(
+                    &serde_json::json!({ "task": task.as_str(), "snapshot_id": res.snapshot_id }),
+                )?;
+            } else {
+                match &res.snapshot_id {
+                    Some(id) => eprintln!("suspended {task}: files kept in snapshot {id}"),
+                    None => eprintln!("suspended {task}: no snapshot kept (terminal.container_persistent is false or nothing ran)"),
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Resume(args) => {
+            let task = task_id(&args.task)?;
+            let orch = open(paths).await?;
+            let res = orch.resume(&task).await;
+            orch.shutdown().await;
+            let res = res.map_err(Failure::from_engine)?;
+            if args.json {
+                print_json(&serde_json::json!({
+                    "task": task.as_str(), "sandbox_id": res.sandbox_id, "notices": res.notices,
+                }))?;
+            } else {
+                output::print_notices(&res.notices);
+                eprintln!("resumed {task}: sandbox {} is live", res.sandbox_id);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Tasks(args) => {
+            let orch = open(paths).await?;
+            let tasks = orch.tasks().await;
+            orch.shutdown().await;
+            let tasks = tasks.map_err(Failure::from_engine)?;
+            if args.json {
+                print_json(&output::tasks_json(&tasks))?;
+            } else {
+                output::print_tasks(&tasks)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Show(args) => {
+            let task = task_id(&args.task)?;
+            let orch = open(paths).await?;
+            let view = orch.show(&task, args.journal).await;
+            orch.shutdown().await;
+            let Some(view) = view.map_err(Failure::from_engine)? else {
+                return Err(Failure::new(format!("no task named `{task}`")).hint(
+                    "`taskbox tasks` lists the tasks; `taskbox run --task NAME -- CMD` creates one",
+                ));
+            };
+            if args.json {
+                print_json(&view)?;
+            } else {
+                output::print_view(&view)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Config(cmd) => config_cmd(cmd, paths),
+    }
+}
+
+async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
+    let task = task_id(&args.task)?;
+    let command = shell_join(&args.command);
+    let orch = open(paths).await?;
+    let timeout = args.timeout.map(Duration::from_secs);
+    if args.timeout == Some(0) {
+        return Err(Failure::new("invalid --timeout 0").hint("give a timeout of at least 1 second"));
+    }
+    let res = orch.run(&task, &command, timeout).await;
+    orch.shutdown().await;
+    let res = res.map_err(Failure::from_engine)?;
+    if args.json {
+        print_json(&res)?;
+    } else {
+        output::print_notices(&res.notices);
+        let mut out = std::io::stdout().lock();
+        output::write_ignoring_broken_pipe(&mut out, res.stdout.as_bytes())?;
+        let _ = out.flush();
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(res.stderr.as_bytes());
+    }
+    if res.timed_out {
+        let secs = args
+            .timeout
+            .map_or_else(|| "terminal.timeout".to_string(), |s| format!("{s} s"));
+        eprintln!(
+            "note: the command timed out after {secs} and was killed (the sandbox keeps running)"
+        );
+        return Ok(ExitCode::from(EXIT_TIMEOUT));
+    }
+    Ok(ExitCode::from(res.exit_code.clamp(0, 255) as u8))
+}
+
+fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Failure> {
+    let path = &paths.config_file;
+    match cmd {
+        ConfigCmd::Get { key } => {
+            let cfg = Config::load(path).map_err(Failure::from_config)?;
+            println!("{}", cfg.get(&key).map_err(Failure::from_config)?);
+        }
+        ConfigCmd::Set { key, value } => {
+            let mut cfg = Config::load(path).map_err(Failure::from_config)?;
+            cfg.set(&key, &value).map_err(Failure::from_config)?;
+            cfg.save(path).map_err(Failure::from_config)?;
+            eprintln!(
+                "set {key} = {} in {}",
+                cfg.get(&key).map_err(Failure::from_config)?,
+                path.display()
+            );
+        }
+        ConfigCmd::Show(args) => {
+            let cfg = Config::load(path).map_err(Failure::from_config)?;
+            let pairs: Vec<(String, String)> = taskbox::config::KEYS
+                .iter()
+                .map(|(k, _)| (k.to_string(), cfg.get(k).expect("KEYS are all gettable")))
+                .collect();
+            if args.json {
+                let map: serde_json::Map<String, serde_json::Value> = pairs
+                    .into_iter()
+                    .map(|(k, v)| (k, serde_json::Value::String(v)))
+                    .collect();
+                print_json(&map)?;
+            } else {
+                for (k, v) in pairs {
+                    println!("{k} = {v}");
+                }
+            }
+        }
+        ConfigCmd::Path => println!("{}", path.display()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn task_id(s: &str) -> Result<TaskId, Failure> {
+    TaskId::new(s).map_err(|e| {
+        Failure::new(e.to_string()).hint(
+            "a task id is 1 to 64 letters, digits, `-` or `_`, starting with a letter or digit",
+        )
+    })
+}
+
+async fn open(paths: &Paths) -> Result<Orchestrator, Failure> {
+    let config = Config::load(&paths.config_file).map_err(Failure::from_config)?;
+    Orchestrator::builder(paths.data_dir.clone(), config)
+        .open()
+        .await
+        .map_err(Failure::from_engine)
+}
+
+/// Joins a program and its arguments into one `bash -c` string; a single argument is taken as
+/// a shell string as it is (`taskbox run --task t -- 'ls | wc -l'`).
+fn shell_join(args: &[String]) -> String {
+    if args.len() == 1 {
+        return args[0].clone();
+    }
+    args.iter()
+        .map(|a| shell_quote(a))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn shell_quote(s: &str) -> String {
+    let safe = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
+    if safe {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joins_arguments_for_bash() {
+        let v = |xs: &[&str]| xs.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(shell_join(&v(&["cat", "notes.txt"])), "cat notes.txt");
+        assert_eq!(
+            shell_join(&v(&["bash", "-c", "echo hello > notes.txt; pwd"])),
+            "bash -c 'echo hello > notes.txt; pwd'"
+        );
+        assert_eq!(shell_join(&v(&["echo", "it's"])), r"echo 'it'\''s'");
+        assert_eq!(shell_join(&v(&["ls | wc -l"])), "ls | wc -l");
+    }
+}

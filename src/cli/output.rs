@@ -1,0 +1,261 @@
+//! Printing: human tables on stdout, JSON for scripts, and cargo-style failures on stderr.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use serde::Serialize;
+
+use taskbox::clock::format_ms;
+use taskbox::config::ConfigError;
+use taskbox::core::{Notice, SnapshotStatus, Task};
+use taskbox::engine::{EngineError, TaskView};
+
+use super::EXIT_TASKBOX_ERROR;
+
+/// A taskbox failure as the user sees it: `error:`, `caused by:` lines, and a `hint:`.
+#[derive(Debug)]
+pub struct Failure {
+    message: String,
+    causes: Vec<String>,
+    hint: Option<String>,
+    notices: Vec<Notice>,
+}
+
+impl Failure {
+    pub fn new(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            causes: Vec::new(),
+            hint: None,
+            notices: Vec::new(),
+        }
+    }
+
+    pub fn hint(mut self, hint: impl Into<String>) -> Failure {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    fn with_causes(mut self, err: &(dyn std::error::Error + 'static)) -> Failure {
+        let mut source = err.source();
+        while let Some(s) = source {
+            let text = s.to_string();
+            if !self.message.contains(&text) {
+                self.causes.push(text);
+            }
+            source = s.source();
+        }
+        self
+    }
+
+    pub fn from_anyhow(err: anyhow::Error) -> Failure {
+        let mut f = Failure::new(err.to_string());
+        for cause in err.chain().skip(1) {
+            f.causes.push(cause.to_string());
+        }
+        f
+    }
+
+    pub fn from_config(err: ConfigError) -> Failure {
+        let hint = match &err {
+            ConfigError::UnknownKey { .. } => {
+                Some("`taskbox config show` lists every key with its value".to_string())
+            }
+            ConfigError::InvalidValue { key, .. } => taskbox::config::KEYS
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(k, d)| format!("{k}: {d}")),
+            ConfigError::Parse { path, .. } => Some(format!(
+                "fix or remove {} (`taskbox config set` rewrites it)",
+                path.display()
+            )),
+            ConfigError::Io { .. } => None,
+        };
+        let f = Failure::new(err.to_string()).with_causes(&err);
+        match hint {
+            Some(h) => f.hint(h),
+            None => f,
+        }
+    }
+
+    pub fn from_engine(err: EngineError) -> Failure {
+        let hint = match &err {
+            EngineError::Busy { .. } => Some(
+                "another taskbox process is driving this task; wait for it to finish".to_string(),
+            ),
+            EngineError::Request { message, .. } if message.contains("expired") => Some(
+                "live processes do not survive a sandbox's expiry; files come back from the latest snapshot".to_string(),
+            ),
+            _ => None,
+        };
+        let notices = match &err {
+            EngineError::Request { notices, .. } => notices.clone(),
+            _ => Vec::new(),
+        };
+        let mut f = Failure::new(err.to_string()).with_causes(&err);
+        f.notices = notices;
+        match hint {
+            Some(h) => f.hint(h),
+            None => f,
+        }
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Failure {
+        Failure::new(format!("cannot write output: {e}"))
+    }
+}
+
+/// Prints a failure on stderr and returns exit code 125.
+pub fn fail(f: &Failure) -> ExitCode {
+    print_notices(&f.notices);
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "error: {}", f.message);
+    for c in &f.causes {
+        let _ = writeln!(err, "  caused by: {c}");
+    }
+    if let Some(h) = &f.hint {
+        let _ = writeln!(err, "hint: {h}");
+    }
+    ExitCode::from(EXIT_TASKBOX_ERROR)
+}
+
+/// Writes to stdout; a closed pipe (`taskbox tasks | head -1`) is not an error.
+pub fn write_ignoring_broken_pipe(out: &mut impl Write, bytes: &[u8]) -> Result<(), Failure> {
+    match out.write_all(bytes) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.map_err(Failure::from),
+    }
+}
+
+/// Prints `value` as pretty JSON on stdout.
+pub fn print_json(value: &impl Serialize) -> Result<(), Failure> {
+    let mut text = serde_json::to_string_pretty(value)
+        .map_err(|e| Failure::new(format!("cannot encode JSON: {e}")))?;
+    text.push('\n');
+    write_ignoring_broken_pipe(&mut std::io::stdout().lock(), text.as_bytes())
+}
+
+/// One line per notice, on stderr.
+pub fn print_notices(notices: &[Notice]) {
+    for n in notices {
+        eprintln!("note: {}", notice_text(n));
+    }
+}
+
+pub fn notice_text(n: &Notice) -> String {
+    match n {
+        Notice::Recreated {
+            from_snapshot: Some(id),
+        } => format!(
+            "the sandbox was recreated from snapshot {id}: files are back, live processes are gone"
+        ),
+        Notice::Recreated {
+            from_snapshot: None,
+        } => "the sandbox was recreated fresh: live processes are gone".to_string(),
+        Notice::SandboxExpired { at } => {
+            format!("the previous sandbox expired at {}", format_ms(*at))
+        }
+        Notice::FilesLost { reason } => format!("files were lost: {reason}"),
+    }
+}
+
+fn snapshot_summary(t: &Task) -> String {
+    let complete = t
+        .snapshots
+        .iter()
+        .filter(|s| s.status == SnapshotStatus::Complete)
+        .count();
+    match t.latest_complete().and_then(|s| s.id.as_deref()) {
+        Some(id) => format!("{complete} (latest {id})"),
+        None => "0".to_string(),
+    }
+}
+
+pub fn tasks_json(tasks: &[Task]) -> serde_json::Value {
+    serde_json::Value::Array(
+        tasks
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "task": t.id,
+                    "state": t.state,
+                    "sandbox": t.sandbox.as_ref().map(|s| &s.id),
+                    "latest_snapshot": t.latest_complete().and_then(|s| s.id.as_deref()),
+                    "snapshots": t.snapshots.iter().filter(|s| s.status == SnapshotStatus::Complete).count(),
+                    "last_activity": format_ms(t.last_activity),
+                })
+            })
+            .collect(),
+    )
+}
+
+pub fn print_tasks(tasks: &[Task]) -> Result<(), Failure> {
+    let mut s = String::new();
+    if tasks.is_empty() {
+        eprintln!("no tasks yet: `taskbox run --task NAME -- CMD` creates one");
+        return Ok(());
+    }
+    let w = tasks.iter().map(|t| t.id.len()).max().unwrap_or(4).max(4);
+    s.push_str(&format!(
+        "{:<w$}  {:<12}  {:<28}  SNAPSHOTS\n",
+        "TASK", "STATE", "SANDBOX"
+    ));
+    for t in tasks {
+        let sandbox = t.sandbox.as_ref().map_or("-", |s| s.id.as_str());
+        s.push_str(&format!(
+            "{:<w$}  {:<12}  {:<28}  {}\n",
+            t.id,
+            t.state.as_str(),
+            sandbox,
+            snapshot_summary(t)
+        ));
+    }
+    write_ignoring_broken_pipe(&mut std::io::stdout().lock(), s.as_bytes())
+}
+
+pub fn print_view(v: &TaskView) -> Result<(), Failure> {
+    let t = &v.task;
+    let mut s = String::new();
+    s.push_str(&format!("task:        {}\n", t.id));
+    s.push_str(&format!("state:       {}\n", t.state));
+    s.push_str(&format!("persistent:  {}\n", t.settings.persistent));
+    match &t.sandbox {
+        Some(sb) => s.push_str(&format!(
+            "sandbox:     {} (generation {}, expires {})\n",
+            sb.id,
+            sb.generation,
+            format_ms(sb.deadline)
+        )),
+        None => s.push_str("sandbox:     -\n"),
+    }
+    s.push_str("snapshots:\n");
+    if t.snapshots.is_empty() {
+        s.push_str("  (none)\n");
+    }
+    for snap in &t.snapshots {
+        s.push_str(&format!(
+            "  #{:<3} {:<9} {:<24} {:>10} bytes  {}\n",
+            snap.seq,
+            snap.status.as_str(),
+            snap.id.as_deref().unwrap_or("-"),
+            snap.size_bytes,
+            format_ms(snap.created_at.unwrap_or(snap.started_at)),
+        ));
+    }
+    s.push_str("journal (latest last):\n");
+    for e in &v.journal {
+        let cmds: Vec<&str> = e.commands.iter().map(|c| c.name()).collect();
+        s.push_str(&format!(
+            "  {:>5}  {}  {:<18} {:>12} -> {:<12} {}\n",
+            e.task_seq,
+            format_ms(e.at),
+            e.event.name(),
+            e.state_before.as_str(),
+            e.state_after.as_str(),
+            cmds.join(", ")
+        ));
+    }
+    write_ignoring_broken_pipe(&mut std::io::stdout().lock(), s.as_bytes())
+}
