@@ -1,1 +1,186 @@
-//! (being written)
+//! The CLI end to end on the real local provider: real files, real processes, real SQLite.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::{ok, stderr, stdout, wait_for, Home};
+
+fn show(home: &Home, task: &str) -> Value {
+    serde_json::from_str(&ok(&home.run(&["show", task, "--json"]))).expect("show --json is JSON")
+}
+
+#[test]
+fn the_issue_session_works_on_a_fresh_home() {
+    let home = Home::new();
+    let out = ok(&home.run(&["run", "--task", "demo", "--", "bash", "-c", "echo hello > notes.txt; pwd"]));
+    assert!(out.trim_end().ends_with("workspace"), "pwd prints the workspace: {out}");
+    let first = show(&home, "demo");
+    assert_eq!(first["task"]["state"], "running");
+    let sandbox = first["task"]["sandbox"]["id"].clone();
+
+    // Same sandbox, reused.
+    assert_eq!(ok(&home.run(&["run", "--task", "demo", "--", "cat", "notes.txt"])), "hello\n");
+    assert_eq!(show(&home, "demo")["task"]["sandbox"]["id"], sandbox);
+
+    // Suspend keeps the files in a snapshot and stops the sandbox.
+    let o = home.run(&["suspend", "demo"]);
+    ok(&o);
+    assert!(stderr(&o).contains("snapshot"), "{}", stderr(&o));
+    let suspended = show(&home, "demo");
+    assert_eq!(suspended["task"]["state"], "expired");
+    assert!(suspended["task"]["sandbox"].is_null());
+
+    // The next command restores the latest snapshot, and says so.
+    let o = home.run(&["run", "--task", "demo", "--", "cat", "notes.txt"]);
+    assert_eq!(ok(&o), "hello\n");
+    assert!(stderr(&o).contains("recreated from snapshot"), "{}", stderr(&o));
+
+    let view = show(&home, "demo");
+    assert_eq!(view["task"]["state"], "running");
+    assert_eq!(view["snapshots"].as_array().map(Vec::len), Some(1));
+    assert!(view["journal"].as_array().is_some_and(|j| !j.is_empty()));
+
+    let tasks = ok(&home.run(&["tasks"]));
+    assert!(tasks.contains("demo") && tasks.contains("running"), "{tasks}");
+    let json: Value = serde_json::from_str(&ok(&home.run(&["tasks", "--json"]))).expect("JSON");
+    assert_eq!(json[0]["task"], "demo");
+}
+
+#[test]
+fn working_directory_is_carried_between_commands() {
+    let home = Home::new();
+    ok(&home.run(&["run", "-t", "cwd", "--", "mkdir -p sub/dir && cd sub/dir"]));
+    let out = ok(&home.run(&["run", "-t", "cwd", "--", "pwd"]));
+    assert!(out.trim_end().ends_with("workspace/sub/dir"), "{out}");
+}
+
+#[test]
+fn exit_codes_pass_through_and_timeouts_exit_124() {
+    let home = Home::new();
+    let o = home.run(&["run", "-t", "codes", "--", "echo out; echo err >&2; exit 3"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert_eq!(stdout(&o), "out\n");
+    assert!(stderr(&o).contains("err"));
+
+    let o = home.run(&["run", "-t", "codes", "--timeout", "1", "--", "sleep 30"]);
+    assert_eq!(o.status.code(), Some(124), "{}", stderr(&o));
+    assert!(stderr(&o).contains("timed out"), "{}", stderr(&o));
+    // The sandbox survives a timed-out command.
+    assert_eq!(ok(&home.run(&["run", "-t", "codes", "--", "echo still here"])), "still here\n");
+}
+
+#[test]
+fn run_json_reports_the_result() {
+    let home = Home::new();
+    let out = ok(&home.run(&["run", "-t", "j", "--json", "--", "printf abc"]));
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["stdout"], "abc");
+    assert_eq!(v["timed_out"], false);
+}
+
+#[test]
+fn bad_input_is_a_clear_error_with_exit_125() {
+    let home = Home::new();
+    for bad in ["../etc", "a/b", "", "x y"] {
+        let o = home.run(&["run", "--task", bad, "--", "true"]);
+        assert_eq!(o.status.code(), Some(125), "task id {bad:?}");
+        let e = stderr(&o);
+        assert!(e.contains("error: invalid task id") && e.contains("hint:"), "{e}");
+    }
+    let o = home.run(&["config", "set", "terminal.nope", "1"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).contains("unknown config key `terminal.nope`"), "{}", stderr(&o));
+    let o = home.run(&["config", "set", "terminal.container_persistent", "maybe"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).contains("true or false"), "{}", stderr(&o));
+    let o = home.run(&["show", "nosuchtask"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).contains("no task named"), "{}", stderr(&o));
+    // A config file that is not valid is named, and `config set` does not lose it.
+    std::fs::write(home.path().join("config.toml"), "[terminal]\ntimeout = \"x\"\n").expect("write");
+    let o = home.run(&["run", "-t", "x", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).contains("config.toml"), "{}", stderr(&o));
+}
+
+#[test]
+fn config_get_set_show_round_trip() {
+    let home = Home::new();
+    assert_eq!(ok(&home.run(&["config", "get", "terminal.backend"])), "local\n");
+    ok(&home.run(&["config", "set", "terminal.backend", "vercel_sandbox"]));
+    ok(&home.run(&["config", "set", "terminal.container_cpu", "2"]));
+    ok(&home.run(&["config", "set", "terminal.container_memory", "4096"]));
+    assert_eq!(ok(&home.run(&["config", "get", "terminal.backend"])), "vercel_sandbox\n");
+    let shown = ok(&home.run(&["config", "show"]));
+    assert!(shown.contains("terminal.container_memory = 4096"), "{shown}");
+    let json: Value = serde_json::from_str(&ok(&home.run(&["config", "show", "--json"]))).expect("JSON");
+    assert_eq!(json["terminal.container_cpu"], "2");
+}
+
+#[test]
+fn non_persistent_tasks_start_fresh_after_suspend() {
+    let home = Home::new();
+    ok(&home.run(&["config", "set", "terminal.container_persistent", "false"]));
+    ok(&home.run(&["run", "-t", "np", "--", "echo x > f"]));
+    ok(&home.run(&["suspend", "np"]));
+    assert_eq!(show(&home, "np")["task"]["state"], "idle");
+    let o = home.run(&["run", "-t", "np", "--", "cat f"]);
+    assert_eq!(o.status.code(), Some(1), "the file is gone: {}", stderr(&o));
+}
+
+#[test]
+fn resume_restores_without_running_anything() {
+    let home = Home::new();
+    ok(&home.run(&["run", "-t", "r", "--", "echo kept > f"]));
+    ok(&home.run(&["suspend", "r"]));
+    let o = home.run(&["resume", "r", "--json"]);
+    let v: Value = serde_json::from_str(&ok(&o)).expect("JSON");
+    assert!(v["sandbox_id"].as_str().is_some_and(|s| s.starts_with("taskbox-r-g")));
+    assert_eq!(show(&home, "r")["task"]["state"], "running");
+    assert_eq!(ok(&home.run(&["run", "-t", "r", "--", "cat f"])), "kept\n");
+}
+
+/// SIGKILL in the middle of a snapshot, then run again: nothing is lost.
+#[test]
+fn sigkill_mid_snapshot_loses_nothing() {
+    let home = Home::new();
+    ok(&home.run(&["run", "-t", "k", "--", "echo v1 > notes.txt"]));
+    ok(&home.run(&["suspend", "k"]));
+    // v2, plus enough incompressible data that the snapshot takes a while.
+    ok(&home.run(&["run", "-t", "k", "--", "echo v2 > notes.txt; head -c 64000000 /dev/urandom > big.bin"]));
+    let mut child = home.cmd().args(["suspend", "k"]).spawn().expect("spawn");
+    let caught = wait_for(Duration::from_secs(20), || {
+        let o = home.run(&["show", "k", "--json"]);
+        let v: Value = serde_json::from_str(&stdout(&o)).ok()?;
+        (v["task"]["state"] == "snapshotting").then_some(())
+    });
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    assert!(caught.is_some(), "never saw the task snapshotting");
+    // Recovery re-issues the interrupted snapshot (idempotent by sequence number): the
+    // workspace is discarded only after its archive is complete, so v2 is never lost.
+    let o = home.run(&["run", "-t", "k", "--", "cat notes.txt; test -s big.bin && echo big"]);
+    assert_eq!(ok(&o), "v2\nbig\n", "files after the crash: {}", stderr(&o));
+    let v = show(&home, "k");
+    let statuses: Vec<String> = v["task"]["snapshots"]
+        .as_array()
+        .expect("snapshots")
+        .iter()
+        .map(|s| s["status"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(statuses.iter().all(|s| s != "pending"), "{statuses:?}");
+}
+
+#[test]
+fn bounded_output_keeps_head_and_tail() {
+    let home = Home::new();
+    let o = home.run(&["run", "-t", "big", "--", "seq 1 200000"]);
+    let out = ok(&o);
+    assert!(out.starts_with("1\n2\n"), "head kept");
+    assert!(out.trim_end().ends_with("200000"), "tail kept");
+    assert!(out.contains("output truncated"), "cut noted");
+    assert!(out.len() < 60_000, "bounded: {}", out.len());
+}

@@ -1,1 +1,80 @@
 //! Shared helpers for the integration tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// A fresh `TASKBOX_HOME` in a temporary directory.
+pub struct Home {
+    pub dir: tempfile::TempDir,
+}
+
+impl Home {
+    pub fn new() -> Home {
+        Home {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The `taskbox` binary with this home.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_taskbox"));
+        c.env("TASKBOX_HOME", self.path())
+            .env_remove("RUST_LOG")
+            .env_remove("VERCEL_TOKEN")
+            .env_remove("VERCEL_OIDC_TOKEN")
+            .env_remove("VERCEL_PROJECT_ID")
+            .env_remove("VERCEL_TEAM_ID")
+            .env_remove("TERMINAL_VERCEL_RUNTIME")
+            .env_remove("TASKBOX_VERCEL_API_URL");
+        c
+    }
+
+    /// Runs `taskbox ARGS` to completion.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().expect("spawn taskbox")
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.path().join("data")
+    }
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Asserts success and returns stdout.
+#[track_caller]
+pub fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "taskbox failed ({:?})\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        stdout(o),
+        stderr(o)
+    );
+    stdout(o)
+}
+
+/// Polls `f` until it returns `Some`, for at most `limit`.
+pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
