@@ -188,9 +188,18 @@ pub struct OrchestratorBuilder {
     clock: Arc<dyn Clock>,
     jitter: Jitter,
     lock_wait: Duration,
+    reconcile_on_start: bool,
 }
 
 impl OrchestratorBuilder {
+    /// Whether to run [`Orchestrator::gc`] in the background right after opening (default:
+    /// yes), stopping orphaned sandboxes and deleting unreferenced snapshots of this
+    /// installation that a crash may have left behind.
+    pub fn reconcile_on_start(mut self, yes: bool) -> Self {
+        self.reconcile_on_start = yes;
+        self
+    }
+
     /// Uses this provider instead of the one the config names.
     pub fn provider(mut self, provider: Arc<dyn SandboxProvider>) -> Self {
         self.provider = Some(provider);
@@ -253,7 +262,7 @@ impl OrchestratorBuilder {
             shutdown: None,
         };
         let handle = tokio::spawn(lp.run(rx));
-        Ok(Orchestrator {
+        let orch = Orchestrator {
             inner: Arc::new(Inner {
                 tx,
                 changes,
@@ -265,7 +274,24 @@ impl OrchestratorBuilder {
                 provider,
                 handle: Mutex::new(Some(handle)),
             }),
-        })
+        };
+        if self.reconcile_on_start {
+            let o = orch.clone();
+            tokio::spawn(async move {
+                match o.gc(false).await {
+                    Ok(r) if !r.sandboxes_stopped.is_empty() || !r.snapshots_deleted.is_empty() => {
+                        tracing::info!(
+                            sandboxes = r.sandboxes_stopped.len(),
+                            snapshots = r.snapshots_deleted.len(),
+                            "reconciled orphaned resources at start"
+                        )
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(error = %e, "reconcile at start did not complete"),
+                }
+            });
+        }
+        Ok(orch)
     }
 }
 
@@ -312,6 +338,7 @@ impl Orchestrator {
             clock: Arc::new(SystemClock),
             jitter: Jitter::Random,
             lock_wait: Duration::from_secs(900),
+            reconcile_on_start: true,
         }
     }
 
@@ -464,8 +491,10 @@ impl Orchestrator {
             .iter()
             .filter_map(|t| t.sandbox.as_ref().map(|s| s.id.as_str()))
             .collect();
-        let retained: std::collections::HashSet<&str> =
-            tasks.iter().flat_map(|t| t.retained_snapshot_ids()).collect();
+        let retained: std::collections::HashSet<&str> = tasks
+            .iter()
+            .flat_map(|t| t.retained_snapshot_ids())
+            .collect();
         let mut report = GcReport {
             dry_run,
             ..GcReport::default()
@@ -509,7 +538,9 @@ impl Orchestrator {
             }
             if !dry_run {
                 if let Err(e) = p.delete_snapshot(&snap.id).await {
-                    report.errors.push(format!("delete snapshot {}: {e}", snap.id));
+                    report
+                        .errors
+                        .push(format!("delete snapshot {}: {e}", snap.id));
                     continue;
                 }
             }

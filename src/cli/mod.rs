@@ -1,5 +1,6 @@
 //! Argument parsing, dispatch and printing.
 
+mod doctor;
 mod output;
 
 use std::io::Write;
@@ -48,6 +49,20 @@ enum Cmd {
     /// Read and change the configuration (Hermes-style `terminal.*` keys).
     #[command(subcommand)]
     Config(ConfigCmd),
+    /// Check the configuration, credentials, data dir and store: one line per check.
+    Doctor(JsonArg),
+    /// Stop this installation's orphaned sandboxes and delete snapshots no task retains.
+    Gc(GcArgs),
+}
+
+#[derive(Args, Debug)]
+struct GcArgs {
+    /// Only report what would be stopped or deleted.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -187,7 +202,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Tasks(args) => {
-            let orch = open(paths).await?;
+            let orch = open_with(paths, false).await?;
             let tasks = orch.tasks().await;
             orch.shutdown().await;
             let tasks = tasks.map_err(Failure::from_engine)?;
@@ -200,7 +215,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Show(args) => {
             let task = task_id(&args.task)?;
-            let orch = open(paths).await?;
+            let orch = open_with(paths, false).await?;
             let view = orch.show(&task, args.journal).await;
             orch.shutdown().await;
             let Some(view) = view.map_err(Failure::from_engine)? else {
@@ -216,6 +231,23 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Config(cmd) => config_cmd(cmd, paths),
+        Cmd::Doctor(args) => doctor::run(paths, args.json).await,
+        Cmd::Gc(args) => {
+            let orch = open_with(paths, false).await?;
+            let report = orch.gc(args.dry_run).await;
+            orch.shutdown().await;
+            let report = report.map_err(Failure::from_engine)?;
+            if args.json {
+                print_json(&report)?;
+            } else {
+                output::print_gc(&report)?;
+            }
+            Ok(if report.errors.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_TASKBOX_ERROR)
+            })
+        }
     }
 }
 
@@ -300,12 +332,23 @@ fn task_id(s: &str) -> Result<TaskId, Failure> {
     })
 }
 
+/// Opens the orchestrator for a command that drives tasks (reconciling orphans at start).
 async fn open(paths: &Paths) -> Result<Orchestrator, Failure> {
+    open_with(paths, true).await
+}
+
+async fn open_with(paths: &Paths, reconcile: bool) -> Result<Orchestrator, Failure> {
     let config = Config::load(&paths.config_file).map_err(Failure::from_config)?;
     Orchestrator::builder(paths.data_dir.clone(), config)
+        .reconcile_on_start(reconcile)
         .open()
         .await
         .map_err(Failure::from_engine)
+}
+
+/// The Vercel backend's checks for `taskbox doctor`.
+async fn vercel_checks(_cfg: &Config) -> Vec<doctor::Check> {
+    Vec::new()
 }
 
 /// Joins a program and its arguments into one `bash -c` string; a single argument is taken as
