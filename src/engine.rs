@@ -58,13 +58,15 @@ pub enum EngineError {
         /// What the caller should know (sandbox expired, files lost...).
         notices: Vec<Notice>,
     },
-    /// The provider could not be set up.
-    #[error("cannot set up the {backend} backend: {message}")]
+    /// The provider could not be set up, or a reconciliation call failed.
+    #[error("{backend} backend: {message}")]
     Provider {
         /// The backend.
         backend: &'static str,
         /// What went wrong.
         message: String,
+        /// How to fix it, if known.
+        hint: Option<String>,
     },
     /// Another process drives the task and did not let go in time.
     #[error("task {task} is busy: another taskbox process has driven it for over {waited_secs} s (lock {path})")]
@@ -239,6 +241,7 @@ impl OrchestratorBuilder {
             .map_err(|e| EngineError::Provider {
                 backend: self.config.terminal.backend.as_str(),
                 message: e.to_string(),
+                hint: e.hint(),
             })?,
         };
         let (tx, rx) = mpsc::unbounded_channel();
@@ -475,6 +478,7 @@ impl Orchestrator {
         let listing = |e: crate::provider::ProviderError| EngineError::Provider {
             backend,
             message: format!("cannot list resources for gc: {e}"),
+            hint: None,
         };
         let sandboxes = p.list_sandboxes(&installation).await.map_err(listing)?;
         let snapshots = p.list_snapshots(&installation).await.map_err(listing)?;

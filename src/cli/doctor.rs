@@ -40,6 +40,17 @@ impl Check {
     }
 }
 
+impl From<taskbox::provider::vercel::doctor::Check> for Check {
+    fn from(c: taskbox::provider::vercel::doctor::Check) -> Check {
+        Check {
+            name: c.name,
+            ok: c.ok,
+            detail: c.detail,
+            hint: c.hint,
+        }
+    }
+}
+
 pub const PERSISTENCE_NOTE: &str =
     "snapshots keep the filesystem only; live processes do not survive sandbox recreation";
 
@@ -65,17 +76,20 @@ pub async fn run(paths: &Paths, json: bool) -> Result<ExitCode, Failure> {
     if let Some(cfg) = &config {
         checks.push(Check::pass("backend", cfg.terminal.backend.as_str()));
         match cfg.terminal.backend {
-            Backend::Local => checks.push(bash_check()),
+            Backend::Local => {
+                checks.push(bash_check());
+                checks.push(Check::pass(
+                    "persistence",
+                    if cfg.terminal.container_persistent {
+                        "terminal.container_persistent = true: files are kept in snapshots across sandboxes"
+                    } else {
+                        "terminal.container_persistent = false: every new sandbox starts fresh"
+                    },
+                ));
+            }
+            // The Vercel checks include the persistence line.
             Backend::VercelSandbox => checks.extend(super::vercel_checks(cfg).await),
         }
-        checks.push(Check::pass(
-            "persistence",
-            if cfg.terminal.container_persistent {
-                "terminal.container_persistent = true: files are kept in snapshots across sandboxes"
-            } else {
-                "terminal.container_persistent = false: every new sandbox starts fresh"
-            },
-        ));
     }
     checks.push(data_dir_check(paths));
     checks.push(sqlite_check(paths));

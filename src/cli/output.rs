@@ -80,6 +80,7 @@ impl Failure {
 
     pub fn from_engine(err: EngineError) -> Failure {
         let hint = match &err {
+            EngineError::Provider { hint: Some(h), .. } => Some(h.clone()),
             EngineError::Busy { .. } => Some(
                 "another taskbox process is driving this task; wait for it to finish".to_string(),
             ),

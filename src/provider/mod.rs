@@ -240,8 +240,18 @@ pub enum SetupError {
     #[error(transparent)]
     Local(#[from] local::LocalError),
     /// The Vercel backend's configuration or credentials are not usable.
-    #[error("{0}")]
-    Vercel(String),
+    #[error(transparent)]
+    Vercel(#[from] vercel::VercelSetupError),
+}
+
+impl SetupError {
+    /// How to fix it, if known.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            SetupError::Local(_) => None,
+            SetupError::Vercel(e) => e.hint(),
+        }
+    }
 }
 
 /// Builds the provider `config` names (`terminal.backend`), rooted in `data_dir`.
@@ -257,8 +267,15 @@ pub fn from_config(
             installation_id.to_string(),
             clock,
         )?)),
-        crate::config::Backend::VercelSandbox => Err(SetupError::Vercel(
-            "the vercel_sandbox backend is not wired yet".into(),
-        )),
+        crate::config::Backend::VercelSandbox => {
+            let cwd = std::env::current_dir().unwrap_or_else(|_| std::path::PathBuf::from("."));
+            let env = |k: &str| std::env::var(k).ok();
+            Ok(std::sync::Arc::new(vercel::VercelProvider::from_config(
+                &config.terminal,
+                &env,
+                &cwd,
+                clock,
+            )?))
+        }
     }
 }
