@@ -577,6 +577,18 @@ impl Orchestrator {
         self.inner.locks.lock().expect("locks mutex").clear();
     }
 
+    /// Stops the event loop at once, as a crash would: nothing in flight is awaited or
+    /// journaled, and task locks are released. For resilience tests; the next orchestrator on
+    /// the same data dir recovers from the journal.
+    pub async fn abort(&self) {
+        let handle = self.inner.handle.lock().expect("handle lock").take();
+        if let Some(h) = handle {
+            h.abort();
+            let _ = h.await;
+        }
+        self.inner.locks.lock().expect("locks mutex").clear();
+    }
+
     /// [`Orchestrator::shutdown_within`] with a 60 s grace period.
     pub async fn shutdown(&self) {
         self.shutdown_within(Duration::from_secs(60)).await
