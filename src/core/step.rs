@@ -465,6 +465,14 @@ impl Cx {
                     if self.t.running.is_some() {
                         return;
                     }
+                    // The recorded deadline passed while no timer could fire (taskbox was not
+                    // running): the sandbox is gone, as the deadline timer would have found.
+                    // Expire now, so the request restores the files instead of failing in a
+                    // dead sandbox with "expired while running".
+                    if self.t.sandbox.as_ref().is_some_and(|sb| self.now >= sb.deadline) {
+                        self.expire();
+                        return;
+                    }
                     if self.t.checkpoint_due && self.t.settings.persistent {
                         self.begin_snapshot(SnapshotReason::Checkpoint);
                         return;
