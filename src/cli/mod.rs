@@ -1,5 +1,6 @@
 //! Argument parsing, dispatch and printing.
 
+mod chaos;
 mod doctor;
 mod output;
 
@@ -53,6 +54,9 @@ enum Cmd {
     Doctor(JsonArg),
     /// Stop this installation's orphaned sandboxes and delete snapshots no task retains.
     Gc(GcArgs),
+    /// Run many tasks against a simulated, fault-injecting platform (with engine crashes) on
+    /// virtual time, and check taskbox's invariants after every seed.
+    Chaos(chaos::ChaosArgs),
 }
 
 #[derive(Args, Debug)]
@@ -232,6 +236,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Config(cmd) => config_cmd(cmd, paths),
         Cmd::Doctor(args) => doctor::run(paths, args.json).await,
+        Cmd::Chaos(args) => chaos::run(args).await,
         Cmd::Gc(args) => {
             let orch = open_with(paths, false).await?;
             let report = orch.gc(args.dry_run).await;

@@ -1,0 +1,907 @@
+//! Chaos runs: deterministic fault simulation with an invariant checker (issue 6).
+//!
+//! In the manner of FoundationDB's simulator and TigerBeetle's VOPR, one `u64` seed decides
+//! everything: the workload of every task (commands, suspends, resumes, idle waits), where the
+//! engine crashes, and every fault the simulated platform injects (429s with `Retry-After`,
+//! 5xx, timeouts, creates whose answer is lost, sandboxes that expire mid-command, snapshots
+//! that fail, are slow or later vanish, deletes that fail). A seed runs the real engine with a
+//! real SQLite store in a fresh data dir against [`SimProvider`], on a current-thread tokio
+//! runtime whose clock is paused: hours of virtual time pass in milliseconds, and the same seed
+//! gives the same run, bit for bit — [`SeedReport::digest`] hashes the journal and the
+//! platform's final state so that this is checked, not assumed.
+//!
+//! In the manner of Jepsen, the history is checked afterwards: once the workload is over, the
+//! faults are switched off, every task runs one last command (which recovers and restores it),
+//! the orphan reconciler runs, and [`check`] compares the journal with the platform's ground
+//! truth. A violating seed keeps its data dir and prints the command that reproduces it.
+//!
+//! [`run`] runs many seeds (on several threads, each seed on its own runtime); [`run_seed`] one.
+
+pub mod check;
+mod planted;
+pub mod rng;
+mod witness;
+pub mod workload;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::clock::{Clock, TokioClock};
+use crate::config::Config;
+use crate::engine::{EngineError, Orchestrator};
+use crate::provider::sim::{SimFaults, SimFaultsError, SimProvider};
+use crate::provider::SandboxProvider;
+use crate::retry::Jitter;
+use crate::store::{JournalEntry, Store, StoreError};
+use crate::TaskId;
+
+pub use check::{Invariant, JournalCounts, Violation};
+#[doc(hidden)]
+pub use planted::{OldestRestore, PlantedBug, UnknownPlantedBug};
+use rng::ChaosRng;
+use workload::{Op, TaskPlan};
+
+/// Virtual time at which every seed starts (2023-11-14T22:13:20Z).
+const START_MS: u64 = 1_700_000_000_000;
+/// Salts that keep the workload's and the jitter's streams apart from the platform's.
+const WORKLOAD_SALT: u64 = 0x5EED_0F_C4A0_5000;
+const JITTER_SALT: u64 = 0x0017_7E50_0000_0001;
+/// The plan's cap on a sandbox's lifetime in the simulated world (matches the config below).
+const MAX_LIFETIME_MS: u64 = 600_000;
+/// Virtual time the workload may take before the seed is declared stuck.
+const WORKLOAD_BOUND: Duration = Duration::from_secs(48 * 3600);
+/// Virtual time, with faults off, for retries and slow calls in flight to finish.
+const SETTLE: Duration = Duration::from_secs(60);
+
+/// The faults of a chaos run: the simulated platform's ([`SimFaults`]), plus engine crashes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChaosFaults {
+    /// The platform's faults.
+    pub sim: SimFaults,
+    /// The chance, per workload step, that the engine crashes at a random moment during it
+    /// (its event loop is killed, as by `kill -9`, and a new one opens the same data dir).
+    pub crash: f64,
+}
+
+impl Default for ChaosFaults {
+    fn default() -> Self {
+        ChaosFaults::moderate()
+    }
+}
+
+impl ChaosFaults {
+    /// No faults at all.
+    pub fn none() -> ChaosFaults {
+        ChaosFaults {
+            sim: SimFaults::none(),
+            crash: 0.0,
+        }
+    }
+
+    /// Every fault kind at a moderate rate, with some latency: the default of `taskbox chaos`.
+    pub fn moderate() -> ChaosFaults {
+        ChaosFaults {
+            sim: SimFaults {
+                rate_limit: 0.04,
+                retry_after_ms: 2_000,
+                server_error: 0.04,
+                timeout: 0.02,
+                timeout_ms: 5_000,
+                lost_create: 0.05,
+                expire_mid_command: 0.03,
+                snapshot_fail_permanent: 0.03,
+                snapshot_fail_transient: 0.05,
+                snapshot_slow: 0.1,
+                snapshot_slow_ms: 20_000,
+                snapshot_gone: 0.05,
+                snapshot_gone_after_ms: 200_000,
+                delete_fail: 0.1,
+                latency_min_ms: 1,
+                latency_max_ms: 200,
+            },
+            crash: 0.03,
+        }
+    }
+
+    /// Parses `name=value,...`: everything [`SimFaults::parse_list`] takes, plus `crash=R`
+    /// (`all=R` sets the crash rate too). Empty or `none` gives [`ChaosFaults::none`].
+    pub fn parse_list(list: &str) -> Result<ChaosFaults, SimFaultsError> {
+        let mut crash = 0.0;
+        let mut sim_items = Vec::new();
+        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let name = item.split_once('=').map_or(item, |(n, _)| n.trim());
+            if name == "crash" || name == "all" {
+                let value = item.split_once('=').map_or("", |(_, v)| v.trim());
+                crash = match value.parse::<f64>() {
+                    Ok(r) if (0.0..=1.0).contains(&r) => r,
+                    _ => {
+                        return Err(SimFaultsError::BadValue {
+                            name: name.to_string(),
+                            value: value.to_string(),
+                            expected: "a rate between 0 and 1",
+                        })
+                    }
+                };
+                if name == "crash" {
+                    continue;
+                }
+            }
+            sim_items.push(item);
+        }
+        let sim = SimFaults::parse_list(&sim_items.join(",")).map_err(|e| match e {
+            SimFaultsError::UnknownKind { name, known } => SimFaultsError::UnknownKind {
+                name,
+                known: format!("{known}, crash"),
+            },
+            other => other,
+        })?;
+        Ok(ChaosFaults { sim, crash })
+    }
+
+    /// The list form, every field included, which [`ChaosFaults::parse_list`] reads back.
+    pub fn to_list(&self) -> String {
+        format!("{},crash={}", self.sim.to_list(), self.crash)
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ChaosOptions {
+    /// The first seed.
+    pub first_seed: u64,
+    /// How many seeds, from `first_seed` up.
+    pub seeds: u64,
+    /// Tasks per seed, driven concurrently.
+    pub tasks: u32,
+    /// The faults.
+    pub faults: ChaosFaults,
+    /// A bug to plant (to show the checker catches it).
+    #[doc(hidden)]
+    pub planted_bug: Option<PlantedBug>,
+    /// Seeds run at once, each on its own thread.
+    pub jobs: usize,
+    /// Where each seed's data dir is made (and kept, if it violates an invariant).
+    pub work_dir: PathBuf,
+    /// Keep every seed's data dir, not only violating ones.
+    pub keep_all: bool,
+}
+
+impl ChaosOptions {
+    /// `seeds` seeds from `first_seed`, `tasks` tasks each, moderate faults, one job, data
+    /// dirs under the system temp dir.
+    pub fn new(first_seed: u64, seeds: u64, tasks: u32) -> ChaosOptions {
+        ChaosOptions {
+            first_seed,
+            seeds,
+            tasks,
+            faults: ChaosFaults::moderate(),
+            planted_bug: None,
+            jobs: 1,
+            work_dir: default_work_dir(),
+            keep_all: false,
+        }
+    }
+
+    /// The command that reruns exactly `seed` of this run.
+    pub fn repro_command(&self, seed: u64) -> String {
+        let mut cmd = format!(
+            "taskbox chaos --seed {seed} --tasks {} --faults '{}'",
+            self.tasks,
+            self.faults.to_list()
+        );
+        if let Some(bug) = self.planted_bug {
+            cmd.push_str(&format!(" --planted-bug {bug}"));
+        }
+        cmd
+    }
+}
+
+/// Where seeds' data dirs go by default: `/dev/shm` when it is a writable directory (a RAM
+/// disk, where SQLite's fsyncs cost nothing, so thousands of seeds run in minutes), otherwise
+/// the system temp dir. The store is the same real SQLite store either way.
+pub fn default_work_dir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    let writable = std::fs::metadata(shm)
+        .map(|m| m.is_dir() && !m.permissions().readonly())
+        .unwrap_or(false);
+    if writable {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// Why a chaos run could not be carried out (as opposed to finding a violation).
+#[derive(Debug, thiserror::Error)]
+pub enum ChaosError {
+    /// A seed's data dir could not be made or removed.
+    #[error("chaos seed {seed}: cannot prepare the data dir {path}")]
+    DataDir {
+        /// The seed.
+        seed: u64,
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The tokio runtime could not be built.
+    #[error("chaos seed {seed}: cannot start a tokio runtime")]
+    Runtime {
+        /// The seed.
+        seed: u64,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The engine could not be opened.
+    #[error("chaos seed {seed}: cannot open the engine")]
+    Engine {
+        /// The seed.
+        seed: u64,
+        /// The cause.
+        #[source]
+        source: EngineError,
+    },
+    /// The store could not be read back for checking.
+    #[error("chaos seed {seed}: cannot read the store back")]
+    Store {
+        /// The seed.
+        seed: u64,
+        /// The cause.
+        #[source]
+        source: StoreError,
+    },
+}
+
+/// What one seed did and what the checker found.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeedReport {
+    /// The seed.
+    pub seed: u64,
+    /// Tasks driven.
+    pub tasks: u32,
+    /// Workload steps taken (commands, suspends, resumes, waits).
+    pub steps: u64,
+    /// Requests that the engine answered with a result.
+    pub requests_ok: u64,
+    /// Requests that failed (after retries, or a sandbox expired under them): reported to the
+    /// caller, which is correct behaviour under faults.
+    pub requests_failed: u64,
+    /// Requests cut off by an engine crash.
+    pub requests_interrupted: u64,
+    /// Faults injected, by kind (the [`SimFaults`] names, and `crash`).
+    pub faults: BTreeMap<String, u64>,
+    /// Calls the platform received.
+    pub provider_calls: u64,
+    /// What the journal shows: retries, restores, fallbacks, files lost, recoveries.
+    pub journal: JournalCounts,
+    /// Snapshots complete in the store that the platform expired (the `snapshot_gone` fault):
+    /// not lost by taskbox, reported separately.
+    pub snapshots_expired: Vec<String>,
+    /// Sandboxes no task ever adopted: made by a create that a crashed engine sent and that
+    /// landed after the task had moved on. Reconciliation stops them (checked).
+    pub stale_sandboxes: u64,
+    /// Broken invariants (must be none).
+    pub violations: Vec<Violation>,
+    /// A hash of the journal and the platform's final state: equal for equal runs.
+    pub digest: String,
+    /// Virtual time the seed covered.
+    pub virtual_ms: u64,
+    /// The kept `TASKBOX_HOME` of this seed (its store is at `data/taskbox.db`), if kept.
+    pub home: Option<PathBuf>,
+    /// The command that reruns this seed.
+    pub repro: String,
+}
+
+/// Sums over many seeds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Totals {
+    /// Tasks driven.
+    pub tasks: u64,
+    /// Workload steps.
+    pub steps: u64,
+    /// Requests answered with a result.
+    pub requests_ok: u64,
+    /// Requests that failed (reported to the caller).
+    pub requests_failed: u64,
+    /// Requests cut off by a crash.
+    pub requests_interrupted: u64,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Calls the platform received.
+    pub provider_calls: u64,
+    /// Journal counts.
+    pub journal: JournalCounts,
+    /// Snapshots the platform expired.
+    pub snapshots_expired: u64,
+    /// Sandboxes no task adopted (late creates of a crashed engine).
+    pub stale_sandboxes: u64,
+    /// Violations.
+    pub violations: u64,
+    /// Virtual time covered.
+    pub virtual_ms: u64,
+}
+
+impl Totals {
+    fn add(&mut self, r: &SeedReport) {
+        self.tasks += u64::from(r.tasks);
+        self.steps += r.steps;
+        self.requests_ok += r.requests_ok;
+        self.requests_failed += r.requests_failed;
+        self.requests_interrupted += r.requests_interrupted;
+        for (k, v) in &r.faults {
+            *self.faults.entry(k.clone()).or_default() += v;
+        }
+        self.provider_calls += r.provider_calls;
+        let j = &mut self.journal;
+        j.entries += r.journal.entries;
+        j.retries += r.journal.retries;
+        j.restores += r.journal.restores;
+        j.fallbacks += r.journal.fallbacks;
+        j.files_lost += r.journal.files_lost;
+        j.recoveries += r.journal.recoveries;
+        self.snapshots_expired += r.snapshots_expired.len() as u64;
+        self.stale_sandboxes += r.stale_sandboxes;
+        self.violations += r.violations.len() as u64;
+        self.virtual_ms += r.virtual_ms;
+    }
+}
+
+/// The outcome of many seeds.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChaosReport {
+    /// The first seed.
+    pub first_seed: u64,
+    /// Seeds run.
+    pub seeds_run: u64,
+    /// Tasks per seed.
+    pub tasks_per_seed: u32,
+    /// The faults, in list form (`--faults`).
+    pub faults: String,
+    /// The planted bug, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planted_bug: Option<PlantedBug>,
+    /// Sums over all seeds.
+    pub totals: Totals,
+    /// Every seed that violated an invariant, in seed order, in full.
+    pub violating_seeds: Vec<SeedReport>,
+    /// A hash of every seed's digest, in seed order: equal for equal runs.
+    pub digest: String,
+    /// Wall time of the run.
+    pub wall_ms: u64,
+}
+
+impl ChaosReport {
+    /// Whether every invariant held in every seed.
+    pub fn is_clean(&self) -> bool {
+        self.totals.violations == 0
+    }
+}
+
+/// Runs `opts.seeds` seeds on `opts.jobs` threads; `progress` is called after each seed (from
+/// the thread that ran it). Stops at the first seed that cannot be run at all.
+pub fn run(
+    opts: &ChaosOptions,
+    progress: &(dyn Fn(&SeedReport) + Sync),
+) -> Result<ChaosReport, ChaosError> {
+    let started = Instant::now();
+    let next = AtomicU64::new(0);
+    let failed = AtomicBool::new(false);
+    struct Acc {
+        totals: Totals,
+        violating: Vec<SeedReport>,
+        digests: Vec<(u64, String)>,
+        error: Option<ChaosError>,
+    }
+    let acc = Mutex::new(Acc {
+        totals: Totals::default(),
+        violating: Vec::new(),
+        digests: Vec::new(),
+        error: None,
+    });
+    let jobs = opts.jobs.clamp(1, 64).min(opts.seeds.max(1) as usize);
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= opts.seeds || failed.load(Ordering::Relaxed) {
+                    break;
+                }
+                let seed = opts.first_seed.wrapping_add(i);
+                let result = run_seed(seed, opts);
+                let mut a = acc.lock().unwrap_or_else(|p| p.into_inner());
+                match result {
+                    Ok(report) => {
+                        a.totals.add(&report);
+                        a.digests.push((seed, report.digest.clone()));
+                        progress(&report);
+                        if !report.violations.is_empty() {
+                            a.violating.push(report);
+                        }
+                    }
+                    Err(e) => {
+                        failed.store(true, Ordering::Relaxed);
+                        if a.error.is_none() {
+                            a.error = Some(e);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let mut a = acc.into_inner().unwrap_or_else(|p| p.into_inner());
+    if let Some(e) = a.error {
+        return Err(e);
+    }
+    a.violating.sort_by_key(|r| r.seed);
+    a.digests.sort();
+    let mut h = Digest::new();
+    for (seed, d) in &a.digests {
+        h.update(&seed.to_le_bytes());
+        h.update(d.as_bytes());
+    }
+    Ok(ChaosReport {
+        first_seed: opts.first_seed,
+        seeds_run: a.digests.len() as u64,
+        tasks_per_seed: opts.tasks,
+        faults: opts.faults.to_list(),
+        planted_bug: opts.planted_bug,
+        totals: a.totals,
+        violating_seeds: a.violating,
+        digest: h.finish(),
+        wall_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// Runs one seed on its own current-thread runtime with paused (virtual) time.
+///
+/// Must not be called from inside a tokio runtime; [`run`] calls it on threads of its own.
+pub fn run_seed(seed: u64, opts: &ChaosOptions) -> Result<SeedReport, ChaosError> {
+    static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
+    let home = opts.work_dir.join(format!(
+        "taskbox-chaos-seed{seed}-{}-{}",
+        std::process::id(),
+        NEXT_DIR.fetch_add(1, Ordering::Relaxed)
+    ));
+    let dir_err = |source| ChaosError::DataDir {
+        seed,
+        path: home.clone(),
+        source,
+    };
+    if home.exists() {
+        std::fs::remove_dir_all(&home).map_err(dir_err)?;
+    }
+    std::fs::create_dir_all(&home).map_err(dir_err)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .map_err(|source| ChaosError::Runtime { seed, source })?;
+    let result = rt.block_on(seed_run(seed, opts, &home.join("data")));
+    drop(rt);
+    let mut report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&home);
+            return Err(e);
+        }
+    };
+    if report.violations.is_empty() && !opts.keep_all {
+        std::fs::remove_dir_all(&home).map_err(dir_err)?;
+    } else {
+        report.home = Some(home);
+    }
+    Ok(report)
+}
+
+/// The engine configuration of a chaos run: short lifetimes, so that idle reaps, checkpoints
+/// and expiries happen within a few minutes of virtual time.
+fn config() -> Config {
+    let mut c = Config::default();
+    c.terminal.lifetime_seconds = 120;
+    c.terminal.sandbox_timeout_seconds = 300;
+    c.terminal.max_sandbox_lifetime_seconds = MAX_LIFETIME_MS / 1000;
+    c.terminal.checkpoint_margin_seconds = 30;
+    c.terminal.timeout = 60;
+    c.terminal.keep_snapshots = 2;
+    c
+}
+
+/// The engine of a seed, which crashes and restarts: the current orchestrator and its epoch.
+struct Driver {
+    seed: u64,
+    data_dir: PathBuf,
+    provider: Arc<dyn SandboxProvider>,
+    clock: Arc<dyn Clock>,
+    current: watch::Sender<(u64, Orchestrator)>,
+    crash_lock: tokio::sync::Mutex<()>,
+    crashes: AtomicU64,
+    pending_crashes: Mutex<Vec<JoinHandle<()>>>,
+    errors: Mutex<Vec<String>>,
+}
+
+impl Driver {
+    async fn open_engine(
+        seed: u64,
+        data_dir: &Path,
+        provider: &Arc<dyn SandboxProvider>,
+        clock: &Arc<dyn Clock>,
+        epoch: u64,
+    ) -> Result<Orchestrator, EngineError> {
+        Orchestrator::builder(data_dir.to_path_buf(), config())
+            .provider(provider.clone())
+            .clock(clock.clone())
+            .jitter(Jitter::Seeded(seed ^ JITTER_SALT ^ epoch))
+            .lock_wait(Duration::from_secs(3600))
+            // A restart reconciles orphans in the background, as `taskbox` itself does.
+            .reconcile_on_start(epoch > 0)
+            .open()
+            .await
+    }
+
+    fn current(&self) -> (u64, Orchestrator) {
+        self.current.borrow().clone()
+    }
+
+    /// Waits until the engine of `epoch` has been replaced (bounded: a restart that failed
+    /// must not hang the seed).
+    async fn wait_past(&self, epoch: u64) -> bool {
+        let mut rx = self.current.subscribe();
+        let passed = tokio::time::timeout(Duration::from_secs(3600), async {
+            rx.wait_for(|(e, _)| *e > epoch).await.is_ok()
+        })
+        .await;
+        passed == Ok(true)
+    }
+
+    /// Crashes the engine `after_ms` from now and opens a new one on the same data dir.
+    fn schedule_crash(self: &Arc<Self>, after_ms: u64) {
+        let d = self.clone();
+        let h = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(after_ms)).await;
+            let _one_at_a_time = d.crash_lock.lock().await;
+            let (epoch, orch) = d.current();
+            orch.abort().await;
+            drop(orch);
+            d.crashes.fetch_add(1, Ordering::Relaxed);
+            match Self::open_engine(d.seed, &d.data_dir, &d.provider, &d.clock, epoch + 1).await {
+                Ok(o) => {
+                    d.current.send_replace((epoch + 1, o));
+                }
+                Err(e) => d
+                    .errors
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!("could not reopen the engine after a crash: {e}")),
+            }
+        });
+        self.pending_crashes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(h);
+    }
+
+    async fn wait_crashes(&self) {
+        loop {
+            let hs: Vec<_> = std::mem::take(
+                &mut *self
+                    .pending_crashes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+            if hs.is_empty() {
+                return;
+            }
+            for h in hs {
+                let _ = h.await;
+            }
+        }
+    }
+
+    fn error(&self, e: String) {
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(e);
+    }
+}
+
+/// What one task's worker saw.
+#[derive(Debug, Default)]
+struct Tally {
+    steps: u64,
+    ok: u64,
+    failed: u64,
+    interrupted: u64,
+}
+
+async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
+    let mut tally = Tally::default();
+    let task = match TaskId::new(&plan.task_id) {
+        Ok(t) => t,
+        Err(e) => {
+            d.error(format!("bad task id {}: {e}", plan.task_id));
+            return tally;
+        }
+    };
+    for step in plan.steps {
+        tally.steps += 1;
+        if let Some(after) = step.crash_after_ms {
+            d.schedule_crash(after);
+        }
+        let (epoch, orch) = d.current();
+        let result = match &step.op {
+            Op::Run { command } => orch.run(&task, command, None).await.map(drop),
+            Op::Suspend => orch.suspend(&task).await.map(drop),
+            Op::Resume => orch.resume(&task).await.map(drop),
+            Op::Wait { ms } => {
+                tokio::time::sleep(Duration::from_millis(*ms)).await;
+                Ok(())
+            }
+        };
+        drop(orch);
+        match result {
+            Ok(()) => {
+                if !matches!(step.op, Op::Wait { .. }) {
+                    tally.ok += 1;
+                }
+            }
+            Err(EngineError::Request { .. }) => tally.failed += 1,
+            Err(EngineError::Stopped) => {
+                tally.interrupted += 1;
+                if !d.wait_past(epoch).await {
+                    d.error(format!(
+                        "task {task}: the engine stopped and was not restarted within an hour"
+                    ));
+                    return tally;
+                }
+            }
+            Err(e) => {
+                tally.failed += 1;
+                d.error(format!("task {task}: {} failed: {e}", step.op.kind()));
+            }
+        }
+    }
+    tally
+}
+
+async fn seed_run(seed: u64, opts: &ChaosOptions, data_dir: &Path) -> Result<SeedReport, ChaosError> {
+    let clock = Arc::new(TokioClock::starting_at(START_MS));
+    let sim = Arc::new(
+        SimProvider::new(seed, opts.faults.sim.clone(), clock.clone())
+            .with_max_lifetime_ms(MAX_LIFETIME_MS),
+    );
+    let clock_dyn: Arc<dyn Clock> = clock.clone();
+    let engine_side: Arc<dyn SandboxProvider> = match opts.planted_bug {
+        Some(bug) => bug.wrap(sim.clone()),
+        None => sim.clone(),
+    };
+    let witness = Arc::new(witness::Witness::new(engine_side, sim.clone(), clock_dyn.clone()));
+    let provider: Arc<dyn SandboxProvider> = witness.clone();
+    let plans = workload::plan(
+        &mut ChaosRng::new(seed ^ WORKLOAD_SALT),
+        opts.tasks,
+        opts.faults.crash,
+    );
+    let first = Driver::open_engine(seed, data_dir, &provider, &clock_dyn, 0)
+        .await
+        .map_err(|source| ChaosError::Engine { seed, source })?;
+    let (current, _) = watch::channel((0, first));
+    let d = Arc::new(Driver {
+        seed,
+        data_dir: data_dir.to_path_buf(),
+        provider,
+        clock: clock_dyn,
+        current,
+        crash_lock: tokio::sync::Mutex::new(()),
+        crashes: AtomicU64::new(0),
+        pending_crashes: Mutex::new(Vec::new()),
+        errors: Mutex::new(Vec::new()),
+    });
+    let mut violations = Vec::new();
+
+    // ---- the workload, under faults ----
+    let task_ids: Vec<String> = plans.iter().map(|p| p.task_id.clone()).collect();
+    let workers: Vec<JoinHandle<Tally>> = plans
+        .into_iter()
+        .map(|p| tokio::spawn(worker(d.clone(), p)))
+        .collect();
+    let mut tally = Tally::default();
+    let joined = tokio::time::timeout(WORKLOAD_BOUND, async {
+        let mut out = Vec::new();
+        for w in workers {
+            out.push(w.await);
+        }
+        out
+    })
+    .await;
+    match joined {
+        Ok(results) => {
+            for r in results {
+                match r {
+                    Ok(t) => {
+                        tally.steps += t.steps;
+                        tally.ok += t.ok;
+                        tally.failed += t.failed;
+                        tally.interrupted += t.interrupted;
+                    }
+                    Err(e) => d.error(format!("a task's worker panicked: {e}")),
+                }
+            }
+        }
+        Err(_) => violations.push(Violation::new(
+            Invariant::Settles,
+            None,
+            format!(
+                "the workload did not finish within {} h of virtual time",
+                WORKLOAD_BOUND.as_secs() / 3600
+            ),
+        )),
+    }
+    d.wait_crashes().await;
+
+    // ---- faults off: let everything in flight settle, then touch every task once ----
+    sim.set_faults(SimFaults::none());
+    tokio::time::sleep(SETTLE).await;
+    let (_, orch) = d.current();
+    let mut finals = Vec::new();
+    for id in &task_ids {
+        let orch = orch.clone();
+        let id = id.clone();
+        finals.push(tokio::spawn(async move {
+            let task = TaskId::new(&id).map_err(|e| e.to_string())?;
+            orch.run(&task, "cat f0", None)
+                .await
+                .map(drop)
+                .map_err(|e| format!("task {id}: the last command failed with faults off: {e}"))
+        }));
+    }
+    for f in finals {
+        match f.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => violations.push(Violation::new(Invariant::Settles, None, e)),
+            Err(e) => d.error(format!("a final command panicked: {e}")),
+        }
+    }
+    match orch.gc(false).await {
+        Ok(gc) => {
+            for e in gc.errors {
+                violations.push(Violation::new(
+                    Invariant::NoOrphan,
+                    None,
+                    format!("reconciliation with faults off failed: {e}"),
+                ));
+            }
+        }
+        Err(e) => violations.push(Violation::new(
+            Invariant::NoOrphan,
+            None,
+            format!("reconciliation with faults off failed: {e}"),
+        )),
+    }
+    orch.shutdown_within(Duration::from_secs(600)).await;
+    drop(orch);
+    let virtual_ms = clock.now_ms() - START_MS;
+    for e in d.errors.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        violations.push(Violation::new(Invariant::EngineError, None, e));
+    }
+    let crashes = d.crashes.load(Ordering::Relaxed);
+    drop(d);
+
+    // ---- the history, checked against the ground truth ----
+    let store_err = |source| ChaosError::Store { seed, source };
+    let store = Store::open(&data_dir.join("taskbox.db")).map_err(store_err)?;
+    let tasks = store.load_tasks().map_err(store_err)?;
+    let mut entries: Vec<JournalEntry> = Vec::new();
+    for id in store.task_ids().map_err(store_err)? {
+        entries.extend(store.journal(&id).map_err(store_err)?);
+    }
+    entries.sort_by_key(|e| e.seq);
+    let installation = store.installation_id().to_string();
+    drop(store);
+
+    let sandboxes: Vec<_> = sim
+        .all_sandboxes()
+        .into_iter()
+        .filter(|s| s.installation_id == installation)
+        .collect();
+    let snapshots: Vec<_> = sim
+        .snapshots()
+        .into_iter()
+        .filter(|s| s.installation_id == installation)
+        .collect();
+    let deleted_at = witness.deleted_at();
+    let adopted_ids = check::adopted_sandboxes(&entries);
+    let (adopted, stale): (Vec<_>, Vec<_>) = sandboxes
+        .iter()
+        .cloned()
+        .partition(|s| adopted_ids.contains(&s.id));
+    for id in &task_ids {
+        violations.extend(check::restores(&adopted, &snapshots, &deleted_at, id));
+    }
+    let (expired, kept) = check::snapshots_kept(&tasks, &snapshots);
+    violations.extend(kept);
+    let live: Vec<_> = sandboxes.iter().filter(|s| s.alive).cloned().collect();
+    violations.extend(check::sandboxes_after_reconcile(&tasks, &live));
+    violations.extend(check::unsettled(&tasks));
+    let (counts, journal_violations) = check::journal(&entries);
+    violations.extend(journal_violations);
+
+    let stats = sim.stats();
+    let mut faults = stats.faults.clone();
+    if crashes > 0 {
+        faults.insert("crash".into(), crashes);
+    }
+    let mut h = Digest::new();
+    for e in &entries {
+        h.update_json(e);
+    }
+    h.update_json(&stats);
+    for mut s in sandboxes {
+        s.installation_id.clear();
+        h.update_json(&s);
+    }
+    for mut s in snapshots {
+        s.installation_id.clear();
+        h.update_json(&s);
+    }
+    h.update(&virtual_ms.to_le_bytes());
+    h.update(&crashes.to_le_bytes());
+    Ok(SeedReport {
+        seed,
+        tasks: opts.tasks,
+        steps: tally.steps,
+        requests_ok: tally.ok,
+        requests_failed: tally.failed,
+        requests_interrupted: tally.interrupted,
+        faults,
+        provider_calls: stats.calls.values().sum(),
+        journal: counts,
+        snapshots_expired: expired.into_iter().map(|(t, s)| format!("{t}/{s}")).collect(),
+        stale_sandboxes: stale.len() as u64,
+        violations,
+        digest: h.finish(),
+        virtual_ms,
+        home: None,
+        repro: opts.repro_command(seed),
+    })
+}
+
+/// Two FNV-1a 64-bit hashes with different offsets, printed as 32 hex digits: a stable
+/// fingerprint of a run (not a cryptographic hash; it only has to tell runs apart).
+struct Digest(u64, u64);
+
+impl Digest {
+    fn new() -> Digest {
+        Digest(0xCBF2_9CE4_8422_2325, 0x6C62_272E_07BB_0142)
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        const PRIME: u64 = 0x0000_0100_0000_01B3;
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(PRIME);
+            self.1 = (self.1 ^ u64::from(b)).wrapping_mul(PRIME);
+        }
+        // A separator, so that ["ab", "c"] and ["a", "bc"] differ.
+        self.0 = (self.0 ^ 0xFF).wrapping_mul(PRIME);
+        self.1 = (self.1 ^ 0xFE).wrapping_mul(PRIME);
+    }
+
+    fn update_json<T: Serialize>(&mut self, value: &T) {
+        // Serializing plain data structs cannot fail; an error would only shorten the digest.
+        let bytes = serde_json::to_vec(value).unwrap_or_default();
+        self.update(&bytes);
+    }
+
+    fn finish(&self) -> String {
+        format!("{:016x}{:016x}", self.0, self.1)
+    }
+}

@@ -1,0 +1,176 @@
+//! Deliberately broken variants, to prove that the chaos checker can fail.
+//!
+//! A bug is planted in a provider decorator, never in the engine or the pure core: the engine
+//! under test is the real one, and the decorator makes the platform do something the engine did
+//! not ask for, exactly as an engine bug would look from the outside. Hidden from the docs and
+//! the CLI help (`taskbox chaos --planted-bug oldest-restore`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+use crate::core::Millis;
+use crate::provider::{
+    ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
+    SandboxSpec, SnapshotInfo,
+};
+
+/// A bug the chaos run plants on purpose.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PlantedBug {
+    /// Every restore uses the task's oldest snapshot instead of the one the engine chose.
+    OldestRestore,
+}
+
+impl PlantedBug {
+    /// The name the CLI takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlantedBug::OldestRestore => "oldest-restore",
+        }
+    }
+
+    /// Wraps `inner` in the decorator that plants this bug.
+    pub fn wrap(self, inner: Arc<dyn SandboxProvider>) -> Arc<dyn SandboxProvider> {
+        match self {
+            PlantedBug::OldestRestore => Arc::new(OldestRestore::new(inner)),
+        }
+    }
+}
+
+impl fmt::Display for PlantedBug {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An unknown `--planted-bug` name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown planted bug `{0}`; known: oldest-restore")]
+pub struct UnknownPlantedBug(pub String);
+
+impl FromStr for PlantedBug {
+    type Err = UnknownPlantedBug;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "oldest-restore" => Ok(PlantedBug::OldestRestore),
+            other => Err(UnknownPlantedBug(other.to_string())),
+        }
+    }
+}
+
+/// A provider decorator that rewrites every restore's `source_snapshot` to the task's oldest
+/// snapshot that it has seen taken and not deleted: the "restores a stale snapshot" bug.
+#[doc(hidden)]
+pub struct OldestRestore {
+    inner: Arc<dyn SandboxProvider>,
+    /// Per task, the snapshots taken (and not deleted) through this decorator, oldest first.
+    taken: Mutex<BTreeMap<String, Vec<String>>>,
+}
+
+impl OldestRestore {
+    /// Decorates `inner`.
+    pub fn new(inner: Arc<dyn SandboxProvider>) -> OldestRestore {
+        OldestRestore {
+            inner,
+            taken: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn taken(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<String>>> {
+        self.taken.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl SandboxProvider for OldestRestore {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
+        Box::pin(async move {
+            let mut spec = spec.clone();
+            if spec.source_snapshot.is_some() {
+                let oldest = self
+                    .taken()
+                    .get(&spec.task_id)
+                    .and_then(|ids| ids.first().cloned());
+                if let Some(oldest) = oldest {
+                    spec.source_snapshot = Some(oldest);
+                }
+            }
+            self.inner.create_sandbox(&spec).await
+        })
+    }
+
+    fn exec<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        req: &'a ExecRequest,
+    ) -> ProviderFuture<'a, ExecOutput> {
+        self.inner.exec(sandbox_id, req)
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        task_id: &'a str,
+        sandbox_id: &'a str,
+        seq: u64,
+    ) -> ProviderFuture<'a, SnapshotInfo> {
+        Box::pin(async move {
+            let info = self.inner.snapshot(task_id, sandbox_id, seq).await?;
+            let mut taken = self.taken();
+            let ids = taken.entry(task_id.to_string()).or_default();
+            if !ids.contains(&info.id) {
+                ids.push(info.id.clone());
+            }
+            Ok(info)
+        })
+    }
+
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
+        self.inner.stop_sandbox(sandbox_id)
+    }
+
+    fn extend_timeout<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        duration_ms: u64,
+    ) -> ProviderFuture<'a, Millis> {
+        self.inner.extend_timeout(sandbox_id, duration_ms)
+    }
+
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+        Box::pin(async move {
+            self.inner.delete_snapshot(snapshot_id).await?;
+            for ids in self.taken().values_mut() {
+                ids.retain(|id| id != snapshot_id);
+            }
+            Ok(())
+        })
+    }
+
+    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+        self.inner.probe_sandbox(sandbox_id)
+    }
+
+    fn list_sandboxes<'a>(
+        &'a self,
+        installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>> {
+        self.inner.list_sandboxes(installation_id)
+    }
+
+    fn list_snapshots<'a>(
+        &'a self,
+        installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>> {
+        self.inner.list_snapshots(installation_id)
+    }
+}

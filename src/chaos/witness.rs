@@ -1,0 +1,129 @@
+//! A provider decorator that notes *when* the simulated platform deleted each snapshot.
+//!
+//! The simulated platform keeps a deleted snapshot's record with a `deleted` flag but not the
+//! time of the deletion, and the restore check needs it: a snapshot deleted before a sandbox was
+//! created was not a restore candidate then. A delete takes effect at the instant the platform
+//! answers (or would have answered, for a timed-out call), so the time the call returns, on the
+//! virtual clock, is the deletion time. Every delete goes through the engine's provider (pruning
+//! and `gc` alike), so this sees them all.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use crate::clock::Clock;
+use crate::core::Millis;
+use crate::provider::sim::SimProvider;
+use crate::provider::{
+    ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
+    SandboxSpec, SnapshotInfo,
+};
+
+/// Forwards every call to `inner`, and records deletion times from `sim`'s ground truth.
+pub(crate) struct Witness {
+    inner: Arc<dyn SandboxProvider>,
+    sim: Arc<SimProvider>,
+    clock: Arc<dyn Clock>,
+    deleted_at: Mutex<BTreeMap<String, Millis>>,
+}
+
+impl Witness {
+    pub(crate) fn new(
+        inner: Arc<dyn SandboxProvider>,
+        sim: Arc<SimProvider>,
+        clock: Arc<dyn Clock>,
+    ) -> Witness {
+        Witness {
+            inner,
+            sim,
+            clock,
+            deleted_at: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// When each deleted snapshot was deleted.
+    pub(crate) fn deleted_at(&self) -> BTreeMap<String, Millis> {
+        self.deleted_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl SandboxProvider for Witness {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
+        self.inner.create_sandbox(spec)
+    }
+
+    fn exec<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        req: &'a ExecRequest,
+    ) -> ProviderFuture<'a, ExecOutput> {
+        self.inner.exec(sandbox_id, req)
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        task_id: &'a str,
+        sandbox_id: &'a str,
+        seq: u64,
+    ) -> ProviderFuture<'a, SnapshotInfo> {
+        self.inner.snapshot(task_id, sandbox_id, seq)
+    }
+
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
+        self.inner.stop_sandbox(sandbox_id)
+    }
+
+    fn extend_timeout<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        duration_ms: u64,
+    ) -> ProviderFuture<'a, Millis> {
+        self.inner.extend_timeout(sandbox_id, duration_ms)
+    }
+
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+        Box::pin(async move {
+            let result = self.inner.delete_snapshot(snapshot_id).await;
+            // No await between the platform's answer and this check: the virtual clock has not
+            // moved since the deletion took effect.
+            let now = self.clock.now_ms();
+            let deleted = self
+                .sim
+                .snapshots()
+                .iter()
+                .any(|s| s.id == snapshot_id && s.deleted);
+            if deleted {
+                self.deleted_at
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(snapshot_id.to_string())
+                    .or_insert(now);
+            }
+            result
+        })
+    }
+
+    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+        self.inner.probe_sandbox(sandbox_id)
+    }
+
+    fn list_sandboxes<'a>(
+        &'a self,
+        installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>> {
+        self.inner.list_sandboxes(installation_id)
+    }
+
+    fn list_snapshots<'a>(
+        &'a self,
+        installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>> {
+        self.inner.list_snapshots(installation_id)
+    }
+}

@@ -1,0 +1,137 @@
+//! The workload of one chaos seed: for every task, a list of steps (commands, suspends,
+//! resumes, idle waits) and the points at which the engine crashes, all drawn up front from the
+//! seed, so the workload does not depend on how the run unfolds.
+//!
+//! Commands are in the simulated sandbox's tiny language (`write`, `append`, `cat`, `sleep`; see
+//! `crate::provider::sim`), so files written before a snapshot can be read after a restore.
+
+use super::rng::ChaosRng;
+
+/// One thing a task's agent does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Run a shell command in the task's sandbox.
+    Run {
+        /// The command (simulated-shell syntax).
+        command: String,
+    },
+    /// Suspend the task (snapshot and stop).
+    Suspend,
+    /// Resume the task (restore now, run nothing).
+    Resume,
+    /// Do nothing for this long (virtual time): lets idle reaps, checkpoints and expiries happen.
+    Wait {
+        /// How long.
+        ms: u64,
+    },
+}
+
+impl Op {
+    /// A short name for counting.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Op::Run { .. } => "run",
+            Op::Suspend => "suspend",
+            Op::Resume => "resume",
+            Op::Wait { .. } => "wait",
+        }
+    }
+}
+
+/// One step of a task's workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// What to do.
+    pub op: Op,
+    /// The engine crashes this long after the step starts (and restarts at once).
+    pub crash_after_ms: Option<u64>,
+}
+
+/// A task and its steps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskPlan {
+    /// The task id.
+    pub task_id: String,
+    /// Its steps, in order.
+    pub steps: Vec<Step>,
+}
+
+/// The fewest and the most steps a task gets.
+const STEPS: (u64, u64) = (6, 16);
+
+/// Draws the workload of `tasks` tasks; `crash_rate` is the chance, per step, that the engine
+/// crashes at a random moment during it.
+pub fn plan(rng: &mut ChaosRng, tasks: u32, crash_rate: f64) -> Vec<TaskPlan> {
+    (0..tasks)
+        .map(|i| {
+            let mut r = rng.fork();
+            let n = r.between(STEPS.0, STEPS.1);
+            let steps = (0..n)
+                .map(|_| {
+                    let op = op(&mut r);
+                    let crash_after_ms = r.chance(crash_rate).then(|| r.between(0, 20_000));
+                    Step { op, crash_after_ms }
+                })
+                .collect();
+            TaskPlan {
+                task_id: format!("chaos-{i:03}"),
+                steps,
+            }
+        })
+        .collect()
+}
+
+fn op(r: &mut ChaosRng) -> Op {
+    let file = format!("f{}", r.between(0, 2));
+    let value = r.between(0, 9999);
+    // Weights: write, append, cat, long command, wait, suspend, resume.
+    match r.weighted(&[4, 3, 4, 2, 4, 2, 1]) {
+        0 => Op::Run {
+            command: format!("write {file} {value}"),
+        },
+        1 => Op::Run {
+            command: format!("append {file} +{value}"),
+        },
+        2 => Op::Run {
+            command: format!("cat {file}"),
+        },
+        3 => Op::Run {
+            // Long enough for a sandbox to expire under it, or an idle reap to wait for it.
+            command: format!("append log {value}; sleep {}; cat log", r.between(1_000, 90_000)),
+        },
+        4 => Op::Wait {
+            ms: match r.weighted(&[4, 2, 2, 1]) {
+                0 => r.between(0, 5_000),
+                // Past the idle lifetime (reaped into a snapshot).
+                1 => r.between(125_000, 180_000),
+                // Past the sandbox's platform timeout.
+                2 => r.between(300_000, 420_000),
+                _ => r.between(20_000, 60_000),
+            },
+        },
+        5 => Op::Suspend,
+        _ => Op::Resume,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_draws_the_same_workload() {
+        let a = plan(&mut ChaosRng::new(9), 4, 0.1);
+        let b = plan(&mut ChaosRng::new(9), 4, 0.1);
+        assert_eq!(a, b);
+        assert_ne!(a, plan(&mut ChaosRng::new(10), 4, 0.1));
+        assert_eq!(a.len(), 4);
+        for t in &a {
+            assert!((6..=16).contains(&(t.steps.len() as u64)));
+        }
+        let none = plan(&mut ChaosRng::new(9), 4, 0.0);
+        assert!(none
+            .iter()
+            .flat_map(|t| &t.steps)
+            .all(|s| s.crash_after_ms.is_none()));
+    }
+}

@@ -1,0 +1,206 @@
+//! `taskbox chaos`: deterministic chaos runs against the simulated platform, with an invariant
+//! check after every seed (see `taskbox::chaos`).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use taskbox::chaos::{self, ChaosFaults, ChaosOptions, ChaosReport, PlantedBug, SeedReport};
+
+use super::output::{print_json, Failure};
+
+/// Exit code of a chaos run that found violations.
+const EXIT_VIOLATIONS: u8 = 1;
+
+#[derive(Args, Debug)]
+pub struct ChaosArgs {
+    /// How many seeds to run (default 100; 1 when only --seed is given).
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// The first seed (runs seeds S, S+1, ...; default 1).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Tasks per seed, driven concurrently.
+    #[arg(long, default_value_t = 8)]
+    tasks: u32,
+    /// Faults as `name=rate,...` (e.g. `transient=0.1,lost_create=0.05,crash=0.02`; `none`).
+    /// Default: every kind at a moderate rate.
+    #[arg(long)]
+    faults: Option<String>,
+    /// Seeds run at once (default: the number of CPUs).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Where each seed's data dir is made (default: /dev/shm if writable, else the temp dir).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Keep every seed's data dir (violating seeds' are always kept).
+    #[arg(long)]
+    keep: bool,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Plant a known bug, to show that the checker catches it (`oldest-restore`).
+    #[arg(long, hide = true)]
+    planted_bug: Option<String>,
+}
+
+pub async fn run(args: ChaosArgs) -> Result<ExitCode, Failure> {
+    let opts = options(&args)?;
+    let json = args.json;
+    let report = tokio::task::spawn_blocking(move || {
+        let long = opts.seeds >= 1000;
+        let every = (opts.seeds / 10).max(1);
+        let done = std::sync::atomic::AtomicU64::new(0);
+        chaos::run(&opts, &|r: &SeedReport| {
+            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            if !r.violations.is_empty() {
+                eprintln!(
+                    "seed {}: {} violation(s); reproduce with: {}",
+                    r.seed,
+                    r.violations.len(),
+                    r.repro
+                );
+            }
+            if long && n % every == 0 {
+                eprintln!("chaos: {n}/{} seeds", opts.seeds);
+            }
+        })
+    })
+    .await
+    .map_err(|e| Failure::new(format!("the chaos run panicked: {e}")))?
+    .map_err(|e| Failure::from_anyhow(anyhow::Error::new(e)))?;
+    if json {
+        print_json(&report)?;
+    } else {
+        print!("{}", table(&report));
+    }
+    Ok(if report.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_VIOLATIONS)
+    })
+}
+
+fn options(args: &ChaosArgs) -> Result<ChaosOptions, Failure> {
+    let faults = match &args.faults {
+        None => ChaosFaults::moderate(),
+        Some(list) => ChaosFaults::parse_list(list).map_err(|e| {
+            Failure::new(format!("invalid --faults: {e}")).hint(
+                "give `name=rate` items separated by commas, e.g. \
+                 `--faults transient=0.1,lost_create=0.05,crash=0.02`, or `none`",
+            )
+        })?,
+    };
+    if args.tasks == 0 {
+        return Err(Failure::new("invalid --tasks 0").hint("give at least 1 task per seed"));
+    }
+    if args.seeds == Some(0) {
+        return Err(Failure::new("invalid --seeds 0").hint("give at least 1 seed"));
+    }
+    let planted_bug = match &args.planted_bug {
+        None => None,
+        Some(name) => Some(
+            name.parse::<PlantedBug>()
+                .map_err(|e| Failure::new(format!("invalid --planted-bug: {e}")))?,
+        ),
+    };
+    let seeds = args
+        .seeds
+        .unwrap_or(if args.seed.is_some() { 1 } else { 100 });
+    let mut opts = ChaosOptions::new(args.seed.unwrap_or(1), seeds, args.tasks);
+    opts.faults = faults;
+    opts.planted_bug = planted_bug;
+    opts.jobs = args.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    if opts.jobs == 0 {
+        return Err(Failure::new("invalid --jobs 0").hint("give at least 1 job"));
+    }
+    if let Some(dir) = &args.work_dir {
+        opts.work_dir = dir.clone();
+    }
+    opts.keep_all = args.keep;
+    Ok(opts)
+}
+
+/// The human report: one row per figure, then every violating seed with its repro command.
+fn table(r: &ChaosReport) -> String {
+    let t = &r.totals;
+    let mut s = String::new();
+    let last = r.first_seed.saturating_add(r.seeds_run.saturating_sub(1));
+    let _ = writeln!(
+        s,
+        "chaos: seeds {}..={last}, {} tasks each{}",
+        r.first_seed,
+        r.tasks_per_seed,
+        r.planted_bug
+            .map_or(String::new(), |b| format!(", planted bug {b}"))
+    );
+    let _ = writeln!(s, "faults: {}", r.faults);
+    let _ = writeln!(s);
+    let mut row = |name: &str, value: String| {
+        let _ = writeln!(s, "  {name:<34} {value:>12}");
+    };
+    row("seeds", r.seeds_run.to_string());
+    row("tasks", t.tasks.to_string());
+    row("workload steps", t.steps.to_string());
+    row("requests answered", t.requests_ok.to_string());
+    row("requests failed (reported)", t.requests_failed.to_string());
+    row("requests cut off by a crash", t.requests_interrupted.to_string());
+    row("provider calls", t.provider_calls.to_string());
+    row("journal entries", t.journal.entries.to_string());
+    row(
+        "virtual time",
+        format!("{:.1} h", t.virtual_ms as f64 / 3_600_000.0),
+    );
+    row(
+        "faults injected",
+        t.faults.values().sum::<u64>().to_string(),
+    );
+    for (kind, n) in &t.faults {
+        row(&format!("  {kind}"), n.to_string());
+    }
+    row("retries", t.journal.retries.to_string());
+    row("restores", t.journal.restores.to_string());
+    row("fallbacks (snapshot gone)", t.journal.fallbacks.to_string());
+    row("files-lost notices", t.journal.files_lost.to_string());
+    row(
+        "snapshots expired by the platform",
+        t.snapshots_expired.to_string(),
+    );
+    row(
+        "stale sandboxes (reconciled)",
+        t.stale_sandboxes.to_string(),
+    );
+    row("recoveries after a crash", t.journal.recoveries.to_string());
+    row("violations", t.violations.to_string());
+    let _ = writeln!(s);
+    let _ = writeln!(s, "digest {}", r.digest);
+    let _ = writeln!(s, "wall time {:.1} s", r.wall_ms as f64 / 1000.0);
+    for v in &r.violating_seeds {
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "seed {}: {} violation(s)",
+            v.seed,
+            v.violations.len()
+        );
+        for x in &v.violations {
+            let _ = writeln!(s, "  {x}");
+        }
+        let _ = writeln!(s, "  reproduce: {}", v.repro);
+        if let Some(home) = &v.home {
+            let _ = writeln!(
+                s,
+                "  data kept: {} (its journal: TASKBOX_HOME={} taskbox show TASK)",
+                home.display(),
+                home.display()
+            );
+        }
+    }
+    s
+}
