@@ -9,3 +9,4 @@ mod sim;
 mod store;
 mod support;
 mod vercel_client;
+mod crash;
