@@ -18,7 +18,9 @@ use taskbox::core::FailureKind;
 use taskbox::provider::vercel::auth::{
     decode_oidc_claims, AuthError, AuthMode, AuthReport, Credentials, OIDC_FIX,
 };
-use taskbox::provider::vercel::client::{classify, Call, HttpFailure, Missing, Replay, VercelClient};
+use taskbox::provider::vercel::client::{
+    classify, Call, HttpFailure, Missing, Replay, VercelClient,
+};
 use taskbox::provider::vercel::doctor;
 use taskbox::provider::vercel::settings::{Origin, Runtime, VercelConfigError, VercelSettings};
 use taskbox::provider::vercel::{VercelProvider, VercelSetupError};
@@ -123,13 +125,20 @@ fn two_vcpus_need_4096_mb() {
 #[test]
 fn odd_or_too_many_vcpus_are_refused_with_a_valid_pair() {
     let err = VercelSettings::from_config(&vercel_config(3, 6144), &env_of(&[])).unwrap_err();
-    assert!(err.to_string().contains("terminal.container_cpu is 3"), "{err}");
+    assert!(
+        err.to_string().contains("terminal.container_cpu is 3"),
+        "{err}"
+    );
     assert_eq!(
         err.hint(),
         "set terminal.container_cpu to 4 and terminal.container_memory to 8192 (2048 MB per vCPU)"
     );
     let err = VercelSettings::from_config(&vercel_config(16, 32768), &env_of(&[])).unwrap_err();
-    assert!(err.hint().contains("terminal.container_cpu to 8"), "{}", err.hint());
+    assert!(
+        err.hint().contains("terminal.container_cpu to 8"),
+        "{}",
+        err.hint()
+    );
 }
 
 #[test]
@@ -154,20 +163,38 @@ fn the_runtime_env_var_overrides_the_config_and_bad_values_name_their_source() {
     let mut t = vercel_config(1, 2048);
     t.vercel_runtime = "node22".into();
     let s = VercelSettings::from_config(&t, &env_of(&[])).unwrap();
-    assert_eq!((s.runtime, s.runtime_origin), (Runtime::Node22, Origin::Config));
+    assert_eq!(
+        (s.runtime, s.runtime_origin),
+        (Runtime::Node22, Origin::Config)
+    );
 
     let env = env_of(&[("TERMINAL_VERCEL_RUNTIME", "python3.13")]);
     let s = VercelSettings::from_config(&t, &env).unwrap();
-    assert_eq!((s.runtime, s.runtime_origin), (Runtime::Python313, Origin::Env));
+    assert_eq!(
+        (s.runtime, s.runtime_origin),
+        (Runtime::Python313, Origin::Env)
+    );
 
     let env = env_of(&[("TERMINAL_VERCEL_RUNTIME", "node18")]);
     let err = VercelSettings::from_config(&t, &env).unwrap_err();
-    assert!(err.to_string().starts_with("TERMINAL_VERCEL_RUNTIME is `node18`"), "{err}");
-    assert!(err.hint().contains("node24, node22, python3.13"), "{}", err.hint());
+    assert!(
+        err.to_string()
+            .starts_with("TERMINAL_VERCEL_RUNTIME is `node18`"),
+        "{err}"
+    );
+    assert!(
+        err.hint().contains("node24, node22, python3.13"),
+        "{}",
+        err.hint()
+    );
 
     t.vercel_runtime = "ruby".into();
     let err = VercelSettings::from_config(&t, &env_of(&[])).unwrap_err();
-    assert!(err.to_string().starts_with("terminal.vercel_runtime is `ruby`"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("terminal.vercel_runtime is `ruby`"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -229,7 +256,9 @@ fn malformed_oidc_tokens_are_refused_without_quoting_them() {
 
 #[test]
 fn an_expired_oidc_token_is_refused_with_the_fix() {
-    let token = jwt(&serde_json::json!({"owner_id": "team_a", "project_id": "prj_a", "exp": 1_700_000_000}));
+    let token = jwt(
+        &serde_json::json!({"owner_id": "team_a", "project_id": "prj_a", "exp": 1_700_000_000}),
+    );
     let env = env_of(&[("VERCEL_OIDC_TOKEN", &token)]);
     let err = Credentials::resolve(&env, empty_dir().path(), NOW).unwrap_err();
     assert_eq!(
@@ -238,7 +267,11 @@ fn an_expired_oidc_token_is_refused_with_the_fix() {
             expired_at_ms: 1_700_000_000_000
         }
     );
-    assert!(err.to_string().contains("VERCEL_OIDC_TOKEN expired at 2023-11-14"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("VERCEL_OIDC_TOKEN expired at 2023-11-14"),
+        "{err}"
+    );
     assert_eq!(
         err.hint(),
         "run `vercel env pull` in the linked project and export the fresh token; for long-running processes use access-token auth: VERCEL_TOKEN, VERCEL_PROJECT_ID, VERCEL_TEAM_ID"
@@ -274,7 +307,9 @@ impl RecordingListener {
 #[tokio::test]
 async fn an_expired_oidc_token_sends_no_request() {
     let listener = RecordingListener::bind();
-    let expired = jwt(&serde_json::json!({"owner_id": "team_a", "project_id": "prj_a", "exp": 1_700_000_000}));
+    let expired = jwt(
+        &serde_json::json!({"owner_id": "team_a", "project_id": "prj_a", "exp": 1_700_000_000}),
+    );
     let url = listener.url();
     let env = env_of(&[
         ("VERCEL_OIDC_TOKEN", &expired),
@@ -283,16 +318,28 @@ async fn an_expired_oidc_token_sends_no_request() {
     let clock = Arc::new(ManualClock(AtomicU64::new(NOW)));
     let err = VercelProvider::from_config(&vercel_config(1, 2048), &env, empty_dir().path(), clock)
         .expect_err("expired token");
-    assert!(matches!(err, VercelSetupError::Auth(AuthError::OidcExpired { .. })), "{err:?}");
+    assert!(
+        matches!(err, VercelSetupError::Auth(AuthError::OidcExpired { .. })),
+        "{err:?}"
+    );
     assert!(err.hint().unwrap().contains("vercel env pull"));
 
     // A token that expires while the process runs: the client refuses before connecting.
-    let valid = jwt(&serde_json::json!({"owner_id": "team_a", "project_id": "prj_a", "exp": NOW / 1000 + 60}));
-    let env = env_of(&[("VERCEL_OIDC_TOKEN", &valid), ("TASKBOX_VERCEL_API_URL", &url)]);
+    let valid = jwt(
+        &serde_json::json!({"owner_id": "team_a", "project_id": "prj_a", "exp": NOW / 1000 + 60}),
+    );
+    let env = env_of(&[
+        ("VERCEL_OIDC_TOKEN", &valid),
+        ("TASKBOX_VERCEL_API_URL", &url),
+    ]);
     let clock = Arc::new(ManualClock(AtomicU64::new(NOW)));
-    let provider =
-        VercelProvider::from_config(&vercel_config(1, 2048), &env, empty_dir().path(), clock.clone())
-            .expect("valid for another minute");
+    let provider = VercelProvider::from_config(
+        &vercel_config(1, 2048),
+        &env,
+        empty_dir().path(),
+        clock.clone(),
+    )
+    .expect("valid for another minute");
     clock.0.store(NOW + 61_000, Ordering::SeqCst);
     let err = provider
         .client()
@@ -318,14 +365,24 @@ async fn an_expired_oidc_token_sends_no_request() {
 fn access_token_auth_names_the_missing_variables() {
     let dir = empty_dir();
     let cases: [(&[(&str, &str)], &[&str]); 4] = [
-        (&[("VERCEL_TOKEN", SECRET_TOKEN)], &["VERCEL_PROJECT_ID", "VERCEL_TEAM_ID"]),
+        (
+            &[("VERCEL_TOKEN", SECRET_TOKEN)],
+            &["VERCEL_PROJECT_ID", "VERCEL_TEAM_ID"],
+        ),
         (
             &[("VERCEL_TOKEN", SECRET_TOKEN), ("VERCEL_PROJECT_ID", "prj")],
             &["VERCEL_TEAM_ID"],
         ),
-        (&[("VERCEL_PROJECT_ID", "prj")], &["VERCEL_TOKEN", "VERCEL_TEAM_ID"]),
         (
-            &[("VERCEL_TOKEN", ""), ("VERCEL_TEAM_ID", "team"), ("VERCEL_PROJECT_ID", "prj")],
+            &[("VERCEL_PROJECT_ID", "prj")],
+            &["VERCEL_TOKEN", "VERCEL_TEAM_ID"],
+        ),
+        (
+            &[
+                ("VERCEL_TOKEN", ""),
+                ("VERCEL_TEAM_ID", "team"),
+                ("VERCEL_PROJECT_ID", "prj"),
+            ],
             &["VERCEL_TOKEN"],
         ),
     ];
@@ -343,7 +400,9 @@ fn access_token_auth_names_the_missing_variables() {
     }
     let err = Credentials::resolve(&env_of(&[]), dir.path(), NOW).unwrap_err();
     assert_eq!(err, AuthError::NoCredentials);
-    assert!(err.hint().contains("VERCEL_TOKEN, VERCEL_PROJECT_ID and VERCEL_TEAM_ID"));
+    assert!(err
+        .hint()
+        .contains("VERCEL_TOKEN, VERCEL_PROJECT_ID and VERCEL_TEAM_ID"));
 }
 
 #[test]
@@ -364,7 +423,10 @@ fn project_and_team_default_from_the_nearest_project_json() {
     assert_eq!((c.team_id(), c.project_id()), ("team_linked", "prj_linked"));
 
     // Variables win over the file.
-    let env = env_of(&[("VERCEL_TOKEN", SECRET_TOKEN), ("VERCEL_TEAM_ID", "team_env")]);
+    let env = env_of(&[
+        ("VERCEL_TOKEN", SECRET_TOKEN),
+        ("VERCEL_TEAM_ID", "team_env"),
+    ]);
     let c = Credentials::resolve(&env, &deep, NOW).unwrap();
     assert_eq!((c.team_id(), c.project_id()), ("team_env", "prj_linked"));
 
@@ -380,15 +442,17 @@ fn project_and_team_default_from_the_nearest_project_json() {
 
     // A broken file is named when it is needed.
     std::fs::write(root.path().join("a/.vercel/project.json"), "{not json").unwrap();
-    let err = Credentials::resolve(&env_of(&[("VERCEL_TOKEN", SECRET_TOKEN)]), &deep, NOW)
-        .unwrap_err();
+    let err =
+        Credentials::resolve(&env_of(&[("VERCEL_TOKEN", SECRET_TOKEN)]), &deep, NOW).unwrap_err();
     assert!(matches!(err, AuthError::ProjectJson { .. }), "{err:?}");
     assert!(err.to_string().contains("a/.vercel/project.json"), "{err}");
 }
 
 #[test]
 fn the_access_token_wins_over_oidc_and_oidc_takes_team_and_project_from_the_token() {
-    let oidc = jwt(&serde_json::json!({"owner_id": "team_o", "project_id": "prj_o", "exp": NOW / 1000 + 3600}));
+    let oidc = jwt(
+        &serde_json::json!({"owner_id": "team_o", "project_id": "prj_o", "exp": NOW / 1000 + 3600}),
+    );
     let both = env_of(&[
         ("VERCEL_OIDC_TOKEN", &oidc),
         ("VERCEL_TOKEN", SECRET_TOKEN),
@@ -408,7 +472,9 @@ fn the_access_token_wins_over_oidc_and_oidc_takes_team_and_project_from_the_toke
 
 #[test]
 fn nothing_that_holds_a_token_prints_it() {
-    let oidc = jwt(&serde_json::json!({"owner_id": "team_o", "project_id": "prj_o", "exp": NOW / 1000 + 3600}));
+    let oidc = jwt(
+        &serde_json::json!({"owner_id": "team_o", "project_id": "prj_o", "exp": NOW / 1000 + 3600}),
+    );
     for env in [
         env_of(&[
             ("VERCEL_TOKEN", SECRET_TOKEN),
@@ -419,9 +485,17 @@ fn nothing_that_holds_a_token_prints_it() {
     ] {
         let dir = empty_dir();
         let creds = Credentials::resolve(&env, dir.path(), NOW).unwrap();
-        let token_text = if creds.mode() == AuthMode::Oidc { oidc.as_str() } else { SECRET_TOKEN };
-        let client = VercelClient::new("http://127.0.0.1:9/api", creds.clone(), Arc::new(SystemClock))
-            .unwrap();
+        let token_text = if creds.mode() == AuthMode::Oidc {
+            oidc.as_str()
+        } else {
+            SECRET_TOKEN
+        };
+        let client = VercelClient::new(
+            "http://127.0.0.1:9/api",
+            creds.clone(),
+            Arc::new(SystemClock),
+        )
+        .unwrap();
         let report = AuthReport::gather(&env, dir.path(), NOW);
         let checks = doctor::static_checks(&vercel_config(1, 2048), &env, dir.path(), NOW);
         let printed = format!(
@@ -436,7 +510,9 @@ fn nothing_that_holds_a_token_prints_it() {
 #[test]
 fn the_auth_report_names_variables_and_the_mode_never_values() {
     let dir = empty_dir();
-    let oidc = jwt(&serde_json::json!({"owner_id": "team_o", "project_id": "prj_o", "exp": NOW / 1000 + 3600}));
+    let oidc = jwt(
+        &serde_json::json!({"owner_id": "team_o", "project_id": "prj_o", "exp": NOW / 1000 + 3600}),
+    );
     let env = env_of(&[("VERCEL_OIDC_TOKEN", &oidc), ("VERCEL_PROJECT_ID", "prj_x")]);
     let report = AuthReport::gather(&env, dir.path(), NOW);
     assert_eq!(report.mode, Some(AuthMode::Oidc));
@@ -451,8 +527,14 @@ fn the_auth_report_names_variables_and_the_mode_never_values() {
     );
     assert_eq!(report.oidc_expires_at_ms, Some((NOW / 1000 + 3600) * 1000));
     let s = report.summary();
-    assert!(s.starts_with("OIDC token (team team_o, project prj_o)"), "{s}");
-    assert!(s.contains("set: VERCEL_OIDC_TOKEN, VERCEL_PROJECT_ID"), "{s}");
+    assert!(
+        s.starts_with("OIDC token (team team_o, project prj_o)"),
+        "{s}"
+    );
+    assert!(
+        s.contains("set: VERCEL_OIDC_TOKEN, VERCEL_PROJECT_ID"),
+        "{s}"
+    );
     assert!(s.contains("unset: VERCEL_TOKEN, VERCEL_TEAM_ID"), "{s}");
     assert!(s.contains("OIDC token expires 2027-01-15T09:00:00"), "{s}");
 }
@@ -468,7 +550,10 @@ fn doctor_static_checks_show_every_problem_at_once() {
     let checks = doctor::static_checks(&t, &env_of(&[]), empty_dir().path(), NOW);
     let by_name = |n: &str| checks.iter().find(|c| c.name == n).expect(n).clone();
     assert!(by_name("vercel runtime").ok);
-    assert_eq!(by_name("vercel runtime").detail, "node24 (from terminal.vercel_runtime)");
+    assert_eq!(
+        by_name("vercel runtime").detail,
+        "node24 (from terminal.vercel_runtime)"
+    );
     let res = by_name("vercel resources");
     assert!(!res.ok);
     assert!(res.detail.contains("5120") && res.hint.as_deref().unwrap().contains("2048"));
@@ -480,7 +565,11 @@ fn doctor_static_checks_show_every_problem_at_once() {
     );
     let auth = by_name("vercel auth");
     assert!(!auth.ok);
-    assert!(auth.detail.contains("no Vercel credentials"), "{}", auth.detail);
+    assert!(
+        auth.detail.contains("no Vercel credentials"),
+        "{}",
+        auth.detail
+    );
     let persistence = by_name("persistence");
     assert_eq!(
         persistence.detail,
@@ -510,42 +599,91 @@ fn classification_table() {
     let mode = AuthMode::AccessToken;
     let kind = |f| classify(call, f, mode).kind;
     assert_eq!(
-        kind(status(429, &err_body("too_many_requests", "slow down"), Some("7"))),
-        FailureKind::Transient { retry_after_ms: Some(7000) }
+        kind(status(
+            429,
+            &err_body("too_many_requests", "slow down"),
+            Some("7")
+        )),
+        FailureKind::Transient {
+            retry_after_ms: Some(7000)
+        }
     );
     assert_eq!(
         kind(status(429, "", Some("1.5"))),
-        FailureKind::Transient { retry_after_ms: Some(1500) }
+        FailureKind::Transient {
+            retry_after_ms: Some(1500)
+        }
     );
     assert_eq!(
         kind(status(429, "", Some("Wed, 21 Oct 2015 07:28:00 GMT"))),
-        FailureKind::Transient { retry_after_ms: None }
+        FailureKind::Transient {
+            retry_after_ms: None
+        }
     );
     for s in [500, 502, 503, 504] {
-        assert!(matches!(kind(status(s, "oops", None)), FailureKind::Transient { .. }));
+        assert!(matches!(
+            kind(status(s, "oops", None)),
+            FailureKind::Transient { .. }
+        ));
     }
     for code in ["sandbox_snapshotting", "sandbox_stopping"] {
         assert_eq!(
             kind(status(422, &err_body(code, "settling"), None)),
-            FailureKind::Transient { retry_after_ms: None }
+            FailureKind::Transient {
+                retry_after_ms: None
+            }
         );
     }
-    assert_eq!(kind(status(422, &err_body("other", "x"), None)), FailureKind::Permanent);
-    assert_eq!(kind(status(410, &err_body("sandbox_stopped", "x"), None)), FailureKind::SandboxGone);
-    assert_eq!(kind(status(410, &err_body("snapshot_not_found", "x"), None)), FailureKind::SnapshotGone);
+    assert_eq!(
+        kind(status(422, &err_body("other", "x"), None)),
+        FailureKind::Permanent
+    );
+    assert_eq!(
+        kind(status(410, &err_body("sandbox_stopped", "x"), None)),
+        FailureKind::SandboxGone
+    );
+    assert_eq!(
+        kind(status(410, &err_body("snapshot_not_found", "x"), None)),
+        FailureKind::SnapshotGone
+    );
     assert_eq!(kind(status(401, "", None)), FailureKind::Auth);
-    assert_eq!(kind(status(403, &err_body("forbidden", "no"), None)), FailureKind::Auth);
-    assert_eq!(kind(status(400, &err_body("bad_request", "Invalid request: x"), None)), FailureKind::Invalid);
-    assert_eq!(kind(status(402, &err_body("payment_required", "quota"), None)), FailureKind::Permanent);
+    assert_eq!(
+        kind(status(403, &err_body("forbidden", "no"), None)),
+        FailureKind::Auth
+    );
+    assert_eq!(
+        kind(status(
+            400,
+            &err_body("bad_request", "Invalid request: x"),
+            None
+        )),
+        FailureKind::Invalid
+    );
+    assert_eq!(
+        kind(status(402, &err_body("payment_required", "quota"), None)),
+        FailureKind::Permanent
+    );
     assert_eq!(kind(status(418, "", None)), FailureKind::Permanent);
     // A 404 means what the call says it means.
-    assert_eq!(kind(status(404, &err_body("not_found", "x"), None)), FailureKind::SandboxGone);
+    assert_eq!(
+        kind(status(404, &err_body("not_found", "x"), None)),
+        FailureKind::SandboxGone
+    );
     let snap = Call::new("get snapshot", Replay::Safe, Missing::SnapshotGone);
-    assert_eq!(classify(snap, status(404, "", None), mode).kind, FailureKind::SnapshotGone);
+    assert_eq!(
+        classify(snap, status(404, "", None), mode).kind,
+        FailureKind::SnapshotGone
+    );
     let list = Call::new("list sandboxes", Replay::Safe, Missing::Permanent);
-    assert_eq!(classify(list, status(404, "", None), mode).kind, FailureKind::Permanent);
+    assert_eq!(
+        classify(list, status(404, "", None), mode).kind,
+        FailureKind::Permanent
+    );
     // Transport errors are transient, except after a non-idempotent request went out.
-    let transport = |connect| HttpFailure::Transport { connect, message: "connection reset".into() };
+    let transport = |connect| HttpFailure::Transport {
+        connect,
+        message: "connection reset".into(),
+    };
     assert!(classify(call, transport(false), mode).is_transient());
     let run = Call::new("run command", Replay::Unsafe, Missing::SandboxGone);
     assert!(classify(run, transport(true), mode).is_transient());
@@ -553,9 +691,21 @@ fn classification_table() {
     assert_eq!(e.kind, FailureKind::Permanent);
     assert!(e.message.contains("may have been carried out"), "{e}");
     // Auth messages carry the fix for the mode in use.
-    let e = classify(call, status(403, &err_body("forbidden", "Not authorized"), None), AuthMode::Oidc);
+    let e = classify(
+        call,
+        status(403, &err_body("forbidden", "Not authorized"), None),
+        AuthMode::Oidc,
+    );
     assert!(e.message.contains(OIDC_FIX), "{e}");
-    let e = classify(call, status(400, &err_body("bad_request", "Invalid request: `timeout` should be <= 45m"), None), mode);
+    let e = classify(
+        call,
+        status(
+            400,
+            &err_body("bad_request", "Invalid request: `timeout` should be <= 45m"),
+            None,
+        ),
+        mode,
+    );
     assert!(e.message.contains("`timeout` should be <= 45m"), "{e}");
 }
 
@@ -586,12 +736,17 @@ impl Canned {
             move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
                 let (seen, script) = (s1.clone(), s2.clone());
                 async move {
-                    seen.lock().unwrap().push(Seen { method, uri, headers, body });
-                    let (status, headers, body) = script
-                        .lock()
-                        .unwrap()
-                        .pop_front()
-                        .unwrap_or((599, vec![], "script exhausted".into()));
+                    seen.lock().unwrap().push(Seen {
+                        method,
+                        uri,
+                        headers,
+                        body,
+                    });
+                    let (status, headers, body) = script.lock().unwrap().pop_front().unwrap_or((
+                        599,
+                        vec![],
+                        "script exhausted".into(),
+                    ));
                     let mut resp: Response = body.into_response();
                     *resp.status_mut() = StatusCode::from_u16(status).unwrap();
                     for (k, v) in headers {
@@ -606,7 +761,12 @@ impl Canned {
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Canned { addr, seen, script, _task: task }
+        Canned {
+            addr,
+            seen,
+            script,
+            _task: task,
+        }
     }
 
     fn push(&self, status: u16, headers: &[(&'static str, &str)], body: &str) {
@@ -635,29 +795,58 @@ impl Canned {
 async fn every_request_carries_team_bearer_json_and_user_agent() {
     let server = Canned::start().await;
     let client = server.client();
-    let session = r#"{"session":{"id":"sess_1","status":"running","timeout":300000,"startedAt":1000}}"#;
+    let session =
+        r#"{"session":{"id":"sess_1","status":"running","timeout":300000,"startedAt":1000}}"#;
     server.push(200, &[], session);
     let s = client.get_session("sess_1").await.unwrap();
     assert_eq!(s.deadline(), Some(301_000));
-    server.push(200, &[], r#"{"sandboxes":[],"pagination":{"count":0,"next":null}}"#);
-    client.list_sandboxes(Some(("taskbox-task", "t1")), None, 1, None).await.unwrap();
+    server.push(
+        200,
+        &[],
+        r#"{"sandboxes":[],"pagination":{"count":0,"next":null}}"#,
+    );
+    client
+        .list_sandboxes(Some(("taskbox-task", "t1")), None, 1, None)
+        .await
+        .unwrap();
     server.push(200, &[], "{}");
-    client.write_files("sess_1", &[("/vercel/sandbox/a.txt", b"hi")]).await.unwrap();
+    client
+        .write_files("sess_1", &[("/vercel/sandbox/a.txt", b"hi")])
+        .await
+        .unwrap();
 
     let seen = server.seen();
     assert_eq!(seen.len(), 3);
     for req in &seen {
-        assert!(req.uri.query().unwrap_or("").contains("teamId=team_t"), "{}", req.uri);
-        assert_eq!(req.headers["authorization"], format!("Bearer {SECRET_TOKEN}").as_str());
-        assert!(req.headers["user-agent"].to_str().unwrap().starts_with("taskbox/"));
+        assert!(
+            req.uri.query().unwrap_or("").contains("teamId=team_t"),
+            "{}",
+            req.uri
+        );
+        assert_eq!(
+            req.headers["authorization"],
+            format!("Bearer {SECRET_TOKEN}").as_str()
+        );
+        assert!(req.headers["user-agent"]
+            .to_str()
+            .unwrap()
+            .starts_with("taskbox/"));
     }
     assert_eq!(seen[0].method, Method::GET);
     assert_eq!(seen[0].uri.path(), "/api/v2/sandboxes/sessions/sess_1");
     assert_eq!(seen[0].headers["content-type"], "application/json");
     assert_eq!(seen[1].uri.path(), "/api/v2/sandboxes");
     let q = seen[1].uri.query().unwrap();
-    assert!(q.contains("project=prj_t") && q.contains("tags=taskbox-task%3At1") && q.contains("limit=1"), "{q}");
-    assert_eq!(seen[2].uri.path(), "/api/v2/sandboxes/sessions/sess_1/fs/write");
+    assert!(
+        q.contains("project=prj_t")
+            && q.contains("tags=taskbox-task%3At1")
+            && q.contains("limit=1"),
+        "{q}"
+    );
+    assert_eq!(
+        seen[2].uri.path(),
+        "/api/v2/sandboxes/sessions/sess_1/fs/write"
+    );
     assert_eq!(seen[2].headers["content-type"], "application/gzip");
     assert_eq!(seen[2].headers["x-cwd"], "/");
     // The upload is a gzipped tar with names relative to `/` and sizes in bytes.
@@ -678,14 +867,63 @@ async fn each_status_is_classified_over_a_real_socket() {
     let server = Canned::start().await;
     let client = server.client();
     let cases: Vec<(u16, Vec<(&'static str, &str)>, String, FailureKind)> = vec![
-        (429, vec![("retry-after", "3")], err_body("too_many_requests", "limit"), FailureKind::Transient { retry_after_ms: Some(3000) }),
-        (503, vec![], "upstream".into(), FailureKind::Transient { retry_after_ms: None }),
-        (422, vec![], err_body("sandbox_snapshotting", "busy"), FailureKind::Transient { retry_after_ms: None }),
-        (410, vec![], err_body("sandbox_stopped", "stopped"), FailureKind::SandboxGone),
-        (410, vec![], err_body("snapshot_not_found", "gone"), FailureKind::SnapshotGone),
-        (403, vec![], err_body("forbidden", "Not authorized"), FailureKind::Auth),
-        (400, vec![], err_body("bad_request", "Invalid request: `duration` should be >= 1000."), FailureKind::Invalid),
-        (409, vec![], err_body("conflict", "x"), FailureKind::Permanent),
+        (
+            429,
+            vec![("retry-after", "3")],
+            err_body("too_many_requests", "limit"),
+            FailureKind::Transient {
+                retry_after_ms: Some(3000),
+            },
+        ),
+        (
+            503,
+            vec![],
+            "upstream".into(),
+            FailureKind::Transient {
+                retry_after_ms: None,
+            },
+        ),
+        (
+            422,
+            vec![],
+            err_body("sandbox_snapshotting", "busy"),
+            FailureKind::Transient {
+                retry_after_ms: None,
+            },
+        ),
+        (
+            410,
+            vec![],
+            err_body("sandbox_stopped", "stopped"),
+            FailureKind::SandboxGone,
+        ),
+        (
+            410,
+            vec![],
+            err_body("snapshot_not_found", "gone"),
+            FailureKind::SnapshotGone,
+        ),
+        (
+            403,
+            vec![],
+            err_body("forbidden", "Not authorized"),
+            FailureKind::Auth,
+        ),
+        (
+            400,
+            vec![],
+            err_body(
+                "bad_request",
+                "Invalid request: `duration` should be >= 1000.",
+            ),
+            FailureKind::Invalid,
+        ),
+        (
+            409,
+            vec![],
+            err_body("conflict", "x"),
+            FailureKind::Permanent,
+        ),
     ];
     for (code, headers, body, expected) in cases {
         server.push(code, &headers, &body);
@@ -694,7 +932,10 @@ async fn each_status_is_classified_over_a_real_socket() {
         assert_eq!(err.operation, "extend timeout");
         assert!(!err.to_string().contains(SECRET_TOKEN));
         if code == 400 {
-            assert!(err.message.contains("`duration` should be >= 1000."), "{err}");
+            assert!(
+                err.message.contains("`duration` should be >= 1000."),
+                "{err}"
+            );
         }
         if code == 403 {
             assert!(err.message.contains("VERCEL_TOKEN"), "{err}");
@@ -709,16 +950,107 @@ async fn each_status_is_classified_over_a_real_socket() {
     let closed = RecordingListener::bind();
     let url = closed.url();
     drop(closed);
-    let client = VercelClient::new(&url, Credentials::access_token(SECRET_TOKEN, "t", "p"), Arc::new(SystemClock)).unwrap();
+    let client = VercelClient::new(
+        &url,
+        Credentials::access_token(SECRET_TOKEN, "t", "p"),
+        Arc::new(SystemClock),
+    )
+    .unwrap();
     let err = client.get_session("sess_1").await.unwrap_err();
     assert!(err.is_transient(), "{err}");
     assert!(!err.to_string().contains(SECRET_TOKEN));
 }
 
+/// Serves one HTTP/1.1 response on a raw socket, writing `chunks` as separate chunked-encoding
+/// chunks (each flushed on its own) so that records and UTF-8 characters arrive split.
+async fn serve_chunks_once(chunks: Vec<Vec<u8>>) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        sock.set_nodelay(true).unwrap();
+        // Read the request head and its body (content-length).
+        let mut req = Vec::new();
+        let mut buf = [0u8; 4096];
+        let head_end = loop {
+            let n = sock.read(&mut buf).await.unwrap();
+            req.extend_from_slice(&buf[..n]);
+            if let Some(p) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+                break p + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&req[..head_end]).to_ascii_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        while req.len() < head_end + len {
+            let n = sock.read(&mut buf).await.unwrap();
+            req.extend_from_slice(&buf[..n]);
+        }
+        sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n")
+            .await
+            .unwrap();
+        for c in chunks {
+            sock.write_all(format!("{:x}\r\n", c.len()).as_bytes())
+                .await
+                .unwrap();
+            sock.write_all(&c).await.unwrap();
+            sock.write_all(b"\r\n").await.unwrap();
+            sock.flush().await.unwrap();
+        }
+        sock.write_all(b"0\r\n\r\n").await.unwrap();
+        sock.flush().await.unwrap();
+    });
+    addr
+}
+
 #[tokio::test]
 async fn ndjson_records_split_across_chunks_are_reassembled() {
-    // The whole stream in one body: record boundaries and HTTP chunks are independent, and a
-    // final record without a newline still counts.
+    let stream = "{\"command\":{\"id\":\"cmd_1\",\"exitCode\":null}}\n{\"stream\":\"stdout\",\"data\":\"caf\u{e9}\"}\n{\"command\":{\"id\":\"cmd_1\",\"exitCode\":0}}\n";
+    let bytes = stream.as_bytes();
+    let e_acute = bytes.iter().position(|&b| b == 0xc3).unwrap();
+    // Cut mid-record, right inside the two bytes of `é`, and mid-line again.
+    let cuts = [7, e_acute + 1, bytes.len() - 5];
+    let mut chunks = Vec::new();
+    let mut last = 0;
+    for c in cuts {
+        chunks.push(bytes[last..c].to_vec());
+        last = c;
+    }
+    chunks.push(bytes[last..].to_vec());
+    let addr = serve_chunks_once(chunks).await;
+    let client = VercelClient::new(
+        &format!("http://{addr}/api"),
+        Credentials::access_token(SECRET_TOKEN, "team_t", "prj_t"),
+        Arc::new(SystemClock),
+    )
+    .unwrap();
+    let cmd = taskbox::provider::vercel::client::RunCommand {
+        command: "bash".into(),
+        args: vec!["-c".into(), "printf café".into()],
+        cwd: None,
+        env: BTreeMap::new(),
+        sudo: false,
+        timeout_ms: None,
+    };
+    let mut stream = client.run_command_streaming("sess_1", &cmd).await.unwrap();
+    use taskbox::provider::vercel::client::StreamEvent as E;
+    let mut events = Vec::new();
+    while let Some(e) = stream.next().await.unwrap() {
+        events.push(e);
+    }
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(events[1], E::Stdout("café".into()));
+    assert!(matches!(&events[2], E::Command(c) if c.exit_code == Some(0)));
+}
+
+#[tokio::test]
+async fn ndjson_blank_lines_unknown_records_and_a_missing_final_newline_are_handled() {
     let server = Canned::start().await;
     let client = server.client();
     let body = concat!(
@@ -768,8 +1100,15 @@ async fn a_missing_file_and_an_unknown_sandbox_name_are_answers_not_errors() {
     let client = server.client();
     server.push(404, &[], &err_body("not_found", "no such file"));
     assert_eq!(client.read_file("sess_1", "/nope").await.unwrap(), None);
-    server.push(200, &[("content-type", "application/octet-stream")], "bytes!");
-    assert_eq!(client.read_file("sess_1", "/yes").await.unwrap(), Some(b"bytes!".to_vec()));
+    server.push(
+        200,
+        &[("content-type", "application/octet-stream")],
+        "bytes!",
+    );
+    assert_eq!(
+        client.read_file("sess_1", "/yes").await.unwrap(),
+        Some(b"bytes!".to_vec())
+    );
     server.push(404, &[], &err_body("not_found", "no sandbox"));
     assert_eq!(client.get_sandbox("taskbox-x-g1").await.unwrap(), None);
     let seen = server.seen();
