@@ -364,7 +364,8 @@ async fn an_expired_oidc_token_sends_no_request() {
 #[test]
 fn access_token_auth_names_the_missing_variables() {
     let dir = empty_dir();
-    let cases: [(&[(&str, &str)], &[&str]); 4] = [
+    type Vars<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(Vars, &[&str]); 4] = [
         (
             &[("VERCEL_TOKEN", SECRET_TOKEN)],
             &["VERCEL_PROJECT_ID", "VERCEL_TEAM_ID"],
@@ -545,8 +546,11 @@ fn the_auth_report_names_variables_and_the_mode_never_values() {
 
 #[test]
 fn doctor_static_checks_show_every_problem_at_once() {
-    let mut t = TerminalConfig::default(); // 1 vCPU / 5120 MB: invalid for Vercel
-    t.container_disk = Some(10_000);
+    // 1 vCPU / 5120 MB (invalid for Vercel) and a disk size.
+    let t = TerminalConfig {
+        container_disk: Some(10_000),
+        ..TerminalConfig::default()
+    };
     let checks = doctor::static_checks(&t, &env_of(&[]), empty_dir().path(), NOW);
     let by_name = |n: &str| checks.iter().find(|c| c.name == n).expect(n).clone();
     assert!(by_name("vercel runtime").ok);
@@ -718,19 +722,21 @@ struct Seen {
     body: Bytes,
 }
 
+/// A scripted answer: status, headers, body.
+type Answer = (u16, Vec<(&'static str, String)>, String);
+
 /// A loopback HTTP server answering from a script, recording every request.
 struct Canned {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
-    script: Arc<Mutex<VecDeque<(u16, Vec<(&'static str, String)>, String)>>>,
+    script: Arc<Mutex<VecDeque<Answer>>>,
     _task: tokio::task::JoinHandle<()>,
 }
 
 impl Canned {
     async fn start() -> Canned {
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-        let script: Arc<Mutex<VecDeque<(u16, Vec<(&'static str, String)>, String)>>> =
-            Arc::default();
+        let script: Arc<Mutex<VecDeque<Answer>>> = Arc::default();
         let (s1, s2) = (seen.clone(), script.clone());
         let app = axum::Router::new().fallback(
             move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
@@ -866,7 +872,8 @@ async fn every_request_carries_team_bearer_json_and_user_agent() {
 async fn each_status_is_classified_over_a_real_socket() {
     let server = Canned::start().await;
     let client = server.client();
-    let cases: Vec<(u16, Vec<(&'static str, &str)>, String, FailureKind)> = vec![
+    type Case<'a> = (u16, Vec<(&'static str, &'a str)>, String, FailureKind);
+    let cases: Vec<Case> = vec![
         (
             429,
             vec![("retry-after", "3")],
@@ -1116,4 +1123,29 @@ async fn a_missing_file_and_an_unknown_sandbox_name_are_answers_not_errors() {
     assert!(seen[2].uri.query().unwrap().contains("projectId=prj_t"));
     let body: serde_json::Value = serde_json::from_slice(&seen[0].body).unwrap();
     assert_eq!(body, serde_json::json!({"path": "/nope"}));
+}
+
+#[tokio::test]
+async fn listing_follows_the_cursor_to_the_last_page() {
+    let server = Canned::start().await;
+    let client = server.client();
+    let sb = |name: &str| serde_json::json!({"name": name, "currentSessionId": format!("s_{name}"), "status": "running", "tags": {"taskbox-installation": "inst"}});
+    server.push(200, &[], &serde_json::json!({"sandboxes": [sb("a"), sb("b")], "pagination": {"count": 2, "next": "cur_2"}}).to_string());
+    server.push(
+        200,
+        &[],
+        &serde_json::json!({"sandboxes": [sb("c")], "pagination": {"count": 1, "next": null}})
+            .to_string(),
+    );
+    let all = client
+        .list_all_sandboxes(("taskbox-installation", "inst"))
+        .await
+        .unwrap();
+    let names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(!seen[0].uri.query().unwrap().contains("cursor="));
+    assert!(seen[1].uri.query().unwrap().contains("cursor=cur_2"));
+    assert!(seen[1].uri.query().unwrap().contains("limit=50"));
 }
