@@ -262,6 +262,15 @@ async fn exit_codes_and_streams_are_preserved_exactly() {
         assert_eq!(out.stdout, stdout, "`{command}`");
         assert_eq!(out.stderr, "", "`{command}`");
     }
+    // The bookkeeping after the command survives errexit, noclobber and shadowing functions.
+    for command in [
+        "set -e; mkdir -p gone && cd gone && rmdir ../gone; exit 3",
+        "set -C; pwd() { echo fake; }; exit 3",
+        "exit() { echo no; }; builtin exit 3",
+    ] {
+        let out = env.run(&id, command).await;
+        assert_eq!((out.exit_code, out.stderr.as_str()), (3, ""), "`{command}`");
+    }
     // A syntax error is bash's, with bash's code and message.
     let out = env.run(&id, "if then").await;
     assert_eq!(out.exit_code, 2);
@@ -305,6 +314,23 @@ async fn a_finished_command_may_leave_a_background_job_until_the_sandbox_stops()
     assert!(env.provider.workspace_path(&id).is_none());
     // Stopping again succeeds.
     env.provider.stop_sandbox(&id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_job_writing_after_its_command_returned_keeps_running() {
+    let env = Env::new();
+    let id = env.create("server", 1, None).await;
+    // The job writes to the command's stdout after the command has returned; closing the pipe
+    // would kill it with SIGPIPE before it writes the marker.
+    let out = env
+        .run(
+            &id,
+            "(sleep 0.6; echo late; echo late >&2; sleep 0.2; touch marker) & echo started",
+        )
+        .await;
+    assert_eq!(out.stdout, "started\n");
+    let marker = env.provider.workspace_path(&id).unwrap().join("marker");
+    wait_for("the background job to finish its work", || marker.exists()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

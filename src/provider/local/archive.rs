@@ -649,6 +649,8 @@ struct Extractor<'a> {
     dest: &'a Path,
     tree: Tree,
     dirs: Vec<PendingDir>,
+    /// Where each directory is in `dirs` (a directory listed again updates its entry).
+    dir_index: HashMap<Vec<u8>, usize>,
     symlinks: Vec<(Vec<u8>, Vec<u8>)>,
     buf: Vec<u8>,
 }
@@ -666,6 +668,7 @@ impl<'a> Extractor<'a> {
             dest,
             tree: Tree::default(),
             dirs: Vec::new(),
+            dir_index: HashMap::new(),
             symlinks: Vec::new(),
             buf: vec![0; 128 * 1024],
         }
@@ -731,7 +734,7 @@ impl<'a> Extractor<'a> {
                 let abs = self.abs(&path);
                 make_dir(&abs)?;
                 self.tree.insert(path.clone(), Node::Dir);
-                self.dirs.push(PendingDir { path, mode, mtime });
+                self.push_dir(PendingDir { path, mode, mtime });
             }
             tar::EntryType::Symlink => {
                 let target = entry
@@ -814,7 +817,7 @@ impl<'a> Extractor<'a> {
                 None => {
                     make_dir(&self.abs(&parent)).map_err(Refusal::Failed)?;
                     self.tree.insert(parent.clone(), Node::Dir);
-                    self.dirs.push(PendingDir {
+                    self.push_dir(PendingDir {
                         path: parent,
                         mode: IMPLIED_DIR_MODE,
                         mtime: 0,
@@ -825,10 +828,15 @@ impl<'a> Extractor<'a> {
         Ok(())
     }
 
+    fn push_dir(&mut self, dir: PendingDir) {
+        self.dir_index.insert(dir.path.clone(), self.dirs.len());
+        self.dirs.push(dir);
+    }
+
     fn set_dir_mode(&mut self, path: &[u8], mode: u32, mtime: u64) {
-        if let Some(dir) = self.dirs.iter_mut().rev().find(|d| d.path == path) {
-            dir.mode = mode;
-            dir.mtime = mtime;
+        if let Some(&i) = self.dir_index.get(path) {
+            self.dirs[i].mode = mode;
+            self.dirs[i].mtime = mtime;
         }
     }
 

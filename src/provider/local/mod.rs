@@ -23,6 +23,11 @@
 //! Every id that reaches a path is validated first: task ids by [`TaskId`], sandbox names by
 //! their `taskbox-<task>-g<N>` shape, snapshot ids by `<task>.s<seq>`.
 //!
+//! A command runs as `bash -c` in its own process group, with stdin closed and the environment
+//! of taskbox plus `TASKBOX_TASK_ID`, `TASKBOX_SANDBOX` and `TASKBOX_WORKSPACE`. The last one also
+//! marks every process the sandbox started, which is how a stop finds background jobs that
+//! outlived their command (as a VM stop would kill them).
+//!
 //! Lifecycle operations on one sandbox are serialised by a per-sandbox lock; a command holds it
 //! only while it starts and while it records its working directory, so a stop or a snapshot can
 //! interrupt a long command (which is then killed, as a VM stop would kill it).
@@ -715,7 +720,20 @@ impl LocalProvider {
         };
         self.write_meta(staging, &meta)?;
         let dest = self.sandbox_dir(name);
-        fs::rename(staging, &dest).map_err(LocalError::io("move into place", &dest))?;
+        if let Err(e) = fs::rename(staging, &dest) {
+            // Another process sharing this root created it first: use theirs, as a repeated
+            // create would.
+            if let Some(theirs) = self.read_meta(name).ok().flatten() {
+                if theirs.task_id == meta.task_id
+                    && theirs.installation_id == meta.installation_id
+                    && self.clock.now_ms() < theirs.deadline
+                {
+                    let _ = remove_tree(staging);
+                    return Ok(theirs);
+                }
+            }
+            return Err(LocalError::io("move into place", &dest)(e));
+        }
         sync_dir(&self.root.join("sandboxes"))?;
         Ok(meta)
     }
@@ -741,6 +759,8 @@ impl LocalProvider {
             // Subscribed under the lock: a discard after this point is seen by this command.
             (meta, slot.stopped.subscribe())
         };
+        // A command may have deleted the workspace itself; a VM's root would still exist.
+        fs::create_dir_all(&workspace).map_err(LocalError::io("create directory", &workspace))?;
         let cwd = resolve_cwd(&workspace, &meta.cwd);
         let cwd_file = run_dir.join(format!("cwd.{}", self.unique()));
         let script = wrap_command(&req.command, &cwd_file);
@@ -1435,11 +1455,14 @@ fn shell_quote(s: &[u8]) -> Vec<u8> {
 /// The script `bash -c` runs: the user's command, preceded (on the same line, so its line
 /// numbers are unchanged) by an EXIT trap that writes the final working directory to `cwd_file`
 /// and exits with the command's own status. The trap also runs on `exit N`; it writes nothing to
-/// the command's stdout or stderr.
+/// the command's stdout or stderr. (Subshells do not inherit the trap, so only the command's own
+/// shell reports.)
 fn wrap_command(command: &str, cwd_file: &Path) -> OsString {
-    let mut trap_body = b"__taskbox_status=$?; { pwd -P > ".to_vec();
+    // `builtin` in case the command defined functions of these names; `>|` in case it set
+    // noclobber; `|| true` in case it set errexit and its directory was deleted meanwhile.
+    let mut trap_body = b"__taskbox_status=$?; { builtin pwd -P >| ".to_vec();
     trap_body.extend_from_slice(&shell_quote(cwd_file.as_os_str().as_bytes()));
-    trap_body.extend_from_slice(b"; } 2>/dev/null; exit $__taskbox_status");
+    trap_body.extend_from_slice(b"; } 2>/dev/null || true; builtin exit $__taskbox_status");
     let mut script = b"trap ".to_vec();
     script.extend_from_slice(&shell_quote(&trap_body));
     script.extend_from_slice(b" EXIT; ");
@@ -1492,10 +1515,15 @@ struct Capture {
     total_bytes: u64,
     /// Characters seen, counted as bytes that do not continue a UTF-8 sequence.
     total_chars: u64,
+    /// The command's result was taken: later bytes (a background job's) are drained unseen.
+    detached: bool,
 }
 
 impl Capture {
     fn push(&mut self, data: &[u8]) {
+        if self.detached {
+            return;
+        }
         self.total_bytes += data.len() as u64;
         self.total_chars += data.iter().filter(|b| (**b & 0xC0) != 0x80).count() as u64;
         let room = HEAD_BYTES - self.head.len();
@@ -1569,21 +1597,27 @@ impl Pump {
         Pump { capture, task }
     }
 
-    /// Waits for the pipe to close (at most [`OUTPUT_GRACE`]: a background child may hold it
-    /// open) and returns the bounded text.
+    /// Waits for the pipe to close and returns the bounded text. A background job that
+    /// inherited the pipe keeps it open: after [`OUTPUT_GRACE`] the text is taken as it is, and
+    /// the task goes on draining the pipe unseen (closing it would kill the job with SIGPIPE on
+    /// its next write) until the job exits or the sandbox is stopped.
     async fn finish(mut self) -> String {
         if let Some(mut task) = self.task.take() {
             if tokio::time::timeout(OUTPUT_GRACE, &mut task).await.is_err() {
-                task.abort();
+                tracing::debug!("a background job holds the command's output open; detached");
             }
         }
-        let capture = std::mem::take(&mut *lock(&self.capture));
-        capture.finish()
+        let mut capture = lock(&self.capture);
+        let taken = std::mem::take(&mut *capture);
+        capture.detached = true;
+        drop(capture);
+        taken.finish()
     }
 }
 
 impl Drop for Pump {
     fn drop(&mut self) {
+        // Still set only when the exec was cancelled before `finish`: its group is being killed.
         if let Some(task) = &self.task {
             task.abort();
         }
