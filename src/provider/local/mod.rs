@@ -758,14 +758,15 @@ impl LocalProvider {
         let (meta, mut stopped) = {
             let _guard = slot.lock.lock().await;
             let meta = self.live_meta(&name, &slot).await?;
+            // A command may have deleted the workspace itself; a VM's root would still exist.
+            // (Under the lock: after a discard this would leave a nameless sandbox behind.)
+            for dir in [&workspace, &run_dir] {
+                fs::create_dir_all(dir).map_err(LocalError::io("create directory", dir))?;
+            }
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
             // Subscribed under the lock: a discard after this point is seen by this command.
             (meta, slot.stopped.subscribe())
         };
-        // A command may have deleted the workspace itself; a VM's root would still exist.
-        for dir in [&workspace, &run_dir] {
-            fs::create_dir_all(dir).map_err(LocalError::io("create directory", dir))?;
-        }
         let cwd = resolve_cwd(&workspace, &meta.cwd);
         let cwd_file = run_dir.join(format!("cwd.{}", self.unique()));
         let script = wrap_command(&req.command, &cwd_file);
@@ -786,10 +787,22 @@ impl LocalProvider {
             // Its own process group, so a timeout kills everything the command started.
             .process_group(0);
         let started = tokio::time::Instant::now();
-        let mut child = command.spawn().map_err(|source| LocalError::Spawn {
-            sandbox: name.name.clone(),
-            source,
-        })?;
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            // Discarded since the check above: its directory went away under the spawn.
+            Err(_) if stopped.has_changed().unwrap_or(true) => {
+                return Err(LocalError::gone(
+                    &name,
+                    "it was stopped as the command started",
+                ))
+            }
+            Err(source) => {
+                return Err(LocalError::Spawn {
+                    sandbox: name.name.clone(),
+                    source,
+                })
+            }
+        };
         let pgid = child.id().expect("a child that was just spawned has a pid");
         let mut group = GroupGuard { pgid: Some(pgid) };
         let stdout = Pump::start(child.stdout.take());
