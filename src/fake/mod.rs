@@ -8,7 +8,7 @@
 //! for `/vercel/sandbox`.
 //!
 //! Layout:
-//! - [`model`](self) — the world as pure data (sandboxes, sessions, snapshots; time passed in);
+//! - `model` — the world as pure data (sandboxes, sessions, snapshots; time passed in);
 //! - `validate` — request bodies checked with the service's wording;
 //! - `wire` — the JSON shapes the SDK's zod schemas expect;
 //! - `exec` — command processes and their replayable logs;
@@ -34,6 +34,13 @@
 //!
 //! The API state lives in memory: a restarted fake has forgotten its sandboxes (and leaves their
 //! archives behind in the data directory).
+//!
+//! Known differences from the service: commands run on the host as the fake's user (`sudo` is
+//! accepted and ignored), so absolute `/vercel/sandbox` paths inside a command's own arguments
+//! are not rewritten (the API's `cwd` and file paths are); the file API reaches only
+//! `/vercel/sandbox`; ports get routes but nothing serves them; `git`/`tarball` sources, network
+//! policies, drives, `PATCH` and the rest of v3 (beyond `POST /v3/sandboxes`) are not
+//! implemented.
 
 mod conn;
 mod endpoint;
