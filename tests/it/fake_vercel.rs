@@ -555,7 +555,7 @@ async fn sessions_boot_time_out_and_extend() {
     bounded(async {
         let fake = start_with(|o| o.boot_delay_ms = 300).await;
         let created = fake
-            .create("boot", json!({"timeout": 1000, "persistent": true}))
+            .create("boot", json!({"timeout": 2000, "persistent": true}))
             .await;
         assert_eq!(created["session"]["status"], "pending");
         assert!(created["session"].get("startedAt").is_none());
@@ -592,7 +592,7 @@ async fn sessions_boot_time_out_and_extend() {
         assert_eq!(resumed["resumed"], true);
         let new_session = resumed["session"]["id"].as_str().unwrap().to_string();
         assert_ne!(new_session, session);
-        // The new session has the sandbox's 1 s timeout too: extend it first.
+        // The new session has the sandbox's 2 s timeout too: extend it first.
         let extend = |id: String, ms: u64| {
             let fake = &fake;
             async move {
@@ -604,7 +604,7 @@ async fn sessions_boot_time_out_and_extend() {
             }
         };
         let extended = json_of(extend(new_session.clone(), 60_000).await).await;
-        assert_eq!(extended["session"]["timeout"], 61_000);
+        assert_eq!(extended["session"]["timeout"], 62_000);
         let read = fake.read_file(&new_session, "kept.txt").await;
         assert_eq!(read.bytes().await.unwrap().as_ref(), b"kept");
         let long = fake.create("long", json!({"timeout": 45 * 60_000})).await;
