@@ -126,7 +126,7 @@ const LOCAL_INSTALLATION: &str = "fake-vercel";
 
 /// The local sandbox that holds a session's workspace. Session ids (`sbx_…`) are valid task ids.
 fn local_sandbox(session_id: &str) -> String {
-    sandbox_name(session_id, 0)
+    sandbox_name(LOCAL_INSTALLATION, session_id, 0)
 }
 
 /// Where everything a fake server keeps lives.

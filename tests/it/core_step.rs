@@ -58,7 +58,7 @@ fn action() -> impl Strategy<Value = Action> {
         2 => Just(Action::Timer(TimerKind::Retry)),
         2 => (1u64..400_000).prop_map(Action::Advance),
         1 => Just(Action::Crash),
-        1 => any::<bool>().prop_map(|p| Action::SetPersistent(p)),
+        1 => any::<bool>().prop_map(Action::SetPersistent),
     ]
 }
 

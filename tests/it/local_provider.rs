@@ -99,7 +99,7 @@ impl Env {
             .provider
             .create_sandbox(&spec(task, generation, source, timeout_ms))
             .await?;
-        assert_eq!(info.name, sandbox_name(task, generation));
+        assert_eq!(info.name, sandbox_name(INSTALLATION, task, generation));
         Ok(info.id)
     }
 
@@ -135,7 +135,7 @@ fn spec(task: &str, generation: u64, source: Option<&str>, timeout_ms: u64) -> S
     SandboxSpec {
         task_id: task.to_string(),
         generation,
-        name: sandbox_name(task, generation),
+        name: sandbox_name(INSTALLATION, task, generation),
         source_snapshot: source.map(str::to_string),
         timeout_ms,
         installation_id: INSTALLATION.to_string(),
@@ -183,7 +183,7 @@ fn assert_kind<T: std::fmt::Debug>(result: Result<T, ProviderError>, kind: Failu
 async fn create_exec_and_reuse() {
     let env = Env::new();
     let id = env.create("t1", 1, None).await;
-    assert_eq!(id, "taskbox-t1-g1");
+    assert_eq!(id, "taskbox-t1-g1-insta");
     let workspace = env.provider.workspace_path(&id).expect("workspace exists");
 
     let out = env
@@ -194,7 +194,7 @@ async fn create_exec_and_reuse() {
         .await;
     assert_eq!(out.exit_code, 0);
     assert!(!out.timed_out);
-    assert_eq!(out.stdout, "hi\nt1 taskbox-t1-g1\n");
+    assert_eq!(out.stdout, "hi\nt1 taskbox-t1-g1-insta\n");
     assert_eq!(out.stderr, "oops\n");
     assert_eq!(fs::read_to_string(workspace.join("f")).unwrap(), "data\n");
 
@@ -529,7 +529,9 @@ async fn snapshot_leaves_out_what_a_restore_would_refuse_and_never_follows_links
 async fn snapshot_of_a_gone_sandbox_is_sandbox_gone() {
     let env = Env::new();
     assert_kind(
-        env.provider.snapshot("ghost", "taskbox-ghost-g1", 1).await,
+        env.provider
+            .snapshot("ghost", "taskbox-ghost-g1-insta", 1)
+            .await,
         FailureKind::SandboxGone,
     );
     let id = env.try_create("late", 1, None, 100).await.unwrap();
@@ -566,7 +568,10 @@ async fn restoring_a_deleted_snapshot_is_snapshot_gone() {
         FailureKind::SnapshotGone,
     );
     assert!(msg.contains("del.s1"), "{msg}");
-    assert!(env.provider.workspace_path("taskbox-del-g2").is_none());
+    assert!(env
+        .provider
+        .workspace_path("taskbox-del-g2-insta")
+        .is_none());
     assert!(env.tmp_entries().is_empty());
     assert_kind(
         env.provider.delete_snapshot("../del.s1").await,
@@ -633,7 +638,10 @@ async fn a_cut_or_corrupted_archive_is_refused_not_half_restored() {
         env.try_create("cut", 2, Some("cut.s1"), 60_000).await,
         FailureKind::Permanent,
     );
-    assert!(env.provider.workspace_path("taskbox-cut-g2").is_none());
+    assert!(env
+        .provider
+        .workspace_path("taskbox-cut-g2-insta")
+        .is_none());
     assert!(env.tmp_entries().is_empty());
 
     // The intact archive still restores.
@@ -706,7 +714,7 @@ fn plant_archive(env: &Env, task: &str, entries: &[Raw<'_>]) {
             seq: 1,
             installation_id: INSTALLATION.to_string(),
             created_at: START_MS,
-            source_sandbox: sandbox_name(task, 1),
+            source_sandbox: sandbox_name(INSTALLATION, task, 1),
         },
     )
     .unwrap();
@@ -869,7 +877,7 @@ async fn malicious_archives_are_refused_and_write_nothing_outside() {
         assert!(msg.contains(named), "{task}: `{named}` not named in: {msg}");
         assert!(
             env.provider
-                .workspace_path(&sandbox_name(task, 2))
+                .workspace_path(&sandbox_name(INSTALLATION, task, 2))
                 .is_none(),
             "{task}: a sandbox was created"
         );
@@ -955,14 +963,17 @@ async fn bad_ids_are_refused() {
         FailureKind::Invalid,
     );
     assert_kind(
-        env.provider.snapshot("a/b", "taskbox-good-g1", 1).await,
+        env.provider
+            .snapshot("a/b", "taskbox-good-g1-insta", 1)
+            .await,
         FailureKind::Invalid,
     );
     for id in ["x", "x.1", "x.s01", "../x.s1", "x.s1/.."] {
         assert_kind(env.provider.delete_snapshot(id).await, FailureKind::Invalid);
     }
     assert_kind(
-        env.try_run("taskbox-good-g1", "echo a\0b", 1_000).await,
+        env.try_run("taskbox-good-g1-insta", "echo a\0b", 1_000)
+            .await,
         FailureKind::Invalid,
     );
 }
@@ -976,6 +987,7 @@ async fn listing_returns_only_this_installations_resources() {
     let theirs = other
         .create_sandbox(&SandboxSpec {
             installation_id: "inst-b".into(),
+            name: sandbox_name("inst-b", "theirs", 1),
             ..spec("theirs", 1, None, 60_000)
         })
         .await
@@ -995,7 +1007,7 @@ async fn listing_returns_only_this_installations_resources() {
         summary,
         vec![
             (kept, Some("kept".into()), true),
-            ("taskbox-short-g1".into(), Some("short".into()), false),
+            ("taskbox-short-g1-insta".into(), Some("short".into()), false),
         ]
     );
     let snapshots = env.provider.list_snapshots(INSTALLATION).await.unwrap();

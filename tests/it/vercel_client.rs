@@ -1216,7 +1216,7 @@ mod against_the_fake {
         SandboxSpec {
             task_id: task.to_string(),
             generation,
-            name: sandbox_name(task, generation),
+            name: sandbox_name(INSTALLATION, task, generation),
             source_snapshot: source.map(str::to_string),
             timeout_ms: 300_000,
             installation_id: INSTALLATION.to_string(),
@@ -1236,7 +1236,7 @@ mod against_the_fake {
         let p = &w.provider;
 
         let sb = p.create_sandbox(&spec("life", 0, None)).await.unwrap();
-        assert_eq!(sb.name, "taskbox-life-g0");
+        assert_eq!(sb.name, "taskbox-life-g0-insta");
         let deadline = p.probe_sandbox(&sb.id).await.unwrap().expect("running");
         assert_eq!(deadline, sb.deadline);
 

@@ -21,7 +21,7 @@
 //! [`LocalProvider::sweep_temporaries`].
 //!
 //! Every id that reaches a path is validated first: task ids by [`TaskId`], sandbox names by
-//! their `taskbox-<task>-g<N>` shape, snapshot ids by `<task>.s<seq>`.
+//! their `taskbox-<task>-g<N>-<installation>` shape, snapshot ids by `<task>.s<seq>`.
 //!
 //! A command runs as `bash -c` in its own process group, with stdin closed and the environment
 //! of taskbox plus `TASKBOX_TASK_ID`, `TASKBOX_SANDBOX` and `TASKBOX_WORKSPACE`. The last one also
@@ -82,8 +82,8 @@ pub enum LocalError {
     /// A task id that is not a safe name.
     #[error(transparent)]
     TaskId(#[from] TaskIdError),
-    /// A sandbox id that is not `taskbox-<task id>-g<generation>`.
-    #[error("invalid sandbox id `{id}`: {reason} (expected `taskbox-<task id>-g<generation>`)")]
+    /// A sandbox id that is not `taskbox-<task id>-g<generation>-<installation>`.
+    #[error("invalid sandbox id `{id}`: {reason} (expected `taskbox-<task id>-g<generation>-<installation>`)")]
     SandboxId {
         /// The id given (escaped).
         id: String,
@@ -280,7 +280,7 @@ fn io_kind(e: &io::Error) -> FailureKind {
 // ---------------------------------------------------------------------------------------------
 // Validated names
 
-/// A parsed, validated sandbox name: `taskbox-<task id>-g<generation>`.
+/// A parsed, validated sandbox name: `taskbox-<task id>-g<generation>-<installation>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct SandboxName {
     name: String,
@@ -294,17 +294,14 @@ impl SandboxName {
             id: id.escape_debug().to_string(),
             reason,
         };
-        let rest = id
-            .strip_prefix("taskbox-")
-            .ok_or_else(|| err("it does not start with `taskbox-`"))?;
-        let (task, generation) = rest
-            .rsplit_once("-g")
-            .ok_or_else(|| err("it has no `-g<generation>` suffix"))?;
-        let generation = parse_canonical_u64(generation)
-            .ok_or_else(|| err("its generation is not a plain number"))?;
-        let task = TaskId::new(task).map_err(|_| err("it does not contain a valid task id"))?;
+        if !id.starts_with("taskbox-") {
+            return Err(err("it does not start with `taskbox-`"));
+        }
+        let (inst, task, generation) = crate::provider::parse_sandbox_name(id)
+            .ok_or_else(|| err("it is not `taskbox-<task>-g<generation>-<installation>`"))?;
+        let task = TaskId::new(&task).map_err(|_| err("it does not contain a valid task id"))?;
         // The round trip guarantees the name is exactly what `sandbox_name` builds.
-        if sandbox_name(task.as_str(), generation) != id {
+        if sandbox_name(&inst, task.as_str(), generation) != id {
             return Err(err("it is not in canonical form"));
         }
         Ok(SandboxName {
@@ -617,7 +614,7 @@ impl LocalProvider {
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, LocalError> {
         let task = TaskId::new(&spec.task_id)?;
-        let expected = sandbox_name(task.as_str(), spec.generation);
+        let expected = sandbox_name(&spec.installation_id, task.as_str(), spec.generation);
         if spec.name != expected {
             return Err(LocalError::SpecName {
                 name: spec.name.escape_debug().to_string(),
@@ -1757,21 +1754,23 @@ mod tests {
 
     #[test]
     fn sandbox_names_round_trip_and_reject_lookalikes() {
-        let name = SandboxName::parse("taskbox-a-g1-g12").unwrap();
+        let name = SandboxName::parse("taskbox-a-g1-g12-abc123").unwrap();
         assert_eq!(name.task.as_str(), "a-g1");
         assert_eq!(name.generation, 12);
         for bad in [
             "",
             "taskbox-",
-            "taskbox--g1",
-            "taskbox-a-g",
-            "taskbox-a-g01",
-            "taskbox-a-g+1",
-            "taskbox-../x-g1",
-            "taskbox-a/b-g1",
-            "sandbox-a-g1",
-            "taskbox-a.b-g1",
-            "taskbox-a-g1/..",
+            "taskbox--g1-abc",
+            "taskbox-a-g-abc",
+            "taskbox-a-g01-abc",
+            "taskbox-a-g+1-abc",
+            "taskbox-../x-g1-abc",
+            "taskbox-a/b-g1-abc",
+            "sandbox-a-g1-abc",
+            "taskbox-a.b-g1-abc",
+            "taskbox-a-g1-abc/..",
+            "taskbox-a-g1-ABC",
+            "taskbox-a-g1",
         ] {
             assert!(SandboxName::parse(bad).is_err(), "{bad:?} must be refused");
         }

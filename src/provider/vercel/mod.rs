@@ -452,12 +452,10 @@ impl VercelProvider {
     }
 }
 
-/// The task id in a name made by [`crate::provider::sandbox_name`] (`taskbox-{task}-g{n}`).
+/// The task id in a name made by [`crate::provider::sandbox_name`]
+/// (`taskbox-{task}-g{n}-{installation}`).
 pub fn task_from_name(name: &str) -> Option<String> {
-    let rest = name.strip_prefix("taskbox-")?;
-    let (task, generation) = rest.rsplit_once("-g")?;
-    (!task.is_empty() && !generation.is_empty() && generation.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| task.to_string())
+    crate::provider::parse_sandbox_name(name).map(|(_, task, _)| task)
 }
 
 impl SandboxProvider for VercelProvider {
@@ -558,7 +556,7 @@ mod tests {
     fn task_id_round_trips_through_the_sandbox_name() {
         for (task, generation) in [("demo", 0), ("a-g1", 12), ("x_y-z", 3)] {
             assert_eq!(
-                task_from_name(&sandbox_name(task, generation)).as_deref(),
+                task_from_name(&sandbox_name("0123456789abcdef", task, generation)).as_deref(),
                 Some(task)
             );
         }
