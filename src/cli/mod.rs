@@ -1,6 +1,7 @@
 //! Argument parsing, dispatch and printing.
 
 mod doctor;
+mod fake;
 mod output;
 
 use std::io::Write;
@@ -53,6 +54,8 @@ enum Cmd {
     Doctor(JsonArg),
     /// Stop this installation's orphaned sandboxes and delete snapshots no task retains.
     Gc(GcArgs),
+    /// Serve a local fake of the Vercel Sandbox API (for offline tests of agents and taskbox).
+    FakeVercel(fake::FakeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -232,6 +235,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Config(cmd) => config_cmd(cmd, paths),
         Cmd::Doctor(args) => doctor::run(paths, args.json).await,
+        Cmd::FakeVercel(args) => fake::run(args, paths.data_dir.join("fake-vercel")).await,
         Cmd::Gc(args) => {
             let orch = open_with(paths, false).await?;
             let report = orch.gc(args.dry_run).await;

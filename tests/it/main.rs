@@ -10,3 +10,4 @@ mod sim;
 mod store;
 mod support;
 mod vercel_client;
+mod vercel_engine;
