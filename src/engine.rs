@@ -962,7 +962,7 @@ impl EventLoop {
                 let spec = SandboxSpec {
                     task_id: id.to_string(),
                     generation,
-                    name: sandbox_name(id, generation),
+                    name: sandbox_name(&self.installation_id, id, generation),
                     source_snapshot,
                     timeout_ms,
                     installation_id: self.installation_id.clone(),

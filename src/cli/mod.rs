@@ -2,6 +2,7 @@
 
 mod chaos;
 mod doctor;
+mod fake;
 mod output;
 
 use std::io::Write;
@@ -57,6 +58,8 @@ enum Cmd {
     /// Run many tasks against a simulated, fault-injecting platform (with engine crashes) on
     /// virtual time, and check taskbox's invariants after every seed.
     Chaos(chaos::ChaosArgs),
+    /// Serve a local fake of the Vercel Sandbox API (for offline tests of agents and taskbox).
+    FakeVercel(fake::FakeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -237,6 +240,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Config(cmd) => config_cmd(cmd, paths),
         Cmd::Doctor(args) => doctor::run(paths, args.json).await,
         Cmd::Chaos(args) => chaos::run(args).await,
+        Cmd::FakeVercel(args) => fake::run(args, paths.data_dir.join("fake-vercel")).await,
         Cmd::Gc(args) => {
             let orch = open_with(paths, false).await?;
             let report = orch.gc(args.dry_run).await;

@@ -2,6 +2,7 @@
 
 mod cli;
 mod core_step;
+mod crash;
 mod engine;
 mod fake_vercel;
 mod local_provider;
@@ -9,3 +10,4 @@ mod sim;
 mod store;
 mod support;
 mod vercel_client;
+mod vercel_engine;

@@ -17,7 +17,7 @@ fn spec(task: &str, generation: u64, source: Option<String>) -> SandboxSpec {
     SandboxSpec {
         task_id: task.into(),
         generation,
-        name: sandbox_name(task, generation),
+        name: sandbox_name(INSTALLATION, task, generation),
         source_snapshot: source,
         timeout_ms: 600_000,
         installation_id: INSTALLATION.into(),

@@ -39,7 +39,7 @@ fn spec(task: &str, generation: u64) -> SandboxSpec {
     SandboxSpec {
         task_id: task.into(),
         generation,
-        name: sandbox_name(task, generation),
+        name: sandbox_name(INSTALLATION, task, generation),
         source_snapshot: None,
         timeout_ms: 300_000,
         installation_id: INSTALLATION.into(),

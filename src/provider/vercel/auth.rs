@@ -43,7 +43,7 @@ pub const AUTH_VARS: [&str; 4] = [OIDC_TOKEN_ENV, TOKEN_ENV, PROJECT_ENV, TEAM_E
 /// The fix for an expired or refused OIDC token (the seed doc's advice, plus the way out).
 pub const OIDC_FIX: &str = "run `vercel env pull` in the linked project and export the fresh token; for long-running processes use access-token auth: VERCEL_TOKEN, VERCEL_PROJECT_ID, VERCEL_TEAM_ID";
 
-/// A bearer token. Its only way out is [`Secret::expose`]; every printing shows `[redacted]`.
+/// A bearer token. Its only way out is `Secret::expose`; every printing shows `[redacted]`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
 

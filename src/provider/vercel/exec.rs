@@ -141,6 +141,8 @@ enum StreamEnd {
     /// The stream broke before the final record; recover by long-polling if the command id
     /// is known.
     Cut(String),
+    /// The session stopped under the command (in-band `sandbox_stopped`).
+    SandboxGone(String),
 }
 
 /// Runs `req` in `session_id`.
@@ -170,6 +172,10 @@ pub async fn exec(
         let mut stream = client.run_command_streaming(session_id, &cmd).await?;
         match consume(&mut stream, &mut out, &mut cmd_id).await {
             StreamEnd::Exited(code) => Ok((code, false)),
+            StreamEnd::SandboxGone(why) => Err(ProviderError::sandbox_gone(
+                "run command",
+                format!("the sandbox stopped while the command was running ({why})"),
+            )),
             StreamEnd::Cut(why) => {
                 let Some(id) = cmd_id.clone() else {
                     return Err(ProviderError::new(
@@ -243,6 +249,11 @@ async fn consume(
             }
             Ok(Some(StreamEvent::Stdout(d))) => out.stdout.push(&d),
             Ok(Some(StreamEvent::Stderr(d))) => out.stderr.push(&d),
+            Ok(Some(StreamEvent::Error { code, message })) if code == "sandbox_stopped" => {
+                return StreamEnd::SandboxGone(format!("{code}: {message}"))
+            }
+            // `sandbox_stream_closed` and anything else: the command may still be running;
+            // the long-poll finds out (and reports a stopped sandbox as gone).
             Ok(Some(StreamEvent::Error { code, message })) => {
                 break format!("in-band error {code}: {message}")
             }

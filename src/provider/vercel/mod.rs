@@ -164,6 +164,13 @@ impl VercelProvider {
         self.names.lock().ok()?.get(session_id).cloned()
     }
 
+    /// Forgets a session that is over, so the map holds live sessions only.
+    fn forget(&self, session_id: &str) {
+        if let Ok(mut names) = self.names.lock() {
+            names.remove(session_id);
+        }
+    }
+
     /// Decides what to do with a sandbox already holding `spec.name`: reuse its session, or
     /// (`None`) replace it because its session is over.
     async fn adopt(
@@ -272,8 +279,10 @@ impl VercelProvider {
         })
     }
 
-    /// The names of the sandboxes `session_id` may belong to: the remembered one, else every
-    /// sandbox of the task (found by tag), the one whose current session it is first.
+    /// The names of the sandboxes `session_id` may belong to: the remembered one, else the
+    /// task's sandbox (found by tag) whose current session it is — a session stays its
+    /// sandbox's current one until the next boot, which taskbox never asks of a sandbox that
+    /// has been snapshotted. Should no sandbox claim it, every sandbox of the task is searched.
     async fn candidate_names(
         &self,
         task_id: &str,
@@ -282,9 +291,12 @@ impl VercelProvider {
         if let Some(name) = self.remembered(session_id) {
             return Ok(vec![name]);
         }
-        let mut sandboxes = self.client.list_all_sandboxes((TAG_TASK, task_id)).await?;
-        sandboxes.sort_by_key(|s| s.current_session_id.as_deref() != Some(session_id));
-        Ok(sandboxes.into_iter().map(|s| s.name).collect())
+        let sandboxes = self.client.list_all_sandboxes((TAG_TASK, task_id)).await?;
+        let (current, others): (Vec<_>, Vec<_>) = sandboxes
+            .into_iter()
+            .partition(|s| s.current_session_id.as_deref() == Some(session_id));
+        let chosen = if current.is_empty() { others } else { current };
+        Ok(chosen.into_iter().map(|s| s.name).collect())
     }
 
     /// The snapshot already taken of `session_id`, if any.
@@ -344,7 +356,10 @@ impl VercelProvider {
             .create_snapshot(session_id, self.options.snapshot_expiration_ms)
             .await
         {
-            Ok(taken) => Self::snapshot_info(taken.snapshot),
+            Ok(taken) => {
+                self.forget(session_id);
+                Self::snapshot_info(taken.snapshot)
+            }
             Err(e) => {
                 // A snapshot whose answer was lost has stopped the session, so the retry sees
                 // 410 or 422: look once more before reporting.
@@ -437,12 +452,10 @@ impl VercelProvider {
     }
 }
 
-/// The task id in a name made by [`crate::provider::sandbox_name`] (`taskbox-{task}-g{n}`).
+/// The task id in a name made by [`crate::provider::sandbox_name`]
+/// (`taskbox-{task}-g{n}-{installation}`).
 pub fn task_from_name(name: &str) -> Option<String> {
-    let rest = name.strip_prefix("taskbox-")?;
-    let (task, generation) = rest.rsplit_once("-g")?;
-    (!task.is_empty() && !generation.is_empty() && generation.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| task.to_string())
+    crate::provider::parse_sandbox_name(name).map(|(_, task, _)| task)
 }
 
 impl SandboxProvider for VercelProvider {
@@ -479,10 +492,12 @@ impl SandboxProvider for VercelProvider {
     fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
         Box::pin(async move {
             match self.client.stop_session(sandbox_id).await {
-                Ok(_) => Ok(()),
-                Err(e) if e.kind == FailureKind::SandboxGone => Ok(()),
-                Err(e) => Err(e),
+                Ok(_) => {}
+                Err(e) if e.kind == FailureKind::SandboxGone => {}
+                Err(e) => return Err(e),
             }
+            self.forget(sandbox_id);
+            Ok(())
         })
     }
 
@@ -541,7 +556,7 @@ mod tests {
     fn task_id_round_trips_through_the_sandbox_name() {
         for (task, generation) in [("demo", 0), ("a-g1", 12), ("x_y-z", 3)] {
             assert_eq!(
-                task_from_name(&sandbox_name(task, generation)).as_deref(),
+                task_from_name(&sandbox_name("0123456789abcdef", task, generation)).as_deref(),
                 Some(task)
             );
         }
