@@ -387,6 +387,9 @@ struct World {
     snapshots: BTreeMap<String, SnapshotState>,
     /// (task id, seq) → snapshot id: the snapshot operation's idempotency key.
     snapshot_keys: BTreeMap<(String, u64), String>,
+    /// Snapshot calls under way (that will reach the platform), per sandbox: while one is, the
+    /// sandbox is "snapshotting" and another snapshot call gets 422, as on Vercel.
+    snapshotting: BTreeMap<String, u32>,
     next_sandbox: u64,
     next_snapshot: u64,
     next_command: u64,
@@ -468,6 +471,38 @@ impl Drop for RunningGuard<'_> {
     }
 }
 
+/// Counts one snapshot call as under way on its sandbox, until dropped.
+struct SnapshottingGuard<'a> {
+    provider: &'a SimProvider,
+    sandbox_id: &'a str,
+}
+
+impl<'a> SnapshottingGuard<'a> {
+    fn new(provider: &'a SimProvider, sandbox_id: &'a str) -> Self {
+        *provider
+            .world()
+            .snapshotting
+            .entry(sandbox_id.to_string())
+            .or_default() += 1;
+        SnapshottingGuard {
+            provider,
+            sandbox_id,
+        }
+    }
+}
+
+impl Drop for SnapshottingGuard<'_> {
+    fn drop(&mut self) {
+        let mut w = self.provider.world();
+        if let Some(n) = w.snapshotting.get_mut(self.sandbox_id) {
+            *n -= 1;
+            if *n == 0 {
+                w.snapshotting.remove(self.sandbox_id);
+            }
+        }
+    }
+}
+
 /// A deterministic, fault-injecting, in-memory sandbox platform. Cheap to share: wrap it in an
 /// `Arc` and hand the same one to the engine and to the invariant checker.
 pub struct SimProvider {
@@ -494,6 +529,7 @@ impl SimProvider {
                 by_name: BTreeMap::new(),
                 snapshots: BTreeMap::new(),
                 snapshot_keys: BTreeMap::new(),
+                snapshotting: BTreeMap::new(),
                 next_sandbox: 0,
                 next_snapshot: 0,
                 next_command: 0,
@@ -886,6 +922,12 @@ impl SimProvider {
             });
             (plan, fail_permanent, fail_transient, slow, gone_soon)
         };
+        // A call that reaches the platform keeps the sandbox "snapshotting" until it is done
+        // (including a call whose caller is gone, such as one sent by a process that crashed).
+        let _underway = plan
+            .rejection()
+            .is_none()
+            .then(|| SnapshottingGuard::new(self, sandbox_id));
         Self::pause(plan.wait_ms()).await;
         if let Some(e) = plan.rejection() {
             return Err(e);
@@ -918,6 +960,7 @@ impl SimProvider {
             }
             s.info()
         } else {
+            let underway = w.snapshotting.get(sandbox_id).copied().unwrap_or(0);
             let Some(sb) = w.live_sandbox(sandbox_id, now) else {
                 return Err(World::gone(
                     OP_SNAPSHOT,
@@ -925,6 +968,15 @@ impl SimProvider {
                     w.sandboxes.get(sandbox_id),
                 ));
             };
+            if underway > 1 {
+                // Another snapshot of this sandbox is under way. (Its own faults were drawn for
+                // it; this call must not fail for good while that one may still succeed.)
+                return Err(ProviderError::transient(
+                    OP_SNAPSHOT,
+                    format!("422 sandbox_snapshotting: {sandbox_id} is being snapshotted"),
+                    None,
+                ));
+            }
             if sb.task_id != task_id {
                 return Err(ProviderError::new(
                     FailureKind::Invalid,
