@@ -469,7 +469,12 @@ impl Cx {
                     // running): the sandbox is gone, as the deadline timer would have found.
                     // Expire now, so the request restores the files instead of failing in a
                     // dead sandbox with "expired while running".
-                    if self.t.sandbox.as_ref().is_some_and(|sb| self.now >= sb.deadline) {
+                    if self
+                        .t
+                        .sandbox
+                        .as_ref()
+                        .is_some_and(|sb| self.now >= sb.deadline)
+                    {
                         self.expire();
                         return;
                     }
