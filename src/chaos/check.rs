@@ -27,8 +27,8 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::core::{
-    Command, Event, FailureKind, Millis, Notice, Reply, RetryDecision, SnapshotStatus, Task, TaskState,
-    TimerKind,
+    Command, Event, FailureKind, Millis, Notice, Reply, RetryDecision, SnapshotStatus, Task,
+    TaskState, TimerKind,
 };
 use crate::provider::sim::{SimSandbox, SimSnapshot};
 use crate::store::JournalEntry;
@@ -136,13 +136,14 @@ pub struct JournalCounts {
 /// sandbox nobody uses (from a then-stale snapshot); reconciliation stops those.
 ///
 /// "Present" is the platform's view: taken at or before the creation, not expired by then, and
-/// not deleted by then. `deleted_at` gives deletion times; a deleted snapshot missing from it
-/// is taken to have been present (the check is then weaker, never wrong the other way round
-/// for a snapshot that was deleted after the creation).
+/// not retired by then. `retired_at` says from when a snapshot no longer counts: the time the
+/// platform deleted it, or the time the task's retention superseded it ([`retired_at`]; that
+/// decision is checked on its own by [`journal`]). A deleted snapshot missing from it is taken
+/// to have been present, which makes the check weaker, never wrong the other way round.
 pub fn restores(
     sandboxes: &[SimSandbox],
     snapshots: &[SimSnapshot],
-    deleted_at: &BTreeMap<String, Millis>,
+    retired_at: &BTreeMap<String, Millis>,
     task: &str,
 ) -> Vec<Violation> {
     let snaps: Vec<&SimSnapshot> = snapshots.iter().filter(|s| s.task_id == task).collect();
@@ -152,7 +153,7 @@ pub fn restores(
         let newest = snaps
             .iter()
             .filter(|s| s.created_at <= at && s.expires_at.is_none_or(|e| e > at))
-            .filter(|s| !s.deleted || deleted_at.get(&s.id).is_none_or(|d| *d > at))
+            .filter(|s| retired_at.get(&s.id).is_none_or(|r| *r > at))
             .max_by_key(|s| s.seq)
             .map(|s| s.id.clone());
         if sb.source_snapshot != newest {
@@ -168,6 +169,28 @@ pub fn restores(
                     newest.as_deref().unwrap_or("none"),
                 ),
             ));
+        }
+    }
+    out
+}
+
+/// From when each snapshot stops being a restore candidate: the earlier of the time the
+/// platform deleted it (`deleted_at`, the platform's record) and the time a journal entry first
+/// shows its task retiring it (`deleting` or `deleted`: superseded by the newer snapshots the
+/// task keeps).
+pub fn retired_at(
+    entries: &[JournalEntry],
+    deleted_at: &BTreeMap<String, Millis>,
+) -> BTreeMap<String, Millis> {
+    let mut out = deleted_at.clone();
+    for e in entries {
+        for s in &e.task_after.snapshots {
+            if matches!(s.status, SnapshotStatus::Deleting | SnapshotStatus::Deleted) {
+                if let Some(id) = &s.id {
+                    let at = out.entry(id.clone()).or_insert(e.at);
+                    *at = (*at).min(e.at);
+                }
+            }
         }
     }
     out
@@ -311,13 +334,20 @@ fn task_journal(
         counts.entries += 1;
         let t = &e.task_after;
         let v = |inv: Invariant, detail: String| {
-            Violation::new(inv, Some(task), format!("entry {} ({}): {detail}", e.task_seq, e.event.name()))
+            Violation::new(
+                inv,
+                Some(task),
+                format!("entry {} ({}): {detail}", e.task_seq, e.event.name()),
+            )
         };
         // ---- order ----
         if !reported_order {
             let expected_seq = i as u64 + 1;
             let expected_state = prev.map_or(TaskState::Idle, |p| p.state);
-            if e.task_seq != expected_seq || e.state_before != expected_state || t.state != e.state_after {
+            if e.task_seq != expected_seq
+                || e.state_before != expected_state
+                || t.state != e.state_after
+            {
                 out.push(v(
                     Invariant::JournalOrder,
                     format!(
@@ -331,7 +361,13 @@ fn task_journal(
         }
         // ---- counts ----
         let prev_attempts = prev.map_or(0, |p| p.attempts);
-        if matches!(e.event, Event::TimerFired { timer: TimerKind::Retry }) && t.attempts > prev_attempts {
+        if matches!(
+            e.event,
+            Event::TimerFired {
+                timer: TimerKind::Retry
+            }
+        ) && t.attempts > prev_attempts
+        {
             counts.retries += 1;
         }
         if matches!(e.event, Event::Recovered) {
@@ -348,7 +384,11 @@ fn task_journal(
                 counts.fallbacks += 1;
             }
         }
-        let lost = |ns: &[Notice]| ns.iter().filter(|n| matches!(n, Notice::FilesLost { .. })).count() as u64;
+        let lost = |ns: &[Notice]| {
+            ns.iter()
+                .filter(|n| matches!(n, Notice::FilesLost { .. }))
+                .count() as u64
+        };
         let replied: u64 = e
             .commands
             .iter()
@@ -362,7 +402,8 @@ fn task_journal(
                 _ => 0,
             })
             .sum();
-        counts.files_lost += (lost(&t.notices) + replied).saturating_sub(prev.map_or(0, |p| lost(&p.notices)));
+        counts.files_lost +=
+            (lost(&t.notices) + replied).saturating_sub(prev.map_or(0, |p| lost(&p.notices)));
 
         // ---- retry policy ----
         let policy = &t.settings.retry;
@@ -376,12 +417,22 @@ fn task_journal(
                 ),
             ));
         }
-        if matches!(e.event, Event::TimerFired { timer: TimerKind::Retry }) && t.attempts > prev_attempts {
+        if matches!(
+            e.event,
+            Event::TimerFired {
+                timer: TimerKind::Retry
+            }
+        ) && t.attempts > prev_attempts
+        {
             if let Some(due) = prev.and_then(|p| p.retry_at) {
                 if e.at < due {
                     out.push(v(
                         Invariant::RetryPolicy,
-                        format!("retried at {}, {} ms before the retry was due at {due}", e.at, due - e.at),
+                        format!(
+                            "retried at {}, {} ms before the retry was due at {due}",
+                            e.at,
+                            due - e.at
+                        ),
                     ));
                 }
             }
@@ -396,13 +447,20 @@ fn task_journal(
             _ => None,
         };
         for c in &e.commands {
-            let Command::ScheduleTimer { timer: TimerKind::Retry, at } = c else {
+            let Command::ScheduleTimer {
+                timer: TimerKind::Retry,
+                at,
+            } = c
+            else {
                 continue;
             };
             let Some(retry_after_ms) = hint else {
                 // Re-arming a retry already due (after a restart) schedules nothing new.
                 if !matches!(e.event, Event::Recovered) {
-                    out.push(v(Invariant::RetryPolicy, format!("a retry was scheduled at {at} without a transient failure")));
+                    out.push(v(
+                        Invariant::RetryPolicy,
+                        format!("a retry was scheduled at {at} without a transient failure"),
+                    ));
                 }
                 continue;
             };
@@ -436,10 +494,42 @@ fn task_journal(
             }
         }
 
+        // ---- retention: a snapshot is retired only behind `keep_snapshots` newer ones ----
+        if let Some(p) = prev {
+            for rec in &t.snapshots {
+                let was_complete = p
+                    .snapshots
+                    .iter()
+                    .any(|o| o.seq == rec.seq && o.status == SnapshotStatus::Complete);
+                if was_complete && rec.status == SnapshotStatus::Deleting {
+                    let newer = t
+                        .snapshots
+                        .iter()
+                        .filter(|o| o.seq > rec.seq && o.status == SnapshotStatus::Complete)
+                        .count();
+                    let keep = t.settings.keep_snapshots.max(1) as usize;
+                    if newer < keep {
+                        out.push(v(
+                            Invariant::SnapshotKept,
+                            format!(
+                                "retires snapshot seq {} with only {newer} newer complete \
+                                 snapshot(s); it keeps {keep}",
+                                rec.seq
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+
         // ---- restore decisions and deletes ----
         for c in &e.commands {
             match c {
-                Command::CreateSandbox { source_snapshot, generation, .. } => {
+                Command::CreateSandbox {
+                    source_snapshot,
+                    generation,
+                    ..
+                } => {
                     let latest = if t.settings.persistent {
                         t.latest_complete().and_then(|s| s.id.clone())
                     } else {
@@ -459,12 +549,15 @@ fn task_journal(
                 }
                 Command::DeleteSnapshot { snapshot_id } => {
                     let complete = t.snapshots.iter().any(|s| {
-                        s.id.as_deref() == Some(snapshot_id.as_str()) && s.status == SnapshotStatus::Complete
+                        s.id.as_deref() == Some(snapshot_id.as_str())
+                            && s.status == SnapshotStatus::Complete
                     });
                     if complete {
                         out.push(v(
                             Invariant::SnapshotKept,
-                            format!("deletes snapshot {snapshot_id}, which it still calls complete"),
+                            format!(
+                                "deletes snapshot {snapshot_id}, which it still calls complete"
+                            ),
                         ));
                     }
                 }

@@ -97,7 +97,10 @@ fn op(r: &mut ChaosRng) -> Op {
         },
         3 => Op::Run {
             // Long enough for a sandbox to expire under it, or an idle reap to wait for it.
-            command: format!("append log {value}; sleep {}; cat log", r.between(1_000, 90_000)),
+            command: format!(
+                "append log {value}; sleep {}; cat log",
+                r.between(1_000, 90_000)
+            ),
         },
         4 => Op::Wait {
             ms: match r.weighted(&[4, 2, 2, 1]) {

@@ -150,7 +150,10 @@ fn table(r: &ChaosReport) -> String {
     row("workload steps", t.steps.to_string());
     row("requests answered", t.requests_ok.to_string());
     row("requests failed (reported)", t.requests_failed.to_string());
-    row("requests cut off by a crash", t.requests_interrupted.to_string());
+    row(
+        "requests cut off by a crash",
+        t.requests_interrupted.to_string(),
+    );
     row("provider calls", t.provider_calls.to_string());
     row("journal entries", t.journal.entries.to_string());
     row(
@@ -183,12 +186,7 @@ fn table(r: &ChaosReport) -> String {
     let _ = writeln!(s, "wall time {:.1} s", r.wall_ms as f64 / 1000.0);
     for v in &r.violating_seeds {
         let _ = writeln!(s);
-        let _ = writeln!(
-            s,
-            "seed {}: {} violation(s)",
-            v.seed,
-            v.violations.len()
-        );
+        let _ = writeln!(s, "seed {}: {} violation(s)", v.seed, v.violations.len());
         for x in &v.violations {
             let _ = writeln!(s, "  {x}");
         }
