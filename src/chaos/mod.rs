@@ -51,7 +51,7 @@ use workload::{Op, TaskPlan};
 /// Virtual time at which every seed starts (2023-11-14T22:13:20Z).
 const START_MS: u64 = 1_700_000_000_000;
 /// Salts that keep the workload's and the jitter's streams apart from the platform's.
-const WORKLOAD_SALT: u64 = 0x5EED_0F_C4A0_5000;
+const WORKLOAD_SALT: u64 = 0x005E_ED0F_C4A0_5000;
 const JITTER_SALT: u64 = 0x0017_7E50_0000_0001;
 /// The plan's cap on a sandbox's lifetime in the simulated world (matches the config below).
 const MAX_LIFETIME_MS: u64 = 600_000;
@@ -874,10 +874,14 @@ async fn seed_run(
     if crashes > 0 {
         faults.insert("crash".into(), crashes);
     }
-    // The installation id is random (made with the store) and sandbox names carry a prefix of
-    // it: the digest replaces it with a placeholder, so equal runs hash equal.
+    // The installation id is random (made with the store) and sandbox names end with `-` and a
+    // prefix of it: the digest replaces both by `*` (as a whole JSON string, and after a `-`,
+    // which nothing else in a journal puts before 8 hex digits), so equal runs hash equal.
     let prefix = crate::provider::installation_prefix(&installation);
-    let mut h = Digest::new(&[installation.as_str(), prefix.as_str()]);
+    let mut h = Digest::new(&[
+        (format!("\"{installation}\""), "\"*\""),
+        (format!("-{prefix}"), "-*"),
+    ]);
     for e in &entries {
         h.update_json(e);
     }
@@ -918,20 +922,17 @@ async fn seed_run(
 struct Digest {
     a: u64,
     b: u64,
-    /// Strings that differ between equal runs (the random installation id), hashed as `*`.
-    masked: Vec<String>,
+    /// Strings that differ between equal runs (the random installation id), and what to hash
+    /// instead.
+    masked: Vec<(String, &'static str)>,
 }
 
 impl Digest {
-    fn new(masked: &[&str]) -> Digest {
+    fn new(masked: &[(String, &'static str)]) -> Digest {
         Digest {
             a: 0xCBF2_9CE4_8422_2325,
             b: 0x6C62_272E_07BB_0142,
-            masked: masked
-                .iter()
-                .filter(|m| !m.is_empty())
-                .map(|m| m.to_string())
-                .collect(),
+            masked: masked.to_vec(),
         }
     }
 
@@ -950,7 +951,7 @@ impl Digest {
         // Serializing plain data structs cannot fail; an error would only shorten the digest.
         let mut text = serde_json::to_string(value).unwrap_or_default();
         for m in &self.masked {
-            text = text.replace(m.as_str(), "*");
+            text = text.replace(m.0.as_str(), m.1);
         }
         self.update(text.as_bytes());
     }

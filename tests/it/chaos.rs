@@ -1,0 +1,447 @@
+//! Chaos runs (`taskbox::chaos`, `taskbox chaos`): many seeds of the real engine on the
+//! simulated platform with every fault kind and engine crashes hold every invariant; a seed is
+//! reproducible bit for bit; the checker catches a planted bug and prints the command that
+//! reproduces it; bad fault lists are refused clearly. Plus regression tests for the engine and
+//! simulator bugs that chaos found.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use taskbox::chaos::{self, check, ChaosFaults, ChaosOptions, Invariant, PlantedBug};
+use taskbox::clock::TokioClock;
+use taskbox::config::Config;
+use taskbox::core::{Command, FailureKind, Notice, TimerKind};
+use taskbox::engine::Orchestrator;
+use taskbox::provider::sim::{SimFaults, SimProvider};
+use taskbox::provider::{SandboxProvider, SandboxSpec};
+use taskbox::retry::Jitter;
+use taskbox::store::Store;
+use taskbox::TaskId;
+
+use crate::support::{stderr, stdout, Home};
+
+/// Options for `seeds` seeds of `tasks` tasks, data dirs in a fresh temp dir on the RAM disk
+/// when there is one (the directory is removed with the returned guard).
+fn options(first: u64, seeds: u64, tasks: u32) -> (ChaosOptions, tempfile::TempDir) {
+    let work = tempfile::tempdir_in(chaos::default_work_dir()).expect("work dir");
+    let mut opts = ChaosOptions::new(first, seeds, tasks);
+    opts.work_dir = work.path().to_path_buf();
+    opts.jobs = 2;
+    (opts, work)
+}
+
+fn no_progress(_: &chaos::SeedReport) {}
+
+#[test]
+fn dozens_of_seeds_with_every_fault_hold_every_invariant() {
+    let (opts, _work) = options(1, 36, 8);
+    let report = chaos::run(&opts, &no_progress).expect("chaos run");
+    assert_eq!(report.seeds_run, 36);
+    let details: Vec<String> = report
+        .violating_seeds
+        .iter()
+        .flat_map(|s| {
+            s.violations
+                .iter()
+                .map(move |v| format!("seed {}: {v}", s.seed))
+        })
+        .collect();
+    assert_eq!(report.totals.violations, 0, "{details:#?}");
+    assert!(report.is_clean());
+    // Every fault kind was injected at least once, crashes included.
+    let kinds = [
+        "rate_limit",
+        "server_error",
+        "timeout",
+        "lost_create",
+        "expire_mid_command",
+        "snapshot_fail_permanent",
+        "snapshot_fail_transient",
+        "snapshot_slow",
+        "snapshot_gone",
+        "delete_fail",
+        "crash",
+    ];
+    for kind in kinds {
+        assert!(
+            report.totals.faults.get(kind).copied().unwrap_or(0) > 0,
+            "fault {kind} was never injected: {:?}",
+            report.totals.faults
+        );
+    }
+    // The faults had effects the journal shows.
+    let j = &report.totals.journal;
+    assert!(j.retries > 0 && j.restores > 0 && j.recoveries > 0, "{j:?}");
+    assert!(j.fallbacks > 0 && j.files_lost > 0, "{j:?}");
+    assert!(report.totals.requests_ok > report.totals.requests_failed);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run_bit_for_bit() {
+    let (opts, _work) = options(0, 1, 6);
+    let digests: Vec<String> = [11u64, 11, 12]
+        .iter()
+        .map(|&seed| chaos::run_seed(seed, &opts).expect("seed").digest)
+        .collect();
+    assert_eq!(digests[0], digests[1], "seed 11 twice");
+    assert_ne!(digests[0], digests[2], "seeds 11 and 12");
+    // The summary digest of several seeds does not depend on how many run at once.
+    let (mut a, _wa) = options(40, 6, 4);
+    a.jobs = 1;
+    let (mut b, _wb) = options(40, 6, 4);
+    b.jobs = 3;
+    let ra = chaos::run(&a, &no_progress).expect("run");
+    let rb = chaos::run(&b, &no_progress).expect("run");
+    assert_eq!(ra.digest, rb.digest);
+    assert_eq!(ra.totals.journal, rb.totals.journal);
+}
+
+#[test]
+fn the_checker_catches_a_planted_bug_and_says_how_to_reproduce_it() {
+    let (mut opts, _work) = options(1, 8, 6);
+    opts.planted_bug = Some(PlantedBug::OldestRestore);
+    let report = chaos::run(&opts, &no_progress).expect("chaos run");
+    assert!(
+        report.totals.violations > 0,
+        "the planted bug went unnoticed"
+    );
+    let first = &report.violating_seeds[0];
+    assert!(
+        first
+            .violations
+            .iter()
+            .any(|v| v.invariant == Invariant::RestoredLatest),
+        "{:?}",
+        first.violations
+    );
+    assert!(
+        first.repro.starts_with(&format!(
+            "taskbox chaos --seed {} --tasks 6 --faults '",
+            first.seed
+        )) && first.repro.ends_with("' --planted-bug oldest-restore"),
+        "{}",
+        first.repro
+    );
+    let home = first
+        .home
+        .as_ref()
+        .expect("a violating seed keeps its data");
+    assert!(home.join("data").join("taskbox.db").is_file());
+    // The same engine without the planted bug is clean on the same seeds.
+    opts.planted_bug = None;
+    let clean = chaos::run(&opts, &no_progress).expect("chaos run");
+    assert_eq!(clean.totals.violations, 0, "{:?}", clean.violating_seeds);
+}
+
+#[test]
+fn the_cli_reports_violations_with_a_repro_command_that_reproduces_them() {
+    let home = Home::new();
+    let work = tempfile::tempdir_in(chaos::default_work_dir()).expect("work dir");
+    let work_dir = work.path().to_str().expect("utf-8 path");
+    let out = home.run(&[
+        "chaos",
+        "--seeds",
+        "4",
+        "--tasks",
+        "5",
+        "--work-dir",
+        work_dir,
+        "--planted-bug",
+        "oldest-restore",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("violations"), "{text}");
+    assert!(text.contains("[restored-latest]"), "{text}");
+    let repro = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("reproduce: "))
+        .expect("a repro line")
+        .to_string();
+    assert!(text.contains("data kept: "), "{text}");
+    // Run the printed command (its --faults value is single-quoted) and get the same seed's
+    // violations again.
+    let (head, rest) = repro.split_once(" --faults '").expect("faults argument");
+    let (faults, tail) = rest.split_once('\'').expect("closing quote");
+    let mut args: Vec<&str> = head.split_whitespace().skip(1).collect();
+    args.extend(["--faults", faults]);
+    args.extend(tail.split_whitespace());
+    args.extend(["--json", "--work-dir", work_dir]);
+    let again = home.run(&args);
+    assert_eq!(again.status.code(), Some(1), "{}", stderr(&again));
+    let json: Value = serde_json::from_str(&stdout(&again)).expect("json report");
+    assert_eq!(json["seeds_run"], 1);
+    let seed = &json["violating_seeds"][0];
+    assert_eq!(seed["repro"].as_str(), Some(repro.as_str()));
+    assert!(seed["violations"].as_array().is_some_and(|v| !v.is_empty()));
+}
+
+#[test]
+fn the_cli_runs_clean_seeds_and_prints_json() {
+    let home = Home::new();
+    let work = tempfile::tempdir_in(chaos::default_work_dir()).expect("work dir");
+    let args = [
+        "chaos",
+        "--seed",
+        "7",
+        "--seeds",
+        "3",
+        "--tasks",
+        "4",
+        "--json",
+        "--work-dir",
+        work.path().to_str().expect("utf-8 path"),
+    ];
+    let a = home.run(&args);
+    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
+    let b = home.run(&args);
+    let ja: Value = serde_json::from_str(&stdout(&a)).expect("json");
+    let jb: Value = serde_json::from_str(&stdout(&b)).expect("json");
+    assert_eq!(ja["digest"], jb["digest"]);
+    assert_eq!(ja["first_seed"], 7);
+    assert_eq!(ja["seeds_run"], 3);
+    assert_eq!(ja["totals"]["violations"], 0);
+    assert!(ja["totals"]["faults"]
+        .as_object()
+        .is_some_and(|f| !f.is_empty()));
+    // Clean seeds leave nothing behind.
+    assert_eq!(
+        std::fs::read_dir(work.path())
+            .expect("read work dir")
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn bad_fault_lists_are_refused_clearly() {
+    let home = Home::new();
+    let out = home.run(&["chaos", "--faults", "transient=0.1,cosmic_ray=0.5"]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = stderr(&out);
+    assert!(err.contains("invalid --faults"), "{err}");
+    assert!(err.contains("`cosmic_ray`"), "{err}");
+    assert!(
+        err.contains("crash") && err.contains("lost_create"),
+        "{err}"
+    );
+    assert!(err.contains("hint:"), "{err}");
+    for bad in ["crash=2", "timeout=lots", "lost_create"] {
+        let out = home.run(&["chaos", "--faults", bad]);
+        assert_eq!(out.status.code(), Some(125), "{bad}");
+        assert!(stderr(&out).contains("invalid --faults"), "{bad}");
+    }
+    let out = home.run(&["chaos", "--tasks", "0"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(stderr(&out).contains("--tasks"), "{}", stderr(&out));
+
+    // The list form reads back to the same faults, crash rate included.
+    let f = ChaosFaults::parse_list("all=0.2,crash=0.05,latency=1..9").expect("valid");
+    assert_eq!(f.crash, 0.05);
+    assert_eq!(f.sim.snapshot_gone, 0.2);
+    assert_eq!(
+        ChaosFaults::parse_list(&f.to_list()).expect("reads back"),
+        f
+    );
+    assert_eq!(
+        ChaosFaults::parse_list("none").expect("none"),
+        ChaosFaults::none()
+    );
+    assert_eq!(
+        ChaosFaults::parse_list("all=0.3").expect("all").crash,
+        0.3,
+        "all= sets the crash rate too"
+    );
+}
+
+/// The journal checks fail on a journal that breaks the retry policy: take a real journal and
+/// tamper with it.
+#[test]
+fn the_journal_checks_catch_a_broken_retry_policy() {
+    let (mut opts, work) = options(0, 1, 8);
+    opts.keep_all = true;
+    let mut report = chaos::run_seed(3, &opts).expect("seed");
+    let home = report.home.take().expect("kept");
+    let store = Store::open(&home.join("data").join("taskbox.db")).expect("store");
+    let mut entries = Vec::new();
+    for id in store.task_ids().expect("ids") {
+        entries.extend(store.journal(&id).expect("journal"));
+    }
+    let (counts, violations) = check::journal(&entries);
+    assert!(violations.is_empty(), "{violations:?}");
+    assert!(counts.retries > 0, "seed 3 retries something");
+
+    // A retry scheduled 1 ms sooner than the policy says.
+    let mut early = entries.clone();
+    let e = early
+        .iter_mut()
+        .find(|e| {
+            e.commands.iter().any(|c| {
+                matches!(
+                    c,
+                    Command::ScheduleTimer {
+                        timer: TimerKind::Retry,
+                        ..
+                    }
+                )
+            }) && !matches!(e.event, taskbox::core::Event::Recovered)
+        })
+        .expect("a retry in the journal");
+    for c in &mut e.commands {
+        if let Command::ScheduleTimer {
+            timer: TimerKind::Retry,
+            at,
+        } = c
+        {
+            *at -= 1;
+        }
+    }
+    let (_, v) = check::journal(&early);
+    assert!(
+        v.iter().any(|v| v.invariant == Invariant::RetryPolicy),
+        "{v:?}"
+    );
+
+    // More attempts than the policy allows, outside a snapshot.
+    let mut over = entries.clone();
+    let e = over
+        .iter_mut()
+        .find(|e| e.task_after.state == taskbox::core::TaskState::Running)
+        .expect("a running entry");
+    e.task_after.attempts = e.task_after.settings.retry.max_attempts + 1;
+    let (_, v) = check::journal(&over);
+    assert!(
+        v.iter().any(|v| v.invariant == Invariant::RetryPolicy),
+        "{v:?}"
+    );
+
+    // A gap in a task's journal.
+    let mut gap = entries.clone();
+    let victim = gap[3].task_id.clone();
+    let pos = gap
+        .iter()
+        .position(|e| e.task_id == victim && e.task_seq == 2)
+        .expect("second entry");
+    gap.remove(pos);
+    let (_, v) = check::journal(&gap);
+    assert!(
+        v.iter().any(|v| v.invariant == Invariant::JournalOrder),
+        "{v:?}"
+    );
+    drop(work);
+}
+
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime")
+}
+
+/// Regression (found by chaos): after a restart, a task whose recorded sandbox deadline had
+/// passed sent the next command to the dead sandbox, and the command failed with "the sandbox
+/// expired while ... was running". Now the command restores the files and runs.
+#[test]
+fn a_command_after_a_restart_past_the_deadline_restores_instead_of_failing() {
+    paused_runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(TokioClock::starting_at(1_700_000_000_000));
+        let sim = Arc::new(SimProvider::new(5, SimFaults::none(), clock.clone()));
+        let mut config = Config::default();
+        config.terminal.sandbox_timeout_seconds = 300;
+        config.terminal.lifetime_seconds = 3600;
+        config.terminal.max_sandbox_lifetime_seconds = 300;
+        let open = || {
+            Orchestrator::builder(dir.path().to_path_buf(), config.clone())
+                .provider(sim.clone())
+                .clock(clock.clone())
+                .jitter(Jitter::None)
+                .reconcile_on_start(false)
+                .open()
+        };
+        let task = TaskId::new("late").expect("id");
+        let orch = open().await.expect("open");
+        orch.run(&task, "write f kept", None).await.expect("run");
+        orch.suspend(&task).await.expect("suspend");
+        orch.run(&task, "write g lost", None)
+            .await
+            .expect("restore");
+        orch.shutdown().await;
+        // taskbox is not running when the sandbox reaches its deadline.
+        tokio::time::sleep(Duration::from_secs(400)).await;
+        assert!(sim.live_sandboxes().is_empty());
+        let orch = open().await.expect("reopen");
+        let out = orch
+            .run(&task, "cat f", None)
+            .await
+            .expect("the command restores and runs");
+        assert_eq!(out.stdout, "kept");
+        assert!(
+            out.notices
+                .iter()
+                .any(|n| matches!(n, Notice::SandboxExpired { .. })),
+            "{:?}",
+            out.notices
+        );
+        assert!(
+            out.notices.iter().any(|n| matches!(
+                n,
+                Notice::Recreated {
+                    from_snapshot: Some(_)
+                }
+            )),
+            "{:?}",
+            out.notices
+        );
+        orch.shutdown().await;
+    });
+}
+
+/// Regression (found by chaos): a snapshot call while another snapshot of the same sandbox is
+/// under way answers 422 `sandbox_snapshotting` (transient), as Vercel does, instead of failing
+/// for good while the first goes on to take the snapshot.
+#[test]
+fn the_simulator_answers_422_to_a_second_snapshot_under_way() {
+    paused_runtime().block_on(async {
+        let clock = Arc::new(TokioClock::starting_at(1_700_000_000_000));
+        let faults = SimFaults {
+            snapshot_slow: 1.0,
+            snapshot_slow_ms: 20_000,
+            ..SimFaults::none()
+        };
+        let sim = Arc::new(SimProvider::new(1, faults, clock.clone()));
+        let spec = SandboxSpec {
+            task_id: "t".into(),
+            generation: 1,
+            name: "taskbox-t-g1".into(),
+            source_snapshot: None,
+            timeout_ms: 300_000,
+            installation_id: "inst".into(),
+        };
+        let sb = sim.create_sandbox(&spec).await.expect("create");
+        let first = {
+            let sim = sim.clone();
+            let id = sb.id.clone();
+            tokio::spawn(async move { sim.snapshot("t", &id, 1).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        sim.set_faults(SimFaults {
+            snapshot_fail_permanent: 1.0,
+            ..SimFaults::none()
+        });
+        let err = sim
+            .snapshot("t", &sb.id, 1)
+            .await
+            .expect_err("a snapshot is under way");
+        assert!(matches!(err.kind, FailureKind::Transient { .. }), "{err:?}");
+        assert!(err.message.contains("sandbox_snapshotting"), "{err}");
+        let snap = first.await.expect("join").expect("the first completes");
+        let again = sim.snapshot("t", &sb.id, 1).await.expect("same key");
+        assert_eq!(again.id, snap.id);
+        let ids: BTreeSet<String> = sim.snapshots().into_iter().map(|s| s.id).collect();
+        assert_eq!(ids.len(), 1);
+    });
+}
