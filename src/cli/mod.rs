@@ -1,6 +1,7 @@
 //! Argument parsing, dispatch and printing.
 
 mod output;
+mod replay;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -48,6 +49,10 @@ enum Cmd {
     /// Read and change the configuration (Hermes-style `terminal.*` keys).
     #[command(subcommand)]
     Config(ConfigCmd),
+    /// Check a task's journal against today's code (exit 1 on a divergence); show its timeline.
+    Replay(replay::ReplayArgs),
+    /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
+    Export(replay::ExportArgs),
 }
 
 #[derive(Args, Debug)]
@@ -216,6 +221,8 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Config(cmd) => config_cmd(cmd, paths),
+        Cmd::Replay(args) => replay::replay(args, paths),
+        Cmd::Export(args) => replay::export(args, paths),
     }
 }
 
