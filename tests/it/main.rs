@@ -5,6 +5,7 @@ mod core_step;
 mod engine;
 mod fake_vercel;
 mod local_provider;
+mod replay;
 mod store;
 mod support;
 mod vercel_client;
