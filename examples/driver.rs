@@ -36,7 +36,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         jobs.push(tokio::spawn(async move {
             let task = TaskId::new(&format!("agent-{i}"))?;
             let out = orch
-                .run(&task, &format!("echo 'work of agent {i}' > notes.txt; cat notes.txt"), None)
+                .run(
+                    &task,
+                    &format!("echo 'work of agent {i}' > notes.txt; cat notes.txt"),
+                    None,
+                )
                 .await?;
             print!("{task}: {}", out.stdout);
             orch.suspend(&task).await?;

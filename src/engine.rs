@@ -58,13 +58,15 @@ pub enum EngineError {
         /// What the caller should know (sandbox expired, files lost...).
         notices: Vec<Notice>,
     },
-    /// The provider could not be set up.
-    #[error("cannot set up the {backend} backend: {message}")]
+    /// The provider could not be set up, or a reconciliation call failed.
+    #[error("{backend} backend: {message}")]
     Provider {
         /// The backend.
         backend: &'static str,
         /// What went wrong.
         message: String,
+        /// How to fix it, if known.
+        hint: Option<String>,
     },
     /// Another process drives the task and did not let go in time.
     #[error("task {task} is busy: another taskbox process has driven it for over {waited_secs} s (lock {path})")]
@@ -154,6 +156,32 @@ pub struct TaskView {
     pub journal: Vec<JournalEntry>,
 }
 
+/// One resource `gc` acted on (or would have).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GcItem {
+    /// Provider id.
+    pub id: String,
+    /// The task its tags or name name, if any.
+    pub task_id: Option<String>,
+    /// Why it was chosen or skipped.
+    pub reason: String,
+}
+
+/// What `gc` found and did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GcReport {
+    /// Nothing was changed.
+    pub dry_run: bool,
+    /// Live sandboxes of this installation that no task holds: stopped.
+    pub sandboxes_stopped: Vec<GcItem>,
+    /// Snapshots of this installation that no task retains: deleted.
+    pub snapshots_deleted: Vec<GcItem>,
+    /// Resources left alone because their task has an operation in flight.
+    pub skipped: Vec<GcItem>,
+    /// Stop or delete calls that failed (the next gc tries again).
+    pub errors: Vec<String>,
+}
+
 /// How to open an [`Orchestrator`].
 pub struct OrchestratorBuilder {
     data_dir: PathBuf,
@@ -162,9 +190,18 @@ pub struct OrchestratorBuilder {
     clock: Arc<dyn Clock>,
     jitter: Jitter,
     lock_wait: Duration,
+    reconcile_on_start: bool,
 }
 
 impl OrchestratorBuilder {
+    /// Whether to run [`Orchestrator::gc`] in the background right after opening (default:
+    /// yes), stopping orphaned sandboxes and deleting unreferenced snapshots of this
+    /// installation that a crash may have left behind.
+    pub fn reconcile_on_start(mut self, yes: bool) -> Self {
+        self.reconcile_on_start = yes;
+        self
+    }
+
     /// Uses this provider instead of the one the config names.
     pub fn provider(mut self, provider: Arc<dyn SandboxProvider>) -> Self {
         self.provider = Some(provider);
@@ -204,6 +241,7 @@ impl OrchestratorBuilder {
             .map_err(|e| EngineError::Provider {
                 backend: self.config.terminal.backend.as_str(),
                 message: e.to_string(),
+                hint: e.hint(),
             })?,
         };
         let (tx, rx) = mpsc::unbounded_channel();
@@ -227,7 +265,7 @@ impl OrchestratorBuilder {
             shutdown: None,
         };
         let handle = tokio::spawn(lp.run(rx));
-        Ok(Orchestrator {
+        let orch = Orchestrator {
             inner: Arc::new(Inner {
                 tx,
                 changes,
@@ -239,7 +277,24 @@ impl OrchestratorBuilder {
                 provider,
                 handle: Mutex::new(Some(handle)),
             }),
-        })
+        };
+        if self.reconcile_on_start {
+            let o = orch.clone();
+            tokio::spawn(async move {
+                match o.gc(false).await {
+                    Ok(r) if !r.sandboxes_stopped.is_empty() || !r.snapshots_deleted.is_empty() => {
+                        tracing::info!(
+                            sandboxes = r.sandboxes_stopped.len(),
+                            snapshots = r.snapshots_deleted.len(),
+                            "reconciled orphaned resources at start"
+                        )
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(error = %e, "reconcile at start did not complete"),
+                }
+            });
+        }
+        Ok(orch)
     }
 }
 
@@ -286,6 +341,7 @@ impl Orchestrator {
             clock: Arc::new(SystemClock),
             jitter: Jitter::Random,
             lock_wait: Duration::from_secs(900),
+            reconcile_on_start: true,
         }
     }
 
@@ -411,6 +467,96 @@ impl Orchestrator {
         .await
     }
 
+    /// Finds this installation's sandboxes and snapshots on the provider (by tag) that no task
+    /// references, and stops or deletes them. Never touches another installation's resources,
+    /// nor those of a task with an operation in flight (its recovery owns them: the write-ahead
+    /// journal records a create or snapshot before it is made). `dry_run` only reports.
+    pub async fn gc(&self, dry_run: bool) -> Result<GcReport, EngineError> {
+        let p = self.inner.provider.clone();
+        let installation = self.inner.installation_id.clone();
+        let backend = p.name();
+        let listing = |e: crate::provider::ProviderError| EngineError::Provider {
+            backend,
+            message: format!("cannot list resources for gc: {e}"),
+            hint: None,
+        };
+        let sandboxes = p.list_sandboxes(&installation).await.map_err(listing)?;
+        let snapshots = p.list_snapshots(&installation).await.map_err(listing)?;
+        // Read the tasks only after listing: the journal records a create or a snapshot before
+        // it is made, so every resource listed above is already known to its task as in flight
+        // or held. (Reading first would race with another process creating one.)
+        let tasks = self.tasks().await?;
+        let busy: std::collections::HashSet<&str> = tasks
+            .iter()
+            .filter(|t| t.state.is_transient())
+            .map(|t| t.id.as_str())
+            .collect();
+        let held: std::collections::HashSet<&str> = tasks
+            .iter()
+            .filter_map(|t| t.sandbox.as_ref().map(|s| s.id.as_str()))
+            .collect();
+        let retained: std::collections::HashSet<&str> = tasks
+            .iter()
+            .flat_map(|t| t.retained_snapshot_ids())
+            .collect();
+        let mut report = GcReport {
+            dry_run,
+            ..GcReport::default()
+        };
+        let is_busy = |task: &Option<String>| task.as_deref().is_some_and(|t| busy.contains(t));
+        for sb in sandboxes.into_iter().filter(|s| s.live) {
+            if held.contains(sb.id.as_str()) {
+                continue;
+            }
+            if is_busy(&sb.task_id) {
+                report.skipped.push(GcItem {
+                    reason: "its task has an operation in flight".into(),
+                    id: sb.id,
+                    task_id: sb.task_id,
+                });
+                continue;
+            }
+            if !dry_run {
+                if let Err(e) = p.stop_sandbox(&sb.id).await {
+                    report.errors.push(format!("stop sandbox {}: {e}", sb.id));
+                    continue;
+                }
+            }
+            report.sandboxes_stopped.push(GcItem {
+                reason: "no task holds this sandbox".into(),
+                id: sb.id,
+                task_id: sb.task_id,
+            });
+        }
+        for snap in snapshots.into_iter().filter(|s| s.live) {
+            if retained.contains(snap.id.as_str()) {
+                continue;
+            }
+            if is_busy(&snap.task_id) {
+                report.skipped.push(GcItem {
+                    reason: "its task has an operation in flight".into(),
+                    id: snap.id,
+                    task_id: snap.task_id,
+                });
+                continue;
+            }
+            if !dry_run {
+                if let Err(e) = p.delete_snapshot(&snap.id).await {
+                    report
+                        .errors
+                        .push(format!("delete snapshot {}: {e}", snap.id));
+                    continue;
+                }
+            }
+            report.snapshots_deleted.push(GcItem {
+                reason: "no task retains this snapshot".into(),
+                id: snap.id,
+                task_id: snap.task_id,
+            });
+        }
+        Ok(report)
+    }
+
     /// State changes of every task this orchestrator drives, as they are committed.
     pub fn watch(&self) -> broadcast::Receiver<StateChange> {
         self.inner.changes.subscribe()
@@ -423,6 +569,18 @@ impl Orchestrator {
         if self.inner.tx.send(Msg::Shutdown { done: tx }).is_ok() {
             let _ = tokio::time::timeout(grace, rx).await;
         }
+        let handle = self.inner.handle.lock().expect("handle lock").take();
+        if let Some(h) = handle {
+            h.abort();
+            let _ = h.await;
+        }
+        self.inner.locks.lock().expect("locks mutex").clear();
+    }
+
+    /// Stops the event loop at once, as a crash would: nothing in flight is awaited or
+    /// journaled, and task locks are released. For resilience tests; the next orchestrator on
+    /// the same data dir recovers from the journal.
+    pub async fn abort(&self) {
         let handle = self.inner.handle.lock().expect("handle lock").take();
         if let Some(h) = handle {
             h.abort();
@@ -804,7 +962,7 @@ impl EventLoop {
                 let spec = SandboxSpec {
                     task_id: id.to_string(),
                     generation,
-                    name: sandbox_name(id, generation),
+                    name: sandbox_name(&self.installation_id, id, generation),
                     source_snapshot,
                     timeout_ms,
                     installation_id: self.installation_id.clone(),

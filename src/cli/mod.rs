@@ -1,5 +1,7 @@
 //! Argument parsing, dispatch and printing.
 
+mod doctor;
+mod fake;
 mod output;
 mod replay;
 
@@ -49,10 +51,26 @@ enum Cmd {
     /// Read and change the configuration (Hermes-style `terminal.*` keys).
     #[command(subcommand)]
     Config(ConfigCmd),
+    /// Check the configuration, credentials, data dir and store: one line per check.
+    Doctor(JsonArg),
+    /// Stop this installation's orphaned sandboxes and delete snapshots no task retains.
+    Gc(GcArgs),
+    /// Serve a local fake of the Vercel Sandbox API (for offline tests of agents and taskbox).
+    FakeVercel(fake::FakeArgs),
     /// Check a task's journal against today's code (exit 1 on a divergence); show its timeline.
     Replay(replay::ReplayArgs),
     /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
     Export(replay::ExportArgs),
+}
+
+#[derive(Args, Debug)]
+struct GcArgs {
+    /// Only report what would be stopped or deleted.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -192,7 +210,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Tasks(args) => {
-            let orch = open(paths).await?;
+            let orch = open_with(paths, false).await?;
             let tasks = orch.tasks().await;
             orch.shutdown().await;
             let tasks = tasks.map_err(Failure::from_engine)?;
@@ -205,7 +223,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Show(args) => {
             let task = task_id(&args.task)?;
-            let orch = open(paths).await?;
+            let orch = open_with(paths, false).await?;
             let view = orch.show(&task, args.journal).await;
             orch.shutdown().await;
             let Some(view) = view.map_err(Failure::from_engine)? else {
@@ -221,6 +239,24 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Config(cmd) => config_cmd(cmd, paths),
+        Cmd::Doctor(args) => doctor::run(paths, args.json).await,
+        Cmd::FakeVercel(args) => fake::run(args, paths.data_dir.join("fake-vercel")).await,
+        Cmd::Gc(args) => {
+            let orch = open_with(paths, false).await?;
+            let report = orch.gc(args.dry_run).await;
+            orch.shutdown().await;
+            let report = report.map_err(Failure::from_engine)?;
+            if args.json {
+                print_json(&report)?;
+            } else {
+                output::print_gc(&report)?;
+            }
+            Ok(if report.errors.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_TASKBOX_ERROR)
+            })
+        }
         Cmd::Replay(args) => replay::replay(args, paths),
         Cmd::Export(args) => replay::export(args, paths),
     }
@@ -307,12 +343,48 @@ fn task_id(s: &str) -> Result<TaskId, Failure> {
     })
 }
 
+/// Opens the orchestrator for a command that drives tasks (reconciling orphans at start).
 async fn open(paths: &Paths) -> Result<Orchestrator, Failure> {
+    open_with(paths, true).await
+}
+
+async fn open_with(paths: &Paths, reconcile: bool) -> Result<Orchestrator, Failure> {
     let config = Config::load(&paths.config_file).map_err(Failure::from_config)?;
     Orchestrator::builder(paths.data_dir.clone(), config)
+        .reconcile_on_start(reconcile)
         .open()
         .await
         .map_err(Failure::from_engine)
+}
+
+/// The Vercel backend's checks for `taskbox doctor`: config, credentials (never their values)
+/// and, when those pass, an authenticated call to the API.
+async fn vercel_checks(cfg: &Config) -> Vec<doctor::Check> {
+    use taskbox::clock::{Clock, SystemClock};
+    use taskbox::provider::vercel::{doctor as vd, VercelProvider};
+    let env = |k: &str| std::env::var(k).ok();
+    let cwd = std::env::current_dir().unwrap_or_else(|_| ".".into());
+    let mut checks: Vec<doctor::Check> =
+        vd::static_checks(&cfg.terminal, &env, &cwd, SystemClock.now_ms())
+            .into_iter()
+            .map(doctor::Check::from)
+            .collect();
+    if checks.iter().all(|c| c.ok) {
+        match VercelProvider::from_config(
+            &cfg.terminal,
+            &env,
+            &cwd,
+            std::sync::Arc::new(SystemClock),
+        ) {
+            Ok(p) => checks.push(vd::reachability(p.client()).await.into()),
+            Err(e) => checks.push(doctor::Check::fail(
+                "vercel api",
+                e.to_string(),
+                e.hint().unwrap_or_else(|| "fix the checks above".into()),
+            )),
+        }
+    }
+    checks
 }
 
 /// Joins a program and its arguments into one `bash -c` string; a single argument is taken as

@@ -8,7 +8,7 @@ use serde::Serialize;
 use taskbox::clock::format_ms;
 use taskbox::config::ConfigError;
 use taskbox::core::{Notice, SnapshotStatus, Task};
-use taskbox::engine::{EngineError, TaskView};
+use taskbox::engine::{EngineError, GcReport, TaskView};
 
 use super::EXIT_TASKBOX_ERROR;
 
@@ -80,6 +80,7 @@ impl Failure {
 
     pub fn from_engine(err: EngineError) -> Failure {
         let hint = match &err {
+            EngineError::Provider { hint: Some(h), .. } => Some(h.clone()),
             EngineError::Busy { .. } => Some(
                 "another taskbox process is driving this task; wait for it to finish".to_string(),
             ),
@@ -256,6 +257,52 @@ pub fn print_view(v: &TaskView) -> Result<(), Failure> {
             e.state_after.as_str(),
             cmds.join(", ")
         ));
+    }
+    write_ignoring_broken_pipe(&mut std::io::stdout().lock(), s.as_bytes())
+}
+
+pub fn print_gc(r: &GcReport) -> Result<(), Failure> {
+    let verb = |done: &str, would: &str| {
+        if r.dry_run {
+            would.to_string()
+        } else {
+            done.to_string()
+        }
+    };
+    let mut s = String::new();
+    for i in &r.sandboxes_stopped {
+        s.push_str(&format!(
+            "{} sandbox {} (task {}): {}\n",
+            verb("stopped", "would stop"),
+            i.id,
+            i.task_id.as_deref().unwrap_or("?"),
+            i.reason
+        ));
+    }
+    for i in &r.snapshots_deleted {
+        s.push_str(&format!(
+            "{} snapshot {} (task {}): {}\n",
+            verb("deleted", "would delete"),
+            i.id,
+            i.task_id.as_deref().unwrap_or("?"),
+            i.reason
+        ));
+    }
+    for i in &r.skipped {
+        s.push_str(&format!(
+            "skipped {} (task {}): {}\n",
+            i.id,
+            i.task_id.as_deref().unwrap_or("?"),
+            i.reason
+        ));
+    }
+    for e in &r.errors {
+        s.push_str(&format!("error: {e}\n"));
+    }
+    if s.is_empty() {
+        s.push_str(
+            "nothing to collect: every sandbox and snapshot of this installation is referenced\n",
+        );
     }
     write_ignoring_broken_pipe(&mut std::io::stdout().lock(), s.as_bytes())
 }

@@ -640,8 +640,44 @@ impl Cx {
                 self.t.retry_at = Some(at);
                 self.timer(TimerKind::Retry, at);
             }
+            RetryDecision::GiveUp if self.t.state == TaskState::Snapshotting => {
+                self.keep_trying_snapshot(retry_after_ms, failure)
+            }
             RetryDecision::GiveUp => self.give_up(failure),
         }
+    }
+
+    /// A snapshot whose attempts failed transiently has an *unknown* outcome: the provider may
+    /// have taken it (and stopped the sandbox) while its answer was lost. Treating it as failed
+    /// could leave the task restoring an older snapshot while a newer one exists, so the caller
+    /// is answered now, but the task stays `snapshotting` and keeps re-issuing the (idempotent)
+    /// snapshot at the policy's longest delay until the provider gives a definite answer.
+    fn keep_trying_snapshot(&mut self, retry_after_ms: Option<u64>, failure: &Failure) {
+        let attempts = self.t.attempts;
+        if let Some(SnapshotReason::Suspend { request_id }) = self.t.snapshot_reason {
+            self.t.snapshot_reason = Some(SnapshotReason::IdleReap);
+            self.reply(
+                request_id,
+                Reply::Failed {
+                    error: format!(
+                        "the snapshot has not completed after {attempts} attempts: {failure}; \
+                         taskbox keeps retrying it, and the previous snapshot stays the latest \
+                         until it completes"
+                    ),
+                    attempts,
+                    notices: Vec::new(),
+                },
+            );
+        }
+        let delay = self
+            .t
+            .settings
+            .retry
+            .max_delay_ms
+            .max(retry_after_ms.unwrap_or(0));
+        let at = self.now + delay;
+        self.t.retry_at = Some(at);
+        self.timer(TimerKind::Retry, at);
     }
 
     /// The operation in flight failed for good: settle the state and answer who was waiting.

@@ -87,7 +87,7 @@ pub struct SandboxSpec {
     pub task_id: String,
     /// Which creation of the task's sandbox this is.
     pub generation: u64,
-    /// The stable name: [`sandbox_name`] of the task id and generation.
+    /// The stable name: [`sandbox_name`] of the installation, task id and generation.
     pub name: String,
     /// Restore from this snapshot, or start fresh.
     pub source_snapshot: Option<String>,
@@ -97,9 +97,49 @@ pub struct SandboxSpec {
     pub installation_id: String,
 }
 
-/// The sandbox name for a task's `generation`: deterministic, so a create is safe to repeat.
-pub fn sandbox_name(task_id: &str, generation: u64) -> String {
-    format!("taskbox-{task_id}-g{generation}")
+/// The sandbox name for a task's `generation`: deterministic, so a create is safe to repeat,
+/// and scoped by the installation (the first 8 characters of its id), so two installations
+/// sharing a platform account never claim each other's sandboxes for equal task ids:
+/// `taskbox-<task>-g<generation>-<installation prefix>`.
+pub fn sandbox_name(installation_id: &str, task_id: &str, generation: u64) -> String {
+    format!(
+        "taskbox-{task_id}-g{generation}-{}",
+        installation_prefix(installation_id)
+    )
+}
+
+/// The part of an installation id that goes into sandbox names.
+pub fn installation_prefix(installation_id: &str) -> String {
+    installation_id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(8)
+        .collect::<String>()
+        .to_ascii_lowercase()
+}
+
+/// Splits a name made by [`sandbox_name`] into (installation prefix, task id, generation).
+/// `None` for any other shape.
+pub fn parse_sandbox_name(name: &str) -> Option<(String, String, u64)> {
+    let rest = name.strip_prefix("taskbox-")?;
+    let (rest, inst) = rest.rsplit_once('-')?;
+    let (task, generation) = rest.rsplit_once("-g")?;
+    if inst.is_empty()
+        || !inst
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+    {
+        return None;
+    }
+    if generation.is_empty()
+        || !generation.bytes().all(|b| b.is_ascii_digit())
+        || (generation.len() > 1 && generation.starts_with('0'))
+    {
+        return None;
+    }
+    let generation: u64 = generation.parse().ok()?;
+    crate::TaskId::new(task).ok()?;
+    Some((inst.to_string(), task.to_string(), generation))
 }
 
 /// A created (or found) sandbox.
@@ -240,8 +280,18 @@ pub enum SetupError {
     #[error(transparent)]
     Local(#[from] local::LocalError),
     /// The Vercel backend's configuration or credentials are not usable.
-    #[error("{0}")]
-    Vercel(String),
+    #[error(transparent)]
+    Vercel(#[from] vercel::VercelSetupError),
+}
+
+impl SetupError {
+    /// How to fix it, if known.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            SetupError::Local(_) => None,
+            SetupError::Vercel(e) => e.hint(),
+        }
+    }
 }
 
 /// Builds the provider `config` names (`terminal.backend`), rooted in `data_dir`.
@@ -257,8 +307,15 @@ pub fn from_config(
             installation_id.to_string(),
             clock,
         )?)),
-        crate::config::Backend::VercelSandbox => Err(SetupError::Vercel(
-            "the vercel_sandbox backend is not wired yet".into(),
-        )),
+        crate::config::Backend::VercelSandbox => {
+            let cwd = std::env::current_dir().unwrap_or_else(|_| std::path::PathBuf::from("."));
+            let env = |k: &str| std::env::var(k).ok();
+            Ok(std::sync::Arc::new(vercel::VercelProvider::from_config(
+                &config.terminal,
+                &env,
+                &cwd,
+                clock,
+            )?))
+        }
     }
 }

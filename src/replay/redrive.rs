@@ -101,9 +101,13 @@ pub enum ProviderCall {
 }
 
 impl ProviderCall {
-    /// The call the engine makes to perform `command` for `task_id` (`None` for commands that
-    /// are not provider calls: timers and replies).
-    pub fn from_command(task_id: &str, command: &Command) -> Option<ProviderCall> {
+    /// The call an engine of installation `installation_id` makes to perform `command` for
+    /// `task_id` (`None` for commands that are not provider calls: timers and replies).
+    pub fn from_command(
+        installation_id: &str,
+        task_id: &str,
+        command: &Command,
+    ) -> Option<ProviderCall> {
         Some(match command {
             Command::CreateSandbox {
                 generation,
@@ -112,7 +116,7 @@ impl ProviderCall {
             } => ProviderCall::CreateSandbox {
                 task_id: task_id.to_string(),
                 generation: *generation,
-                name: sandbox_name(task_id, *generation),
+                name: sandbox_name(installation_id, task_id, *generation),
                 source_snapshot: source_snapshot.clone(),
                 timeout_ms: *timeout_ms,
             },
@@ -324,9 +328,23 @@ fn redrive_task(task_id: &str, entries: Vec<JournalEntry>) -> Result<RedriveRepo
         task: task_id.to_string(),
         why: e.to_string(),
     })?;
-    let (sessions, expected) = plan(task_id, &entries)?;
     let scratch = Scratch::new()?;
     let root = scratch.path.clone();
+    let scratch_err = |source| RedriveError::Scratch {
+        path: root.clone(),
+        source,
+    };
+    // The engine names sandboxes after its installation, and the scratch store's installation
+    // cannot be the recording's: expect the names the engine makes in this one.
+    let first_dir = session_dir(&root, 0).map_err(scratch_err)?;
+    let installation_id = Store::open(&first_dir.join(STORE_FILE))
+        .map_err(|source| RedriveError::Store {
+            task: task_id.to_string(),
+            source: Box::new(source),
+        })?
+        .installation_id()
+        .to_string();
+    let (sessions, expected) = plan(&installation_id, task_id, &entries)?;
     let task_name = task_id.to_string();
     let joined = std::thread::scope(|s| {
         s.spawn(|| {
@@ -357,6 +375,7 @@ fn is_load_marker(e: &JournalEntry) -> bool {
 
 /// Splits the journal into sessions and pairs each recorded call with its outcome.
 fn plan(
+    installation_id: &str,
     task_id: &str,
     entries: &[JournalEntry],
 ) -> Result<(Vec<Session>, Vec<Expected>), RedriveError> {
@@ -431,9 +450,10 @@ fn plan(
                 }
             }
             for c in &e.commands {
-                if let (Some(call), Some(key)) =
-                    (ProviderCall::from_command(task_id, c), command_key(c))
-                {
+                if let (Some(call), Some(key)) = (
+                    ProviderCall::from_command(installation_id, task_id, c),
+                    command_key(c),
+                ) {
                     expected.push(Expected {
                         call,
                         key,
@@ -834,10 +854,14 @@ async fn drive(
             break;
         }
         clock.sleep_until(entries[s.first].at).await;
-        let data_dir = session_dir(&root, si).map_err(|source| RedriveError::Scratch {
-            path: root.clone(),
-            source,
-        })?;
+        let data_dir = if si == 0 {
+            root.join("session-0")
+        } else {
+            session_dir(&root, si).map_err(|source| RedriveError::Scratch {
+                path: root.clone(),
+                source,
+            })?
+        };
         let orch = Orchestrator::builder(data_dir, config_for(&task_id, &s.settings)?)
             .provider(provider.clone())
             .clock(Arc::new(clock))
@@ -925,17 +949,13 @@ fn call_json(c: &ProviderCall) -> serde_json::Value {
 }
 
 /// Where in the re-driven journal the `n`-th provider call was emitted.
-fn redriven_call_entry<'a>(
-    redriven: &'a [JournalEntry],
-    task_id: &str,
-    n: usize,
-) -> Option<&'a JournalEntry> {
+fn redriven_call_entry(redriven: &[JournalEntry], n: usize) -> Option<&JournalEntry> {
     redriven
         .iter()
         .flat_map(|e| {
             e.commands
                 .iter()
-                .filter(|c| ProviderCall::from_command(task_id, c).is_some())
+                .filter(|c| command_key(c).is_some())
                 .map(move |_| e)
         })
         .nth(n)
@@ -946,7 +966,6 @@ fn call_divergence(
     redriven: &[JournalEntry],
     st: &ReplayState,
 ) -> Option<Divergence> {
-    let task_id = entries[0].task_id.as_str();
     let n = match st.mismatch {
         Some(n) => n,
         None if st.next < st.expected.len() => st.next,
@@ -997,7 +1016,7 @@ fn call_divergence(
             )
         }
         (None, Some(got)) => {
-            let at = redriven_call_entry(redriven, task_id, n)
+            let at = redriven_call_entry(redriven, n)
                 .or(entries.last())
                 .expect("a journal with a call has entries");
             Some(

@@ -13,14 +13,28 @@ fn show(home: &Home, task: &str) -> Value {
 #[test]
 fn the_issue_session_works_on_a_fresh_home() {
     let home = Home::new();
-    let out = ok(&home.run(&["run", "--task", "demo", "--", "bash", "-c", "echo hello > notes.txt; pwd"]));
-    assert!(out.trim_end().ends_with("workspace"), "pwd prints the workspace: {out}");
+    let out = ok(&home.run(&[
+        "run",
+        "--task",
+        "demo",
+        "--",
+        "bash",
+        "-c",
+        "echo hello > notes.txt; pwd",
+    ]));
+    assert!(
+        out.trim_end().ends_with("workspace"),
+        "pwd prints the workspace: {out}"
+    );
     let first = show(&home, "demo");
     assert_eq!(first["task"]["state"], "running");
     let sandbox = first["task"]["sandbox"]["id"].clone();
 
     // Same sandbox, reused.
-    assert_eq!(ok(&home.run(&["run", "--task", "demo", "--", "cat", "notes.txt"])), "hello\n");
+    assert_eq!(
+        ok(&home.run(&["run", "--task", "demo", "--", "cat", "notes.txt"])),
+        "hello\n"
+    );
     assert_eq!(show(&home, "demo")["task"]["sandbox"]["id"], sandbox);
 
     // Suspend keeps the files in a snapshot and stops the sandbox.
@@ -34,7 +48,11 @@ fn the_issue_session_works_on_a_fresh_home() {
     // The next command restores the latest snapshot, and says so.
     let o = home.run(&["run", "--task", "demo", "--", "cat", "notes.txt"]);
     assert_eq!(ok(&o), "hello\n");
-    assert!(stderr(&o).contains("recreated from snapshot"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("recreated from snapshot"),
+        "{}",
+        stderr(&o)
+    );
 
     let view = show(&home, "demo");
     assert_eq!(view["task"]["state"], "running");
@@ -42,7 +60,10 @@ fn the_issue_session_works_on_a_fresh_home() {
     assert!(view["journal"].as_array().is_some_and(|j| !j.is_empty()));
 
     let tasks = ok(&home.run(&["tasks"]));
-    assert!(tasks.contains("demo") && tasks.contains("running"), "{tasks}");
+    assert!(
+        tasks.contains("demo") && tasks.contains("running"),
+        "{tasks}"
+    );
     let json: Value = serde_json::from_str(&ok(&home.run(&["tasks", "--json"]))).expect("JSON");
     assert_eq!(json[0]["task"], "demo");
 }
@@ -67,7 +88,10 @@ fn exit_codes_pass_through_and_timeouts_exit_124() {
     assert_eq!(o.status.code(), Some(124), "{}", stderr(&o));
     assert!(stderr(&o).contains("timed out"), "{}", stderr(&o));
     // The sandbox survives a timed-out command.
-    assert_eq!(ok(&home.run(&["run", "-t", "codes", "--", "echo still here"])), "still here\n");
+    assert_eq!(
+        ok(&home.run(&["run", "-t", "codes", "--", "echo still here"])),
+        "still here\n"
+    );
 }
 
 #[test]
@@ -87,11 +111,18 @@ fn bad_input_is_a_clear_error_with_exit_125() {
         let o = home.run(&["run", "--task", bad, "--", "true"]);
         assert_eq!(o.status.code(), Some(125), "task id {bad:?}");
         let e = stderr(&o);
-        assert!(e.contains("error: invalid task id") && e.contains("hint:"), "{e}");
+        assert!(
+            e.contains("error: invalid task id") && e.contains("hint:"),
+            "{e}"
+        );
     }
     let o = home.run(&["config", "set", "terminal.nope", "1"]);
     assert_eq!(o.status.code(), Some(125));
-    assert!(stderr(&o).contains("unknown config key `terminal.nope`"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("unknown config key `terminal.nope`"),
+        "{}",
+        stderr(&o)
+    );
     let o = home.run(&["config", "set", "terminal.container_persistent", "maybe"]);
     assert_eq!(o.status.code(), Some(125));
     assert!(stderr(&o).contains("true or false"), "{}", stderr(&o));
@@ -99,7 +130,11 @@ fn bad_input_is_a_clear_error_with_exit_125() {
     assert_eq!(o.status.code(), Some(125));
     assert!(stderr(&o).contains("no task named"), "{}", stderr(&o));
     // A config file that is not valid is named, and `config set` does not lose it.
-    std::fs::write(home.path().join("config.toml"), "[terminal]\ntimeout = \"x\"\n").expect("write");
+    std::fs::write(
+        home.path().join("config.toml"),
+        "[terminal]\ntimeout = \"x\"\n",
+    )
+    .expect("write");
     let o = home.run(&["run", "-t", "x", "--", "true"]);
     assert_eq!(o.status.code(), Some(125));
     assert!(stderr(&o).contains("config.toml"), "{}", stderr(&o));
@@ -108,14 +143,24 @@ fn bad_input_is_a_clear_error_with_exit_125() {
 #[test]
 fn config_get_set_show_round_trip() {
     let home = Home::new();
-    assert_eq!(ok(&home.run(&["config", "get", "terminal.backend"])), "local\n");
+    assert_eq!(
+        ok(&home.run(&["config", "get", "terminal.backend"])),
+        "local\n"
+    );
     ok(&home.run(&["config", "set", "terminal.backend", "vercel_sandbox"]));
     ok(&home.run(&["config", "set", "terminal.container_cpu", "2"]));
     ok(&home.run(&["config", "set", "terminal.container_memory", "4096"]));
-    assert_eq!(ok(&home.run(&["config", "get", "terminal.backend"])), "vercel_sandbox\n");
+    assert_eq!(
+        ok(&home.run(&["config", "get", "terminal.backend"])),
+        "vercel_sandbox\n"
+    );
     let shown = ok(&home.run(&["config", "show"]));
-    assert!(shown.contains("terminal.container_memory = 4096"), "{shown}");
-    let json: Value = serde_json::from_str(&ok(&home.run(&["config", "show", "--json"]))).expect("JSON");
+    assert!(
+        shown.contains("terminal.container_memory = 4096"),
+        "{shown}"
+    );
+    let json: Value =
+        serde_json::from_str(&ok(&home.run(&["config", "show", "--json"]))).expect("JSON");
     assert_eq!(json["terminal.container_cpu"], "2");
 }
 
@@ -137,7 +182,9 @@ fn resume_restores_without_running_anything() {
     ok(&home.run(&["suspend", "r"]));
     let o = home.run(&["resume", "r", "--json"]);
     let v: Value = serde_json::from_str(&ok(&o)).expect("JSON");
-    assert!(v["sandbox_id"].as_str().is_some_and(|s| s.starts_with("taskbox-r-g")));
+    assert!(v["sandbox_id"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("taskbox-r-g")));
     assert_eq!(show(&home, "r")["task"]["state"], "running");
     assert_eq!(ok(&home.run(&["run", "-t", "r", "--", "cat f"])), "kept\n");
 }
@@ -149,7 +196,13 @@ fn sigkill_mid_snapshot_loses_nothing() {
     ok(&home.run(&["run", "-t", "k", "--", "echo v1 > notes.txt"]));
     ok(&home.run(&["suspend", "k"]));
     // v2, plus enough incompressible data that the snapshot takes a while.
-    ok(&home.run(&["run", "-t", "k", "--", "echo v2 > notes.txt; head -c 64000000 /dev/urandom > big.bin"]));
+    ok(&home.run(&[
+        "run",
+        "-t",
+        "k",
+        "--",
+        "echo v2 > notes.txt; head -c 64000000 /dev/urandom > big.bin",
+    ]));
     let mut child = home.cmd().args(["suspend", "k"]).spawn().expect("spawn");
     let caught = wait_for(Duration::from_secs(20), || {
         let o = home.run(&["show", "k", "--json"]);
@@ -162,7 +215,13 @@ fn sigkill_mid_snapshot_loses_nothing() {
     assert!(caught.is_some(), "never saw the task snapshotting");
     // Recovery re-issues the interrupted snapshot (idempotent by sequence number): the
     // workspace is discarded only after its archive is complete, so v2 is never lost.
-    let o = home.run(&["run", "-t", "k", "--", "cat notes.txt; test -s big.bin && echo big"]);
+    let o = home.run(&[
+        "run",
+        "-t",
+        "k",
+        "--",
+        "cat notes.txt; test -s big.bin && echo big",
+    ]);
     assert_eq!(ok(&o), "v2\nbig\n", "files after the crash: {}", stderr(&o));
     let v = show(&home, "k");
     let statuses: Vec<String> = v["task"]["snapshots"]

@@ -58,7 +58,7 @@ fn action() -> impl Strategy<Value = Action> {
         2 => Just(Action::Timer(TimerKind::Retry)),
         2 => (1u64..400_000).prop_map(Action::Advance),
         1 => Just(Action::Crash),
-        1 => any::<bool>().prop_map(|p| Action::SetPersistent(p)),
+        1 => any::<bool>().prop_map(Action::SetPersistent),
     ]
 }
 
@@ -503,7 +503,7 @@ impl Harness {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2048, max_shrink_iters: 4000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 2048, max_shrink_iters: 4000, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/core_step.txt"))), ..ProptestConfig::default() })]
 
     /// Invariants hold after every step, whatever the interleaving of requests, outcomes,
     /// timers and crashes; every restore picks the latest confirmed snapshot.

@@ -1,1 +1,472 @@
-//! (being written)
+//! The engine end to end on the deterministic simulated provider: the real event loop, the real
+//! SQLite store (a file in a temp dir), virtual time.
+//!
+//! The central property of the design: over random interleavings of commands, suspends, idle
+//! reaps, sandbox expiries, failed and interrupted snapshots, transient provider errors and
+//! crashes (the event loop is killed and a new one reopens the SQLite file), **a resumed task
+//! always restores its latest completed snapshot — and never restores anything when it has
+//! none.** Ground truth comes from the simulated platform, not from the engine's own records.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use taskbox::clock::TokioClock;
+use taskbox::config::Config;
+use taskbox::core::TaskState;
+use taskbox::engine::Orchestrator;
+use taskbox::provider::sim::{SimFaults, SimProvider};
+use taskbox::retry::Jitter;
+use taskbox::TaskId;
+
+const START_MS: u64 = 1_700_000_000_000;
+
+fn config() -> Config {
+    let mut c = Config::default();
+    c.terminal.lifetime_seconds = 120;
+    c.terminal.sandbox_timeout_seconds = 300;
+    c.terminal.max_sandbox_lifetime_seconds = 600;
+    c.terminal.checkpoint_margin_seconds = 30;
+    c.terminal.timeout = 60;
+    c
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime")
+}
+
+async fn open(
+    dir: &std::path::Path,
+    sim: &Arc<SimProvider>,
+    clock: &Arc<TokioClock>,
+) -> Orchestrator {
+    Orchestrator::builder(dir.to_path_buf(), config())
+        .provider(sim.clone())
+        .clock(clock.clone())
+        .jitter(Jitter::None)
+        .reconcile_on_start(false)
+        .open()
+        .await
+        .expect("open orchestrator")
+}
+
+#[derive(Debug, Clone)]
+enum Action {
+    Write(u32),
+    Read,
+    Suspend,
+    Resume,
+    Sleep(u64),
+    ExpireSandbox,
+    Crash,
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        4 => (0u32..1000).prop_map(Action::Write),
+        3 => Just(Action::Read),
+        2 => Just(Action::Suspend),
+        1 => Just(Action::Resume),
+        2 => prop_oneof![Just(30_000u64), Just(130_000), Just(400_000)].prop_map(Action::Sleep),
+        1 => Just(Action::ExpireSandbox),
+        2 => Just(Action::Crash),
+    ]
+}
+
+fn faults() -> SimFaults {
+    SimFaults {
+        rate_limit: 0.04,
+        retry_after_ms: 2_000,
+        server_error: 0.04,
+        timeout: 0.02,
+        timeout_ms: 5_000,
+        lost_create: 0.05,
+        expire_mid_command: 0.02,
+        snapshot_fail_permanent: 0.03,
+        snapshot_fail_transient: 0.05,
+        snapshot_slow: 0.1,
+        snapshot_slow_ms: 20_000,
+        snapshot_gone: 0.05,
+        snapshot_gone_after_ms: 200_000,
+        delete_fail: 0.1,
+        latency_min_ms: 1,
+        latency_max_ms: 200,
+    }
+}
+
+/// Checks every sandbox the platform created for `task`: one created from a snapshot used the
+/// task's newest snapshot that existed at that moment; one created fresh had none to use.
+fn check_restores(sim: &SimProvider, task: &str) -> Result<(), TestCaseError> {
+    let snaps: Vec<_> = sim
+        .snapshots()
+        .into_iter()
+        .filter(|s| s.task_id == task)
+        .collect();
+    for sb in sim
+        .all_sandboxes()
+        .into_iter()
+        .filter(|s| s.task_id == task)
+    {
+        let at = sb.created_at;
+        let newest = snaps
+            .iter()
+            .filter(|s| s.created_at <= at && s.expires_at.is_none_or(|e| e > at))
+            .max_by_key(|s| s.seq)
+            .map(|s| s.id.clone());
+        prop_assert_eq!(
+            &sb.source_snapshot,
+            &newest,
+            "sandbox {} (generation {}) was created from {:?}, but the newest snapshot then was {:?}",
+            sb.id,
+            sb.generation,
+            sb.source_snapshot,
+            newest
+        );
+    }
+    Ok(())
+}
+
+fn scenario(seed: u64, actions: Vec<Action>) -> Result<(), TestCaseError> {
+    let rt = runtime();
+    rt.block_on(async move {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(TokioClock::starting_at(START_MS));
+        let sim = Arc::new(SimProvider::new(seed, faults(), clock.clone()));
+        let task = TaskId::new("t").expect("id");
+        let mut orch = open(dir.path(), &sim, &clock).await;
+        for action in actions {
+            match action {
+                Action::Write(v) => {
+                    let _ = orch.run(&task, &format!("write f {v}"), None).await;
+                }
+                Action::Read => {
+                    // A read after a suspend or an expiry is what makes the engine restore.
+                    let _ = orch.run(&task, "cat f", None).await;
+                }
+                Action::Suspend => {
+                    let _ = orch.suspend(&task).await;
+                }
+                Action::Resume => {
+                    let _ = orch.resume(&task).await;
+                }
+                Action::Sleep(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                Action::ExpireSandbox => {
+                    for sb in sim.live_sandboxes() {
+                        sim.expire_sandbox_now(&sb.id);
+                    }
+                }
+                Action::Crash => {
+                    orch.abort().await;
+                    orch = open(dir.path(), &sim, &clock).await;
+                }
+            }
+            check_restores(&sim, "t")?;
+        }
+        // Settle: let retries finish, then one last command must see the latest snapshot.
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        let _ = orch.run(&task, "cat f", None).await;
+        check_restores(&sim, "t")?;
+        // Every snapshot the engine calls complete exists on the platform, or was reported gone.
+        let view = orch
+            .show(&task, 0)
+            .await
+            .expect("show")
+            .expect("task exists");
+        let on_platform: BTreeMap<_, _> = sim
+            .snapshots()
+            .into_iter()
+            .map(|s| (s.id.clone(), s))
+            .collect();
+        for rec in &view.task.snapshots {
+            if rec.status == taskbox::core::SnapshotStatus::Complete {
+                let id = rec.id.clone().unwrap_or_default();
+                let snap = on_platform.get(&id);
+                prop_assert!(
+                    snap.is_some_and(|s| !s.deleted),
+                    "complete snapshot {} was deleted on the platform",
+                    id
+                );
+            }
+        }
+        orch.shutdown_within(Duration::from_secs(600)).await;
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 200, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/engine.txt"))), ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_resumed_task_restores_its_latest_complete_snapshot(seed in any::<u64>(), actions in proptest::collection::vec(action(), 1..30)) {
+        scenario(seed, actions)?;
+    }
+}
+
+/// The same scenario with and without a restart in the middle ends in the same state.
+#[test]
+fn crash_and_reload_is_equivalent_to_running_through() {
+    fn final_state(restart_at: Option<usize>) -> (TaskState, Vec<String>, String) {
+        runtime().block_on(async move {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let clock = Arc::new(TokioClock::starting_at(START_MS));
+            let sim = Arc::new(SimProvider::new(7, SimFaults::none(), clock.clone()));
+            let task = TaskId::new("eq").expect("id");
+            let mut orch = open(dir.path(), &sim, &clock).await;
+            let steps = [
+                "write f 1",
+                "SUSPEND",
+                "append f 2",
+                "SUSPEND",
+                "append f 3",
+                "cat f",
+            ];
+            let mut last = String::new();
+            for (i, s) in steps.iter().enumerate() {
+                if restart_at == Some(i) {
+                    orch.shutdown().await;
+                    orch = open(dir.path(), &sim, &clock).await;
+                }
+                if *s == "SUSPEND" {
+                    orch.suspend(&task).await.expect("suspend");
+                } else {
+                    last = orch.run(&task, s, None).await.expect("run").stdout;
+                }
+            }
+            let view = orch.show(&task, 0).await.expect("show").expect("task");
+            orch.shutdown().await;
+            let snaps = view
+                .task
+                .snapshots
+                .iter()
+                .map(|s| format!("{}:{}", s.seq, s.status.as_str()))
+                .collect();
+            (view.task.state, snaps, last)
+        })
+    }
+    let straight = final_state(None);
+    assert_eq!(straight.2, "123");
+    for cut in 1..6 {
+        assert_eq!(
+            final_state(Some(cut)),
+            straight,
+            "restart before step {cut}"
+        );
+    }
+}
+
+/// Idle sandboxes are snapshotted and stopped after `terminal.lifetime_seconds`; the next
+/// command restores them. The reaper never stops a sandbox under a running command.
+#[test]
+fn idle_reap_snapshots_and_the_next_command_restores() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(TokioClock::starting_at(START_MS));
+        let sim = Arc::new(SimProvider::new(1, SimFaults::none(), clock.clone()));
+        let orch = open(dir.path(), &sim, &clock).await;
+        let task = TaskId::new("idle").expect("id");
+        let mut changes = orch.watch();
+        orch.run(&task, "write f kept", None).await.expect("run");
+        // A command longer than the idle lifetime is activity, not idleness.
+        let out = orch
+            .run(&task, "sleep 150000; cat f", Some(Duration::from_secs(200)))
+            .await
+            .expect("run");
+        assert_eq!(out.stdout, "kept");
+        assert!(sim.live_sandboxes().iter().any(|s| s.task_id == "idle"));
+        // Now idle past the lifetime: reaped into a snapshot.
+        tokio::time::sleep(Duration::from_secs(125)).await;
+        let mut saw_snapshotting = false;
+        while let Ok(c) = changes.try_recv() {
+            saw_snapshotting |= c.to == TaskState::Snapshotting;
+        }
+        assert!(saw_snapshotting, "the idle reaper snapshotted the sandbox");
+        assert!(sim.live_sandboxes().iter().all(|s| s.task_id != "idle"));
+        let out = orch.run(&task, "cat f", None).await.expect("run");
+        assert_eq!(out.stdout, "kept");
+        assert!(
+            !out.notices.is_empty(),
+            "the caller is told the sandbox was recreated"
+        );
+        orch.shutdown().await;
+    });
+}
+
+/// A sandbox that expires under a command is reported honestly, and the next command comes
+/// back from the latest snapshot.
+#[test]
+fn expiry_under_a_command_is_reported_and_files_come_back() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(TokioClock::starting_at(START_MS));
+        let sim = Arc::new(SimProvider::new(3, SimFaults::none(), clock.clone()));
+        let orch = open(dir.path(), &sim, &clock).await;
+        let task = TaskId::new("exp").expect("id");
+        orch.run(&task, "write f v1", None).await.expect("run");
+        orch.suspend(&task).await.expect("suspend");
+        orch.run(&task, "write f v2", None).await.expect("run");
+        let live = sim.live_sandboxes();
+        let run = {
+            let orch = orch.clone();
+            let task = task.clone();
+            tokio::spawn(async move {
+                orch.run(&task, "sleep 100000", Some(Duration::from_secs(200)))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        for sb in live {
+            sim.expire_sandbox_now(&sb.id);
+        }
+        let err = run
+            .await
+            .expect("join")
+            .expect_err("the sandbox expired under it");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("expired while `sleep 100000` was running"),
+            "{msg}"
+        );
+        assert!(msg.contains("restored from snapshot"), "{msg}");
+        let out = orch.run(&task, "cat f", None).await.expect("run");
+        assert_eq!(out.stdout, "v1", "files come back from the latest snapshot");
+        orch.shutdown().await;
+    });
+}
+
+async fn open_with(
+    dir: &std::path::Path,
+    sim: &Arc<SimProvider>,
+    clock: &Arc<TokioClock>,
+    cfg: Config,
+) -> Orchestrator {
+    Orchestrator::builder(dir.to_path_buf(), cfg)
+        .provider(sim.clone())
+        .clock(clock.clone())
+        .jitter(Jitter::None)
+        .reconcile_on_start(false)
+        .open()
+        .await
+        .expect("open orchestrator")
+}
+
+/// While commands keep coming, the sandbox's deadline is extended (up to the plan's cap): the
+/// task keeps one sandbox well past its initial timeout.
+#[test]
+fn deadlines_are_extended_while_work_goes_on() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(TokioClock::starting_at(START_MS));
+        let sim = Arc::new(SimProvider::new(5, SimFaults::none(), clock.clone()));
+        let mut cfg = config();
+        cfg.terminal.max_sandbox_lifetime_seconds = 3_600;
+        let orch = open_with(dir.path(), &sim, &clock, cfg).await;
+        let task = TaskId::new("busy").expect("id");
+        orch.run(&task, "write f 0", None).await.expect("run");
+        let first = sim.live_sandboxes()[0].id.clone();
+        for i in 1..=20 {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            orch.run(&task, &format!("append f {i}"), None)
+                .await
+                .expect("run");
+        }
+        // 20 minutes on a sandbox created with a 5-minute timeout: still the same one.
+        let live = sim.live_sandboxes();
+        assert_eq!(live.len(), 1);
+        assert_eq!(live[0].id, first, "the sandbox was extended, not recreated");
+        assert!(
+            sim.stats()
+                .calls
+                .get("extend timeout")
+                .copied()
+                .unwrap_or(0)
+                > 0
+        );
+        orch.shutdown().await;
+    });
+}
+
+/// When the plan allows no more time, a persistent task is checkpointed a margin before the
+/// deadline, so the platform's expiry loses nothing written before the checkpoint.
+#[test]
+fn a_checkpoint_before_an_unextendable_deadline_keeps_the_files() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(TokioClock::starting_at(START_MS));
+        let sim = Arc::new(SimProvider::new(6, SimFaults::none(), clock.clone()));
+        let mut cfg = config();
+        cfg.terminal.sandbox_timeout_seconds = 300;
+        cfg.terminal.max_sandbox_lifetime_seconds = 300; // nothing to extend
+        cfg.terminal.lifetime_seconds = 3_600; // the idle reaper stays out of the way
+        let orch = open_with(dir.path(), &sim, &clock, cfg).await;
+        let task = TaskId::new("cp").expect("id");
+        orch.run(&task, "write f precious", None)
+            .await
+            .expect("run");
+        // Work goes on until past the deadline; without a checkpoint the platform's expiry at
+        // 300 s would take the file with the sandbox.
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            let _ = orch.run(&task, "true", None).await;
+        }
+        let out = orch.run(&task, "cat f", None).await.expect("run");
+        assert_eq!(out.stdout, "precious");
+        let view = orch.show(&task, 0).await.expect("show").expect("task");
+        assert!(
+            view.task.latest_complete().is_some(),
+            "a checkpoint snapshot was taken"
+        );
+        orch.shutdown().await;
+    });
+}
+
+/// Superseded snapshots are deleted once a newer one is confirmed; a failed delete is retried
+/// later (on the next start), never forgotten.
+#[test]
+fn superseded_snapshots_are_pruned_and_failed_deletes_retried() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(TokioClock::starting_at(START_MS));
+        let sim = Arc::new(SimProvider::new(8, SimFaults::none(), clock.clone()));
+        let orch = open(dir.path(), &sim, &clock).await;
+        let task = TaskId::new("keep").expect("id");
+        for i in 0..3 {
+            orch.run(&task, &format!("write f {i}"), None)
+                .await
+                .expect("run");
+            orch.suspend(&task).await.expect("suspend");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let present =
+            |sim: &SimProvider| sim.snapshots().into_iter().filter(|s| s.present()).count();
+        assert_eq!(present(&sim), 2, "keep_snapshots = 2");
+        // Deletes fail now: the superseded snapshot is kept on record as `deleting`.
+        sim.set_faults(SimFaults {
+            delete_fail: 1.0,
+            ..SimFaults::none()
+        });
+        orch.run(&task, "write f 3", None).await.expect("run");
+        orch.suspend(&task).await.expect("suspend");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(present(&sim), 3, "the delete failed");
+        let view = orch.show(&task, 0).await.expect("show").expect("task");
+        assert!(view
+            .task
+            .snapshots
+            .iter()
+            .any(|s| s.status == taskbox::core::SnapshotStatus::Deleting));
+        orch.shutdown().await;
+        // The provider recovers; the next engine start retries the delete.
+        sim.set_faults(SimFaults::none());
+        let orch = open(dir.path(), &sim, &clock).await;
+        let out = orch.run(&task, "cat f", None).await.expect("run");
+        assert_eq!(out.stdout, "3");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(present(&sim), 2, "the failed delete was retried");
+        orch.shutdown().await;
+    });
+}

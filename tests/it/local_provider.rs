@@ -99,7 +99,7 @@ impl Env {
             .provider
             .create_sandbox(&spec(task, generation, source, timeout_ms))
             .await?;
-        assert_eq!(info.name, sandbox_name(task, generation));
+        assert_eq!(info.name, sandbox_name(INSTALLATION, task, generation));
         Ok(info.id)
     }
 
@@ -135,7 +135,7 @@ fn spec(task: &str, generation: u64, source: Option<&str>, timeout_ms: u64) -> S
     SandboxSpec {
         task_id: task.to_string(),
         generation,
-        name: sandbox_name(task, generation),
+        name: sandbox_name(INSTALLATION, task, generation),
         source_snapshot: source.map(str::to_string),
         timeout_ms,
         installation_id: INSTALLATION.to_string(),
@@ -183,7 +183,7 @@ fn assert_kind<T: std::fmt::Debug>(result: Result<T, ProviderError>, kind: Failu
 async fn create_exec_and_reuse() {
     let env = Env::new();
     let id = env.create("t1", 1, None).await;
-    assert_eq!(id, "taskbox-t1-g1");
+    assert_eq!(id, "taskbox-t1-g1-insta");
     let workspace = env.provider.workspace_path(&id).expect("workspace exists");
 
     let out = env
@@ -194,7 +194,7 @@ async fn create_exec_and_reuse() {
         .await;
     assert_eq!(out.exit_code, 0);
     assert!(!out.timed_out);
-    assert_eq!(out.stdout, "hi\nt1 taskbox-t1-g1\n");
+    assert_eq!(out.stdout, "hi\nt1 taskbox-t1-g1-insta\n");
     assert_eq!(out.stderr, "oops\n");
     assert_eq!(fs::read_to_string(workspace.join("f")).unwrap(), "data\n");
 
@@ -262,6 +262,15 @@ async fn exit_codes_and_streams_are_preserved_exactly() {
         assert_eq!(out.stdout, stdout, "`{command}`");
         assert_eq!(out.stderr, "", "`{command}`");
     }
+    // The bookkeeping after the command survives errexit, noclobber and shadowing functions.
+    for command in [
+        "set -e; mkdir -p gone && cd gone && rmdir ../gone; exit 3",
+        "set -C; pwd() { echo fake; }; exit 3",
+        "exit() { echo no; }; builtin exit 3",
+    ] {
+        let out = env.run(&id, command).await;
+        assert_eq!((out.exit_code, out.stderr.as_str()), (3, ""), "`{command}`");
+    }
     // A syntax error is bash's, with bash's code and message.
     let out = env.run(&id, "if then").await;
     assert_eq!(out.exit_code, 2);
@@ -276,7 +285,7 @@ async fn timeout_kills_the_whole_process_group() {
     let env = Env::new();
     let id = env.create("slow", 1, None).await;
     let out = env
-        .try_run(&id, "sleep 100 & echo $!; sleep 30", 300)
+        .try_run(&id, "sleep 100 & echo $!; sleep 30", 1_500)
         .await
         .unwrap();
     assert_eq!(out.exit_code, 124);
@@ -305,6 +314,23 @@ async fn a_finished_command_may_leave_a_background_job_until_the_sandbox_stops()
     assert!(env.provider.workspace_path(&id).is_none());
     // Stopping again succeeds.
     env.provider.stop_sandbox(&id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_job_writing_after_its_command_returned_keeps_running() {
+    let env = Env::new();
+    let id = env.create("server", 1, None).await;
+    // The job writes to the command's stdout after the command has returned; closing the pipe
+    // would kill it with SIGPIPE before it writes the marker.
+    let out = env
+        .run(
+            &id,
+            "(sleep 0.6; echo late; echo late >&2; sleep 0.2; touch marker) & echo started",
+        )
+        .await;
+    assert_eq!(out.stdout, "started\n");
+    let marker = env.provider.workspace_path(&id).unwrap().join("marker");
+    wait_for("the background job to finish its work", || marker.exists()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -503,7 +529,9 @@ async fn snapshot_leaves_out_what_a_restore_would_refuse_and_never_follows_links
 async fn snapshot_of_a_gone_sandbox_is_sandbox_gone() {
     let env = Env::new();
     assert_kind(
-        env.provider.snapshot("ghost", "taskbox-ghost-g1", 1).await,
+        env.provider
+            .snapshot("ghost", "taskbox-ghost-g1-insta", 1)
+            .await,
         FailureKind::SandboxGone,
     );
     let id = env.try_create("late", 1, None, 100).await.unwrap();
@@ -540,7 +568,10 @@ async fn restoring_a_deleted_snapshot_is_snapshot_gone() {
         FailureKind::SnapshotGone,
     );
     assert!(msg.contains("del.s1"), "{msg}");
-    assert!(env.provider.workspace_path("taskbox-del-g2").is_none());
+    assert!(env
+        .provider
+        .workspace_path("taskbox-del-g2-insta")
+        .is_none());
     assert!(env.tmp_entries().is_empty());
     assert_kind(
         env.provider.delete_snapshot("../del.s1").await,
@@ -578,6 +609,45 @@ async fn an_archive_of_an_unknown_version_is_a_typed_error() {
     );
     assert!(msg.contains("not a taskbox snapshot archive"), "{msg}");
     assert!(env.tmp_entries().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_or_corrupted_archive_is_refused_not_half_restored() {
+    let env = Env::new();
+    let id = env.create("cut", 1, None).await;
+    env.run(
+        &id,
+        "for i in $(seq 1 200); do head -c 3000 /dev/urandom > f$i; done",
+    )
+    .await;
+    env.provider.snapshot("cut", &id, 1).await.unwrap();
+    let path = env.root().join("snapshots/cut/1.tbx");
+    let bytes = fs::read(&path).unwrap();
+
+    fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    assert_kind(
+        env.try_create("cut", 2, Some("cut.s1"), 60_000).await,
+        FailureKind::Permanent,
+    );
+    // Only the zstd checksum at the very end is wrong.
+    let mut flipped = bytes.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 0xff;
+    fs::write(&path, &flipped).unwrap();
+    assert_kind(
+        env.try_create("cut", 2, Some("cut.s1"), 60_000).await,
+        FailureKind::Permanent,
+    );
+    assert!(env
+        .provider
+        .workspace_path("taskbox-cut-g2-insta")
+        .is_none());
+    assert!(env.tmp_entries().is_empty());
+
+    // The intact archive still restores.
+    fs::write(&path, &bytes).unwrap();
+    let restored = env.create("cut", 2, Some("cut.s1")).await;
+    assert_eq!(env.run(&restored, "ls | wc -l").await.stdout, "200\n");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -644,7 +714,7 @@ fn plant_archive(env: &Env, task: &str, entries: &[Raw<'_>]) {
             seq: 1,
             installation_id: INSTALLATION.to_string(),
             created_at: START_MS,
-            source_sandbox: sandbox_name(task, 1),
+            source_sandbox: sandbox_name(INSTALLATION, task, 1),
         },
     )
     .unwrap();
@@ -807,7 +877,7 @@ async fn malicious_archives_are_refused_and_write_nothing_outside() {
         assert!(msg.contains(named), "{task}: `{named}` not named in: {msg}");
         assert!(
             env.provider
-                .workspace_path(&sandbox_name(task, 2))
+                .workspace_path(&sandbox_name(INSTALLATION, task, 2))
                 .is_none(),
             "{task}: a sandbox was created"
         );
@@ -893,14 +963,17 @@ async fn bad_ids_are_refused() {
         FailureKind::Invalid,
     );
     assert_kind(
-        env.provider.snapshot("a/b", "taskbox-good-g1", 1).await,
+        env.provider
+            .snapshot("a/b", "taskbox-good-g1-insta", 1)
+            .await,
         FailureKind::Invalid,
     );
     for id in ["x", "x.1", "x.s01", "../x.s1", "x.s1/.."] {
         assert_kind(env.provider.delete_snapshot(id).await, FailureKind::Invalid);
     }
     assert_kind(
-        env.try_run("taskbox-good-g1", "echo a\0b", 1_000).await,
+        env.try_run("taskbox-good-g1-insta", "echo a\0b", 1_000)
+            .await,
         FailureKind::Invalid,
     );
 }
@@ -914,6 +987,7 @@ async fn listing_returns_only_this_installations_resources() {
     let theirs = other
         .create_sandbox(&SandboxSpec {
             installation_id: "inst-b".into(),
+            name: sandbox_name("inst-b", "theirs", 1),
             ..spec("theirs", 1, None, 60_000)
         })
         .await
@@ -933,7 +1007,7 @@ async fn listing_returns_only_this_installations_resources() {
         summary,
         vec![
             (kept, Some("kept".into()), true),
-            ("taskbox-short-g1".into(), Some("short".into()), false),
+            ("taskbox-short-g1-insta".into(), Some("short".into()), false),
         ]
     );
     let snapshots = env.provider.list_snapshots(INSTALLATION).await.unwrap();

@@ -1,6 +1,6 @@
 //! Shared helpers for the integration tests.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -37,10 +37,6 @@ impl Home {
     /// Runs `taskbox ARGS` to completion.
     pub fn run(&self, args: &[&str]) -> Output {
         self.cmd().args(args).output().expect("spawn taskbox")
-    }
-
-    pub fn data_dir(&self) -> PathBuf {
-        self.path().join("data")
     }
 }
 

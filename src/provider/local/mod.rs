@@ -21,7 +21,12 @@
 //! [`LocalProvider::sweep_temporaries`].
 //!
 //! Every id that reaches a path is validated first: task ids by [`TaskId`], sandbox names by
-//! their `taskbox-<task>-g<N>` shape, snapshot ids by `<task>.s<seq>`.
+//! their `taskbox-<task>-g<N>-<installation>` shape, snapshot ids by `<task>.s<seq>`.
+//!
+//! A command runs as `bash -c` in its own process group, with stdin closed and the environment
+//! of taskbox plus `TASKBOX_TASK_ID`, `TASKBOX_SANDBOX` and `TASKBOX_WORKSPACE`. The last one also
+//! marks every process the sandbox started, which is how a stop finds background jobs that
+//! outlived their command (as a VM stop would kill them).
 //!
 //! Lifecycle operations on one sandbox are serialised by a per-sandbox lock; a command holds it
 //! only while it starts and while it records its working directory, so a stop or a snapshot can
@@ -77,8 +82,8 @@ pub enum LocalError {
     /// A task id that is not a safe name.
     #[error(transparent)]
     TaskId(#[from] TaskIdError),
-    /// A sandbox id that is not `taskbox-<task id>-g<generation>`.
-    #[error("invalid sandbox id `{id}`: {reason} (expected `taskbox-<task id>-g<generation>`)")]
+    /// A sandbox id that is not `taskbox-<task id>-g<generation>-<installation>`.
+    #[error("invalid sandbox id `{id}`: {reason} (expected `taskbox-<task id>-g<generation>-<installation>`)")]
     SandboxId {
         /// The id given (escaped).
         id: String,
@@ -275,7 +280,7 @@ fn io_kind(e: &io::Error) -> FailureKind {
 // ---------------------------------------------------------------------------------------------
 // Validated names
 
-/// A parsed, validated sandbox name: `taskbox-<task id>-g<generation>`.
+/// A parsed, validated sandbox name: `taskbox-<task id>-g<generation>-<installation>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct SandboxName {
     name: String,
@@ -289,17 +294,14 @@ impl SandboxName {
             id: id.escape_debug().to_string(),
             reason,
         };
-        let rest = id
-            .strip_prefix("taskbox-")
-            .ok_or_else(|| err("it does not start with `taskbox-`"))?;
-        let (task, generation) = rest
-            .rsplit_once("-g")
-            .ok_or_else(|| err("it has no `-g<generation>` suffix"))?;
-        let generation = parse_canonical_u64(generation)
-            .ok_or_else(|| err("its generation is not a plain number"))?;
-        let task = TaskId::new(task).map_err(|_| err("it does not contain a valid task id"))?;
+        if !id.starts_with("taskbox-") {
+            return Err(err("it does not start with `taskbox-`"));
+        }
+        let (inst, task, generation) = crate::provider::parse_sandbox_name(id)
+            .ok_or_else(|| err("it is not `taskbox-<task>-g<generation>-<installation>`"))?;
+        let task = TaskId::new(&task).map_err(|_| err("it does not contain a valid task id"))?;
         // The round trip guarantees the name is exactly what `sandbox_name` builds.
-        if sandbox_name(task.as_str(), generation) != id {
+        if sandbox_name(&inst, task.as_str(), generation) != id {
             return Err(err("it is not in canonical form"));
         }
         Ok(SandboxName {
@@ -459,6 +461,12 @@ impl LocalProvider {
         &self.root
     }
 
+    /// The installation this provider was opened for. Sandboxes carry the installation of
+    /// their spec (a fake server may serve several); listings filter by the one asked for.
+    pub fn installation_id(&self) -> &str {
+        &self.installation_id
+    }
+
     /// The workspace directory of a live-on-disk sandbox, if `sandbox_id` is valid and exists.
     pub fn workspace_path(&self, sandbox_id: &str) -> Option<PathBuf> {
         let name = SandboxName::parse(sandbox_id).ok()?;
@@ -606,7 +614,7 @@ impl LocalProvider {
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, LocalError> {
         let task = TaskId::new(&spec.task_id)?;
-        let expected = sandbox_name(task.as_str(), spec.generation);
+        let expected = sandbox_name(&spec.installation_id, task.as_str(), spec.generation);
         if spec.name != expected {
             return Err(LocalError::SpecName {
                 name: spec.name.escape_debug().to_string(),
@@ -642,14 +650,13 @@ impl LocalProvider {
             self.discard(&name, &slot).await?;
         }
 
-        let (staging, in_flight) = self.temp_path(
+        // Held until the staging directory is renamed or removed, so a sweep leaves it alone.
+        let (staging, _in_flight) = self.temp_path(
             &self.root.join("tmp"),
             "create.",
             &format!(".{}", name.name),
         );
-        let built = self
-            .assemble(&name, spec, source.as_ref(), &staging, in_flight)
-            .await;
+        let built = self.assemble(&name, spec, source.as_ref(), &staging).await;
         let meta = match built {
             Ok(meta) => meta,
             Err(e) => {
@@ -677,7 +684,6 @@ impl LocalProvider {
         spec: &SandboxSpec,
         source: Option<&SnapshotRef>,
         staging: &Path,
-        in_flight: InFlight,
     ) -> Result<SandboxMeta, LocalError> {
         fs::create_dir(staging).map_err(LocalError::io("create directory", staging))?;
         let run_dir = staging.join("run");
@@ -689,7 +695,6 @@ impl LocalProvider {
                 let snap = snap.clone();
                 let workspace = workspace.clone();
                 run_blocking("restore a snapshot", move || {
-                    let _in_flight = in_flight;
                     restore(&snap, &archive, &workspace)
                 })
                 .await?;
@@ -715,7 +720,20 @@ impl LocalProvider {
         };
         self.write_meta(staging, &meta)?;
         let dest = self.sandbox_dir(name);
-        fs::rename(staging, &dest).map_err(LocalError::io("move into place", &dest))?;
+        if let Err(e) = fs::rename(staging, &dest) {
+            // Another process sharing this root created it first: use theirs, as a repeated
+            // create would.
+            if let Some(theirs) = self.read_meta(name).ok().flatten() {
+                if theirs.task_id == meta.task_id
+                    && theirs.installation_id == meta.installation_id
+                    && self.clock.now_ms() < theirs.deadline
+                {
+                    let _ = remove_tree(staging);
+                    return Ok(theirs);
+                }
+            }
+            return Err(LocalError::io("move into place", &dest)(e));
+        }
         sync_dir(&self.root.join("sandboxes"))?;
         Ok(meta)
     }
@@ -737,6 +755,11 @@ impl LocalProvider {
         let (meta, mut stopped) = {
             let _guard = slot.lock.lock().await;
             let meta = self.live_meta(&name, &slot).await?;
+            // A command may have deleted the workspace itself; a VM's root would still exist.
+            // (Under the lock: after a discard this would leave a nameless sandbox behind.)
+            for dir in [&workspace, &run_dir] {
+                fs::create_dir_all(dir).map_err(LocalError::io("create directory", dir))?;
+            }
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
             // Subscribed under the lock: a discard after this point is seen by this command.
             (meta, slot.stopped.subscribe())
@@ -761,10 +784,22 @@ impl LocalProvider {
             // Its own process group, so a timeout kills everything the command started.
             .process_group(0);
         let started = tokio::time::Instant::now();
-        let mut child = command.spawn().map_err(|source| LocalError::Spawn {
-            sandbox: name.name.clone(),
-            source,
-        })?;
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            // Discarded since the check above: its directory went away under the spawn.
+            Err(_) if stopped.has_changed().unwrap_or(true) => {
+                return Err(LocalError::gone(
+                    &name,
+                    "it was stopped as the command started",
+                ))
+            }
+            Err(source) => {
+                return Err(LocalError::Spawn {
+                    sandbox: name.name.clone(),
+                    source,
+                })
+            }
+        };
         let pgid = child.id().expect("a child that was just spawned has a pid");
         let mut group = GroupGuard { pgid: Some(pgid) };
         let stdout = Pump::start(child.stdout.take());
@@ -1435,11 +1470,14 @@ fn shell_quote(s: &[u8]) -> Vec<u8> {
 /// The script `bash -c` runs: the user's command, preceded (on the same line, so its line
 /// numbers are unchanged) by an EXIT trap that writes the final working directory to `cwd_file`
 /// and exits with the command's own status. The trap also runs on `exit N`; it writes nothing to
-/// the command's stdout or stderr.
+/// the command's stdout or stderr. (Subshells do not inherit the trap, so only the command's own
+/// shell reports.)
 fn wrap_command(command: &str, cwd_file: &Path) -> OsString {
-    let mut trap_body = b"__taskbox_status=$?; { pwd -P > ".to_vec();
+    // `builtin` in case the command defined functions of these names; `>|` in case it set
+    // noclobber; `|| true` in case it set errexit and its directory was deleted meanwhile.
+    let mut trap_body = b"__taskbox_status=$?; { builtin pwd -P >| ".to_vec();
     trap_body.extend_from_slice(&shell_quote(cwd_file.as_os_str().as_bytes()));
-    trap_body.extend_from_slice(b"; } 2>/dev/null; exit $__taskbox_status");
+    trap_body.extend_from_slice(b"; } 2>/dev/null || true; builtin exit $__taskbox_status");
     let mut script = b"trap ".to_vec();
     script.extend_from_slice(&shell_quote(&trap_body));
     script.extend_from_slice(b" EXIT; ");
@@ -1492,10 +1530,15 @@ struct Capture {
     total_bytes: u64,
     /// Characters seen, counted as bytes that do not continue a UTF-8 sequence.
     total_chars: u64,
+    /// The command's result was taken: later bytes (a background job's) are drained unseen.
+    detached: bool,
 }
 
 impl Capture {
     fn push(&mut self, data: &[u8]) {
+        if self.detached {
+            return;
+        }
         self.total_bytes += data.len() as u64;
         self.total_chars += data.iter().filter(|b| (**b & 0xC0) != 0x80).count() as u64;
         let room = HEAD_BYTES - self.head.len();
@@ -1569,21 +1612,27 @@ impl Pump {
         Pump { capture, task }
     }
 
-    /// Waits for the pipe to close (at most [`OUTPUT_GRACE`]: a background child may hold it
-    /// open) and returns the bounded text.
+    /// Waits for the pipe to close and returns the bounded text. A background job that
+    /// inherited the pipe keeps it open: after [`OUTPUT_GRACE`] the text is taken as it is, and
+    /// the task goes on draining the pipe unseen (closing it would kill the job with SIGPIPE on
+    /// its next write) until the job exits or the sandbox is stopped.
     async fn finish(mut self) -> String {
         if let Some(mut task) = self.task.take() {
             if tokio::time::timeout(OUTPUT_GRACE, &mut task).await.is_err() {
-                task.abort();
+                tracing::debug!("a background job holds the command's output open; detached");
             }
         }
-        let capture = std::mem::take(&mut *lock(&self.capture));
-        capture.finish()
+        let mut capture = lock(&self.capture);
+        let taken = std::mem::take(&mut *capture);
+        capture.detached = true;
+        drop(capture);
+        taken.finish()
     }
 }
 
 impl Drop for Pump {
     fn drop(&mut self) {
+        // Still set only when the exec was cancelled before `finish`: its group is being killed.
         if let Some(task) = &self.task {
             task.abort();
         }
@@ -1705,21 +1754,23 @@ mod tests {
 
     #[test]
     fn sandbox_names_round_trip_and_reject_lookalikes() {
-        let name = SandboxName::parse("taskbox-a-g1-g12").unwrap();
+        let name = SandboxName::parse("taskbox-a-g1-g12-abc123").unwrap();
         assert_eq!(name.task.as_str(), "a-g1");
         assert_eq!(name.generation, 12);
         for bad in [
             "",
             "taskbox-",
-            "taskbox--g1",
-            "taskbox-a-g",
-            "taskbox-a-g01",
-            "taskbox-a-g+1",
-            "taskbox-../x-g1",
-            "taskbox-a/b-g1",
-            "sandbox-a-g1",
-            "taskbox-a.b-g1",
-            "taskbox-a-g1/..",
+            "taskbox--g1-abc",
+            "taskbox-a-g-abc",
+            "taskbox-a-g01-abc",
+            "taskbox-a-g+1-abc",
+            "taskbox-../x-g1-abc",
+            "taskbox-a/b-g1-abc",
+            "sandbox-a-g1-abc",
+            "taskbox-a.b-g1-abc",
+            "taskbox-a-g1-abc/..",
+            "taskbox-a-g1-ABC",
+            "taskbox-a-g1",
         ] {
             assert!(SandboxName::parse(bad).is_err(), "{bad:?} must be refused");
         }

@@ -1,0 +1,132 @@
+//! The checks `taskbox doctor` prints for the Vercel backend, one ✓/✗ line each: runtime,
+//! resources, disk setting, API URL, auth mode (which variables are set, never their values),
+//! the persistence model, and an authenticated round trip to the API.
+
+use std::path::Path;
+
+use super::auth::AuthReport;
+use super::client::VercelClient;
+use super::settings::{self, Origin, API_URL_ENV, RUNTIME_ENV};
+use crate::config::TerminalConfig;
+use crate::core::{FailureKind, Millis};
+
+/// One line of the doctor report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// What is checked (`vercel runtime`, `vercel auth`, ...).
+    pub name: String,
+    /// Whether it passed.
+    pub ok: bool,
+    /// What was found. Never contains a secret.
+    pub detail: String,
+    /// How to fix a failure.
+    pub hint: Option<String>,
+}
+
+impl Check {
+    fn pass(name: &str, detail: impl Into<String>) -> Check {
+        Check {
+            name: name.to_string(),
+            ok: true,
+            detail: detail.into(),
+            hint: None,
+        }
+    }
+
+    fn fail(name: &str, detail: impl Into<String>, hint: impl Into<String>) -> Check {
+        Check {
+            name: name.to_string(),
+            ok: false,
+            detail: detail.into(),
+            hint: Some(hint.into()),
+        }
+    }
+}
+
+fn origin_label(origin: Origin, key: &str, env: &str) -> String {
+    match origin {
+        Origin::Config => format!("from {key}"),
+        Origin::Env => format!("from {env}"),
+    }
+}
+
+/// The checks that need no network: config values, credentials and the persistence note.
+pub fn static_checks(
+    cfg: &TerminalConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+    cwd: &Path,
+    now: Millis,
+) -> Vec<Check> {
+    let mut checks = Vec::new();
+    checks.push(match settings::check_runtime(cfg, env) {
+        Ok((runtime, origin)) => Check::pass(
+            "vercel runtime",
+            format!(
+                "{runtime} ({})",
+                origin_label(origin, "terminal.vercel_runtime", RUNTIME_ENV)
+            ),
+        ),
+        Err(e) => Check::fail("vercel runtime", e.to_string(), e.hint()),
+    });
+    checks.push(match settings::check_resources(cfg) {
+        Ok((cpu, mem)) => Check::pass("vercel resources", format!("{cpu} vCPU, {mem} MB memory")),
+        Err(e) => Check::fail("vercel resources", e.to_string(), e.hint()),
+    });
+    checks.push(match settings::check_disk(cfg) {
+        Ok(()) => Check::pass("disk setting", "terminal.container_disk unset"),
+        Err(e) => Check::fail("disk setting", e.to_string(), e.hint()),
+    });
+    checks.push(match settings::check_api_url(cfg, env) {
+        Ok((url, origin)) => Check::pass(
+            "vercel api url",
+            format!(
+                "{url} ({})",
+                origin_label(origin, "terminal.vercel_api_url", API_URL_ENV)
+            ),
+        ),
+        Err(e) => Check::fail("vercel api url", e.to_string(), e.hint()),
+    });
+    let report = AuthReport::gather(env, cwd, now);
+    checks.push(match &report.problem {
+        None => Check::pass("vercel auth", report.summary()),
+        Some(problem) => Check::fail("vercel auth", report.summary(), problem.hint()),
+    });
+    checks.push(Check::pass(
+        "persistence",
+        if cfg.container_persistent {
+            "snapshot filesystem only; live processes do not survive sandbox recreation"
+        } else {
+            "off (terminal.container_persistent = false): files are discarded with each sandbox"
+        },
+    ));
+    checks
+}
+
+/// An authenticated, cheap call (list one sandbox) that proves the URL, the token, the team
+/// and the project together.
+pub async fn reachability(client: &VercelClient) -> Check {
+    let creds = client.credentials();
+    match client.list_sandboxes(None, None, 1, None).await {
+        Ok(_) => Check::pass(
+            "vercel api",
+            format!(
+                "reached {} as team {}, project {}",
+                client.base_url(),
+                creds.team_id(),
+                creds.project_id()
+            ),
+        ),
+        Err(e) => {
+            let hint = match e.kind {
+                FailureKind::Auth => {
+                    "check the credentials named above; `taskbox doctor` shows which are set"
+                }
+                FailureKind::Transient { .. } => {
+                    "check the network and terminal.vercel_api_url, then run `taskbox doctor` again"
+                }
+                _ => "check terminal.vercel_api_url and that the project exists in the team",
+            };
+            Check::fail("vercel api", e.to_string(), hint)
+        }
+    }
+}

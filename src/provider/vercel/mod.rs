@@ -1,0 +1,567 @@
+//! The Vercel Sandbox backend (`terminal.backend = vercel_sandbox`): [`VercelProvider`] over
+//! the v2 REST API.
+//!
+//! - [`settings`]: the `terminal.*` keys as Vercel sees them (runtime, 2048 MB per vCPU, no
+//!   disk size, API URL), validated before anything is sent.
+//! - [`auth`]: access token or OIDC token, team and project, with `.vercel/project.json`
+//!   defaults; tokens never printed.
+//! - [`client`]: one method per endpoint and [`client::classify`], the single place where an
+//!   HTTP outcome becomes a classified [`ProviderError`].
+//! - [`exec`]: a command in one request, with recovery from cut streams and kill-on-timeout.
+//! - [`doctor`]: the checks `taskbox doctor` prints.
+//!
+//! Handles: a task's sandbox is a **named** Vercel sandbox (`spec.name`, deterministic from
+//! task id and generation, so a repeated create finds the first one); the handle the engine
+//! keeps is the **session id** of its running boot, because commands, snapshots, stops and
+//! extensions all address sessions. Ownership is recorded in two tags on every sandbox,
+//! [`TAG_INSTALLATION`] and [`TAG_TASK`], which is what lets the reconciler touch exactly this
+//! installation's resources. Snapshots carry no tags; they are found through their source
+//! sandbox's name.
+//!
+//! Nothing here retries a transient failure (the engine does, with backoff and `Retry-After`),
+//! except the long-poll that waits for an already running command.
+
+pub mod auth;
+pub mod client;
+pub mod doctor;
+pub mod exec;
+pub mod settings;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use self::auth::{AuthError, Credentials};
+use self::client::{
+    ClientBuildError, CreateSandbox, SandboxAndSession, Session, SessionStatus, Snapshot,
+    SnapshotStatus, VercelClient,
+};
+use self::exec::ExecOptions;
+use self::settings::{VercelConfigError, VercelSettings};
+use crate::clock::Clock;
+use crate::config::TerminalConfig;
+use crate::core::{FailureKind, Millis};
+use crate::provider::{
+    ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture, SandboxInfo,
+    SandboxProvider, SandboxSpec, SnapshotInfo,
+};
+
+pub use self::auth::AuthMode;
+pub use self::exec::TIMEOUT_EXIT_CODE;
+
+/// The tag naming the installation that owns a sandbox.
+pub const TAG_INSTALLATION: &str = "taskbox-installation";
+/// The tag naming the task that owns a sandbox.
+pub const TAG_TASK: &str = "taskbox-task";
+
+/// The backend could not be set up from the config and environment.
+#[derive(Debug, thiserror::Error)]
+pub enum VercelSetupError {
+    /// A config value Vercel cannot run with.
+    #[error(transparent)]
+    Config(#[from] VercelConfigError),
+    /// No usable credentials.
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    /// The HTTP client could not be built.
+    #[error(transparent)]
+    Client(#[from] ClientBuildError),
+}
+
+impl VercelSetupError {
+    /// How to fix it, if known.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            VercelSetupError::Config(e) => Some(e.hint()),
+            VercelSetupError::Auth(e) => Some(e.hint()),
+            VercelSetupError::Client(_) => None,
+        }
+    }
+}
+
+/// Tuning of the provider (defaults suit production; tests shorten the waits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderOptions {
+    /// How long a new session may stay `pending`.
+    pub start_timeout: Duration,
+    /// Snapshot expiry sent with each snapshot (`None`: the platform default of 30 days from
+    /// last use; `Some(0)`: never).
+    pub snapshot_expiration_ms: Option<u64>,
+    /// Command execution.
+    pub exec: ExecOptions,
+}
+
+impl Default for ProviderOptions {
+    fn default() -> Self {
+        ProviderOptions {
+            start_timeout: Duration::from_secs(180),
+            snapshot_expiration_ms: None,
+            exec: ExecOptions::default(),
+        }
+    }
+}
+
+/// Vercel Sandbox as a [`SandboxProvider`].
+#[derive(Debug)]
+pub struct VercelProvider {
+    client: VercelClient,
+    settings: VercelSettings,
+    options: ProviderOptions,
+    /// Session id → sandbox name, for sessions this process created or found. Only a shortcut
+    /// for finding a session's snapshots; after a restart the names are found by tag.
+    names: Mutex<HashMap<String, String>>,
+}
+
+impl VercelProvider {
+    /// A provider over `client` with validated `settings`.
+    pub fn new(client: VercelClient, settings: VercelSettings) -> VercelProvider {
+        VercelProvider {
+            client,
+            settings,
+            options: ProviderOptions::default(),
+            names: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Replaces the tuning.
+    pub fn with_options(mut self, options: ProviderOptions) -> VercelProvider {
+        self.options = options;
+        self
+    }
+
+    /// Validates the config, resolves credentials (refusing an expired OIDC token before any
+    /// request) and builds the client.
+    pub fn from_config(
+        t: &TerminalConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+        cwd: &Path,
+        clock: Arc<dyn Clock>,
+    ) -> Result<VercelProvider, VercelSetupError> {
+        let settings = VercelSettings::from_config(t, env)?;
+        let creds = Credentials::resolve(env, cwd, clock.now_ms())?;
+        let client = VercelClient::new(&settings.api_url, creds, clock)?;
+        Ok(VercelProvider::new(client, settings))
+    }
+
+    /// The client (for `taskbox doctor` and tests).
+    pub fn client(&self) -> &VercelClient {
+        &self.client
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &VercelSettings {
+        &self.settings
+    }
+
+    fn remember(&self, session_id: &str, name: &str) {
+        if let Ok(mut names) = self.names.lock() {
+            names.insert(session_id.to_string(), name.to_string());
+        }
+    }
+
+    fn remembered(&self, session_id: &str) -> Option<String> {
+        self.names.lock().ok()?.get(session_id).cloned()
+    }
+
+    /// Forgets a session that is over, so the map holds live sessions only.
+    fn forget(&self, session_id: &str) {
+        if let Ok(mut names) = self.names.lock() {
+            names.remove(session_id);
+        }
+    }
+
+    /// Decides what to do with a sandbox already holding `spec.name`: reuse its session, or
+    /// (`None`) replace it because its session is over.
+    async fn adopt(
+        &self,
+        spec: &SandboxSpec,
+        found: SandboxAndSession,
+    ) -> Result<Option<Session>, ProviderError> {
+        if let Some(owner) = found.sandbox.tags.get(TAG_INSTALLATION) {
+            if owner != &spec.installation_id {
+                return Err(ProviderError::new(
+                    FailureKind::Permanent,
+                    "create sandbox",
+                    format!(
+                        "the sandbox name {} is taken by another taskbox installation ({owner}) in this Vercel project",
+                        spec.name
+                    ),
+                ));
+            }
+        }
+        let session = found.session;
+        match session.status {
+            SessionStatus::Pending | SessionStatus::Running => Ok(Some(session)),
+            s if s.is_terminal() => {
+                // This generation's sandbox was created before and has since died (e.g. the
+                // engine crashed for longer than its timeout). Its files are gone either way,
+                // so replace it under the same name.
+                tracing::info!(name = %spec.name, status = ?s, "replacing a dead sandbox");
+                self.client.delete_sandbox(&spec.name).await?;
+                Ok(None)
+            }
+            s => Err(ProviderError::transient(
+                "create sandbox",
+                format!(
+                    "the sandbox {} exists but its session is {s:?}; waiting for it to settle",
+                    spec.name
+                ),
+                None,
+            )),
+        }
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, ProviderError> {
+        if spec.timeout_ms < 1000 {
+            return Err(ProviderError::new(
+                FailureKind::Invalid,
+                "create sandbox",
+                format!(
+                    "a sandbox timeout of {} ms is below Vercel's minimum of 1000 ms",
+                    spec.timeout_ms
+                ),
+            ));
+        }
+        // Look first: a create that went through before a crash or a lost response is found
+        // by its name instead of being made twice.
+        let existing = match self.client.get_sandbox(&spec.name).await? {
+            Some(found) => self.adopt(spec, found).await?,
+            None => None,
+        };
+        let session = match existing {
+            Some(session) => session,
+            None => {
+                let request = CreateSandbox {
+                    name: spec.name.clone(),
+                    runtime: self.settings.runtime.as_str().to_string(),
+                    vcpus: self.settings.vcpus,
+                    timeout_ms: spec.timeout_ms,
+                    tags: BTreeMap::from([
+                        (TAG_INSTALLATION.to_string(), spec.installation_id.clone()),
+                        (TAG_TASK.to_string(), spec.task_id.clone()),
+                    ]),
+                    source_snapshot: spec.source_snapshot.clone(),
+                };
+                match self.client.create_sandbox(&request).await {
+                    Ok(created) => created.session,
+                    Err(e)
+                        if matches!(
+                            e.kind,
+                            FailureKind::Transient { .. } | FailureKind::Permanent
+                        ) =>
+                    {
+                        // The answer may be lost or a conflict: did the sandbox come to exist?
+                        match self.client.get_sandbox(&spec.name).await {
+                            Ok(Some(found)) => match self.adopt(spec, found).await? {
+                                Some(session) => session,
+                                None => return Err(e),
+                            },
+                            _ => return Err(e),
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        let session = self
+            .client
+            .wait_until_running(session, self.options.start_timeout)
+            .await?;
+        self.remember(&session.id, &spec.name);
+        let deadline = session
+            .deadline()
+            .unwrap_or_else(|| self.client.clock().now_ms().saturating_add(spec.timeout_ms));
+        Ok(SandboxInfo {
+            id: session.id,
+            name: spec.name.clone(),
+            deadline,
+        })
+    }
+
+    /// The names of the sandboxes `session_id` may belong to: the remembered one, else the
+    /// task's sandbox (found by tag) whose current session it is — a session stays its
+    /// sandbox's current one until the next boot, which taskbox never asks of a sandbox that
+    /// has been snapshotted. Should no sandbox claim it, every sandbox of the task is searched.
+    async fn candidate_names(
+        &self,
+        task_id: &str,
+        session_id: &str,
+    ) -> Result<Vec<String>, ProviderError> {
+        if let Some(name) = self.remembered(session_id) {
+            return Ok(vec![name]);
+        }
+        let sandboxes = self.client.list_all_sandboxes((TAG_TASK, task_id)).await?;
+        let (current, others): (Vec<_>, Vec<_>) = sandboxes
+            .into_iter()
+            .partition(|s| s.current_session_id.as_deref() == Some(session_id));
+        let chosen = if current.is_empty() { others } else { current };
+        Ok(chosen.into_iter().map(|s| s.name).collect())
+    }
+
+    /// The snapshot already taken of `session_id`, if any.
+    async fn find_snapshot_of(
+        &self,
+        task_id: &str,
+        session_id: &str,
+    ) -> Result<Option<Snapshot>, ProviderError> {
+        for name in self.candidate_names(task_id, session_id).await? {
+            let snapshots = self.client.list_all_snapshots(&name).await?;
+            if let Some(s) = snapshots
+                .into_iter()
+                .find(|s| s.source_session_id.as_deref() == Some(session_id))
+            {
+                return Ok(Some(s));
+            }
+        }
+        Ok(None)
+    }
+
+    fn snapshot_info(snapshot: Snapshot) -> Result<SnapshotInfo, ProviderError> {
+        match snapshot.status {
+            SnapshotStatus::Created => Ok(SnapshotInfo {
+                id: snapshot.id,
+                size_bytes: snapshot.size_bytes,
+                expires_at: snapshot.expires_at,
+            }),
+            SnapshotStatus::Failed => Err(ProviderError::new(
+                FailureKind::Permanent,
+                "create snapshot",
+                format!("snapshot {} failed on the platform", snapshot.id),
+            )),
+            SnapshotStatus::Deleted => Err(ProviderError::snapshot_gone(
+                "create snapshot",
+                format!("snapshot {} was deleted", snapshot.id),
+            )),
+            SnapshotStatus::Unknown => Err(ProviderError::transient(
+                "create snapshot",
+                format!("snapshot {} is not complete yet", snapshot.id),
+                None,
+            )),
+        }
+    }
+
+    async fn take_snapshot(
+        &self,
+        task_id: &str,
+        session_id: &str,
+    ) -> Result<SnapshotInfo, ProviderError> {
+        // A session is snapshotted at most once (the snapshot stops it), so "the snapshot of
+        // this session" is the idempotency key: a repeat returns the first one.
+        if let Some(found) = self.find_snapshot_of(task_id, session_id).await? {
+            return Self::snapshot_info(found);
+        }
+        match self
+            .client
+            .create_snapshot(session_id, self.options.snapshot_expiration_ms)
+            .await
+        {
+            Ok(taken) => {
+                self.forget(session_id);
+                Self::snapshot_info(taken.snapshot)
+            }
+            Err(e) => {
+                // A snapshot whose answer was lost has stopped the session, so the retry sees
+                // 410 or 422: look once more before reporting.
+                if matches!(
+                    e.kind,
+                    FailureKind::SandboxGone
+                        | FailureKind::Transient { .. }
+                        | FailureKind::Permanent
+                ) {
+                    if let Ok(Some(found)) = self.find_snapshot_of(task_id, session_id).await {
+                        return Self::snapshot_info(found);
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn probe(&self, session_id: &str) -> Result<Option<Millis>, ProviderError> {
+        match self.client.get_session(session_id).await {
+            Ok(s) => Ok(match s.status {
+                SessionStatus::Pending | SessionStatus::Running => s.deadline(),
+                _ => None,
+            }),
+            Err(e) if e.kind == FailureKind::SandboxGone => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn listed_sandboxes(
+        &self,
+        installation_id: &str,
+    ) -> Result<Vec<ListedResource>, ProviderError> {
+        let sandboxes = self
+            .client
+            .list_all_sandboxes((TAG_INSTALLATION, installation_id))
+            .await?;
+        Ok(sandboxes
+            .into_iter()
+            .filter(|s| s.tags.get(TAG_INSTALLATION).map(String::as_str) == Some(installation_id))
+            .filter_map(|s| {
+                let id = s.current_session_id?;
+                Some(ListedResource {
+                    id,
+                    task_id: s
+                        .tags
+                        .get(TAG_TASK)
+                        .cloned()
+                        .or_else(|| task_from_name(&s.name)),
+                    live: matches!(
+                        s.status,
+                        Some(SessionStatus::Pending | SessionStatus::Running)
+                    ),
+                })
+            })
+            .collect())
+    }
+
+    async fn listed_snapshots(
+        &self,
+        installation_id: &str,
+    ) -> Result<Vec<ListedResource>, ProviderError> {
+        let sandboxes = self
+            .client
+            .list_all_sandboxes((TAG_INSTALLATION, installation_id))
+            .await?;
+        let mut seen = HashSet::new();
+        let mut listed = Vec::new();
+        for sb in sandboxes
+            .iter()
+            .filter(|s| s.tags.get(TAG_INSTALLATION).map(String::as_str) == Some(installation_id))
+        {
+            let task_id = sb
+                .tags
+                .get(TAG_TASK)
+                .cloned()
+                .or_else(|| task_from_name(&sb.name));
+            for snap in self.client.list_all_snapshots(&sb.name).await? {
+                if snap.status == SnapshotStatus::Deleted || !seen.insert(snap.id.clone()) {
+                    continue;
+                }
+                listed.push(ListedResource {
+                    live: snap.status == SnapshotStatus::Created,
+                    id: snap.id,
+                    task_id: task_id.clone(),
+                });
+            }
+        }
+        Ok(listed)
+    }
+}
+
+/// The task id in a name made by [`crate::provider::sandbox_name`]
+/// (`taskbox-{task}-g{n}-{installation}`).
+pub fn task_from_name(name: &str) -> Option<String> {
+    crate::provider::parse_sandbox_name(name).map(|(_, task, _)| task)
+}
+
+impl SandboxProvider for VercelProvider {
+    fn name(&self) -> &'static str {
+        "vercel_sandbox"
+    }
+
+    fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
+        Box::pin(self.create(spec))
+    }
+
+    fn exec<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        req: &'a ExecRequest,
+    ) -> ProviderFuture<'a, ExecOutput> {
+        Box::pin(exec::exec(
+            &self.client,
+            sandbox_id,
+            req,
+            &self.options.exec,
+        ))
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        task_id: &'a str,
+        sandbox_id: &'a str,
+        _seq: u64,
+    ) -> ProviderFuture<'a, SnapshotInfo> {
+        Box::pin(self.take_snapshot(task_id, sandbox_id))
+    }
+
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
+        Box::pin(async move {
+            match self.client.stop_session(sandbox_id).await {
+                Ok(_) => {}
+                Err(e) if e.kind == FailureKind::SandboxGone => {}
+                Err(e) => return Err(e),
+            }
+            self.forget(sandbox_id);
+            Ok(())
+        })
+    }
+
+    fn extend_timeout<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        duration_ms: u64,
+    ) -> ProviderFuture<'a, Millis> {
+        Box::pin(async move {
+            let session = self.client.extend_timeout(sandbox_id, duration_ms).await?;
+            session.deadline().ok_or_else(|| {
+                ProviderError::new(
+                    FailureKind::Permanent,
+                    "extend timeout",
+                    format!("session {sandbox_id} reports no start time or timeout"),
+                )
+            })
+        })
+    }
+
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+        Box::pin(async move {
+            match self.client.delete_snapshot(snapshot_id).await {
+                Ok(_) => Ok(()),
+                Err(e) if e.kind == FailureKind::SnapshotGone => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+        Box::pin(self.probe(sandbox_id))
+    }
+
+    fn list_sandboxes<'a>(
+        &'a self,
+        installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>> {
+        Box::pin(self.listed_sandboxes(installation_id))
+    }
+
+    fn list_snapshots<'a>(
+        &'a self,
+        installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>> {
+        Box::pin(self.listed_snapshots(installation_id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::sandbox_name;
+
+    #[test]
+    fn task_id_round_trips_through_the_sandbox_name() {
+        for (task, generation) in [("demo", 0), ("a-g1", 12), ("x_y-z", 3)] {
+            assert_eq!(
+                task_from_name(&sandbox_name("0123456789abcdef", task, generation)).as_deref(),
+                Some(task)
+            );
+        }
+        assert_eq!(task_from_name("other-demo-g1"), None);
+        assert_eq!(task_from_name("taskbox-demo"), None);
+        assert_eq!(task_from_name("taskbox-demo-gx"), None);
+    }
+}
