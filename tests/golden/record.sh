@@ -13,7 +13,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 bin="${1:-$here/../../target/debug/taskbox}"
 bin="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")"
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+fake_pid=""
+trap 'if [ -n "$fake_pid" ]; then kill "$fake_pid" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
 
 home() { export TASKBOX_HOME="$work/$1"; mkdir -p "$TASKBOX_HOME"; }
 tb() { "$bin" "$@"; }
@@ -99,6 +100,29 @@ tb config set terminal.container_persistent true
 tb run -t alpha -- 'cat a.txt'
 tb suspend alpha
 export_to several
+
+echo "== vercel: the session on the Vercel backend, against \`taskbox fake-vercel\` on loopback"
+echo "   (the fake answers the first two API requests with 429 Retry-After: 1)"
+home vercel
+"$bin" fake-vercel --listen 127.0.0.1:0 --fault-rate-limit 2:1 >"$work/fake-url" 2>/dev/null &
+fake_pid=$!
+for _ in $(seq 100); do
+  [ -s "$work/fake-url" ] && break
+  sleep 0.05
+done
+tb config set terminal.backend vercel_sandbox
+tb config set terminal.container_memory 2048
+tb config set terminal.vercel_api_url "$(head -1 "$work/fake-url")"
+VERCEL_TOKEN=tok VERCEL_TEAM_ID=team_t VERCEL_PROJECT_ID=prj_t bash -c '
+  set -e
+  "$0" run -t vdemo -- "echo hello > notes.txt"
+  "$0" run -t vdemo -- cat notes.txt
+  "$0" suspend vdemo
+  "$0" run -t vdemo -- cat notes.txt
+' "$bin"
+kill "$fake_pid"
+fake_pid=""
+export_to vercel
 
 echo "recorded:"
 for f in "$here"/*.jsonl; do echo "  $(basename "$f"): $(($(wc -l <"$f") - 1)) entries"; done

@@ -135,8 +135,8 @@ fn assert_well_formed(xml: &str) {
     assert!(stack.is_empty(), "unclosed tags: {stack:?}");
 }
 
-const GOLDENS: [&str; 7] = [
-    "session", "expiry", "deadline", "extend", "gone", "crash", "several",
+const GOLDENS: [&str; 8] = [
+    "session", "expiry", "deadline", "extend", "gone", "crash", "several", "vercel",
 ];
 
 #[test]
@@ -184,6 +184,13 @@ fn golden_journals_replay_cleanly_and_redrive_identically() {
     // recording has a call that never got its answer.
     let crash = redrive::redrive(&golden("crash").entries).expect("re-drive");
     assert_eq!(crash[0].sessions, 3);
+    // The Vercel recording retried a rate-limited create after a jittered delay; the re-drive
+    // (without jitter) still makes the same calls.
+    let vercel = timeline::build(&golden("vercel").entries);
+    assert!(vercel[0]
+        .marks
+        .iter()
+        .any(|m| m.kind == timeline::MarkKind::Retry));
 }
 
 #[test]
@@ -517,7 +524,7 @@ fn export_then_replay_round_trips_without_secrets() {
     assert!(!h.installation_id.is_empty() && h.exported_at.ends_with('Z'));
 
     // The same entries as the store holds, but for the redacted strings.
-    let store = Store::open(&home.data_dir().join("taskbox.db")).expect("store");
+    let store = Store::open(&home.path().join("data/taskbox.db")).expect("store");
     assert_eq!(h.installation_id, store.installation_id());
     let stored = store.journal("rt").expect("journal");
     assert_eq!(exported.entries.len(), stored.len());
