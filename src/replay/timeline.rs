@@ -1269,7 +1269,7 @@ pub fn render_html(timelines: &[Timeline]) -> String {
         "<style>body{font-family:DejaVu Sans,Helvetica,Arial,sans-serif;margin:16px;color:#1f2933}",
         "table{border-collapse:collapse;font-size:12px;margin-bottom:24px}",
         "th,td{border-bottom:1px solid #e5e7eb;padding:3px 8px;text-align:left;vertical-align:top}",
-        "th{background:#f3f4f6}td.num{text-align:right}td.err{color:#b91c1c}",
+        "th{background:#f3f4f6}td.num{text-align:right;white-space:nowrap}td.t{white-space:nowrap}td.err{color:#b91c1c}",
         ".sw{display:inline-block;width:10px;height:10px;margin-right:4px}</style></head><body>\n"
     ));
     s.push_str(&render_svg(timelines));
@@ -1302,7 +1302,7 @@ pub fn render_html(timelines: &[Timeline]) -> String {
                 .collect();
             let _ = writeln!(
                 s,
-                "<tr><td class=\"num\">{}</td><td>{}</td><td>{state}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"err\">{}</td></tr>",
+                "<tr><td class=\"num\">{}</td><td class=\"t\">{}</td><td>{state}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"err\">{}</td></tr>",
                 r.task_seq,
                 escape(&format_ms(r.at)),
                 escape(&fmt_dur(r.in_state_ms)),
