@@ -20,6 +20,8 @@
 //!   is checked instead ([`journal`]).
 //! - **journal-order**: each task's journal is gap-free and each entry starts in the state the
 //!   previous one ended in ([`journal`]).
+//! - **journal-replays**: folding the journal's events through the core reproduces every entry
+//!   (`crate::replay::verify`, called by the chaos runner).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

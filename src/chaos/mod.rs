@@ -297,6 +297,8 @@ pub struct SeedReport {
     pub virtual_ms: u64,
     /// The kept `TASKBOX_HOME` of this seed (its store is at `data/taskbox.db`), if kept.
     pub home: Option<PathBuf>,
+    /// The seed's journal exported for `taskbox replay --journal FILE`, if kept.
+    pub journal_file: Option<PathBuf>,
     /// The command that reruns this seed.
     pub repro: String,
 }
@@ -868,6 +870,45 @@ async fn seed_run(
     violations.extend(check::unsettled(&tasks));
     let (counts, journal_violations) = check::journal(&entries);
     violations.extend(journal_violations);
+    // Folding the journal's events through today's core must reproduce every entry.
+    for d in crate::replay::verify(&entries).divergences() {
+        violations.push(Violation::new(
+            Invariant::JournalReplays,
+            Some(&d.task_id),
+            format!(
+                "entry {} ({}) does not replay: {}",
+                d.task_seq, d.event, d.detail
+            ),
+        ));
+    }
+    // A violating seed's journal, for `taskbox replay --journal FILE` on any machine.
+    let journal_file = if violations.is_empty() && !opts.keep_all {
+        None
+    } else {
+        let path = data_dir.parent().unwrap_or(data_dir).join("journal.jsonl");
+        let written = std::fs::File::create(&path)
+            .map_err(crate::replay::export::ExportError::Write)
+            .and_then(|f| {
+                let mut out = std::io::BufWriter::new(f);
+                crate::replay::export::write_journal(
+                    &mut out,
+                    &entries,
+                    &installation,
+                    clock.now_ms(),
+                )
+            });
+        match written {
+            Ok(_) => Some(path),
+            Err(e) => {
+                violations.push(Violation::new(
+                    Invariant::EngineError,
+                    None,
+                    format!("could not export the journal to {}: {e}", path.display()),
+                ));
+                None
+            }
+        }
+    };
 
     let stats = sim.stats();
     let mut faults = stats.faults.clone();
@@ -913,6 +954,7 @@ async fn seed_run(
         digest: h.finish(),
         virtual_ms,
         home: None,
+        journal_file,
         repro: opts.repro_command(seed),
     })
 }

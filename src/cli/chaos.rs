@@ -194,9 +194,16 @@ fn table(r: &ChaosReport) -> String {
         if let Some(home) = &v.home {
             let _ = writeln!(
                 s,
-                "  data kept: {} (its journal: TASKBOX_HOME={} taskbox show TASK)",
+                "  data kept: {} (TASKBOX_HOME={} taskbox tasks)",
                 home.display(),
                 home.display()
+            );
+        }
+        if let Some(file) = &v.journal_file {
+            let _ = writeln!(
+                s,
+                "  journal: taskbox replay --all --journal {}",
+                file.display()
             );
         }
     }

@@ -161,6 +161,17 @@ fn the_cli_reports_violations_with_a_repro_command_that_reproduces_them() {
         .expect("a repro line")
         .to_string();
     assert!(text.contains("data kept: "), "{text}");
+    // The kept journal replays cleanly: the planted bug is in the platform, not in the core.
+    let journal = text
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("journal: taskbox replay --all --journal ")
+        })
+        .expect("a journal line");
+    assert!(journal.ends_with("journal.jsonl"), "{journal}");
+    let replayed = home.run(&["replay", "--all", "--journal", journal]);
+    assert_eq!(replayed.status.code(), Some(0), "{}", stderr(&replayed));
     // Run the printed command (its --faults value is single-quoted) and get the same seed's
     // violations again.
     let (head, rest) = repro.split_once(" --faults '").expect("faults argument");
