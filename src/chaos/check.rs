@@ -35,6 +35,66 @@ use crate::core::{
 use crate::provider::sim::{SimSandbox, SimSnapshot};
 use crate::store::JournalEntry;
 
+/// A sandbox as the platform records it (the simulator's view, or the fake Vercel server's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlatformSandbox {
+    /// Provider handle (a session id on Vercel).
+    pub id: String,
+    /// The task it was created for.
+    pub task_id: String,
+    /// Which creation of the task's sandbox it is, when the platform knows.
+    pub generation: Option<u64>,
+    /// The snapshot its files came from.
+    pub source_snapshot: Option<String>,
+    /// When the platform created it.
+    pub created_at: Millis,
+    /// Whether it is still running.
+    pub live: bool,
+}
+
+impl From<&SimSandbox> for PlatformSandbox {
+    fn from(s: &SimSandbox) -> Self {
+        PlatformSandbox {
+            id: s.id.clone(),
+            task_id: s.task_id.clone(),
+            generation: Some(s.generation),
+            source_snapshot: s.source_snapshot.clone(),
+            created_at: s.created_at,
+            live: s.alive,
+        }
+    }
+}
+
+/// A snapshot as the platform records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlatformSnapshot {
+    /// Provider id.
+    pub id: String,
+    /// The task it was taken for.
+    pub task_id: String,
+    /// When the platform took it.
+    pub created_at: Millis,
+    /// When it expires (or expired); `None`: never.
+    pub expires_at: Option<Millis>,
+    /// Whether it was deleted.
+    pub deleted: bool,
+    /// Whether it has expired.
+    pub expired: bool,
+}
+
+impl From<&SimSnapshot> for PlatformSnapshot {
+    fn from(s: &SimSnapshot) -> Self {
+        PlatformSnapshot {
+            id: s.id.clone(),
+            task_id: s.task_id.clone(),
+            created_at: s.created_at,
+            expires_at: s.expires_at,
+            deleted: s.deleted,
+            expired: s.expired,
+        }
+    }
+}
+
 /// Which invariant a violation breaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -143,12 +203,12 @@ pub struct JournalCounts {
 /// decision is checked on its own by [`journal`]). A deleted snapshot missing from it is taken
 /// to have been present, which makes the check weaker, never wrong the other way round.
 pub fn restores(
-    sandboxes: &[SimSandbox],
-    snapshots: &[SimSnapshot],
+    sandboxes: &[PlatformSandbox],
+    snapshots: &[PlatformSnapshot],
     retired_at: &BTreeMap<String, Millis>,
     task: &str,
 ) -> Vec<Violation> {
-    let snaps: Vec<&SimSnapshot> = snapshots.iter().filter(|s| s.task_id == task).collect();
+    let snaps: Vec<&PlatformSnapshot> = snapshots.iter().filter(|s| s.task_id == task).collect();
     let mut out = Vec::new();
     for sb in sandboxes.iter().filter(|s| s.task_id == task) {
         let at = sb.created_at;
@@ -156,7 +216,7 @@ pub fn restores(
             .iter()
             .filter(|s| s.created_at <= at && s.expires_at.is_none_or(|e| e > at))
             .filter(|s| retired_at.get(&s.id).is_none_or(|r| *r > at))
-            .max_by_key(|s| s.seq)
+            .max_by_key(|s| (s.created_at, s.id.as_str()))
             .map(|s| s.id.clone());
         if sb.source_snapshot != newest {
             out.push(Violation::new(
@@ -166,7 +226,8 @@ pub fn restores(
                     "sandbox {} (generation {}, created at {at}) was created from {}, but the \
                      newest snapshot present then was {}",
                     sb.id,
-                    sb.generation,
+                    sb.generation
+                        .map_or_else(|| "?".to_string(), |g| g.to_string()),
                     sb.source_snapshot.as_deref().unwrap_or("nothing"),
                     newest.as_deref().unwrap_or("none"),
                 ),
@@ -211,9 +272,9 @@ pub fn adopted_sandboxes(entries: &[JournalEntry]) -> BTreeSet<String> {
 /// platform: returned as `(task, snapshot id)`, not a violation); gone ⇒ not present.
 pub fn snapshots_kept(
     tasks: &[Task],
-    snapshots: &[SimSnapshot],
+    snapshots: &[PlatformSnapshot],
 ) -> (Vec<(String, String)>, Vec<Violation>) {
-    let on_platform: BTreeMap<&str, &SimSnapshot> =
+    let on_platform: BTreeMap<&str, &PlatformSnapshot> =
         snapshots.iter().map(|s| (s.id.as_str(), s)).collect();
     let mut expired = Vec::new();
     let mut out = Vec::new();
@@ -247,7 +308,7 @@ pub fn snapshots_kept(
                     )),
                 },
                 SnapshotStatus::Gone => {
-                    if snap.is_some_and(|s| s.present()) {
+                    if snap.is_some_and(|s| !s.deleted && !s.expired) {
                         out.push(Violation::new(
                             Invariant::SnapshotKept,
                             Some(&t.id),
@@ -271,7 +332,7 @@ pub fn snapshots_kept(
 
 /// After reconciliation: every live sandbox is the one its task holds, and no task has two.
 /// `live` is the platform's live sandboxes of this installation.
-pub fn sandboxes_after_reconcile(tasks: &[Task], live: &[SimSandbox]) -> Vec<Violation> {
+pub fn sandboxes_after_reconcile(tasks: &[Task], live: &[PlatformSandbox]) -> Vec<Violation> {
     let held: BTreeMap<&str, &str> = tasks
         .iter()
         .filter_map(|t| t.sandbox.as_ref().map(|s| (s.id.as_str(), t.id.as_str())))
@@ -291,8 +352,8 @@ pub fn sandboxes_after_reconcile(tasks: &[Task], live: &[SimSandbox]) -> Vec<Vio
                 Invariant::NoOrphan,
                 Some(&sb.task_id),
                 format!(
-                    "live sandbox {} (generation {}) is held by no task after reconciliation",
-                    sb.id, sb.generation
+                    "live sandbox {} is held by no task after reconciliation",
+                    sb.id
                 ),
             )),
         }

@@ -18,6 +18,7 @@
 //! [`run`] runs many seeds (on several threads, each seed on its own runtime); [`run_seed`] one.
 
 pub mod check;
+mod driver;
 mod planted;
 pub mod rng;
 mod witness;
@@ -30,29 +31,25 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 use crate::clock::{Clock, TokioClock};
 use crate::config::Config;
-use crate::engine::{EngineError, Orchestrator};
+use crate::engine::EngineError;
 use crate::provider::sim::{SimFaults, SimFaultsError, SimProvider};
 use crate::provider::SandboxProvider;
-use crate::retry::Jitter;
-use crate::store::{JournalEntry, Store, StoreError};
-use crate::TaskId;
+use crate::store::StoreError;
 
 pub use check::{Invariant, JournalCounts, Violation};
+use check::{PlatformSandbox, PlatformSnapshot};
+use driver::Driver;
 #[doc(hidden)]
 pub use planted::{OldestRestore, PlantedBug, UnknownPlantedBug};
 use rng::ChaosRng;
-use workload::{Op, TaskPlan};
 
 /// Virtual time at which every seed starts (2023-11-14T22:13:20Z).
 const START_MS: u64 = 1_700_000_000_000;
-/// Salts that keep the workload's and the jitter's streams apart from the platform's.
+/// Salt that keeps the workload's stream apart from the platform's.
 const WORKLOAD_SALT: u64 = 0x005E_ED0F_C4A0_5000;
-const JITTER_SALT: u64 = 0x0017_7E50_0000_0001;
 /// The plan's cap on a sandbox's lifetime in the simulated world (matches the config below).
 const MAX_LIFETIME_MS: u64 = 600_000;
 /// Virtual time the workload may take before the seed is declared stuck.
@@ -517,184 +514,6 @@ fn config() -> Config {
     c
 }
 
-/// The engine of a seed, which crashes and restarts: the current orchestrator and its epoch.
-struct Driver {
-    seed: u64,
-    data_dir: PathBuf,
-    provider: Arc<dyn SandboxProvider>,
-    clock: Arc<dyn Clock>,
-    /// The engine now, and how many times it has been restarted.
-    current: Mutex<(u64, Orchestrator)>,
-    /// Workers waiting for the restart, by task id, woken in that order. A crash wakes the
-    /// workers whose requests it cut off in hash-map order (the engine drops its table of
-    /// waiting callers), so they must not simply race to the new engine: the order of their
-    /// next requests would then differ between runs of the same seed.
-    waiting: Mutex<BTreeMap<String, oneshot::Sender<()>>>,
-    crash_lock: tokio::sync::Mutex<()>,
-    crashes: AtomicU64,
-    pending_crashes: Mutex<Vec<JoinHandle<()>>>,
-    errors: Mutex<Vec<String>>,
-}
-
-impl Driver {
-    async fn open_engine(
-        seed: u64,
-        data_dir: &Path,
-        provider: &Arc<dyn SandboxProvider>,
-        clock: &Arc<dyn Clock>,
-        epoch: u64,
-    ) -> Result<Orchestrator, EngineError> {
-        Orchestrator::builder(data_dir.to_path_buf(), config())
-            .provider(provider.clone())
-            .clock(clock.clone())
-            .jitter(Jitter::Seeded(seed ^ JITTER_SALT ^ epoch))
-            .lock_wait(Duration::from_secs(3600))
-            // A restart reconciles orphans in the background, as `taskbox` itself does.
-            .reconcile_on_start(epoch > 0)
-            .open()
-            .await
-    }
-
-    fn current(&self) -> (u64, Orchestrator) {
-        self.current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Waits until the engine of `epoch` has been replaced (bounded: a restart that failed
-    /// must not hang the seed).
-    async fn wait_past(&self, task: &str, epoch: u64) -> bool {
-        let woken = {
-            let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
-            if self.current().0 > epoch {
-                return true;
-            }
-            let (tx, rx) = oneshot::channel();
-            waiting.insert(task.to_string(), tx);
-            rx
-        };
-        matches!(
-            tokio::time::timeout(Duration::from_secs(3600), woken).await,
-            Ok(Ok(()))
-        )
-    }
-
-    /// Crashes the engine `after_ms` from now and opens a new one on the same data dir.
-    fn schedule_crash(self: &Arc<Self>, after_ms: u64) {
-        let d = self.clone();
-        let h = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(after_ms)).await;
-            let _one_at_a_time = d.crash_lock.lock().await;
-            let (epoch, orch) = d.current();
-            orch.abort().await;
-            drop(orch);
-            d.crashes.fetch_add(1, Ordering::Relaxed);
-            match Self::open_engine(d.seed, &d.data_dir, &d.provider, &d.clock, epoch + 1).await {
-                Ok(o) => {
-                    let mut waiting = d.waiting.lock().unwrap_or_else(|p| p.into_inner());
-                    *d.current.lock().unwrap_or_else(|p| p.into_inner()) = (epoch + 1, o);
-                    for (_, w) in std::mem::take(&mut *waiting) {
-                        let _ = w.send(());
-                    }
-                }
-                Err(e) => d
-                    .errors
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(format!("could not reopen the engine after a crash: {e}")),
-            }
-        });
-        self.pending_crashes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(h);
-    }
-
-    async fn wait_crashes(&self) {
-        loop {
-            let hs: Vec<_> = std::mem::take(
-                &mut *self
-                    .pending_crashes
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()),
-            );
-            if hs.is_empty() {
-                return;
-            }
-            for h in hs {
-                let _ = h.await;
-            }
-        }
-    }
-
-    fn error(&self, e: String) {
-        self.errors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(e);
-    }
-}
-
-/// What one task's worker saw.
-#[derive(Debug, Default)]
-struct Tally {
-    steps: u64,
-    ok: u64,
-    failed: u64,
-    interrupted: u64,
-}
-
-async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
-    let mut tally = Tally::default();
-    let task = match TaskId::new(&plan.task_id) {
-        Ok(t) => t,
-        Err(e) => {
-            d.error(format!("bad task id {}: {e}", plan.task_id));
-            return tally;
-        }
-    };
-    for step in plan.steps {
-        tally.steps += 1;
-        if let Some(after) = step.crash_after_ms {
-            d.schedule_crash(after);
-        }
-        let (epoch, orch) = d.current();
-        let result = match &step.op {
-            Op::Run { command } => orch.run(&task, command, None).await.map(drop),
-            Op::Suspend => orch.suspend(&task).await.map(drop),
-            Op::Resume => orch.resume(&task).await.map(drop),
-            Op::Wait { ms } => {
-                tokio::time::sleep(Duration::from_millis(*ms)).await;
-                Ok(())
-            }
-        };
-        drop(orch);
-        match result {
-            Ok(()) => {
-                if !matches!(step.op, Op::Wait { .. }) {
-                    tally.ok += 1;
-                }
-            }
-            Err(EngineError::Request { .. }) => tally.failed += 1,
-            Err(EngineError::Stopped) => {
-                tally.interrupted += 1;
-                if !d.wait_past(task.as_str(), epoch).await {
-                    d.error(format!(
-                        "task {task}: the engine stopped and was not restarted within an hour"
-                    ));
-                    return tally;
-                }
-            }
-            Err(e) => {
-                tally.failed += 1;
-                d.error(format!("task {task}: {} failed: {e}", step.op.kind()));
-            }
-        }
-    }
-    tally
-}
-
 async fn seed_run(
     seed: u64,
     opts: &ChaosOptions,
@@ -712,138 +531,30 @@ async fn seed_run(
     };
     let witness = Arc::new(witness::Witness::new(
         engine_side,
-        sim.clone(),
+        Some(sim.clone()),
         clock_dyn.clone(),
     ));
-    let provider: Arc<dyn SandboxProvider> = witness.clone();
     let plans = workload::plan(
         &mut ChaosRng::new(seed ^ WORKLOAD_SALT),
         opts.tasks,
         opts.faults.crash,
+        workload::Flavor::Sim,
     );
-    let first = Driver::open_engine(seed, data_dir, &provider, &clock_dyn, 0)
+    let task_ids: Vec<String> = plans.iter().map(|p| p.task_id.clone()).collect();
+    let d = Driver::open(seed, data_dir, witness.clone(), clock_dyn, config())
         .await
         .map_err(|source| ChaosError::Engine { seed, source })?;
-    let d = Arc::new(Driver {
-        seed,
-        data_dir: data_dir.to_path_buf(),
-        provider,
-        clock: clock_dyn,
-        current: Mutex::new((0, first)),
-        waiting: Mutex::new(BTreeMap::new()),
-        crash_lock: tokio::sync::Mutex::new(()),
-        crashes: AtomicU64::new(0),
-        pending_crashes: Mutex::new(Vec::new()),
-        errors: Mutex::new(Vec::new()),
-    });
-    let mut violations = Vec::new();
 
-    // ---- the workload, under faults ----
-    let task_ids: Vec<String> = plans.iter().map(|p| p.task_id.clone()).collect();
-    let workers: Vec<JoinHandle<Tally>> = plans
-        .into_iter()
-        .map(|p| tokio::spawn(worker(d.clone(), p)))
-        .collect();
-    let mut tally = Tally::default();
-    let joined = tokio::time::timeout(WORKLOAD_BOUND, async {
-        let mut out = Vec::new();
-        for w in workers {
-            out.push(w.await);
-        }
-        out
-    })
-    .await;
-    match joined {
-        Ok(results) => {
-            for r in results {
-                match r {
-                    Ok(t) => {
-                        tally.steps += t.steps;
-                        tally.ok += t.ok;
-                        tally.failed += t.failed;
-                        tally.interrupted += t.interrupted;
-                    }
-                    Err(e) => d.error(format!("a task's worker panicked: {e}")),
-                }
-            }
-        }
-        Err(_) => violations.push(Violation::new(
-            Invariant::Settles,
-            None,
-            format!(
-                "the workload did not finish within {} h of virtual time",
-                WORKLOAD_BOUND.as_secs() / 3600
-            ),
-        )),
-    }
-    d.wait_crashes().await;
-
-    // ---- faults off: let everything in flight settle, then touch every task once ----
+    // The workload, under faults; then faults off, and every task settles.
+    let (tally, mut violations) = driver::run_workload(&d, plans, WORKLOAD_BOUND).await;
     sim.set_faults(SimFaults::none());
-    tokio::time::sleep(SETTLE).await;
-    let (_, orch) = d.current();
-    let mut finals = Vec::new();
-    for id in &task_ids {
-        let orch = orch.clone();
-        let id = id.clone();
-        finals.push(tokio::spawn(async move {
-            let task = TaskId::new(&id).map_err(|e| e.to_string())?;
-            // A first try may fail honestly: a sandbox that died before its recorded deadline
-            // while the engine was down is found dead by this very command (the command never
-            // ran, and the error says so); the second try must restore and succeed.
-            if orch.run(&task, "cat f0", None).await.is_ok() {
-                return Ok(());
-            }
-            orch.run(&task, "cat f0", None)
-                .await
-                .map(drop)
-                .map_err(|e| format!("task {id}: with faults off, a command failed twice: {e}"))
-        }));
-    }
-    for f in finals {
-        match f.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => violations.push(Violation::new(Invariant::Settles, None, e)),
-            Err(e) => d.error(format!("a final command panicked: {e}")),
-        }
-    }
-    match orch.gc(false).await {
-        Ok(gc) => {
-            for e in gc.errors {
-                violations.push(Violation::new(
-                    Invariant::NoOrphan,
-                    None,
-                    format!("reconciliation with faults off failed: {e}"),
-                ));
-            }
-        }
-        Err(e) => violations.push(Violation::new(
-            Invariant::NoOrphan,
-            None,
-            format!("reconciliation with faults off failed: {e}"),
-        )),
-    }
-    orch.shutdown_within(Duration::from_secs(600)).await;
-    drop(orch);
+    let (settled, crashes) = driver::settle(d, &task_ids, SETTLE).await;
+    violations.extend(settled);
     let virtual_ms = clock.now_ms() - START_MS;
-    for e in d.errors.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
-        violations.push(Violation::new(Invariant::EngineError, None, e));
-    }
-    let crashes = d.crashes.load(Ordering::Relaxed);
-    drop(d);
 
-    // ---- the history, checked against the ground truth ----
-    let store_err = |source| ChaosError::Store { seed, source };
-    let store = Store::open(&data_dir.join("taskbox.db")).map_err(store_err)?;
-    let tasks = store.load_tasks().map_err(store_err)?;
-    let mut entries: Vec<JournalEntry> = Vec::new();
-    for id in store.task_ids().map_err(store_err)? {
-        entries.extend(store.journal(&id).map_err(store_err)?);
-    }
-    entries.sort_by_key(|e| e.seq);
-    let installation = store.installation_id().to_string();
-    drop(store);
-
+    // The history, checked against the platform's records.
+    let rec = driver::read_store(seed, data_dir)?;
+    let installation = rec.installation.clone();
     let sandboxes: Vec<_> = sim
         .all_sandboxes()
         .into_iter()
@@ -854,60 +565,26 @@ async fn seed_run(
         .into_iter()
         .filter(|s| s.installation_id == installation)
         .collect();
-    let retired_at = check::retired_at(&entries, &witness.deleted_at());
-    let adopted_ids = check::adopted_sandboxes(&entries);
-    let (adopted, stale): (Vec<_>, Vec<_>) = sandboxes
+    let platform_sandboxes: Vec<PlatformSandbox> = sandboxes.iter().map(Into::into).collect();
+    let platform_snapshots: Vec<PlatformSnapshot> = snapshots.iter().map(Into::into).collect();
+    let live: Vec<PlatformSandbox> = platform_sandboxes
         .iter()
+        .filter(|s| s.live)
         .cloned()
-        .partition(|s| adopted_ids.contains(&s.id));
-    for id in &task_ids {
-        violations.extend(check::restores(&adopted, &snapshots, &retired_at, id));
-    }
-    let (expired, kept) = check::snapshots_kept(&tasks, &snapshots);
-    violations.extend(kept);
-    let live: Vec<_> = sandboxes.iter().filter(|s| s.alive).cloned().collect();
-    violations.extend(check::sandboxes_after_reconcile(&tasks, &live));
-    violations.extend(check::unsettled(&tasks));
-    let (counts, journal_violations) = check::journal(&entries);
-    violations.extend(journal_violations);
-    // Folding the journal's events through today's core must reproduce every entry.
-    for d in crate::replay::verify(&entries).divergences() {
-        violations.push(Violation::new(
-            Invariant::JournalReplays,
-            Some(&d.task_id),
-            format!(
-                "entry {} ({}) does not replay: {}",
-                d.task_seq, d.event, d.detail
-            ),
-        ));
-    }
-    // A violating seed's journal, for `taskbox replay --journal FILE` on any machine.
+        .collect();
+    let checked = driver::check_all(
+        &task_ids,
+        &rec,
+        &platform_sandboxes,
+        &platform_snapshots,
+        &live,
+        &witness.deleted_at(),
+    );
+    violations.extend(checked.violations);
     let journal_file = if violations.is_empty() && !opts.keep_all {
         None
     } else {
-        let path = data_dir.parent().unwrap_or(data_dir).join("journal.jsonl");
-        let written = std::fs::File::create(&path)
-            .map_err(crate::replay::export::ExportError::Write)
-            .and_then(|f| {
-                let mut out = std::io::BufWriter::new(f);
-                crate::replay::export::write_journal(
-                    &mut out,
-                    &entries,
-                    &installation,
-                    clock.now_ms(),
-                )
-            });
-        match written {
-            Ok(_) => Some(path),
-            Err(e) => {
-                violations.push(Violation::new(
-                    Invariant::EngineError,
-                    None,
-                    format!("could not export the journal to {}: {e}", path.display()),
-                ));
-                None
-            }
-        }
+        driver::export_journal(data_dir, &rec, clock.now_ms(), &mut violations)
     };
 
     let stats = sim.stats();
@@ -923,7 +600,7 @@ async fn seed_run(
         (format!("\"{installation}\""), "\"*\""),
         (format!("-{prefix}"), "-*"),
     ]);
-    for e in &entries {
+    for e in &rec.entries {
         h.update_json(e);
     }
     h.update_json(&stats);
@@ -944,12 +621,9 @@ async fn seed_run(
         requests_interrupted: tally.interrupted,
         faults,
         provider_calls: stats.calls.values().sum(),
-        journal: counts,
-        snapshots_expired: expired
-            .into_iter()
-            .map(|(t, s)| format!("{t}/{s}"))
-            .collect(),
-        stale_sandboxes: stale.len() as u64,
+        journal: checked.counts,
+        snapshots_expired: checked.expired,
+        stale_sandboxes: checked.stale,
         violations,
         digest: h.finish(),
         virtual_ms,

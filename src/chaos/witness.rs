@@ -1,11 +1,11 @@
-//! A provider decorator that notes *when* the simulated platform deleted each snapshot.
+//! A provider decorator that notes *when* the platform deleted each snapshot.
 //!
-//! The simulated platform keeps a deleted snapshot's record with a `deleted` flag but not the
-//! time of the deletion, and the restore check needs it: a snapshot deleted before a sandbox was
-//! created was not a restore candidate then. A delete takes effect at the instant the platform
-//! answers (or would have answered, for a timed-out call), so the time the call returns, on the
-//! virtual clock, is the deletion time. Every delete goes through the engine's provider (pruning
-//! and `gc` alike), so this sees them all.
+//! Neither the simulated platform nor the Vercel API records the time of a deletion, and the
+//! restore check needs it: a snapshot deleted before a sandbox was created was not a restore
+//! candidate then. A delete takes effect by the time the platform answers; on the simulator it
+//! takes effect at the very instant the call returns (also for a timed-out call, whose answer
+//! is lost), so with the simulator's records at hand the time is exact. Every delete goes
+//! through the engine's provider (pruning and `gc` alike), so this sees them all.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -18,10 +18,11 @@ use crate::provider::{
     SandboxSpec, SnapshotInfo,
 };
 
-/// Forwards every call to `inner`, and records deletion times from `sim`'s ground truth.
+/// Forwards every call to `inner`, and records deletion times (from `sim`'s records when
+/// given, from successful answers otherwise).
 pub(crate) struct Witness {
     inner: Arc<dyn SandboxProvider>,
-    sim: Arc<SimProvider>,
+    sim: Option<Arc<SimProvider>>,
     clock: Arc<dyn Clock>,
     deleted_at: Mutex<BTreeMap<String, Millis>>,
 }
@@ -29,7 +30,7 @@ pub(crate) struct Witness {
 impl Witness {
     pub(crate) fn new(
         inner: Arc<dyn SandboxProvider>,
-        sim: Arc<SimProvider>,
+        sim: Option<Arc<SimProvider>>,
         clock: Arc<dyn Clock>,
     ) -> Witness {
         Witness {
@@ -93,11 +94,13 @@ impl SandboxProvider for Witness {
             // No await between the platform's answer and this check: the virtual clock has not
             // moved since the deletion took effect.
             let now = self.clock.now_ms();
-            let deleted = self
-                .sim
-                .snapshots()
-                .iter()
-                .any(|s| s.id == snapshot_id && s.deleted);
+            let deleted = match &self.sim {
+                Some(sim) => sim
+                    .snapshots()
+                    .iter()
+                    .any(|s| s.id == snapshot_id && s.deleted),
+                None => result.is_ok(),
+            };
             if deleted {
                 self.deleted_at
                     .lock()

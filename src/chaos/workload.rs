@@ -56,20 +56,34 @@ pub struct TaskPlan {
     pub steps: Vec<Step>,
 }
 
-/// The fewest and the most steps a task gets.
-const STEPS: (u64, u64) = (6, 16);
+/// Which platform the workload is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// The simulated platform on virtual time: its command language, waits of minutes.
+    Sim,
+    /// The fake Vercel server on real time: bash commands, waits of at most a few seconds.
+    Http,
+}
 
 /// Draws the workload of `tasks` tasks; `crash_rate` is the chance, per step, that the engine
 /// crashes at a random moment during it.
-pub fn plan(rng: &mut ChaosRng, tasks: u32, crash_rate: f64) -> Vec<TaskPlan> {
+pub fn plan(rng: &mut ChaosRng, tasks: u32, crash_rate: f64, flavor: Flavor) -> Vec<TaskPlan> {
+    // The fewest and most steps a task gets, and how late in a step a crash may come.
+    let (steps, crash_within) = match flavor {
+        Flavor::Sim => ((6, 16), 20_000),
+        Flavor::Http => ((3, 7), 1_500),
+    };
     (0..tasks)
         .map(|i| {
             let mut r = rng.fork();
-            let n = r.between(STEPS.0, STEPS.1);
+            let n = r.between(steps.0, steps.1);
             let steps = (0..n)
                 .map(|_| {
-                    let op = op(&mut r);
-                    let crash_after_ms = r.chance(crash_rate).then(|| r.between(0, 20_000));
+                    let op = match flavor {
+                        Flavor::Sim => op(&mut r),
+                        Flavor::Http => http_op(&mut r),
+                    };
+                    let crash_after_ms = r.chance(crash_rate).then(|| r.between(0, crash_within));
                     Step { op, crash_after_ms }
                 })
                 .collect();
@@ -117,21 +131,50 @@ fn op(r: &mut ChaosRng) -> Op {
     }
 }
 
+/// The same mix in bash, on real time: the fake's sandboxes are real processes.
+fn http_op(r: &mut ChaosRng) -> Op {
+    let file = format!("f{}", r.between(0, 2));
+    let value = r.between(0, 9999);
+    match r.weighted(&[4, 3, 4, 2, 3, 2, 1]) {
+        0 => Op::Run {
+            command: format!("echo {value} > {file}"),
+        },
+        1 => Op::Run {
+            command: format!("echo +{value} >> {file}"),
+        },
+        2 => Op::Run {
+            command: format!("cat {file}"),
+        },
+        3 => Op::Run {
+            command: format!("echo {value} >> log; sleep 0.{}; cat log", r.between(1, 9)),
+        },
+        4 => Op::Wait {
+            ms: match r.weighted(&[4, 1]) {
+                0 => r.between(0, 400),
+                // Past the idle lifetime (reaped into a snapshot).
+                _ => r.between(2_200, 3_000),
+            },
+        },
+        5 => Op::Suspend,
+        _ => Op::Resume,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_same_seed_draws_the_same_workload() {
-        let a = plan(&mut ChaosRng::new(9), 4, 0.1);
-        let b = plan(&mut ChaosRng::new(9), 4, 0.1);
+        let a = plan(&mut ChaosRng::new(9), 4, 0.1, Flavor::Sim);
+        let b = plan(&mut ChaosRng::new(9), 4, 0.1, Flavor::Sim);
         assert_eq!(a, b);
-        assert_ne!(a, plan(&mut ChaosRng::new(10), 4, 0.1));
+        assert_ne!(a, plan(&mut ChaosRng::new(10), 4, 0.1, Flavor::Sim));
         assert_eq!(a.len(), 4);
         for t in &a {
             assert!((6..=16).contains(&(t.steps.len() as u64)));
         }
-        let none = plan(&mut ChaosRng::new(9), 4, 0.0);
+        let none = plan(&mut ChaosRng::new(9), 4, 0.0, Flavor::Sim);
         assert!(none
             .iter()
             .flat_map(|t| &t.steps)

@@ -1,0 +1,458 @@
+//! The engine side of a chaos seed, whatever the platform: the engine that crashes and
+//! restarts ([`Driver`]), one worker per task playing its workload, the fault-free settling
+//! phase, reading the store back, and the checks that compare it with the platform's records.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::check::{self, Invariant, JournalCounts, PlatformSandbox, PlatformSnapshot, Violation};
+use super::workload::{Op, TaskPlan};
+use super::ChaosError;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::core::{Millis, Task};
+use crate::engine::{EngineError, Orchestrator};
+use crate::provider::SandboxProvider;
+use crate::retry::Jitter;
+use crate::store::{JournalEntry, Store};
+use crate::TaskId;
+
+/// Salt that keeps the jitter's stream apart from the platform's.
+const JITTER_SALT: u64 = 0x0017_7E50_0000_0001;
+
+/// The engine of a seed, which crashes and restarts: the current orchestrator and its epoch.
+pub(super) struct Driver {
+    seed: u64,
+    config: Config,
+    data_dir: PathBuf,
+    provider: Arc<dyn SandboxProvider>,
+    clock: Arc<dyn Clock>,
+    /// The engine now, and how many times it has been restarted.
+    current: Mutex<(u64, Orchestrator)>,
+    /// Workers waiting for the restart, by task id, woken in that order. A crash wakes the
+    /// workers whose requests it cut off in hash-map order (the engine drops its table of
+    /// waiting callers), so they must not simply race to the new engine: the order of their
+    /// next requests would then differ between runs of the same seed.
+    waiting: Mutex<BTreeMap<String, oneshot::Sender<()>>>,
+    crash_lock: tokio::sync::Mutex<()>,
+    crashes: AtomicU64,
+    pending_crashes: Mutex<Vec<JoinHandle<()>>>,
+    errors: Mutex<Vec<String>>,
+}
+
+impl Driver {
+    /// Opens the first engine on `data_dir`.
+    pub(super) async fn open(
+        seed: u64,
+        data_dir: &Path,
+        provider: Arc<dyn SandboxProvider>,
+        clock: Arc<dyn Clock>,
+        config: Config,
+    ) -> Result<Arc<Driver>, EngineError> {
+        let first = Self::open_engine(seed, data_dir, &provider, &clock, &config, 0).await?;
+        Ok(Arc::new(Driver {
+            seed,
+            config,
+            data_dir: data_dir.to_path_buf(),
+            provider,
+            clock,
+            current: Mutex::new((0, first)),
+            waiting: Mutex::new(BTreeMap::new()),
+            crash_lock: tokio::sync::Mutex::new(()),
+            crashes: AtomicU64::new(0),
+            pending_crashes: Mutex::new(Vec::new()),
+            errors: Mutex::new(Vec::new()),
+        }))
+    }
+
+    async fn open_engine(
+        seed: u64,
+        data_dir: &Path,
+        provider: &Arc<dyn SandboxProvider>,
+        clock: &Arc<dyn Clock>,
+        config: &Config,
+        epoch: u64,
+    ) -> Result<Orchestrator, EngineError> {
+        Orchestrator::builder(data_dir.to_path_buf(), config.clone())
+            .provider(provider.clone())
+            .clock(clock.clone())
+            .jitter(Jitter::Seeded(seed ^ JITTER_SALT ^ epoch))
+            .lock_wait(Duration::from_secs(3600))
+            // A restart reconciles orphans in the background, as `taskbox` itself does.
+            .reconcile_on_start(epoch > 0)
+            .open()
+            .await
+    }
+
+    pub(super) fn current(&self) -> (u64, Orchestrator) {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Waits until the engine of `epoch` has been replaced (bounded: a restart that failed
+    /// must not hang the seed).
+    async fn wait_past(&self, task: &str, epoch: u64) -> bool {
+        let woken = {
+            let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            if self.current().0 > epoch {
+                return true;
+            }
+            let (tx, rx) = oneshot::channel();
+            waiting.insert(task.to_string(), tx);
+            rx
+        };
+        matches!(
+            tokio::time::timeout(Duration::from_secs(3600), woken).await,
+            Ok(Ok(()))
+        )
+    }
+
+    /// Crashes the engine `after_ms` from now and opens a new one on the same data dir.
+    fn schedule_crash(self: &Arc<Self>, after_ms: u64) {
+        let d = self.clone();
+        let h = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(after_ms)).await;
+            let _one_at_a_time = d.crash_lock.lock().await;
+            let (epoch, orch) = d.current();
+            orch.abort().await;
+            drop(orch);
+            d.crashes.fetch_add(1, Ordering::Relaxed);
+            let reopened = Self::open_engine(
+                d.seed,
+                &d.data_dir,
+                &d.provider,
+                &d.clock,
+                &d.config,
+                epoch + 1,
+            )
+            .await;
+            match reopened {
+                Ok(o) => {
+                    let mut waiting = d.waiting.lock().unwrap_or_else(|p| p.into_inner());
+                    *d.current.lock().unwrap_or_else(|p| p.into_inner()) = (epoch + 1, o);
+                    for (_, w) in std::mem::take(&mut *waiting) {
+                        let _ = w.send(());
+                    }
+                }
+                Err(e) => d
+                    .errors
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!("could not reopen the engine after a crash: {e}")),
+            }
+        });
+        self.pending_crashes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(h);
+    }
+
+    pub(super) async fn wait_crashes(&self) {
+        loop {
+            let hs: Vec<_> = std::mem::take(
+                &mut *self
+                    .pending_crashes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+            if hs.is_empty() {
+                return;
+            }
+            for h in hs {
+                let _ = h.await;
+            }
+        }
+    }
+
+    pub(super) fn error(&self, e: String) {
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(e);
+    }
+}
+
+/// What the workers saw.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    pub(super) steps: u64,
+    pub(super) ok: u64,
+    pub(super) failed: u64,
+    pub(super) interrupted: u64,
+}
+
+async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
+    let mut tally = Tally::default();
+    let task = match TaskId::new(&plan.task_id) {
+        Ok(t) => t,
+        Err(e) => {
+            d.error(format!("bad task id {}: {e}", plan.task_id));
+            return tally;
+        }
+    };
+    for step in plan.steps {
+        tally.steps += 1;
+        if let Some(after) = step.crash_after_ms {
+            d.schedule_crash(after);
+        }
+        let (epoch, orch) = d.current();
+        let result = match &step.op {
+            Op::Run { command } => orch.run(&task, command, None).await.map(drop),
+            Op::Suspend => orch.suspend(&task).await.map(drop),
+            Op::Resume => orch.resume(&task).await.map(drop),
+            Op::Wait { ms } => {
+                tokio::time::sleep(Duration::from_millis(*ms)).await;
+                Ok(())
+            }
+        };
+        drop(orch);
+        match result {
+            Ok(()) => {
+                if !matches!(step.op, Op::Wait { .. }) {
+                    tally.ok += 1;
+                }
+            }
+            Err(EngineError::Request { .. }) => tally.failed += 1,
+            Err(EngineError::Stopped) => {
+                tally.interrupted += 1;
+                if !d.wait_past(task.as_str(), epoch).await {
+                    d.error(format!(
+                        "task {task}: the engine stopped and was not restarted within an hour"
+                    ));
+                    return tally;
+                }
+            }
+            Err(e) => {
+                tally.failed += 1;
+                d.error(format!("task {task}: {} failed: {e}", step.op.kind()));
+            }
+        }
+    }
+    tally
+}
+
+/// Plays every task's workload at once (bounded by `bound` of the runtime's time), then waits
+/// for pending crashes to have restarted the engine.
+pub(super) async fn run_workload(
+    d: &Arc<Driver>,
+    plans: Vec<TaskPlan>,
+    bound: Duration,
+) -> (Tally, Vec<Violation>) {
+    let mut violations = Vec::new();
+    let workers: Vec<JoinHandle<Tally>> = plans
+        .into_iter()
+        .map(|p| tokio::spawn(worker(d.clone(), p)))
+        .collect();
+    let mut tally = Tally::default();
+    let joined = tokio::time::timeout(bound, async {
+        let mut out = Vec::new();
+        for w in workers {
+            out.push(w.await);
+        }
+        out
+    })
+    .await;
+    match joined {
+        Ok(results) => {
+            for r in results {
+                match r {
+                    Ok(t) => {
+                        tally.steps += t.steps;
+                        tally.ok += t.ok;
+                        tally.failed += t.failed;
+                        tally.interrupted += t.interrupted;
+                    }
+                    Err(e) => d.error(format!("a task's worker panicked: {e}")),
+                }
+            }
+        }
+        Err(_) => violations.push(Violation::new(
+            Invariant::Settles,
+            None,
+            format!("the workload did not finish within {} s", bound.as_secs()),
+        )),
+    }
+    d.wait_crashes().await;
+    (tally, violations)
+}
+
+/// With faults already off: lets calls in flight finish (`settle`), runs one last command in
+/// every task (which recovers and restores it), reconciles orphans, and shuts the engine down.
+/// Returns the violations found and the number of crashes.
+pub(super) async fn settle(
+    d: Arc<Driver>,
+    task_ids: &[String],
+    settle: Duration,
+) -> (Vec<Violation>, u64) {
+    let mut violations = Vec::new();
+    tokio::time::sleep(settle).await;
+    let (_, orch) = d.current();
+    let mut finals = Vec::new();
+    for id in task_ids {
+        let orch = orch.clone();
+        let id = id.clone();
+        finals.push(tokio::spawn(async move {
+            let task = TaskId::new(&id).map_err(|e| e.to_string())?;
+            // A first try may fail honestly: a sandbox that died before its recorded deadline
+            // while the engine was down is found dead by this very command (the command never
+            // ran, and the error says so); the second try must restore and succeed.
+            if orch.run(&task, "cat f0", None).await.is_ok() {
+                return Ok(());
+            }
+            orch.run(&task, "cat f0", None)
+                .await
+                .map(drop)
+                .map_err(|e| format!("task {id}: with faults off, a command failed twice: {e}"))
+        }));
+    }
+    for f in finals {
+        match f.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => violations.push(Violation::new(Invariant::Settles, None, e)),
+            Err(e) => d.error(format!("a final command panicked: {e}")),
+        }
+    }
+    match orch.gc(false).await {
+        Ok(gc) => {
+            for e in gc.errors {
+                violations.push(Violation::new(
+                    Invariant::NoOrphan,
+                    None,
+                    format!("reconciliation with faults off failed: {e}"),
+                ));
+            }
+        }
+        Err(e) => violations.push(Violation::new(
+            Invariant::NoOrphan,
+            None,
+            format!("reconciliation with faults off failed: {e}"),
+        )),
+    }
+    orch.shutdown_within(Duration::from_secs(600)).await;
+    drop(orch);
+    for e in d.errors.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        violations.push(Violation::new(Invariant::EngineError, None, e));
+    }
+    let crashes = d.crashes.load(Ordering::Relaxed);
+    (violations, crashes)
+}
+
+/// What the store holds after a seed.
+pub(super) struct Recorded {
+    pub(super) tasks: Vec<Task>,
+    /// Every task's journal, in commit order.
+    pub(super) entries: Vec<JournalEntry>,
+    pub(super) installation: String,
+}
+
+/// Reads the store back (after the engine has shut down).
+pub(super) fn read_store(seed: u64, data_dir: &Path) -> Result<Recorded, ChaosError> {
+    let store_err = |source| ChaosError::Store { seed, source };
+    let store = Store::open(&data_dir.join("taskbox.db")).map_err(store_err)?;
+    let tasks = store.load_tasks().map_err(store_err)?;
+    let mut entries: Vec<JournalEntry> = Vec::new();
+    for id in store.task_ids().map_err(store_err)? {
+        entries.extend(store.journal(&id).map_err(store_err)?);
+    }
+    entries.sort_by_key(|e| e.seq);
+    Ok(Recorded {
+        tasks,
+        entries,
+        installation: store.installation_id().to_string(),
+    })
+}
+
+/// What the checks found.
+pub(super) struct Checked {
+    pub(super) counts: JournalCounts,
+    pub(super) violations: Vec<Violation>,
+    /// Complete snapshots the platform expired, as `task/snapshot`.
+    pub(super) expired: Vec<String>,
+    /// Sandboxes no task adopted.
+    pub(super) stale: u64,
+}
+
+/// Every check of the store against the platform's records: `sandboxes` are every sandbox the
+/// platform knows of (adopted or not), `live` those running after reconciliation,
+/// `deleted_at` when the platform deleted snapshots.
+pub(super) fn check_all(
+    task_ids: &[String],
+    rec: &Recorded,
+    sandboxes: &[PlatformSandbox],
+    snapshots: &[PlatformSnapshot],
+    live: &[PlatformSandbox],
+    deleted_at: &BTreeMap<String, Millis>,
+) -> Checked {
+    let mut violations = Vec::new();
+    let retired_at = check::retired_at(&rec.entries, deleted_at);
+    let adopted_ids = check::adopted_sandboxes(&rec.entries);
+    let (adopted, stale): (Vec<_>, Vec<_>) = sandboxes
+        .iter()
+        .cloned()
+        .partition(|s| adopted_ids.contains(&s.id));
+    for id in task_ids {
+        violations.extend(check::restores(&adopted, snapshots, &retired_at, id));
+    }
+    let (expired, kept) = check::snapshots_kept(&rec.tasks, snapshots);
+    violations.extend(kept);
+    violations.extend(check::sandboxes_after_reconcile(&rec.tasks, live));
+    violations.extend(check::unsettled(&rec.tasks));
+    let (counts, journal_violations) = check::journal(&rec.entries);
+    violations.extend(journal_violations);
+    // Folding the journal's events through today's core must reproduce every entry.
+    for d in crate::replay::verify(&rec.entries).divergences() {
+        violations.push(Violation::new(
+            Invariant::JournalReplays,
+            Some(&d.task_id),
+            format!(
+                "entry {} ({}) does not replay: {}",
+                d.task_seq, d.event, d.detail
+            ),
+        ));
+    }
+    Checked {
+        counts,
+        violations,
+        expired: expired
+            .into_iter()
+            .map(|(t, s)| format!("{t}/{s}"))
+            .collect(),
+        stale: stale.len() as u64,
+    }
+}
+
+/// Writes the seed's journal to `journal.jsonl` beside its data dir, for `taskbox replay
+/// --journal FILE` on any machine. A failure is a violation of its own (the evidence is lost).
+pub(super) fn export_journal(
+    data_dir: &Path,
+    rec: &Recorded,
+    now: Millis,
+    violations: &mut Vec<Violation>,
+) -> Option<PathBuf> {
+    let path = data_dir.parent().unwrap_or(data_dir).join("journal.jsonl");
+    let written = std::fs::File::create(&path)
+        .map_err(crate::replay::export::ExportError::Write)
+        .and_then(|f| {
+            let mut out = std::io::BufWriter::new(f);
+            crate::replay::export::write_journal(&mut out, &rec.entries, &rec.installation, now)
+        });
+    match written {
+        Ok(_) => Some(path),
+        Err(e) => {
+            violations.push(Violation::new(
+                Invariant::EngineError,
+                None,
+                format!("could not export the journal to {}: {e}", path.display()),
+            ));
+            None
+        }
+    }
+}
