@@ -103,12 +103,10 @@ fn faults() -> SimFaults {
 /// task's newest snapshot that existed at that moment; one created fresh had none to use.
 /// (The chaos runner's checker; here without deletion times, as before.)
 fn check_restores(sim: &SimProvider, task: &str) -> Result<(), TestCaseError> {
-    let violations = taskbox::chaos::check::restores(
-        &sim.all_sandboxes(),
-        &sim.snapshots(),
-        &BTreeMap::new(),
-        task,
-    );
+    let sandboxes: Vec<_> = sim.all_sandboxes().iter().map(Into::into).collect();
+    let snapshots: Vec<_> = sim.snapshots().iter().map(Into::into).collect();
+    let violations =
+        taskbox::chaos::check::restores(&sandboxes, &snapshots, &BTreeMap::new(), task);
     prop_assert!(violations.is_empty(), "{:?}", violations);
     Ok(())
 }
