@@ -551,7 +551,8 @@ fn mark_entry(
         _ => {}
     }
     // The sandbox died under the task: it leaves the live states because of a deadline, a
-    // probe that found it gone, or an operation that answered "sandbox gone".
+    // probe that found it gone, an operation that answered "sandbox gone", or a request that
+    // came after the recorded deadline (taskbox was not running when it passed).
     let live = |s: TaskState| matches!(s, TaskState::Running | TaskState::Snapshotting);
     let died = match &e.event {
         Event::TimerFired {
@@ -561,6 +562,11 @@ fn mark_entry(
         Event::CommandFailed { failure, .. } | Event::SnapshotFailed { failure, .. } => {
             failure.kind == FailureKind::SandboxGone
         }
+        Event::RunRequested { .. }
+        | Event::ResumeRequested { .. }
+        | Event::SuspendRequested { .. } => prev
+            .and_then(|p| p.sandbox.as_ref())
+            .is_some_and(|sb| e.at >= sb.deadline),
         _ => false,
     };
     let expired = died && live(from) && !live(to);
