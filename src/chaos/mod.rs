@@ -19,6 +19,7 @@
 
 pub mod check;
 mod driver;
+mod http;
 mod planted;
 pub mod rng;
 mod witness;
@@ -168,6 +169,9 @@ pub struct ChaosOptions {
     pub work_dir: PathBuf,
     /// Keep every seed's data dir, not only violating ones.
     pub keep_all: bool,
+    /// Run against an in-process fake Vercel server through the real Vercel client, on real
+    /// sockets and real time, instead of the simulated platform (see the `http` module).
+    pub http: bool,
 }
 
 impl ChaosOptions {
@@ -183,6 +187,7 @@ impl ChaosOptions {
             jobs: 1,
             work_dir: default_work_dir(),
             keep_all: false,
+            http: false,
         }
     }
 
@@ -193,6 +198,9 @@ impl ChaosOptions {
             self.tasks,
             self.faults.to_list()
         );
+        if self.http {
+            cmd.push_str(" --http");
+        }
         if let Some(bug) = self.planted_bug {
             cmd.push_str(&format!(" --planted-bug {bug}"));
         }
@@ -247,6 +255,14 @@ pub enum ChaosError {
         #[source]
         source: EngineError,
     },
+    /// The fake Vercel server or the client could not be set up (`--http`).
+    #[error("chaos seed {seed}: {message}")]
+    Http {
+        /// The seed.
+        seed: u64,
+        /// What failed.
+        message: String,
+    },
     /// The store could not be read back for checking.
     #[error("chaos seed {seed}: cannot read the store back")]
     Store {
@@ -288,9 +304,10 @@ pub struct SeedReport {
     pub stale_sandboxes: u64,
     /// Broken invariants (must be none).
     pub violations: Vec<Violation>,
-    /// A hash of the journal and the platform's final state: equal for equal runs.
+    /// A hash of the journal and the platform's final state: equal for equal runs (empty for
+    /// `--http` runs, which are on real time).
     pub digest: String,
-    /// Virtual time the seed covered.
+    /// Virtual time the seed covered (wall time, for `--http` runs).
     pub virtual_ms: u64,
     /// The kept `TASKBOX_HOME` of this seed (its store is at `data/taskbox.db`), if kept.
     pub home: Option<PathBuf>,
@@ -368,6 +385,8 @@ pub struct ChaosReport {
     /// The planted bug, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub planted_bug: Option<PlantedBug>,
+    /// Whether the run was against the fake Vercel server (real time: no digest).
+    pub http: bool,
     /// Sums over all seeds.
     pub totals: Totals,
     /// Every seed that violated an invariant, in seed order, in full.
@@ -453,9 +472,10 @@ pub fn run(
         tasks_per_seed: opts.tasks,
         faults: opts.faults.to_list(),
         planted_bug: opts.planted_bug,
+        http: opts.http,
         totals: a.totals,
         violating_seeds: a.violating,
-        digest: h.finish(),
+        digest: if opts.http { String::new() } else { h.finish() },
         wall_ms: started.elapsed().as_millis() as u64,
     })
 }
@@ -479,13 +499,16 @@ pub fn run_seed(seed: u64, opts: &ChaosOptions) -> Result<SeedReport, ChaosError
         std::fs::remove_dir_all(&home).map_err(dir_err)?;
     }
     std::fs::create_dir_all(&home).map_err(dir_err)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .map_err(|source| ChaosError::Runtime { seed, source })?;
-    let result = rt.block_on(seed_run(seed, opts, &home.join("data")));
-    drop(rt);
+    let result = if opts.http {
+        http::run_seed(seed, opts, &home)
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .map_err(|source| ChaosError::Runtime { seed, source })
+            .and_then(|rt| rt.block_on(seed_run(seed, opts, &home.join("data"))))
+    };
     let mut report = match result {
         Ok(r) => r,
         Err(e) => {

@@ -16,22 +16,26 @@ const EXIT_VIOLATIONS: u8 = 1;
 
 #[derive(Args, Debug)]
 pub struct ChaosArgs {
-    /// How many seeds to run (default 100; 1 when only --seed is given).
+    /// How many seeds to run (default 100, or 3 with --http; 1 when only --seed is given).
     #[arg(long)]
     seeds: Option<u64>,
     /// The first seed (runs seeds S, S+1, ...; default 1).
     #[arg(long)]
     seed: Option<u64>,
-    /// Tasks per seed, driven concurrently.
-    #[arg(long, default_value_t = 8)]
-    tasks: u32,
+    /// Tasks per seed, driven concurrently (default 8, or 3 with --http).
+    #[arg(long)]
+    tasks: Option<u32>,
     /// Faults as `name=rate,...` (e.g. `transient=0.1,lost_create=0.05,crash=0.02`; `none`).
     /// Default: every kind at a moderate rate.
     #[arg(long)]
     faults: Option<String>,
-    /// Seeds run at once (default: the number of CPUs).
+    /// Seeds run at once (default: the number of CPUs, or 1 with --http).
     #[arg(long)]
     jobs: Option<usize>,
+    /// Drive the real Vercel client against an in-process fake Vercel server (real sockets,
+    /// real time, a few seconds per seed) instead of the simulated platform.
+    #[arg(long)]
+    http: bool,
     /// Where each seed's data dir is made (default: /dev/shm if writable, else the temp dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -93,7 +97,8 @@ fn options(args: &ChaosArgs) -> Result<ChaosOptions, Failure> {
             )
         })?,
     };
-    if args.tasks == 0 {
+    let tasks = args.tasks.unwrap_or(if args.http { 3 } else { 8 });
+    if tasks == 0 {
         return Err(Failure::new("invalid --tasks 0").hint("give at least 1 task per seed"));
     }
     if args.seeds == Some(0) {
@@ -108,15 +113,23 @@ fn options(args: &ChaosArgs) -> Result<ChaosOptions, Failure> {
     };
     let seeds = args
         .seeds
-        .unwrap_or(if args.seed.is_some() { 1 } else { 100 });
-    let mut opts = ChaosOptions::new(args.seed.unwrap_or(1), seeds, args.tasks);
+        .unwrap_or(match (args.seed.is_some(), args.http) {
+            (true, _) => 1,
+            (false, true) => 3,
+            (false, false) => 100,
+        });
+    let mut opts = ChaosOptions::new(args.seed.unwrap_or(1), seeds, tasks);
+    opts.http = args.http;
     opts.faults = faults;
     opts.planted_bug = planted_bug;
-    opts.jobs = args.jobs.unwrap_or_else(|| {
-        std::thread::available_parallelism()
+    opts.jobs = match args.jobs {
+        Some(j) => j,
+        // Real-time seeds share the CPU badly; one at a time keeps them faithful.
+        None if args.http => 1,
+        None => std::thread::available_parallelism()
             .map(|n| n.get())
-            .unwrap_or(1)
-    });
+            .unwrap_or(1),
+    };
     if opts.jobs == 0 {
         return Err(Failure::new("invalid --jobs 0").hint("give at least 1 job"));
     }
@@ -134,7 +147,12 @@ fn table(r: &ChaosReport) -> String {
     let last = r.first_seed.saturating_add(r.seeds_run.saturating_sub(1));
     let _ = writeln!(
         s,
-        "chaos: seeds {}..={last}, {} tasks each{}",
+        "chaos{}: seeds {}..={last}, {} tasks each{}",
+        if r.http {
+            " over HTTP (fake Vercel server, real time)"
+        } else {
+            ""
+        },
         r.first_seed,
         r.tasks_per_seed,
         r.planted_bug
@@ -156,10 +174,14 @@ fn table(r: &ChaosReport) -> String {
     );
     row("provider calls", t.provider_calls.to_string());
     row("journal entries", t.journal.entries.to_string());
-    row(
-        "virtual time",
-        format!("{:.1} h", t.virtual_ms as f64 / 3_600_000.0),
-    );
+    if r.http {
+        row("time", format!("{:.1} s", t.virtual_ms as f64 / 1000.0));
+    } else {
+        row(
+            "virtual time",
+            format!("{:.1} h", t.virtual_ms as f64 / 3_600_000.0),
+        );
+    }
     row(
         "faults injected",
         t.faults.values().sum::<u64>().to_string(),
@@ -182,7 +204,9 @@ fn table(r: &ChaosReport) -> String {
     row("recoveries after a crash", t.journal.recoveries.to_string());
     row("violations", t.violations.to_string());
     let _ = writeln!(s);
-    let _ = writeln!(s, "digest {}", r.digest);
+    if !r.digest.is_empty() {
+        let _ = writeln!(s, "digest {}", r.digest);
+    }
     let _ = writeln!(s, "wall time {:.1} s", r.wall_ms as f64 / 1000.0);
     for v in &r.violating_seeds {
         let _ = writeln!(s);

@@ -456,3 +456,42 @@ fn the_simulator_answers_422_to_a_second_snapshot_under_way() {
         assert_eq!(ids.len(), 1);
     });
 }
+
+/// The same faults one level down: the real Vercel client against an in-process fake Vercel
+/// server, real sockets and real time (a few seconds per seed). Clean without a planted bug,
+/// caught with one.
+#[test]
+fn over_http_the_vercel_client_holds_the_invariants_and_the_planted_bug_is_caught() {
+    let (mut opts, _work) = options(1, 1, 3);
+    opts.http = true;
+    opts.jobs = 1;
+    let report = chaos::run(&opts, &no_progress).expect("http chaos run");
+    assert!(report.http);
+    assert!(report.digest.is_empty(), "real time has no digest");
+    assert_eq!(report.totals.violations, 0, "{:#?}", report.violating_seeds);
+    assert!(report.totals.provider_calls > 0 && report.totals.journal.entries > 0);
+    assert!(
+        report.totals.faults.values().sum::<u64>() > 0,
+        "{:?}",
+        report.totals.faults
+    );
+    assert!(report.totals.journal.restores > 0, "{:?}", report.totals);
+
+    // Without faults, so that nothing but the planted bug can interfere.
+    opts.faults = ChaosFaults::none();
+    opts.planted_bug = Some(PlantedBug::OldestRestore);
+    let report = chaos::run(&opts, &no_progress).expect("http chaos run");
+    assert!(
+        report.totals.violations > 0,
+        "the planted bug went unnoticed"
+    );
+    let seed = &report.violating_seeds[0];
+    assert!(
+        seed.violations
+            .iter()
+            .any(|v| v.invariant == Invariant::RestoredLatest),
+        "{:?}",
+        seed.violations
+    );
+    assert!(seed.repro.contains(" --http"), "{}", seed.repro);
+}
