@@ -156,6 +156,31 @@ pub struct TaskView {
     pub journal: Vec<JournalEntry>,
 }
 
+impl TaskView {
+    /// Reads a task's view from the store (no provider, no lock: for read-only tools).
+    /// `live` replaces the stored task when an event loop holds a newer one in memory.
+    pub fn load(
+        store: &Store,
+        id: &str,
+        journal_entries: usize,
+        live: Option<Task>,
+    ) -> Result<Option<TaskView>, EngineError> {
+        let task = match live {
+            Some(t) => Some(t),
+            None => store.load_task(id)?,
+        };
+        let Some(task) = task else {
+            return Ok(None);
+        };
+        Ok(Some(TaskView {
+            sandboxes: store.sandboxes(Some(id))?,
+            snapshots: store.snapshots(Some(id))?,
+            journal: store.journal_tail(id, journal_entries)?,
+            task,
+        }))
+    }
+}
+
 /// One resource `gc` acted on (or would have).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GcItem {
@@ -228,7 +253,7 @@ impl OrchestratorBuilder {
 
     /// Opens the store and starts the event loop.
     pub async fn open(self) -> Result<Orchestrator, EngineError> {
-        let store = Store::open(&self.data_dir.join("taskbox.db"))?;
+        let store = Store::open(&store_file(&self.data_dir))?;
         let installation_id = store.installation_id().to_string();
         let provider = match self.provider {
             Some(p) => p,
@@ -450,19 +475,8 @@ impl Orchestrator {
     ) -> Result<Option<TaskView>, EngineError> {
         let id = task.as_str().to_string();
         self.query(move |lp| {
-            let task = match lp.tasks.get(&id) {
-                Some(t) => Some(t.clone()),
-                None => lp.store.load_task(&id)?,
-            };
-            let Some(task) = task else {
-                return Ok(None);
-            };
-            Ok(Some(TaskView {
-                sandboxes: lp.store.sandboxes(Some(&id))?,
-                snapshots: lp.store.snapshots(Some(&id))?,
-                journal: lp.store.journal_tail(&id, journal_entries)?,
-                task,
-            }))
+            let live = lp.tasks.get(&id).cloned();
+            TaskView::load(&lp.store, &id, journal_entries, live)
         })
         .await
     }
@@ -1139,6 +1153,11 @@ impl EventLoop {
     }
 }
 
+/// The SQLite store of a data dir.
+pub fn store_file(data_dir: &Path) -> PathBuf {
+    data_dir.join("taskbox.db")
+}
+
 /// Where taskbox keeps its config and data.
 #[derive(Debug, Clone)]
 pub struct Paths {
@@ -1163,6 +1182,11 @@ impl Paths {
             config_file: config.join("taskbox").join("config.toml"),
             data_dir: data.join("taskbox"),
         }
+    }
+
+    /// The SQLite store in the data dir.
+    pub fn store_file(&self) -> PathBuf {
+        store_file(&self.data_dir)
     }
 
     /// Config and data under one directory.
