@@ -15,6 +15,7 @@ pub mod engine;
 pub mod fake;
 pub mod ids;
 pub mod provider;
+pub mod replay;
 pub mod retry;
 pub mod store;
 

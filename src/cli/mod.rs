@@ -3,6 +3,7 @@
 mod doctor;
 mod fake;
 mod output;
+mod replay;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -57,6 +58,10 @@ enum Cmd {
     Gc(GcArgs),
     /// Serve a local fake of the Vercel Sandbox API (for offline tests of agents and taskbox).
     FakeVercel(fake::FakeArgs),
+    /// Check a task's journal against today's code (exit 1 on a divergence); show its timeline.
+    Replay(replay::ReplayArgs),
+    /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
+    Export(replay::ExportArgs),
 }
 
 #[derive(Args, Debug)]
@@ -254,6 +259,8 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
                 ExitCode::from(EXIT_TASKBOX_ERROR)
             })
         }
+        Cmd::Replay(args) => replay::replay(args, paths),
+        Cmd::Export(args) => replay::export(args, paths),
     }
 }
 

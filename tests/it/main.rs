@@ -6,6 +6,7 @@ mod crash;
 mod engine;
 mod fake_vercel;
 mod local_provider;
+mod replay;
 mod sim;
 mod store;
 mod support;
