@@ -284,6 +284,8 @@ impl OrchestratorBuilder {
             outputs: HashMap::new(),
             timers: HashMap::new(),
             inflight: 0,
+            probing: Default::default(),
+            deferred: HashMap::new(),
             creates: Arc::new(Semaphore::new(max_creates)),
             tx: tx.clone(),
             changes: changes.clone(),
@@ -778,6 +780,9 @@ struct EventLoop {
     outputs: HashMap<(String, u64), ExecOutput>,
     timers: HashMap<(String, TimerKind), JoinHandle<()>>,
     inflight: usize,
+    /// Tasks whose sandbox is being probed after a restart; their requests wait for the answer.
+    probing: std::collections::HashSet<String>,
+    deferred: HashMap<String, Vec<(ApiRequest, oneshot::Sender<Result<Answer, EngineError>>)>>,
     creates: Arc<Semaphore>,
     tx: mpsc::UnboundedSender<Msg>,
     changes: broadcast::Sender<StateChange>,
@@ -801,11 +806,17 @@ impl EventLoop {
                     output,
                 } => {
                     self.inflight -= 1;
+                    let probed = matches!(event, Event::SandboxProbed { .. });
                     if let (Some(out), Event::CommandExited { request_id, .. }) = (output, &event) {
                         self.outputs.insert((task.clone(), *request_id), out);
                     }
                     if let Err(e) = self.apply(&task, event) {
                         warn!(task = %task, error = %e, "could not apply a provider outcome");
+                    }
+                    if probed && self.probing.remove(&task) {
+                        for (req, respond) in self.deferred.remove(&task).unwrap_or_default() {
+                            self.on_request(task.clone(), req, respond);
+                        }
                     }
                 }
                 Msg::Timer { task, timer } => {
@@ -844,6 +855,13 @@ impl EventLoop {
     ) {
         if let Err(e) = self.ensure_loaded(&task) {
             let _ = respond.send(Err(e));
+            return;
+        }
+        if self.probing.contains(&task) {
+            // Recovery is asking whether the sandbox a previous process left still lives; a
+            // command started before the answer could land on a dead sandbox and fail, when
+            // waiting lets the engine restore the files first and run it.
+            self.deferred.entry(task).or_default().push((req, respond));
             return;
         }
         let request_id = self.tasks[&task].last_request_id + 1;
@@ -1092,6 +1110,7 @@ impl EventLoop {
                 });
             }
             Command::ProbeSandbox { sandbox_id } => {
+                self.probing.insert(id.to_string());
                 let known_deadline = self
                     .tasks
                     .get(id)
@@ -1153,9 +1172,12 @@ impl EventLoop {
     }
 }
 
+/// The SQLite store's file name in a data dir.
+pub const STORE_FILE: &str = "taskbox.db";
+
 /// The SQLite store of a data dir.
 pub fn store_file(data_dir: &Path) -> PathBuf {
-    data_dir.join("taskbox.db")
+    data_dir.join(STORE_FILE)
 }
 
 /// Where taskbox keeps its config and data.
