@@ -747,6 +747,9 @@ struct Answer {
 
 type QueryFn = Box<dyn FnOnce(&EventLoop) + Send>;
 
+/// Where a request's answer goes.
+type Responder = oneshot::Sender<Result<Answer, EngineError>>;
+
 enum Msg {
     Request {
         task: String,
@@ -782,7 +785,7 @@ struct EventLoop {
     inflight: usize,
     /// Tasks whose sandbox is being probed after a restart; their requests wait for the answer.
     probing: std::collections::HashSet<String>,
-    deferred: HashMap<String, Vec<(ApiRequest, oneshot::Sender<Result<Answer, EngineError>>)>>,
+    deferred: HashMap<String, Vec<(ApiRequest, Responder)>>,
     creates: Arc<Semaphore>,
     tx: mpsc::UnboundedSender<Msg>,
     changes: broadcast::Sender<StateChange>,
