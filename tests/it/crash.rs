@@ -52,7 +52,9 @@ fn states_seen(view: &Value) -> BTreeSet<String> {
         .as_array()
         .map(|j| {
             j.iter()
-                .filter_map(|e| e["state_after"].as_str().map(str::to_string))
+                .flat_map(|e| [e["state_before"].as_str(), e["state_after"].as_str()])
+                .flatten()
+                .map(str::to_string)
                 .collect()
         })
         .unwrap_or_default()
@@ -126,6 +128,10 @@ fn kill_rounds(home: &Home, vercel: bool, seed: u64, rounds: u32) {
                 "head -c 8000000 /dev/urandom > blob.bin",
             ]));
         }
+        // Sometimes start from a suspended task, so a killed run or resume dies restoring.
+        if rng.below(3) == 0 {
+            ok(&home.run(&["suspend", task]));
+        }
         let args: Vec<String> = match rng.below(4) {
             0 => vec![
                 "run".into(),
@@ -193,14 +199,17 @@ fn kill_rounds(home: &Home, vercel: bool, seed: u64, rounds: u32) {
             "round {round}: orphaned sandboxes after gc: {orphans:?}"
         );
     }
+    // The journal, crashes and all, replays cleanly through today's core.
+    let replay = home.run(&["replay", "--all"]);
+    assert!(
+        replay.status.success(),
+        "replay: {}",
+        crate::support::stderr(&replay)
+    );
     let seen = states_seen(&show(home, task));
-    for state in [
-        "provisioning",
-        "running",
-        "snapshotting",
-        "expired",
-        "restoring",
-    ] {
+    // (`expired` may be passed through inside one transition — snapshot taken with a request
+    // waiting goes straight on to restoring — so it is not required here.)
+    for state in ["provisioning", "running", "snapshotting", "restoring"] {
         assert!(
             seen.contains(state),
             "never passed through {state}: {seen:?}"
