@@ -205,6 +205,9 @@ pub struct GcReport {
     pub skipped: Vec<GcItem>,
     /// Stop or delete calls that failed (the next gc tries again).
     pub errors: Vec<String>,
+    /// Leftovers of interrupted operations removed (local backend: half-written archives,
+    /// half-restored workspaces).
+    pub temporaries_removed: usize,
 }
 
 /// How to open an [`Orchestrator`].
@@ -569,6 +572,12 @@ impl Orchestrator {
                 id: snap.id,
                 task_id: snap.task_id,
             });
+        }
+        if !dry_run {
+            match p.sweep_temporaries().await {
+                Ok(n) => report.temporaries_removed = n,
+                Err(e) => report.errors.push(format!("sweep temporaries: {e}")),
+            }
         }
         Ok(report)
     }
