@@ -1,0 +1,250 @@
+//! The store's error type: every variant names the store file, and where one is involved the
+//! task and the operation, so that `taskbox doctor` and the CLI can say what to do about it.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::core::TaskState;
+use crate::TaskIdError;
+
+/// How long a statement waits for another process's write lock before giving up.
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The directory that should hold the store file could not be created.
+    #[error("cannot create the directory {} for the store", path.display())]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// SQLite could not open (or set up) the file.
+    #[error("cannot open the store {}", path.display())]
+    Open {
+        /// The store file.
+        path: PathBuf,
+        /// What SQLite said.
+        #[source]
+        source: Box<rusqlite::Error>,
+    },
+
+    /// The file exists but is not an SQLite database.
+    #[error(
+        "{} is not a taskbox store (the file is not an SQLite database); \
+         move it aside or point the data directory elsewhere",
+        path.display()
+    )]
+    NotADatabase {
+        /// The file.
+        path: PathBuf,
+    },
+
+    /// SQLite would not put the file in write-ahead-log mode (e.g. a network filesystem).
+    #[error(
+        "the store {} cannot use write-ahead logging (its journal mode stayed `{mode}`); \
+         put the data directory on a local filesystem",
+        path.display()
+    )]
+    WalUnavailable {
+        /// The store file.
+        path: PathBuf,
+        /// The journal mode SQLite kept.
+        mode: String,
+    },
+
+    /// The file's schema is newer than this build understands.
+    #[error(
+        "the store {} was written by a newer taskbox (schema version {found}, this build knows \
+         up to {supported}); upgrade taskbox instead of downgrading it",
+        path.display()
+    )]
+    TooNew {
+        /// The store file.
+        path: PathBuf,
+        /// The schema version found in the file.
+        found: i64,
+        /// The newest schema version this build knows.
+        supported: i64,
+    },
+
+    /// Applying a schema migration failed; the file stays at the previous version.
+    #[error("migrating the store {} to schema version {version} failed", path.display())]
+    Migrate {
+        /// The store file.
+        path: PathBuf,
+        /// The version being migrated to.
+        version: i64,
+        /// What SQLite said.
+        #[source]
+        source: Box<rusqlite::Error>,
+    },
+
+    /// The installation id could not be generated.
+    #[error("cannot read random bytes from /dev/urandom for the installation id")]
+    Random {
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Another process held the write lock for longer than the busy timeout.
+    #[error(
+        "{operation}{}: the store {} stayed locked by another process for more than {}s; \
+         is another taskbox writing to this data directory?",
+        for_task(task_id), path.display(), BUSY_TIMEOUT.as_secs()
+    )]
+    Busy {
+        /// The store file.
+        path: PathBuf,
+        /// What was being done.
+        operation: &'static str,
+        /// The task concerned, if any.
+        task_id: Option<String>,
+        /// What SQLite said.
+        #[source]
+        source: Box<rusqlite::Error>,
+    },
+
+    /// An SQL statement failed.
+    #[error("{operation}{} failed in the store {}", for_task(task_id), path.display())]
+    Sql {
+        /// The store file.
+        path: PathBuf,
+        /// What was being done.
+        operation: &'static str,
+        /// The task concerned, if any.
+        task_id: Option<String>,
+        /// What SQLite said.
+        #[source]
+        source: Box<rusqlite::Error>,
+    },
+
+    /// A stored value could not be decoded (bad JSON, an unknown state name, a wrong type).
+    #[error(
+        "the store {} holds corrupt data for task `{task_id}` in {column}{}: {reason}",
+        path.display(), at_seq(seq)
+    )]
+    Corrupt {
+        /// The store file.
+        path: PathBuf,
+        /// The task whose row it is.
+        task_id: String,
+        /// Where: `table.column`.
+        column: &'static str,
+        /// The journal or snapshot sequence number of the row, where there is one.
+        seq: Option<u64>,
+        /// What is wrong.
+        reason: String,
+        /// The JSON error, when it is one.
+        #[source]
+        source: Option<serde_json::Error>,
+    },
+
+    /// A value to be stored could not be serialized to JSON.
+    #[error("cannot serialize the {what} of task `{task_id}` to JSON")]
+    Serialize {
+        /// The task.
+        task_id: String,
+        /// `event`, `commands` or `task`.
+        what: &'static str,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A transition's task has an id that is not a safe name.
+    #[error("refusing to store a task with an unsafe id")]
+    InvalidTaskId {
+        /// Why the id is unsafe.
+        #[source]
+        source: TaskIdError,
+    },
+
+    /// The stored state of the task is not the state the transition started from: another
+    /// writer changed the task in between, and committing would lose its update.
+    #[error(
+        "task `{task_id}`: the transition started from state `{expected}` but the store holds \
+         `{stored}`; another writer changed the task (is a second taskbox running?)"
+    )]
+    StateConflict {
+        /// The task.
+        task_id: String,
+        /// The transition's `state_before`.
+        expected: TaskState,
+        /// The state in the store.
+        stored: String,
+    },
+
+    /// A transition's sandbox is already recorded for a different task. Two tasks sharing one
+    /// sandbox would see each other's files, so the transition is refused.
+    #[error("task `{task_id}`: sandbox `{sandbox_id}` already belongs to task `{owner}`")]
+    SandboxOwned {
+        /// The task committing.
+        task_id: String,
+        /// The sandbox.
+        sandbox_id: String,
+        /// The task it is recorded for.
+        owner: String,
+    },
+
+    /// `PRAGMA integrity_check` or `PRAGMA foreign_key_check` found problems.
+    #[error(
+        "the store {} failed its integrity check: {report}; restore it from a backup or move it \
+         aside to start afresh",
+        path.display()
+    )]
+    Integrity {
+        /// The store file.
+        path: PathBuf,
+        /// What SQLite reported, one problem per line.
+        report: String,
+    },
+}
+
+impl StoreError {
+    /// Wraps an SQLite error from `operation`, recognising a lock held too long.
+    pub(crate) fn sql(
+        path: &Path,
+        operation: &'static str,
+        task_id: Option<&str>,
+        source: rusqlite::Error,
+    ) -> StoreError {
+        let path = path.to_path_buf();
+        let task_id = task_id.map(str::to_string);
+        match source.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                StoreError::Busy {
+                    path,
+                    operation,
+                    task_id,
+                    source: Box::new(source),
+                }
+            }
+            _ => StoreError::Sql {
+                path,
+                operation,
+                task_id,
+                source: Box::new(source),
+            },
+        }
+    }
+}
+
+fn for_task(task_id: &Option<String>) -> String {
+    match task_id {
+        Some(id) => format!(" for task `{id}`"),
+        None => String::new(),
+    }
+}
+
+fn at_seq(seq: &Option<u64>) -> String {
+    match seq {
+        Some(seq) => format!(" (seq {seq})"),
+        None => String::new(),
+    }
+}
