@@ -4,7 +4,8 @@
 //!
 //! Each command gets its own process group so that a kill, a timeout or the session's stop
 //! reaches the processes it started too. Background processes a finished command left behind
-//! keep running (as in the real sandbox) until the session stops.
+//! keep running (as in the real sandbox) until the session stops; then the local provider's stop
+//! finds them by the `TASKBOX_WORKSPACE` variable every command inherits.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -85,9 +86,9 @@ pub(crate) struct Exit {
 struct Inner {
     logs: Vec<LogChunk>,
     exit: Option<Exit>,
-    /// The process group (= the leader's pid) and the leader's start time in `/proc`, which
-    /// tells a reused pid from ours.
-    group: Option<(i32, Option<u64>)>,
+    /// The process group (= the leader's pid). Only signalled while the leader is unreaped, so
+    /// the id cannot have been reused.
+    group: Option<i32>,
     session_stopping: bool,
 }
 
@@ -218,46 +219,31 @@ impl CommandRun {
     pub(crate) fn signal(&self, signal: i32) {
         let inner = self.lock();
         if inner.exit.is_none() {
-            if let Some((pgid, start)) = inner.group {
-                signal_group(pgid, start, signal);
+            if let Some(pgid) = inner.group {
+                signal_group(pgid, signal);
             }
         }
     }
 
-    /// Kills the command's process group (also what a finished command left running), because
-    /// its session stops.
+    /// Kills the command's process group because its session stops (the command then ends as
+    /// [`EndCause::SessionStopped`]).
     pub(crate) fn kill_for_session_stop(&self) {
         let mut inner = self.lock();
         inner.session_stopping = true;
-        if let Some((pgid, start)) = inner.group {
-            signal_group(pgid, start, libc::SIGKILL);
+        if inner.exit.is_none() {
+            if let Some(pgid) = inner.group {
+                signal_group(pgid, libc::SIGKILL);
+            }
         }
     }
 }
 
-/// Reads a process's start time (field 22 of `/proc/PID/stat`); `None` if it is gone or there is
-/// no `/proc`.
-fn proc_start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may contain spaces.
-    let after = stat.rsplit_once(')')?.1;
-    after.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Signals a process group, unless its id now belongs to someone else: a live process with the
-/// group's pid and another start time is a reused pid.
-fn signal_group(pgid: i32, leader_start: Option<u64>, signal: i32) {
-    if pgid <= 1 {
-        return;
-    }
-    if let (Some(now), Some(ours)) = (proc_start_time(pgid), leader_start) {
-        if now != ours {
-            return;
+fn signal_group(pgid: i32, signal: i32) {
+    if pgid > 1 {
+        // SAFETY: kill(2) has no memory-safety preconditions; a negative pid addresses the group.
+        unsafe {
+            libc::kill(-pgid, signal);
         }
-    }
-    // SAFETY: kill(2) has no memory-safety preconditions; a negative pid addresses the group.
-    unsafe {
-        libc::kill(-pgid, signal);
     }
 }
 
@@ -355,7 +341,7 @@ pub(crate) fn spawn(spec: SpawnSpec, clock: Arc<dyn Clock>) -> Arc<CommandRun> {
     match cmd.spawn() {
         Ok(child) => {
             let pid = child.id().and_then(|p| i32::try_from(p).ok());
-            run.lock().group = pid.map(|p| (p, proc_start_time(p)));
+            run.lock().group = pid;
             tokio::spawn(supervise(Arc::clone(&run), child, spec.timeout, clock));
         }
         Err(e) => {
@@ -428,6 +414,8 @@ async fn supervise(
         },
         None => child.wait().await,
     };
+    // Reaped: from here on its pid may be reused, so it must not be signalled any more.
+    run.lock().group = None;
     let drained = tokio::time::timeout(DRAIN_AFTER_EXIT, async {
         let _ = out.await;
         let _ = err.await;
@@ -479,13 +467,6 @@ mod tests {
         assert_eq!(c.push(&[0xff, b'a']), "\u{FFFD}a");
         assert_eq!(c.push(&[0xe2, 0x86]), "");
         assert_eq!(c.finish(), "\u{FFFD}");
-    }
-
-    #[test]
-    fn proc_stat_parsing_handles_spaces_in_names() {
-        let me = i32::try_from(std::process::id()).unwrap();
-        assert!(proc_start_time(me).is_some());
-        assert_eq!(proc_start_time(i32::MAX), None);
     }
 
     fn spec(dir: &std::path::Path, command: &str, args: &[&str]) -> SpawnSpec {

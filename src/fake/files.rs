@@ -1,5 +1,6 @@
 //! The sandbox filesystem on the host: sandbox paths under `/vercel/sandbox` map onto a session's
-//! workspace directory; uploads are gzipped tars; snapshots are gzipped tars of the workspace.
+//! workspace directory (a local-provider sandbox's); uploads are gzipped tars. Snapshot archives
+//! are the local provider's business.
 //!
 //! Everything here is blocking file I/O: callers run it on the blocking pool. The fake is a test
 //! double, not an isolation boundary: a symlink a command makes inside the workspace is followed.
@@ -42,43 +43,16 @@ fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> FsError {
     move |source| FsError::Io { op, path, source }
 }
 
-/// A session's directories on the host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SessionDirs {
-    /// Holds everything of the session; removed when it stops.
-    pub root: PathBuf,
-    /// What `/vercel/sandbox` maps onto.
-    pub workspace: PathBuf,
-    /// `$HOME` for its commands (keeps them out of the host user's dotfiles).
-    pub home: PathBuf,
+/// Creates a directory and its parents.
+pub(crate) fn create_dir(path: &Path) -> Result<(), FsError> {
+    fs::create_dir_all(path).map_err(io_err("create directory", path))
 }
 
-impl SessionDirs {
-    pub(crate) fn new(sessions_dir: &Path, session_id: &str) -> SessionDirs {
-        let root = sessions_dir.join(session_id);
-        SessionDirs {
-            workspace: root.join("workspace"),
-            home: root.join("home"),
-            root,
-        }
-    }
-
-    /// Creates the directories (an empty workspace).
-    pub(crate) fn create(&self) -> Result<(), FsError> {
-        for dir in [&self.workspace, &self.home] {
-            fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
-        }
-        Ok(())
-    }
-
-    /// Removes everything; a missing directory is fine.
-    pub(crate) fn remove(&self) -> Result<(), FsError> {
-        match fs::remove_dir_all(&self.root) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                Err(io_err("remove directory", &self.root)(e))
-            }
-            _ => Ok(()),
-        }
+/// Removes a directory tree; a missing one is fine.
+pub(crate) fn remove_dir(path: &Path) -> Result<(), FsError> {
+    match fs::remove_dir_all(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove directory", path)(e)),
+        _ => Ok(()),
     }
 }
 
@@ -215,50 +189,6 @@ pub(crate) fn make_dir(
     }
 }
 
-/// Writes the workspace into a gzipped tar at `dest` (atomically: a temporary file renamed into
-/// place). Symlinks are stored as symlinks. Returns the archive's size.
-pub(crate) fn archive(workspace: &Path, dest: &Path) -> Result<u64, FsError> {
-    let tmp = dest.with_extension("partial");
-    let file = fs::File::create(&tmp).map_err(io_err("create snapshot archive", &tmp))?;
-    let gz = flate2::write::GzEncoder::new(file, flate2::Compression::fast());
-    let mut builder = tar::Builder::new(gz);
-    builder.follow_symlinks(false);
-    builder
-        .append_dir_all(".", workspace)
-        .map_err(io_err("archive workspace", workspace))?;
-    let gz = builder
-        .into_inner()
-        .map_err(io_err("write snapshot archive", &tmp))?;
-    gz.finish()
-        .and_then(|f| f.sync_all())
-        .map_err(io_err("write snapshot archive", &tmp))?;
-    fs::rename(&tmp, dest).map_err(io_err("rename snapshot archive", dest))?;
-    let size = fs::metadata(dest).map_err(io_err("stat", dest))?.len();
-    Ok(size)
-}
-
-/// Unpacks a snapshot archive into an (empty) workspace.
-pub(crate) fn restore(archive: &Path, workspace: &Path) -> Result<(), FsError> {
-    let file = fs::File::open(archive).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => FsError::NotFound {
-            path: archive.display().to_string(),
-        },
-        _ => io_err("open snapshot archive", archive)(e),
-    })?;
-    let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(file));
-    ar.set_preserve_permissions(true);
-    ar.unpack(workspace)
-        .map_err(io_err("unpack snapshot archive", archive))
-}
-
-/// Removes a file; a missing one is fine.
-pub(crate) fn remove_file(path: &Path) -> Result<(), FsError> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove", path)(e)),
-        _ => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,55 +241,50 @@ mod tests {
     }
 
     #[test]
-    fn upload_archive_restore_round_trip() {
+    fn upload_read_and_mkdir() {
         let tmp = tempfile::tempdir().unwrap();
-        let a = SessionDirs::new(tmp.path(), "a");
-        a.create().unwrap();
+        let ws = tmp.path().join("workspace");
+        create_dir(&ws).unwrap();
         let upload = tar_gz(&[
             ("vercel/sandbox/dir/f.txt", b"hello"),
             ("vercel/sandbox/g", b""),
         ]);
-        assert_eq!(extract_upload(&a.workspace, "/", &upload).unwrap(), 2);
-        assert_eq!(fs::read(a.workspace.join("dir/f.txt")).unwrap(), b"hello");
+        assert_eq!(extract_upload(&ws, "/", &upload).unwrap(), 2);
+        assert_eq!(fs::read(ws.join("dir/f.txt")).unwrap(), b"hello");
+        let relative = tar_gz(&[("h.txt", b"x")]);
+        extract_upload(&ws, "/vercel/sandbox/dir", &relative).unwrap();
+        assert!(ws.join("dir/h.txt").is_file());
         let outside = tar_gz(&[("etc/x", b"no")]);
         assert!(matches!(
-            extract_upload(&a.workspace, "/", &outside),
+            extract_upload(&ws, "/", &outside),
             Err(FsError::Outside { .. })
         ));
         assert!(matches!(
-            extract_upload(&a.workspace, "/", b"not gzip"),
+            extract_upload(&ws, "/", b"not gzip"),
             Err(FsError::BadArchive { .. })
         ));
 
-        let file = readable_file(&a.workspace, Some("/vercel/sandbox/dir"), "f.txt").unwrap();
+        let file = readable_file(&ws, Some("/vercel/sandbox/dir"), "f.txt").unwrap();
         assert_eq!(fs::read(file).unwrap(), b"hello");
         assert!(matches!(
-            readable_file(&a.workspace, None, "missing"),
+            readable_file(&ws, None, "missing"),
             Err(FsError::NotFound { .. })
         ));
         assert!(matches!(
-            readable_file(&a.workspace, None, "dir"),
+            readable_file(&ws, None, "dir"),
             Err(FsError::IsDir { .. })
         ));
         assert!(matches!(
-            make_dir(&a.workspace, None, "x/y", false),
+            make_dir(&ws, None, "x/y", false),
             Err(FsError::NoParent { .. })
         ));
-        make_dir(&a.workspace, None, "x/y", true).unwrap();
+        make_dir(&ws, None, "x/y", true).unwrap();
         assert!(matches!(
-            make_dir(&a.workspace, None, "x", false),
+            make_dir(&ws, None, "x", false),
             Err(FsError::Exists { .. })
         ));
-
-        let snap = tmp.path().join("snap.tar.gz");
-        assert!(archive(&a.workspace, &snap).unwrap() > 0);
-        let b = SessionDirs::new(tmp.path(), "b");
-        b.create().unwrap();
-        restore(&snap, &b.workspace).unwrap();
-        assert_eq!(fs::read(b.workspace.join("dir/f.txt")).unwrap(), b"hello");
-        assert!(b.workspace.join("x/y").is_dir());
-        a.remove().unwrap();
-        a.remove().unwrap();
-        assert!(!a.root.exists());
+        remove_dir(&ws).unwrap();
+        remove_dir(&ws).unwrap();
+        assert!(!ws.exists());
     }
 }

@@ -26,16 +26,18 @@ use super::conn::{channel_body, BodySender, ConnHandle};
 use super::endpoint::Endpoint;
 use super::exec::{self, CommandRun, EndCause, Event, SpawnSpec};
 use super::faults::{CutMode, FaultState, Faults, StreamCut, Verdict};
-use super::files::{self, FsError, SessionDirs};
+use super::files::{self, FsError};
 use super::model::{
-    Access, CreatePlan, Due, ListQuery, NewSession, ResumePlan, StopPlan, StopWork, World,
-    WORKSPACE_ROOT,
+    Access, Archived, CreatePlan, Due, ListQuery, NewSession, ResumePlan, StopPlan, StopWork,
+    World, WORKSPACE_ROOT,
 };
 use super::stats::Stats;
 use super::validate::{self, CreateApi, Limits};
 use super::wire::ApiError;
 use crate::clock::Clock;
-use crate::core::Millis;
+use crate::core::{FailureKind, Millis};
+use crate::provider::local::LocalProvider;
+use crate::provider::{sandbox_name, ProviderError, SandboxProvider, SandboxSpec};
 
 /// Largest `fs/write` upload.
 const UPLOAD_LIMIT: usize = 1 << 30;
@@ -81,8 +83,14 @@ pub(crate) struct Shared {
     token: Option<String>,
     limits: Limits,
     pub(crate) clock: Arc<dyn Clock>,
-    sessions_dir: PathBuf,
-    snapshots_dir: PathBuf,
+    /// Holds every session's workspace (one local sandbox per session) and every snapshot's
+    /// archive.
+    local: LocalProvider,
+    /// The local sandboxes' own lifetime: longer than any session can live, so the fake alone
+    /// decides when a session ends.
+    local_timeout_ms: u64,
+    /// `$HOME` directories of the sessions' commands.
+    homes_dir: PathBuf,
     /// Serializes creates and resumes, so a retried create finds the first one's sandbox.
     create_lock: tokio::sync::Mutex<()>,
     next_cmd: AtomicU64,
@@ -113,16 +121,29 @@ async fn sleep_until_ms(clock: &dyn Clock, at: Millis) {
     tokio::time::sleep(Duration::from_millis(wait)).await;
 }
 
+/// The installation id the fake's local sandboxes carry.
+const LOCAL_INSTALLATION: &str = "fake-vercel";
+
+/// The local sandbox that holds a session's workspace. Session ids (`sbx_…`) are valid task ids.
+fn local_sandbox(session_id: &str) -> String {
+    sandbox_name(session_id, 0)
+}
+
+/// Where everything a fake server keeps lives.
+pub(crate) struct Storage {
+    pub local: LocalProvider,
+    pub local_timeout_ms: u64,
+    pub homes_dir: PathBuf,
+}
+
 impl Shared {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         world: World,
         faults: Faults,
         token: Option<String>,
         limits: Limits,
         clock: Arc<dyn Clock>,
-        sessions_dir: PathBuf,
-        snapshots_dir: PathBuf,
+        storage: Storage,
         nonce: String,
     ) -> Shared {
         Shared {
@@ -133,8 +154,9 @@ impl Shared {
             token,
             limits,
             clock,
-            sessions_dir,
-            snapshots_dir,
+            local: storage.local,
+            local_timeout_ms: storage.local_timeout_ms,
+            homes_dir: storage.homes_dir,
             create_lock: tokio::sync::Mutex::new(()),
             next_cmd: AtomicU64::new(0),
             nonce,
@@ -173,12 +195,15 @@ impl Shared {
         *self.faults_state() = FaultState::new(faults);
     }
 
-    fn dirs(&self, session_id: &str) -> SessionDirs {
-        SessionDirs::new(&self.sessions_dir, session_id)
+    fn home(&self, session_id: &str) -> PathBuf {
+        self.homes_dir.join(session_id)
     }
 
-    fn archive_path(&self, snapshot_id: &str) -> PathBuf {
-        self.snapshots_dir.join(format!("{snapshot_id}.tar.gz"))
+    /// The host directory `/vercel/sandbox` maps onto for a live session.
+    fn workspace(&self, session_id: &str) -> Result<PathBuf, ApiError> {
+        self.local
+            .workspace_path(&local_sandbox(session_id))
+            .ok_or_else(|| ApiError::sandbox_stopped(session_id))
     }
 
     /// Takes the work time made due (timeouts, expired snapshots).
@@ -190,7 +215,7 @@ impl Shared {
     /// Starts due work in the background (requests do not wait for someone else's stop).
     pub(crate) fn spawn_due(self: &Arc<Self>) {
         let due = self.take_due();
-        if due.stops.is_empty() && due.discard_snapshots.is_empty() {
+        if due.stops.is_empty() && due.discard_archives.is_empty() {
             return;
         }
         let app = Arc::clone(self);
@@ -198,10 +223,9 @@ impl Shared {
     }
 
     async fn perform_due(self: &Arc<Self>, due: Due) {
-        for snap in due.discard_snapshots {
-            let path = self.archive_path(&snap);
-            if let Err(e) = blocking(move || files::remove_file(&path)).await {
-                tracing::warn!(snapshot = %snap, error = %e, "could not remove an expired snapshot");
+        for archive in due.discard_archives {
+            if let Err(e) = self.local.delete_snapshot(&archive).await {
+                tracing::warn!(archive = %archive, error = %e, "could not remove an expired snapshot");
             }
         }
         for work in due.stops {
@@ -210,8 +234,9 @@ impl Shared {
         }
     }
 
-    /// Kills every process of a session and waits (bounded) for its commands to end.
-    async fn kill_session_commands(&self, session_id: &str) {
+    /// Kills the running commands of a session (marking them ended by the stop); leftover
+    /// background processes die with the local sandbox.
+    fn kill_session_commands(&self, session_id: &str) -> Vec<Arc<CommandRun>> {
         let runs: Vec<Arc<CommandRun>> = lock(&self.commands)
             .values()
             .filter(|r| r.session_id == session_id)
@@ -220,38 +245,59 @@ impl Shared {
         for run in &runs {
             run.kill_for_session_stop();
         }
+        runs
+    }
+
+    /// Waits (bounded) for killed commands to be reaped, then forgets the session's commands.
+    async fn reap(&self, session_id: &str, runs: Vec<Arc<CommandRun>>) {
         for run in &runs {
             if tokio::time::timeout(KILL_WAIT, run.wait()).await.is_err() {
                 tracing::warn!(command = %run.id, "a command survived SIGKILL for {KILL_WAIT:?}");
             }
         }
-    }
-
-    fn forget_session_commands(&self, session_id: &str) {
         lock(&self.commands).retain(|_, r| r.session_id != session_id);
     }
 
-    /// Carries out a stop: processes die, the workspace is archived if the sandbox persists,
+    /// Discards a session's local sandbox and home.
+    async fn discard(&self, session_id: &str) {
+        if let Err(e) = self.local.stop_sandbox(&local_sandbox(session_id)).await {
+            tracing::warn!(session = %session_id, error = %e, "could not discard the workspace");
+        }
+        let home = self.home(session_id);
+        if let Err(e) = blocking(move || files::remove_dir(&home)).await {
+            tracing::warn!(session = %session_id, error = %e, "could not remove the home directory");
+        }
+    }
+
+    /// Snapshots a session's workspace through the local provider (which also discards it).
+    async fn snapshot_workspace(&self, session_id: &str) -> Result<Archived, ProviderError> {
+        // One snapshot per session: a snapshot ends the session.
+        let info = self
+            .local
+            .snapshot(session_id, &local_sandbox(session_id), 1)
+            .await?;
+        Ok(Archived {
+            key: info.id,
+            size_bytes: info.size_bytes,
+        })
+    }
+
+    /// Carries out a stop: processes die, the workspace is snapshotted if the sandbox persists,
     /// then discarded. Returns the auto-snapshot's id, if one was taken.
     async fn perform_stop(&self, work: StopWork) -> Option<String> {
-        self.kill_session_commands(&work.session_id).await;
-        let dirs = self.dirs(&work.session_id);
+        let runs = self.kill_session_commands(&work.session_id);
         let mut snapshot = None;
         if let Some(snap_id) = work.auto_snapshot {
-            let (ws, dest) = (dirs.workspace.clone(), self.archive_path(&snap_id));
-            match blocking(move || files::archive(&ws, &dest)).await {
-                Ok(size) => snapshot = Some((snap_id, size)),
+            match self.snapshot_workspace(&work.session_id).await {
+                Ok(archived) => snapshot = Some((snap_id, archived)),
                 Err(e) => tracing::warn!(
                     session = %work.session_id, error = %e,
-                    "could not write the automatic snapshot; the session stops without one"
+                    "could not take the automatic snapshot; the session stops without one"
                 ),
             }
         }
-        let remove = dirs.clone();
-        if let Err(e) = blocking(move || remove.remove()).await {
-            tracing::warn!(session = %work.session_id, error = %e, "could not remove the workspace");
-        }
-        self.forget_session_commands(&work.session_id);
+        self.discard(&work.session_id).await;
+        self.reap(&work.session_id, runs).await;
         let snap_id = snapshot.as_ref().map(|(id, _)| id.clone());
         let now = self.now();
         self.world().finish_stop(&work.session_id, snapshot, now);
@@ -270,39 +316,35 @@ impl Shared {
         }
     }
 
-    /// Prepares a new session's workspace (restoring its snapshot) and records it.
+    /// Prepares a new session's workspace (a local sandbox, restored from the source snapshot's
+    /// archive) and records the session.
     async fn boot(&self, new: NewSession) -> Result<(), ApiError> {
-        let dirs = self.dirs(&new.session.id);
-        let source = new.session.source_snapshot_id.clone();
-        let archive = source.as_ref().map(|s| self.archive_path(s));
-        let prepare = dirs.clone();
-        let res = blocking(move || {
-            prepare.create()?;
-            if let Some(a) = archive {
-                files::restore(&a, &prepare.workspace)?;
-            }
-            Ok(())
-        })
-        .await;
-        match res {
-            Ok(()) => {
-                let now = self.now();
-                self.world().commit_session(new, now);
-                Ok(())
-            }
-            Err(e) => {
-                let _ = blocking(move || dirs.remove()).await;
-                match (e, source) {
-                    // Deleted between the check and the restore.
-                    (FsError::NotFound { .. }, Some(snap)) => {
-                        Err(ApiError::snapshot_not_found(&snap))
-                    }
-                    (e, _) => Err(ApiError::internal(format!(
-                        "could not prepare the sandbox filesystem: {e}"
-                    ))),
-                }
-            }
+        let session_id = new.session.id.clone();
+        let spec = SandboxSpec {
+            task_id: session_id.clone(),
+            generation: 0,
+            name: local_sandbox(&session_id),
+            source_snapshot: new.source_archive.clone(),
+            timeout_ms: self.local_timeout_ms,
+            installation_id: LOCAL_INSTALLATION.to_string(),
+        };
+        if let Err(e) = self.local.create_sandbox(&spec).await {
+            return Err(match (&e.kind, &new.session.source_snapshot_id) {
+                // Deleted between the check and the restore.
+                (FailureKind::SnapshotGone, Some(snap)) => ApiError::snapshot_not_found(snap),
+                _ => ApiError::internal(format!("could not prepare the sandbox filesystem: {e}")),
+            });
         }
+        let home = self.home(&session_id);
+        if let Err(e) = blocking(move || files::create_dir(&home)).await {
+            self.discard(&session_id).await;
+            return Err(ApiError::internal(format!(
+                "could not prepare the sandbox filesystem: {e}"
+            )));
+        }
+        let now = self.now();
+        self.world().commit_session(new, now);
+        Ok(())
     }
 
     fn command(&self, session_id: &str, cmd_id: &str) -> Result<Arc<CommandRun>, ApiError> {
@@ -325,24 +367,23 @@ impl Shared {
         self.stats_mut().injected.cut_streams += 1;
     }
 
-    /// Kills everything and removes every workspace (server shutdown).
+    /// Kills everything and discards every workspace (server shutdown). Snapshot archives stay.
     pub(crate) async fn shutdown_sessions(&self) {
         let runs: Vec<Arc<CommandRun>> = lock(&self.commands).values().cloned().collect();
         for run in &runs {
             run.kill_for_session_stop();
         }
+        let ids = self.world().session_ids();
+        for id in ids {
+            self.discard(&id).await;
+        }
         for run in &runs {
             let _ = tokio::time::timeout(KILL_WAIT, run.wait()).await;
         }
         lock(&self.commands).clear();
-        let ids = self.world().session_ids();
-        for id in ids {
-            let dirs = self.dirs(&id);
-            let _ = blocking(move || dirs.remove()).await;
-        }
     }
 
-    /// Kills every process without waiting (for `Drop`).
+    /// Kills every running command without waiting (for `Drop`).
     pub(crate) fn kill_all_now(&self) {
         for run in lock(&self.commands).values() {
             run.kill_for_session_stop();
@@ -750,8 +791,8 @@ async fn run_command(
     let req = validate::run_request(&body)?;
     app.ready(&id).await?;
     let cwd = files::resolve(None, req.cwd.as_deref().unwrap_or(WORKSPACE_ROOT));
-    let dirs = app.dirs(&id);
-    let host_cwd = files::host_path(&dirs.workspace, &cwd)?;
+    let workspace = app.workspace(&id)?;
+    let host_cwd = files::host_path(&workspace, &cwd)?;
     if !host_cwd.is_dir() {
         return Err(ApiError::invalid(format!(
             "`cwd` {cwd} is not a directory in the sandbox."
@@ -763,6 +804,11 @@ async fn run_command(
         .map(|s| s.env.clone())
         .unwrap_or_default();
     env.extend(req.env);
+    // The local provider's stop finds the processes a session left behind by this variable.
+    env.insert(
+        "TASKBOX_WORKSPACE".to_string(),
+        workspace.display().to_string(),
+    );
     let n = app.next_cmd.fetch_add(1, Ordering::SeqCst) + 1;
     let spec = SpawnSpec {
         id: format!("cmd_{}{n:05}", app.nonce),
@@ -771,7 +817,7 @@ async fn run_command(
         args: req.args,
         cwd,
         host_cwd,
-        home: dirs.home,
+        home: app.home(&id),
         env,
         timeout: req.timeout_ms.map(Duration::from_millis),
     };
@@ -949,7 +995,7 @@ async fn write_files(
         )));
     }
     app.ready(&id).await?;
-    let ws = app.dirs(&id).workspace;
+    let ws = app.workspace(&id)?;
     blocking(move || files::extract_upload(&ws, &x_cwd, &body)).await?;
     Ok(Json(json!({})))
 }
@@ -961,7 +1007,7 @@ async fn read_file(
 ) -> Result<Response, ApiError> {
     let req = validate::path_request(&body)?;
     app.ready(&id).await?;
-    let ws = app.dirs(&id).workspace;
+    let ws = app.workspace(&id)?;
     let path = blocking(move || files::readable_file(&ws, req.cwd.as_deref(), &req.path)).await?;
     let mut file = tokio::fs::File::open(&path)
         .await
@@ -1003,7 +1049,7 @@ async fn make_dir(
 ) -> Result<Json<Value>, ApiError> {
     let req = validate::path_request(&body)?;
     app.ready(&id).await?;
-    let ws = app.dirs(&id).workspace;
+    let ws = app.workspace(&id)?;
     blocking(move || files::make_dir(&ws, req.cwd.as_deref(), &req.path, req.recursive)).await?;
     Ok(Json(json!({})))
 }
@@ -1017,19 +1063,15 @@ async fn create_snapshot(
     app.ready(&id).await?;
     let now = app.now();
     let snap_id = app.world().begin_snapshot(&id, now)?;
-    app.kill_session_commands(&id).await;
-    let dirs = app.dirs(&id);
-    let (ws, dest) = (dirs.workspace.clone(), app.archive_path(&snap_id));
-    let archived = blocking(move || files::archive(&ws, &dest)).await;
-    let remove = dirs.clone();
-    if let Err(e) = blocking(move || remove.remove()).await {
-        tracing::warn!(session = %id, error = %e, "could not remove the workspace");
-    }
-    app.forget_session_commands(&id);
+    let runs = app.kill_session_commands(&id);
+    let archived = app.snapshot_workspace(&id).await;
+    // A snapshot that worked already discarded the workspace; one that failed did not.
+    app.discard(&id).await;
+    app.reap(&id, runs).await;
     let now = app.now();
     let mut world = app.world();
     match archived {
-        Ok(size) => world.finish_snapshot(&id, &snap_id, size, expiration, now),
+        Ok(archived) => world.finish_snapshot(&id, &snap_id, archived, expiration, now),
         Err(e) => {
             world.fail_session(&id, now);
             return Err(ApiError::internal(format!(
@@ -1057,9 +1099,8 @@ async fn get_snapshot(State(app): App, Path(id): Path<String>) -> Result<Json<Va
 
 async fn delete_snapshot(State(app): App, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let now = app.now();
-    let view = app.world().delete_snapshot(&id, now)?;
-    let path = app.archive_path(&id);
-    if let Err(e) = blocking(move || files::remove_file(&path)).await {
+    let (view, archive) = app.world().delete_snapshot(&id, now)?;
+    if let Err(e) = app.local.delete_snapshot(&archive).await {
         tracing::warn!(snapshot = %id, error = %e, "could not remove a deleted snapshot's archive");
     }
     Ok(Json(json!({ "snapshot": view })))

@@ -8,11 +8,11 @@
 //! for `/vercel/sandbox`.
 //!
 //! Layout:
-//! - [`model`](self) — the world as pure data (sandboxes, sessions, snapshots; time passed in);
+//! - `model` — the world as pure data (sandboxes, sessions, snapshots; time passed in);
 //! - `validate` — request bodies checked with the service's wording;
 //! - `wire` — the JSON shapes the SDK's zod schemas expect;
 //! - `exec` — command processes and their replayable logs;
-//! - `files` — sandbox paths, uploads, snapshot archives;
+//! - `files` — sandbox paths and uploads;
 //! - `faults` — the fault configuration and its seeded generator;
 //! - `http` — the axum edge (guard, handlers, `/_admin`);
 //! - `conn` — connections a fault can cut.
@@ -25,8 +25,22 @@
 //! - `POST /_admin/expire-session/{sessionId}` (times the session out now and waits for it to
 //!   stop), `POST /_admin/expire-snapshot/{snapshotId}`.
 //!
-//! State lives in memory: a restarted fake has forgotten its sandboxes. The data directory holds
-//! only the session workspaces (removed when a session stops) and the snapshot archives.
+//! Workspaces and snapshots are the local provider's ([`LocalProvider`]): each session is a local
+//! sandbox (its workspace is what `/vercel/sandbox` maps onto) and each snapshot one of its
+//! versioned archives, under `<data_dir>/local`. Commands do not go through
+//! `SandboxProvider::exec`, which runs a `bash -c` string to completion and returns bounded
+//! output: the API needs an executable with arguments and environment, output streamed while the
+//! command runs, and signals. The fake spawns them itself, in the local sandbox's workspace.
+//!
+//! The API state lives in memory: a restarted fake has forgotten its sandboxes (and leaves their
+//! archives behind in the data directory).
+//!
+//! Known differences from the service: commands run on the host as the fake's user (`sudo` is
+//! accepted and ignored), so absolute `/vercel/sandbox` paths inside a command's own arguments
+//! are not rewritten (the API's `cwd` and file paths are); the file API reaches only
+//! `/vercel/sandbox`; ports get routes but nothing serves them; `git`/`tarball` sources, network
+//! policies, drives, `PATCH` and the rest of v3 (beyond `POST /v3/sandboxes`) are not
+//! implemented.
 
 mod conn;
 mod endpoint;
@@ -58,6 +72,7 @@ pub use faults::{
 pub use stats::{Injected, Stats};
 
 use crate::clock::{Clock, SystemClock};
+use crate::provider::local::{LocalError, LocalProvider};
 
 /// How often timeouts and snapshot expiries are checked when no request comes in.
 const REAP_EVERY: Duration = Duration::from_millis(100);
@@ -152,6 +167,9 @@ pub enum FakeError {
     /// The options make no sense.
     #[error("invalid fake-vercel option: {0}")]
     Options(String),
+    /// The local sandbox store (workspaces and snapshot archives) could not be set up.
+    #[error("cannot set up the fake's sandbox store: {0}")]
+    Local(#[source] LocalError),
     /// A fault spec makes no sense.
     #[error(transparent)]
     Faults(#[from] FaultSpecError),
@@ -226,16 +244,30 @@ impl FakeServer {
             return Err(FakeError::Options("max_vcpus must be at least 1".into()));
         }
         let addr = listener.local_addr().map_err(FakeError::Serve)?;
-        let sessions_dir = opts.data_dir.join("sessions");
-        let snapshots_dir = opts.data_dir.join("snapshots");
-        for dir in [&sessions_dir, &snapshots_dir] {
-            tokio::fs::create_dir_all(dir)
-                .await
-                .map_err(|source| FakeError::DataDir {
-                    path: dir.clone(),
-                    source,
-                })?;
-        }
+        let homes_dir = opts.data_dir.join("homes");
+        tokio::fs::create_dir_all(&homes_dir)
+            .await
+            .map_err(|source| FakeError::DataDir {
+                path: homes_dir.clone(),
+                source,
+            })?;
+        let local = LocalProvider::new(
+            opts.data_dir.join("local"),
+            "fake-vercel".to_string(),
+            Arc::clone(&opts.clock),
+        )
+        .map_err(FakeError::Local)?;
+        // What an earlier run left half-done (this process has nothing in flight yet).
+        local.sweep_temporaries().map_err(FakeError::Local)?;
+        let storage = http::Storage {
+            local,
+            // Longer than any session can live, so the fake alone decides when sessions end.
+            local_timeout_ms: opts
+                .max_total_timeout_ms
+                .saturating_add(opts.boot_delay_ms)
+                .saturating_add(60_000),
+            homes_dir,
+        };
         let limits = validate::Limits {
             max_timeout_ms: opts.max_timeout_ms,
             max_total_timeout_ms: opts.max_total_timeout_ms,
@@ -258,8 +290,7 @@ impl FakeServer {
             opts.token,
             limits,
             opts.clock,
-            sessions_dir,
-            snapshots_dir,
+            storage,
             nonce,
         ));
         let app = http::router(Arc::clone(&shared))

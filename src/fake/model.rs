@@ -158,6 +158,8 @@ pub(crate) struct SnapshotRec {
     pub runtime: Option<String>,
     pub image: Option<String>,
     pub size_bytes: u64,
+    /// Where its files are.
+    pub archive: String,
     /// 0: never expires. Counted from the last use.
     pub expiration_ms: u64,
     pub created_at: Millis,
@@ -203,12 +205,21 @@ impl SnapshotRec {
     }
 }
 
+/// Where a snapshot's files are kept (the key is opaque here: the storage's own snapshot id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Archived {
+    pub key: String,
+    pub size_bytes: u64,
+}
+
 /// A session the caller must boot: records to insert once its workspace is ready.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NewSession {
     /// `Some` when the sandbox itself is new (a create); `None` on a resume.
     pub sandbox: Option<SandboxRec>,
     pub session: SessionRec,
+    /// The archive to restore the workspace from (the source snapshot's).
+    pub source_archive: Option<String>,
 }
 
 /// What a create asks of the caller.
@@ -216,7 +227,7 @@ pub(crate) struct NewSession {
 pub(crate) enum CreatePlan {
     /// The name exists: answer with the sandbox as it is (a retried create finds its sandbox).
     Existing { name: String },
-    /// Restore `session.source_snapshot_id` (if any) into a new workspace, then `commit_session`.
+    /// Restore `source_archive` (if any) into a new workspace, then `commit_session`.
     New(Box<NewSession>),
 }
 
@@ -259,8 +270,8 @@ pub(crate) enum Access {
 pub(crate) struct Due {
     /// Sessions past their deadline, now `stopping`.
     pub stops: Vec<StopWork>,
-    /// Expired snapshots whose archives can go.
-    pub discard_snapshots: Vec<String>,
+    /// Archives of expired snapshots, which can go.
+    pub discard_archives: Vec<String>,
 }
 
 /// A parsed list query (`limit`, `cursor`, `sortOrder` and the filters).
@@ -504,17 +515,19 @@ impl World {
                 return Ok(CreatePlan::Existing { name: name.clone() });
             }
         }
-        let (runtime, image) = match &req.source_snapshot {
+        let (runtime, image, source_archive) = match &req.source_snapshot {
             Some(snap) => {
                 let snap = self.usable_snapshot(snap, now)?;
                 (
                     snap.runtime.clone(),
                     req.image.clone().or(snap.image.clone()),
+                    Some(snap.archive.clone()),
                 )
             }
             None => (
                 req.runtime.map(|r| r.as_str().to_string()),
                 req.image.clone(),
+                None,
             ),
         };
         let (seq, generated) = self.next("sbx-");
@@ -544,6 +557,7 @@ impl World {
                 ..sandbox
             }),
             session,
+            source_archive,
         })))
     }
 
@@ -568,20 +582,24 @@ impl World {
         if !can_resume {
             return Ok(ResumePlan::Wait);
         }
-        if let Some(snap) = &sandbox.current_snapshot_id {
-            self.usable_snapshot(snap, now)?;
-        }
+        let source_archive = match &sandbox.current_snapshot_id {
+            Some(snap) => Some(self.usable_snapshot(snap, now)?.archive.clone()),
+            None => None,
+        };
         let runtime = sandbox.runtime.clone();
         let session = self.new_session(&sandbox, runtime, sandbox.current_snapshot_id.clone(), now);
         Ok(ResumePlan::New(Box::new(NewSession {
             sandbox: None,
             session,
+            source_archive,
         })))
     }
 
     /// Records a booted session (and its new sandbox); marks its source snapshot used.
     pub(crate) fn commit_session(&mut self, new: NewSession, now: Millis) {
-        let NewSession { sandbox, session } = new;
+        let NewSession {
+            sandbox, session, ..
+        } = new;
         if let Some(snap) = session
             .source_snapshot_id
             .as_ref()
@@ -630,10 +648,15 @@ impl World {
         }
     }
 
-    /// Ends a stop; `snapshot` is the auto-snapshot `(id, size)` if one was written.
-    pub(crate) fn finish_stop(&mut self, id: &str, snapshot: Option<(String, u64)>, now: Millis) {
-        if let Some((snap_id, size)) = snapshot {
-            self.insert_snapshot(id, snap_id, size, None, now);
+    /// Ends a stop; `snapshot` is the auto-snapshot (its id and archive) if one was written.
+    pub(crate) fn finish_stop(
+        &mut self,
+        id: &str,
+        snapshot: Option<(String, Archived)>,
+        now: Millis,
+    ) {
+        if let Some((snap_id, archived)) = snapshot {
+            self.insert_snapshot(id, snap_id, archived, None, now);
         }
         if let Some(s) = self.sessions.get_mut(id) {
             s.phase = Phase::Stopped;
@@ -665,7 +688,7 @@ impl World {
         &mut self,
         session_id: &str,
         snap_id: String,
-        size_bytes: u64,
+        archived: Archived,
         expiration_ms: Option<u64>,
         now: Millis,
     ) {
@@ -686,7 +709,8 @@ impl World {
             project_id: session.project_id.clone(),
             runtime: session.runtime.clone(),
             image,
-            size_bytes,
+            size_bytes: archived.size_bytes,
+            archive: archived.key,
             expiration_ms,
             created_at: now,
             updated_at: now,
@@ -709,14 +733,14 @@ impl World {
         &mut self,
         session_id: &str,
         snap_id: &str,
-        size_bytes: u64,
+        archived: Archived,
         expiration_ms: Option<u64>,
         now: Millis,
     ) {
         self.insert_snapshot(
             session_id,
             snap_id.to_string(),
-            size_bytes,
+            archived,
             expiration_ms,
             now,
         );
@@ -803,16 +827,16 @@ impl World {
             .iter()
             .map(|id| self.mark_stopping(id, now))
             .collect();
-        let mut discard_snapshots = Vec::new();
+        let mut discard_archives = Vec::new();
         for snap in self.snapshots.values_mut() {
             if !snap.discarded && snap.state(now) == SnapState::Expired {
                 snap.discarded = true;
-                discard_snapshots.push(snap.id.clone());
+                discard_archives.push(snap.archive.clone());
             }
         }
         Due {
             stops,
-            discard_snapshots,
+            discard_archives,
         }
     }
 
@@ -822,12 +846,13 @@ impl World {
         Ok(self.snapshot_view(snap, now))
     }
 
-    /// Deletes a snapshot; the answer shows it `deleted`. The caller removes the archive.
+    /// Deletes a snapshot; the answer shows it `deleted`. Returns the archive for the caller to
+    /// remove.
     pub(crate) fn delete_snapshot(
         &mut self,
         id: &str,
         now: Millis,
-    ) -> Result<SnapshotView, ApiError> {
+    ) -> Result<(SnapshotView, String), ApiError> {
         self.usable_snapshot(id, now)?;
         let snap = self
             .snapshots
@@ -836,7 +861,7 @@ impl World {
         snap.deleted_at = Some(now);
         snap.updated_at = now;
         let snap = snap.clone();
-        Ok(self.snapshot_view(&snap, now))
+        Ok((self.snapshot_view(&snap, now), snap.archive))
     }
 
     /// Deletes a sandbox by name. Returns the view and the session to stop (if still live).
@@ -1055,6 +1080,13 @@ mod tests {
         }
     }
 
+    fn archived(key: &str) -> Archived {
+        Archived {
+            key: key.to_string(),
+            size_bytes: 42,
+        }
+    }
+
     fn create(world: &mut World, body: &str, now: Millis) -> Result<CreatePlan, ApiError> {
         let req = create_request(body.as_bytes(), &world.settings.limits, CreateApi::V2)?;
         world.plan_create(req, now)
@@ -1094,7 +1126,7 @@ mod tests {
             .clone()
             .expect("auto snapshot id");
         assert_eq!(w.access(&id, 2100).unwrap_err().code, "sandbox_stopping");
-        w.finish_stop(&id, Some((snap.clone(), 10)), 2150);
+        w.finish_stop(&id, Some((snap.clone(), archived("a1"))), 2150);
         assert_eq!(w.access(&id, 2150).unwrap_err().status, 410);
         assert_eq!(w.sandbox("a").unwrap().current_snapshot_id, Some(snap));
         assert!(
@@ -1129,7 +1161,7 @@ mod tests {
         );
         let snap = w.begin_snapshot(&id, 200).unwrap();
         assert_eq!(w.access(&id, 200).unwrap_err().code, "sandbox_snapshotting");
-        w.finish_snapshot(&id, &snap, 42, Some(0), 300);
+        w.finish_snapshot(&id, &snap, archived("a"), Some(0), 300);
         assert_eq!(w.access(&id, 799).unwrap_err().code, "sandbox_snapshotting");
         let stopped = w.access(&id, 800).unwrap_err();
         assert_eq!((stopped.status, stopped.code), (410, "sandbox_stopped"));
@@ -1143,6 +1175,7 @@ mod tests {
         let restored = booted(&mut w, &body, 1000);
         let s = w.session(&restored).unwrap();
         assert_eq!(s.source_snapshot_id.as_deref(), Some(snap.as_str()));
+        assert_eq!(w.snapshot_record(&snap).unwrap().size_bytes, 42);
         assert_eq!(s.runtime.as_deref(), Some("node24"));
 
         w.delete_snapshot(&snap, 1100).unwrap();
@@ -1161,18 +1194,18 @@ mod tests {
         let mut w = World::new(settings(), "t".into());
         let id = booted(&mut w, r#"{"projectId":"p","name":"a"}"#, 0);
         let snap = w.begin_snapshot(&id, 200).unwrap();
-        w.finish_snapshot(&id, &snap, 1, Some(10_000), 200);
+        w.finish_snapshot(&id, &snap, archived("a"), Some(10_000), 200);
         assert_eq!(
             w.get_snapshot(&snap, 10_199).unwrap().expires_at,
             Some(10_200)
         );
         assert_eq!(w.get_snapshot(&snap, 10_200).unwrap_err().status, 410);
-        assert_eq!(w.tick(10_200).discard_snapshots, vec![snap.clone()]);
-        assert!(w.tick(10_300).discard_snapshots.is_empty());
+        assert_eq!(w.tick(10_200).discard_archives, vec!["a".to_string()]);
+        assert!(w.tick(10_300).discard_archives.is_empty());
 
         let id2 = booted(&mut w, r#"{"projectId":"p","name":"b"}"#, 0);
         let snap2 = w.begin_snapshot(&id2, 200).unwrap();
-        w.finish_snapshot(&id2, &snap2, 1, None, 200);
+        w.finish_snapshot(&id2, &snap2, archived("b"), None, 200);
         w.expire_snapshot(&snap2, 300).unwrap();
         assert_eq!(
             w.get_snapshot(&snap2, 300).unwrap_err().code,
@@ -1187,11 +1220,12 @@ mod tests {
         assert_eq!(w.plan_resume("a", None, 200).unwrap(), ResumePlan::Current);
         let snap = w.begin_snapshot(&id, 200).unwrap();
         assert_eq!(w.plan_resume("a", None, 250).unwrap(), ResumePlan::Wait);
-        w.finish_snapshot(&id, &snap, 1, None, 300);
+        w.finish_snapshot(&id, &snap, archived("a"), None, 300);
         let ResumePlan::New(new) = w.plan_resume("a", Some("p"), 310).unwrap() else {
             panic!("expected a new session");
         };
         assert_eq!(new.session.source_snapshot_id, Some(snap));
+        assert_eq!(new.source_archive.as_deref(), Some("a"));
         let new_id = new.session.id.clone();
         w.commit_session(*new, 310);
         assert_eq!(w.sandbox("a").unwrap().current_session_id, new_id);

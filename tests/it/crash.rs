@@ -36,8 +36,14 @@ fn kill(mut child: Child) {
 }
 
 fn show(home: &Home, task: &str) -> Value {
-    serde_json::from_str(&stdout(&home.run(&["show", task, "--json", "--journal", "1000"])))
-        .unwrap_or(Value::Null)
+    serde_json::from_str(&stdout(&home.run(&[
+        "show",
+        task,
+        "--json",
+        "--journal",
+        "1000",
+    ])))
+    .unwrap_or(Value::Null)
 }
 
 /// The states a task passed through, from its journal.
@@ -72,16 +78,37 @@ fn sigkill_at_random_points_never_loses_files() {
         // Each round: maybe grow the workspace (slower snapshots and restores), then one of
         // write / suspend / resume / gc, killed after a random delay.
         if rng.below(3) == 0 {
-            ok(&home.run(&["run", "-t", task, "--", "head -c 8000000 /dev/urandom > blob.bin"]));
+            ok(&home.run(&[
+                "run",
+                "-t",
+                task,
+                "--",
+                "head -c 8000000 /dev/urandom > blob.bin",
+            ]));
         }
         let args: Vec<String> = match rng.below(4) {
-            0 => vec!["run".into(), "-t".into(), task.into(), "--".into(), format!("sleep 0.1; echo {value} > marker")],
+            0 => vec![
+                "run".into(),
+                "-t".into(),
+                task.into(),
+                "--".into(),
+                format!("sleep 0.1; echo {value} > marker"),
+            ],
             1 => vec!["suspend".into(), task.into()],
             2 => vec!["resume".into(), task.into()],
             _ => vec!["gc".into()],
         };
-        let before = show(&home, task)["task"]["state"].as_str().unwrap_or("").to_string();
-        let child = home.cmd().args(&args).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("spawn");
+        let before = show(&home, task)["task"]["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let child = home
+            .cmd()
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn");
         std::thread::sleep(delay);
         kill(child);
         if args[0] == "run" {
@@ -90,12 +117,20 @@ fn sigkill_at_random_points_never_loses_files() {
             // let it finish before looking at its files.
             std::thread::sleep(Duration::from_millis(300));
         }
-        let after = show(&home, task)["task"]["state"].as_str().unwrap_or("?").to_string();
-        *killed_in.entry(format!("{} ({before} -> {after})", args[0])).or_default() += 1;
+        let after = show(&home, task)["task"]["state"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string();
+        *killed_in
+            .entry(format!("{} ({before} -> {after})", args[0]))
+            .or_default() += 1;
 
         // Run again: the task recovers and the file is one that may have been written last.
         let out = home.run(&["run", "-t", task, "--", "cat marker"]);
-        let shown: u64 = ok(&out).trim().parse().unwrap_or_else(|_| panic!("round {round}: marker unreadable: {:?}", stdout(&out)));
+        let shown: u64 = ok(&out)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("round {round}: marker unreadable: {:?}", stdout(&out)));
         assert!(
             possible.contains(&shown),
             "round {round} ({args:?} killed after {delay:?}): marker is {shown}, expected one of {possible:?}"
@@ -105,20 +140,44 @@ fn sigkill_at_random_points_never_loses_files() {
 
         let view = show(&home, task);
         for snap in view["task"]["snapshots"].as_array().expect("snapshots") {
-            assert_ne!(snap["status"], "pending", "round {round}: a snapshot was left pending: {snap}");
+            assert_ne!(
+                snap["status"], "pending",
+                "round {round}: a snapshot was left pending: {snap}"
+            );
         }
         // Reconcile: afterwards the only workspace left is the one the task holds.
         ok(&home.run(&["gc"]));
-        let held = show(&home, task)["task"]["sandbox"]["id"].as_str().map(str::to_string);
+        let held = show(&home, task)["task"]["sandbox"]["id"]
+            .as_str()
+            .map(str::to_string);
         let dirs: Vec<String> = std::fs::read_dir(home.path().join("data/local/sandboxes"))
-            .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
             .unwrap_or_default();
-        let orphans: Vec<&String> = dirs.iter().filter(|d| Some(d.as_str()) != held.as_deref()).collect();
-        assert!(orphans.is_empty(), "round {round}: orphaned workspaces after gc: {orphans:?} (held: {held:?})");
+        let orphans: Vec<&String> = dirs
+            .iter()
+            .filter(|d| Some(d.as_str()) != held.as_deref())
+            .collect();
+        assert!(
+            orphans.is_empty(),
+            "round {round}: orphaned workspaces after gc: {orphans:?} (held: {held:?})"
+        );
     }
     let seen = states_seen(&show(&home, task));
-    for state in ["provisioning", "running", "snapshotting", "expired", "restoring"] {
-        assert!(seen.contains(state), "never passed through {state}: {seen:?}");
+    for state in [
+        "provisioning",
+        "running",
+        "snapshotting",
+        "expired",
+        "restoring",
+    ] {
+        assert!(
+            seen.contains(state),
+            "never passed through {state}: {seen:?}"
+        );
     }
     eprintln!("killed in: {killed_in:#?}");
 }
@@ -145,7 +204,10 @@ fn two_processes_on_one_data_dir_take_turns_per_task() {
         let status = c.wait().expect("wait");
         assert!(status.success() || status.code() == Some(1), "{status:?}");
     }
-    assert_eq!(ok(&home.run(&["run", "-t", "shared", "--", "cat n"])), "2\n");
+    assert_eq!(
+        ok(&home.run(&["run", "-t", "shared", "--", "cat n"])),
+        "2\n"
+    );
     let o = home.run(&["doctor"]);
     assert!(stdout(&o).contains("✓ sqlite"), "{}", stdout(&o));
 }

@@ -199,7 +199,7 @@ fn scenario(seed: u64, actions: Vec<Action>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 200, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/engine.txt"))), ..ProptestConfig::default() })]
 
     #[test]
     fn a_resumed_task_restores_its_latest_complete_snapshot(seed in any::<u64>(), actions in proptest::collection::vec(action(), 1..30)) {
@@ -334,6 +334,110 @@ fn expiry_under_a_command_is_reported_and_files_come_back() {
         assert!(msg.contains("restored from snapshot"), "{msg}");
         let out = orch.run(&task, "cat f", None).await.expect("run");
         assert_eq!(out.stdout, "v1", "files come back from the latest snapshot");
+        orch.shutdown().await;
+    });
+}
+
+async fn open_with(dir: &std::path::Path, sim: &Arc<SimProvider>, clock: &Arc<TokioClock>, cfg: Config) -> Orchestrator {
+    Orchestrator::builder(dir.to_path_buf(), cfg)
+        .provider(sim.clone())
+        .clock(clock.clone())
+        .jitter(Jitter::None)
+        .reconcile_on_start(false)
+        .open()
+        .await
+        .expect("open orchestrator")
+}
+
+/// While commands keep coming, the sandbox's deadline is extended (up to the plan's cap): the
+/// task keeps one sandbox well past its initial timeout.
+#[test]
+fn deadlines_are_extended_while_work_goes_on() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(TokioClock::starting_at(START_MS));
+        let sim = Arc::new(SimProvider::new(5, SimFaults::none(), clock.clone()));
+        let mut cfg = config();
+        cfg.terminal.max_sandbox_lifetime_seconds = 3_600;
+        let orch = open_with(dir.path(), &sim, &clock, cfg).await;
+        let task = TaskId::new("busy").expect("id");
+        orch.run(&task, "write f 0", None).await.expect("run");
+        let first = sim.live_sandboxes()[0].id.clone();
+        for i in 1..=20 {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            orch.run(&task, &format!("append f {i}"), None).await.expect("run");
+        }
+        // 20 minutes on a sandbox created with a 5-minute timeout: still the same one.
+        let live = sim.live_sandboxes();
+        assert_eq!(live.len(), 1);
+        assert_eq!(live[0].id, first, "the sandbox was extended, not recreated");
+        assert!(sim.stats().calls.get("extend timeout").copied().unwrap_or(0) > 0);
+        orch.shutdown().await;
+    });
+}
+
+/// When the plan allows no more time, a persistent task is checkpointed a margin before the
+/// deadline, so the platform's expiry loses nothing written before the checkpoint.
+#[test]
+fn a_checkpoint_before_an_unextendable_deadline_keeps_the_files() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(TokioClock::starting_at(START_MS));
+        let sim = Arc::new(SimProvider::new(6, SimFaults::none(), clock.clone()));
+        let mut cfg = config();
+        cfg.terminal.sandbox_timeout_seconds = 300;
+        cfg.terminal.max_sandbox_lifetime_seconds = 300; // nothing to extend
+        cfg.terminal.lifetime_seconds = 3_600; // the idle reaper stays out of the way
+        let orch = open_with(dir.path(), &sim, &clock, cfg).await;
+        let task = TaskId::new("cp").expect("id");
+        orch.run(&task, "write f precious", None).await.expect("run");
+        // Work goes on until past the deadline; without a checkpoint the platform's expiry at
+        // 300 s would take the file with the sandbox.
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            let _ = orch.run(&task, "true", None).await;
+        }
+        let out = orch.run(&task, "cat f", None).await.expect("run");
+        assert_eq!(out.stdout, "precious");
+        let view = orch.show(&task, 0).await.expect("show").expect("task");
+        assert!(view.task.latest_complete().is_some(), "a checkpoint snapshot was taken");
+        orch.shutdown().await;
+    });
+}
+
+/// Superseded snapshots are deleted once a newer one is confirmed; a failed delete is retried
+/// later (on the next start), never forgotten.
+#[test]
+fn superseded_snapshots_are_pruned_and_failed_deletes_retried() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(TokioClock::starting_at(START_MS));
+        let sim = Arc::new(SimProvider::new(8, SimFaults::none(), clock.clone()));
+        let orch = open(dir.path(), &sim, &clock).await;
+        let task = TaskId::new("keep").expect("id");
+        for i in 0..3 {
+            orch.run(&task, &format!("write f {i}"), None).await.expect("run");
+            orch.suspend(&task).await.expect("suspend");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let present = |sim: &SimProvider| sim.snapshots().into_iter().filter(|s| s.present()).count();
+        assert_eq!(present(&sim), 2, "keep_snapshots = 2");
+        // Deletes fail now: the superseded snapshot is kept on record as `deleting`.
+        sim.set_faults(SimFaults { delete_fail: 1.0, ..SimFaults::none() });
+        orch.run(&task, "write f 3", None).await.expect("run");
+        orch.suspend(&task).await.expect("suspend");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(present(&sim), 3, "the delete failed");
+        let view = orch.show(&task, 0).await.expect("show").expect("task");
+        assert!(view.task.snapshots.iter().any(|s| s.status == taskbox::core::SnapshotStatus::Deleting));
+        orch.shutdown().await;
+        // The provider recovers; the next engine start retries the delete.
+        sim.set_faults(SimFaults::none());
+        let orch = open(dir.path(), &sim, &clock).await;
+        let out = orch.run(&task, "cat f", None).await.expect("run");
+        assert_eq!(out.stdout, "3");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(present(&sim), 2, "the failed delete was retried");
         orch.shutdown().await;
     });
 }

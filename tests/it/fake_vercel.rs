@@ -516,11 +516,46 @@ async fn detached_commands_poll_logs_and_kill() {
 }
 
 #[tokio::test]
+async fn no_process_survives_a_stop() {
+    bounded(async {
+        let fake = start().await;
+        let session = fake.session_id("leftovers").await;
+        // A finished command that left a background process behind, and one still running.
+        let records = fake
+            .run(&session, "setsid sleep 300 >/dev/null 2>&1 & echo $!")
+            .await;
+        let pid: u32 = output_of(&records, "stdout").trim().parse().unwrap();
+        let running = json_of(
+            fake.post(
+                &format!("/v2/sandboxes/sessions/{session}/cmd"),
+                json!({"command": "sleep", "args": ["300"]}),
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(running["command"]["exitCode"], Value::Null);
+        let proc_dir = format!("/proc/{pid}");
+        assert!(Path::new(&proc_dir).exists(), "the background process runs");
+        let stop = fake
+            .post(&format!("/v2/sandboxes/sessions/{session}/stop"), json!({}))
+            .await;
+        assert_eq!(stop.status(), StatusCode::OK);
+        eventually("the background process to die", || async {
+            let stat = std::fs::read_to_string(format!("{proc_dir}/stat")).unwrap_or_default();
+            // Gone, or a zombie waiting for its parent (init) to reap it.
+            (stat.is_empty() || stat.contains(") Z ")).then_some(())
+        })
+        .await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn sessions_boot_time_out_and_extend() {
     bounded(async {
         let fake = start_with(|o| o.boot_delay_ms = 300).await;
         let created = fake
-            .create("boot", json!({"timeout": 1000, "persistent": true}))
+            .create("boot", json!({"timeout": 2000, "persistent": true}))
             .await;
         assert_eq!(created["session"]["status"], "pending");
         assert!(created["session"].get("startedAt").is_none());
@@ -557,7 +592,7 @@ async fn sessions_boot_time_out_and_extend() {
         assert_eq!(resumed["resumed"], true);
         let new_session = resumed["session"]["id"].as_str().unwrap().to_string();
         assert_ne!(new_session, session);
-        // The new session has the sandbox's 1 s timeout too: extend it first.
+        // The new session has the sandbox's 2 s timeout too: extend it first.
         let extend = |id: String, ms: u64| {
             let fake = &fake;
             async move {
@@ -569,7 +604,7 @@ async fn sessions_boot_time_out_and_extend() {
             }
         };
         let extended = json_of(extend(new_session.clone(), 60_000).await).await;
-        assert_eq!(extended["session"]["timeout"], 61_000);
+        assert_eq!(extended["session"]["timeout"], 62_000);
         let read = fake.read_file(&new_session, "kept.txt").await;
         assert_eq!(read.bytes().await.unwrap().as_ref(), b"kept");
         let long = fake.create("long", json!({"timeout": 45 * 60_000})).await;

@@ -285,7 +285,7 @@ async fn timeout_kills_the_whole_process_group() {
     let env = Env::new();
     let id = env.create("slow", 1, None).await;
     let out = env
-        .try_run(&id, "sleep 100 & echo $!; sleep 30", 300)
+        .try_run(&id, "sleep 100 & echo $!; sleep 30", 1_500)
         .await
         .unwrap();
     assert_eq!(out.exit_code, 124);
@@ -604,6 +604,42 @@ async fn an_archive_of_an_unknown_version_is_a_typed_error() {
     );
     assert!(msg.contains("not a taskbox snapshot archive"), "{msg}");
     assert!(env.tmp_entries().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_or_corrupted_archive_is_refused_not_half_restored() {
+    let env = Env::new();
+    let id = env.create("cut", 1, None).await;
+    env.run(
+        &id,
+        "for i in $(seq 1 200); do head -c 3000 /dev/urandom > f$i; done",
+    )
+    .await;
+    env.provider.snapshot("cut", &id, 1).await.unwrap();
+    let path = env.root().join("snapshots/cut/1.tbx");
+    let bytes = fs::read(&path).unwrap();
+
+    fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    assert_kind(
+        env.try_create("cut", 2, Some("cut.s1"), 60_000).await,
+        FailureKind::Permanent,
+    );
+    // Only the zstd checksum at the very end is wrong.
+    let mut flipped = bytes.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 0xff;
+    fs::write(&path, &flipped).unwrap();
+    assert_kind(
+        env.try_create("cut", 2, Some("cut.s1"), 60_000).await,
+        FailureKind::Permanent,
+    );
+    assert!(env.provider.workspace_path("taskbox-cut-g2").is_none());
+    assert!(env.tmp_entries().is_empty());
+
+    // The intact archive still restores.
+    fs::write(&path, &bytes).unwrap();
+    let restored = env.create("cut", 2, Some("cut.s1")).await;
+    assert_eq!(env.run(&restored, "ls | wc -l").await.stdout, "200\n");
 }
 
 // ---------------------------------------------------------------------------------------------

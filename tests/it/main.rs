@@ -2,6 +2,7 @@
 
 mod cli;
 mod core_step;
+mod crash;
 mod engine;
 mod fake_vercel;
 mod local_provider;
@@ -9,4 +10,3 @@ mod sim;
 mod store;
 mod support;
 mod vercel_client;
-mod crash;

@@ -161,6 +161,31 @@ async function main() {
   eq(stopped.status, "stopped", "status after stop()");
   await sandbox.stop();
 
+  step = "a persistent sandbox snapshots itself on stop() and resumes from it";
+  const persistent = await Sandbox.create({
+    ...sdk,
+    name: `conformance-persistent-${suffix}`,
+    runtime: "python3.13",
+    persistent: true,
+    timeout: 60_000,
+  });
+  eq(persistent.persistent, true, "sandbox.persistent");
+  await persistent.writeFiles([{ path: "state.txt", content: Buffer.from("kept across sessions") }]);
+  const firstSession = persistent.currentSession().sessionId;
+  const stoppedPersistent = await persistent.stop();
+  check(
+    stoppedPersistent.snapshot?.id?.startsWith("snap_"),
+    `stop() of a persistent sandbox returned no snapshot: ${JSON.stringify(stoppedPersistent.snapshot)}`,
+  );
+  eq(persistent.currentSnapshotId, stoppedPersistent.snapshot.id, "currentSnapshotId after stop()");
+  const kept = await persistent.readFileToBuffer({ path: "state.txt" });
+  eq(kept?.toString(), "kept across sessions", "file after the automatic resume");
+  check(
+    persistent.currentSession().sessionId !== firstSession,
+    "reading after stop() did not resume into a new session",
+  );
+  await persistent.stop();
+
   step = "Snapshot.delete";
   await fetched.delete();
   let gone = null;

@@ -33,7 +33,7 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Read, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -494,6 +494,9 @@ fn entry_header(meta: &fs::Metadata, kind: tar::EntryType, size: u64) -> tar::He
 }
 
 /// Walks `workspace` (without following symlinks) into a tar stream written to `sink`.
+///
+/// Only symlinks go into the tree model: resolving a target consults nothing else, so a
+/// directory or file entry would cost a map insert per path for nothing.
 fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, ArchiveError> {
     let mut builder = tar::Builder::new(sink);
     let mut tree = Tree::default();
@@ -508,16 +511,16 @@ fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, Archi
         let dir_abs = workspace.join(os(&dir));
         let mut entries = match fs::read_dir(&dir_abs) {
             Ok(it) => it
+                .map(|e| e.map(|e| (e.file_name().into_vec(), e)))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(ArchiveError::io("list directory", &dir_abs))?,
             // Vanished between listing its parent and now: nothing to keep.
             Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_empty() => continue,
             Err(e) => return Err(ArchiveError::io("list directory", &dir_abs)(e)),
         };
-        entries.sort_by_key(|e| e.file_name());
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut subdirs = Vec::new();
-        for entry in entries {
-            let name = entry.file_name().into_vec();
+        for (name, entry) in entries {
             let rel = if dir.is_empty() {
                 name
             } else {
@@ -536,7 +539,6 @@ fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, Archi
                 builder
                     .append_data(&mut header, os(&rel), io::empty())
                     .map_err(write)?;
-                tree.insert(rel.clone(), Node::Dir);
                 subdirs.push(rel);
             } else if file_type.is_file() {
                 let inode = (meta.dev(), meta.ino());
@@ -546,7 +548,6 @@ fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, Archi
                         builder
                             .append_link(&mut header, os(&rel), os(first))
                             .map_err(write)?;
-                        tree.insert(rel, Node::File);
                         stats.entries += 1;
                         continue;
                     }
@@ -571,9 +572,8 @@ fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, Archi
                         }
                     })?;
                 if meta.nlink() > 1 {
-                    first_link.insert(inode, rel.clone());
+                    first_link.insert(inode, rel);
                 }
-                tree.insert(rel, Node::File);
             } else if file_type.is_symlink() {
                 let target = fs::read_link(&abs)
                     .map_err(ArchiveError::io("read symlink", &abs))?
@@ -620,8 +620,8 @@ fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, Archi
 
 /// Extracts the compressed tar body (what follows [`read_prefix`]) into `dest`, an empty
 /// directory the caller created and deletes if this fails.
-pub fn unpack_body<R: Read>(input: R, dest: &Path) -> Result<(), ArchiveError> {
-    let decoder = zstd::Decoder::new(input).map_err(ArchiveError::stream(
+pub fn unpack_body<R: BufRead>(input: R, dest: &Path) -> Result<(), ArchiveError> {
+    let decoder = zstd::Decoder::with_buffer(input).map_err(ArchiveError::stream(
         "start decompressing the snapshot archive",
     ))?;
     let mut archive = tar::Archive::new(decoder);

@@ -464,6 +464,12 @@ impl LocalProvider {
         &self.root
     }
 
+    /// The installation this provider was opened for. Sandboxes carry the installation of
+    /// their spec (a fake server may serve several); listings filter by the one asked for.
+    pub fn installation_id(&self) -> &str {
+        &self.installation_id
+    }
+
     /// The workspace directory of a live-on-disk sandbox, if `sandbox_id` is valid and exists.
     pub fn workspace_path(&self, sandbox_id: &str) -> Option<PathBuf> {
         let name = SandboxName::parse(sandbox_id).ok()?;
@@ -647,14 +653,13 @@ impl LocalProvider {
             self.discard(&name, &slot).await?;
         }
 
-        let (staging, in_flight) = self.temp_path(
+        // Held until the staging directory is renamed or removed, so a sweep leaves it alone.
+        let (staging, _in_flight) = self.temp_path(
             &self.root.join("tmp"),
             "create.",
             &format!(".{}", name.name),
         );
-        let built = self
-            .assemble(&name, spec, source.as_ref(), &staging, in_flight)
-            .await;
+        let built = self.assemble(&name, spec, source.as_ref(), &staging).await;
         let meta = match built {
             Ok(meta) => meta,
             Err(e) => {
@@ -682,7 +687,6 @@ impl LocalProvider {
         spec: &SandboxSpec,
         source: Option<&SnapshotRef>,
         staging: &Path,
-        in_flight: InFlight,
     ) -> Result<SandboxMeta, LocalError> {
         fs::create_dir(staging).map_err(LocalError::io("create directory", staging))?;
         let run_dir = staging.join("run");
@@ -694,7 +698,6 @@ impl LocalProvider {
                 let snap = snap.clone();
                 let workspace = workspace.clone();
                 run_blocking("restore a snapshot", move || {
-                    let _in_flight = in_flight;
                     restore(&snap, &archive, &workspace)
                 })
                 .await?;
@@ -755,12 +758,15 @@ impl LocalProvider {
         let (meta, mut stopped) = {
             let _guard = slot.lock.lock().await;
             let meta = self.live_meta(&name, &slot).await?;
+            // A command may have deleted the workspace itself; a VM's root would still exist.
+            // (Under the lock: after a discard this would leave a nameless sandbox behind.)
+            for dir in [&workspace, &run_dir] {
+                fs::create_dir_all(dir).map_err(LocalError::io("create directory", dir))?;
+            }
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
             // Subscribed under the lock: a discard after this point is seen by this command.
             (meta, slot.stopped.subscribe())
         };
-        // A command may have deleted the workspace itself; a VM's root would still exist.
-        fs::create_dir_all(&workspace).map_err(LocalError::io("create directory", &workspace))?;
         let cwd = resolve_cwd(&workspace, &meta.cwd);
         let cwd_file = run_dir.join(format!("cwd.{}", self.unique()));
         let script = wrap_command(&req.command, &cwd_file);
@@ -781,10 +787,22 @@ impl LocalProvider {
             // Its own process group, so a timeout kills everything the command started.
             .process_group(0);
         let started = tokio::time::Instant::now();
-        let mut child = command.spawn().map_err(|source| LocalError::Spawn {
-            sandbox: name.name.clone(),
-            source,
-        })?;
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            // Discarded since the check above: its directory went away under the spawn.
+            Err(_) if stopped.has_changed().unwrap_or(true) => {
+                return Err(LocalError::gone(
+                    &name,
+                    "it was stopped as the command started",
+                ))
+            }
+            Err(source) => {
+                return Err(LocalError::Spawn {
+                    sandbox: name.name.clone(),
+                    source,
+                })
+            }
+        };
         let pgid = child.id().expect("a child that was just spawned has a pid");
         let mut group = GroupGuard { pgid: Some(pgid) };
         let stdout = Pump::start(child.stdout.take());
