@@ -1,5 +1,6 @@
 //! Argument parsing, dispatch and printing.
 
+mod bench;
 mod doctor;
 mod output;
 
@@ -53,6 +54,8 @@ enum Cmd {
     Doctor(JsonArg),
     /// Stop this installation's orphaned sandboxes and delete snapshots no task retains.
     Gc(GcArgs),
+    /// Measure taskbox's overhead against baselines run side by side (see the README).
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -231,6 +234,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Config(cmd) => config_cmd(cmd, paths),
+        Cmd::Bench(args) => bench::run(args),
         Cmd::Doctor(args) => doctor::run(paths, args.json).await,
         Cmd::Gc(args) => {
             let orch = open_with(paths, false).await?;

@@ -1,0 +1,239 @@
+//! Per-command overhead on the local backend: a command in a warm task (its sandbox already
+//! live) against the same command spawned bare with `bash -c`, pair by pair.
+//!
+//! - `overhead.library`: an [`Orchestrator`] held open, as a Rust program embedding taskbox
+//!   holds it; the bare command is spawned on the same tokio runtime.
+//! - `overhead.cli`: one `taskbox run` process per command (what an agent that shells out pays:
+//!   process start, store open, task lock, two durable commits, the command), against one bare
+//!   `bash -c` process per command.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Instant;
+
+use super::stats::{ms, Paired};
+use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
+use crate::config::Config;
+use crate::engine::Orchestrator;
+use crate::TaskId;
+
+const BENCH: &str = "overhead";
+
+/// The command both sides run: cheap, with output to capture.
+const COMMAND: &str = "echo ok";
+
+/// The per-command budget taskbox may add.
+const TARGET_ADDED_MS: f64 = 2.0;
+
+/// Unpaired runs before sampling (page cache, sandbox creation, lazy init).
+const WARMUP: usize = 3;
+
+pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
+    let n = match ctx.opts.mode {
+        Mode::Quick => 20,
+        Mode::Standard => 200,
+        Mode::Full => 400,
+    };
+    let mut rows = Vec::new();
+    if ctx.wants("overhead.library") {
+        ctx.say(&format!("overhead.library: {n} commands each side"));
+        let dir = ctx.subdir("overhead-library")?;
+        let p = library(&dir, n)?;
+        rows.push(row(
+            "overhead.library",
+            "`echo ok` in a warm task, Orchestrator held open (local backend)",
+            &p,
+            n,
+        ));
+    }
+    if ctx.wants("overhead.cli") {
+        ctx.say(&format!(
+            "overhead.cli: {n} `taskbox run` processes each side"
+        ));
+        let home = ctx.subdir("overhead-cli")?;
+        let p = cli(&ctx.opts.exe, &home, n)?;
+        rows.push(row(
+            "overhead.cli",
+            "`taskbox run --task T 'echo ok'`, one process per command (local backend)",
+            &p,
+            n,
+        ));
+    }
+    Ok(rows)
+}
+
+fn row(name: &str, subject_is: &str, p: &Paired, n: usize) -> Measurement {
+    Measurement::new(
+        name,
+        subject_is,
+        Quantity::new(p.subject_median(), "ms"),
+        "`bash -c 'echo ok'` spawned bare",
+        Quantity::new(p.baseline_median(), "ms"),
+        Some(Quantity::new(p.added_median(), "ms")),
+        Target::AddedAtMost {
+            value: TARGET_ADDED_MS,
+            unit: "ms",
+        },
+        n,
+        vec![p.spread("ms")],
+    )
+}
+
+/// Runs the bare baseline once and checks its answer.
+async fn bare_async() -> Result<f64, BenchError> {
+    let t = Instant::now();
+    let out = tokio::process::Command::new("bash")
+        .arg("-c")
+        .arg(COMMAND)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .map_err(BenchError::io(BENCH, "spawn bash"))?;
+    let took = ms(t.elapsed());
+    check_output(out.status.success(), &out.stdout, "bash -c")?;
+    Ok(took)
+}
+
+fn bare_sync() -> Result<f64, BenchError> {
+    let t = Instant::now();
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(COMMAND)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(BenchError::io(BENCH, "spawn bash"))?;
+    let took = ms(t.elapsed());
+    check_output(out.status.success(), &out.stdout, "bash -c")?;
+    Ok(took)
+}
+
+fn check_output(ok: bool, stdout: &[u8], what: &str) -> Result<(), BenchError> {
+    if ok && stdout == b"ok\n" {
+        return Ok(());
+    }
+    Err(BenchError::failed(
+        BENCH,
+        format!(
+            "{what} `{COMMAND}` answered {:?} (exit ok: {ok}), expected \"ok\\n\"",
+            String::from_utf8_lossy(stdout)
+        ),
+    ))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
+    // Two workers, like the `taskbox` binary.
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(BenchError::io(BENCH, "start a tokio runtime"))
+}
+
+fn library(dir: &Path, n: usize) -> Result<Paired, BenchError> {
+    runtime()?.block_on(async {
+        let orch = Orchestrator::builder(dir.to_path_buf(), Config::default())
+            .reconcile_on_start(false)
+            .open()
+            .await
+            .map_err(|source| BenchError::Engine {
+                bench: BENCH,
+                action: format!("open an orchestrator on {}", dir.display()),
+                source,
+            })?;
+        let task = TaskId::new("bench-overhead").expect("a valid task id");
+        let result = async {
+            let subject = || async {
+                let t = Instant::now();
+                let out =
+                    orch.run(&task, COMMAND, None)
+                        .await
+                        .map_err(|source| BenchError::Engine {
+                            bench: BENCH,
+                            action: "run a command".into(),
+                            source,
+                        })?;
+                let took = ms(t.elapsed());
+                check_output(out.exit_code == 0, out.stdout.as_bytes(), "taskbox")?;
+                Ok::<f64, BenchError>(took)
+            };
+            for _ in 0..WARMUP {
+                subject().await?;
+                bare_async().await?;
+            }
+            let mut p = Paired::default();
+            for i in 0..n {
+                // Alternate which side goes first, so neither always follows the other.
+                let (s, b) = if i % 2 == 0 {
+                    let s = subject().await?;
+                    (s, bare_async().await?)
+                } else {
+                    let b = bare_async().await?;
+                    (subject().await?, b)
+                };
+                p.subject.push(s);
+                p.baseline.push(b);
+            }
+            Ok(p)
+        }
+        .await;
+        orch.shutdown().await;
+        result
+    })
+}
+
+fn cli(exe: &Path, home: &Path, n: usize) -> Result<Paired, BenchError> {
+    let subject = || -> Result<f64, BenchError> {
+        let mut cmd = std::process::Command::new(exe);
+        cmd.args(["run", "--task", "bench-overhead", COMMAND])
+            .env("TASKBOX_HOME", home)
+            .stdin(Stdio::null());
+        for var in [
+            "RUST_LOG",
+            "VERCEL_TOKEN",
+            "VERCEL_OIDC_TOKEN",
+            "VERCEL_PROJECT_ID",
+            "VERCEL_TEAM_ID",
+            "TERMINAL_VERCEL_RUNTIME",
+            "TASKBOX_VERCEL_API_URL",
+        ] {
+            cmd.env_remove(var);
+        }
+        let t = Instant::now();
+        let out = cmd
+            .output()
+            .map_err(BenchError::io(BENCH, format!("spawn {}", exe.display())))?;
+        let took = ms(t.elapsed());
+        if !out.status.success() {
+            return Err(BenchError::failed(
+                BENCH,
+                format!(
+                    "`{} run` failed ({}): {}",
+                    exe.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            ));
+        }
+        check_output(true, &out.stdout, "taskbox run")?;
+        Ok(took)
+    };
+    for _ in 0..WARMUP {
+        subject()?;
+        bare_sync()?;
+    }
+    let mut p = Paired::default();
+    for i in 0..n {
+        let (s, b) = if i % 2 == 0 {
+            let s = subject()?;
+            (s, bare_sync()?)
+        } else {
+            let b = bare_sync()?;
+            (subject()?, b)
+        };
+        p.subject.push(s);
+        p.baseline.push(b);
+    }
+    Ok(p)
+}
