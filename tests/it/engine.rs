@@ -338,7 +338,12 @@ fn expiry_under_a_command_is_reported_and_files_come_back() {
     });
 }
 
-async fn open_with(dir: &std::path::Path, sim: &Arc<SimProvider>, clock: &Arc<TokioClock>, cfg: Config) -> Orchestrator {
+async fn open_with(
+    dir: &std::path::Path,
+    sim: &Arc<SimProvider>,
+    clock: &Arc<TokioClock>,
+    cfg: Config,
+) -> Orchestrator {
     Orchestrator::builder(dir.to_path_buf(), cfg)
         .provider(sim.clone())
         .clock(clock.clone())
@@ -365,13 +370,22 @@ fn deadlines_are_extended_while_work_goes_on() {
         let first = sim.live_sandboxes()[0].id.clone();
         for i in 1..=20 {
             tokio::time::sleep(Duration::from_secs(60)).await;
-            orch.run(&task, &format!("append f {i}"), None).await.expect("run");
+            orch.run(&task, &format!("append f {i}"), None)
+                .await
+                .expect("run");
         }
         // 20 minutes on a sandbox created with a 5-minute timeout: still the same one.
         let live = sim.live_sandboxes();
         assert_eq!(live.len(), 1);
         assert_eq!(live[0].id, first, "the sandbox was extended, not recreated");
-        assert!(sim.stats().calls.get("extend timeout").copied().unwrap_or(0) > 0);
+        assert!(
+            sim.stats()
+                .calls
+                .get("extend timeout")
+                .copied()
+                .unwrap_or(0)
+                > 0
+        );
         orch.shutdown().await;
     });
 }
@@ -390,7 +404,9 @@ fn a_checkpoint_before_an_unextendable_deadline_keeps_the_files() {
         cfg.terminal.lifetime_seconds = 3_600; // the idle reaper stays out of the way
         let orch = open_with(dir.path(), &sim, &clock, cfg).await;
         let task = TaskId::new("cp").expect("id");
-        orch.run(&task, "write f precious", None).await.expect("run");
+        orch.run(&task, "write f precious", None)
+            .await
+            .expect("run");
         // Work goes on until past the deadline; without a checkpoint the platform's expiry at
         // 300 s would take the file with the sandbox.
         for _ in 0..5 {
@@ -400,7 +416,10 @@ fn a_checkpoint_before_an_unextendable_deadline_keeps_the_files() {
         let out = orch.run(&task, "cat f", None).await.expect("run");
         assert_eq!(out.stdout, "precious");
         let view = orch.show(&task, 0).await.expect("show").expect("task");
-        assert!(view.task.latest_complete().is_some(), "a checkpoint snapshot was taken");
+        assert!(
+            view.task.latest_complete().is_some(),
+            "a checkpoint snapshot was taken"
+        );
         orch.shutdown().await;
     });
 }
@@ -416,20 +435,30 @@ fn superseded_snapshots_are_pruned_and_failed_deletes_retried() {
         let orch = open(dir.path(), &sim, &clock).await;
         let task = TaskId::new("keep").expect("id");
         for i in 0..3 {
-            orch.run(&task, &format!("write f {i}"), None).await.expect("run");
+            orch.run(&task, &format!("write f {i}"), None)
+                .await
+                .expect("run");
             orch.suspend(&task).await.expect("suspend");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let present = |sim: &SimProvider| sim.snapshots().into_iter().filter(|s| s.present()).count();
+        let present =
+            |sim: &SimProvider| sim.snapshots().into_iter().filter(|s| s.present()).count();
         assert_eq!(present(&sim), 2, "keep_snapshots = 2");
         // Deletes fail now: the superseded snapshot is kept on record as `deleting`.
-        sim.set_faults(SimFaults { delete_fail: 1.0, ..SimFaults::none() });
+        sim.set_faults(SimFaults {
+            delete_fail: 1.0,
+            ..SimFaults::none()
+        });
         orch.run(&task, "write f 3", None).await.expect("run");
         orch.suspend(&task).await.expect("suspend");
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(present(&sim), 3, "the delete failed");
         let view = orch.show(&task, 0).await.expect("show").expect("task");
-        assert!(view.task.snapshots.iter().any(|s| s.status == taskbox::core::SnapshotStatus::Deleting));
+        assert!(view
+            .task
+            .snapshots
+            .iter()
+            .any(|s| s.status == taskbox::core::SnapshotStatus::Deleting));
         orch.shutdown().await;
         // The provider recovers; the next engine start retries the delete.
         sim.set_faults(SimFaults::none());
@@ -438,6 +467,62 @@ fn superseded_snapshots_are_pruned_and_failed_deletes_retried() {
         assert_eq!(out.stdout, "3");
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(present(&sim), 2, "the failed delete was retried");
+        orch.shutdown().await;
+    });
+}
+
+/// The engine commits the transitions of every waiting message together (group commit). A
+/// transition the store refuses — here because another writer moved the task on behind the
+/// engine's back — fails the request that caused it, performs none of its commands, and leaves
+/// the other tasks alone.
+#[test]
+fn a_transition_the_store_refuses_fails_its_request_and_nothing_else() {
+    use taskbox::core::Event;
+    use taskbox::engine::EngineError;
+    use taskbox::store::{Store, StoreError, TransitionRecord};
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(TokioClock::starting_at(START_MS));
+        let sim = Arc::new(SimProvider::new(1, SimFaults::none(), clock.clone()));
+        let orch = open(dir.path(), &sim, &clock).await;
+        let (a, b) = (TaskId::new("a").expect("id"), TaskId::new("b").expect("id"));
+        orch.run(&a, "write f 1", None).await.expect("run");
+
+        let mut other = Store::open(&dir.path().join("taskbox.db")).expect("second handle");
+        let stored = other.load_task("a").expect("load").expect("task a exists");
+        let mut moved = stored.clone();
+        moved.state = TaskState::Idle;
+        other
+            .commit(&TransitionRecord {
+                at: START_MS,
+                event: &Event::Recovered,
+                state_before: stored.state,
+                task_after: &moved,
+                commands: &[],
+            })
+            .expect("the other writer commits");
+
+        let (ra, rb) = tokio::join!(
+            orch.run(&a, "write f 2", None),
+            orch.run(&b, "write f 3; cat f", None)
+        );
+        match ra {
+            Err(EngineError::Store(StoreError::StateConflict { task_id, .. })) => {
+                assert_eq!(task_id, "a")
+            }
+            other => panic!("expected a state conflict for task a, got {other:?}"),
+        }
+        assert_eq!(rb.expect("task b is unaffected").stdout, "3");
+        let sandbox_a = sim
+            .live_sandboxes()
+            .into_iter()
+            .find(|s| s.task_id == "a")
+            .expect("task a's sandbox is alive");
+        assert_eq!(
+            sandbox_a.files.get("f").map(String::as_str),
+            Some("1"),
+            "the refused transition's command was not performed"
+        );
         orch.shutdown().await;
     });
 }
