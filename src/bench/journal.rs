@@ -223,6 +223,33 @@ fn raw_open(path: &Path) -> Result<Connection, BenchError> {
     Ok(conn)
 }
 
+/// A raw durable commit of one small row, for other benchmarks to say what the disk's sync costs.
+pub(super) struct DurableProbe {
+    conn: Connection,
+}
+
+impl DurableProbe {
+    /// A one-table database at `path`, WAL and `synchronous = FULL`.
+    pub(super) fn open(path: &Path) -> Result<DurableProbe, BenchError> {
+        Ok(DurableProbe {
+            conn: raw_open(path)?,
+        })
+    }
+
+    /// Commits one row in its own transaction; returns the time it took, ms.
+    pub(super) fn commit_one(&mut self) -> Result<f64, BenchError> {
+        let row = RawRow {
+            task_id: "probe".into(),
+            at: 0,
+            event: "{}".into(),
+            task_after: "{}".into(),
+        };
+        let t = Instant::now();
+        raw_insert(&mut self.conn, std::slice::from_ref(&row), 1)?;
+        Ok(t.elapsed().as_secs_f64() * 1000.0)
+    }
+}
+
 /// Inserts `rows`, `per_tx` rows per transaction.
 fn raw_insert(conn: &mut Connection, rows: &[RawRow], per_tx: usize) -> Result<(), BenchError> {
     let sql = |e: rusqlite::Error| BenchError::failed(BENCH, format!("raw SQLite baseline: {e}"));

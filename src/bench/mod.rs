@@ -93,7 +93,7 @@ pub struct Options {
 pub const GROUPS: [&str; 5] = ["overhead", "journal", "scale", "snapshot", "vercel"];
 
 /// Every benchmark (row) name, group first.
-pub const NAMES: [&str; 12] = [
+pub const NAMES: [&str; 13] = [
     "overhead.library",
     "overhead.cli",
     "journal.commit",
@@ -102,6 +102,7 @@ pub const NAMES: [&str; 12] = [
     "scale.peak_memory",
     "scale.slowest_task",
     "snapshot.create",
+    "snapshot.archive",
     "snapshot.restore",
     "snapshot.size",
     "vercel.per_command",

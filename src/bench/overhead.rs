@@ -11,7 +11,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Instant;
 
-use super::stats::{ms, Paired};
+use super::journal::DurableProbe;
+use super::stats::{median, ms, Paired};
 use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
 use crate::config::Config;
 use crate::engine::Orchestrator;
@@ -38,12 +39,13 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
     if ctx.wants("overhead.library") {
         ctx.say(&format!("overhead.library: {n} commands each side"));
         let dir = ctx.subdir("overhead-library")?;
-        let p = library(&dir, n)?;
+        let (p, sync) = library(&dir, n)?;
         rows.push(row(
             "overhead.library",
             "`echo ok` in a warm task, Orchestrator held open (local backend)",
             &p,
             n,
+            &sync,
         ));
     }
     if ctx.wants("overhead.cli") {
@@ -51,18 +53,25 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             "overhead.cli: {n} `taskbox run` processes each side"
         ));
         let home = ctx.subdir("overhead-cli")?;
-        let p = cli(&ctx.opts.exe, &home, n)?;
+        let (p, sync) = cli(&ctx.opts.exe, &home, n)?;
         rows.push(row(
             "overhead.cli",
             "`taskbox run --task T 'echo ok'`, one process per command (local backend)",
             &p,
             n,
+            &sync,
         ));
     }
     Ok(rows)
 }
 
-fn row(name: &str, subject_is: &str, p: &Paired, n: usize) -> Measurement {
+/// Durable journal commits a command in a warm task makes: `run_requested` (write-ahead of the
+/// command) and `command_exited` (its result).
+const COMMITS_PER_COMMAND: f64 = 2.0;
+
+fn row(name: &str, subject_is: &str, p: &Paired, n: usize, sync: &[f64]) -> Measurement {
+    let sync_ms = median(sync);
+    let added = p.added_median();
     Measurement::new(
         name,
         subject_is,
@@ -75,7 +84,17 @@ fn row(name: &str, subject_is: &str, p: &Paired, n: usize) -> Measurement {
             unit: "ms",
         },
         n,
-        vec![p.spread("ms")],
+        vec![
+            p.spread("ms"),
+            format!(
+                "a durable SQLite commit (WAL, synchronous=FULL) costs {} ms on this disk (median, measured alongside); \
+                 a command makes {COMMITS_PER_COMMAND}, so {} ms of the {} ms added are disk syncs and {} ms the rest",
+                super::fmt_num(sync_ms),
+                super::fmt_num(COMMITS_PER_COMMAND * sync_ms),
+                super::fmt_num(added),
+                super::fmt_num(added - COMMITS_PER_COMMAND * sync_ms),
+            ),
+        ],
     )
 }
 
@@ -131,7 +150,8 @@ fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
         .map_err(BenchError::io(BENCH, "start a tokio runtime"))
 }
 
-fn library(dir: &Path, n: usize) -> Result<Paired, BenchError> {
+fn library(dir: &Path, n: usize) -> Result<(Paired, Vec<f64>), BenchError> {
+    let mut probe = DurableProbe::open(&dir.join("probe.db"))?;
     runtime()?.block_on(async {
         let orch = Orchestrator::builder(dir.to_path_buf(), Config::default())
             .reconcile_on_start(false)
@@ -163,6 +183,7 @@ fn library(dir: &Path, n: usize) -> Result<Paired, BenchError> {
                 bare_async().await?;
             }
             let mut p = Paired::default();
+            let mut sync = Vec::with_capacity(n);
             for i in 0..n {
                 // Alternate which side goes first, so neither always follows the other.
                 let (s, b) = if i % 2 == 0 {
@@ -174,8 +195,9 @@ fn library(dir: &Path, n: usize) -> Result<Paired, BenchError> {
                 };
                 p.subject.push(s);
                 p.baseline.push(b);
+                sync.push(probe.commit_one()?);
             }
-            Ok(p)
+            Ok((p, sync))
         }
         .await;
         orch.shutdown().await;
@@ -183,7 +205,8 @@ fn library(dir: &Path, n: usize) -> Result<Paired, BenchError> {
     })
 }
 
-fn cli(exe: &Path, home: &Path, n: usize) -> Result<Paired, BenchError> {
+fn cli(exe: &Path, home: &Path, n: usize) -> Result<(Paired, Vec<f64>), BenchError> {
+    let mut probe = DurableProbe::open(&home.join("probe.db"))?;
     let subject = || -> Result<f64, BenchError> {
         let mut cmd = std::process::Command::new(exe);
         cmd.args(["run", "--task", "bench-overhead", COMMAND])
@@ -224,6 +247,7 @@ fn cli(exe: &Path, home: &Path, n: usize) -> Result<Paired, BenchError> {
         bare_sync()?;
     }
     let mut p = Paired::default();
+    let mut sync = Vec::with_capacity(n);
     for i in 0..n {
         let (s, b) = if i % 2 == 0 {
             let s = subject()?;
@@ -234,6 +258,7 @@ fn cli(exe: &Path, home: &Path, n: usize) -> Result<Paired, BenchError> {
         };
         p.subject.push(s);
         p.baseline.push(b);
+        sync.push(probe.commit_one()?);
     }
-    Ok(p)
+    Ok((p, sync))
 }

@@ -19,6 +19,7 @@ use super::stats::{median, Paired};
 use super::workspace::{generate_workspace, TreeSpec, TreeStats};
 use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
 use crate::clock::SystemClock;
+use crate::provider::local::archive::{self, ArchiveHeader};
 use crate::provider::local::LocalProvider;
 use crate::provider::{sandbox_name, ProviderError, SandboxProvider, SandboxSpec};
 
@@ -94,6 +95,8 @@ const UNPACK: &str = r#"mkdir "$DEST"; zstd -q -d -c "$ARCHIVE" | tar -xf - -C "
 
 struct Results {
     snap: Paired,
+    /// The archive writer alone against the same baseline samples.
+    archive: Paired,
     restore: Paired,
     subject_bytes: Vec<f64>,
     baseline_bytes: Vec<f64>,
@@ -113,6 +116,25 @@ fn remove(path: &Path) -> Result<f64, BenchError> {
     }
 }
 
+/// The archive alone, as the provider writes it (`archive::pack`, then fsync); seconds.
+fn pack_only(ws: &Path, out: &Path) -> Result<f64, BenchError> {
+    let header = ArchiveHeader {
+        task_id: TASK.into(),
+        seq: 0,
+        installation_id: "bench".into(),
+        created_at: 0,
+        source_sandbox: "bench".into(),
+    };
+    let t = Instant::now();
+    let file = std::fs::File::create(out)
+        .map_err(BenchError::io(BENCH, format!("create {}", out.display())))?;
+    let (file, _) = archive::pack(ws, &header, file)
+        .map_err(|e| BenchError::failed(BENCH, format!("pack {}: {e}", ws.display())))?;
+    file.sync_all()
+        .map_err(BenchError::io(BENCH, format!("fsync {}", out.display())))?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
 fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -123,6 +145,7 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
         .map_err(|e| BenchError::failed(BENCH, format!("open the local provider: {e}")))?;
     let archive: PathBuf = dir.join("baseline.tar.zst");
     let dest: PathBuf = dir.join("baseline-restored");
+    let packed: PathBuf = dir.join("archive-only.tbx");
     rt.block_on(async {
         let mut generation = 1;
         let sb = provider
@@ -141,6 +164,7 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
         ))?;
         let mut r = Results {
             snap: Paired::default(),
+            archive: Paired::default(),
             restore: Paired::default(),
             subject_bytes: Vec::new(),
             baseline_bytes: Vec::new(),
@@ -158,9 +182,10 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
                 Ok(took)
             };
             let seq = round as u64 + 1;
-            let (b_snap, s_snap, snap_id, s_restore, b_restore);
+            let (b_snap, a_pack, s_snap, snap_id, s_restore, b_restore);
             if round % 2 == 0 {
                 b_snap = pack(&ws)?;
+                a_pack = pack_only(&ws, &packed)?;
                 let t = Instant::now();
                 let info = provider
                     .snapshot(TASK, &sb_id, seq)
@@ -197,8 +222,12 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
                     .map_err(provider_err("restore the snapshot"))?;
                 s_restore = t.elapsed().as_secs_f64();
                 sb_id = sb.id;
-                b_snap = pack(&workspace(&sb_id)?)?;
+                let ws = workspace(&sb_id)?;
+                a_pack = pack_only(&ws, &packed)?;
+                b_snap = pack(&ws)?;
             }
+            r.archive.subject.push(a_pack);
+            r.archive.baseline.push(b_snap);
             r.snap.subject.push(s_snap);
             r.snap.baseline.push(b_snap);
             r.restore.subject.push(s_restore);
@@ -266,6 +295,17 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
                     super::fmt_num(median(&r.removal))
                 ),
             ],
+        ),
+        Measurement::new(
+            "snapshot.archive",
+            "the snapshot's archive alone: archive::pack (tar walk + zstd -3 on a second thread), fsync",
+            Quantity::new(r.archive.subject_median(), "s"),
+            format!("`{PACK}`"),
+            Quantity::new(r.archive.baseline_median(), "s"),
+            None,
+            Target::RatioAtMost { ratio: 1.0 },
+            rounds,
+            vec!["the part of snapshot.create that is taskbox's own code".into()],
         ),
         Measurement::new(
             "snapshot.restore",
