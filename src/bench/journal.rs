@@ -277,7 +277,7 @@ fn store_commit(store: &mut Store, recs: &[Rec], per_tx: usize) -> Result<(), Be
     let err = |source| BenchError::Store {
         bench: BENCH,
         action: "committing a transition".into(),
-        source,
+        source: Box::new(source),
     };
     if per_tx == 1 {
         for r in recs {
@@ -312,7 +312,7 @@ fn measure(
         BenchError::Store {
             bench: BENCH,
             action: "opening the store".into(),
-            source,
+            source: Box::new(source),
         }
     })?;
     let mut raw = raw_open(&dir.join(format!("{label}-raw.db")))?;

@@ -146,7 +146,7 @@ pub enum BenchError {
         action: String,
         /// The cause.
         #[source]
-        source: crate::engine::EngineError,
+        source: Box<crate::engine::EngineError>,
     },
     /// The store failed while being measured.
     #[error("bench {bench}: {action}")]
@@ -157,7 +157,7 @@ pub enum BenchError {
         action: String,
         /// The cause.
         #[source]
-        source: crate::store::StoreError,
+        source: Box<crate::store::StoreError>,
     },
     /// Anything else: a wrong answer, a failed child, a provider error.
     #[error("bench {bench}: {message}")]
@@ -232,9 +232,7 @@ pub fn fmt_num(v: f64) -> String {
         return v.to_string();
     }
     let a = v.abs();
-    let s = if a >= 1000.0 {
-        format!("{v:.0}")
-    } else if a >= 100.0 {
+    let s = if a >= 100.0 {
         format!("{v:.0}")
     } else if a >= 10.0 {
         format!("{v:.1}")

@@ -160,7 +160,7 @@ fn library(dir: &Path, n: usize) -> Result<(Paired, Vec<f64>), BenchError> {
             .map_err(|source| BenchError::Engine {
                 bench: BENCH,
                 action: format!("open an orchestrator on {}", dir.display()),
-                source,
+                source: Box::new(source),
             })?;
         let task = TaskId::new("bench-overhead").expect("a valid task id");
         let result = async {
@@ -172,7 +172,7 @@ fn library(dir: &Path, n: usize) -> Result<(Paired, Vec<f64>), BenchError> {
                         .map_err(|source| BenchError::Engine {
                             bench: BENCH,
                             action: "run a command".into(),
-                            source,
+                            source: Box::new(source),
                         })?;
                 let took = ms(t.elapsed());
                 check_output(out.exit_code == 0, out.stdout.as_bytes(), "taskbox")?;

@@ -122,10 +122,10 @@ fn raise_fd_limit(needed: u64) -> Result<(), BenchError> {
             std::io::Error::last_os_error(),
         ));
     }
-    if lim.rlim_cur as u64 >= needed {
+    if lim.rlim_cur >= needed {
         return Ok(());
     }
-    if (lim.rlim_max as u64) < needed {
+    if lim.rlim_max < needed {
         return Err(BenchError::failed(
             BENCH,
             format!(
@@ -193,7 +193,7 @@ async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun
         .map_err(|source| BenchError::Engine {
             bench: BENCH,
             action: "open the orchestrator".into(),
-            source,
+            source: Box::new(source),
         })?;
     let wall = Instant::now();
     let mut set = tokio::task::JoinSet::new();
@@ -205,7 +205,7 @@ async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun
             let fail = |action: &str, source| BenchError::Engine {
                 bench: BENCH,
                 action: format!("{id}: {action}"),
-                source,
+                source: Box::new(source),
             };
             orch.run(&id, &format!("write f {i}"), None)
                 .await
@@ -251,7 +251,7 @@ async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun
     let store = Store::open(&dir.join("taskbox.db")).map_err(|source| BenchError::Store {
         bench: BENCH,
         action: "reopen the store to count transitions".into(),
-        source,
+        source: Box::new(source),
     })?;
     let mut transitions = 0;
     for i in 0..tasks {
@@ -260,7 +260,7 @@ async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun
             .map_err(|source| BenchError::Store {
                 bench: BENCH,
                 action: "read the journal".into(),
-                source,
+                source: Box::new(source),
             })?;
         transitions = tail.iter().map(|e| e.seq).fold(transitions, u64::max);
     }

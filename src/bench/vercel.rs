@@ -93,13 +93,13 @@ async fn measure(dir: &Path, commands: usize, lifecycles: usize) -> Result<Count
             .map_err(|source| BenchError::Engine {
                 bench: BENCH,
                 action: "open the orchestrator".into(),
-                source,
+                source: Box::new(source),
             })?;
         let task = TaskId::new("bench-vercel").expect("a valid task id");
         let engine_err = |source| BenchError::Engine {
             bench: BENCH,
             action: "run a command".into(),
-            source,
+            source: Box::new(source),
         };
         let warm = async {
             orch.run(&task, "echo warm", None)

@@ -188,7 +188,7 @@ fn code(rng: &mut Rng, bytes: usize, out: &mut Vec<u8>) {
     let end = out.len() + bytes;
     let mut indent = 0usize;
     while out.len() < end {
-        out.extend(std::iter::repeat_n(b' ', indent * 2));
+        out.resize(out.len() + indent * 2, b' ');
         let words = rng.range(2, 9);
         for w in 0..words {
             out.extend_from_slice(WORDS[rng.below(WORDS.len())].as_bytes());
