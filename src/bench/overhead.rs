@@ -16,6 +16,7 @@ use super::stats::{median, ms, Paired};
 use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
 use crate::config::Config;
 use crate::engine::Orchestrator;
+use crate::provider::ExecRequest;
 use crate::TaskId;
 
 const BENCH: &str = "overhead";
@@ -39,14 +40,19 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
     if ctx.wants("overhead.library") {
         ctx.say(&format!("overhead.library: {n} commands each side"));
         let dir = ctx.subdir("overhead-library")?;
-        let (p, sync) = library(&dir, n)?;
-        rows.push(row(
+        let (p, sync, provider) = library(&dir, n)?;
+        let mut m = row(
             "overhead.library",
             "`echo ok` in a warm task, Orchestrator held open (local backend)",
             &p,
             n,
             &sync,
+        );
+        m.notes.push(format!(
+            "LocalProvider::exec alone (its wrapper script and working-directory bookkeeping) adds {} ms over bare bash (median of pairs measured alongside)",
+            super::fmt_num(provider.added_median()),
         ));
+        rows.push(m);
     }
     if ctx.wants("overhead.cli") {
         ctx.say(&format!(
@@ -150,7 +156,9 @@ fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
         .map_err(BenchError::io(BENCH, "start a tokio runtime"))
 }
 
-fn library(dir: &Path, n: usize) -> Result<(Paired, Vec<f64>), BenchError> {
+/// The subject and baseline, the durable-commit probe, and the local provider's exec alone
+/// (paired with the same baseline samples).
+fn library(dir: &Path, n: usize) -> Result<(Paired, Vec<f64>, Paired), BenchError> {
     let mut probe = DurableProbe::open(&dir.join("probe.db"))?;
     runtime()?.block_on(async {
         let orch = Orchestrator::builder(dir.to_path_buf(), Config::default())
@@ -163,43 +171,76 @@ fn library(dir: &Path, n: usize) -> Result<(Paired, Vec<f64>), BenchError> {
                 source: Box::new(source),
             })?;
         let task = TaskId::new("bench-overhead").expect("a valid task id");
-        let result = async {
-            let subject = || async {
-                let t = Instant::now();
-                let out =
-                    orch.run(&task, COMMAND, None)
-                        .await
-                        .map_err(|source| BenchError::Engine {
+        let result =
+            async {
+                let subject = || async {
+                    let t = Instant::now();
+                    let out = orch.run(&task, COMMAND, None).await.map_err(|source| {
+                        BenchError::Engine {
                             bench: BENCH,
                             action: "run a command".into(),
                             source: Box::new(source),
-                        })?;
-                let took = ms(t.elapsed());
-                check_output(out.exit_code == 0, out.stdout.as_bytes(), "taskbox")?;
-                Ok::<f64, BenchError>(took)
-            };
-            for _ in 0..WARMUP {
-                subject().await?;
-                bare_async().await?;
-            }
-            let mut p = Paired::default();
-            let mut sync = Vec::with_capacity(n);
-            for i in 0..n {
-                // Alternate which side goes first, so neither always follows the other.
-                let (s, b) = if i % 2 == 0 {
-                    let s = subject().await?;
-                    (s, bare_async().await?)
-                } else {
-                    let b = bare_async().await?;
-                    (subject().await?, b)
+                        }
+                    })?;
+                    let took = ms(t.elapsed());
+                    check_output(out.exit_code == 0, out.stdout.as_bytes(), "taskbox")?;
+                    Ok::<f64, BenchError>(took)
                 };
-                p.subject.push(s);
-                p.baseline.push(b);
-                sync.push(probe.commit_one()?);
+                for _ in 0..WARMUP {
+                    subject().await?;
+                    bare_async().await?;
+                }
+                let view = orch
+                    .show(&task, 0)
+                    .await
+                    .map_err(|source| BenchError::Engine {
+                        bench: BENCH,
+                        action: "look up the task's sandbox".into(),
+                        source: Box::new(source),
+                    })?;
+                let sandbox = view
+                    .and_then(|v| v.task.sandbox)
+                    .ok_or_else(|| BenchError::failed(BENCH, "the warm task has no live sandbox"))?
+                    .id;
+                let provider = orch.provider();
+                let request = ExecRequest {
+                    command: COMMAND.into(),
+                    timeout_ms: 60_000,
+                };
+                let provider_only = || async {
+                    let t = Instant::now();
+                    let out = provider.exec(&sandbox, &request).await.map_err(|e| {
+                        BenchError::failed(BENCH, format!("LocalProvider::exec: {e}"))
+                    })?;
+                    let took = ms(t.elapsed());
+                    check_output(
+                        out.exit_code == 0,
+                        out.stdout.as_bytes(),
+                        "LocalProvider::exec",
+                    )?;
+                    Ok::<f64, BenchError>(took)
+                };
+                let mut p = Paired::default();
+                let mut alone = Paired::default();
+                let mut sync = Vec::with_capacity(n);
+                for i in 0..n {
+                    // Alternate which side goes first, so neither always follows the other.
+                    let (s, b) = if i % 2 == 0 {
+                        let s = subject().await?;
+                        (s, bare_async().await?)
+                    } else {
+                        let b = bare_async().await?;
+                        (subject().await?, b)
+                    };
+                    p.subject.push(s);
+                    p.baseline.push(b);
+                    alone.subject.push(provider_only().await?);
+                    alone.baseline.push(b);
+                    sync.push(probe.commit_one()?);
+                }
+                Ok((p, sync, alone))
             }
-            Ok((p, sync))
-        }
-        .await;
+            .await;
         orch.shutdown().await;
         result
     })
