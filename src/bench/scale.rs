@@ -435,7 +435,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         Measurement::new(
             "scale.wall",
             format!(
-                "{tasks} tasks through the engine (SimProvider): provision, command, snapshot, restore, command"
+                "{} tasks through the engine (SimProvider): provision, command, snapshot, restore, command", super::fmt_num(tasks as f64)
             ),
             Quantity::new(e.wall_ms / 1000.0, "s"),
             "the same provider calls made directly, no engine",
@@ -454,7 +454,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         ),
         Measurement::new(
             "scale.peak_memory",
-            format!("peak resident memory (VmHWM) of a process driving {tasks} tasks"),
+            format!("peak resident memory (VmHWM) of a process driving {} tasks", super::fmt_num(tasks as f64)),
             Quantity::new(mb(e.peak_rss_kib), "MB"),
             "the direct-calls process's peak",
             Quantity::new(mb(d.peak_rss_kib), "MB"),
@@ -470,7 +470,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         ),
         Measurement::new(
             "scale.slowest_task",
-            format!("slowest of {tasks} tasks, first request to last answer"),
+            format!("slowest of {} tasks, first request to last answer", super::fmt_num(tasks as f64)),
             Quantity::new(e.task_max_ms / 1000.0, "s"),
             "the median task of the same run",
             Quantity::new(e.task_median_ms / 1000.0, "s"),

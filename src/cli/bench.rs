@@ -21,8 +21,11 @@ pub struct BenchArgs {
     #[arg(long)]
     full: bool,
     /// Print the results as JSON on stdout.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "markdown")]
     json: bool,
+    /// Print the results as a Markdown table (what the README shows).
+    #[arg(long)]
+    markdown: bool,
     /// Run only this group (overhead, journal, scale, snapshot, vercel) or benchmark (such as
     /// overhead.cli); repeatable.
     #[arg(long, value_name = "NAME")]
@@ -84,7 +87,11 @@ fn run_blocking(args: BenchArgs) -> Result<ExitCode, Failure> {
     if args.json {
         print_json(&report)?;
     } else {
-        let text = table(&report);
+        let text = if args.markdown {
+            markdown(&report)
+        } else {
+            table(&report)
+        };
         write_ignoring_broken_pipe(&mut std::io::stdout().lock(), text.as_bytes())?;
     }
     let missed: Vec<&str> = report.missed().map(|m| m.name.as_str()).collect();
@@ -94,18 +101,18 @@ fn run_blocking(args: BenchArgs) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The human table: one row per benchmark, then what each side was and the notes.
-pub fn table(r: &Report) -> String {
-    let header = [
-        "benchmark",
-        "subject",
-        "baseline",
-        "ratio",
-        "target",
-        "result",
-    ];
-    let rows: Vec<[String; 6]> = r
-        .benchmarks
+const HEADER: [&str; 6] = [
+    "benchmark",
+    "subject",
+    "baseline",
+    "ratio",
+    "target",
+    "result",
+];
+
+/// The cells of each row, in [`HEADER`] order.
+fn cells(r: &Report) -> Vec<[String; 6]> {
+    r.benchmarks
         .iter()
         .map(|m| {
             let subject = match m.added {
@@ -125,7 +132,48 @@ pub fn table(r: &Report) -> String {
                 },
             ]
         })
-        .collect();
+        .collect()
+}
+
+fn footer(r: &Report) -> String {
+    let env = &r.environment;
+    let load = |l: Option<f64>| l.map_or("?".to_string(), |v| format!("{v:.2}"));
+    format!(
+        "{} build, {} CPUs, load {} → {}, {:.0} s; reproduce: {}",
+        env.build,
+        env.cpus,
+        load(env.load_start),
+        load(env.load_end),
+        r.elapsed_s,
+        r.command
+    )
+}
+
+/// The Markdown table, then what each side was and the notes, as a list.
+pub fn markdown(r: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "| {} |", HEADER.join(" | "));
+    let _ = writeln!(out, "|{}", "---|".repeat(HEADER.len()));
+    for mut row in cells(r) {
+        row[0] = format!("`{}`", row[0]);
+        let _ = writeln!(out, "| {} |", row.join(" | "));
+    }
+    let _ = writeln!(out);
+    for m in &r.benchmarks {
+        let _ = write!(out, "- `{}`: {} vs {}", m.name, m.subject_is, m.baseline_is);
+        for n in &m.notes {
+            let _ = write!(out, "; {n}");
+        }
+        let _ = writeln!(out, ".");
+    }
+    let _ = writeln!(out, "\n{}", footer(r));
+    out
+}
+
+/// The human table: one row per benchmark, then what each side was and the notes.
+pub fn table(r: &Report) -> String {
+    let header = HEADER;
+    let rows = cells(r);
     let mut widths = header.map(|h| h.chars().count());
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -153,17 +201,6 @@ pub fn table(r: &Report) -> String {
             let _ = writeln!(out, "    {n}");
         }
     }
-    let env = &r.environment;
-    let load = |l: Option<f64>| l.map_or("?".to_string(), |v| format!("{v:.2}"));
-    let _ = writeln!(
-        out,
-        "\n{} build, {} CPUs, load {} → {}, {:.0} s; reproduce: {}",
-        env.build,
-        env.cpus,
-        load(env.load_start),
-        load(env.load_end),
-        r.elapsed_s,
-        r.command
-    );
+    let _ = writeln!(out, "\n{}", footer(r));
     out
 }
