@@ -293,6 +293,7 @@ impl OrchestratorBuilder {
             tx: tx.clone(),
             changes: changes.clone(),
             shutdown: None,
+            staged: Vec::new(),
         };
         let handle = tokio::spawn(lp.run(rx));
         let orch = Orchestrator {
@@ -799,16 +800,61 @@ struct EventLoop {
     tx: mpsc::UnboundedSender<Msg>,
     changes: broadcast::Sender<StateChange>,
     shutdown: Option<oneshot::Sender<()>>,
+    /// Transitions stepped but not yet committed; see [`EventLoop::flush`].
+    staged: Vec<Staged>,
+}
+
+/// Most messages handled before their transitions are committed together.
+const MAX_BATCH_MESSAGES: usize = 512;
+
+/// A transition waiting for the group commit: applied to the in-memory task already, its
+/// commands held back until it is durable.
+struct Staged {
+    task: String,
+    at: Millis,
+    event: Event,
+    state_before: TaskState,
+    /// The task before the transition (`None`: it did not exist), restored if the transition
+    /// cannot be committed.
+    task_before: Option<Task>,
+    task_after: Task,
+    commands: Vec<Command>,
 }
 
 impl EventLoop {
+    /// Group commit: every message already waiting is handled (stepped, the tasks updated in
+    /// memory) before their transitions are committed in one transaction — one disk sync for
+    /// the lot — and only then are their commands performed. With one task the batch is one
+    /// transition and nothing changes; with thousands, the journal keeps up.
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
         while let Some(msg) = rx.recv().await {
+            self.handle(msg);
+            for _ in 1..MAX_BATCH_MESSAGES {
+                match rx.try_recv() {
+                    Ok(msg) => self.handle(msg),
+                    Err(_) => break,
+                }
+            }
+            self.flush();
+            if self.shutdown.is_some() && self.inflight == 0 {
+                if let Some(done) = self.shutdown.take() {
+                    let _ = done.send(());
+                }
+                break;
+            }
+        }
+        for (_, h) in self.timers.drain() {
+            h.abort();
+        }
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        {
             match msg {
                 Msg::Request { task, req, respond } => {
                     if self.shutdown.is_some() {
                         let _ = respond.send(Err(EngineError::Stopped));
-                        continue;
+                        return;
                     }
                     self.on_request(task, req, respond);
                 }
@@ -839,7 +885,11 @@ impl EventLoop {
                         }
                     }
                 }
-                Msg::Query(f) => f(&self),
+                Msg::Query(f) => {
+                    // A query sees committed state only.
+                    self.flush();
+                    f(self)
+                }
                 Msg::Shutdown { done } => {
                     for (_, h) in self.timers.drain() {
                         h.abort();
@@ -847,15 +897,6 @@ impl EventLoop {
                     self.shutdown = Some(done);
                 }
             }
-            if self.shutdown.is_some() && self.inflight == 0 {
-                if let Some(done) = self.shutdown.take() {
-                    let _ = done.send(());
-                }
-                break;
-            }
-        }
-        for (_, h) in self.timers.drain() {
-            h.abort();
         }
     }
 
@@ -911,13 +952,15 @@ impl EventLoop {
                 let event = Event::SettingsChanged {
                     settings: self.settings.clone(),
                 };
-                self.store.commit(&TransitionRecord {
+                self.staged.push(Staged {
+                    task: id.to_string(),
                     at: now,
-                    event: &event,
+                    event,
                     state_before: task.state,
-                    task_after: &task,
-                    commands: &[],
-                })?;
+                    task_before: None,
+                    task_after: task.clone(),
+                    commands: Vec::new(),
+                });
                 self.tasks.insert(id.to_string(), task);
             }
             Some(task) => {
@@ -942,7 +985,8 @@ impl EventLoop {
         Ok(())
     }
 
-    /// One event: step, commit, then perform.
+    /// One event: step, and stage the transition for the next [`EventLoop::flush`], which
+    /// commits it and then performs its commands.
     fn apply(&mut self, id: &str, event: Event) -> Result<(), EngineError> {
         let now = self.clock.now_ms();
         let Some(task) = self.tasks.get(id) else {
@@ -951,31 +995,121 @@ impl EventLoop {
         };
         let span = info_span!("event", task_id = %id, state = %task.state, event = event.name());
         let _guard = span.enter();
-        let before = task.state;
         let tr = step(task, event.clone(), now)?;
-        self.store.commit(&TransitionRecord {
+        let before = self.tasks.insert(id.to_string(), tr.next.clone());
+        self.staged.push(Staged {
+            task: id.to_string(),
             at: now,
-            event: &event,
-            state_before: before,
-            task_after: &tr.next,
-            commands: &tr.commands,
-        })?;
-        let after = tr.next.state;
-        self.tasks.insert(id.to_string(), tr.next);
-        if before != after {
-            debug!(from = %before, to = %after, "state changed");
+            event,
+            state_before: before.as_ref().map_or(tr.next.state, |t| t.state),
+            task_before: before,
+            task_after: tr.next,
+            commands: tr.commands,
+        });
+        Ok(())
+    }
+
+    /// Commits every staged transition in one transaction, then performs their commands in
+    /// order. If the batch cannot be committed, each transition is retried alone; one that
+    /// still fails is dropped with the rest of its task's batch, the task goes back to its last
+    /// committed state, and requests among the dropped events get the error.
+    fn flush(&mut self) {
+        if self.staged.is_empty() {
+            return;
+        }
+        let staged = std::mem::take(&mut self.staged);
+        let records: Vec<TransitionRecord<'_>> = staged
+            .iter()
+            .map(|s| TransitionRecord {
+                at: s.at,
+                event: &s.event,
+                state_before: s.state_before,
+                task_after: &s.task_after,
+                commands: &s.commands,
+            })
+            .collect();
+        let batch = self.store.commit_batch(&records);
+        drop(records);
+        if batch.is_ok() {
+            for s in staged {
+                self.committed(s);
+            }
+            return;
+        }
+        let mut failed: HashMap<String, String> = HashMap::new();
+        for s in staged {
+            if let Some(message) = failed.get(&s.task) {
+                let message = format!("an earlier transition could not be journaled: {message}");
+                self.dropped(&s, message);
+                continue;
+            }
+            let one = self.store.commit(&TransitionRecord {
+                at: s.at,
+                event: &s.event,
+                state_before: s.state_before,
+                task_after: &s.task_after,
+                commands: &s.commands,
+            });
+            match one {
+                Ok(_) => self.committed(s),
+                Err(e) => {
+                    let message = e.to_string();
+                    warn!(task = %s.task, event = s.event.name(), error = %message,
+                        "could not journal a transition; the task stays where it was");
+                    match &s.task_before {
+                        Some(t) => self.tasks.insert(s.task.clone(), t.clone()),
+                        None => self.tasks.remove(&s.task),
+                    };
+                    self.fail_request(&s, EngineError::Store(e));
+                    failed.insert(s.task, message);
+                }
+            }
+        }
+    }
+
+    /// A transition is durable: announce it and perform its commands.
+    fn committed(&mut self, s: Staged) {
+        let after = s.task_after.state;
+        if s.task_before.is_some() && s.state_before != after {
+            debug!(task = %s.task, from = %s.state_before, to = %after, "state changed");
             let _ = self.changes.send(StateChange {
-                task_id: id.to_string(),
-                from: before,
+                task_id: s.task.clone(),
+                from: s.state_before,
                 to: after,
-                event: event.name(),
-                at: now,
+                event: s.event.name(),
+                at: s.at,
             });
         }
-        for cmd in tr.commands {
-            self.perform(id, cmd, now);
+        for cmd in s.commands {
+            self.perform(&s.task, cmd, s.at);
         }
-        Ok(())
+    }
+
+    /// A transition dropped because an earlier one of its task could not be committed.
+    fn dropped(&mut self, s: &Staged, message: String) {
+        warn!(task = %s.task, event = s.event.name(), "transition dropped: {message}");
+        self.fail_request(
+            s,
+            EngineError::Request {
+                task: s.task.clone(),
+                message,
+                attempts: 0,
+                notices: Vec::new(),
+            },
+        );
+    }
+
+    /// If `s` was a caller's request, answers it with `err`.
+    fn fail_request(&mut self, s: &Staged, err: EngineError) {
+        let request_id = match &s.event {
+            Event::RunRequested { request_id, .. }
+            | Event::SuspendRequested { request_id }
+            | Event::ResumeRequested { request_id } => *request_id,
+            _ => return,
+        };
+        if let Some(w) = self.waiters.remove(&(s.task.clone(), request_id)) {
+            let _ = w.send(Err(err));
+        }
     }
 
     fn spawn_op<F>(&mut self, task: &str, fut: F)

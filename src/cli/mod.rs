@@ -1,5 +1,6 @@
 //! Argument parsing, dispatch and printing.
 
+mod bench;
 mod doctor;
 mod fake;
 mod output;
@@ -62,6 +63,8 @@ enum Cmd {
     Replay(replay::ReplayArgs),
     /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
     Export(replay::ExportArgs),
+    /// Measure taskbox's overhead against baselines run side by side (see the README).
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -241,6 +244,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Config(cmd) => config_cmd(cmd, paths),
+        Cmd::Bench(args) => bench::run(args),
         Cmd::Doctor(args) => doctor::run(paths, args.json).await,
         Cmd::FakeVercel(args) => fake::run(args, paths.data_dir.join("fake-vercel")).await,
         Cmd::Gc(args) => {
