@@ -156,6 +156,31 @@ pub struct TaskView {
     pub journal: Vec<JournalEntry>,
 }
 
+impl TaskView {
+    /// Reads a task's view from the store (no provider, no lock: for read-only tools).
+    /// `live` replaces the stored task when an event loop holds a newer one in memory.
+    pub fn load(
+        store: &Store,
+        id: &str,
+        journal_entries: usize,
+        live: Option<Task>,
+    ) -> Result<Option<TaskView>, EngineError> {
+        let task = match live {
+            Some(t) => Some(t),
+            None => store.load_task(id)?,
+        };
+        let Some(task) = task else {
+            return Ok(None);
+        };
+        Ok(Some(TaskView {
+            sandboxes: store.sandboxes(Some(id))?,
+            snapshots: store.snapshots(Some(id))?,
+            journal: store.journal_tail(id, journal_entries)?,
+            task,
+        }))
+    }
+}
+
 /// One resource `gc` acted on (or would have).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GcItem {
@@ -180,6 +205,9 @@ pub struct GcReport {
     pub skipped: Vec<GcItem>,
     /// Stop or delete calls that failed (the next gc tries again).
     pub errors: Vec<String>,
+    /// Leftovers of interrupted operations removed (local backend: half-written archives,
+    /// half-restored workspaces).
+    pub temporaries_removed: usize,
 }
 
 /// How to open an [`Orchestrator`].
@@ -228,7 +256,7 @@ impl OrchestratorBuilder {
 
     /// Opens the store and starts the event loop.
     pub async fn open(self) -> Result<Orchestrator, EngineError> {
-        let store = Store::open(&self.data_dir.join("taskbox.db"))?;
+        let store = Store::open(&store_file(&self.data_dir))?;
         let installation_id = store.installation_id().to_string();
         let provider = match self.provider {
             Some(p) => p,
@@ -259,10 +287,13 @@ impl OrchestratorBuilder {
             outputs: HashMap::new(),
             timers: HashMap::new(),
             inflight: 0,
+            probing: Default::default(),
+            deferred: HashMap::new(),
             creates: Arc::new(Semaphore::new(max_creates)),
             tx: tx.clone(),
             changes: changes.clone(),
             shutdown: None,
+            staged: Vec::new(),
         };
         let handle = tokio::spawn(lp.run(rx));
         let orch = Orchestrator {
@@ -450,19 +481,8 @@ impl Orchestrator {
     ) -> Result<Option<TaskView>, EngineError> {
         let id = task.as_str().to_string();
         self.query(move |lp| {
-            let task = match lp.tasks.get(&id) {
-                Some(t) => Some(t.clone()),
-                None => lp.store.load_task(&id)?,
-            };
-            let Some(task) = task else {
-                return Ok(None);
-            };
-            Ok(Some(TaskView {
-                sandboxes: lp.store.sandboxes(Some(&id))?,
-                snapshots: lp.store.snapshots(Some(&id))?,
-                journal: lp.store.journal_tail(&id, journal_entries)?,
-                task,
-            }))
+            let live = lp.tasks.get(&id).cloned();
+            TaskView::load(&lp.store, &id, journal_entries, live)
         })
         .await
     }
@@ -553,6 +573,12 @@ impl Orchestrator {
                 id: snap.id,
                 task_id: snap.task_id,
             });
+        }
+        if !dry_run {
+            match p.sweep_temporaries().await {
+                Ok(n) => report.temporaries_removed = n,
+                Err(e) => report.errors.push(format!("sweep temporaries: {e}")),
+            }
         }
         Ok(report)
     }
@@ -731,6 +757,9 @@ struct Answer {
 
 type QueryFn = Box<dyn FnOnce(&EventLoop) + Send>;
 
+/// Where a request's answer goes.
+type Responder = oneshot::Sender<Result<Answer, EngineError>>;
+
 enum Msg {
     Request {
         task: String,
@@ -764,52 +793,49 @@ struct EventLoop {
     outputs: HashMap<(String, u64), ExecOutput>,
     timers: HashMap<(String, TimerKind), JoinHandle<()>>,
     inflight: usize,
+    /// Tasks whose sandbox is being probed after a restart; their requests wait for the answer.
+    probing: std::collections::HashSet<String>,
+    deferred: HashMap<String, Vec<(ApiRequest, Responder)>>,
     creates: Arc<Semaphore>,
     tx: mpsc::UnboundedSender<Msg>,
     changes: broadcast::Sender<StateChange>,
     shutdown: Option<oneshot::Sender<()>>,
+    /// Transitions stepped but not yet committed; see [`EventLoop::flush`].
+    staged: Vec<Staged>,
+}
+
+/// Most messages handled before their transitions are committed together.
+const MAX_BATCH_MESSAGES: usize = 512;
+
+/// A transition waiting for the group commit: applied to the in-memory task already, its
+/// commands held back until it is durable.
+struct Staged {
+    task: String,
+    at: Millis,
+    event: Event,
+    state_before: TaskState,
+    /// The task before the transition (`None`: it did not exist), restored if the transition
+    /// cannot be committed.
+    task_before: Option<Task>,
+    task_after: Task,
+    commands: Vec<Command>,
 }
 
 impl EventLoop {
+    /// Group commit: every message already waiting is handled (stepped, the tasks updated in
+    /// memory) before their transitions are committed in one transaction — one disk sync for
+    /// the lot — and only then are their commands performed. With one task the batch is one
+    /// transition and nothing changes; with thousands, the journal keeps up.
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
         while let Some(msg) = rx.recv().await {
-            match msg {
-                Msg::Request { task, req, respond } => {
-                    if self.shutdown.is_some() {
-                        let _ = respond.send(Err(EngineError::Stopped));
-                        continue;
-                    }
-                    self.on_request(task, req, respond);
-                }
-                Msg::Outcome {
-                    task,
-                    event,
-                    output,
-                } => {
-                    self.inflight -= 1;
-                    if let (Some(out), Event::CommandExited { request_id, .. }) = (output, &event) {
-                        self.outputs.insert((task.clone(), *request_id), out);
-                    }
-                    if let Err(e) = self.apply(&task, event) {
-                        warn!(task = %task, error = %e, "could not apply a provider outcome");
-                    }
-                }
-                Msg::Timer { task, timer } => {
-                    self.timers.remove(&(task.clone(), timer));
-                    if self.shutdown.is_none() {
-                        if let Err(e) = self.apply(&task, Event::TimerFired { timer }) {
-                            warn!(task = %task, error = %e, "could not apply a timer");
-                        }
-                    }
-                }
-                Msg::Query(f) => f(&self),
-                Msg::Shutdown { done } => {
-                    for (_, h) in self.timers.drain() {
-                        h.abort();
-                    }
-                    self.shutdown = Some(done);
+            self.handle(msg);
+            for _ in 1..MAX_BATCH_MESSAGES {
+                match rx.try_recv() {
+                    Ok(msg) => self.handle(msg),
+                    Err(_) => break,
                 }
             }
+            self.flush();
             if self.shutdown.is_some() && self.inflight == 0 {
                 if let Some(done) = self.shutdown.take() {
                     let _ = done.send(());
@@ -822,6 +848,58 @@ impl EventLoop {
         }
     }
 
+    fn handle(&mut self, msg: Msg) {
+        {
+            match msg {
+                Msg::Request { task, req, respond } => {
+                    if self.shutdown.is_some() {
+                        let _ = respond.send(Err(EngineError::Stopped));
+                        return;
+                    }
+                    self.on_request(task, req, respond);
+                }
+                Msg::Outcome {
+                    task,
+                    event,
+                    output,
+                } => {
+                    self.inflight -= 1;
+                    let probed = matches!(event, Event::SandboxProbed { .. });
+                    if let (Some(out), Event::CommandExited { request_id, .. }) = (output, &event) {
+                        self.outputs.insert((task.clone(), *request_id), out);
+                    }
+                    if let Err(e) = self.apply(&task, event) {
+                        warn!(task = %task, error = %e, "could not apply a provider outcome");
+                    }
+                    if probed && self.probing.remove(&task) {
+                        for (req, respond) in self.deferred.remove(&task).unwrap_or_default() {
+                            self.on_request(task.clone(), req, respond);
+                        }
+                    }
+                }
+                Msg::Timer { task, timer } => {
+                    self.timers.remove(&(task.clone(), timer));
+                    if self.shutdown.is_none() {
+                        if let Err(e) = self.apply(&task, Event::TimerFired { timer }) {
+                            warn!(task = %task, error = %e, "could not apply a timer");
+                        }
+                    }
+                }
+                Msg::Query(f) => {
+                    // A query sees committed state only.
+                    self.flush();
+                    f(self)
+                }
+                Msg::Shutdown { done } => {
+                    for (_, h) in self.timers.drain() {
+                        h.abort();
+                    }
+                    self.shutdown = Some(done);
+                }
+            }
+        }
+    }
+
     fn on_request(
         &mut self,
         task: String,
@@ -830,6 +908,13 @@ impl EventLoop {
     ) {
         if let Err(e) = self.ensure_loaded(&task) {
             let _ = respond.send(Err(e));
+            return;
+        }
+        if self.probing.contains(&task) {
+            // Recovery is asking whether the sandbox a previous process left still lives; a
+            // command started before the answer could land on a dead sandbox and fail, when
+            // waiting lets the engine restore the files first and run it.
+            self.deferred.entry(task).or_default().push((req, respond));
             return;
         }
         let request_id = self.tasks[&task].last_request_id + 1;
@@ -867,13 +952,15 @@ impl EventLoop {
                 let event = Event::SettingsChanged {
                     settings: self.settings.clone(),
                 };
-                self.store.commit(&TransitionRecord {
+                self.staged.push(Staged {
+                    task: id.to_string(),
                     at: now,
-                    event: &event,
+                    event,
                     state_before: task.state,
-                    task_after: &task,
-                    commands: &[],
-                })?;
+                    task_before: None,
+                    task_after: task.clone(),
+                    commands: Vec::new(),
+                });
                 self.tasks.insert(id.to_string(), task);
             }
             Some(task) => {
@@ -898,7 +985,8 @@ impl EventLoop {
         Ok(())
     }
 
-    /// One event: step, commit, then perform.
+    /// One event: step, and stage the transition for the next [`EventLoop::flush`], which
+    /// commits it and then performs its commands.
     fn apply(&mut self, id: &str, event: Event) -> Result<(), EngineError> {
         let now = self.clock.now_ms();
         let Some(task) = self.tasks.get(id) else {
@@ -907,31 +995,121 @@ impl EventLoop {
         };
         let span = info_span!("event", task_id = %id, state = %task.state, event = event.name());
         let _guard = span.enter();
-        let before = task.state;
         let tr = step(task, event.clone(), now)?;
-        self.store.commit(&TransitionRecord {
+        let before = self.tasks.insert(id.to_string(), tr.next.clone());
+        self.staged.push(Staged {
+            task: id.to_string(),
             at: now,
-            event: &event,
-            state_before: before,
-            task_after: &tr.next,
-            commands: &tr.commands,
-        })?;
-        let after = tr.next.state;
-        self.tasks.insert(id.to_string(), tr.next);
-        if before != after {
-            debug!(from = %before, to = %after, "state changed");
+            event,
+            state_before: before.as_ref().map_or(tr.next.state, |t| t.state),
+            task_before: before,
+            task_after: tr.next,
+            commands: tr.commands,
+        });
+        Ok(())
+    }
+
+    /// Commits every staged transition in one transaction, then performs their commands in
+    /// order. If the batch cannot be committed, each transition is retried alone; one that
+    /// still fails is dropped with the rest of its task's batch, the task goes back to its last
+    /// committed state, and requests among the dropped events get the error.
+    fn flush(&mut self) {
+        if self.staged.is_empty() {
+            return;
+        }
+        let staged = std::mem::take(&mut self.staged);
+        let records: Vec<TransitionRecord<'_>> = staged
+            .iter()
+            .map(|s| TransitionRecord {
+                at: s.at,
+                event: &s.event,
+                state_before: s.state_before,
+                task_after: &s.task_after,
+                commands: &s.commands,
+            })
+            .collect();
+        let batch = self.store.commit_batch(&records);
+        drop(records);
+        if batch.is_ok() {
+            for s in staged {
+                self.committed(s);
+            }
+            return;
+        }
+        let mut failed: HashMap<String, String> = HashMap::new();
+        for s in staged {
+            if let Some(message) = failed.get(&s.task) {
+                let message = format!("an earlier transition could not be journaled: {message}");
+                self.dropped(&s, message);
+                continue;
+            }
+            let one = self.store.commit(&TransitionRecord {
+                at: s.at,
+                event: &s.event,
+                state_before: s.state_before,
+                task_after: &s.task_after,
+                commands: &s.commands,
+            });
+            match one {
+                Ok(_) => self.committed(s),
+                Err(e) => {
+                    let message = e.to_string();
+                    warn!(task = %s.task, event = s.event.name(), error = %message,
+                        "could not journal a transition; the task stays where it was");
+                    match &s.task_before {
+                        Some(t) => self.tasks.insert(s.task.clone(), t.clone()),
+                        None => self.tasks.remove(&s.task),
+                    };
+                    self.fail_request(&s, EngineError::Store(e));
+                    failed.insert(s.task, message);
+                }
+            }
+        }
+    }
+
+    /// A transition is durable: announce it and perform its commands.
+    fn committed(&mut self, s: Staged) {
+        let after = s.task_after.state;
+        if s.task_before.is_some() && s.state_before != after {
+            debug!(task = %s.task, from = %s.state_before, to = %after, "state changed");
             let _ = self.changes.send(StateChange {
-                task_id: id.to_string(),
-                from: before,
+                task_id: s.task.clone(),
+                from: s.state_before,
                 to: after,
-                event: event.name(),
-                at: now,
+                event: s.event.name(),
+                at: s.at,
             });
         }
-        for cmd in tr.commands {
-            self.perform(id, cmd, now);
+        for cmd in s.commands {
+            self.perform(&s.task, cmd, s.at);
         }
-        Ok(())
+    }
+
+    /// A transition dropped because an earlier one of its task could not be committed.
+    fn dropped(&mut self, s: &Staged, message: String) {
+        warn!(task = %s.task, event = s.event.name(), "transition dropped: {message}");
+        self.fail_request(
+            s,
+            EngineError::Request {
+                task: s.task.clone(),
+                message,
+                attempts: 0,
+                notices: Vec::new(),
+            },
+        );
+    }
+
+    /// If `s` was a caller's request, answers it with `err`.
+    fn fail_request(&mut self, s: &Staged, err: EngineError) {
+        let request_id = match &s.event {
+            Event::RunRequested { request_id, .. }
+            | Event::SuspendRequested { request_id }
+            | Event::ResumeRequested { request_id } => *request_id,
+            _ => return,
+        };
+        if let Some(w) = self.waiters.remove(&(s.task.clone(), request_id)) {
+            let _ = w.send(Err(err));
+        }
     }
 
     fn spawn_op<F>(&mut self, task: &str, fut: F)
@@ -1078,6 +1256,7 @@ impl EventLoop {
                 });
             }
             Command::ProbeSandbox { sandbox_id } => {
+                self.probing.insert(id.to_string());
                 let known_deadline = self
                     .tasks
                     .get(id)
@@ -1139,6 +1318,14 @@ impl EventLoop {
     }
 }
 
+/// The SQLite store's file name in a data dir.
+pub const STORE_FILE: &str = "taskbox.db";
+
+/// The SQLite store of a data dir.
+pub fn store_file(data_dir: &Path) -> PathBuf {
+    data_dir.join(STORE_FILE)
+}
+
 /// Where taskbox keeps its config and data.
 #[derive(Debug, Clone)]
 pub struct Paths {
@@ -1163,6 +1350,11 @@ impl Paths {
             config_file: config.join("taskbox").join("config.toml"),
             data_dir: data.join("taskbox"),
         }
+    }
+
+    /// The SQLite store in the data dir.
+    pub fn store_file(&self) -> PathBuf {
+        store_file(&self.data_dir)
     }
 
     /// Config and data under one directory.

@@ -8,6 +8,7 @@
 //! See `ARCHITECTURE.md` for the map. The entry point for a Rust program is
 //! [`engine::Orchestrator`].
 
+pub mod bench;
 pub mod chaos;
 pub mod clock;
 pub mod config;

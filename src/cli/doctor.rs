@@ -164,7 +164,7 @@ fn data_dir_check(paths: &Paths) -> Check {
 }
 
 fn sqlite_check(paths: &Paths) -> Check {
-    let db = paths.data_dir.join("taskbox.db");
+    let db = paths.store_file();
     match Store::open(&db).and_then(|s| s.integrity_check().map(|_| s)) {
         Ok(s) => Check::pass(
             "sqlite",

@@ -1,5 +1,6 @@
 //! Argument parsing, dispatch and printing.
 
+mod bench;
 mod chaos;
 mod doctor;
 mod fake;
@@ -13,7 +14,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use taskbox::config::Config;
-use taskbox::engine::{Orchestrator, Paths};
+use taskbox::engine::{Orchestrator, Paths, TaskView};
+use taskbox::store::Store;
 use taskbox::TaskId;
 
 use output::{fail, print_json, Failure};
@@ -65,6 +67,8 @@ enum Cmd {
     Replay(replay::ReplayArgs),
     /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
     Export(replay::ExportArgs),
+    /// Measure taskbox's overhead against baselines run side by side (see the README).
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -214,10 +218,11 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Tasks(args) => {
-            let orch = open_with(paths, false).await?;
-            let tasks = orch.tasks().await;
-            orch.shutdown().await;
-            let tasks = tasks.map_err(Failure::from_engine)?;
+            // Read-only: straight from the store, with no provider (and so no credentials).
+            let store = open_store(paths)?;
+            let tasks = store
+                .load_tasks()
+                .map_err(|e| Failure::from_engine(e.into()))?;
             if args.json {
                 print_json(&output::tasks_json(&tasks))?;
             } else {
@@ -227,10 +232,10 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Show(args) => {
             let task = task_id(&args.task)?;
-            let orch = open_with(paths, false).await?;
-            let view = orch.show(&task, args.journal).await;
-            orch.shutdown().await;
-            let Some(view) = view.map_err(Failure::from_engine)? else {
+            let store = open_store(paths)?;
+            let view = TaskView::load(&store, task.as_str(), args.journal, None)
+                .map_err(Failure::from_engine)?;
+            let Some(view) = view else {
                 return Err(Failure::new(format!("no task named `{task}`")).hint(
                     "`taskbox tasks` lists the tasks; `taskbox run --task NAME -- CMD` creates one",
                 ));
@@ -243,6 +248,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Config(cmd) => config_cmd(cmd, paths),
+        Cmd::Bench(args) => bench::run(args),
         Cmd::Doctor(args) => doctor::run(paths, args.json).await,
         Cmd::Chaos(args) => chaos::run(args).await,
         Cmd::FakeVercel(args) => fake::run(args, paths.data_dir.join("fake-vercel")).await,
@@ -346,6 +352,11 @@ fn task_id(s: &str) -> Result<TaskId, Failure> {
             "a task id is 1 to 64 letters, digits, `-` or `_`, starting with a letter or digit",
         )
     })
+}
+
+/// Opens the store for a read-only command.
+fn open_store(paths: &Paths) -> Result<Store, Failure> {
+    Store::open(&paths.store_file()).map_err(|e| Failure::from_engine(e.into()))
 }
 
 /// Opens the orchestrator for a command that drives tasks (reconciling orphans at start).

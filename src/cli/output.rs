@@ -296,6 +296,12 @@ pub fn print_gc(r: &GcReport) -> Result<(), Failure> {
             i.reason
         ));
     }
+    if r.temporaries_removed > 0 {
+        s.push_str(&format!(
+            "removed {} leftover(s) of interrupted operations\n",
+            r.temporaries_removed
+        ));
+    }
     for e in &r.errors {
         s.push_str(&format!("error: {e}\n"));
     }

@@ -27,7 +27,6 @@ use super::output::{print_json, write_ignoring_broken_pipe, Failure};
 const EXIT_DIVERGED: u8 = 1;
 
 /// The store file inside the data directory (the engine opens the same file).
-const STORE_FILE: &str = "taskbox.db";
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
@@ -329,7 +328,7 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
 }
 
 fn open_store(paths: &Paths) -> Result<Store, Failure> {
-    let file = paths.data_dir.join(STORE_FILE);
+    let file = paths.store_file();
     if !file.exists() {
         return Err(Failure::new(format!(
             "no taskbox data in {} (no journal to read)",

@@ -372,7 +372,7 @@ impl FaultState {
             let applies = burst
                 .endpoint
                 .as_deref()
-                .map_or(true, |name| name == endpoint.name());
+                .is_none_or(|name| name == endpoint.name());
             if applies && self.rate_limit_left > 0 {
                 self.rate_limit_left -= 1;
                 return Verdict::RateLimited {

@@ -625,7 +625,7 @@ async fn create_sandbox(
     ConnectInfo(conn): ConnectInfo<ConnHandle>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    create(app, conn, body, CreateApi::V2).await
+    detached(create(app, conn, body, CreateApi::V2)).await
 }
 
 async fn create_sandbox_v3(
@@ -633,7 +633,7 @@ async fn create_sandbox_v3(
     ConnectInfo(conn): ConnectInfo<ConnHandle>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    create(app, conn, body, CreateApi::V3).await
+    detached(create(app, conn, body, CreateApi::V3)).await
 }
 
 async fn create(
@@ -749,6 +749,10 @@ async fn get_session(State(app): App, Path(id): Path<String>) -> Result<Json<Val
 }
 
 async fn stop_session(State(app): App, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    detached(stop_session_work(app, id)).await
+}
+
+async fn stop_session_work(app: Arc<Shared>, id: String) -> Result<Json<Value>, ApiError> {
     let now = app.now();
     let plan = app.world().begin_stop(&id, now)?;
     let snapshot = match plan {
@@ -1054,9 +1058,31 @@ async fn make_dir(
     Ok(Json(json!({})))
 }
 
+/// Runs a handler's work to completion even if the client goes away, as the real service does:
+/// a request it accepted is carried out, only the answer is lost. (axum drops a handler's future
+/// when its connection closes; without this a client killed mid-snapshot would leave the session
+/// `snapshotting` forever.)
+async fn detached<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::spawn(work).await.unwrap_or_else(|e| {
+        Err(ApiError::internal(format!(
+            "the request's work failed: {e}"
+        )))
+    })
+}
+
 async fn create_snapshot(
     State(app): App,
     Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    detached(create_snapshot_work(app, id, body)).await
+}
+
+async fn create_snapshot_work(
+    app: Arc<Shared>,
+    id: String,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let expiration = validate::snapshot_request(&body)?;

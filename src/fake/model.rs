@@ -1017,7 +1017,7 @@ impl World {
             .filter(|sb| {
                 q.name_prefix
                     .as_deref()
-                    .map_or(true, |p| sb.name.starts_with(p))
+                    .is_none_or(|p| sb.name.starts_with(p))
             })
             .filter(|sb| {
                 q.tags
@@ -1058,7 +1058,7 @@ impl World {
 
 /// Whether an optional filter admits `value` (no filter admits everything).
 fn admits(filter: Option<&str>, value: &str) -> bool {
-    filter.map_or(true, |f| f == value)
+    filter.is_none_or(|f| f == value)
 }
 
 #[cfg(test)]

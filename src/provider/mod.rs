@@ -251,6 +251,12 @@ pub trait SandboxProvider: Send + Sync {
         &'a self,
         installation_id: &'a str,
     ) -> ProviderFuture<'a, Vec<ListedResource>>;
+
+    /// Removes leftovers of interrupted operations that no listing shows (half-written archives,
+    /// half-restored workspaces); returns how many. Platforms that keep none need not override.
+    fn sweep_temporaries(&self) -> ProviderFuture<'_, usize> {
+        Box::pin(async { Ok(0) })
+    }
 }
 
 /// Bounds captured output the way Hermes does: at most `max_chars` characters, keeping the first

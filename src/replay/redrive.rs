@@ -1122,7 +1122,7 @@ fn final_state_divergence(
     )
 }
 
-const STORE_FILE: &str = "taskbox.db";
+use crate::engine::STORE_FILE;
 
 /// The data directory of session `n`: a fresh one per session, with the store moved over from
 /// the previous session (closed by then). Fresh, because a task lock file that another session

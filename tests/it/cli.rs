@@ -243,3 +243,22 @@ fn bounded_output_keeps_head_and_tail() {
     assert!(out.contains("output truncated"), "cut noted");
     assert!(out.len() < 60_000, "bounded: {}", out.len());
 }
+
+#[test]
+fn gc_removes_what_interrupted_operations_left_behind() {
+    let home = Home::new();
+    ok(&home.run(&["run", "-t", "g", "--", "echo x > f"]));
+    // A half-written archive of a process that died mid-snapshot.
+    let mut child = std::process::Command::new("true").spawn().expect("spawn");
+    let dead = child.id();
+    child.wait().expect("wait");
+    let dir = home.path().join("data/local/snapshots/g");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let half = dir.join(format!("7.tbx.{dead}.1.tmp"));
+    std::fs::write(&half, b"half an archive").expect("write");
+    let v: Value = serde_json::from_str(&ok(&home.run(&["gc", "--json"]))).expect("JSON");
+    assert_eq!(v["temporaries_removed"], 1, "{v}");
+    assert!(!half.exists());
+    // The task's own files are untouched.
+    assert_eq!(ok(&home.run(&["run", "-t", "g", "--", "cat f"])), "x\n");
+}

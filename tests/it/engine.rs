@@ -450,3 +450,59 @@ fn superseded_snapshots_are_pruned_and_failed_deletes_retried() {
         orch.shutdown().await;
     });
 }
+
+/// The engine commits the transitions of every waiting message together (group commit). A
+/// transition the store refuses — here because another writer moved the task on behind the
+/// engine's back — fails the request that caused it, performs none of its commands, and leaves
+/// the other tasks alone.
+#[test]
+fn a_transition_the_store_refuses_fails_its_request_and_nothing_else() {
+    use taskbox::core::Event;
+    use taskbox::engine::EngineError;
+    use taskbox::store::{Store, StoreError, TransitionRecord};
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(TokioClock::starting_at(START_MS));
+        let sim = Arc::new(SimProvider::new(1, SimFaults::none(), clock.clone()));
+        let orch = open(dir.path(), &sim, &clock).await;
+        let (a, b) = (TaskId::new("a").expect("id"), TaskId::new("b").expect("id"));
+        orch.run(&a, "write f 1", None).await.expect("run");
+
+        let mut other = Store::open(&dir.path().join("taskbox.db")).expect("second handle");
+        let stored = other.load_task("a").expect("load").expect("task a exists");
+        let mut moved = stored.clone();
+        moved.state = TaskState::Idle;
+        other
+            .commit(&TransitionRecord {
+                at: START_MS,
+                event: &Event::Recovered,
+                state_before: stored.state,
+                task_after: &moved,
+                commands: &[],
+            })
+            .expect("the other writer commits");
+
+        let (ra, rb) = tokio::join!(
+            orch.run(&a, "write f 2", None),
+            orch.run(&b, "write f 3; cat f", None)
+        );
+        match ra {
+            Err(EngineError::Store(StoreError::StateConflict { task_id, .. })) => {
+                assert_eq!(task_id, "a")
+            }
+            other => panic!("expected a state conflict for task a, got {other:?}"),
+        }
+        assert_eq!(rb.expect("task b is unaffected").stdout, "3");
+        let sandbox_a = sim
+            .live_sandboxes()
+            .into_iter()
+            .find(|s| s.task_id == "a")
+            .expect("task a's sandbox is alive");
+        assert_eq!(
+            sandbox_a.files.get("f").map(String::as_str),
+            Some("1"),
+            "the refused transition's command was not performed"
+        );
+        orch.shutdown().await;
+    });
+}

@@ -1,5 +1,6 @@
 //! The one integration-test binary: every test module links into it once.
 
+mod bench;
 mod chaos;
 mod cli;
 mod core_step;

@@ -7,13 +7,20 @@ use std::time::{Duration, Instant};
 /// A fresh `TASKBOX_HOME` in a temporary directory.
 pub struct Home {
     pub dir: tempfile::TempDir,
+    env: Vec<(String, String)>,
 }
 
 impl Home {
     pub fn new() -> Home {
         Home {
             dir: tempfile::tempdir().expect("temp dir"),
+            env: Vec::new(),
         }
+    }
+
+    /// Sets an environment variable for every command of this home.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.push((key.to_string(), value.to_string()));
     }
 
     pub fn path(&self) -> &Path {
@@ -30,7 +37,8 @@ impl Home {
             .env_remove("VERCEL_PROJECT_ID")
             .env_remove("VERCEL_TEAM_ID")
             .env_remove("TERMINAL_VERCEL_RUNTIME")
-            .env_remove("TASKBOX_VERCEL_API_URL");
+            .env_remove("TASKBOX_VERCEL_API_URL")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         c
     }
 

@@ -252,9 +252,9 @@ impl SandboxProvider for CountingCreates {
     }
 }
 
-struct FakeProcess {
+pub struct FakeProcess {
     child: Child,
-    url: String,
+    pub url: String,
 }
 
 impl Drop for FakeProcess {
@@ -264,7 +264,8 @@ impl Drop for FakeProcess {
     }
 }
 
-fn spawn_fake(home: &Home) -> FakeProcess {
+/// Starts `taskbox fake-vercel` as a process of its own (killed when dropped).
+pub fn spawn_fake(home: &Home) -> FakeProcess {
     let mut child = home
         .cmd()
         .args(["fake-vercel", "--listen", "127.0.0.1:0"])

@@ -1735,6 +1735,13 @@ impl SandboxProvider for LocalProvider {
                 .map_err(|e| e.into_provider("list snapshots"))
         })
     }
+
+    fn sweep_temporaries(&self) -> ProviderFuture<'_, usize> {
+        Box::pin(async move {
+            run_blocking_ref(|| LocalProvider::sweep_temporaries(self))
+                .map_err(|e| e.into_provider("sweep temporaries"))
+        })
+    }
 }
 
 /// Runs a directory scan that borrows the provider. It is short (one `read_dir` per sandbox or

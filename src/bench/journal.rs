@@ -1,0 +1,456 @@
+//! Journal throughput: lifecycle transitions persisted per second by the real [`Store`] against a
+//! raw SQLite insert loop with the same durability (WAL, `synchronous = FULL`).
+//!
+//! The transitions are real: each task is driven through a lifecycle (run, run, suspend, run
+//! from the snapshot, suspend) by the pure [`step`] with every provider call succeeding, and the
+//! records it produces — event, task before and after, commands — are what gets committed. They
+//! are generated before the clock starts; only the commits are timed. Tasks are interleaved, as
+//! the engine interleaves them.
+//!
+//! The raw baseline inserts one row per transition holding the same JSON (the event and the task
+//! after it) into a one-table database beside the store's, one transaction per row
+//! (`journal.commit`) or `BATCH` rows per transaction (`journal.batch`, against
+//! [`Store::commit_batch`]). This module's SQL exists only to be that baseline.
+
+use std::path::Path;
+use std::time::Instant;
+
+use rusqlite::{params, Connection, TransactionBehavior};
+
+use super::stats::{median, percentile};
+use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
+use crate::config::Config;
+use crate::core::{step, Command, Event, Millis, Task, TaskSettings, TaskState};
+use crate::provider::sandbox_name;
+use crate::store::{Store, TransitionRecord};
+
+const BENCH: &str = "journal";
+
+/// Transitions per group commit in `journal.batch`.
+const BATCH: usize = 50;
+
+/// Throughput taskbox must keep, as a fraction of the raw loop's.
+const TARGET_RATIO: f64 = 0.5;
+
+const T0: Millis = 1_700_000_000_000;
+
+/// One transition, ready to commit.
+pub(super) struct Rec {
+    at: Millis,
+    event: Event,
+    state_before: TaskState,
+    task_after: Task,
+    commands: Vec<Command>,
+}
+
+impl Rec {
+    fn record(&self) -> TransitionRecord<'_> {
+        TransitionRecord {
+            at: self.at,
+            event: &self.event,
+            state_before: self.state_before,
+            task_after: &self.task_after,
+            commands: &self.commands,
+        }
+    }
+}
+
+/// The row the raw loop inserts for one transition.
+struct RawRow {
+    task_id: String,
+    at: i64,
+    event: String,
+    task_after: String,
+}
+
+/// The outcome a provider that always succeeds would report for `cmd`.
+fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
+    Some(match cmd {
+        Command::CreateSandbox {
+            generation,
+            timeout_ms,
+            ..
+        } => Event::SandboxReady {
+            generation: *generation,
+            sandbox_id: format!("sb-{task}-{generation}"),
+            name: sandbox_name("bench", task, *generation),
+            deadline: now + timeout_ms,
+        },
+        Command::RunCommand { request_id, .. } => Event::CommandExited {
+            request_id: *request_id,
+            exit_code: 0,
+            timed_out: false,
+        },
+        Command::TakeSnapshot { seq, .. } => Event::SnapshotTaken {
+            seq: *seq,
+            snapshot_id: format!("snap-{task}-{seq}"),
+            size_bytes: 48 << 20,
+            expires_at: Some(now + 30 * 86_400_000),
+        },
+        Command::StopSandbox { sandbox_id } => Event::SandboxStopped {
+            sandbox_id: sandbox_id.clone(),
+        },
+        Command::ExtendTimeout {
+            sandbox_id,
+            duration_ms,
+        } => Event::TimeoutExtended {
+            sandbox_id: sandbox_id.clone(),
+            deadline: now + duration_ms,
+        },
+        Command::DeleteSnapshot { snapshot_id } => Event::SnapshotDeleted {
+            snapshot_id: snapshot_id.clone(),
+        },
+        Command::ProbeSandbox { sandbox_id } => Event::SandboxProbed {
+            sandbox_id: sandbox_id.clone(),
+            alive: Some(now + 300_000),
+        },
+        Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
+    })
+}
+
+/// The transitions of one task's lifecycle, as the engine would commit them.
+pub(super) fn lifecycle(id: &str, settings: &TaskSettings) -> Result<Vec<Rec>, BenchError> {
+    let mut now = T0;
+    let mut task = Task::new(id, settings.clone(), now);
+    // A new task's first record, as the engine writes it when it loads an unknown task.
+    let mut recs = vec![Rec {
+        at: now,
+        event: Event::SettingsChanged {
+            settings: settings.clone(),
+        },
+        state_before: task.state,
+        task_after: task.clone(),
+        commands: Vec::new(),
+    }];
+    let requests: [Option<&str>; 5] = [
+        Some("npm test"),
+        Some("git status --short"),
+        None,
+        Some("cat notes.txt"),
+        None,
+    ];
+    for (i, req) in requests.into_iter().enumerate() {
+        let request_id = i as u64 + 1;
+        let mut pending = std::collections::VecDeque::from([match req {
+            Some(command) => Event::RunRequested {
+                request_id,
+                command: command.to_string(),
+                timeout_ms: 180_000,
+            },
+            None => Event::SuspendRequested { request_id },
+        }]);
+        while let Some(event) = pending.pop_front() {
+            now += 10;
+            let tr = step(&task, event.clone(), now)
+                .map_err(|e| BenchError::failed(BENCH, format!("generating transitions: {e}")))?;
+            pending.extend(tr.commands.iter().filter_map(|c| outcome(id, c, now)));
+            recs.push(Rec {
+                at: now,
+                event,
+                state_before: task.state,
+                task_after: tr.next.clone(),
+                commands: tr.commands,
+            });
+            task = tr.next;
+        }
+    }
+    Ok(recs)
+}
+
+/// `tasks` lifecycles, interleaved one transition per task in turn.
+fn interleaved(
+    prefix: &str,
+    tasks: usize,
+    settings: &TaskSettings,
+) -> Result<Vec<Rec>, BenchError> {
+    let mut lives: Vec<std::vec::IntoIter<Rec>> = (0..tasks)
+        .map(|t| lifecycle(&format!("{prefix}-{t}"), settings).map(Vec::into_iter))
+        .collect::<Result<_, _>>()?;
+    let mut out = Vec::new();
+    loop {
+        let before = out.len();
+        for life in &mut lives {
+            if let Some(r) = life.next() {
+                out.push(r);
+            }
+        }
+        if out.len() == before {
+            return Ok(out);
+        }
+    }
+}
+
+fn raw_rows(recs: &[Rec]) -> Result<Vec<RawRow>, BenchError> {
+    let enc =
+        |e: serde_json::Error| BenchError::failed(BENCH, format!("encoding a transition: {e}"));
+    recs.iter()
+        .map(|r| {
+            Ok(RawRow {
+                task_id: r.task_after.id.clone(),
+                at: r.at as i64,
+                event: serde_json::to_string(&r.event).map_err(enc)?,
+                task_after: serde_json::to_string(&r.task_after).map_err(enc)?,
+            })
+        })
+        .collect()
+}
+
+/// The raw baseline's database: one table, WAL, `synchronous = FULL`, like the store's file.
+fn raw_open(path: &Path) -> Result<Connection, BenchError> {
+    let sql = |e: rusqlite::Error| BenchError::failed(BENCH, format!("raw SQLite baseline: {e}"));
+    let conn = Connection::open(path).map_err(sql)?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(sql)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(BenchError::failed(
+            BENCH,
+            format!("{} refused WAL mode (got {mode})", path.display()),
+        ));
+    }
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(sql)?;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS journal (
+             seq INTEGER PRIMARY KEY,
+             task_id TEXT NOT NULL,
+             at INTEGER NOT NULL,
+             event TEXT NOT NULL,
+             task_after TEXT NOT NULL
+         )",
+    )
+    .map_err(sql)?;
+    Ok(conn)
+}
+
+/// A raw durable commit of one small row, for other benchmarks to say what the disk's sync costs.
+pub(super) struct DurableProbe {
+    conn: Connection,
+}
+
+impl DurableProbe {
+    /// A one-table database at `path`, WAL and `synchronous = FULL`.
+    pub(super) fn open(path: &Path) -> Result<DurableProbe, BenchError> {
+        Ok(DurableProbe {
+            conn: raw_open(path)?,
+        })
+    }
+
+    /// Commits one row in its own transaction; returns the time it took, ms.
+    pub(super) fn commit_one(&mut self) -> Result<f64, BenchError> {
+        let row = RawRow {
+            task_id: "probe".into(),
+            at: 0,
+            event: "{}".into(),
+            task_after: "{}".into(),
+        };
+        let t = Instant::now();
+        raw_insert(&mut self.conn, std::slice::from_ref(&row), 1)?;
+        Ok(t.elapsed().as_secs_f64() * 1000.0)
+    }
+}
+
+/// Inserts `rows`, `per_tx` rows per transaction.
+fn raw_insert(conn: &mut Connection, rows: &[RawRow], per_tx: usize) -> Result<(), BenchError> {
+    let sql = |e: rusqlite::Error| BenchError::failed(BENCH, format!("raw SQLite baseline: {e}"));
+    for chunk in rows.chunks(per_tx) {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        {
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT INTO journal (task_id, at, event, task_after) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(sql)?;
+            for r in chunk {
+                stmt.execute(params![r.task_id, r.at, r.event, r.task_after])
+                    .map_err(sql)?;
+            }
+        }
+        tx.commit().map_err(sql)?;
+    }
+    Ok(())
+}
+
+fn store_commit(store: &mut Store, recs: &[Rec], per_tx: usize) -> Result<(), BenchError> {
+    let err = |source| BenchError::Store {
+        bench: BENCH,
+        action: "committing a transition".into(),
+        source: Box::new(source),
+    };
+    if per_tx == 1 {
+        for r in recs {
+            store.commit(&r.record()).map_err(err)?;
+        }
+    } else {
+        for chunk in recs.chunks(per_tx) {
+            let batch: Vec<TransitionRecord<'_>> = chunk.iter().map(Rec::record).collect();
+            store.commit_batch(&batch).map_err(err)?;
+        }
+    }
+    Ok(())
+}
+
+/// Per-round rates (transitions per second) of both sides.
+struct Rates {
+    subject: Vec<f64>,
+    baseline: Vec<f64>,
+    /// Subject's time per transaction, ms (for the notes).
+    per_tx_ms: Vec<f64>,
+}
+
+fn measure(
+    dir: &Path,
+    label: &str,
+    rounds: usize,
+    per_round: usize,
+    per_tx: usize,
+    settings: &TaskSettings,
+) -> Result<Rates, BenchError> {
+    let mut store = Store::open(&dir.join(format!("{label}-taskbox.db"))).map_err(|source| {
+        BenchError::Store {
+            bench: BENCH,
+            action: "opening the store".into(),
+            source: Box::new(source),
+        }
+    })?;
+    let mut raw = raw_open(&dir.join(format!("{label}-raw.db")))?;
+    let per_task = lifecycle("probe", settings)?.len();
+    let mut rates = Rates {
+        subject: Vec::new(),
+        baseline: Vec::new(),
+        per_tx_ms: Vec::new(),
+    };
+    // One unmeasured round first: file creation, page cache, statement cache.
+    for round in 0..=rounds {
+        let mut recs = interleaved(
+            &format!("{label}{round}"),
+            per_round.div_ceil(per_task),
+            settings,
+        )?;
+        recs.truncate(per_round);
+        let rows = raw_rows(&recs)?;
+        let mut subject = || -> Result<f64, BenchError> {
+            let t = Instant::now();
+            store_commit(&mut store, &recs, per_tx)?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        let mut baseline = || -> Result<f64, BenchError> {
+            let t = Instant::now();
+            raw_insert(&mut raw, &rows, per_tx)?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        let (s, b) = if round % 2 == 0 {
+            let s = subject()?;
+            (s, baseline()?)
+        } else {
+            let b = baseline()?;
+            (subject()?, b)
+        };
+        if round == 0 {
+            continue;
+        }
+        let n = recs.len() as f64;
+        rates.subject.push(n / s);
+        rates.baseline.push(n / b);
+        rates
+            .per_tx_ms
+            .push(s * 1000.0 / recs.len().div_ceil(per_tx) as f64);
+    }
+    Ok(rates)
+}
+
+fn row(name: &str, subject_is: &str, baseline_is: &str, r: &Rates, rounds: usize) -> Measurement {
+    Measurement::new(
+        name,
+        subject_is,
+        Quantity::new(median(&r.subject), "transitions/s"),
+        baseline_is,
+        Quantity::new(median(&r.baseline), "transitions/s"),
+        None,
+        Target::RatioAtLeast {
+            ratio: TARGET_RATIO,
+        },
+        rounds,
+        vec![format!(
+            "subject {} ms per transaction (median; p90 {} ms); rates are medians of {rounds} interleaved rounds",
+            super::fmt_num(median(&r.per_tx_ms)),
+            super::fmt_num(percentile(&r.per_tx_ms, 90.0)),
+        )],
+    )
+}
+
+pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
+    // Short rounds, many of them: the two sides alternate every few disk syncs, so a burst of
+    // a neighbour's I/O hits both alike.
+    let (rounds, per_round, batch_per_round) = match ctx.opts.mode {
+        Mode::Quick => (5, 10, 2 * BATCH),
+        Mode::Standard => (41, 10, 2 * BATCH),
+        Mode::Full => (81, 10, 2 * BATCH),
+    };
+    let dir = ctx.subdir("journal")?;
+    let settings = Config::default().task_settings();
+    let per_task = lifecycle("probe", &settings)?.len();
+    let mut rows = Vec::new();
+    if ctx.wants("journal.commit") {
+        ctx.say(&format!(
+            "journal.commit: {rounds} rounds of {per_round} transitions each side ({per_task} per task lifecycle)"
+        ));
+        let r = measure(&dir, "commit", rounds, per_round, 1, &settings)?;
+        rows.push(row(
+            "journal.commit",
+            "Store::commit, one durable transaction per transition",
+            "raw rusqlite INSERT of the same JSON, WAL + synchronous=FULL, one transaction per row",
+            &r,
+            rounds,
+        ));
+    }
+    if ctx.wants("journal.batch") {
+        ctx.say(&format!(
+            "journal.batch: {rounds} rounds of {batch_per_round} transitions in groups of {BATCH}"
+        ));
+        let r = measure(&dir, "batch", rounds, batch_per_round, BATCH, &settings)?;
+        rows.push(row(
+            "journal.batch",
+            &format!("Store::commit_batch, {BATCH} transitions per transaction"),
+            &format!("raw rusqlite INSERTs, {BATCH} rows per transaction, same durability"),
+            &r,
+            rounds,
+        ));
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lifecycle_provisions_runs_snapshots_and_restores() {
+        let recs = lifecycle("t", &Config::default().task_settings()).unwrap();
+        let names: Vec<&str> = recs.iter().map(|r| r.event.name()).collect();
+        for expected in [
+            "settings_changed",
+            "run_requested",
+            "sandbox_ready",
+            "command_exited",
+            "suspend_requested",
+            "snapshot_taken",
+        ] {
+            assert!(names.contains(&expected), "{expected} in {names:?}");
+        }
+        // The second run after a suspend restores from the snapshot.
+        assert!(recs.iter().any(|r| r.commands.iter().any(|c| matches!(
+            c,
+            Command::CreateSandbox {
+                source_snapshot: Some(_),
+                ..
+            }
+        ))));
+        // Each record starts where the previous one of the task ended.
+        for w in recs.windows(2) {
+            assert_eq!(w[1].state_before, w[0].task_after.state);
+        }
+    }
+}

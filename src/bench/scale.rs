@@ -1,0 +1,488 @@
+//! Scale: thousands of tasks driven concurrently through one engine, on the simulated provider,
+//! each through provision → command → snapshot → restore → command.
+//!
+//! The engine side opens an [`Orchestrator`] with a [`SimProvider`] and a [`TokioClock`] in
+//! **real time** on a two-worker runtime (like the `taskbox` binary's), with the simulated
+//! platform answering every call at once (no latency): the wall time measured is the engine's
+//! own work — the event loop, `step`, the SQLite journal (a real file, `synchronous = FULL`) and
+//! the task locks. (Paused time would need tokio's `test-util` feature in the library.) The
+//! baseline makes the same provider calls directly, without the engine, on the same kind of
+//! runtime.
+//!
+//! Each side runs in a child process (`taskbox bench --child engine|direct --tasks N`), so the
+//! peak resident memory it reports (`VmHWM`) is that workload's alone.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::stats::{median, percentile};
+use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
+use crate::clock::TokioClock;
+use crate::config::Config;
+use crate::engine::Orchestrator;
+use crate::provider::sim::{SimFaults, SimProvider};
+use crate::provider::{sandbox_name, ExecRequest, SandboxProvider, SandboxSpec};
+use crate::retry::Jitter;
+use crate::store::Store;
+use crate::TaskId;
+
+const BENCH: &str = "scale";
+
+/// Peak memory the engine must stay under, MB.
+const TARGET_PEAK_MB: f64 = 250.0;
+
+/// The slowest task may take at most this many times the median task: more means some tasks
+/// were starved while others went through.
+const TARGET_SLOWEST_RATIO: f64 = 2.0;
+
+const T0: u64 = 1_700_000_000_000;
+
+/// The simulated platform's latency per call (virtual time).
+const SIM_FAULTS: &str = "latency=0..0";
+
+/// Which side a child process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildKind {
+    /// Through the engine.
+    Engine,
+    /// The same provider calls, made directly.
+    Direct,
+}
+
+impl ChildKind {
+    /// The name on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChildKind::Engine => "engine",
+            ChildKind::Direct => "direct",
+        }
+    }
+
+    /// Parses [`ChildKind::as_str`].
+    pub fn parse(s: &str) -> Option<ChildKind> {
+        match s {
+            "engine" => Some(ChildKind::Engine),
+            "direct" => Some(ChildKind::Direct),
+            _ => None,
+        }
+    }
+}
+
+/// What one child measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScaleRun {
+    /// The side.
+    pub kind: ChildKind,
+    /// Tasks driven.
+    pub tasks: usize,
+    /// Wall time from the first request to the last task's end.
+    pub wall_ms: f64,
+    /// Engine: journal entries committed. Direct: provider calls made.
+    pub transitions: u64,
+    /// Peak resident memory of the process (`VmHWM`), KiB.
+    pub peak_rss_kib: u64,
+    /// `VmHWM` before the workload started, KiB.
+    pub start_rss_kib: u64,
+    /// Median task latency (first request to last answer), wall ms.
+    pub task_median_ms: f64,
+    /// 99th percentile task latency, wall ms.
+    pub task_p99_ms: f64,
+    /// The slowest task's latency, wall ms.
+    pub task_max_ms: f64,
+    /// Virtual time the simulated world went through, ms.
+    pub virtual_ms: u64,
+}
+
+/// `VmHWM` (peak resident set) of this process, KiB.
+pub fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The engine keeps one lock file open per task it drives; make sure the process may.
+fn raise_fd_limit(needed: u64) -> Result<(), BenchError> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write or read only the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(BenchError::io(BENCH, "read the open-files limit")(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    if lim.rlim_cur >= needed {
+        return Ok(());
+    }
+    if lim.rlim_max < needed {
+        return Err(BenchError::failed(
+            BENCH,
+            format!(
+                "{needed} open files are needed (the engine holds one lock file per task) but the \
+                 hard limit is {}; raise it (`ulimit -Hn {needed}` as root) or run fewer tasks",
+                lim.rlim_max
+            ),
+        ));
+    }
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: as above.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(BenchError::io(BENCH, "raise the open-files limit")(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+fn sim(clock: &Arc<TokioClock>) -> Result<Arc<SimProvider>, BenchError> {
+    let faults = SimFaults::parse_list(SIM_FAULTS)
+        .map_err(|e| BenchError::failed(BENCH, format!("sim faults: {e}")))?;
+    Ok(Arc::new(SimProvider::new(7, faults, clock.clone())))
+}
+
+fn latencies(mut lat: Vec<f64>) -> (f64, f64, f64) {
+    lat.sort_by(f64::total_cmp);
+    (
+        median(&lat),
+        percentile(&lat, 99.0),
+        lat.last().copied().unwrap_or(f64::NAN),
+    )
+}
+
+/// The child process's work: see the module docs.
+pub(super) fn child(kind: ChildKind, tasks: usize, dir: &Path) -> Result<ScaleRun, BenchError> {
+    if kind == ChildKind::Engine {
+        raise_fd_limit(tasks as u64 + 256)?;
+    }
+    // Two workers, like the `taskbox` binary.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(BenchError::io(BENCH, "start a tokio runtime"))?;
+    let start_rss_kib = peak_rss_kib().unwrap_or(0);
+    rt.block_on(async {
+        match kind {
+            ChildKind::Engine => engine(tasks, dir, start_rss_kib).await,
+            ChildKind::Direct => direct(tasks, start_rss_kib).await,
+        }
+    })
+}
+
+async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun, BenchError> {
+    let clock = Arc::new(TokioClock::starting_at(T0));
+    let sim = sim(&clock)?;
+    let orch = Orchestrator::builder(dir.to_path_buf(), Config::default())
+        .provider(sim.clone())
+        .clock(clock.clone())
+        .jitter(Jitter::None)
+        .reconcile_on_start(false)
+        .open()
+        .await
+        .map_err(|source| BenchError::Engine {
+            bench: BENCH,
+            action: "open the orchestrator".into(),
+            source: Box::new(source),
+        })?;
+    let wall = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..tasks {
+        let orch = orch.clone();
+        set.spawn(async move {
+            let id = TaskId::new(&format!("task-{i}")).expect("a valid task id");
+            let t = Instant::now();
+            let fail = |action: &str, source| BenchError::Engine {
+                bench: BENCH,
+                action: format!("{id}: {action}"),
+                source: Box::new(source),
+            };
+            orch.run(&id, &format!("write f {i}"), None)
+                .await
+                .map_err(|e| fail("first command", e))?;
+            orch.suspend(&id)
+                .await
+                .map_err(|e| fail("suspend (snapshot)", e))?;
+            let out = orch
+                .run(&id, "cat f", None)
+                .await
+                .map_err(|e| fail("command after the restore", e))?;
+            if out.stdout != i.to_string() {
+                return Err(BenchError::failed(
+                    BENCH,
+                    format!("{id}: the restored file holds {:?}, not {i}", out.stdout),
+                ));
+            }
+            Ok::<f64, BenchError>(t.elapsed().as_secs_f64() * 1000.0)
+        });
+    }
+    let mut lat = Vec::with_capacity(tasks);
+    let mut first_error = None;
+    while let Some(done) = set.join_next().await {
+        match done {
+            Ok(Ok(ms)) => lat.push(ms),
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(e) => {
+                first_error
+                    .get_or_insert(BenchError::failed(BENCH, format!("a task panicked: {e}")));
+            }
+        }
+    }
+    let wall_ms = wall.elapsed().as_secs_f64() * 1000.0;
+    let peak_rss_kib = peak_rss_kib().unwrap_or(0);
+    let virtual_ms = clock_ms(&clock) - T0;
+    orch.shutdown().await;
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    // Every transition is one journal row; their global sequence numbers have no gaps.
+    let store = Store::open(&dir.join("taskbox.db")).map_err(|source| BenchError::Store {
+        bench: BENCH,
+        action: "reopen the store to count transitions".into(),
+        source: Box::new(source),
+    })?;
+    let mut transitions = 0;
+    for i in 0..tasks {
+        let tail = store
+            .journal_tail(&format!("task-{i}"), 1)
+            .map_err(|source| BenchError::Store {
+                bench: BENCH,
+                action: "read the journal".into(),
+                source: Box::new(source),
+            })?;
+        transitions = tail.iter().map(|e| e.seq).fold(transitions, u64::max);
+    }
+    let (task_median_ms, task_p99_ms, task_max_ms) = latencies(lat);
+    Ok(ScaleRun {
+        kind: ChildKind::Engine,
+        tasks,
+        wall_ms,
+        transitions,
+        peak_rss_kib,
+        start_rss_kib,
+        task_median_ms,
+        task_p99_ms,
+        task_max_ms,
+        virtual_ms,
+    })
+}
+
+fn clock_ms(clock: &TokioClock) -> u64 {
+    use crate::clock::Clock;
+    clock.now_ms()
+}
+
+async fn direct(tasks: usize, start_rss_kib: u64) -> Result<ScaleRun, BenchError> {
+    let clock = Arc::new(TokioClock::starting_at(T0));
+    let sim = sim(&clock)?;
+    let wall = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..tasks {
+        let sim = sim.clone();
+        set.spawn(async move {
+            let task = format!("task-{i}");
+            let t = Instant::now();
+            let fail = |e: crate::provider::ProviderError| {
+                BenchError::failed(BENCH, format!("{task}: {e}"))
+            };
+            let spec = |generation, source_snapshot| SandboxSpec {
+                task_id: task.clone(),
+                generation,
+                name: sandbox_name("bench", &task, generation),
+                source_snapshot,
+                timeout_ms: 300_000,
+                installation_id: "bench".into(),
+            };
+            let exec = |command: String| ExecRequest {
+                command,
+                timeout_ms: 180_000,
+            };
+            let sb = sim.create_sandbox(&spec(1, None)).await.map_err(fail)?;
+            sim.exec(&sb.id, &exec(format!("write f {i}")))
+                .await
+                .map_err(fail)?;
+            let snap = sim.snapshot(&task, &sb.id, 1).await.map_err(fail)?;
+            let sb = sim
+                .create_sandbox(&spec(2, Some(snap.id)))
+                .await
+                .map_err(fail)?;
+            let out = sim
+                .exec(&sb.id, &exec("cat f".into()))
+                .await
+                .map_err(fail)?;
+            if out.stdout != i.to_string() {
+                return Err(BenchError::failed(
+                    BENCH,
+                    format!("{task}: the restored file holds {:?}", out.stdout),
+                ));
+            }
+            Ok::<f64, BenchError>(t.elapsed().as_secs_f64() * 1000.0)
+        });
+    }
+    let mut lat = Vec::with_capacity(tasks);
+    while let Some(done) = set.join_next().await {
+        match done {
+            Ok(r) => lat.push(r?),
+            Err(e) => return Err(BenchError::failed(BENCH, format!("a task panicked: {e}"))),
+        }
+    }
+    let wall_ms = wall.elapsed().as_secs_f64() * 1000.0;
+    let (task_median_ms, task_p99_ms, task_max_ms) = latencies(lat);
+    Ok(ScaleRun {
+        kind: ChildKind::Direct,
+        tasks,
+        wall_ms,
+        transitions: tasks as u64 * 5,
+        peak_rss_kib: peak_rss_kib().unwrap_or(0),
+        start_rss_kib,
+        task_median_ms,
+        task_p99_ms,
+        task_max_ms,
+        virtual_ms: clock_ms(&clock) - T0,
+    })
+}
+
+/// Runs one child and parses its answer.
+fn spawn_child(ctx: &Ctx<'_>, kind: ChildKind, tasks: usize) -> Result<ScaleRun, BenchError> {
+    let exe = &ctx.opts.exe;
+    let out = std::process::Command::new(exe)
+        .args(["bench", "--child", kind.as_str(), "--tasks"])
+        .arg(tasks.to_string())
+        .arg("--scratch")
+        .arg(&ctx.dir)
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(BenchError::io(BENCH, format!("spawn {}", exe.display())))?;
+    if !out.status.success() {
+        return Err(BenchError::failed(
+            BENCH,
+            format!(
+                "the {} child ({} bench --child {}) failed ({}): {}",
+                kind.as_str(),
+                exe.display(),
+                kind.as_str(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| {
+        BenchError::failed(
+            BENCH,
+            format!(
+                "the {} child printed no result ({e}): {}",
+                kind.as_str(),
+                String::from_utf8_lossy(&out.stdout).trim()
+            ),
+        )
+    })
+}
+
+pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
+    let (tasks, reps) = match ctx.opts.mode {
+        Mode::Quick => (300, 1),
+        Mode::Standard => (10_000, 1),
+        Mode::Full => (10_000, 3),
+    };
+    let mut engine = Vec::new();
+    let mut direct = Vec::new();
+    for rep in 0..reps {
+        let order = if rep % 2 == 0 {
+            [ChildKind::Engine, ChildKind::Direct]
+        } else {
+            [ChildKind::Direct, ChildKind::Engine]
+        };
+        for kind in order {
+            ctx.say(&format!(
+                "scale: {tasks} tasks, {} side (run {} of {reps})",
+                kind.as_str(),
+                rep + 1
+            ));
+            let r = spawn_child(ctx, kind, tasks)?;
+            match kind {
+                ChildKind::Engine => engine.push(r),
+                ChildKind::Direct => direct.push(r),
+            }
+        }
+    }
+    // The median run by wall time stands for the side.
+    let pick = |runs: &mut Vec<ScaleRun>| -> ScaleRun {
+        runs.sort_by(|a, b| a.wall_ms.total_cmp(&b.wall_ms));
+        runs[runs.len() / 2].clone()
+    };
+    let e = pick(&mut engine);
+    let d = pick(&mut direct);
+    let rate = e.transitions as f64 / (e.wall_ms / 1000.0);
+    let clock_note = format!(
+        "real time, two-worker runtime, simulated calls answer at once; {} s of clock time",
+        super::fmt_num(e.virtual_ms as f64 / 1000.0),
+    );
+    let mb = |kib: u64| kib as f64 / 1024.0;
+    Ok(vec![
+        Measurement::new(
+            "scale.wall",
+            format!(
+                "{} tasks through the engine (SimProvider): provision, command, snapshot, restore, command", super::fmt_num(tasks as f64)
+            ),
+            Quantity::new(e.wall_ms / 1000.0, "s"),
+            "the same provider calls made directly, no engine",
+            Quantity::new(d.wall_ms / 1000.0, "s"),
+            None,
+            Target::Report,
+            reps,
+            vec![
+                format!(
+                    "{} transitions journaled, {} transitions/s",
+                    super::fmt_num(e.transitions as f64),
+                    super::fmt_num(rate)
+                ),
+                clock_note,
+            ],
+        ),
+        Measurement::new(
+            "scale.peak_memory",
+            format!("peak resident memory (VmHWM) of a process driving {} tasks", super::fmt_num(tasks as f64)),
+            Quantity::new(mb(e.peak_rss_kib), "MB"),
+            "the direct-calls process's peak",
+            Quantity::new(mb(d.peak_rss_kib), "MB"),
+            None,
+            Target::Below {
+                value: TARGET_PEAK_MB,
+            },
+            reps,
+            vec![format!(
+                "{} MB before the workload",
+                super::fmt_num(mb(e.start_rss_kib))
+            )],
+        ),
+        Measurement::new(
+            "scale.slowest_task",
+            format!("slowest of {} tasks, first request to last answer", super::fmt_num(tasks as f64)),
+            Quantity::new(e.task_max_ms / 1000.0, "s"),
+            "the median task of the same run",
+            Quantity::new(e.task_median_ms / 1000.0, "s"),
+            None,
+            Target::RatioAtMost {
+                ratio: TARGET_SLOWEST_RATIO,
+            },
+            reps,
+            vec![format!(
+                "every task finished; p99 {} s",
+                super::fmt_num(e.task_p99_ms / 1000.0)
+            )],
+        ),
+    ])
+}

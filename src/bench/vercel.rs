@@ -1,0 +1,231 @@
+//! Vercel client efficiency: HTTP requests taskbox makes, counted on the server's side by the
+//! fake Vercel server (`taskbox::fake`) running in this process on 127.0.0.1.
+//!
+//! - `vercel.per_command`: requests per command in a warm sandbox, through the engine (an
+//!   [`Orchestrator`] over the real [`VercelProvider`]). Hermes calls `refresh()` (a GET) before
+//!   every command; taskbox knows its sandbox's deadline and sends only the command.
+//! - `vercel.lifecycle`: requests for create → command → snapshot → restore → command → stop,
+//!   made through the provider.
+//!
+//! The baseline is the API's minimum, one request per operation: request counts are not noisy,
+//! so there is nothing to measure side by side.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::stats::median;
+use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
+use crate::clock::SystemClock;
+use crate::config::{Backend, Config};
+use crate::engine::Orchestrator;
+use crate::fake::{FakeOptions, FakeServer, Stats};
+use crate::provider::vercel::VercelProvider;
+use crate::provider::{sandbox_name, ExecRequest, ProviderError, SandboxProvider, SandboxSpec};
+use crate::TaskId;
+
+const BENCH: &str = "vercel";
+
+/// Operations in the lifecycle: create, command, snapshot, restore, command, stop.
+const LIFECYCLE_OPS: f64 = 6.0;
+
+fn config() -> Config {
+    let mut c = Config::default();
+    c.terminal.backend = Backend::VercelSandbox;
+    c.terminal.container_cpu = 1;
+    c.terminal.container_memory = 2048;
+    c
+}
+
+fn provider_err(action: &str) -> impl FnOnce(ProviderError) -> BenchError + '_ {
+    move |e| BenchError::failed(BENCH, format!("{action}: {e}"))
+}
+
+/// "name N, name N" for the notes.
+fn breakdown(stats: &Stats) -> String {
+    let by: BTreeMap<&str, u64> = stats
+        .requests
+        .iter()
+        .map(|(k, v)| (k.as_str(), *v))
+        .collect();
+    by.iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+struct Counts {
+    per_command: f64,
+    per_command_breakdown: String,
+    lifecycles: Vec<f64>,
+    lifecycle_breakdown: String,
+}
+
+async fn measure(dir: &Path, commands: usize, lifecycles: usize) -> Result<Counts, BenchError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(BenchError::io(BENCH, "listen on 127.0.0.1"))?;
+    let fake = FakeServer::start(listener, FakeOptions::new(dir.join("fake")))
+        .await
+        .map_err(|e| BenchError::failed(BENCH, format!("start the fake Vercel server: {e}")))?;
+    let url = fake.base_url();
+    let env = move |k: &str| -> Option<String> {
+        match k {
+            "VERCEL_TOKEN" => Some("bench-token".into()),
+            "VERCEL_PROJECT_ID" => Some("prj_bench".into()),
+            "VERCEL_TEAM_ID" => Some("team_bench".into()),
+            "TASKBOX_VERCEL_API_URL" => Some(url.clone()),
+            _ => None,
+        }
+    };
+    let cfg = config();
+    let provider = Arc::new(
+        VercelProvider::from_config(&cfg.terminal, &env, dir, Arc::new(SystemClock))
+            .map_err(|e| BenchError::failed(BENCH, format!("set up the Vercel provider: {e}")))?,
+    );
+    let result = async {
+        // Warm commands, through the engine.
+        let orch = Orchestrator::builder(dir.join("data"), cfg)
+            .provider(provider.clone())
+            .reconcile_on_start(false)
+            .open()
+            .await
+            .map_err(|source| BenchError::Engine {
+                bench: BENCH,
+                action: "open the orchestrator".into(),
+                source: Box::new(source),
+            })?;
+        let task = TaskId::new("bench-vercel").expect("a valid task id");
+        let engine_err = |source| BenchError::Engine {
+            bench: BENCH,
+            action: "run a command".into(),
+            source: Box::new(source),
+        };
+        let warm = async {
+            orch.run(&task, "echo warm", None)
+                .await
+                .map_err(engine_err)?;
+            fake.reset_stats();
+            for i in 0..commands {
+                let out = orch
+                    .run(&task, &format!("echo {i}"), None)
+                    .await
+                    .map_err(engine_err)?;
+                if out.stdout != format!("{i}\n") {
+                    return Err(BenchError::failed(
+                        BENCH,
+                        format!("`echo {i}` answered {:?}", out.stdout),
+                    ));
+                }
+            }
+            Ok::<Stats, BenchError>(fake.stats())
+        }
+        .await;
+        orch.shutdown().await;
+        let warm = warm?;
+
+        // Lifecycles, through the provider.
+        let mut counts = Vec::new();
+        let mut last = None;
+        for l in 0..lifecycles {
+            let task = format!("bench-life-{l}");
+            let spec = |generation, source_snapshot| SandboxSpec {
+                task_id: task.clone(),
+                generation,
+                name: sandbox_name("bench", &task, generation),
+                source_snapshot,
+                timeout_ms: 300_000,
+                installation_id: "bench".into(),
+            };
+            let exec = |command: &str| ExecRequest {
+                command: command.into(),
+                timeout_ms: 60_000,
+            };
+            fake.reset_stats();
+            let sb = provider
+                .create_sandbox(&spec(1, None))
+                .await
+                .map_err(provider_err("create"))?;
+            provider
+                .exec(&sb.id, &exec("echo kept > notes.txt"))
+                .await
+                .map_err(provider_err("command"))?;
+            let snap = provider
+                .snapshot(&task, &sb.id, 1)
+                .await
+                .map_err(provider_err("snapshot"))?;
+            let sb = provider
+                .create_sandbox(&spec(2, Some(snap.id)))
+                .await
+                .map_err(provider_err("restore"))?;
+            let out = provider
+                .exec(&sb.id, &exec("cat notes.txt"))
+                .await
+                .map_err(provider_err("command after the restore"))?;
+            if out.stdout != "kept\n" {
+                return Err(BenchError::failed(
+                    BENCH,
+                    format!("the restored file holds {:?}", out.stdout),
+                ));
+            }
+            provider
+                .stop_sandbox(&sb.id)
+                .await
+                .map_err(provider_err("stop"))?;
+            let stats = fake.stats();
+            counts.push(stats.total as f64);
+            last = Some(stats);
+        }
+        Ok(Counts {
+            per_command: warm.total as f64 / commands as f64,
+            per_command_breakdown: breakdown(&warm),
+            lifecycles: counts,
+            lifecycle_breakdown: last.as_ref().map(breakdown).unwrap_or_default(),
+        })
+    }
+    .await;
+    let _ = fake.shutdown().await;
+    result
+}
+
+pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
+    let (commands, lifecycles) = match ctx.opts.mode {
+        Mode::Quick => (5, 1),
+        Mode::Standard => (50, 3),
+        Mode::Full => (100, 5),
+    };
+    ctx.say(&format!(
+        "vercel: {commands} warm commands and {lifecycles} lifecycles against the fake server"
+    ));
+    let dir = ctx.subdir("vercel")?;
+    let c = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(BenchError::io(BENCH, "start a tokio runtime"))?
+        .block_on(measure(&dir, commands, lifecycles))?;
+    Ok(vec![
+        Measurement::new(
+            "vercel.per_command",
+            "HTTP requests per command in a warm sandbox (engine + Vercel provider), counted by the fake",
+            Quantity::new(c.per_command, "requests"),
+            "the API's minimum: the command request alone (Hermes: 2, a refresh GET first)",
+            Quantity::new(1.0, "requests"),
+            None,
+            Target::RatioAtMost { ratio: 1.0 },
+            commands,
+            vec![format!("requests: {}", c.per_command_breakdown)],
+        ),
+        Measurement::new(
+            "vercel.lifecycle",
+            "HTTP requests for create → command → snapshot → restore → command → stop",
+            Quantity::new(median(&c.lifecycles), "requests"),
+            "the API's minimum: one request per operation",
+            Quantity::new(LIFECYCLE_OPS, "requests"),
+            None,
+            Target::Report,
+            lifecycles,
+            vec![format!("requests: {}", c.lifecycle_breakdown)],
+        ),
+    ])
+}
