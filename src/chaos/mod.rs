@@ -253,7 +253,7 @@ pub enum ChaosError {
         seed: u64,
         /// The cause.
         #[source]
-        source: EngineError,
+        source: Box<EngineError>,
     },
     /// The fake Vercel server or the client could not be set up (`--http`).
     #[error("chaos seed {seed}: {message}")]
@@ -270,7 +270,7 @@ pub enum ChaosError {
         seed: u64,
         /// The cause.
         #[source]
-        source: StoreError,
+        source: Box<StoreError>,
     },
 }
 
@@ -566,7 +566,10 @@ async fn seed_run(
     let task_ids: Vec<String> = plans.iter().map(|p| p.task_id.clone()).collect();
     let d = Driver::open(seed, data_dir, witness.clone(), clock_dyn, config())
         .await
-        .map_err(|source| ChaosError::Engine { seed, source })?;
+        .map_err(|source| ChaosError::Engine {
+            seed,
+            source: Box::new(source),
+        })?;
 
     // The workload, under faults; then faults off, and every task settles.
     let (tally, mut violations) = driver::run_workload(&d, plans, WORKLOAD_BOUND).await;
