@@ -15,6 +15,10 @@
 //! the orphan reconciler runs, and [`check`] compares the journal with the platform's ground
 //! truth. A violating seed keeps its data dir and prints the command that reproduces it.
 //!
+//! With [`ChaosOptions::http`], the same fault kinds are injected one level down instead: the
+//! real Vercel client against an in-process fake Vercel server, on real sockets and real time
+//! (the `http` module). Those runs are bounded to seconds per seed and are not bit-reproducible.
+//!
 //! [`run`] runs many seeds (on several threads, each seed on its own runtime); [`run_seed`] one.
 
 pub mod check;
