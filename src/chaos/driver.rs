@@ -355,7 +355,10 @@ pub(super) struct Recorded {
 
 /// Reads the store back (after the engine has shut down).
 pub(super) fn read_store(seed: u64, data_dir: &Path) -> Result<Recorded, ChaosError> {
-    let store_err = |source| ChaosError::Store { seed, source };
+    let store_err = |source| ChaosError::Store {
+        seed,
+        source: Box::new(source),
+    };
     let store = Store::open(&data_dir.join("taskbox.db")).map_err(store_err)?;
     let tasks = store.load_tasks().map_err(store_err)?;
     let mut entries: Vec<JournalEntry> = Vec::new();

@@ -160,7 +160,10 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
     let task_ids: Vec<String> = plans.iter().map(|p| p.task_id.clone()).collect();
     let d = Driver::open(seed, &data_dir, witness.clone(), clock.clone(), cfg.clone())
         .await
-        .map_err(|source| ChaosError::Engine { seed, source })?;
+        .map_err(|source| ChaosError::Engine {
+            seed,
+            source: Box::new(source),
+        })?;
 
     // ---- the workload, with the fault driver acting beside it ----
     let stop = Arc::new(AtomicBool::new(false));

@@ -15,6 +15,10 @@
 //! the orphan reconciler runs, and [`check`] compares the journal with the platform's ground
 //! truth. A violating seed keeps its data dir and prints the command that reproduces it.
 //!
+//! With [`ChaosOptions::http`], the same fault kinds are injected one level down instead: the
+//! real Vercel client against an in-process fake Vercel server, on real sockets and real time
+//! (the `http` module). Those runs are bounded to seconds per seed and are not bit-reproducible.
+//!
 //! [`run`] runs many seeds (on several threads, each seed on its own runtime); [`run_seed`] one.
 
 pub mod check;
@@ -253,7 +257,7 @@ pub enum ChaosError {
         seed: u64,
         /// The cause.
         #[source]
-        source: EngineError,
+        source: Box<EngineError>,
     },
     /// The fake Vercel server or the client could not be set up (`--http`).
     #[error("chaos seed {seed}: {message}")]
@@ -270,7 +274,7 @@ pub enum ChaosError {
         seed: u64,
         /// The cause.
         #[source]
-        source: StoreError,
+        source: Box<StoreError>,
     },
 }
 
@@ -566,7 +570,10 @@ async fn seed_run(
     let task_ids: Vec<String> = plans.iter().map(|p| p.task_id.clone()).collect();
     let d = Driver::open(seed, data_dir, witness.clone(), clock_dyn, config())
         .await
-        .map_err(|source| ChaosError::Engine { seed, source })?;
+        .map_err(|source| ChaosError::Engine {
+            seed,
+            source: Box::new(source),
+        })?;
 
     // The workload, under faults; then faults off, and every task settles.
     let (tally, mut violations) = driver::run_workload(&d, plans, WORKLOAD_BOUND).await;
