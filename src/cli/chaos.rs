@@ -71,10 +71,12 @@ pub async fn run(args: ChaosArgs) -> Result<ExitCode, Failure> {
                 eprintln!("chaos: {n}/{} seeds", opts.seeds);
             }
         })
+        // Boxed here: the error type is large, and it crosses a thread.
+        .map_err(anyhow::Error::new)
     })
     .await
     .map_err(|e| Failure::new(format!("the chaos run panicked: {e}")))?
-    .map_err(|e| Failure::from_anyhow(anyhow::Error::new(e)))?;
+    .map_err(Failure::from_anyhow)?;
     if json {
         print_json(&report)?;
     } else {
