@@ -48,9 +48,9 @@ pub use workspace::{generate_workspace, TreeSpec, TreeStats};
 pub enum Mode {
     /// Small samples and a small workspace: checks that everything runs (CI, debug builds).
     Quick,
-    /// The figures: at least 200 commands per path, 10,000 tasks, a ~70 MB workspace.
+    /// The figures: 200 commands per path, 10,000 tasks, a ~60 MB workspace.
     Standard,
-    /// Standard with more repetitions and the ~200 MB workspace.
+    /// More repetitions and the ~185 MB workspace (23,000 files).
     Full,
 }
 

@@ -41,7 +41,7 @@ impl TreeSpec {
         }
     }
 
-    /// About 70 MB in 10,000 files.
+    /// About 60 MB in 9,500 files.
     pub fn standard() -> TreeSpec {
         TreeSpec {
             source_files: 1_500,
@@ -53,7 +53,7 @@ impl TreeSpec {
         }
     }
 
-    /// About 200 MB in 23,000 files: for `--full`.
+    /// About 185 MB in 23,000 files: for `--full`.
     pub fn full() -> TreeSpec {
         TreeSpec {
             source_files: 3_000,

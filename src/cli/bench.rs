@@ -17,7 +17,7 @@ pub struct BenchArgs {
     /// Small samples and a small workspace: checks that every benchmark runs (CI).
     #[arg(long, conflicts_with = "full")]
     quick: bool,
-    /// More repetitions and the ~200 MB workspace.
+    /// More repetitions and the ~185 MB, 23,000-file workspace.
     #[arg(long)]
     full: bool,
     /// Print the results as JSON on stdout.
