@@ -283,7 +283,7 @@ impl OrchestratorBuilder {
             settings: self.config.task_settings(),
             installation_id: installation_id.clone(),
             tasks: HashMap::new(),
-            waiters: HashMap::new(),
+            waiters: Default::default(),
             outputs: HashMap::new(),
             timers: HashMap::new(),
             inflight: 0,
@@ -789,7 +789,9 @@ struct EventLoop {
     settings: TaskSettings,
     installation_id: String,
     tasks: HashMap<String, Task>,
-    waiters: HashMap<(String, u64), oneshot::Sender<Result<Answer, EngineError>>>,
+    /// Callers waiting for an answer. Ordered, so that when the loop stops they are woken in a
+    /// deterministic order (simulations reproduce bit for bit).
+    waiters: std::collections::BTreeMap<(String, u64), Responder>,
     outputs: HashMap<(String, u64), ExecOutput>,
     timers: HashMap<(String, TimerKind), JoinHandle<()>>,
     inflight: usize,
