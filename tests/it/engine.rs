@@ -45,14 +45,7 @@ async fn open(
     sim: &Arc<SimProvider>,
     clock: &Arc<TokioClock>,
 ) -> Orchestrator {
-    Orchestrator::builder(dir.to_path_buf(), config())
-        .provider(sim.clone())
-        .clock(clock.clone())
-        .jitter(Jitter::None)
-        .reconcile_on_start(false)
-        .open()
-        .await
-        .expect("open orchestrator")
+    open_with(dir, sim, clock, config()).await
 }
 
 #[derive(Debug, Clone)]
