@@ -127,7 +127,7 @@ impl fmt::Display for Failure {
 }
 
 /// The pure retry policy: attempt number in, delay or give-up out. Jitter is added by the
-/// executor (`crate::retry`), so the journal and replay stay deterministic.
+/// executor (`taskbox::retry`), so the journal and replay stay deterministic.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetryPolicy {
     /// Total attempts of one operation, the first included. `1` means never retry.
@@ -465,7 +465,7 @@ pub enum TimerKind {
 }
 
 /// Everything that can happen to a task: caller requests, provider outcomes, timers, restarts.
-/// Closed: adding a variant forces a look at every arm of [`step`](crate::core::step).
+/// Closed: adding a variant forces a look at every arm of [`step`](crate::step).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
