@@ -1,7 +1,17 @@
-//! Task ids. They become directory names (local backend) and sandbox names (Vercel), so only
-//! safe names are accepted: 1 to 64 characters of `[A-Za-z0-9_-]`, starting with a letter or digit.
+//! Ids: the task ids taskbox accepts from callers, and the sandbox and snapshot ids providers
+//! hand back.
+//!
+//! Task ids become directory names (local backend) and sandbox names (Vercel), so only safe names
+//! are accepted: 1 to 64 characters of `[A-Za-z0-9_-]`, starting with a letter or digit.
+//!
+//! [`SandboxId`] and [`SnapshotId`] are issued by a provider and are opaque to taskbox: they are
+//! not validated (a provider may change its format; refusing an id it issued would strand the
+//! sandbox or the snapshot), only kept apart from each other and from other strings by their type.
 
+use std::borrow::Borrow;
 use std::fmt;
+
+use serde::{Deserialize, Serialize};
 
 /// A validated task id.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -57,8 +67,83 @@ impl fmt::Display for TaskId {
     }
 }
 
+/// Defines a provider-issued id: a `String` newtype that serializes as the bare string and that
+/// maps keyed by it can look up with a `&str`.
+macro_rules! provider_id {
+    ($(#[$attr:meta])* $name:ident) => {
+        $(#[$attr])*
+        // `Hash`, `Eq` and `Ord` are derived from the one `String` field, so they agree with
+        // `str`'s, which `Borrow<str>` requires.
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// The id as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(id: String) -> Self {
+                $name(id)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(id: &str) -> Self {
+                $name(id.to_string())
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+    };
+}
+
+provider_id! {
+    /// A provider's handle for one sandbox: what every later call on that sandbox names it by
+    /// (a local workspace name, a Vercel sandbox id). Not the sandbox's stable *name*
+    /// (`taskbox-<task>-g<generation>-<installation>`), which taskbox derives itself.
+    SandboxId
+}
+
+provider_id! {
+    /// A provider's id for one complete snapshot of a task's filesystem, the handle a restore or
+    /// a delete names it by. Not the snapshot's per-task sequence number, which is taskbox's own
+    /// idempotency key and exists before the provider has answered.
+    SnapshotId
+}
+
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, HashMap};
+
+    use serde::de::value::{Error as DeError, StrDeserializer};
+    use serde::de::IntoDeserializer;
+
     use super::*;
 
     #[test]
@@ -71,5 +156,60 @@ mod tests {
             assert!(TaskId::new(bad).is_err(), "{bad:?} must be refused");
         }
         assert!(TaskId::new(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn provider_ids_read_and_print_as_their_text() {
+        let sandbox = SandboxId::from("sbx_Ab12".to_string());
+        assert_eq!(sandbox.as_str(), "sbx_Ab12");
+        assert_eq!(sandbox.to_string(), "sbx_Ab12");
+        assert_eq!(AsRef::<str>::as_ref(&sandbox), "sbx_Ab12");
+        assert_eq!(String::from(sandbox), "sbx_Ab12");
+
+        let snapshot = SnapshotId::from("sim-snap-000001");
+        assert_eq!(snapshot.as_str(), "sim-snap-000001");
+        assert_eq!(format!("{snapshot}"), "sim-snap-000001");
+    }
+
+    #[test]
+    fn provider_ids_are_not_validated() {
+        // Opaque on purpose: whatever the provider issued must come back intact.
+        for id in ["", "a/b", "..", "é", "x".repeat(200).as_str()] {
+            assert_eq!(SandboxId::from(id).as_str(), id);
+            assert_eq!(SnapshotId::from(id).as_str(), id);
+        }
+    }
+
+    #[test]
+    fn maps_keyed_by_provider_ids_look_up_with_str() {
+        let mut hashed = HashMap::new();
+        hashed.insert(SandboxId::from("sbx_1"), 1);
+        hashed.insert(SandboxId::from("sbx_2"), 2);
+        assert_eq!(hashed.get("sbx_2"), Some(&2));
+        assert_eq!(hashed.get("sbx_3"), None);
+
+        let mut ordered = BTreeMap::new();
+        ordered.insert(SnapshotId::from("snap-b"), 2);
+        ordered.insert(SnapshotId::from("snap-a"), 1);
+        assert_eq!(ordered.get("snap-a"), Some(&1));
+        // Ordered as their text, so a map keyed by them iterates like one keyed by strings.
+        let keys: Vec<&str> = ordered.keys().map(SnapshotId::as_str).collect();
+        assert_eq!(keys, ["snap-a", "snap-b"]);
+    }
+
+    #[test]
+    fn provider_ids_deserialize_from_a_bare_string() {
+        // `#[serde(transparent)]`: the stored form is the string itself, not a newtype wrapper,
+        // so journals and rows written with plain `String` ids read back unchanged.
+        let input: StrDeserializer<'_, DeError> = "sbx_9".into_deserializer();
+        assert_eq!(
+            SandboxId::deserialize(input).expect("a bare string"),
+            SandboxId::from("sbx_9")
+        );
+        let input: StrDeserializer<'_, DeError> = "snap_9".into_deserializer();
+        assert_eq!(
+            SnapshotId::deserialize(input).expect("a bare string"),
+            SnapshotId::from("snap_9")
+        );
     }
 }

@@ -40,6 +40,6 @@ pub mod ids;
 mod step;
 mod types;
 
-pub use ids::{TaskId, TaskIdError};
+pub use ids::{SandboxId, SnapshotId, TaskId, TaskIdError};
 pub use step::{step, StepError, Transition};
 pub use types::*;
