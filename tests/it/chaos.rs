@@ -20,7 +20,7 @@ use taskbox::retry::Jitter;
 use taskbox::store::Store;
 use taskbox::TaskId;
 
-use crate::support::{stderr, stdout, Home};
+use crate::support::{paused_runtime, stderr, stdout, Home};
 
 /// Options for `seeds` seeds of `tasks` tasks, data dirs in a fresh temp dir on the RAM disk
 /// when there is one (the directory is removed with the returned guard).
@@ -342,14 +342,6 @@ fn the_journal_checks_catch_a_broken_retry_policy() {
         "{v:?}"
     );
     drop(work);
-}
-
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("runtime")
 }
 
 /// Regression (found by chaos): after a restart, a task whose recorded sandbox deadline had

@@ -20,6 +20,8 @@ use taskbox::provider::sim::{SimFaults, SimProvider};
 use taskbox::retry::Jitter;
 use taskbox::TaskId;
 
+use crate::support::paused_runtime;
+
 const START_MS: u64 = 1_700_000_000_000;
 
 fn config() -> Config {
@@ -30,14 +32,6 @@ fn config() -> Config {
     c.terminal.checkpoint_margin_seconds = 30;
     c.terminal.timeout = 60;
     c
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("runtime")
 }
 
 async fn open(
@@ -105,7 +99,7 @@ fn check_restores(sim: &SimProvider, task: &str) -> Result<(), TestCaseError> {
 }
 
 fn scenario(seed: u64, actions: Vec<Action>) -> Result<(), TestCaseError> {
-    let rt = runtime();
+    let rt = paused_runtime();
     rt.block_on(async move {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(TokioClock::starting_at(START_MS));
@@ -184,7 +178,7 @@ proptest! {
 #[test]
 fn crash_and_reload_is_equivalent_to_running_through() {
     fn final_state(restart_at: Option<usize>) -> (TaskState, Vec<String>, String) {
-        runtime().block_on(async move {
+        paused_runtime().block_on(async move {
             let dir = tempfile::tempdir().expect("temp dir");
             let clock = Arc::new(TokioClock::starting_at(START_MS));
             let sim = Arc::new(SimProvider::new(7, SimFaults::none(), clock.clone()));
@@ -236,7 +230,7 @@ fn crash_and_reload_is_equivalent_to_running_through() {
 /// command restores them. The reaper never stops a sandbox under a running command.
 #[test]
 fn idle_reap_snapshots_and_the_next_command_restores() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(TokioClock::starting_at(START_MS));
         let sim = Arc::new(SimProvider::new(1, SimFaults::none(), clock.clone()));
@@ -273,7 +267,7 @@ fn idle_reap_snapshots_and_the_next_command_restores() {
 /// back from the latest snapshot.
 #[test]
 fn expiry_under_a_command_is_reported_and_files_come_back() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(TokioClock::starting_at(START_MS));
         let sim = Arc::new(SimProvider::new(3, SimFaults::none(), clock.clone()));
@@ -331,7 +325,7 @@ async fn open_with(
 /// task keeps one sandbox well past its initial timeout.
 #[test]
 fn deadlines_are_extended_while_work_goes_on() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(TokioClock::starting_at(START_MS));
         let sim = Arc::new(SimProvider::new(5, SimFaults::none(), clock.clone()));
@@ -367,7 +361,7 @@ fn deadlines_are_extended_while_work_goes_on() {
 /// deadline, so the platform's expiry loses nothing written before the checkpoint.
 #[test]
 fn a_checkpoint_before_an_unextendable_deadline_keeps_the_files() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(TokioClock::starting_at(START_MS));
         let sim = Arc::new(SimProvider::new(6, SimFaults::none(), clock.clone()));
@@ -401,7 +395,7 @@ fn a_checkpoint_before_an_unextendable_deadline_keeps_the_files() {
 /// later (on the next start), never forgotten.
 #[test]
 fn superseded_snapshots_are_pruned_and_failed_deletes_retried() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(TokioClock::starting_at(START_MS));
         let sim = Arc::new(SimProvider::new(8, SimFaults::none(), clock.clone()));
@@ -453,7 +447,7 @@ fn a_transition_the_store_refuses_fails_its_request_and_nothing_else() {
     use taskbox::core::Event;
     use taskbox::engine::EngineError;
     use taskbox::store::{Store, StoreError, TransitionRecord};
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(TokioClock::starting_at(START_MS));
         let sim = Arc::new(SimProvider::new(1, SimFaults::none(), clock.clone()));

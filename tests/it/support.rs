@@ -2,7 +2,11 @@
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use taskbox::clock::Clock;
+use taskbox::core::Millis;
 
 /// A fresh `TASKBOX_HOME` in a temporary directory.
 pub struct Home {
@@ -81,4 +85,30 @@ pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A clock the test moves by hand.
+#[derive(Debug)]
+pub struct ManualClock(pub AtomicU64);
+
+impl ManualClock {
+    pub fn advance(&self, ms: u64) {
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> Millis {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A single-threaded runtime whose clock starts paused, so timers advance only when every task
+/// waits (the simulator and the engine run on it deterministically).
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime")
 }

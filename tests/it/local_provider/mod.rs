@@ -1,0 +1,167 @@
+//! The local provider against real files and real processes, one concern a file: sandboxes and
+//! command semantics (cwd, exit codes, timeouts, output bounds) in `commands`, deadlines in
+//! `deadlines`, snapshots in `snapshots`, the archive extraction's refusals in `archives`, and
+//! ids, listing and sweeping in `listing`. The test environment they share lives here.
+
+mod archives;
+mod commands;
+mod deadlines;
+mod listing;
+mod snapshots;
+
+use std::fs;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use taskbox::core::{FailureKind, Millis};
+use taskbox::provider::local::LocalProvider;
+use taskbox::provider::{
+    sandbox_name, ExecOutput, ExecRequest, ProviderError, SandboxProvider, SandboxSpec,
+};
+
+use crate::support::ManualClock;
+
+const START_MS: Millis = 1_700_000_000_000;
+const INSTALLATION: &str = "inst-a";
+
+struct Env {
+    dir: tempfile::TempDir,
+    clock: Arc<ManualClock>,
+    provider: LocalProvider,
+}
+
+impl Env {
+    fn new() -> Env {
+        Env::with_installation(INSTALLATION)
+    }
+
+    fn with_installation(installation: &str) -> Env {
+        let dir = tempfile::tempdir().expect("temp dir");
+        fs::create_dir(dir.path().join("outside")).expect("outside dir");
+        let clock = Arc::new(ManualClock(AtomicU64::new(START_MS)));
+        let provider = LocalProvider::new(
+            dir.path().join("data/local"),
+            installation.to_string(),
+            clock.clone(),
+        )
+        .expect("provider");
+        Env {
+            dir,
+            clock,
+            provider,
+        }
+    }
+
+    /// A second provider (another installation) over the same root.
+    fn sibling(&self, installation: &str) -> LocalProvider {
+        LocalProvider::new(
+            self.dir.path().join("data/local"),
+            installation.to_string(),
+            self.clock.clone(),
+        )
+        .expect("sibling provider")
+    }
+
+    fn outside(&self) -> PathBuf {
+        self.dir.path().join("outside")
+    }
+
+    fn root(&self) -> PathBuf {
+        self.provider.root().to_path_buf()
+    }
+
+    async fn create(&self, task: &str, generation: u64, source: Option<&str>) -> String {
+        self.try_create(task, generation, source, 600_000)
+            .await
+            .expect("create sandbox")
+    }
+
+    async fn try_create(
+        &self,
+        task: &str,
+        generation: u64,
+        source: Option<&str>,
+        timeout_ms: u64,
+    ) -> Result<String, ProviderError> {
+        let info = self
+            .provider
+            .create_sandbox(&spec(task, generation, source, timeout_ms))
+            .await?;
+        assert_eq!(info.name, sandbox_name(INSTALLATION, task, generation));
+        Ok(info.id)
+    }
+
+    async fn run(&self, sandbox: &str, command: &str) -> ExecOutput {
+        self.try_run(sandbox, command, 10_000)
+            .await
+            .unwrap_or_else(|e| panic!("`{command}` failed: {e}"))
+    }
+
+    async fn try_run(
+        &self,
+        sandbox: &str,
+        command: &str,
+        timeout_ms: u64,
+    ) -> Result<ExecOutput, ProviderError> {
+        let req = ExecRequest {
+            command: command.to_string(),
+            timeout_ms,
+        };
+        self.provider.exec(sandbox, &req).await
+    }
+
+    /// Leftovers of operations under `tmp/` (there must be none after an operation ends).
+    fn tmp_entries(&self) -> Vec<PathBuf> {
+        fs::read_dir(self.root().join("tmp"))
+            .expect("tmp dir")
+            .map(|e| e.expect("entry").path())
+            .collect()
+    }
+}
+
+fn spec(task: &str, generation: u64, source: Option<&str>, timeout_ms: u64) -> SandboxSpec {
+    SandboxSpec {
+        task_id: task.to_string(),
+        generation,
+        name: sandbox_name(INSTALLATION, task, generation),
+        source_snapshot: source.map(str::to_string),
+        timeout_ms,
+        installation_id: INSTALLATION.to_string(),
+    }
+}
+
+/// Whether the process has exited (a zombie counts: it runs no more; this sandbox's PID 1 may
+/// not reap it).
+fn pid_gone(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+    }
+}
+
+/// Waits (bounded) until `condition` holds.
+async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn assert_kind<T: std::fmt::Debug>(result: Result<T, ProviderError>, kind: FailureKind) -> String {
+    match result {
+        Err(e) => {
+            assert_eq!(e.kind, kind, "unexpected error: {e}");
+            e.to_string()
+        }
+        Ok(v) => panic!("expected {kind:?}, got {v:?}"),
+    }
+}

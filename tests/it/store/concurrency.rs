@@ -1,0 +1,127 @@
+//! Two stores on one file committing interleaved, and group commit (`commit_batch`) equal to the
+//! same single commits.
+
+use std::sync::{Arc, Barrier};
+
+use taskbox::core::{Event, Task, TaskSettings, TaskState, TimerKind};
+use taskbox::store::{Store, StoreError, TransitionRecord};
+
+use super::{lifecycle, temp_db, Owned};
+
+#[test]
+fn two_stores_on_one_file_commit_interleaved_without_loss() {
+    const PER_TASK: u64 = 25;
+    let (_dir, path) = temp_db();
+    // Opened here, not in the threads: a thread failing before the barrier would leave the
+    // other waiting forever.
+    let stores = [
+        Store::open(&path).expect("first handle"),
+        Store::open(&path).expect("second handle"),
+    ];
+    let barrier = Arc::new(Barrier::new(2));
+    let workers: Vec<_> = ["x", "y"]
+        .into_iter()
+        .zip(stores)
+        .map(|(prefix, mut store)| {
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || -> Result<Vec<u64>, StoreError> {
+                let ids = [format!("{prefix}1"), format!("{prefix}2")];
+                let mut tasks: Vec<Task> = ids
+                    .iter()
+                    .map(|id| Task::new(id.as_str(), TaskSettings::default(), 0))
+                    .collect();
+                barrier.wait();
+                let mut seqs = Vec::new();
+                for n in 0..PER_TASK {
+                    for task in &mut tasks {
+                        task.last_activity = n;
+                        let rec = TransitionRecord {
+                            at: n,
+                            event: &Event::TimerFired {
+                                timer: TimerKind::Idle,
+                            },
+                            state_before: TaskState::Idle,
+                            task_after: task,
+                            commands: &[],
+                        };
+                        seqs.push(store.commit(&rec)?);
+                    }
+                }
+                Ok(seqs)
+            })
+        })
+        .collect();
+    let mut all_seqs = Vec::new();
+    for worker in workers {
+        all_seqs.extend(worker.join().expect("no panic").expect("no store error"));
+    }
+    let n = all_seqs.len();
+    all_seqs.sort_unstable();
+    all_seqs.dedup();
+    assert_eq!(all_seqs.len(), n, "every commit got its own journal seq");
+
+    let store = Store::open(&path).expect("reopen");
+    assert_eq!(store.task_ids().expect("ids"), ["x1", "x2", "y1", "y2"]);
+    for id in ["x1", "x2", "y1", "y2"] {
+        let journal = store.journal(id).expect("journal");
+        assert_eq!(
+            journal.iter().map(|e| e.task_seq).collect::<Vec<_>>(),
+            (1..=PER_TASK).collect::<Vec<_>>(),
+            "task {id}"
+        );
+        let task = store.load_task(id).expect("load").expect("present");
+        assert_eq!(task.last_activity, PER_TASK - 1);
+    }
+}
+
+#[test]
+fn commit_batch_equals_the_same_single_commits() {
+    let (_dir, path) = temp_db();
+    let single_path = path.with_file_name("single.db");
+    let batch_path = path.with_file_name("batch.db");
+    let mut single = Store::open(&single_path).expect("open single");
+    let mut batch = Store::open(&batch_path).expect("open batch");
+
+    // Two tasks interleaved, with several records of one task inside one batch.
+    let a = lifecycle("a", 1_000);
+    let b = lifecycle("b", 1_005);
+    let mut steps = Vec::new();
+    for (sa, sb) in a.iter().zip(&b) {
+        steps.push(sa.clone());
+        steps.push(sb.clone());
+    }
+    let single_seqs: Vec<u64> = steps
+        .iter()
+        .map(|s| single.commit(&s.rec()).expect("commit"))
+        .collect();
+    let (first, rest) = steps.split_at(3);
+    let mut batch_seqs = batch
+        .commit_batch(&first.iter().map(Owned::rec).collect::<Vec<_>>())
+        .expect("batch 1");
+    batch_seqs.extend(
+        batch
+            .commit_batch(&rest.iter().map(Owned::rec).collect::<Vec<_>>())
+            .expect("batch 2"),
+    );
+    assert!(batch.commit_batch(&[]).expect("empty batch").is_empty());
+
+    assert_eq!(batch_seqs, single_seqs);
+    assert_eq!(
+        batch.load_tasks().expect("tasks"),
+        single.load_tasks().expect("tasks")
+    );
+    for id in ["a", "b"] {
+        assert_eq!(
+            batch.journal(id).expect("j"),
+            single.journal(id).expect("j")
+        );
+    }
+    assert_eq!(
+        batch.snapshots(None).expect("s"),
+        single.snapshots(None).expect("s")
+    );
+    assert_eq!(
+        batch.sandboxes(None).expect("s"),
+        single.sandboxes(None).expect("s")
+    );
+}

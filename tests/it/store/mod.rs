@@ -1,0 +1,218 @@
+//! The SQLite store on real files in temporary directories, one concern a file: the durability
+//! shape (tables, journal, triggers) and atomicity in `commit`, schema versioning and damaged
+//! files and rows in `integrity`, two handles on one file and group commit in `concurrency`, and
+//! the snapshot and sandbox rows that mirror a task in `rows`. The scripts and row checks they
+//! share live here.
+
+mod commit;
+mod concurrency;
+mod integrity;
+mod rows;
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::Connection;
+use taskbox::core::{
+    Command, Event, Millis, SandboxRecord, SnapshotRecord, SnapshotStatus, Task, TaskSettings,
+    TaskState,
+};
+use taskbox::store::{SandboxStatus, Store, TransitionRecord};
+
+/// One transition with owned parts, so a test can build a sequence and commit it later.
+#[derive(Clone)]
+struct Owned {
+    at: Millis,
+    event: Event,
+    before: TaskState,
+    task: Task,
+    commands: Vec<Command>,
+}
+
+impl Owned {
+    fn rec(&self) -> TransitionRecord<'_> {
+        TransitionRecord {
+            at: self.at,
+            event: &self.event,
+            state_before: self.before,
+            task_after: &self.task,
+            commands: &self.commands,
+        }
+    }
+}
+
+/// Builds a task's transitions one after the other, each starting from the previous task.
+struct Script {
+    task: Task,
+    at: Millis,
+    steps: Vec<Owned>,
+}
+
+impl Script {
+    fn new(id: &str, at: Millis) -> Script {
+        Script {
+            task: Task::new(id, TaskSettings::default(), at),
+            at,
+            steps: Vec::new(),
+        }
+    }
+
+    fn step(&mut self, event: Event, commands: Vec<Command>, change: impl FnOnce(&mut Task)) {
+        let before = self.task.state;
+        change(&mut self.task);
+        self.at += 10;
+        self.steps.push(Owned {
+            at: self.at,
+            event,
+            before,
+            task: self.task.clone(),
+            commands,
+        });
+    }
+}
+
+fn sandbox(task: &str, generation: u64, created_at: Millis) -> SandboxRecord {
+    SandboxRecord {
+        id: format!("sbx_{task}_{generation}"),
+        name: format!("taskbox-{task}-{generation}"),
+        generation,
+        created_at,
+        deadline: created_at + 300_000,
+        source_snapshot: None,
+    }
+}
+
+/// A whole lifecycle: idle → provisioning → running → snapshotting → expired.
+fn lifecycle(id: &str, start: Millis) -> Vec<Owned> {
+    let mut s = Script::new(id, start);
+    s.step(
+        Event::RunRequested {
+            request_id: 1,
+            command: "echo hi".into(),
+            timeout_ms: 1_000,
+        },
+        vec![Command::CreateSandbox {
+            generation: 1,
+            source_snapshot: None,
+            timeout_ms: 300_000,
+        }],
+        |t| {
+            t.state = TaskState::Provisioning;
+            t.generation = 1;
+        },
+    );
+    let sb = sandbox(id, 1, start + 20);
+    s.step(
+        Event::SandboxReady {
+            generation: 1,
+            sandbox_id: sb.id.clone(),
+            name: sb.name.clone(),
+            deadline: sb.deadline,
+        },
+        vec![Command::RunCommand {
+            request_id: 1,
+            sandbox_id: sb.id.clone(),
+            command: "echo hi".into(),
+            timeout_ms: 1_000,
+        }],
+        |t| {
+            t.state = TaskState::Running;
+            t.sandbox = Some(sb.clone());
+        },
+    );
+    s.step(
+        Event::SuspendRequested { request_id: 2 },
+        vec![Command::TakeSnapshot {
+            sandbox_id: sb.id.clone(),
+            seq: 1,
+        }],
+        |t| {
+            t.state = TaskState::Snapshotting;
+            t.snapshots.push(SnapshotRecord {
+                seq: 1,
+                id: None,
+                status: SnapshotStatus::Pending,
+                size_bytes: 0,
+                sandbox_id: sb.id.clone(),
+                started_at: start + 30,
+                created_at: None,
+                expires_at: None,
+            });
+        },
+    );
+    s.step(
+        Event::SnapshotTaken {
+            seq: 1,
+            snapshot_id: format!("snap_{id}_1"),
+            size_bytes: 4096,
+            expires_at: Some(start + 1_000_000),
+        },
+        vec![],
+        |t| {
+            t.state = TaskState::Expired;
+            t.sandbox = None;
+            let snap = &mut t.snapshots[0];
+            snap.id = Some(format!("snap_{id}_1"));
+            snap.status = SnapshotStatus::Complete;
+            snap.size_bytes = 4096;
+            snap.created_at = Some(start + 40);
+            snap.expires_at = Some(start + 1_000_000);
+        },
+    );
+    s.steps
+}
+
+fn temp_db() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("data").join("taskbox.db");
+    (dir, path)
+}
+
+fn raw(path: &Path) -> Connection {
+    Connection::open(path).expect("raw connection")
+}
+
+fn count(conn: &Connection, table: &str) -> i64 {
+    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+        .expect("count")
+}
+
+/// Row counts of the four tables, for "nothing changed" checks.
+fn counts(path: &Path) -> [i64; 4] {
+    let conn = raw(path);
+    ["tasks", "journal", "snapshots", "sandboxes"].map(|t| count(&conn, t))
+}
+
+/// The snapshot rows are exactly the task's records, and the one `running` sandbox row (if any)
+/// is the task's sandbox.
+fn assert_rows_mirror(store: &Store, task: &Task) {
+    let rows = store.snapshots(Some(&task.id)).expect("snapshots");
+    let records: Vec<_> = rows
+        .iter()
+        .map(|r| SnapshotRecord {
+            seq: r.seq,
+            id: r.provider_id.clone(),
+            status: r.status,
+            size_bytes: r.size_bytes,
+            sandbox_id: r.sandbox_id.clone(),
+            started_at: r.started_at,
+            created_at: r.created_at,
+            expires_at: r.expires_at,
+        })
+        .collect();
+    assert_eq!(records, task.snapshots);
+    let running: Vec<_> = store
+        .sandboxes(Some(&task.id))
+        .expect("sandboxes")
+        .into_iter()
+        .filter(|r| r.status == SandboxStatus::Running)
+        .map(|r| SandboxRecord {
+            id: r.provider_id,
+            name: r.name,
+            generation: r.generation,
+            created_at: r.created_at,
+            deadline: r.deadline,
+            source_snapshot: r.source_snapshot,
+        })
+        .collect();
+    assert_eq!(running, task.sandbox.iter().cloned().collect::<Vec<_>>());
+}
