@@ -23,6 +23,9 @@ impl Drop for GroupGuard {
 pub(super) fn kill_group(pgid: u32) {
     if let Ok(pgid) = libc::pid_t::try_from(pgid) {
         // SIGKILL: a command that ignores SIGTERM must not outlive its timeout.
+        // SAFETY: killpg(2) takes two integers and touches no memory of ours, so it has no
+        // memory-safety preconditions. `pgid` is a spawned child's pid (never 0, which would
+        // mean our own group), and callers only pass one not yet reaped, so it is still theirs.
         unsafe {
             libc::killpg(pgid, libc::SIGKILL);
         }
@@ -61,6 +64,8 @@ pub(super) fn kill_leftovers(workspace: &Path) -> usize {
                 .split(|b| *b == 0)
                 .any(|var| var == marker.as_slice())
             {
+                // SAFETY: kill(2) takes two integers and touches no memory of ours, so it has no
+                // memory-safety preconditions. `pid` is a positive /proc entry other than us.
                 unsafe {
                     libc::kill(pid, libc::SIGKILL);
                 }
@@ -81,6 +86,8 @@ pub(super) fn process_alive(pid: u32) -> bool {
         return false;
     };
     // Signal 0 checks existence; EPERM means it exists but is not ours.
+    // SAFETY: kill(2) takes two integers and touches no memory of ours, and signal 0 delivers
+    // nothing: it only reports whether `pid` could be signalled.
     let rc = unsafe { libc::kill(pid, 0) };
     rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }

@@ -41,6 +41,9 @@
 //! durable file-system helpers. This file holds the provider itself and the
 //! [`SandboxProvider`] glue.
 
+// Every `unsafe` block here (process signals) must say why it is sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod archive;
 mod error;
 mod exec;
