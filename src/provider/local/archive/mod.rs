@@ -1,0 +1,141 @@
+//! The local provider's snapshot archive: a versioned container around a zstd-compressed tar,
+//! and the extraction that refuses anything able to write outside the restored workspace.
+//!
+//! Layout of version 1 (all integers little-endian):
+//!
+//! ```text
+//! "TBXSNAP\0" | u32 version | u32 header length | header (JSON) | zstd frame of a tar stream
+//! ```
+//!
+//! The magic and the version come first so that a future taskbox can change everything after
+//! them, and an older one says "this archive is version N, I read version 1" instead of
+//! misreading it (the firecracker snapshot-format rule). The JSON header names the owning task
+//! and installation, which is how the reconciler lists snapshots without unpacking them.
+//!
+//! Packing streams: the directory walk and tar framing run on the calling thread and hand
+//! 256 KiB chunks to a compressor thread through a bounded channel, so memory stays bounded and
+//! walking and compressing overlap the way `tar | zstd` does. Symlinks are stored as symlinks,
+//! never followed; files with several links inside the workspace are stored once plus hard-link
+//! entries.
+//!
+//! Extraction trusts nothing in the archive. Every entry path must be relative without `..`;
+//! parents must be directories created by this extraction (never a symlink, so nothing is written
+//! through one); symlinks are created only after every file and directory, and only if their
+//! target — followed through the other symlinks of the archive — stays inside the workspace;
+//! hard links must point at a regular file extracted earlier; devices and fifos are refused. Any
+//! refusal fails the whole extraction, naming the entry; the caller extracts into a temporary
+//! directory and deletes it on failure, so nothing half-restored ever appears.
+//!
+//! The packer applies the same symlink rule and leaves out (with a warning) what the extractor
+//! would refuse — an absolute symlink such as a virtualenv's `bin/python -> /usr/bin/python3`,
+//! a socket — because an archive that cannot be restored would lose every file of the task.
+//!
+//! The code is split by concern: `format` is the container (magic, version, header), `tree`
+//! the symlink rule shared by both directions, `write` the packer and `extract` the extractor.
+
+mod extract;
+mod format;
+mod tree;
+mod write;
+
+pub use self::extract::unpack_body;
+pub use self::format::{read_prefix, write_prefix, ArchiveHeader, MAGIC, MAX_HEADER_LEN, VERSION};
+pub use self::write::{pack, Omitted, PackStats, ZSTD_LEVEL};
+
+use std::io;
+use std::path::PathBuf;
+
+/// A failure to write, read or safely extract an archive.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    /// The file does not start with [`MAGIC`].
+    #[error(
+        "not a taskbox snapshot archive (it starts with {found:02x?}, expected \"TBXSNAP\\0\")"
+    )]
+    BadMagic {
+        /// The first bytes found.
+        found: Vec<u8>,
+    },
+    /// The format version is not one this taskbox reads.
+    #[error(
+        "snapshot archive format version {found} is not supported (this taskbox reads version \
+         {supported}); restore it with the taskbox version that wrote it"
+    )]
+    UnknownVersion {
+        /// The version in the file.
+        found: u32,
+        /// The version this code reads.
+        supported: u32,
+    },
+    /// The header length field is implausible.
+    #[error("snapshot archive header is {len} bytes, more than the {max} allowed")]
+    HeaderTooLarge {
+        /// The length found.
+        len: u32,
+        /// The limit.
+        max: u32,
+    },
+    /// The file ends inside the fixed-size prefix or the header.
+    #[error("snapshot archive is truncated inside its {part}")]
+    Truncated {
+        /// Which part was cut.
+        part: &'static str,
+    },
+    /// The header is not the JSON we write.
+    #[error("snapshot archive header is not valid")]
+    Header(#[source] serde_json::Error),
+    /// An entry was refused by the extraction rules; nothing is restored.
+    #[error("refused archive entry `{entry}`: {reason}")]
+    UnsafeEntry {
+        /// The entry's path as stored (escaped for printing).
+        entry: String,
+        /// Which rule it breaks.
+        reason: String,
+    },
+    /// A file-system operation on a named path failed.
+    #[error("cannot {operation} `{path}`")]
+    Io {
+        /// What was being done.
+        operation: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading or writing the archive stream itself failed (corrupt data, full disk, ...).
+    #[error("cannot {operation}")]
+    Stream {
+        /// What was being done.
+        operation: &'static str,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl ArchiveError {
+    pub(super) fn io(
+        operation: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(io::Error) -> Self {
+        let path = path.into();
+        move |source| ArchiveError::Io {
+            operation,
+            path,
+            source,
+        }
+    }
+
+    pub(super) fn stream(operation: &'static str) -> impl FnOnce(io::Error) -> Self {
+        move |source| ArchiveError::Stream { operation, source }
+    }
+
+    /// The underlying I/O error, if this is one (for transient/permanent classification).
+    pub fn io_error(&self) -> Option<&io::Error> {
+        match self {
+            ArchiveError::Io { source, .. } | ArchiveError::Stream { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

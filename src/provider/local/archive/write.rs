@@ -1,0 +1,284 @@
+//! Packing: the workspace walk into a tar stream, handed in chunks to a zstd compressor thread
+//! behind the container prefix.
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::mpsc;
+
+use super::format::write_prefix;
+use super::tree::{os, show, Node, Tree};
+use super::{ArchiveError, ArchiveHeader};
+
+/// The zstd level: the `zstd` command's default, fast enough to keep up with the walk.
+pub const ZSTD_LEVEL: i32 = 3;
+
+/// Size of the chunks handed from the tar walk to the compressor thread.
+const CHUNK_BYTES: usize = 256 * 1024;
+
+/// How many chunks may wait for the compressor (bounds memory to about 2 MiB).
+const CHUNKS_IN_FLIGHT: usize = 8;
+
+/// Something the packer left out of an archive, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Omitted {
+    /// The path relative to the workspace (lossily decoded for printing).
+    pub path: String,
+    /// Why it was left out.
+    pub reason: String,
+}
+
+/// What [`pack`] wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PackStats {
+    /// Entries written (directories, files, links).
+    pub entries: u64,
+    /// Entries left out because a restore would refuse them.
+    pub omitted: Vec<Omitted>,
+}
+
+/// Writes the archive of `workspace` to `out`: the prefix, then the compressed tar. Returns `out`
+/// (for the caller to fsync) and what was written and left out.
+pub fn pack<W: Write + Send>(
+    workspace: &Path,
+    header: &ArchiveHeader,
+    mut out: W,
+) -> Result<(W, PackStats), ArchiveError> {
+    write_prefix(&mut out, header)?;
+    let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(CHUNKS_IN_FLIGHT);
+    std::thread::scope(|scope| {
+        let compressor = scope.spawn(move || compress(rx, out));
+        let walked = walk_into_tar(workspace, ChunkWriter::new(tx));
+        let compressed = compressor.join().map_err(|_| ArchiveError::Stream {
+            operation: "compress the snapshot archive",
+            source: io::Error::other("the compressor thread panicked"),
+        })?;
+        // If the compressor failed, the walk saw a closed channel; the compressor's error is the
+        // real cause.
+        let out = compressed?;
+        let stats = walked?;
+        Ok((out, stats))
+    })
+}
+
+/// The compressor thread: zstd-compresses every chunk into `out` until the walk hangs up.
+fn compress<W: Write>(rx: mpsc::Receiver<Vec<u8>>, out: W) -> Result<W, ArchiveError> {
+    let write = |e| ArchiveError::stream("write the compressed snapshot archive")(e);
+    let mut encoder = zstd::Encoder::new(out, ZSTD_LEVEL).map_err(write)?;
+    // The checksum lets a restore detect a corrupt or cut archive instead of restoring garbage.
+    encoder.include_checksum(true).map_err(write)?;
+    for chunk in rx {
+        encoder.write_all(&chunk).map_err(write)?;
+    }
+    encoder.finish().map_err(write)
+}
+
+/// A `Write` that batches bytes into chunks for the compressor thread.
+struct ChunkWriter {
+    buf: Vec<u8>,
+    tx: mpsc::SyncSender<Vec<u8>>,
+}
+
+impl ChunkWriter {
+    fn new(tx: mpsc::SyncSender<Vec<u8>>) -> Self {
+        ChunkWriter {
+            buf: Vec::with_capacity(CHUNK_BYTES),
+            tx,
+        }
+    }
+
+    fn send(&mut self) -> io::Result<()> {
+        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK_BYTES));
+        self.tx
+            .send(chunk)
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the compressor stopped"))
+    }
+
+    /// Sends what is left; dropping the writer afterwards tells the compressor to finish.
+    fn finish(mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.send()?;
+        }
+        Ok(())
+    }
+}
+
+impl Write for ChunkWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(CHUNK_BYTES - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() >= CHUNK_BYTES {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        // Chunks are sent when full or at `finish`; a flush has nothing to force.
+        Ok(())
+    }
+}
+
+/// Reads exactly `remaining` bytes of a file, failing if it shrinks while being archived (a tar
+/// entry whose data is shorter than its header says would corrupt the rest of the archive).
+struct ExactReader {
+    file: File,
+    remaining: u64,
+}
+
+impl Read for ExactReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.remaining == 0 {
+            return Ok(0);
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
+        let n = self.file.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the file shrank while the snapshot was being taken",
+            ));
+        }
+        self.remaining -= n as u64;
+        Ok(n)
+    }
+}
+
+fn entry_header(meta: &fs::Metadata, kind: tar::EntryType, size: u64) -> tar::Header {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(kind);
+    header.set_size(size);
+    // Permission bits only: the type is the entry type, and set-id bits are dropped on restore.
+    header.set_mode(meta.mode() & 0o7777);
+    header.set_mtime(u64::try_from(meta.mtime()).unwrap_or(0));
+    header.set_uid(u64::from(meta.uid()));
+    header.set_gid(u64::from(meta.gid()));
+    header
+}
+
+/// Walks `workspace` (without following symlinks) into a tar stream written to `sink`.
+///
+/// Only symlinks go into the tree model: resolving a target consults nothing else, so a
+/// directory or file entry would cost a map insert per path for nothing.
+fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, ArchiveError> {
+    let mut builder = tar::Builder::new(sink);
+    let mut tree = Tree::default();
+    let mut stats = PackStats::default();
+    let mut first_link: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
+    let mut symlinks: Vec<(Vec<u8>, Vec<u8>, fs::Metadata)> = Vec::new();
+    let write = |e| ArchiveError::stream("write the snapshot archive")(e);
+
+    // Depth-first, children in name order: deterministic output, parents before children.
+    let mut stack: Vec<Vec<u8>> = vec![Vec::new()];
+    while let Some(dir) = stack.pop() {
+        let dir_abs = workspace.join(os(&dir));
+        let mut entries = match fs::read_dir(&dir_abs) {
+            Ok(it) => it
+                .map(|e| e.map(|e| (e.file_name().into_vec(), e)))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(ArchiveError::io("list directory", &dir_abs))?,
+            // Vanished between listing its parent and now: nothing to keep.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_empty() => continue,
+            Err(e) => return Err(ArchiveError::io("list directory", &dir_abs)(e)),
+        };
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut subdirs = Vec::new();
+        for (name, entry) in entries {
+            let rel = if dir.is_empty() {
+                name
+            } else {
+                [dir.as_slice(), b"/", name.as_slice()].concat()
+            };
+            let abs = workspace.join(os(&rel));
+            // `DirEntry::metadata` does not follow symlinks.
+            let meta = match entry.metadata() {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(ArchiveError::io("inspect", &abs)(e)),
+            };
+            let file_type = meta.file_type();
+            if file_type.is_dir() {
+                let mut header = entry_header(&meta, tar::EntryType::Directory, 0);
+                builder
+                    .append_data(&mut header, os(&rel), io::empty())
+                    .map_err(write)?;
+                subdirs.push(rel);
+            } else if file_type.is_file() {
+                let inode = (meta.dev(), meta.ino());
+                if meta.nlink() > 1 {
+                    if let Some(first) = first_link.get(&inode) {
+                        let mut header = entry_header(&meta, tar::EntryType::Link, 0);
+                        builder
+                            .append_link(&mut header, os(&rel), os(first))
+                            .map_err(write)?;
+                        stats.entries += 1;
+                        continue;
+                    }
+                }
+                let file = match File::open(&abs) {
+                    Ok(file) => file,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(ArchiveError::io("read", &abs)(e)),
+                };
+                let mut header = entry_header(&meta, tar::EntryType::Regular, meta.len());
+                let reader = ExactReader {
+                    file,
+                    remaining: meta.len(),
+                };
+                builder
+                    .append_data(&mut header, os(&rel), reader)
+                    .map_err(|e| {
+                        if e.kind() == io::ErrorKind::BrokenPipe {
+                            write(e)
+                        } else {
+                            ArchiveError::io("archive", &abs)(e)
+                        }
+                    })?;
+                if meta.nlink() > 1 {
+                    first_link.insert(inode, rel);
+                }
+            } else if file_type.is_symlink() {
+                let target = fs::read_link(&abs)
+                    .map_err(ArchiveError::io("read symlink", &abs))?
+                    .into_os_string()
+                    .into_vec();
+                tree.insert(rel.clone(), Node::Symlink(target.clone()));
+                symlinks.push((rel, target, meta));
+                continue; // counted when written
+            } else {
+                stats.omitted.push(Omitted {
+                    path: show(&rel),
+                    reason: "sockets, fifos and devices are not kept in snapshots".into(),
+                });
+                continue;
+            }
+            stats.entries += 1;
+        }
+        stack.extend(subdirs.into_iter().rev());
+    }
+
+    // Symlinks last, judged against the whole tree exactly as the extractor will judge them.
+    for (rel, target, meta) in symlinks {
+        match tree.check_symlink(&rel, &target) {
+            Ok(()) => {
+                let mut header = entry_header(&meta, tar::EntryType::Symlink, 0);
+                builder
+                    .append_link(&mut header, os(&rel), os(&target))
+                    .map_err(write)?;
+                stats.entries += 1;
+            }
+            Err(reason) => stats.omitted.push(Omitted {
+                path: show(&rel),
+                reason: format!("a restore would refuse this symlink: {reason}"),
+            }),
+        }
+    }
+    let sink = builder.into_inner().map_err(write)?;
+    sink.finish().map_err(write)?;
+    Ok(stats)
+}

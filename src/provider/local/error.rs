@@ -1,0 +1,216 @@
+//! [`LocalError`], the local provider's one error type, and how each failure is classified for
+//! the engine (invalid, gone, transient or permanent).
+
+use std::io;
+use std::path::PathBuf;
+
+use super::archive::ArchiveError;
+use super::names::SandboxName;
+use crate::core::FailureKind;
+use crate::ids::TaskIdError;
+use crate::provider::ProviderError;
+
+/// A local-provider failure, with the task, sandbox, snapshot or path it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// A task id that is not a safe name.
+    #[error(transparent)]
+    TaskId(#[from] TaskIdError),
+    /// A sandbox id that is not `taskbox-<task id>-g<generation>-<installation>`.
+    #[error("invalid sandbox id `{id}`: {reason} (expected `taskbox-<task id>-g<generation>-<installation>`)")]
+    SandboxId {
+        /// The id given (escaped).
+        id: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A snapshot id that is not `<task id>.s<seq>`.
+    #[error("invalid snapshot id `{id}`: {reason} (expected `<task id>.s<seq>`)")]
+    SnapshotId {
+        /// The id given (escaped).
+        id: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The spec's name is not the one [`sandbox_name`](crate::provider::sandbox_name) gives for
+    /// its task and generation.
+    #[error("sandbox name `{name}` does not match task `{task_id}` generation {generation} (expected `{expected}`)")]
+    SpecName {
+        /// The name in the spec.
+        name: String,
+        /// The spec's task.
+        task_id: String,
+        /// The spec's generation.
+        generation: u64,
+        /// The name it should have.
+        expected: String,
+    },
+    /// A command string that cannot be passed to a process.
+    #[error("the command for sandbox `{sandbox}` contains a NUL byte")]
+    BadCommand {
+        /// The sandbox.
+        sandbox: String,
+    },
+    /// The sandbox belongs to another task or installation.
+    #[error("sandbox `{sandbox}` belongs to {what} `{owner}`, not `{expected}`")]
+    Ownership {
+        /// The sandbox.
+        sandbox: String,
+        /// `task` or `installation`.
+        what: &'static str,
+        /// Who owns it.
+        owner: String,
+        /// Who asked.
+        expected: String,
+    },
+    /// The sandbox does not exist (any more).
+    #[error("sandbox `{sandbox}` is gone: {reason}")]
+    SandboxGone {
+        /// The sandbox.
+        sandbox: String,
+        /// Why (expired, stopped, never created).
+        reason: String,
+    },
+    /// The snapshot's archive does not exist (any more).
+    #[error("snapshot `{snapshot}` is gone (no archive at `{path}`)")]
+    SnapshotGone {
+        /// The snapshot id.
+        snapshot: String,
+        /// Where its archive was.
+        path: PathBuf,
+    },
+    /// The snapshot's archive could not be written, read or restored.
+    #[error("snapshot `{snapshot}` (archive `{path}`)")]
+    Archive {
+        /// The snapshot id.
+        snapshot: String,
+        /// The archive file.
+        path: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: ArchiveError,
+    },
+    /// The archive under a snapshot's name holds another task's or sequence's files.
+    #[error("archive `{path}` of snapshot `{snapshot}` holds task `{found_task}` snapshot {found_seq}, not what its name says")]
+    ArchiveMismatch {
+        /// The snapshot id.
+        snapshot: String,
+        /// The archive file.
+        path: PathBuf,
+        /// The task in its header.
+        found_task: String,
+        /// The sequence number in its header.
+        found_seq: u64,
+    },
+    /// A file-system operation failed.
+    #[error("cannot {operation} `{path}`")]
+    Io {
+        /// What was being done.
+        operation: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A sandbox's `meta.json` is not readable as ours.
+    #[error("sandbox meta file `{path}` is not valid")]
+    Meta {
+        /// The file.
+        path: PathBuf,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// `bash` could not be started.
+    #[error("cannot start `bash` in sandbox `{sandbox}` (is bash installed and on PATH?)")]
+    Spawn {
+        /// The sandbox.
+        sandbox: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A blocking helper task panicked or was cancelled.
+    #[error("background work to {operation} did not finish: {message}")]
+    Background {
+        /// What it was doing.
+        operation: &'static str,
+        /// The join error.
+        message: String,
+    },
+}
+
+impl LocalError {
+    pub(super) fn io(
+        operation: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(io::Error) -> Self {
+        let path = path.into();
+        move |source| LocalError::Io {
+            operation,
+            path,
+            source,
+        }
+    }
+
+    pub(super) fn gone(sandbox: &SandboxName, reason: impl Into<String>) -> Self {
+        LocalError::SandboxGone {
+            sandbox: sandbox.name.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    /// How the engine must treat this failure.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            LocalError::TaskId(_)
+            | LocalError::SandboxId { .. }
+            | LocalError::SnapshotId { .. }
+            | LocalError::SpecName { .. }
+            | LocalError::BadCommand { .. }
+            | LocalError::Ownership { .. } => FailureKind::Invalid,
+            LocalError::SandboxGone { .. } => FailureKind::SandboxGone,
+            LocalError::SnapshotGone { .. } => FailureKind::SnapshotGone,
+            LocalError::Archive { source, .. } => match source.io_error() {
+                Some(e) => io_kind(e),
+                None => FailureKind::Permanent,
+            },
+            LocalError::Io { source, .. } | LocalError::Spawn { source, .. } => io_kind(source),
+            LocalError::ArchiveMismatch { .. } | LocalError::Meta { .. } => FailureKind::Permanent,
+            LocalError::Background { .. } => FailureKind::Permanent,
+        }
+    }
+
+    /// The provider-level error for `operation`, with the whole cause chain in its message.
+    pub fn into_provider(self, operation: &'static str) -> ProviderError {
+        let mut message = self.to_string();
+        let mut source = std::error::Error::source(&self);
+        while let Some(cause) = source {
+            message.push_str(": ");
+            message.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        ProviderError::new(self.kind(), operation, message)
+    }
+}
+
+/// I/O errors are permanent unless they are clearly about momentary resource pressure.
+fn io_kind(e: &io::Error) -> FailureKind {
+    let transient = matches!(
+        e.kind(),
+        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    ) || matches!(
+        e.raw_os_error(),
+        Some(libc::EAGAIN | libc::EMFILE | libc::ENFILE | libc::EBUSY | libc::ENOMEM)
+    );
+    if transient {
+        FailureKind::Transient {
+            retry_after_ms: None,
+        }
+    } else if e.kind() == io::ErrorKind::InvalidInput {
+        FailureKind::Invalid
+    } else {
+        FailureKind::Permanent
+    }
+}

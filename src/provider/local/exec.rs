@@ -1,0 +1,256 @@
+//! Running a command: `bash -c` in its own process group in the sandbox's workspace, watched
+//! for its timeout, the sandbox's deadline and a stop, with the working directory it ended in
+//! recorded for the next command.
+
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::error::LocalError;
+use super::kill::{kill_group, GroupGuard};
+use super::names::SandboxName;
+use super::output::Pump;
+use super::workspace::{relative_cwd, resolve_cwd};
+use super::{LocalProvider, Slot};
+use crate::provider::{ExecOutput, ExecRequest};
+
+/// How often a running command checks the sandbox deadline. The deadline lives on the injected
+/// clock (which may be virtual), so it is polled rather than turned into a timer.
+const DEADLINE_POLL: Duration = Duration::from_millis(50);
+
+impl LocalProvider {
+    pub(super) async fn exec_command(
+        &self,
+        sandbox_id: &str,
+        req: &ExecRequest,
+    ) -> Result<ExecOutput, LocalError> {
+        let name = SandboxName::parse(sandbox_id)?;
+        if req.command.contains('\0') {
+            return Err(LocalError::BadCommand {
+                sandbox: name.name.clone(),
+            });
+        }
+        let slot = self.slot(&name);
+        let workspace = self.workspace_dir(&name);
+        let run_dir = self.sandbox_dir(&name).join("run");
+        let (meta, mut stopped) = {
+            let _guard = slot.lock.lock().await;
+            let meta = self.live_meta(&name, &slot).await?;
+            // A command may have deleted the workspace itself; a VM's root would still exist.
+            // (Under the lock: after a discard this would leave a nameless sandbox behind.)
+            for dir in [&workspace, &run_dir] {
+                fs::create_dir_all(dir).map_err(LocalError::io("create directory", dir))?;
+            }
+            slot.deadline.store(meta.deadline, Ordering::SeqCst);
+            // Subscribed under the lock: a discard after this point is seen by this command.
+            (meta, slot.stopped.subscribe())
+        };
+        let cwd = resolve_cwd(&workspace, &meta.cwd);
+        let cwd_file = run_dir.join(format!("cwd.{}", self.unique()));
+        let script = wrap_command(&req.command, &cwd_file);
+
+        let mut command = tokio::process::Command::new("bash");
+        command
+            .arg("-c")
+            .arg(script)
+            .current_dir(&cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("TASKBOX_TASK_ID", meta.task_id.as_str())
+            .env("TASKBOX_SANDBOX", name.name.as_str())
+            .env("TASKBOX_WORKSPACE", &workspace)
+            .env_remove("PWD")
+            .env_remove("OLDPWD")
+            // Its own process group, so a timeout kills everything the command started.
+            .process_group(0);
+        let started = tokio::time::Instant::now();
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            // Discarded since the check above: its directory went away under the spawn.
+            Err(_) if stopped.has_changed().unwrap_or(true) => {
+                return Err(LocalError::gone(
+                    &name,
+                    "it was stopped as the command started",
+                ))
+            }
+            Err(source) => {
+                return Err(LocalError::Spawn {
+                    sandbox: name.name.clone(),
+                    source,
+                })
+            }
+        };
+        let pgid = child.id().expect("a child that was just spawned has a pid");
+        let mut group = GroupGuard { pgid: Some(pgid) };
+        let stdout = Pump::start(child.stdout.take());
+        let stderr = Pump::start(child.stderr.take());
+
+        let command_timeout = tokio::time::sleep(Duration::from_millis(req.timeout_ms));
+        tokio::pin!(command_timeout);
+        let mut tick = tokio::time::interval(DEADLINE_POLL);
+        let mut exited = None;
+        let outcome = loop {
+            tokio::select! {
+                status = child.wait() => {
+                    exited = Some(status);
+                    break Outcome::Exited;
+                }
+                () = &mut command_timeout => break Outcome::TimedOut,
+                _ = stopped.changed() => break Outcome::Stopped,
+                _ = tick.tick() => {
+                    if self.clock.now_ms() >= slot.deadline.load(Ordering::SeqCst) {
+                        break Outcome::Expired;
+                    }
+                }
+            }
+        };
+        if outcome != Outcome::Exited && child.id().is_some() {
+            // Not reaped yet, so the group id cannot have been reused: safe to kill.
+            kill_group(pgid);
+        }
+        let status = match exited {
+            Some(status) => status,
+            None => child.wait().await,
+        };
+        group.pgid = None; // reaped: the id may be reused from now on
+        let stdout = stdout.finish().await;
+        let stderr = stderr.finish().await;
+        let duration_ms = started.elapsed().as_millis() as u64;
+        let reported_cwd = fs::read(&cwd_file).ok();
+        let _ = fs::remove_file(&cwd_file);
+
+        match outcome {
+            Outcome::Expired => {
+                let _guard = slot.lock.lock().await;
+                if let Some(current) = self.read_meta(&name)? {
+                    if current.instance == meta.instance {
+                        self.discard(&name, &slot).await?;
+                    }
+                }
+                Err(LocalError::gone(
+                    &name,
+                    "it expired while the command was running (the command was killed)",
+                ))
+            }
+            Outcome::Stopped => Err(LocalError::gone(
+                &name,
+                "it was stopped while the command was running (the command was killed)",
+            )),
+            Outcome::TimedOut => Ok(ExecOutput {
+                exit_code: 124,
+                timed_out: true,
+                stdout,
+                stderr,
+                duration_ms,
+            }),
+            Outcome::Exited => {
+                // Killed by a stop that raced with its exit: the sandbox is gone all the same.
+                if stopped.has_changed().unwrap_or(true) {
+                    return Err(LocalError::gone(
+                        &name,
+                        "it was stopped while the command was running (the command was killed)",
+                    ));
+                }
+                let status = status.map_err(LocalError::io("wait for the command in", &cwd))?;
+                if let Some(reported) = reported_cwd.filter(|r| !r.is_empty()) {
+                    let rel = relative_cwd(&workspace, &reported);
+                    if let Err(e) = self.record_cwd(&name, &slot, &meta.instance, rel).await {
+                        tracing::warn!(sandbox = %name.name, error = %e,
+                            "could not record the command's working directory");
+                    }
+                }
+                Ok(ExecOutput {
+                    exit_code: exit_code(status),
+                    timed_out: false,
+                    stdout,
+                    stderr,
+                    duration_ms,
+                })
+            }
+        }
+    }
+
+    /// Stores `rel` as the next command's starting directory, unless the sandbox was replaced
+    /// meanwhile.
+    async fn record_cwd(
+        &self,
+        name: &SandboxName,
+        slot: &Slot,
+        instance: &str,
+        rel: String,
+    ) -> Result<(), LocalError> {
+        let _guard = slot.lock.lock().await;
+        let Some(mut meta) = self.read_meta(name)? else {
+            return Ok(());
+        };
+        if meta.instance != instance || meta.cwd == rel {
+            return Ok(());
+        }
+        meta.cwd = rel;
+        self.write_meta(&self.sandbox_dir(name), &meta)
+    }
+}
+
+/// How a command's wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Exited,
+    TimedOut,
+    Stopped,
+    Expired,
+}
+
+fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|sig| 128 + sig))
+        .unwrap_or(-1)
+}
+
+/// Single-quotes `s` for bash.
+fn shell_quote(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len() + 2);
+    out.push(b'\'');
+    for &b in s {
+        if b == b'\'' {
+            out.extend_from_slice(b"'\\''");
+        } else {
+            out.push(b);
+        }
+    }
+    out.push(b'\'');
+    out
+}
+
+/// The script `bash -c` runs: the user's command, preceded (on the same line, so its line
+/// numbers are unchanged) by an EXIT trap that writes the final working directory to `cwd_file`
+/// and exits with the command's own status. The trap also runs on `exit N`; it writes nothing to
+/// the command's stdout or stderr. (Subshells do not inherit the trap, so only the command's own
+/// shell reports.)
+fn wrap_command(command: &str, cwd_file: &Path) -> OsString {
+    // `builtin` in case the command defined functions of these names; `>|` in case it set
+    // noclobber; `|| true` in case it set errexit and its directory was deleted meanwhile.
+    let mut trap_body = b"__taskbox_status=$?; { builtin pwd -P >| ".to_vec();
+    trap_body.extend_from_slice(&shell_quote(cwd_file.as_os_str().as_bytes()));
+    trap_body.extend_from_slice(b"; } 2>/dev/null || true; builtin exit $__taskbox_status");
+    let mut script = b"trap ".to_vec();
+    script.extend_from_slice(&shell_quote(&trap_body));
+    script.extend_from_slice(b" EXIT; ");
+    script.extend_from_slice(command.as_bytes());
+    OsString::from_vec(script)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn shell_quoting_survives_quotes() {
+        assert_eq!(shell_quote(b"a'b"), b"'a'\\''b'".to_vec());
+    }
+}

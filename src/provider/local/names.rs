@@ -1,0 +1,118 @@
+//! The ids that reach paths, parsed and validated before they do: sandbox names
+//! (`taskbox-<task>-g<N>-<installation>`) and snapshot ids (`<task>.s<seq>`). Each has one
+//! canonical spelling, so each names exactly one directory or archive.
+
+use super::error::LocalError;
+use crate::ids::TaskId;
+use crate::provider::sandbox_name;
+
+/// A parsed, validated sandbox name: `taskbox-<task id>-g<generation>-<installation>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SandboxName {
+    pub(super) name: String,
+    pub(super) task: TaskId,
+    pub(super) generation: u64,
+}
+
+impl SandboxName {
+    pub(super) fn parse(id: &str) -> Result<SandboxName, LocalError> {
+        let err = |reason| LocalError::SandboxId {
+            id: id.escape_debug().to_string(),
+            reason,
+        };
+        if !id.starts_with("taskbox-") {
+            return Err(err("it does not start with `taskbox-`"));
+        }
+        let (inst, task, generation) = crate::provider::parse_sandbox_name(id)
+            .ok_or_else(|| err("it is not `taskbox-<task>-g<generation>-<installation>`"))?;
+        let task = TaskId::new(&task).map_err(|_| err("it does not contain a valid task id"))?;
+        // The round trip guarantees the name is exactly what `sandbox_name` builds.
+        if sandbox_name(&inst, task.as_str(), generation) != id {
+            return Err(err("it is not in canonical form"));
+        }
+        Ok(SandboxName {
+            name: id.to_string(),
+            task,
+            generation,
+        })
+    }
+}
+
+/// A parsed, validated snapshot id: `<task id>.s<seq>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SnapshotRef {
+    pub(super) task: TaskId,
+    pub(super) seq: u64,
+}
+
+impl SnapshotRef {
+    pub(super) fn parse(id: &str) -> Result<SnapshotRef, LocalError> {
+        let err = |reason| LocalError::SnapshotId {
+            id: id.escape_debug().to_string(),
+            reason,
+        };
+        let (task, seq) = id
+            .split_once('.')
+            .ok_or_else(|| err("it has no `.s<seq>` suffix"))?;
+        let seq = seq
+            .strip_prefix('s')
+            .and_then(parse_canonical_u64)
+            .ok_or_else(|| err("its sequence number is not `s` and a plain number"))?;
+        let task = TaskId::new(task).map_err(|_| err("it does not start with a valid task id"))?;
+        Ok(SnapshotRef { task, seq })
+    }
+
+    pub(super) fn id(&self) -> String {
+        format!("{}.s{}", self.task, self.seq)
+    }
+}
+
+/// Digits only, no sign, no leading zero: one spelling per number, so one path per id.
+pub(super) fn parse_canonical_u64(s: &str) -> Option<u64> {
+    let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits || (s.len() > 1 && s.starts_with('0')) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn sandbox_names_round_trip_and_reject_lookalikes() {
+        let name = SandboxName::parse("taskbox-a-g1-g12-abc123").unwrap();
+        assert_eq!(name.task.as_str(), "a-g1");
+        assert_eq!(name.generation, 12);
+        for bad in [
+            "",
+            "taskbox-",
+            "taskbox--g1-abc",
+            "taskbox-a-g-abc",
+            "taskbox-a-g01-abc",
+            "taskbox-a-g+1-abc",
+            "taskbox-../x-g1-abc",
+            "taskbox-a/b-g1-abc",
+            "sandbox-a-g1-abc",
+            "taskbox-a.b-g1-abc",
+            "taskbox-a-g1-abc/..",
+            "taskbox-a-g1-ABC",
+            "taskbox-a-g1",
+        ] {
+            assert!(SandboxName::parse(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn snapshot_ids_round_trip_and_reject_lookalikes() {
+        let snap = SnapshotRef::parse("task-1.s7").unwrap();
+        assert_eq!((snap.task.as_str(), snap.seq), ("task-1", 7));
+        assert_eq!(snap.id(), "task-1.s7");
+        for bad in [
+            "", "task", "task.7", "task.s", "task.s07", "task.s-1", "../x.s1", "a.b.s1",
+            "task.s1.", ".s1",
+        ] {
+            assert!(SnapshotRef::parse(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+}
