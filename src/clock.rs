@@ -25,6 +25,10 @@ impl Clock for SystemClock {
 
 /// A clock that follows tokio's (possibly paused) time from a fixed starting point: with
 /// `tokio::time::pause()` it advances only when every task is waiting on a timer.
+///
+/// The one virtual clock: simulation, chaos runs and benchmarks read it, and re-drive also
+/// converts journal times to tokio instants with it ([`TokioClock::instant`],
+/// [`TokioClock::sleep_until`]) so that it can wait for a recorded time.
 #[derive(Debug, Clone, Copy)]
 pub struct TokioClock {
     origin_ms: Millis,
@@ -32,12 +36,22 @@ pub struct TokioClock {
 }
 
 impl TokioClock {
-    /// A clock reading `origin_ms` now.
+    /// A clock reading `origin_ms` now (call inside the runtime whose time it follows).
     pub fn starting_at(origin_ms: Millis) -> TokioClock {
         TokioClock {
             origin_ms,
             origin: tokio::time::Instant::now(),
         }
+    }
+
+    /// The tokio instant at which this clock reads `ms` (its origin, for earlier times).
+    pub fn instant(&self, ms: Millis) -> tokio::time::Instant {
+        self.origin + std::time::Duration::from_millis(ms.saturating_sub(self.origin_ms))
+    }
+
+    /// Waits until the clock reads `ms`.
+    pub async fn sleep_until(&self, ms: Millis) {
+        tokio::time::sleep_until(self.instant(ms)).await
     }
 }
 

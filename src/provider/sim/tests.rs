@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::clock::TokioClock;
+use crate::core::FailureKind;
 use crate::provider::sandbox_name;
 
 const T0: Millis = 1_700_000_000_000;

@@ -1,0 +1,315 @@
+//! The [`ReplayProvider`]: a sandbox provider that answers each call with the outcome the
+//! journal recorded for it, at the recorded time, and remembers the calls it received.
+//!
+//! Each [`SandboxProvider`] method builds its [`ProviderCall`] and turns the recorded outcome
+//! back into that method's answer: the outcome half of the mapping that `call` starts.
+
+use std::collections::BTreeSet;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use crate::clock::{Clock, TokioClock};
+use crate::core::{Event, Failure, FailureKind, Millis};
+use crate::provider::{
+    ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture, SandboxInfo,
+    SandboxProvider, SandboxSpec, SnapshotInfo,
+};
+
+use super::call::ProviderCall;
+use super::plan::Expected;
+
+/// A [`SandboxProvider`] that answers each call with the outcome the journal recorded for it,
+/// at the time it was recorded, and records the calls it receives. The first call that is not
+/// the next one recorded is refused (a permanent failure) and remembered as the mismatch.
+pub struct ReplayProvider {
+    clock: TokioClock,
+    state: Mutex<ReplayState>,
+}
+
+pub(super) struct ReplayState {
+    pub(super) expected: Vec<Expected>,
+    pub(super) next: usize,
+    pub(super) received: Vec<ProviderCall>,
+    pub(super) mismatch: Option<usize>,
+}
+
+enum Answer {
+    At(Millis, Event),
+    Never,
+    Refuse,
+}
+
+impl ReplayProvider {
+    pub(super) fn new(expected: Vec<Expected>, clock: TokioClock) -> ReplayProvider {
+        ReplayProvider {
+            clock,
+            state: Mutex::new(ReplayState {
+                expected,
+                next: 0,
+                received: Vec::new(),
+                mismatch: None,
+            }),
+        }
+    }
+
+    pub(super) fn state(&self) -> MutexGuard<'_, ReplayState> {
+        // A poisoned lock means a panic in another call already failed the re-drive; the
+        // state is still the best account of what happened.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The calls received so far, in order.
+    pub fn calls_received(&self) -> Vec<ProviderCall> {
+        self.state().received.clone()
+    }
+
+    /// Whether a call did not match the recording.
+    pub fn diverged(&self) -> bool {
+        self.state().mismatch.is_some()
+    }
+
+    fn take(&self, call: ProviderCall) -> Answer {
+        let mut st = self.state();
+        st.received.push(call.clone());
+        if st.mismatch.is_some() {
+            return Answer::Refuse;
+        }
+        let next = st.next;
+        match st.expected.get(next) {
+            Some(exp) if exp.call == call => {
+                let answer = match &exp.answer {
+                    Some((at, ev)) => Answer::At(*at, ev.clone()),
+                    None => Answer::Never,
+                };
+                st.next += 1;
+                answer
+            }
+            _ => {
+                st.mismatch = Some(st.received.len() - 1);
+                Answer::Refuse
+            }
+        }
+    }
+
+    async fn answer(
+        &self,
+        call: ProviderCall,
+        operation: &'static str,
+    ) -> Result<Event, ProviderError> {
+        match self.take(call) {
+            Answer::At(at, event) => {
+                self.clock.sleep_until(at).await;
+                Ok(event)
+            }
+            // The recording never got an answer (its process ended first): neither do we.
+            Answer::Never => std::future::pending().await,
+            Answer::Refuse => Err(ProviderError::new(
+                FailureKind::Permanent,
+                operation,
+                "replay: the recorded journal has no such call at this point",
+            )),
+        }
+    }
+}
+
+/// The recorded failure as a provider error that the engine turns back into the same failure
+/// (`ProviderError` displays as `operation: message`, which is how the failure was recorded).
+fn recorded_error(f: &Failure) -> ProviderError {
+    let (op, msg) = f
+        .message
+        .split_once(": ")
+        .map_or(("replay", f.message.as_str()), |(o, m)| (intern(o), m));
+    ProviderError::new(f.kind.clone(), op, msg)
+}
+
+/// Operation names are `&'static str` in [`ProviderError`]; recorded ones are leaked once per
+/// distinct name, and there are only a handful (bounded below so a hostile file cannot grow it).
+fn intern(op: &str) -> &'static str {
+    static NAMES: OnceLock<Mutex<BTreeSet<&'static str>>> = OnceLock::new();
+    let mut names = NAMES
+        .get_or_init(|| Mutex::new(BTreeSet::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(n) = names.get(op) {
+        return n;
+    }
+    if names.len() >= 64 {
+        return "replay";
+    }
+    let leaked: &'static str = Box::leak(op.to_string().into_boxed_str());
+    names.insert(leaked);
+    leaked
+}
+
+fn wrong_outcome(operation: &'static str, ev: &Event) -> ProviderError {
+    ProviderError::new(
+        FailureKind::Permanent,
+        operation,
+        format!(
+            "replay: the recorded outcome {} does not answer this call",
+            ev.name()
+        ),
+    )
+}
+
+impl SandboxProvider for ReplayProvider {
+    fn name(&self) -> &'static str {
+        "replay"
+    }
+
+    fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
+        let call = ProviderCall::CreateSandbox {
+            task_id: spec.task_id.clone(),
+            generation: spec.generation,
+            name: spec.name.clone(),
+            source_snapshot: spec.source_snapshot.clone(),
+            timeout_ms: spec.timeout_ms,
+        };
+        Box::pin(async move {
+            match self.answer(call, "create sandbox").await? {
+                Event::SandboxReady {
+                    sandbox_id,
+                    name,
+                    deadline,
+                    ..
+                } => Ok(SandboxInfo {
+                    id: sandbox_id,
+                    name,
+                    deadline,
+                }),
+                Event::CreateFailed { failure, .. } => Err(recorded_error(&failure)),
+                other => Err(wrong_outcome("create sandbox", &other)),
+            }
+        })
+    }
+
+    fn exec<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        req: &'a ExecRequest,
+    ) -> ProviderFuture<'a, ExecOutput> {
+        let call = ProviderCall::Exec {
+            sandbox_id: sandbox_id.to_string(),
+            command: req.command.clone(),
+            timeout_ms: req.timeout_ms,
+        };
+        Box::pin(async move {
+            let started = self.clock.now_ms();
+            match self.answer(call, "run command").await? {
+                // Output is not journaled; only the exit status decides anything.
+                Event::CommandExited {
+                    exit_code,
+                    timed_out,
+                    ..
+                } => Ok(ExecOutput {
+                    exit_code,
+                    timed_out,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                    duration_ms: self.clock.now_ms().saturating_sub(started),
+                }),
+                Event::CommandFailed { failure, .. } => Err(recorded_error(&failure)),
+                other => Err(wrong_outcome("run command", &other)),
+            }
+        })
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        task_id: &'a str,
+        sandbox_id: &'a str,
+        seq: u64,
+    ) -> ProviderFuture<'a, SnapshotInfo> {
+        let call = ProviderCall::Snapshot {
+            task_id: task_id.to_string(),
+            sandbox_id: sandbox_id.to_string(),
+            seq,
+        };
+        Box::pin(async move {
+            match self.answer(call, "take snapshot").await? {
+                Event::SnapshotTaken {
+                    snapshot_id,
+                    size_bytes,
+                    expires_at,
+                    ..
+                } => Ok(SnapshotInfo {
+                    id: snapshot_id,
+                    size_bytes,
+                    expires_at,
+                }),
+                Event::SnapshotFailed { failure, .. } => Err(recorded_error(&failure)),
+                other => Err(wrong_outcome("take snapshot", &other)),
+            }
+        })
+    }
+
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
+        let call = ProviderCall::StopSandbox {
+            sandbox_id: sandbox_id.to_string(),
+        };
+        Box::pin(async move {
+            match self.answer(call, "stop sandbox").await? {
+                Event::SandboxStopped { .. } => Ok(()),
+                Event::StopFailed { failure, .. } => Err(recorded_error(&failure)),
+                other => Err(wrong_outcome("stop sandbox", &other)),
+            }
+        })
+    }
+
+    fn extend_timeout<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        duration_ms: u64,
+    ) -> ProviderFuture<'a, Millis> {
+        let call = ProviderCall::ExtendTimeout {
+            sandbox_id: sandbox_id.to_string(),
+            duration_ms,
+        };
+        Box::pin(async move {
+            match self.answer(call, "extend timeout").await? {
+                Event::TimeoutExtended { deadline, .. } => Ok(deadline),
+                Event::ExtendFailed { failure, .. } => Err(recorded_error(&failure)),
+                other => Err(wrong_outcome("extend timeout", &other)),
+            }
+        })
+    }
+
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+        let call = ProviderCall::DeleteSnapshot {
+            snapshot_id: snapshot_id.to_string(),
+        };
+        Box::pin(async move {
+            match self.answer(call, "delete snapshot").await? {
+                Event::SnapshotDeleted { .. } => Ok(()),
+                Event::DeleteFailed { failure, .. } => Err(recorded_error(&failure)),
+                other => Err(wrong_outcome("delete snapshot", &other)),
+            }
+        })
+    }
+
+    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+        let call = ProviderCall::ProbeSandbox {
+            sandbox_id: sandbox_id.to_string(),
+        };
+        Box::pin(async move {
+            match self.answer(call, "probe sandbox").await? {
+                Event::SandboxProbed { alive, .. } => Ok(alive),
+                other => Err(wrong_outcome("probe sandbox", &other)),
+            }
+        })
+    }
+
+    fn list_sandboxes<'a>(
+        &'a self,
+        _installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>> {
+        // The event loop never lists; the reconciler does, and it is not re-driven.
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    fn list_snapshots<'a>(
+        &'a self,
+        _installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}

@@ -1,0 +1,504 @@
+//! The timeline itself: one [`Timeline`] per task, built from journal entries alone — a [`Row`]
+//! per entry, the state [`Band`]s back to back, and the [`Mark`]s a person looks for first.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::core::{
+    Command, Event, FailureKind, Millis, Reply, SnapshotReason, Task, TaskState, TimerKind,
+};
+use crate::replay::diff::shorten;
+use crate::store::JournalEntry;
+
+use super::summary::{clock_time, command_summary, event_summary, fmt_bytes, fmt_dur, kind_name};
+
+/// One task's life.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Timeline {
+    /// The task.
+    pub task_id: String,
+    /// The first entry's time.
+    pub start: Millis,
+    /// The last entry's time.
+    pub end: Millis,
+    /// One row per journal entry.
+    pub rows: Vec<Row>,
+    /// The task's states over time, in order, back to back.
+    pub bands: Vec<Band>,
+    /// Points (and spans, for commands) worth marking.
+    pub marks: Vec<Mark>,
+}
+
+/// One journal entry, summarised.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    /// Sequence number within the task.
+    pub task_seq: u64,
+    /// When.
+    pub at: Millis,
+    /// State before the event.
+    pub state_before: TaskState,
+    /// State after it.
+    pub state_after: TaskState,
+    /// How long the task had been in `state_before` when the event came.
+    pub in_state_ms: u64,
+    /// The event, with its key fields (`command_exited #3 exit 0`).
+    pub event: String,
+    /// The commands emitted, summarised (`create_sandbox g2 ← snap-…`).
+    pub commands: Vec<String>,
+    /// Snapshot ids involved (taken, restored from, deleted, kept).
+    pub snapshots: Vec<String>,
+    /// A failure reported by the event, or a request answered with a failure.
+    pub error: Option<String>,
+    /// Attempt count and pending retry of the operation in flight.
+    pub retry: Option<String>,
+}
+
+/// A stretch of time in one state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Band {
+    /// The state.
+    pub state: TaskState,
+    /// From.
+    pub from: Millis,
+    /// To (the next state's start, or the timeline's end).
+    pub to: Millis,
+}
+
+/// What a [`Mark`] marks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum MarkKind {
+    /// A shell command ran (a span from start to exit).
+    Command,
+    /// A snapshot completed.
+    Snapshot,
+    /// A sandbox came up restored from a snapshot.
+    Restore,
+    /// A sandbox expired (deadline, or found gone).
+    Expiry,
+    /// A provider operation failed.
+    Fault,
+    /// An operation was retried.
+    Retry,
+    /// A caller asked to suspend or resume.
+    Request,
+    /// taskbox restarted and recovered the task.
+    Recovery,
+}
+
+impl MarkKind {
+    /// All kinds, in legend order.
+    pub const ALL: [MarkKind; 8] = [
+        MarkKind::Command,
+        MarkKind::Snapshot,
+        MarkKind::Restore,
+        MarkKind::Expiry,
+        MarkKind::Fault,
+        MarkKind::Retry,
+        MarkKind::Request,
+        MarkKind::Recovery,
+    ];
+
+    /// The kind's name (also its CSS class and `data-kind`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MarkKind::Command => "command",
+            MarkKind::Snapshot => "snapshot",
+            MarkKind::Restore => "restore",
+            MarkKind::Expiry => "expiry",
+            MarkKind::Fault => "fault",
+            MarkKind::Retry => "retry",
+            MarkKind::Request => "request",
+            MarkKind::Recovery => "recovery",
+        }
+    }
+}
+
+/// A point (or, for commands, a span) on a task's timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mark {
+    /// What.
+    pub kind: MarkKind,
+    /// When (a command's start).
+    pub at: Millis,
+    /// A command's end (`None`: a point, or a command still running when the journal ends).
+    pub until: Option<Millis>,
+    /// The entry it comes from.
+    pub task_seq: u64,
+    /// A one-line description (the tooltip).
+    pub label: String,
+}
+
+/// One timeline per task, in the order the tasks first appear in `entries`.
+pub fn build(entries: &[JournalEntry]) -> Vec<Timeline> {
+    crate::replay::group_by_task(entries)
+        .into_iter()
+        .map(|(id, es)| build_task(id, &es))
+        .collect()
+}
+
+fn build_task(task_id: String, entries: &[&JournalEntry]) -> Timeline {
+    let start = entries.first().map_or(0, |e| e.at);
+    let end = entries.last().map_or(start, |e| e.at).max(start);
+    let mut tl = Timeline {
+        task_id,
+        start,
+        end,
+        rows: Vec::new(),
+        bands: Vec::new(),
+        marks: Vec::new(),
+    };
+    let mut state = entries.first().map_or(TaskState::Idle, |e| e.state_before);
+    let mut entered = start;
+    let mut prev_task: Option<&Task> = None;
+    // request id -> (start, task_seq, command)
+    let mut running: BTreeMap<u64, (Millis, u64, String)> = BTreeMap::new();
+    for e in entries {
+        let at = e.at.max(entered);
+        tl.rows.push(row(e, prev_task, at.saturating_sub(entered)));
+        mark_entry(&mut tl.marks, e, prev_task, &mut running);
+        if e.state_after != state {
+            tl.bands.push(Band {
+                state,
+                from: entered,
+                to: at,
+            });
+            state = e.state_after;
+            entered = at;
+        }
+        prev_task = Some(&e.task_after);
+    }
+    tl.bands.push(Band {
+        state,
+        from: entered,
+        to: end,
+    });
+    for (request_id, (from, task_seq, command)) in running {
+        tl.marks.push(Mark {
+            kind: MarkKind::Command,
+            at: from,
+            until: None,
+            task_seq,
+            label: format!("#{request_id} `{command}` (no result in the journal)"),
+        });
+    }
+    tl.marks.sort_by_key(|m| (m.at, m.task_seq, m.kind));
+    tl
+}
+
+/// Whether an event was absorbed: a late or duplicate outcome that changed nothing.
+fn absorbed(e: &JournalEntry, prev: Option<&Task>) -> bool {
+    e.commands.is_empty() && e.state_before == e.state_after && prev == Some(&e.task_after)
+}
+
+fn row(e: &JournalEntry, prev: Option<&Task>, in_state_ms: u64) -> Row {
+    let mut snapshots = Vec::new();
+    let stale = if absorbed(e, prev) {
+        " (late answer, absorbed)"
+    } else {
+        ""
+    };
+    let mut error = failure_of(&e.event).map(|(kind, msg)| format!("{kind}{stale}: {msg}"));
+    match &e.event {
+        Event::SnapshotTaken { snapshot_id, .. } | Event::SnapshotDeleted { snapshot_id } => {
+            snapshots.push(snapshot_id.clone())
+        }
+        _ => {}
+    }
+    for c in &e.commands {
+        match c {
+            Command::CreateSandbox {
+                source_snapshot: Some(id),
+                ..
+            }
+            | Command::DeleteSnapshot { snapshot_id: id }
+            | Command::Reply {
+                reply:
+                    Reply::Suspended {
+                        snapshot_id: Some(id),
+                    },
+                ..
+            } => snapshots.push(id.clone()),
+            Command::Reply {
+                request_id,
+                reply: Reply::Failed { error: msg, .. },
+            } if error.is_none() => error = Some(format!("request #{request_id} failed: {msg}")),
+            _ => {}
+        }
+    }
+    snapshots.dedup();
+    let t = &e.task_after;
+    let retry = match (t.retry_at, t.attempts) {
+        (Some(r), n) => Some(format!(
+            "attempt {n} failed; retry in {}",
+            fmt_dur(r.saturating_sub(e.at))
+        )),
+        (None, n) if n > 1 => Some(format!("attempt {n}")),
+        _ => None,
+    };
+    Row {
+        task_seq: e.task_seq,
+        at: e.at,
+        state_before: e.state_before,
+        state_after: e.state_after,
+        in_state_ms,
+        event: match (&e.event, prev) {
+            (Event::SettingsChanged { settings }, Some(p)) => {
+                settings_change(&p.settings, settings)
+            }
+            (Event::SettingsChanged { .. }, None) => "settings_changed (task created)".to_string(),
+            (ev, _) => event_summary(ev, e.at),
+        },
+        commands: e
+            .commands
+            .iter()
+            .map(|c| command_summary(c, e.at))
+            .collect(),
+        snapshots,
+        error,
+        retry,
+    }
+}
+
+/// `settings_changed: persistent false, sandbox timeout 2.0 s` — only what changed.
+fn settings_change(old: &crate::core::TaskSettings, new: &crate::core::TaskSettings) -> String {
+    let mut parts = Vec::new();
+    if old.persistent != new.persistent {
+        parts.push(format!("persistent {}", new.persistent));
+    }
+    let durations = [
+        (
+            "sandbox timeout",
+            old.sandbox_timeout_ms,
+            new.sandbox_timeout_ms,
+        ),
+        ("idle lifetime", old.idle_lifetime_ms, new.idle_lifetime_ms),
+        (
+            "command timeout",
+            old.command_timeout_ms,
+            new.command_timeout_ms,
+        ),
+        (
+            "checkpoint margin",
+            old.checkpoint_margin_ms,
+            new.checkpoint_margin_ms,
+        ),
+        (
+            "max lifetime",
+            old.max_sandbox_lifetime_ms,
+            new.max_sandbox_lifetime_ms,
+        ),
+    ];
+    for (what, a, b) in durations {
+        if a != b {
+            parts.push(format!("{what} {}", fmt_dur(b)));
+        }
+    }
+    if old.keep_snapshots != new.keep_snapshots {
+        parts.push(format!("keep {} snapshots", new.keep_snapshots));
+    }
+    if old.retry != new.retry {
+        parts.push("retry policy".to_string());
+    }
+    if parts.is_empty() {
+        "settings_changed (same settings)".to_string()
+    } else {
+        format!("settings_changed: {}", parts.join(", "))
+    }
+}
+
+fn failure_of(ev: &Event) -> Option<(&'static str, &str)> {
+    let f = match ev {
+        Event::CreateFailed { failure, .. }
+        | Event::CommandFailed { failure, .. }
+        | Event::SnapshotFailed { failure, .. }
+        | Event::StopFailed { failure, .. }
+        | Event::ExtendFailed { failure, .. }
+        | Event::DeleteFailed { failure, .. } => failure,
+        _ => return None,
+    };
+    Some((kind_name(&f.kind), f.message.as_str()))
+}
+
+fn mark_entry(
+    marks: &mut Vec<Mark>,
+    e: &JournalEntry,
+    prev: Option<&Task>,
+    running: &mut BTreeMap<u64, (Millis, u64, String)>,
+) {
+    let mut mark = |kind, label: String| {
+        marks.push(Mark {
+            kind,
+            at: e.at,
+            until: None,
+            task_seq: e.task_seq,
+            label,
+        })
+    };
+    let from = e.state_before;
+    let to = e.state_after;
+    let sandbox_of = |t: Option<&Task>| {
+        t.and_then(|t| t.sandbox.as_ref())
+            .map_or_else(|| "the sandbox".to_string(), |s| s.id.clone())
+    };
+    match &e.event {
+        Event::SandboxReady { sandbox_id, .. }
+            if from == TaskState::Restoring && to == TaskState::Running =>
+        {
+            let source = e
+                .task_after
+                .sandbox
+                .as_ref()
+                .and_then(|s| s.source_snapshot.clone())
+                .unwrap_or_else(|| "a snapshot".into());
+            let why = e
+                .task_after
+                .snapshots
+                .iter()
+                .find(|s| s.id.as_deref() == Some(source.as_str()))
+                .map(|s| {
+                    format!(
+                        " (#{}, taken {}: the latest complete snapshot)",
+                        s.seq,
+                        clock_time(s.created_at.unwrap_or(s.started_at))
+                    )
+                })
+                .unwrap_or_default();
+            mark(
+                MarkKind::Restore,
+                format!("{sandbox_id} restored from snapshot {source}{why}"),
+            );
+        }
+        Event::SnapshotTaken {
+            seq,
+            snapshot_id,
+            size_bytes,
+            ..
+        } if from == TaskState::Snapshotting && to != TaskState::Snapshotting => {
+            let why = match prev.and_then(|t| t.snapshot_reason) {
+                Some(SnapshotReason::Suspend { .. }) => "suspend",
+                Some(SnapshotReason::IdleReap) => "idle reap",
+                Some(SnapshotReason::Checkpoint) => "checkpoint before the deadline",
+                None => "snapshot",
+            };
+            mark(
+                MarkKind::Snapshot,
+                format!(
+                    "snapshot #{seq} {snapshot_id} ({}, {why})",
+                    fmt_bytes(*size_bytes)
+                ),
+            );
+        }
+        Event::SuspendRequested { request_id } | Event::ResumeRequested { request_id } => mark(
+            MarkKind::Request,
+            format!("{} #{request_id}", e.event.name()),
+        ),
+        Event::Recovered => mark(
+            MarkKind::Recovery,
+            format!("taskbox (re)started and recovered the task in state {from}"),
+        ),
+        Event::TimerFired {
+            timer: TimerKind::Retry,
+        } if !e.commands.is_empty() => mark(
+            MarkKind::Retry,
+            format!(
+                "retry: attempt {} ({})",
+                e.task_after.attempts,
+                e.commands
+                    .iter()
+                    .map(|c| c.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+        _ => {}
+    }
+    // The sandbox died under the task: it leaves the live states because of a deadline, a
+    // probe that found it gone, an operation that answered "sandbox gone", or a request that
+    // came after the recorded deadline (taskbox was not running when it passed).
+    let live = |s: TaskState| matches!(s, TaskState::Running | TaskState::Snapshotting);
+    let died = match &e.event {
+        Event::TimerFired {
+            timer: TimerKind::Deadline,
+        }
+        | Event::SandboxProbed { alive: None, .. } => true,
+        Event::CommandFailed { failure, .. } | Event::SnapshotFailed { failure, .. } => {
+            failure.kind == FailureKind::SandboxGone
+        }
+        Event::RunRequested { .. }
+        | Event::ResumeRequested { .. }
+        | Event::SuspendRequested { .. } => prev
+            .and_then(|p| p.sandbox.as_ref())
+            .is_some_and(|sb| e.at >= sb.deadline),
+        _ => false,
+    };
+    let expired = died && live(from) && !live(to);
+    if expired {
+        let after = match to {
+            TaskState::Idle | TaskState::Provisioning => "no snapshot holds its files",
+            _ => "its files are in the latest snapshot",
+        };
+        mark(
+            MarkKind::Expiry,
+            format!("{} expired ({}); {after}", sandbox_of(prev), e.event.name()),
+        );
+    } else if let Some((kind, msg)) = failure_of(&e.event).filter(|_| !absorbed(e, prev)) {
+        mark(
+            MarkKind::Fault,
+            format!("{}: {kind}: {}", e.event.name(), shorten(msg, 160)),
+        );
+    }
+    for c in &e.commands {
+        if let Command::RunCommand {
+            request_id,
+            command,
+            ..
+        } = c
+        {
+            running
+                .entry(*request_id)
+                .or_insert((e.at, e.task_seq, shorten(command, 80)));
+        }
+    }
+    let finished: Vec<(u64, String)> = match &e.event {
+        Event::CommandExited {
+            request_id,
+            exit_code,
+            timed_out,
+        } => vec![(
+            *request_id,
+            if *timed_out {
+                "timed out".to_string()
+            } else {
+                format!("exit {exit_code}")
+            },
+        )],
+        _ => e
+            .commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Reply {
+                    request_id,
+                    reply: Reply::Failed { .. },
+                } => Some((*request_id, "failed".to_string())),
+                _ => None,
+            })
+            .collect(),
+    };
+    for (request_id, how) in finished {
+        if let Some((from_at, task_seq, command)) = running.remove(&request_id) {
+            marks.push(Mark {
+                kind: MarkKind::Command,
+                at: from_at,
+                until: Some(e.at),
+                task_seq,
+                label: format!(
+                    "#{request_id} `{command}`: {how} after {}",
+                    fmt_dur(e.at.saturating_sub(from_at))
+                ),
+            });
+        }
+    }
+}
