@@ -1,0 +1,388 @@
+//! The public API: [`Orchestrator`] (run, suspend, resume, tasks, show, watch, shutdown) and
+//! the [`OrchestratorBuilder`] that opens one. Each call takes the task's lock, sends one
+//! message to the [`EventLoop`] and waits for its answer.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc, oneshot, Semaphore};
+use tokio::task::JoinHandle;
+
+use super::event_loop::{Answer, ApiRequest, EventLoop, Msg, QueryFn};
+use super::lock::TaskLocks;
+use super::{
+    store_file, EngineError, ResumeResult, RunResult, StateChange, SuspendResult, TaskView,
+};
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::core::{Reply, Task, TaskSettings};
+use crate::ids::TaskId;
+use crate::provider::{ExecOutput, SandboxProvider};
+use crate::retry::Jitter;
+use crate::store::Store;
+
+/// How to open an [`Orchestrator`].
+pub struct OrchestratorBuilder {
+    data_dir: PathBuf,
+    config: Config,
+    provider: Option<Arc<dyn SandboxProvider>>,
+    clock: Arc<dyn Clock>,
+    jitter: Jitter,
+    lock_wait: Duration,
+    reconcile_on_start: bool,
+}
+
+impl OrchestratorBuilder {
+    /// Whether to run [`Orchestrator::gc`] in the background right after opening (default:
+    /// yes), stopping orphaned sandboxes and deleting unreferenced snapshots of this
+    /// installation that a crash may have left behind.
+    pub fn reconcile_on_start(mut self, yes: bool) -> Self {
+        self.reconcile_on_start = yes;
+        self
+    }
+
+    /// Uses this provider instead of the one the config names.
+    pub fn provider(mut self, provider: Arc<dyn SandboxProvider>) -> Self {
+        self.provider = Some(provider);
+        self
+    }
+
+    /// Uses this clock (default: the system clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Uses this retry jitter (default: random).
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// How long to wait for another process that drives the same task (default 15 min).
+    pub fn lock_wait(mut self, wait: Duration) -> Self {
+        self.lock_wait = wait;
+        self
+    }
+
+    /// Opens the store and starts the event loop.
+    pub async fn open(self) -> Result<Orchestrator, EngineError> {
+        let store = Store::open(&store_file(&self.data_dir))?;
+        let installation_id = store.installation_id().to_string();
+        let provider = match self.provider {
+            Some(p) => p,
+            None => crate::provider::from_config(
+                &self.config,
+                &self.data_dir,
+                &installation_id,
+                self.clock.clone(),
+            )
+            .map_err(|e| EngineError::Provider {
+                backend: self.config.terminal.backend.as_str(),
+                message: e.to_string(),
+                hint: e.hint(),
+            })?,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (changes, _) = broadcast::channel(1024);
+        let max_creates = self.config.terminal.max_concurrent_creates.max(1) as usize;
+        let lp = EventLoop {
+            store,
+            provider: provider.clone(),
+            clock: self.clock.clone(),
+            jitter: self.jitter,
+            settings: self.config.task_settings(),
+            installation_id: installation_id.clone(),
+            tasks: HashMap::new(),
+            waiters: Default::default(),
+            outputs: HashMap::new(),
+            timers: HashMap::new(),
+            inflight: 0,
+            probing: Default::default(),
+            deferred: HashMap::new(),
+            creates: Arc::new(Semaphore::new(max_creates)),
+            tx: tx.clone(),
+            changes: changes.clone(),
+            shutdown: None,
+            staged: Vec::new(),
+        };
+        let handle = tokio::spawn(lp.run(rx));
+        let orch = Orchestrator {
+            inner: Arc::new(Inner {
+                tx,
+                changes,
+                locks: TaskLocks::new(self.data_dir.join("locks"), self.lock_wait),
+                settings: self.config.task_settings(),
+                installation_id,
+                provider,
+                handle: Mutex::new(Some(handle)),
+            }),
+        };
+        if self.reconcile_on_start {
+            let o = orch.clone();
+            tokio::spawn(async move {
+                match o.gc(false).await {
+                    Ok(r) if !r.sandboxes_stopped.is_empty() || !r.snapshots_deleted.is_empty() => {
+                        tracing::info!(
+                            sandboxes = r.sandboxes_stopped.len(),
+                            snapshots = r.snapshots_deleted.len(),
+                            "reconciled orphaned resources at start"
+                        )
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(error = %e, "reconcile at start did not complete"),
+                }
+            });
+        }
+        Ok(orch)
+    }
+}
+
+/// Drives tasks: runs commands in their sandboxes, suspends and resumes them.
+///
+/// Cheap to clone; every clone talks to the same event loop. Call [`Orchestrator::shutdown`]
+/// before dropping the last one so in-flight provider calls are finished and journaled.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), taskbox::engine::EngineError> {
+/// use taskbox::{config::Config, engine::Orchestrator, TaskId};
+/// let orch = Orchestrator::builder("/tmp/taskbox-data".into(), Config::default()).open().await?;
+/// let task = TaskId::new("demo")?;
+/// let out = orch.run(&task, "echo hello > notes.txt; cat notes.txt", None).await?;
+/// assert_eq!(out.stdout, "hello\n");
+/// orch.suspend(&task).await?;
+/// orch.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Orchestrator {
+    pub(super) inner: Arc<Inner>,
+}
+
+/// What every clone of an [`Orchestrator`] shares.
+pub(super) struct Inner {
+    tx: mpsc::UnboundedSender<Msg>,
+    changes: broadcast::Sender<StateChange>,
+    locks: TaskLocks,
+    settings: TaskSettings,
+    pub(super) installation_id: String,
+    pub(super) provider: Arc<dyn SandboxProvider>,
+    handle: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Orchestrator {
+    /// Starts building an orchestrator over `data_dir` with `config`.
+    pub fn builder(data_dir: PathBuf, config: Config) -> OrchestratorBuilder {
+        OrchestratorBuilder {
+            data_dir,
+            config,
+            provider: None,
+            clock: Arc::new(SystemClock),
+            jitter: Jitter::Random,
+            lock_wait: Duration::from_secs(900),
+            reconcile_on_start: true,
+        }
+    }
+
+    /// This installation's id (tags every sandbox it creates).
+    pub fn installation_id(&self) -> &str {
+        &self.inner.installation_id
+    }
+
+    /// The provider in use.
+    pub fn provider(&self) -> Arc<dyn SandboxProvider> {
+        self.inner.provider.clone()
+    }
+
+    /// Runs `command` (a `bash -c` string) in the task's sandbox, creating or restoring the
+    /// sandbox first when needed. `timeout` defaults to `terminal.timeout`.
+    ///
+    /// A command that ran returns `Ok` whatever its exit code; `Err` means taskbox could not run
+    /// it (after retries), or the sandbox expired under it.
+    pub async fn run(
+        &self,
+        task: &TaskId,
+        command: &str,
+        timeout: Option<Duration>,
+    ) -> Result<RunResult, EngineError> {
+        let timeout_ms = timeout.map_or(self.inner.settings.command_timeout_ms, |d| {
+            (d.as_millis() as u64).max(1)
+        });
+        let answer = self
+            .request(
+                task,
+                ApiRequest::Run {
+                    command: command.to_string(),
+                    timeout_ms,
+                },
+            )
+            .await?;
+        match answer.reply {
+            Reply::Ran {
+                exit_code,
+                timed_out,
+                notices,
+            } => {
+                let out = answer.output.unwrap_or(ExecOutput {
+                    exit_code,
+                    timed_out,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                    duration_ms: 0,
+                });
+                Ok(RunResult {
+                    exit_code,
+                    timed_out,
+                    stdout: out.stdout,
+                    stderr: out.stderr,
+                    duration_ms: out.duration_ms,
+                    notices,
+                })
+            }
+            other => Err(unexpected(task, other)),
+        }
+    }
+
+    /// Snapshots the task's files (when `terminal.container_persistent`) and stops its sandbox.
+    pub async fn suspend(&self, task: &TaskId) -> Result<SuspendResult, EngineError> {
+        let answer = self.request(task, ApiRequest::Suspend).await?;
+        match answer.reply {
+            Reply::Suspended { snapshot_id } => Ok(SuspendResult { snapshot_id }),
+            other => Err(unexpected(task, other)),
+        }
+    }
+
+    /// Makes the task's sandbox live now, restoring the latest snapshot, without running anything.
+    pub async fn resume(&self, task: &TaskId) -> Result<ResumeResult, EngineError> {
+        let answer = self.request(task, ApiRequest::Resume).await?;
+        match answer.reply {
+            Reply::Resumed {
+                sandbox_id,
+                notices,
+            } => Ok(ResumeResult {
+                sandbox_id,
+                notices,
+            }),
+            other => Err(unexpected(task, other)),
+        }
+    }
+
+    /// Every task in the store, with its current state.
+    pub async fn tasks(&self) -> Result<Vec<Task>, EngineError> {
+        self.query(|lp| {
+            let mut tasks = lp.store.load_tasks()?;
+            for t in &mut tasks {
+                if let Some(live) = lp.tasks.get(&t.id) {
+                    *t = live.clone();
+                }
+            }
+            Ok(tasks)
+        })
+        .await
+    }
+
+    /// Everything known about one task (`None` if it does not exist).
+    pub async fn show(
+        &self,
+        task: &TaskId,
+        journal_entries: usize,
+    ) -> Result<Option<TaskView>, EngineError> {
+        let id = task.as_str().to_string();
+        self.query(move |lp| {
+            let live = lp.tasks.get(&id).cloned();
+            TaskView::load(&lp.store, &id, journal_entries, live)
+        })
+        .await
+    }
+
+    /// State changes of every task this orchestrator drives, as they are committed.
+    pub fn watch(&self) -> broadcast::Receiver<StateChange> {
+        self.inner.changes.subscribe()
+    }
+
+    /// Stops accepting requests, waits (up to `grace`) for provider calls in flight to finish
+    /// and be journaled, and stops the event loop. Task locks are released.
+    pub async fn shutdown_within(&self, grace: Duration) {
+        let (tx, rx) = oneshot::channel();
+        if self.inner.tx.send(Msg::Shutdown { done: tx }).is_ok() {
+            let _ = tokio::time::timeout(grace, rx).await;
+        }
+        let handle = self.inner.handle.lock().expect("handle lock").take();
+        if let Some(h) = handle {
+            h.abort();
+            let _ = h.await;
+        }
+        self.inner.locks.release_all();
+    }
+
+    /// Stops the event loop at once, as a crash would: nothing in flight is awaited or
+    /// journaled, and task locks are released. For resilience tests; the next orchestrator on
+    /// the same data dir recovers from the journal.
+    pub async fn abort(&self) {
+        let handle = self.inner.handle.lock().expect("handle lock").take();
+        if let Some(h) = handle {
+            h.abort();
+            let _ = h.await;
+        }
+        self.inner.locks.release_all();
+    }
+
+    /// [`Orchestrator::shutdown_within`] with a 60 s grace period.
+    pub async fn shutdown(&self) {
+        self.shutdown_within(Duration::from_secs(60)).await
+    }
+
+    async fn request(&self, task: &TaskId, req: ApiRequest) -> Result<Answer, EngineError> {
+        self.inner.locks.acquire(task).await?;
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .tx
+            .send(Msg::Request {
+                task: task.as_str().to_string(),
+                req,
+                respond: tx,
+            })
+            .map_err(|_| EngineError::Stopped)?;
+        let answer = rx.await.map_err(|_| EngineError::Stopped)??;
+        if let Reply::Failed {
+            error,
+            attempts,
+            notices,
+        } = answer.reply
+        {
+            return Err(EngineError::Request {
+                task: task.as_str().to_string(),
+                message: error,
+                attempts,
+                notices,
+            });
+        }
+        Ok(answer)
+    }
+
+    async fn query<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&EventLoop) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        let f: QueryFn = Box::new(move |lp| {
+            let _ = tx.send(f(lp));
+        });
+        self.inner
+            .tx
+            .send(Msg::Query(f))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)?
+    }
+}
+
+fn unexpected(task: &TaskId, reply: Reply) -> EngineError {
+    EngineError::Request {
+        task: task.as_str().to_string(),
+        message: format!("unexpected answer from the engine: {reply:?}"),
+        attempts: 0,
+        notices: Vec::new(),
+    }
+}

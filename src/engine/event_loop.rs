@@ -1,0 +1,395 @@
+//! [`EventLoop`]: the one tokio task that owns every loaded task and the store, and the
+//! messages ([`Msg`]) that reach it. For each message it steps the pure core, stages the
+//! transition, commits the staged batch in one transaction (group commit), and only then hands
+//! the commands to [`perform`](super::perform).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::{broadcast, mpsc, oneshot, Semaphore};
+use tokio::task::JoinHandle;
+use tracing::{debug, info_span, warn};
+
+use super::{EngineError, StateChange};
+use crate::clock::Clock;
+use crate::core::{step, Command, Event, Millis, Reply, Task, TaskSettings, TaskState, TimerKind};
+use crate::ids::TaskId;
+use crate::provider::{ExecOutput, SandboxProvider};
+use crate::retry::Jitter;
+use crate::store::{Store, TransitionRecord};
+
+/// A caller's request, as the API sends it to the loop.
+pub(super) enum ApiRequest {
+    Run { command: String, timeout_ms: u64 },
+    Suspend,
+    Resume,
+}
+
+/// The loop's answer to a request: the core's reply, and a command's captured output.
+pub(super) struct Answer {
+    pub(super) reply: Reply,
+    pub(super) output: Option<ExecOutput>,
+}
+
+/// A read of the loop's state, run on the loop between batches.
+pub(super) type QueryFn = Box<dyn FnOnce(&EventLoop) + Send>;
+
+/// Where a request's answer goes.
+type Responder = oneshot::Sender<Result<Answer, EngineError>>;
+
+/// Everything that reaches the loop: requests, provider outcomes, timers, queries, shutdown.
+pub(super) enum Msg {
+    Request {
+        task: String,
+        req: ApiRequest,
+        respond: oneshot::Sender<Result<Answer, EngineError>>,
+    },
+    Outcome {
+        task: String,
+        event: Event,
+        output: Option<ExecOutput>,
+    },
+    Timer {
+        task: String,
+        timer: TimerKind,
+    },
+    Query(QueryFn),
+    Shutdown {
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// The one owner of every loaded task and the store; see the [module docs](self).
+pub(super) struct EventLoop {
+    pub(super) store: Store,
+    pub(super) provider: Arc<dyn SandboxProvider>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) jitter: Jitter,
+    pub(super) settings: TaskSettings,
+    pub(super) installation_id: String,
+    pub(super) tasks: HashMap<String, Task>,
+    /// Callers waiting for an answer. Ordered, so that when the loop stops they are woken in a
+    /// deterministic order (simulations reproduce bit for bit).
+    pub(super) waiters: std::collections::BTreeMap<(String, u64), Responder>,
+    pub(super) outputs: HashMap<(String, u64), ExecOutput>,
+    pub(super) timers: HashMap<(String, TimerKind), JoinHandle<()>>,
+    pub(super) inflight: usize,
+    /// Tasks whose sandbox is being probed after a restart; their requests wait for the answer.
+    pub(super) probing: std::collections::HashSet<String>,
+    pub(super) deferred: HashMap<String, Vec<(ApiRequest, Responder)>>,
+    pub(super) creates: Arc<Semaphore>,
+    pub(super) tx: mpsc::UnboundedSender<Msg>,
+    pub(super) changes: broadcast::Sender<StateChange>,
+    pub(super) shutdown: Option<oneshot::Sender<()>>,
+    /// Transitions stepped but not yet committed; see [`EventLoop::flush`].
+    pub(super) staged: Vec<Staged>,
+}
+
+/// Most messages handled before their transitions are committed together.
+const MAX_BATCH_MESSAGES: usize = 512;
+
+/// A transition waiting for the group commit: applied to the in-memory task already, its
+/// commands held back until it is durable.
+pub(super) struct Staged {
+    task: String,
+    at: Millis,
+    event: Event,
+    state_before: TaskState,
+    /// The task before the transition (`None`: it did not exist), restored if the transition
+    /// cannot be committed.
+    task_before: Option<Task>,
+    task_after: Task,
+    commands: Vec<Command>,
+}
+
+impl EventLoop {
+    /// Group commit: every message already waiting is handled (stepped, the tasks updated in
+    /// memory) before their transitions are committed in one transaction — one disk sync for
+    /// the lot — and only then are their commands performed. With one task the batch is one
+    /// transition and nothing changes; with thousands, the journal keeps up.
+    pub(super) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        while let Some(msg) = rx.recv().await {
+            self.handle(msg);
+            for _ in 1..MAX_BATCH_MESSAGES {
+                match rx.try_recv() {
+                    Ok(msg) => self.handle(msg),
+                    Err(_) => break,
+                }
+            }
+            self.flush();
+            if self.shutdown.is_some() && self.inflight == 0 {
+                if let Some(done) = self.shutdown.take() {
+                    let _ = done.send(());
+                }
+                break;
+            }
+        }
+        for (_, h) in self.timers.drain() {
+            h.abort();
+        }
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        {
+            match msg {
+                Msg::Request { task, req, respond } => {
+                    if self.shutdown.is_some() {
+                        let _ = respond.send(Err(EngineError::Stopped));
+                        return;
+                    }
+                    self.on_request(task, req, respond);
+                }
+                Msg::Outcome {
+                    task,
+                    event,
+                    output,
+                } => {
+                    self.inflight -= 1;
+                    let probed = matches!(event, Event::SandboxProbed { .. });
+                    if let (Some(out), Event::CommandExited { request_id, .. }) = (output, &event) {
+                        self.outputs.insert((task.clone(), *request_id), out);
+                    }
+                    if let Err(e) = self.apply(&task, event) {
+                        warn!(task = %task, error = %e, "could not apply a provider outcome");
+                    }
+                    if probed && self.probing.remove(&task) {
+                        for (req, respond) in self.deferred.remove(&task).unwrap_or_default() {
+                            self.on_request(task.clone(), req, respond);
+                        }
+                    }
+                }
+                Msg::Timer { task, timer } => {
+                    self.timers.remove(&(task.clone(), timer));
+                    if self.shutdown.is_none() {
+                        if let Err(e) = self.apply(&task, Event::TimerFired { timer }) {
+                            warn!(task = %task, error = %e, "could not apply a timer");
+                        }
+                    }
+                }
+                Msg::Query(f) => {
+                    // A query sees committed state only.
+                    self.flush();
+                    f(self)
+                }
+                Msg::Shutdown { done } => {
+                    for (_, h) in self.timers.drain() {
+                        h.abort();
+                    }
+                    self.shutdown = Some(done);
+                }
+            }
+        }
+    }
+
+    fn on_request(
+        &mut self,
+        task: String,
+        req: ApiRequest,
+        respond: oneshot::Sender<Result<Answer, EngineError>>,
+    ) {
+        if let Err(e) = self.ensure_loaded(&task) {
+            let _ = respond.send(Err(e));
+            return;
+        }
+        if self.probing.contains(&task) {
+            // Recovery is asking whether the sandbox a previous process left still lives; a
+            // command started before the answer could land on a dead sandbox and fail, when
+            // waiting lets the engine restore the files first and run it.
+            self.deferred.entry(task).or_default().push((req, respond));
+            return;
+        }
+        let request_id = self.tasks[&task].last_request_id + 1;
+        let event = match req {
+            ApiRequest::Run {
+                command,
+                timeout_ms,
+            } => Event::RunRequested {
+                request_id,
+                command,
+                timeout_ms,
+            },
+            ApiRequest::Suspend => Event::SuspendRequested { request_id },
+            ApiRequest::Resume => Event::ResumeRequested { request_id },
+        };
+        self.waiters.insert((task.clone(), request_id), respond);
+        if let Err(e) = self.apply(&task, event) {
+            if let Some(w) = self.waiters.remove(&(task, request_id)) {
+                let _ = w.send(Err(e));
+            }
+        }
+    }
+
+    /// Loads a task into memory the first time this process touches it: creates it, brings its
+    /// settings up to date, and recovers whatever a previous process left in flight.
+    fn ensure_loaded(&mut self, id: &str) -> Result<(), EngineError> {
+        if self.tasks.contains_key(id) {
+            return Ok(());
+        }
+        TaskId::new(id)?;
+        match self.store.load_task(id)? {
+            None => {
+                let now = self.clock.now_ms();
+                let task = Task::new(id, self.settings.clone(), now);
+                let event = Event::SettingsChanged {
+                    settings: self.settings.clone(),
+                };
+                self.staged.push(Staged {
+                    task: id.to_string(),
+                    at: now,
+                    event,
+                    state_before: task.state,
+                    task_before: None,
+                    task_after: task.clone(),
+                    commands: Vec::new(),
+                });
+                self.tasks.insert(id.to_string(), task);
+            }
+            Some(task) => {
+                let needs_recovery = task.state != TaskState::Idle
+                    && task.state != TaskState::Expired
+                    || !task.queue.is_empty()
+                    || task
+                        .snapshots
+                        .iter()
+                        .any(|s| s.status == crate::core::SnapshotStatus::Deleting);
+                let stale_settings = task.settings != self.settings;
+                self.tasks.insert(id.to_string(), task);
+                if stale_settings {
+                    let settings = self.settings.clone();
+                    self.apply(id, Event::SettingsChanged { settings })?;
+                }
+                if needs_recovery {
+                    self.apply(id, Event::Recovered)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One event: step, and stage the transition for the next [`EventLoop::flush`], which
+    /// commits it and then performs its commands.
+    fn apply(&mut self, id: &str, event: Event) -> Result<(), EngineError> {
+        let now = self.clock.now_ms();
+        let Some(task) = self.tasks.get(id) else {
+            debug!(task = %id, event = event.name(), "event for a task not loaded here; ignored");
+            return Ok(());
+        };
+        let span = info_span!("event", task_id = %id, state = %task.state, event = event.name());
+        let _guard = span.enter();
+        let tr = step(task, event.clone(), now)?;
+        let before = self.tasks.insert(id.to_string(), tr.next.clone());
+        self.staged.push(Staged {
+            task: id.to_string(),
+            at: now,
+            event,
+            state_before: before.as_ref().map_or(tr.next.state, |t| t.state),
+            task_before: before,
+            task_after: tr.next,
+            commands: tr.commands,
+        });
+        Ok(())
+    }
+
+    /// Commits every staged transition in one transaction, then performs their commands in
+    /// order. If the batch cannot be committed, each transition is retried alone; one that
+    /// still fails is dropped with the rest of its task's batch, the task goes back to its last
+    /// committed state, and requests among the dropped events get the error.
+    fn flush(&mut self) {
+        if self.staged.is_empty() {
+            return;
+        }
+        let staged = std::mem::take(&mut self.staged);
+        let records: Vec<TransitionRecord<'_>> = staged
+            .iter()
+            .map(|s| TransitionRecord {
+                at: s.at,
+                event: &s.event,
+                state_before: s.state_before,
+                task_after: &s.task_after,
+                commands: &s.commands,
+            })
+            .collect();
+        let batch = self.store.commit_batch(&records);
+        drop(records);
+        if batch.is_ok() {
+            for s in staged {
+                self.committed(s);
+            }
+            return;
+        }
+        let mut failed: HashMap<String, String> = HashMap::new();
+        for s in staged {
+            if let Some(message) = failed.get(&s.task) {
+                let message = format!("an earlier transition could not be journaled: {message}");
+                self.dropped(&s, message);
+                continue;
+            }
+            let one = self.store.commit(&TransitionRecord {
+                at: s.at,
+                event: &s.event,
+                state_before: s.state_before,
+                task_after: &s.task_after,
+                commands: &s.commands,
+            });
+            match one {
+                Ok(_) => self.committed(s),
+                Err(e) => {
+                    let message = e.to_string();
+                    warn!(task = %s.task, event = s.event.name(), error = %message,
+                        "could not journal a transition; the task stays where it was");
+                    match &s.task_before {
+                        Some(t) => self.tasks.insert(s.task.clone(), t.clone()),
+                        None => self.tasks.remove(&s.task),
+                    };
+                    self.fail_request(&s, EngineError::Store(e));
+                    failed.insert(s.task, message);
+                }
+            }
+        }
+    }
+
+    /// A transition is durable: announce it and perform its commands.
+    fn committed(&mut self, s: Staged) {
+        let after = s.task_after.state;
+        if s.task_before.is_some() && s.state_before != after {
+            debug!(task = %s.task, from = %s.state_before, to = %after, "state changed");
+            let _ = self.changes.send(StateChange {
+                task_id: s.task.clone(),
+                from: s.state_before,
+                to: after,
+                event: s.event.name(),
+                at: s.at,
+            });
+        }
+        for cmd in s.commands {
+            self.perform(&s.task, cmd, s.at);
+        }
+    }
+
+    /// A transition dropped because an earlier one of its task could not be committed.
+    fn dropped(&mut self, s: &Staged, message: String) {
+        warn!(task = %s.task, event = s.event.name(), "transition dropped: {message}");
+        self.fail_request(
+            s,
+            EngineError::Request {
+                task: s.task.clone(),
+                message,
+                attempts: 0,
+                notices: Vec::new(),
+            },
+        );
+    }
+
+    /// If `s` was a caller's request, answers it with `err`.
+    fn fail_request(&mut self, s: &Staged, err: EngineError) {
+        let request_id = match &s.event {
+            Event::RunRequested { request_id, .. }
+            | Event::SuspendRequested { request_id }
+            | Event::ResumeRequested { request_id } => *request_id,
+            _ => return,
+        };
+        if let Some(w) = self.waiters.remove(&(s.task.clone(), request_id)) {
+            let _ = w.send(Err(err));
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! Garbage collection: [`Orchestrator::gc`] finds this installation's sandboxes and snapshots
+//! that no task references and stops or deletes them, reporting what it did in a [`GcReport`].
+
+use serde::Serialize;
+
+use super::{EngineError, Orchestrator};
+
+/// One resource `gc` acted on (or would have).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GcItem {
+    /// Provider id.
+    pub id: String,
+    /// The task its tags or name name, if any.
+    pub task_id: Option<String>,
+    /// Why it was chosen or skipped.
+    pub reason: String,
+}
+
+/// What `gc` found and did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GcReport {
+    /// Nothing was changed.
+    pub dry_run: bool,
+    /// Live sandboxes of this installation that no task holds: stopped.
+    pub sandboxes_stopped: Vec<GcItem>,
+    /// Snapshots of this installation that no task retains: deleted.
+    pub snapshots_deleted: Vec<GcItem>,
+    /// Resources left alone because their task has an operation in flight.
+    pub skipped: Vec<GcItem>,
+    /// Stop or delete calls that failed (the next gc tries again).
+    pub errors: Vec<String>,
+    /// Leftovers of interrupted operations removed (local backend: half-written archives,
+    /// half-restored workspaces).
+    pub temporaries_removed: usize,
+}
+
+impl Orchestrator {
+    /// Finds this installation's sandboxes and snapshots on the provider (by tag) that no task
+    /// references, and stops or deletes them. Never touches another installation's resources,
+    /// nor those of a task with an operation in flight (its recovery owns them: the write-ahead
+    /// journal records a create or snapshot before it is made). `dry_run` only reports.
+    pub async fn gc(&self, dry_run: bool) -> Result<GcReport, EngineError> {
+        let p = self.inner.provider.clone();
+        let installation = self.inner.installation_id.clone();
+        let backend = p.name();
+        let listing = |e: crate::provider::ProviderError| EngineError::Provider {
+            backend,
+            message: format!("cannot list resources for gc: {e}"),
+            hint: None,
+        };
+        let sandboxes = p.list_sandboxes(&installation).await.map_err(listing)?;
+        let snapshots = p.list_snapshots(&installation).await.map_err(listing)?;
+        // Read the tasks only after listing: the journal records a create or a snapshot before
+        // it is made, so every resource listed above is already known to its task as in flight
+        // or held. (Reading first would race with another process creating one.)
+        let tasks = self.tasks().await?;
+        let busy: std::collections::HashSet<&str> = tasks
+            .iter()
+            .filter(|t| t.state.is_transient())
+            .map(|t| t.id.as_str())
+            .collect();
+        let held: std::collections::HashSet<&str> = tasks
+            .iter()
+            .filter_map(|t| t.sandbox.as_ref().map(|s| s.id.as_str()))
+            .collect();
+        let retained: std::collections::HashSet<&str> = tasks
+            .iter()
+            .flat_map(|t| t.retained_snapshot_ids())
+            .collect();
+        let mut report = GcReport {
+            dry_run,
+            ..GcReport::default()
+        };
+        let is_busy = |task: &Option<String>| task.as_deref().is_some_and(|t| busy.contains(t));
+        for sb in sandboxes.into_iter().filter(|s| s.live) {
+            if held.contains(sb.id.as_str()) {
+                continue;
+            }
+            if is_busy(&sb.task_id) {
+                report.skipped.push(GcItem {
+                    reason: "its task has an operation in flight".into(),
+                    id: sb.id,
+                    task_id: sb.task_id,
+                });
+                continue;
+            }
+            if !dry_run {
+                if let Err(e) = p.stop_sandbox(&sb.id).await {
+                    report.errors.push(format!("stop sandbox {}: {e}", sb.id));
+                    continue;
+                }
+            }
+            report.sandboxes_stopped.push(GcItem {
+                reason: "no task holds this sandbox".into(),
+                id: sb.id,
+                task_id: sb.task_id,
+            });
+        }
+        for snap in snapshots.into_iter().filter(|s| s.live) {
+            if retained.contains(snap.id.as_str()) {
+                continue;
+            }
+            if is_busy(&snap.task_id) {
+                report.skipped.push(GcItem {
+                    reason: "its task has an operation in flight".into(),
+                    id: snap.id,
+                    task_id: snap.task_id,
+                });
+                continue;
+            }
+            if !dry_run {
+                if let Err(e) = p.delete_snapshot(&snap.id).await {
+                    report
+                        .errors
+                        .push(format!("delete snapshot {}: {e}", snap.id));
+                    continue;
+                }
+            }
+            report.snapshots_deleted.push(GcItem {
+                reason: "no task retains this snapshot".into(),
+                id: snap.id,
+                task_id: snap.task_id,
+            });
+        }
+        if !dry_run {
+            match p.sweep_temporaries().await {
+                Ok(n) => report.temporaries_removed = n,
+                Err(e) => report.errors.push(format!("sweep temporaries: {e}")),
+            }
+        }
+        Ok(report)
+    }
+}

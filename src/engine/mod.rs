@@ -1,0 +1,38 @@
+//! The event loop, and [`Orchestrator`]: the public API for programs that drive tasks.
+//!
+//! One tokio task owns every loaded [`Task`] and the [`Store`]. Everything that happens reaches
+//! it as a message on one channel: caller requests, provider outcomes (from spawned futures that
+//! only perform one provider call and send its result back), timers and queries. For each event
+//! the loop calls the pure [`step`], commits the transition (state, journal entry and the
+//! commands to perform) in one SQLite transaction, and only then performs the commands.
+//!
+//! A task is driven by one process at a time: before a task is loaded the orchestrator takes an
+//! exclusive `flock` on `<data dir>/locks/<task>.lock`, which the OS releases if the process dies.
+//! The first time a process loads a task that was left mid-flight, it applies
+//! [`Event::Recovered`]: the core re-issues the operation in flight (every provider operation but
+//! `exec` is idempotent by key) or probes the sandbox.
+//!
+//! The rooms: `api` (the [`Orchestrator`] and its builder), `results` (what requests return),
+//! `error` ([`EngineError`]), `event_loop` (the loop and its messages), `perform` (commands to
+//! provider calls and back to events), `gc`, `lock` (the per-task `flock`) and `paths` (where
+//! taskbox keeps its files).
+//!
+//! [`Task`]: crate::core::Task
+//! [`Store`]: crate::store::Store
+//! [`step`]: crate::core::step
+//! [`Event::Recovered`]: crate::core::Event::Recovered
+
+mod api;
+mod error;
+mod event_loop;
+mod gc;
+mod lock;
+mod paths;
+mod perform;
+mod results;
+
+pub use api::{Orchestrator, OrchestratorBuilder};
+pub use error::EngineError;
+pub use gc::{GcItem, GcReport};
+pub use paths::{store_file, Paths, STORE_FILE};
+pub use results::{ResumeResult, RunResult, StateChange, SuspendResult, TaskView};

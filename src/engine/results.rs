@@ -1,0 +1,96 @@
+//! What the engine hands back to callers: the result of each request ([`RunResult`],
+//! [`SuspendResult`], [`ResumeResult`]), the [`StateChange`]s broadcast to watchers, and the
+//! [`TaskView`] of one task for `taskbox show`.
+
+use serde::Serialize;
+
+use super::EngineError;
+use crate::core::{Millis, Notice, Task, TaskState};
+use crate::store::{JournalEntry, SandboxRow, SnapshotRow, Store};
+
+/// The result of a command that ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunResult {
+    /// Exit code (124 when the timeout killed it).
+    pub exit_code: i32,
+    /// Whether the timeout killed it.
+    pub timed_out: bool,
+    /// Captured stdout (bounded).
+    pub stdout: String,
+    /// Captured stderr (bounded).
+    pub stderr: String,
+    /// Wall time of the command.
+    pub duration_ms: u64,
+    /// What the caller should know: the sandbox was recreated (live processes are gone), from
+    /// which snapshot, files lost...
+    pub notices: Vec<Notice>,
+}
+
+/// The result of a suspend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SuspendResult {
+    /// The snapshot holding the task's files (`None`: nothing kept).
+    pub snapshot_id: Option<String>,
+}
+
+/// The result of a resume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResumeResult {
+    /// The live sandbox.
+    pub sandbox_id: String,
+    /// What the caller should know.
+    pub notices: Vec<Notice>,
+}
+
+/// A state change, as broadcast to watchers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StateChange {
+    /// The task.
+    pub task_id: String,
+    /// State before.
+    pub from: TaskState,
+    /// State after.
+    pub to: TaskState,
+    /// The event that caused it.
+    pub event: &'static str,
+    /// When.
+    pub at: Millis,
+}
+
+/// Everything known about one task, for `taskbox show`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskView {
+    /// The task as the core sees it.
+    pub task: Task,
+    /// Its sandboxes, as recorded.
+    pub sandboxes: Vec<SandboxRow>,
+    /// Its snapshots, as recorded.
+    pub snapshots: Vec<SnapshotRow>,
+    /// The last journal entries, oldest first.
+    pub journal: Vec<JournalEntry>,
+}
+
+impl TaskView {
+    /// Reads a task's view from the store (no provider, no lock: for read-only tools).
+    /// `live` replaces the stored task when an event loop holds a newer one in memory.
+    pub fn load(
+        store: &Store,
+        id: &str,
+        journal_entries: usize,
+        live: Option<Task>,
+    ) -> Result<Option<TaskView>, EngineError> {
+        let task = match live {
+            Some(t) => Some(t),
+            None => store.load_task(id)?,
+        };
+        let Some(task) = task else {
+            return Ok(None);
+        };
+        Ok(Some(TaskView {
+            sandboxes: store.sandboxes(Some(id))?,
+            snapshots: store.snapshots(Some(id))?,
+            journal: store.journal_tail(id, journal_entries)?,
+            task,
+        }))
+    }
+}
