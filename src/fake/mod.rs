@@ -8,13 +8,16 @@
 //! for `/vercel/sandbox`.
 //!
 //! Layout:
-//! - `model` — the world as pure data (sandboxes, sessions, snapshots; time passed in);
+//! - `model` — the world as pure data (time passed in), one room per resource: `sandbox`,
+//!   `session`, `snapshot`, and `list` for list queries and pages;
 //! - `validate` — request bodies checked with the service's wording;
 //! - `wire` — the JSON shapes the SDK's zod schemas expect;
 //! - `exec` — command processes and their replayable logs;
 //! - `files` — sandbox paths and uploads;
 //! - `faults` — the fault configuration and its seeded generator;
-//! - `http` — the axum edge (guard, handlers, `/_admin`);
+//! - `http` — the axum edge: the router, `shared` state and the effects of the world's plans,
+//!   the `guard`, the handlers grouped by resource (`sandboxes`, `sessions`, `commands`, `fs`,
+//!   `snapshots`) and `admin` for `/_admin`;
 //! - `conn` — connections a fault can cut.
 //!
 //! The base URL is `http://HOST:PORT/api` (the SDK's `https://vercel.com/api` rewritten). The

@@ -5,8 +5,11 @@
 //!   disk size, API URL), validated before anything is sent.
 //! - [`auth`]: access token or OIDC token, team and project, with `.vercel/project.json`
 //!   defaults; tokens never printed.
-//! - [`client`]: one method per endpoint and [`client::classify`], the single place where an
-//!   HTTP outcome becomes a classified [`ProviderError`].
+//! - [`client`]: the REST client, one method per endpoint, grouped by resource.
+//! - [`wire`]: the API's objects (serde shapes and typed requests).
+//! - [`ndjson`]: the reader of a command's NDJSON stream.
+//! - [`classify`]: [`classify::classify`], the single place where an HTTP outcome becomes a
+//!   classified [`ProviderError`].
 //! - [`exec`]: a command in one request, with recovery from cut streams and kill-on-timeout.
 //! - [`doctor`]: the checks `taskbox doctor` prints.
 //!
@@ -22,10 +25,13 @@
 //! except the long-poll that waits for an already running command.
 
 pub mod auth;
+pub mod classify;
 pub mod client;
 pub mod doctor;
 pub mod exec;
+pub mod ndjson;
 pub mod settings;
+pub mod wire;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
