@@ -19,6 +19,8 @@ pub mod ids;
 pub mod provider;
 pub mod replay;
 pub mod retry;
+pub mod rng;
+pub mod shell;
 pub mod store;
 
 pub use ids::{TaskId, TaskIdError};

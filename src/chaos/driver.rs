@@ -20,6 +20,7 @@ use crate::core::{Millis, Task};
 use crate::engine::{EngineError, Orchestrator};
 use crate::provider::SandboxProvider;
 use crate::retry::Jitter;
+use crate::rng::SplitMix64;
 use crate::store::{JournalEntry, Store};
 use crate::TaskId;
 
@@ -82,7 +83,7 @@ impl Driver {
         Orchestrator::builder(data_dir.to_path_buf(), config.clone())
             .provider(provider.clone())
             .clock(clock.clone())
-            .jitter(Jitter::Seeded(seed ^ JITTER_SALT ^ epoch))
+            .jitter(Jitter::Seeded(SplitMix64::new(seed ^ JITTER_SALT ^ epoch)))
             .lock_wait(Duration::from_secs(3600))
             // A restart reconciles orphans in the background, as `taskbox` itself does.
             .reconcile_on_start(epoch > 0)

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use super::check::{PlatformSandbox, PlatformSnapshot};
 use super::driver::{self, Driver};
-use super::rng::ChaosRng;
 use super::witness::Witness;
 use super::workload::{self, Flavor};
 use super::{ChaosError, ChaosOptions, SeedReport};
@@ -36,6 +35,7 @@ use crate::provider::vercel::client::{SessionStatus, SnapshotStatus, VercelClien
 use crate::provider::vercel::settings::VercelSettings;
 use crate::provider::vercel::VercelProvider;
 use crate::provider::SandboxProvider;
+use crate::rng::SplitMix64;
 
 /// Salts that keep the fault plan's and the workload's streams apart.
 const PLAN_SALT: u64 = 0x4854_5450_0000_0001;
@@ -95,7 +95,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
     let started = Instant::now();
     let data_dir = home.join("data");
     let f = &opts.faults.sim;
-    let mut plan = ChaosRng::new(seed ^ PLAN_SALT);
+    let mut plan = SplitMix64::new(seed ^ PLAN_SALT);
     let mut error_rate = BTreeMap::new();
     error_rate.insert("*".to_string(), f.server_error);
     error_rate.insert(
@@ -152,7 +152,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
     };
     let witness = Arc::new(Witness::new(engine_side, None, clock.clone()));
     let plans = workload::plan(
-        &mut ChaosRng::new(seed ^ WORKLOAD_SALT),
+        &mut SplitMix64::new(seed ^ WORKLOAD_SALT),
         opts.tasks,
         opts.faults.crash,
         Flavor::Http,
@@ -174,7 +174,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
         d.current().1.installation_id().to_string(),
         base_faults,
         opts.faults.clone(),
-        ChaosRng::new(seed ^ PLAN_SALT).fork(),
+        SplitMix64::new(seed ^ PLAN_SALT).fork(),
         stop.clone(),
         injected.clone(),
     ));
@@ -364,7 +364,7 @@ async fn drive_faults(
     installation: String,
     base: Faults,
     rates: super::ChaosFaults,
-    mut r: ChaosRng,
+    mut r: SplitMix64,
     stop: Arc<AtomicBool>,
     injected: Arc<Injected>,
 ) {

@@ -410,20 +410,9 @@ fn shell_join(args: &[String]) -> String {
         return args[0].clone();
     }
     args.iter()
-        .map(|a| shell_quote(a))
+        .map(|a| taskbox::shell::quote(a))
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-fn shell_quote(s: &str) -> String {
-    let safe = !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
-    if safe {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
 }
 
 #[cfg(test)]
