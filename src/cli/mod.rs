@@ -15,7 +15,7 @@ use clap::{Args, Parser, Subcommand};
 
 use taskbox::config::Config;
 use taskbox::engine::{Orchestrator, Paths, TaskView};
-use taskbox::store::Store;
+use taskbox::store::{Store, StoreError};
 use taskbox::TaskId;
 
 use output::{fail, print_json, Failure};
@@ -219,10 +219,12 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Tasks(args) => {
             // Read-only: straight from the store, with no provider (and so no credentials).
-            let store = open_store(paths)?;
-            let tasks = store
-                .load_tasks()
-                .map_err(|e| Failure::from_engine(e.into()))?;
+            let tasks = match existing_store(paths).map_err(|e| Failure::from_engine(e.into()))? {
+                Some(store) => store
+                    .load_tasks()
+                    .map_err(|e| Failure::from_engine(e.into()))?,
+                None => Vec::new(),
+            };
             if args.json {
                 print_json(&output::tasks_json(&tasks))?;
             } else {
@@ -232,9 +234,11 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Show(args) => {
             let task = task_id(&args.task)?;
-            let store = open_store(paths)?;
-            let view = TaskView::load(&store, task.as_str(), args.journal, None)
-                .map_err(Failure::from_engine)?;
+            let view = match existing_store(paths).map_err(|e| Failure::from_engine(e.into()))? {
+                Some(store) => TaskView::load(&store, task.as_str(), args.journal, None)
+                    .map_err(Failure::from_engine)?,
+                None => None,
+            };
             let Some(view) = view else {
                 return Err(Failure::new(format!("no task named `{task}`")).hint(
                     "`taskbox tasks` lists the tasks; `taskbox run --task NAME -- CMD` creates one",
@@ -354,9 +358,14 @@ fn task_id(s: &str) -> Result<TaskId, Failure> {
     })
 }
 
-/// Opens the store for a read-only command.
-fn open_store(paths: &Paths) -> Result<Store, Failure> {
-    Store::open(&paths.store_file()).map_err(|e| Failure::from_engine(e.into()))
+/// Opens the store for a command that only reads it: `None` when this home has no store yet,
+/// so that reading never creates one.
+fn existing_store(paths: &Paths) -> Result<Option<Store>, StoreError> {
+    match Store::open_existing(&paths.store_file()) {
+        Ok(store) => Ok(Some(store)),
+        Err(StoreError::Missing { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Opens the orchestrator for a command that drives tasks (reconciling orphans at start).

@@ -328,17 +328,17 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
 }
 
 fn open_store(paths: &Paths) -> Result<Store, Failure> {
-    let file = paths.store_file();
-    if !file.exists() {
-        return Err(Failure::new(format!(
-            "no taskbox data in {} (no journal to read)",
-            paths.data_dir.display()
-        ))
-        .hint(
-            "`taskbox run --task NAME -- CMD` creates a task; TASKBOX_HOME selects another home",
-        ));
-    }
-    Store::open(&file).map_err(|e| Failure::from_anyhow(anyhow::Error::new(e)))
+    super::existing_store(paths)
+        .map_err(|e| Failure::from_anyhow(anyhow::Error::new(e)))?
+        .ok_or_else(|| {
+            Failure::new(format!(
+                "no taskbox data in {} (no journal to read)",
+                paths.data_dir.display()
+            ))
+            .hint(
+                "`taskbox run --task NAME -- CMD` creates a task; TASKBOX_HOME selects another home",
+            )
+        })
 }
 
 fn store_entries(store: &Store, task: Option<&str>) -> Result<Vec<JournalEntry>, Failure> {
