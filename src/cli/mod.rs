@@ -316,6 +316,7 @@ fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Failure> {
         ConfigCmd::Get { key } => {
             let cfg = Config::load(path).map_err(Failure::from_config)?;
             println!("{}", cfg.get(&key).map_err(Failure::from_config)?);
+            note_env_override(&key);
         }
         ConfigCmd::Set { key, value } => {
             let mut cfg = Config::load(path).map_err(Failure::from_config)?;
@@ -326,12 +327,13 @@ fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Failure> {
                 cfg.get(&key).map_err(Failure::from_config)?,
                 path.display()
             );
+            note_env_override(&key);
         }
         ConfigCmd::Show(args) => {
             let cfg = Config::load(path).map_err(Failure::from_config)?;
             let pairs: Vec<(String, String)> = taskbox::config::KEYS
                 .iter()
-                .map(|(k, _)| (k.to_string(), cfg.get(k).expect("KEYS are all gettable")))
+                .map(|k| (k.name.to_string(), k.value(&cfg)))
                 .collect();
             if args.json {
                 let map: serde_json::Map<String, serde_json::Value> = pairs
@@ -344,10 +346,28 @@ fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Failure> {
                     println!("{k} = {v}");
                 }
             }
+            for k in taskbox::config::KEYS {
+                note_env_override(k.name);
+            }
         }
         ConfigCmd::Path => println!("{}", path.display()),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says on stderr when an environment variable overrides the file's value of `key`, so the
+/// value printed is not mistaken for the one in use.
+fn note_env_override(key: &str) {
+    let Ok(k) = taskbox::config::Key::find(key) else {
+        return;
+    };
+    // Blank counts as unset, as where the variables are read.
+    if let Some(var) = k
+        .env
+        .filter(|v| std::env::var(v).is_ok_and(|x| !x.trim().is_empty()))
+    {
+        eprintln!("note: {var} is set and overrides {key} where it is used");
+    }
 }
 
 fn task_id(s: &str) -> Result<TaskId, Failure> {
