@@ -7,13 +7,20 @@
 //!
 //! See `ARCHITECTURE.md` for the map. The entry point for a Rust program is
 //! [`engine::Orchestrator`].
+//!
+//! The tooling — `fake`, `chaos`, `bench` and the re-drive in [`replay`] — is behind cargo
+//! features that are on by default; `default-features = false` leaves the library without axum
+//! and without tokio's test clock.
 
+#[cfg(feature = "bench")]
 pub mod bench;
+#[cfg(feature = "chaos")]
 pub mod chaos;
 pub mod clock;
 pub mod config;
 pub mod core;
 pub mod engine;
+#[cfg(feature = "fake")]
 pub mod fake;
 pub mod ids;
 pub mod provider;

@@ -5,7 +5,8 @@
 //! **real time** on a two-worker runtime (like the `taskbox` binary's), with the simulated
 //! platform answering every call at once (no latency): the wall time measured is the engine's
 //! own work — the event loop, `step`, the SQLite journal (a real file, `synchronous = FULL`) and
-//! the task locks. (Paused time would need tokio's `test-util` feature in the library.) The
+//! the task locks. (Paused time would need the `virtual-time` feature, which `bench` does not
+//! require: wall time is what is measured here.) The
 //! baseline makes the same provider calls directly, without the engine, on the same kind of
 //! runtime.
 //!

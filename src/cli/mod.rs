@@ -1,8 +1,11 @@
 //! Argument parsing, dispatch and printing.
 
+#[cfg(feature = "bench")]
 mod bench;
+#[cfg(feature = "chaos")]
 mod chaos;
 mod doctor;
+#[cfg(feature = "fake")]
 mod fake;
 mod output;
 mod replay;
@@ -60,14 +63,17 @@ enum Cmd {
     Gc(GcArgs),
     /// Run many tasks against a simulated, fault-injecting platform (with engine crashes) on
     /// virtual time, and check taskbox's invariants after every seed.
+    #[cfg(feature = "chaos")]
     Chaos(chaos::ChaosArgs),
     /// Serve a local fake of the Vercel Sandbox API (for offline tests of agents and taskbox).
+    #[cfg(feature = "fake")]
     FakeVercel(fake::FakeArgs),
     /// Check a task's journal against today's code (exit 1 on a divergence); show its timeline.
     Replay(replay::ReplayArgs),
     /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
     Export(replay::ExportArgs),
     /// Measure taskbox's overhead against baselines run side by side (see the README).
+    #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
 }
 
@@ -252,9 +258,12 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Config(cmd) => config_cmd(cmd, paths),
+        #[cfg(feature = "bench")]
         Cmd::Bench(args) => bench::run(args),
         Cmd::Doctor(args) => doctor::run(paths, args.json).await,
+        #[cfg(feature = "chaos")]
         Cmd::Chaos(args) => chaos::run(args).await,
+        #[cfg(feature = "fake")]
         Cmd::FakeVercel(args) => fake::run(args, paths.data_dir.join("fake-vercel")).await,
         Cmd::Gc(args) => {
             let orch = open_with(paths, false).await?;

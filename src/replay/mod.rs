@@ -17,6 +17,8 @@
 pub mod diff;
 pub mod export;
 pub mod redact;
+// Runs the engine on tokio's paused clock: without `virtual-time` there is none to run on.
+#[cfg(feature = "virtual-time")]
 pub mod redrive;
 pub mod timeline;
 
