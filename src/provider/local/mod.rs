@@ -33,6 +33,7 @@
 //! interrupt a long command (which is then killed, as a VM stop would kill it).
 
 pub mod archive;
+pub mod doctor;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
