@@ -91,6 +91,8 @@ struct Injected {
     expired_snapshots: Mutex<BTreeMap<String, Millis>>,
 }
 
+// Reads the wall clock only to report how long the seed took.
+#[allow(clippy::disallowed_methods)]
 async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedReport, ChaosError> {
     let started = Instant::now();
     let data_dir = home.join("data");
@@ -357,7 +359,8 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
 
 /// Every few hundred milliseconds until `stop`: arms the server's one-shot faults and expires
 /// live sandboxes and snapshots, each at the chance the fault list gives it.
-#[allow(clippy::too_many_arguments)]
+// Ticks in real time: the fake server and the HTTP client it disturbs run on real time too.
+#[allow(clippy::too_many_arguments, clippy::disallowed_methods)]
 async fn drive_faults(
     fake: Arc<FakeServer>,
     vercel: Arc<VercelProvider>,
