@@ -6,6 +6,9 @@
 //! cargo run --example driver -- DIR     # data in DIR (kept)
 //! ```
 
+// An example is a program of its own: printing what it drives is its point.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
 use std::time::Duration;
 
 use taskbox::config::Config;

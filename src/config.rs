@@ -72,59 +72,122 @@ impl Backend {
     }
 }
 
-/// The `[terminal]` table.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TerminalConfig {
-    /// `local` or `vercel_sandbox`.
-    pub backend: Backend,
-    /// Keep files in snapshots across sandboxes.
-    pub container_persistent: bool,
-    /// Per-command timeout, seconds.
-    pub timeout: u64,
-    /// Idle time before a sandbox is snapshotted and stopped, seconds.
-    pub lifetime_seconds: u64,
-    /// A sandbox's platform lifetime at creation, seconds.
-    pub sandbox_timeout_seconds: u64,
-    /// The plan's cap on a sandbox's total lifetime (extensions stop there), seconds.
-    pub max_sandbox_lifetime_seconds: u64,
-    /// How long before the deadline a checkpoint is taken, seconds.
-    pub checkpoint_margin_seconds: u64,
-    /// Complete snapshots kept per task.
-    pub keep_snapshots: u32,
-    /// Sandbox creations in flight at once.
-    pub max_concurrent_creates: u32,
-    /// Vercel runtime: `node24`, `node22` or `python3.13`.
-    pub vercel_runtime: String,
-    /// vCPUs.
-    pub container_cpu: u32,
-    /// Memory, MB (Vercel: must be 2048 × cpu).
-    pub container_memory: u32,
-    /// Disk, MB (unsupported on Vercel: leave unset).
-    pub container_disk: Option<u32>,
-    /// Vercel API base URL.
-    pub vercel_api_url: String,
+/// One settable key: its name, its default, what it means, which environment variable
+/// overrides it, and how its value is read and checked. [`KEYS`] lists every key; `config get`,
+/// `config set`, `config show` and [`Config::validate`] read nothing else, and the
+/// [`TerminalConfig`] fields and their defaults are generated from the same list.
+#[derive(Debug)]
+pub struct Key {
+    /// The full name, such as `terminal.backend`.
+    pub name: &'static str,
+    /// One line: what it means and what it accepts.
+    pub doc: &'static str,
+    /// The environment variable that overrides the file's value where the key is used.
+    pub env: Option<&'static str>,
+    /// The value as text.
+    get: fn(&TerminalConfig) -> String,
+    /// Parses and stores a value, or says what is accepted.
+    set: fn(&mut TerminalConfig, &str) -> Result<(), String>,
 }
 
-impl Default for TerminalConfig {
-    fn default() -> Self {
-        TerminalConfig {
-            backend: Backend::Local,
-            container_persistent: true,
-            timeout: 180,
-            lifetime_seconds: 300,
-            sandbox_timeout_seconds: 300,
-            max_sandbox_lifetime_seconds: 2_700,
-            checkpoint_margin_seconds: 30,
-            keep_snapshots: 2,
-            max_concurrent_creates: 8,
-            vercel_runtime: "node24".into(),
-            container_cpu: 1,
-            container_memory: 5120,
-            container_disk: None,
-            vercel_api_url: "https://vercel.com/api".into(),
+impl Key {
+    /// The key named `name`.
+    pub fn find(name: &str) -> Result<&'static Key, ConfigError> {
+        KEYS.iter()
+            .find(|k| k.name == name)
+            .ok_or_else(|| ConfigError::UnknownKey { key: name.into() })
+    }
+
+    /// The key's value in `config`, as `config get` prints it.
+    pub fn value(&self, config: &Config) -> String {
+        (self.get)(&config.terminal)
+    }
+
+    /// The built-in default, as `config get` prints it.
+    pub fn default_value(&self) -> String {
+        (self.get)(&TerminalConfig::default())
+    }
+
+    fn invalid(&self, value: &str, expected: String) -> ConfigError {
+        ConfigError::InvalidValue {
+            key: self.name.into(),
+            value: value.into(),
+            expected,
         }
     }
+}
+
+/// Generates [`TerminalConfig`] (a field per key, documented by the key's line), its `Default`
+/// and [`KEYS`] from one list, so that a key cannot be added in one place and forgotten in
+/// another. An entry is `field: Type = default, parse PARSER, env ENV, "doc";`, where `PARSER`
+/// turns text into the value or says what is accepted.
+macro_rules! terminal_keys {
+    ($(
+        $field:ident: $ty:ty = $default:expr, parse $parse:expr, env $env:expr, $doc:literal;
+    )*) => {
+        /// The `[terminal]` table: Hermes's keys (see [`KEYS`]).
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct TerminalConfig {
+            $(
+                #[doc = concat!("`terminal.", stringify!($field), "`: ", $doc, ".")]
+                pub $field: $ty,
+            )*
+        }
+
+        impl Default for TerminalConfig {
+            fn default() -> Self {
+                TerminalConfig {
+                    $($field: $default,)*
+                }
+            }
+        }
+
+        /// Every settable key, in the order `config show` prints them.
+        pub const KEYS: &[Key] = &[$(
+            Key {
+                name: concat!("terminal.", stringify!($field)),
+                doc: $doc,
+                env: $env,
+                get: |t| Render::render(&t.$field),
+                set: |t, text| {
+                    t.$field = ($parse)(text)?;
+                    Ok(())
+                },
+            },
+        )*];
+    };
+}
+
+terminal_keys! {
+    backend: Backend = Backend::Local, parse backend, env None,
+        "sandbox backend: local | vercel_sandbox";
+    container_persistent: bool = true, parse boolean, env None,
+        "keep files in snapshots across sandboxes: true | false";
+    timeout: u64 = 180, parse |v| at_least(v, 1), env None,
+        "per-command timeout, seconds";
+    lifetime_seconds: u64 = 300, parse |v| at_least(v, 1), env None,
+        "idle seconds before a sandbox is snapshotted and stopped";
+    sandbox_timeout_seconds: u64 = 300, parse |v| at_least(v, 1), env None,
+        "a sandbox's platform lifetime at creation, seconds";
+    max_sandbox_lifetime_seconds: u64 = 2_700, parse |v| at_least(v, 1), env None,
+        "the plan's cap on a sandbox's total lifetime, seconds";
+    checkpoint_margin_seconds: u64 = 30, parse |v| at_least(v, 0), env None,
+        "seconds before the deadline to checkpoint";
+    keep_snapshots: u32 = 2, parse |v| at_least_u32(v, 1), env None,
+        "complete snapshots kept per task (>= 1)";
+    max_concurrent_creates: u32 = 8, parse |v| at_least_u32(v, 1), env None,
+        "sandbox creations in flight at once (>= 1)";
+    vercel_runtime: String = "node24".into(), parse runtime, env Some("TERMINAL_VERCEL_RUNTIME"),
+        "node24 | node22 | python3.13";
+    container_cpu: u32 = 1, parse |v| at_least_u32(v, 1), env None,
+        "vCPUs: 1 or an even number up to 8";
+    container_memory: u32 = 5120, parse |v| at_least_u32(v, 1), env None,
+        "memory in MB (Vercel: 2048 per vCPU)";
+    container_disk: Option<u32> = None, parse disk, env None,
+        "disk in MB (unsupported on Vercel: leave unset; `none` unsets)";
+    vercel_api_url: String = "https://vercel.com/api".into(), parse http_url,
+        env Some("TASKBOX_VERCEL_API_URL"), "Vercel API base URL";
 }
 
 /// The whole configuration file.
@@ -135,85 +198,116 @@ pub struct Config {
     pub terminal: TerminalConfig,
 }
 
-/// Every settable key, with a one-line description.
-pub const KEYS: &[(&str, &str)] = &[
-    (
-        "terminal.backend",
-        "sandbox backend: local | vercel_sandbox",
-    ),
-    (
-        "terminal.container_persistent",
-        "keep files in snapshots across sandboxes: true | false",
-    ),
-    ("terminal.timeout", "per-command timeout, seconds"),
-    (
-        "terminal.lifetime_seconds",
-        "idle seconds before a sandbox is snapshotted and stopped",
-    ),
-    (
-        "terminal.sandbox_timeout_seconds",
-        "a sandbox's platform lifetime at creation, seconds",
-    ),
-    (
-        "terminal.max_sandbox_lifetime_seconds",
-        "the plan's cap on a sandbox's total lifetime, seconds",
-    ),
-    (
-        "terminal.checkpoint_margin_seconds",
-        "seconds before the deadline to checkpoint",
-    ),
-    (
-        "terminal.keep_snapshots",
-        "complete snapshots kept per task (>= 1)",
-    ),
-    (
-        "terminal.max_concurrent_creates",
-        "sandbox creations in flight at once (>= 1)",
-    ),
-    ("terminal.vercel_runtime", "node24 | node22 | python3.13"),
-    (
-        "terminal.container_cpu",
-        "vCPUs: 1 or an even number up to 8",
-    ),
-    (
-        "terminal.container_memory",
-        "memory in MB (Vercel: 2048 per vCPU)",
-    ),
-    (
-        "terminal.container_disk",
-        "disk in MB (unsupported on Vercel: leave unset; `none` unsets)",
-    ),
-    ("terminal.vercel_api_url", "Vercel API base URL"),
-];
+/// A value as `config get` prints it (and as its parser reads it back).
+trait Render {
+    fn render(&self) -> String;
+}
 
-fn parse_u64(key: &str, value: &str, min: u64) -> Result<u64, ConfigError> {
-    match value.trim().parse::<u64>() {
-        Ok(v) if v >= min => Ok(v),
-        _ => Err(ConfigError::InvalidValue {
-            key: key.into(),
-            value: value.into(),
-            expected: format!("a whole number >= {min}"),
-        }),
+impl Render for Backend {
+    fn render(&self) -> String {
+        self.as_str().to_string()
     }
 }
 
-fn parse_u32(key: &str, value: &str, min: u32) -> Result<u32, ConfigError> {
-    let v = parse_u64(key, value, u64::from(min))?;
-    u32::try_from(v).map_err(|_| ConfigError::InvalidValue {
-        key: key.into(),
-        value: value.into(),
-        expected: format!("a whole number between {min} and {}", u32::MAX),
-    })
+impl Render for bool {
+    fn render(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl Render for u64 {
+    fn render(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl Render for u32 {
+    fn render(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl Render for String {
+    fn render(&self) -> String {
+        self.clone()
+    }
+}
+
+impl Render for Option<u32> {
+    fn render(&self) -> String {
+        self.map(|d| d.to_string()).unwrap_or_else(|| "none".into())
+    }
+}
+
+// The parsers: text to a value, or what is accepted instead.
+
+fn backend(value: &str) -> Result<Backend, String> {
+    match value.trim() {
+        "local" => Ok(Backend::Local),
+        "vercel_sandbox" | "vercel" => Ok(Backend::VercelSandbox),
+        _ => Err("one of: local, vercel_sandbox".into()),
+    }
+}
+
+fn boolean(value: &str) -> Result<bool, String> {
+    match value.trim() {
+        "true" | "yes" | "on" | "1" => Ok(true),
+        "false" | "no" | "off" | "0" => Ok(false),
+        _ => Err("true or false".into()),
+    }
+}
+
+fn at_least(value: &str, min: u64) -> Result<u64, String> {
+    match value.trim().parse::<u64>() {
+        Ok(v) if v >= min => Ok(v),
+        _ => Err(format!("a whole number >= {min}")),
+    }
+}
+
+fn at_least_u32(value: &str, min: u32) -> Result<u32, String> {
+    let v = at_least(value, u64::from(min))?;
+    u32::try_from(v).map_err(|_| format!("a whole number between {min} and {}", u32::MAX))
+}
+
+/// Any name: which runtimes exist is the platform's to say (the Vercel backend and `taskbox
+/// doctor` check it).
+fn runtime(value: &str) -> Result<String, String> {
+    match value.trim() {
+        "" => Err("one of: node24, node22, python3.13".into()),
+        v => Ok(v.to_string()),
+    }
+}
+
+fn disk(value: &str) -> Result<Option<u32>, String> {
+    match value.trim() {
+        "" | "none" | "unset" => Ok(None),
+        v => at_least_u32(v, 1).map(Some),
+    }
+}
+
+fn http_url(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    if !(v.starts_with("http://") || v.starts_with("https://")) {
+        return Err("an http:// or https:// URL".into());
+    }
+    Ok(v.trim_end_matches('/').to_string())
 }
 
 impl Config {
-    /// Loads `path`, or the defaults when it does not exist.
+    /// Loads `path`, or the defaults when it does not exist. A value `set` would refuse makes
+    /// the file invalid.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         match std::fs::read_to_string(path) {
-            Ok(text) => toml::from_str(&text).map_err(|e| ConfigError::Parse {
-                path: path.to_path_buf(),
-                message: e.message().to_string(),
-            }),
+            Ok(text) => {
+                let parse_err = |message: String| ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message,
+                };
+                let config: Config =
+                    toml::from_str(&text).map_err(|e| parse_err(e.message().to_string()))?;
+                config.validate().map_err(|e| parse_err(e.to_string()))?;
+                Ok(config)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
             Err(source) => Err(ConfigError::Io {
                 action: "read",
@@ -241,91 +335,23 @@ impl Config {
 
     /// The value of `key` as text.
     pub fn get(&self, key: &str) -> Result<String, ConfigError> {
-        let t = &self.terminal;
-        Ok(match key {
-            "terminal.backend" => t.backend.as_str().to_string(),
-            "terminal.container_persistent" => t.container_persistent.to_string(),
-            "terminal.timeout" => t.timeout.to_string(),
-            "terminal.lifetime_seconds" => t.lifetime_seconds.to_string(),
-            "terminal.sandbox_timeout_seconds" => t.sandbox_timeout_seconds.to_string(),
-            "terminal.max_sandbox_lifetime_seconds" => t.max_sandbox_lifetime_seconds.to_string(),
-            "terminal.checkpoint_margin_seconds" => t.checkpoint_margin_seconds.to_string(),
-            "terminal.keep_snapshots" => t.keep_snapshots.to_string(),
-            "terminal.max_concurrent_creates" => t.max_concurrent_creates.to_string(),
-            "terminal.vercel_runtime" => t.vercel_runtime.clone(),
-            "terminal.container_cpu" => t.container_cpu.to_string(),
-            "terminal.container_memory" => t.container_memory.to_string(),
-            "terminal.container_disk" => t
-                .container_disk
-                .map(|d| d.to_string())
-                .unwrap_or_else(|| "none".into()),
-            "terminal.vercel_api_url" => t.vercel_api_url.clone(),
-            _ => return Err(ConfigError::UnknownKey { key: key.into() }),
-        })
+        Ok(Key::find(key)?.value(self))
     }
 
     /// Sets `key` from text, checking the value's type and range. Backend-specific rules (the
     /// Vercel memory/cpu pairing) are checked when the backend is used and by `taskbox doctor`.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
-        let t = &mut self.terminal;
-        let invalid = |expected: &str| ConfigError::InvalidValue {
-            key: key.into(),
-            value: value.into(),
-            expected: expected.into(),
-        };
-        match key {
-            "terminal.backend" => {
-                t.backend = match value.trim() {
-                    "local" => Backend::Local,
-                    "vercel_sandbox" | "vercel" => Backend::VercelSandbox,
-                    _ => return Err(invalid("one of: local, vercel_sandbox")),
-                }
-            }
-            "terminal.container_persistent" => {
-                t.container_persistent = match value.trim() {
-                    "true" | "yes" | "on" | "1" => true,
-                    "false" | "no" | "off" | "0" => false,
-                    _ => return Err(invalid("true or false")),
-                }
-            }
-            "terminal.timeout" => t.timeout = parse_u64(key, value, 1)?,
-            "terminal.lifetime_seconds" => t.lifetime_seconds = parse_u64(key, value, 1)?,
-            "terminal.sandbox_timeout_seconds" => {
-                t.sandbox_timeout_seconds = parse_u64(key, value, 1)?
-            }
-            "terminal.max_sandbox_lifetime_seconds" => {
-                t.max_sandbox_lifetime_seconds = parse_u64(key, value, 1)?
-            }
-            "terminal.checkpoint_margin_seconds" => {
-                t.checkpoint_margin_seconds = parse_u64(key, value, 0)?
-            }
-            "terminal.keep_snapshots" => t.keep_snapshots = parse_u32(key, value, 1)?,
-            "terminal.max_concurrent_creates" => {
-                t.max_concurrent_creates = parse_u32(key, value, 1)?
-            }
-            "terminal.vercel_runtime" => {
-                let v = value.trim();
-                if v.is_empty() {
-                    return Err(invalid("one of: node24, node22, python3.13"));
-                }
-                t.vercel_runtime = v.to_string()
-            }
-            "terminal.container_cpu" => t.container_cpu = parse_u32(key, value, 1)?,
-            "terminal.container_memory" => t.container_memory = parse_u32(key, value, 1)?,
-            "terminal.container_disk" => {
-                t.container_disk = match value.trim() {
-                    "" | "none" | "unset" => None,
-                    v => Some(parse_u32(key, v, 1)?),
-                }
-            }
-            "terminal.vercel_api_url" => {
-                let v = value.trim();
-                if !(v.starts_with("http://") || v.starts_with("https://")) {
-                    return Err(invalid("an http:// or https:// URL"));
-                }
-                t.vercel_api_url = v.trim_end_matches('/').to_string()
-            }
-            _ => return Err(ConfigError::UnknownKey { key: key.into() }),
+        let k = Key::find(key)?;
+        (k.set)(&mut self.terminal, value).map_err(|expected| k.invalid(value, expected))
+    }
+
+    /// Checks every value as `set` would: a file edited by hand gets the same checks as
+    /// `taskbox config set`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut scratch = self.terminal.clone();
+        for k in KEYS {
+            let value = (k.get)(&self.terminal);
+            (k.set)(&mut scratch, &value).map_err(|expected| k.invalid(&value, expected))?;
         }
         Ok(())
     }
@@ -346,5 +372,88 @@ impl Config {
                 .saturating_mul(1000),
             retry: RetryPolicy::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_reads_back_what_it_stores() {
+        let mut cfg = Config::default();
+        for k in KEYS {
+            let default = k.default_value();
+            cfg.set(k.name, &default)
+                .expect("a default is a valid value");
+            assert_eq!(
+                cfg.get(k.name).expect("a listed key"),
+                default,
+                "{}",
+                k.name
+            );
+        }
+        assert_eq!(cfg, Config::default());
+        cfg.set("terminal.container_disk", "4096").expect("valid");
+        assert_eq!(cfg.terminal.container_disk, Some(4096));
+        cfg.set("terminal.vercel_api_url", "http://127.0.0.1:9/")
+            .expect("valid");
+        assert_eq!(
+            cfg.get("terminal.vercel_api_url").expect("known"),
+            "http://127.0.0.1:9"
+        );
+        assert!(matches!(
+            cfg.set("terminal.keep_snapshots", "0"),
+            Err(ConfigError::InvalidValue { expected, .. }) if expected == "a whole number >= 1"
+        ));
+        assert!(matches!(
+            cfg.get("terminal.nope"),
+            Err(ConfigError::UnknownKey { .. })
+        ));
+    }
+
+    #[test]
+    fn a_file_gets_the_checks_set_makes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, "[terminal]\nkeep_snapshots = 0\n").expect("write");
+        let err = Config::load(&path).expect_err("keep_snapshots must be at least 1");
+        assert!(err.to_string().contains("terminal.keep_snapshots"), "{err}");
+        std::fs::write(&path, "[terminal]\nkeep_snapshots = 3\n").expect("write");
+        assert_eq!(
+            Config::load(&path).expect("valid").terminal.keep_snapshots,
+            3
+        );
+    }
+
+    #[test]
+    fn the_readme_lists_every_key_with_its_default_and_variable() {
+        let readme = include_str!("../README.md");
+        for k in KEYS {
+            let row = readme
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{}` |", k.name)))
+                .unwrap_or_else(|| panic!("README's configuration table lacks {}", k.name));
+            let default = match k.default_value().as_str() {
+                "none" => "unset".to_string(),
+                d => format!("`{d}`"),
+            };
+            assert!(
+                row.starts_with(&format!("| `{}` | {default} |", k.name)),
+                "README's default for {} is not {default}: {row}",
+                k.name
+            );
+            if let Some(env) = k.env {
+                assert!(row.contains(env), "README does not name {env}: {row}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_vercel_backend_reads_the_variables_the_table_names() {
+        use crate::provider::vercel::settings::{API_URL_ENV, RUNTIME_ENV};
+        let env = |name| Key::find(name).expect("known").env;
+        assert_eq!(env("terminal.vercel_runtime"), Some(RUNTIME_ENV));
+        assert_eq!(env("terminal.vercel_api_url"), Some(API_URL_ENV));
     }
 }

@@ -7,18 +7,38 @@
 //!
 //! See `ARCHITECTURE.md` for the map. The entry point for a Rust program is
 //! [`engine::Orchestrator`].
+//!
+//! The tooling — `fake`, `chaos`, `bench` and the re-drive in [`replay`] — is behind cargo
+//! features that are on by default; `default-features = false` leaves the library without axum
+//! and without tokio's test clock.
+//!
+//! `clippy.toml` disallows reading the clock, sleeping, spawning processes and opening SQLite
+//! connections; a module whose job that is allows it where it is declared, and says why.
 
+// Measuring is the benchmark's job, and its baselines must bypass taskbox: it reads the wall
+// clock, spawns `bash`, `tar`, `zstd` and `taskbox`, and opens its own SQLite file (see
+// ARCHITECTURE.md's invariants).
+#[cfg(feature = "bench")]
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 pub mod bench;
+#[cfg(feature = "chaos")]
 pub mod chaos;
+// The one place that reads the wall clock and tokio's clock; everything else gets a `Clock`.
+#[allow(clippy::disallowed_methods)]
 pub mod clock;
 pub mod config;
 pub use taskbox_core as core;
 pub mod engine;
+// A fake platform: it runs commands in local workspaces and keeps its own time, like Vercel.
+#[cfg(feature = "fake")]
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 pub mod fake;
 pub use taskbox_core::ids;
 pub mod provider;
 pub mod replay;
 pub mod retry;
+pub mod rng;
+pub mod shell;
 pub mod store;
 
 pub use ids::{TaskId, TaskIdError};

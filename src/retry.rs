@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use backoff::backoff::Backoff;
 
+use crate::rng::SplitMix64;
+
 /// How the engine spreads retries out.
 #[derive(Debug, Clone)]
 pub enum Jitter {
@@ -16,8 +18,8 @@ pub enum Jitter {
     Random,
     /// No jitter: exact delays (deterministic simulation and replay).
     None,
-    /// Seeded jitter of up to +25 %, reproducible from the seed (chaos runs).
-    Seeded(u64),
+    /// Seeded jitter of up to +25 %, reproducible from the generator's seed (chaos runs).
+    Seeded(SplitMix64),
 }
 
 impl Jitter {
@@ -42,15 +44,7 @@ impl Jitter {
                 let jittered = b.next_backoff().map_or(delay_ms, |d| d.as_millis() as u64);
                 jittered.max(delay_ms)
             }
-            Jitter::Seeded(state) => {
-                // splitmix64
-                *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-                let mut z = *state;
-                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-                z ^= z >> 31;
-                delay_ms + z % (delay_ms / 4 + 1)
-            }
+            Jitter::Seeded(rng) => rng.between(delay_ms, delay_ms.saturating_add(delay_ms / 4)),
         }
     }
 }
@@ -67,8 +61,8 @@ mod tests {
             assert!((1000..=1250).contains(&d), "{d}");
         }
         assert_eq!(Jitter::None.apply(1234), 1234);
-        let mut a = Jitter::Seeded(7);
-        let mut b = Jitter::Seeded(7);
+        let mut a = Jitter::Seeded(SplitMix64::new(7));
+        let mut b = Jitter::Seeded(SplitMix64::new(7));
         for _ in 0..50 {
             let (x, y) = (a.apply(800), b.apply(800));
             assert_eq!(x, y);

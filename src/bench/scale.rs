@@ -5,7 +5,8 @@
 //! **real time** on a two-worker runtime (like the `taskbox` binary's), with the simulated
 //! platform answering every call at once (no latency): the wall time measured is the engine's
 //! own work — the event loop, `step`, the SQLite journal (a real file, `synchronous = FULL`) and
-//! the task locks. (Paused time would need tokio's `test-util` feature in the library.) The
+//! the task locks. (Paused time would need the `virtual-time` feature, which `bench` does not
+//! require: wall time is what is measured here.) The
 //! baseline makes the same provider calls directly, without the engine, on the same kind of
 //! runtime.
 //!
@@ -116,7 +117,8 @@ fn raise_fd_limit(needed: u64) -> Result<(), BenchError> {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY: getrlimit/setrlimit write or read only the struct passed.
+    // SAFETY: getrlimit only writes the `rlimit` it is given, and `lim` is a valid one that we
+    // hold exclusively for the call.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return Err(BenchError::io(BENCH, "read the open-files limit")(
             std::io::Error::last_os_error(),
@@ -136,7 +138,8 @@ fn raise_fd_limit(needed: u64) -> Result<(), BenchError> {
         ));
     }
     lim.rlim_cur = lim.rlim_max;
-    // SAFETY: as above.
+    // SAFETY: setrlimit only reads the `rlimit` it is given, and `lim` is a valid, initialised
+    // one that outlives the call.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
         return Err(BenchError::io(BENCH, "raise the open-files limit")(
             std::io::Error::last_os_error(),

@@ -11,6 +11,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::rng::SplitMix64;
+
 /// The shape of a generated tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TreeSpec {
@@ -77,24 +79,20 @@ pub struct TreeStats {
     pub bytes: u64,
 }
 
-/// splitmix64: small, fast, and the same everywhere.
-struct Rng(u64);
+/// The shared seeded generator, drawing the sizes and indices this module needs as `usize`.
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        self.0.below(n as u64) as usize
     }
 
     fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
+        self.0.between(lo as u64, hi as u64) as usize
     }
 }
 
@@ -264,7 +262,7 @@ impl Writer<'_> {
 
 /// Writes a tree shaped by `spec` under `root` (which must exist).
 pub fn generate_workspace(root: &Path, spec: &TreeSpec, seed: u64) -> io::Result<TreeStats> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng(SplitMix64::new(seed));
     let mut w = Writer {
         root,
         stats: TreeStats::default(),

@@ -20,6 +20,7 @@ use crate::core::{Millis, Task};
 use crate::engine::{EngineError, Orchestrator};
 use crate::provider::SandboxProvider;
 use crate::retry::Jitter;
+use crate::rng::SplitMix64;
 use crate::store::{JournalEntry, Store};
 use crate::TaskId;
 
@@ -82,7 +83,7 @@ impl Driver {
         Orchestrator::builder(data_dir.to_path_buf(), config.clone())
             .provider(provider.clone())
             .clock(clock.clone())
-            .jitter(Jitter::Seeded(seed ^ JITTER_SALT ^ epoch))
+            .jitter(Jitter::Seeded(SplitMix64::new(seed ^ JITTER_SALT ^ epoch)))
             .lock_wait(Duration::from_secs(3600))
             // A restart reconciles orphans in the background, as `taskbox` itself does.
             .reconcile_on_start(epoch > 0)
@@ -116,6 +117,8 @@ impl Driver {
     }
 
     /// Crashes the engine `after_ms` from now and opens a new one on the same data dir.
+    // Waits on the runtime's clock (virtual in a simulated seed): the crash point is the plan's.
+    #[allow(clippy::disallowed_methods)]
     fn schedule_crash(self: &Arc<Self>, after_ms: u64) {
         let d = self.clone();
         let h = tokio::spawn(async move {
@@ -189,6 +192,9 @@ pub(super) struct Tally {
     pub(super) interrupted: u64,
 }
 
+// A `Wait` step sleeps on the runtime's clock (virtual in a simulated seed): idling is part of
+// the workload.
+#[allow(clippy::disallowed_methods)]
 async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
     let mut tally = Tally::default();
     let task = match TaskId::new(&plan.task_id) {
@@ -287,6 +293,8 @@ pub(super) async fn run_workload(
 /// With faults already off: lets calls in flight finish (`settle`), runs one last command in
 /// every task (which recovers and restores it), reconciles orphans, and shuts the engine down.
 /// Returns the violations found and the number of crashes.
+// Settling is a wait on the runtime's clock (virtual in a simulated seed).
+#[allow(clippy::disallowed_methods)]
 pub(super) async fn settle(
     d: Arc<Driver>,
     task_ids: &[String],

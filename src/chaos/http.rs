@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 
 use super::check::{PlatformSandbox, PlatformSnapshot};
 use super::driver::{self, Driver};
-use super::rng::ChaosRng;
 use super::witness::Witness;
 use super::workload::{self, Flavor};
 use super::{ChaosError, ChaosOptions, SeedReport};
@@ -36,6 +35,7 @@ use crate::provider::vercel::client::{SessionStatus, SnapshotStatus, VercelClien
 use crate::provider::vercel::settings::VercelSettings;
 use crate::provider::vercel::VercelProvider;
 use crate::provider::SandboxProvider;
+use crate::rng::SplitMix64;
 
 /// Salts that keep the fault plan's and the workload's streams apart.
 const PLAN_SALT: u64 = 0x4854_5450_0000_0001;
@@ -91,11 +91,13 @@ struct Injected {
     expired_snapshots: Mutex<BTreeMap<String, Millis>>,
 }
 
+// Reads the wall clock only to report how long the seed took.
+#[allow(clippy::disallowed_methods)]
 async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedReport, ChaosError> {
     let started = Instant::now();
     let data_dir = home.join("data");
     let f = &opts.faults.sim;
-    let mut plan = ChaosRng::new(seed ^ PLAN_SALT);
+    let mut plan = SplitMix64::new(seed ^ PLAN_SALT);
     let mut error_rate = BTreeMap::new();
     error_rate.insert("*".to_string(), f.server_error);
     error_rate.insert(
@@ -152,7 +154,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
     };
     let witness = Arc::new(Witness::new(engine_side, None, clock.clone()));
     let plans = workload::plan(
-        &mut ChaosRng::new(seed ^ WORKLOAD_SALT),
+        &mut SplitMix64::new(seed ^ WORKLOAD_SALT),
         opts.tasks,
         opts.faults.crash,
         Flavor::Http,
@@ -174,7 +176,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
         d.current().1.installation_id().to_string(),
         base_faults,
         opts.faults.clone(),
-        ChaosRng::new(seed ^ PLAN_SALT).fork(),
+        SplitMix64::new(seed ^ PLAN_SALT).fork(),
         stop.clone(),
         injected.clone(),
     ));
@@ -357,14 +359,15 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
 
 /// Every few hundred milliseconds until `stop`: arms the server's one-shot faults and expires
 /// live sandboxes and snapshots, each at the chance the fault list gives it.
-#[allow(clippy::too_many_arguments)]
+// Ticks in real time: the fake server and the HTTP client it disturbs run on real time too.
+#[allow(clippy::too_many_arguments, clippy::disallowed_methods)]
 async fn drive_faults(
     fake: Arc<FakeServer>,
     vercel: Arc<VercelProvider>,
     installation: String,
     base: Faults,
     rates: super::ChaosFaults,
-    mut r: ChaosRng,
+    mut r: SplitMix64,
     stop: Arc<AtomicBool>,
     injected: Arc<Injected>,
 ) {

@@ -5,7 +5,7 @@
 //! Commands are in the simulated sandbox's tiny language (`write`, `append`, `cat`, `sleep`; see
 //! `crate::provider::sim`), so files written before a snapshot can be read after a restore.
 
-use super::rng::ChaosRng;
+use crate::rng::SplitMix64;
 
 /// One thing a task's agent does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +67,7 @@ pub enum Flavor {
 
 /// Draws the workload of `tasks` tasks; `crash_rate` is the chance, per step, that the engine
 /// crashes at a random moment during it.
-pub fn plan(rng: &mut ChaosRng, tasks: u32, crash_rate: f64, flavor: Flavor) -> Vec<TaskPlan> {
+pub fn plan(rng: &mut SplitMix64, tasks: u32, crash_rate: f64, flavor: Flavor) -> Vec<TaskPlan> {
     // The fewest and most steps a task gets, and how late in a step a crash may come.
     let (steps, crash_within) = match flavor {
         Flavor::Sim => ((6, 16), 20_000),
@@ -95,7 +95,7 @@ pub fn plan(rng: &mut ChaosRng, tasks: u32, crash_rate: f64, flavor: Flavor) -> 
         .collect()
 }
 
-fn op(r: &mut ChaosRng) -> Op {
+fn op(r: &mut SplitMix64) -> Op {
     let file = format!("f{}", r.between(0, 2));
     let value = r.between(0, 9999);
     // Weights: write, append, cat, long command, wait, suspend, resume.
@@ -132,7 +132,7 @@ fn op(r: &mut ChaosRng) -> Op {
 }
 
 /// The same mix in bash, on real time: the fake's sandboxes are real processes.
-fn http_op(r: &mut ChaosRng) -> Op {
+fn http_op(r: &mut SplitMix64) -> Op {
     let file = format!("f{}", r.between(0, 2));
     let value = r.between(0, 9999);
     match r.weighted(&[4, 3, 4, 2, 3, 2, 1]) {
@@ -166,15 +166,15 @@ mod tests {
 
     #[test]
     fn the_same_seed_draws_the_same_workload() {
-        let a = plan(&mut ChaosRng::new(9), 4, 0.1, Flavor::Sim);
-        let b = plan(&mut ChaosRng::new(9), 4, 0.1, Flavor::Sim);
+        let a = plan(&mut SplitMix64::new(9), 4, 0.1, Flavor::Sim);
+        let b = plan(&mut SplitMix64::new(9), 4, 0.1, Flavor::Sim);
         assert_eq!(a, b);
-        assert_ne!(a, plan(&mut ChaosRng::new(10), 4, 0.1, Flavor::Sim));
+        assert_ne!(a, plan(&mut SplitMix64::new(10), 4, 0.1, Flavor::Sim));
         assert_eq!(a.len(), 4);
         for t in &a {
             assert!((6..=16).contains(&(t.steps.len() as u64)));
         }
-        let none = plan(&mut ChaosRng::new(9), 4, 0.0, Flavor::Sim);
+        let none = plan(&mut SplitMix64::new(9), 4, 0.0, Flavor::Sim);
         assert!(none
             .iter()
             .flat_map(|t| &t.steps)

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use taskbox::config::{Backend, Config};
 use taskbox::engine::Paths;
+use taskbox::provider::local::doctor::{bash_version, BashError};
 use taskbox::store::Store;
 
 use super::output::{print_json, Failure};
@@ -123,25 +124,15 @@ pub async fn run(paths: &Paths, json: bool) -> Result<ExitCode, Failure> {
 }
 
 fn bash_check() -> Check {
-    match std::process::Command::new("bash")
-        .args(["-c", "echo $BASH_VERSION"])
-        .output()
-    {
-        Ok(o) if o.status.success() => Check::pass(
+    match bash_version() {
+        Ok(version) => Check::pass(
             "bash",
-            format!(
-                "bash {} runs the local backend's commands",
-                String::from_utf8_lossy(&o.stdout).trim()
-            ),
+            format!("bash {version} runs the local backend's commands"),
         ),
-        Ok(o) => Check::fail(
+        Err(e @ BashError::Exited(_)) => Check::fail("bash", e.to_string(), "install bash"),
+        Err(e @ BashError::Spawn(_)) => Check::fail(
             "bash",
-            format!("bash exited with {}", o.status),
-            "install bash",
-        ),
-        Err(e) => Check::fail(
-            "bash",
-            format!("cannot run bash: {e}"),
+            e.to_string(),
             "install bash (the local backend runs commands with `bash -c`)",
         ),
     }

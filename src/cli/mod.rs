@@ -1,8 +1,11 @@
 //! Argument parsing, dispatch and printing.
 
+#[cfg(feature = "bench")]
 mod bench;
+#[cfg(feature = "chaos")]
 mod chaos;
 mod doctor;
+#[cfg(feature = "fake")]
 mod fake;
 mod output;
 mod replay;
@@ -15,7 +18,7 @@ use clap::{Args, Parser, Subcommand};
 
 use taskbox::config::Config;
 use taskbox::engine::{Orchestrator, Paths, TaskView};
-use taskbox::store::Store;
+use taskbox::store::{Store, StoreError};
 use taskbox::TaskId;
 
 use output::{fail, print_json, Failure};
@@ -60,14 +63,17 @@ enum Cmd {
     Gc(GcArgs),
     /// Run many tasks against a simulated, fault-injecting platform (with engine crashes) on
     /// virtual time, and check taskbox's invariants after every seed.
+    #[cfg(feature = "chaos")]
     Chaos(chaos::ChaosArgs),
     /// Serve a local fake of the Vercel Sandbox API (for offline tests of agents and taskbox).
+    #[cfg(feature = "fake")]
     FakeVercel(fake::FakeArgs),
     /// Check a task's journal against today's code (exit 1 on a divergence); show its timeline.
     Replay(replay::ReplayArgs),
     /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
     Export(replay::ExportArgs),
     /// Measure taskbox's overhead against baselines run side by side (see the README).
+    #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
 }
 
@@ -219,10 +225,12 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Tasks(args) => {
             // Read-only: straight from the store, with no provider (and so no credentials).
-            let store = open_store(paths)?;
-            let tasks = store
-                .load_tasks()
-                .map_err(|e| Failure::from_engine(e.into()))?;
+            let tasks = match existing_store(paths).map_err(|e| Failure::from_engine(e.into()))? {
+                Some(store) => store
+                    .load_tasks()
+                    .map_err(|e| Failure::from_engine(e.into()))?,
+                None => Vec::new(),
+            };
             if args.json {
                 print_json(&output::tasks_json(&tasks))?;
             } else {
@@ -232,9 +240,11 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Show(args) => {
             let task = task_id(&args.task)?;
-            let store = open_store(paths)?;
-            let view = TaskView::load(&store, task.as_str(), args.journal, None)
-                .map_err(Failure::from_engine)?;
+            let view = match existing_store(paths).map_err(|e| Failure::from_engine(e.into()))? {
+                Some(store) => TaskView::load(&store, task.as_str(), args.journal, None)
+                    .map_err(Failure::from_engine)?,
+                None => None,
+            };
             let Some(view) = view else {
                 return Err(Failure::new(format!("no task named `{task}`")).hint(
                     "`taskbox tasks` lists the tasks; `taskbox run --task NAME -- CMD` creates one",
@@ -248,9 +258,12 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Config(cmd) => config_cmd(cmd, paths),
+        #[cfg(feature = "bench")]
         Cmd::Bench(args) => bench::run(args),
         Cmd::Doctor(args) => doctor::run(paths, args.json).await,
+        #[cfg(feature = "chaos")]
         Cmd::Chaos(args) => chaos::run(args).await,
+        #[cfg(feature = "fake")]
         Cmd::FakeVercel(args) => fake::run(args, paths.data_dir.join("fake-vercel")).await,
         Cmd::Gc(args) => {
             let orch = open_with(paths, false).await?;
@@ -312,6 +325,7 @@ fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Failure> {
         ConfigCmd::Get { key } => {
             let cfg = Config::load(path).map_err(Failure::from_config)?;
             println!("{}", cfg.get(&key).map_err(Failure::from_config)?);
+            note_env_override(&key);
         }
         ConfigCmd::Set { key, value } => {
             let mut cfg = Config::load(path).map_err(Failure::from_config)?;
@@ -322,12 +336,13 @@ fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Failure> {
                 cfg.get(&key).map_err(Failure::from_config)?,
                 path.display()
             );
+            note_env_override(&key);
         }
         ConfigCmd::Show(args) => {
             let cfg = Config::load(path).map_err(Failure::from_config)?;
             let pairs: Vec<(String, String)> = taskbox::config::KEYS
                 .iter()
-                .map(|(k, _)| (k.to_string(), cfg.get(k).expect("KEYS are all gettable")))
+                .map(|k| (k.name.to_string(), k.value(&cfg)))
                 .collect();
             if args.json {
                 let map: serde_json::Map<String, serde_json::Value> = pairs
@@ -340,10 +355,28 @@ fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Failure> {
                     println!("{k} = {v}");
                 }
             }
+            for k in taskbox::config::KEYS {
+                note_env_override(k.name);
+            }
         }
         ConfigCmd::Path => println!("{}", path.display()),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says on stderr when an environment variable overrides the file's value of `key`, so the
+/// value printed is not mistaken for the one in use.
+fn note_env_override(key: &str) {
+    let Ok(k) = taskbox::config::Key::find(key) else {
+        return;
+    };
+    // Blank counts as unset, as where the variables are read.
+    if let Some(var) = k
+        .env
+        .filter(|v| std::env::var(v).is_ok_and(|x| !x.trim().is_empty()))
+    {
+        eprintln!("note: {var} is set and overrides {key} where it is used");
+    }
 }
 
 fn task_id(s: &str) -> Result<TaskId, Failure> {
@@ -354,9 +387,14 @@ fn task_id(s: &str) -> Result<TaskId, Failure> {
     })
 }
 
-/// Opens the store for a read-only command.
-fn open_store(paths: &Paths) -> Result<Store, Failure> {
-    Store::open(&paths.store_file()).map_err(|e| Failure::from_engine(e.into()))
+/// Opens the store for a command that only reads it: `None` when this home has no store yet,
+/// so that reading never creates one.
+fn existing_store(paths: &Paths) -> Result<Option<Store>, StoreError> {
+    match Store::open_existing(&paths.store_file()) {
+        Ok(store) => Ok(Some(store)),
+        Err(StoreError::Missing { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Opens the orchestrator for a command that drives tasks (reconciling orphans at start).
@@ -410,20 +448,9 @@ fn shell_join(args: &[String]) -> String {
         return args[0].clone();
     }
     args.iter()
-        .map(|a| shell_quote(a))
+        .map(|a| taskbox::shell::quote(a))
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-fn shell_quote(s: &str) -> String {
-    let safe = !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
-    if safe {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
 }
 
 #[cfg(test)]

@@ -61,10 +61,9 @@ impl Failure {
             ConfigError::UnknownKey { .. } => {
                 Some("`taskbox config show` lists every key with its value".to_string())
             }
-            ConfigError::InvalidValue { key, .. } => taskbox::config::KEYS
-                .iter()
-                .find(|(k, _)| k == key)
-                .map(|(k, d)| format!("{k}: {d}")),
+            ConfigError::InvalidValue { key, .. } => taskbox::config::Key::find(key)
+                .ok()
+                .map(|k| format!("{}: {}", k.name, k.doc)),
             ConfigError::Parse { path, .. } => Some(format!(
                 "fix or remove {} (`taskbox config set` rewrites it)",
                 path.display()

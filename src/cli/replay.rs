@@ -16,7 +16,6 @@ use serde::Serialize;
 use taskbox::clock::{Clock, SystemClock};
 use taskbox::engine::Paths;
 use taskbox::replay::export::{self, ExportError};
-use taskbox::replay::redrive::{self, RedriveReport};
 use taskbox::replay::{self as rp, timeline, Divergence, Verdict};
 use taskbox::store::{JournalEntry, Store};
 use taskbox::TaskId;
@@ -25,8 +24,6 @@ use super::output::{print_json, write_ignoring_broken_pipe, Failure};
 
 /// Exit code of a replay that found a divergence.
 const EXIT_DIVERGED: u8 = 1;
-
-/// The store file inside the data directory (the engine opens the same file).
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
@@ -98,11 +95,11 @@ pub fn replay(args: ReplayArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     };
     let verdict = rp::verify(&entries);
     let redrives = if args.redrive {
-        redrive_clean(&entries, &verdict)?
+        redriving::redrive_clean(&entries, &verdict)?
     } else {
         Vec::new()
     };
-    let clean = verdict.is_clean() && redrives.iter().all(|r| r.divergence.is_none());
+    let clean = verdict.is_clean() && redrives.iter().all(|r| !redriving::diverged(r));
     let timelines = timeline_format.map(|_| timeline::build(&entries));
 
     if args.json {
@@ -111,7 +108,7 @@ pub fn replay(args: ReplayArgs, paths: &Paths) -> Result<ExitCode, Failure> {
             clean: bool,
             verdict: &'a Verdict,
             #[serde(skip_serializing_if = "Option::is_none")]
-            redrive: Option<&'a [RedriveReport]>,
+            redrive: Option<&'a [redriving::Report]>,
             #[serde(skip_serializing_if = "Option::is_none")]
             timelines: Option<&'a [timeline::Timeline]>,
         }
@@ -160,31 +157,103 @@ pub fn replay(args: ReplayArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     })
 }
 
-/// Re-drives the tasks whose journal verified (a journal that does not even match the core
-/// has nothing to teach the re-drive).
-fn redrive_clean(
-    entries: &[JournalEntry],
-    verdict: &Verdict,
-) -> Result<Vec<RedriveReport>, Failure> {
-    let clean: Vec<JournalEntry> = entries
-        .iter()
-        .filter(|e| {
-            verdict
-                .tasks
-                .iter()
-                .any(|t| t.task_id == e.task_id && t.divergence.is_none())
+/// The re-drive's side of `taskbox replay`. It runs the engine on virtual time (tokio's paused
+/// clock, the `virtual-time` feature); a build without that feature refuses `--redrive` here.
+#[cfg(feature = "virtual-time")]
+mod redriving {
+    use taskbox::replay::redrive;
+    pub use taskbox::replay::redrive::RedriveReport as Report;
+    use taskbox::replay::Verdict;
+    use taskbox::store::JournalEntry;
+
+    use super::{divergence_text, Failure};
+
+    /// Re-drives the tasks whose journal verified (a journal that does not even match the core
+    /// has nothing to teach the re-drive).
+    pub fn redrive_clean(
+        entries: &[JournalEntry],
+        verdict: &Verdict,
+    ) -> Result<Vec<Report>, Failure> {
+        let clean: Vec<JournalEntry> = entries
+            .iter()
+            .filter(|e| {
+                verdict
+                    .tasks
+                    .iter()
+                    .any(|t| t.task_id == e.task_id && t.divergence.is_none())
+            })
+            .cloned()
+            .collect();
+        redrive::redrive(&clean).map_err(|e| {
+            let hint = match &e {
+                redrive::RedriveError::Unsupported { .. } => {
+                    "`taskbox replay` without --redrive still checks the journal against the core"
+                }
+                _ => "this is a bug in taskbox; please report it with the exported journal",
+            };
+            Failure::from_anyhow(anyhow::Error::new(e)).hint(hint)
         })
-        .cloned()
-        .collect();
-    redrive::redrive(&clean).map_err(|e| {
-        let hint = match &e {
-            redrive::RedriveError::Unsupported { .. } => {
-                "`taskbox replay` without --redrive still checks the journal against the core"
+    }
+
+    pub fn task_id(r: &Report) -> &str {
+        &r.task_id
+    }
+
+    pub fn diverged(r: &Report) -> bool {
+        r.divergence.is_some()
+    }
+
+    /// The re-drive's lines for a task whose journal has `entries` entries.
+    pub fn text(s: &mut String, r: &Report, entries: usize) {
+        match &r.divergence {
+            None => s.push_str(&format!(
+                "{}: re-drive matches — {} session{}, {} provider calls and {} replies as recorded\n",
+                r.task_id,
+                r.sessions,
+                if r.sessions == 1 { "" } else { "s" },
+                r.calls_made,
+                r.replies
+            )),
+            Some(d) => {
+                s.push_str(&format!("{}: re-drive differs from the recording\n", r.task_id));
+                divergence_text(s, d, entries, None);
             }
-            _ => "this is a bug in taskbox; please report it with the exported journal",
-        };
-        Failure::from_anyhow(anyhow::Error::new(e)).hint(hint)
-    })
+        }
+    }
+}
+
+/// A build without virtual time cannot re-drive: `--redrive` is refused, so no report exists.
+#[cfg(not(feature = "virtual-time"))]
+mod redriving {
+    use serde::Serialize;
+
+    use taskbox::replay::Verdict;
+    use taskbox::store::JournalEntry;
+
+    use super::Failure;
+
+    /// No re-drive report can be made in this build.
+    #[derive(Debug, Serialize)]
+    pub enum Report {}
+
+    pub fn redrive_clean(_: &[JournalEntry], _: &Verdict) -> Result<Vec<Report>, Failure> {
+        Err(Failure::new(
+            "this taskbox was built without re-drive (the cargo feature `virtual-time` is off)",
+        )
+        .hint("`taskbox replay` without --redrive still checks the journal against the core"))
+    }
+
+    pub fn task_id(r: &Report) -> &str {
+        match *r {}
+    }
+
+    pub fn diverged(r: &Report) -> bool {
+        match *r {}
+    }
+
+    pub fn text(_: &mut String, r: &Report, _: usize) {
+        match *r {}
+    }
 }
 
 fn divergence_text(s: &mut String, d: &Divergence, entries: usize, replayed: Option<usize>) {
@@ -211,7 +280,7 @@ fn divergence_text(s: &mut String, d: &Divergence, entries: usize, replayed: Opt
     }
 }
 
-fn verdict_text(verdict: &Verdict, redrives: &[RedriveReport], redrove: bool) -> String {
+fn verdict_text(verdict: &Verdict, redrives: &[redriving::Report], redrove: bool) -> String {
     let mut s = String::new();
     for t in &verdict.tasks {
         match &t.divergence {
@@ -223,21 +292,8 @@ fn verdict_text(verdict: &Verdict, redrives: &[RedriveReport], redrove: bool) ->
             )),
             Some(d) => divergence_text(&mut s, d, t.entries, Some(t.replayed)),
         }
-        if let Some(r) = redrives.iter().find(|r| r.task_id == t.task_id) {
-            match &r.divergence {
-                None => s.push_str(&format!(
-                    "{}: re-drive matches — {} session{}, {} provider calls and {} replies as recorded\n",
-                    r.task_id,
-                    r.sessions,
-                    if r.sessions == 1 { "" } else { "s" },
-                    r.calls_made,
-                    r.replies
-                )),
-                Some(d) => {
-                    s.push_str(&format!("{}: re-drive differs from the recording\n", r.task_id));
-                    divergence_text(&mut s, d, t.entries, None);
-                }
-            }
+        if let Some(r) = redrives.iter().find(|r| redriving::task_id(r) == t.task_id) {
+            redriving::text(&mut s, r, t.entries);
         } else if redrove && t.divergence.is_some() {
             s.push_str(&format!(
                 "{}: not re-driven (the journal already diverges from the core)\n",
@@ -251,7 +307,7 @@ fn verdict_text(verdict: &Verdict, redrives: &[RedriveReport], redrove: bool) ->
             .iter()
             .filter(|t| t.divergence.is_some())
             .count()
-            + redrives.iter().filter(|r| r.divergence.is_some()).count();
+            + redrives.iter().filter(|r| redriving::diverged(r)).count();
         s.push_str(&format!(
             "{} tasks: {}\n",
             verdict.tasks.len(),
@@ -328,17 +384,17 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Failure> {
 }
 
 fn open_store(paths: &Paths) -> Result<Store, Failure> {
-    let file = paths.store_file();
-    if !file.exists() {
-        return Err(Failure::new(format!(
-            "no taskbox data in {} (no journal to read)",
-            paths.data_dir.display()
-        ))
-        .hint(
-            "`taskbox run --task NAME -- CMD` creates a task; TASKBOX_HOME selects another home",
-        ));
-    }
-    Store::open(&file).map_err(|e| Failure::from_anyhow(anyhow::Error::new(e)))
+    super::existing_store(paths)
+        .map_err(|e| Failure::from_anyhow(anyhow::Error::new(e)))?
+        .ok_or_else(|| {
+            Failure::new(format!(
+                "no taskbox data in {} (no journal to read)",
+                paths.data_dir.display()
+            ))
+            .hint(
+                "`taskbox run --task NAME -- CMD` creates a task; TASKBOX_HOME selects another home",
+            )
+        })
 }
 
 fn store_entries(store: &Store, task: Option<&str>) -> Result<Vec<JournalEntry>, Failure> {

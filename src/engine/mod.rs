@@ -26,8 +26,13 @@ mod api;
 mod error;
 mod event_loop;
 mod gc;
+// Polling for a task lock held by another process: tokio's clock bounds the wait and a tokio
+// sleep paces it, so both follow a paused clock in simulation.
+#[allow(clippy::disallowed_methods)]
 mod lock;
 mod paths;
+// Timers are tokio sleeps, so they follow a paused clock in simulation.
+#[allow(clippy::disallowed_methods)]
 mod perform;
 mod results;
 

@@ -156,14 +156,18 @@ pub enum FakeError {
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
+        /// The address asked for.
         addr: SocketAddr,
+        /// Why binding failed.
         #[source]
         source: io::Error,
     },
     /// The data directory could not be created.
     #[error("cannot use the data directory {}: {source}", path.display())]
     DataDir {
+        /// The directory.
         path: PathBuf,
+        /// Why it could not be used.
         #[source]
         source: io::Error,
     },
@@ -184,7 +188,12 @@ pub enum FakeError {
     Signal(#[source] io::Error),
     /// An admin call was refused (unknown session or snapshot).
     #[error("{message} (HTTP {status})")]
-    Admin { status: u16, message: String },
+    Admin {
+        /// The HTTP status the admin API answered.
+        status: u16,
+        /// Its message.
+        message: String,
+    },
 }
 
 impl From<wire::ApiError> for FakeError {

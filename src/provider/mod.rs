@@ -9,8 +9,14 @@
 //! - `stop_sandbox`, `delete_snapshot`: stopping a stopped sandbox or deleting a deleted snapshot
 //!   succeeds.
 
+// Providers are where processes and waiting on the platform live: `local` spawns `bash` and
+// polls its processes, `sim` sleeps its latencies on (paused) tokio time, `vercel` waits out
+// retry-afters and long polls.
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 pub mod local;
+#[allow(clippy::disallowed_methods)]
 pub mod sim;
+#[allow(clippy::disallowed_methods)]
 pub mod vercel;
 
 use std::future::Future;

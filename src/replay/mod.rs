@@ -17,6 +17,10 @@
 pub mod diff;
 pub mod export;
 pub mod redact;
+// Runs the engine on tokio's paused clock (a `ReplayClock` of its own), and names its scratch
+// directory after the wall clock; without `virtual-time` there is no paused clock to run on.
+#[cfg(feature = "virtual-time")]
+#[allow(clippy::disallowed_methods)]
 pub mod redrive;
 pub mod timeline;
 

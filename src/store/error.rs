@@ -23,6 +23,13 @@ pub enum StoreError {
         source: std::io::Error,
     },
 
+    /// [`Store::open_existing`](super::Store::open_existing) found no store file.
+    #[error("no taskbox store at {}", path.display())]
+    Missing {
+        /// The store file that does not exist.
+        path: PathBuf,
+    },
+
     /// SQLite could not open (or set up) the file.
     #[error("cannot open the store {}", path.display())]
     Open {

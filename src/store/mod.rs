@@ -164,7 +164,19 @@ impl Store {
     /// Refuses a file that is not an SQLite database ([`StoreError::NotADatabase`]) and one
     /// written by a newer taskbox ([`StoreError::TooNew`]), without writing to either.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        let conn = schema::open(path)?;
+        Store::open_with(path, schema::Create::Yes)
+    }
+
+    /// Opens the store at `path` only if the file exists ([`StoreError::Missing`] otherwise),
+    /// for commands that read what is there: pointed at the wrong directory they should say so,
+    /// not leave an empty store behind. An existing file is brought up to date like
+    /// [`Store::open`] does.
+    pub fn open_existing(path: &Path) -> Result<Store, StoreError> {
+        Store::open_with(path, schema::Create::No)
+    }
+
+    fn open_with(path: &Path, create: schema::Create) -> Result<Store, StoreError> {
+        let conn = schema::open(path, create)?;
         let installation_id = schema::installation_id(&conn, path)?;
         Ok(Store {
             conn,

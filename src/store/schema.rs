@@ -10,7 +10,7 @@ use std::fs;
 use std::io::Read;
 use std::path::Path;
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::error::{StoreError, BUSY_TIMEOUT};
 
@@ -103,20 +103,49 @@ pub(crate) fn supported_version() -> i64 {
     MIGRATIONS.len() as i64
 }
 
-/// Opens `path` (creating it and its parent directories), checks that it is a store this build
-/// understands, sets the connection up and brings the schema up to date.
-pub(crate) fn open(path: &Path) -> Result<Connection, StoreError> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        fs::create_dir_all(parent).map_err(|source| StoreError::CreateDir {
-            path: parent.to_path_buf(),
-            source,
-        })?;
-    }
+/// Whether opening may create the store file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Create {
+    /// Create the file and its parent directories when missing.
+    Yes,
+    /// Refuse a missing file with [`StoreError::Missing`].
+    No,
+}
+
+/// Opens `path` (creating it and its parent directories if `create` says so), checks that it is
+/// a store this build understands, sets the connection up and brings the schema up to date.
+// The store is the one module allowed to open SQLite connections (clippy.toml).
+#[allow(clippy::disallowed_methods)]
+pub(crate) fn open(path: &Path, create: Create) -> Result<Connection, StoreError> {
     let open_err = |source| StoreError::Open {
         path: path.to_path_buf(),
         source: Box::new(source),
     };
-    let conn = Connection::open(path).map_err(open_err)?;
+    let conn = match create {
+        Create::Yes => {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                fs::create_dir_all(parent).map_err(|source| StoreError::CreateDir {
+                    path: parent.to_path_buf(),
+                    source,
+                })?;
+            }
+            Connection::open(path).map_err(open_err)?
+        }
+        Create::No => {
+            // When existence cannot be told (a permission problem), SQLite's error says more.
+            if matches!(path.try_exists(), Ok(false)) {
+                return Err(StoreError::Missing {
+                    path: path.to_path_buf(),
+                });
+            }
+            // rusqlite's default flags without CREATE: a file removed since the check above
+            // is an error here rather than a new, empty store.
+            let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_URI
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            Connection::open_with_flags(path, flags).map_err(open_err)?
+        }
+    };
     // Set first: every later statement, the WAL switch and the migrations included, may meet
     // another taskbox process holding the write lock and must wait for it rather than fail.
     conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;

@@ -80,7 +80,10 @@ impl fmt::Display for TaskState {
 pub enum FailureKind {
     /// Worth retrying: network errors, 5xx, 429, "still settling". `retry_after_ms` is the
     /// provider's own hint (a `Retry-After` header), honoured as a lower bound on the delay.
-    Transient { retry_after_ms: Option<u64> },
+    Transient {
+        /// The provider's `Retry-After` hint, in milliseconds.
+        retry_after_ms: Option<u64>,
+    },
     /// The sandbox is gone (expired at its platform timeout, stopped, or discarded).
     SandboxGone,
     /// The snapshot is gone (expired or deleted). The only answer that drops a snapshot mapping.

@@ -45,6 +45,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod archive;
+pub mod doctor;
 mod error;
 mod exec;
 mod fsutil;
