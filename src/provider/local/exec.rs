@@ -213,21 +213,6 @@ fn exit_code(status: ExitStatus) -> i32 {
         .unwrap_or(-1)
 }
 
-/// Single-quotes `s` for bash.
-fn shell_quote(s: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(s.len() + 2);
-    out.push(b'\'');
-    for &b in s {
-        if b == b'\'' {
-            out.extend_from_slice(b"'\\''");
-        } else {
-            out.push(b);
-        }
-    }
-    out.push(b'\'');
-    out
-}
-
 /// The script `bash -c` runs: the user's command, preceded (on the same line, so its line
 /// numbers are unchanged) by an EXIT trap that writes the final working directory to `cwd_file`
 /// and exits with the command's own status. The trap also runs on `exit N`; it writes nothing to
@@ -237,20 +222,11 @@ fn wrap_command(command: &str, cwd_file: &Path) -> OsString {
     // `builtin` in case the command defined functions of these names; `>|` in case it set
     // noclobber; `|| true` in case it set errexit and its directory was deleted meanwhile.
     let mut trap_body = b"__taskbox_status=$?; { builtin pwd -P >| ".to_vec();
-    trap_body.extend_from_slice(&shell_quote(cwd_file.as_os_str().as_bytes()));
+    trap_body.extend_from_slice(&crate::shell::quote_bytes(cwd_file.as_os_str().as_bytes()));
     trap_body.extend_from_slice(b"; } 2>/dev/null || true; builtin exit $__taskbox_status");
     let mut script = b"trap ".to_vec();
-    script.extend_from_slice(&shell_quote(&trap_body));
+    script.extend_from_slice(&crate::shell::quote_bytes(&trap_body));
     script.extend_from_slice(b" EXIT; ");
     script.extend_from_slice(command.as_bytes());
     OsString::from_vec(script)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    #[test]
-    fn shell_quoting_survives_quotes() {
-        assert_eq!(shell_quote(b"a'b"), b"'a'\\''b'".to_vec());
-    }
 }

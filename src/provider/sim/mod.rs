@@ -88,7 +88,7 @@ impl SimProvider {
         SimProvider {
             clock,
             world: Mutex::new(World {
-                rng: SplitMix64(seed),
+                rng: SplitMix64::new(seed),
                 faults,
                 max_lifetime_ms: None,
                 sandboxes: BTreeMap::new(),

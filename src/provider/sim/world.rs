@@ -9,35 +9,7 @@ use tokio::sync::Notify;
 use super::{SimEnd, SimFaults, SimSandbox, SimSnapshot, SimStats};
 use crate::core::Millis;
 use crate::provider::{ProviderError, SandboxInfo, SnapshotInfo};
-
-/// splitmix64: tiny, fast, and good enough to decide faults; its whole state is the seed.
-#[derive(Debug, Clone)]
-pub(super) struct SplitMix64(pub(super) u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// True with probability `p` (never for `p <= 0` or NaN, always for `p >= 1`).
-    pub(super) fn chance(&mut self, p: f64) -> bool {
-        let x = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        x < p
-    }
-
-    /// Uniform in `[lo, hi]` (the bounds in either order).
-    pub(super) fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        let (lo, hi) = if lo <= hi { (lo, hi) } else { (hi, lo) };
-        match (hi - lo).checked_add(1) {
-            Some(span) => lo + self.next_u64() % span,
-            None => self.next_u64(),
-        }
-    }
-}
+pub(super) use crate::rng::SplitMix64;
 
 /// The transient fault (if any) drawn for one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
