@@ -448,12 +448,4 @@ mod tests {
             }
         }
     }
-
-    #[test]
-    fn the_vercel_backend_reads_the_variables_the_table_names() {
-        use crate::provider::vercel::settings::{API_URL_ENV, RUNTIME_ENV};
-        let env = |name| Key::find(name).expect("known").env;
-        assert_eq!(env("terminal.vercel_runtime"), Some(RUNTIME_ENV));
-        assert_eq!(env("terminal.vercel_api_url"), Some(API_URL_ENV));
-    }
 }

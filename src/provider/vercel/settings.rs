@@ -284,6 +284,13 @@ impl VercelSettings {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_variables_are_the_ones_the_config_table_names() {
+        let env = |name| crate::config::Key::find(name).expect("known").env;
+        assert_eq!(env("terminal.vercel_runtime"), Some(RUNTIME_ENV));
+        assert_eq!(env("terminal.vercel_api_url"), Some(API_URL_ENV));
+    }
+
     fn no_env(_: &str) -> Option<String> {
         None
     }
