@@ -10,8 +10,6 @@
 
 use std::time::Duration;
 
-use tracing::warn;
-
 use super::event_loop::{Answer, EventLoop, Msg};
 use crate::core::{Command, Event, Millis, Reply, RequestId, TimerKind};
 use crate::provider::{sandbox_name, ExecOutput, ExecRequest, SandboxProvider, SandboxSpec};
@@ -118,15 +116,7 @@ impl EventLoop {
 
     fn perform_probe(&mut self, id: &str, sandbox_id: String) {
         let p = self.provider.clone();
-        self.probing.insert(id.to_string());
-        let known_deadline = self
-            .tasks
-            .get(id)
-            .and_then(|t| t.sandbox.as_ref())
-            .map(|s| s.deadline);
-        self.spawn_op(id, async move {
-            (probe(&*p, sandbox_id, known_deadline).await, None)
-        });
+        self.spawn_op(id, async move { (probe(&*p, sandbox_id).await, None) });
     }
 
     fn schedule_timer(&mut self, id: &str, timer: TimerKind, at: Millis, now: Millis) {
@@ -270,33 +260,13 @@ async fn delete_snapshot(p: &dyn SandboxProvider, snapshot_id: String) -> Event 
     }
 }
 
-/// [`Command::ProbeSandbox`]: always `SandboxProbed`; `known_deadline` is the sandbox's
-/// recorded deadline, assumed when the provider cannot be asked.
-async fn probe(
-    p: &dyn SandboxProvider,
-    sandbox_id: String,
-    known_deadline: Option<Millis>,
-) -> Event {
-    // A probe is read-only, so transient failures are retried here, briefly.
-    // If the provider stays unreachable, the sandbox is assumed alive until its
-    // recorded deadline: declaring it gone would drop files it may still hold,
-    // while the next command finds out the truth anyway.
-    let mut delay = Duration::from_millis(200);
-    for attempt in 1..=5 {
-        match p.probe_sandbox(&sandbox_id).await {
-            Ok(alive) => return Event::SandboxProbed { sandbox_id, alive },
-            Err(e) if e.is_transient() && attempt < 5 => {
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
-            Err(e) => {
-                warn!(sandbox = %sandbox_id, error = %e, "could not probe the sandbox; assuming it lives until its recorded deadline");
-                break;
-            }
-        }
-    }
-    Event::SandboxProbed {
-        sandbox_id,
-        alive: known_deadline,
+/// [`Command::ProbeSandbox`]: `SandboxProbed` or `ProbeFailed` (the core decides on retries).
+async fn probe(p: &dyn SandboxProvider, sandbox_id: String) -> Event {
+    match p.probe_sandbox(&sandbox_id).await {
+        Ok(alive) => Event::SandboxProbed { sandbox_id, alive },
+        Err(e) => Event::ProbeFailed {
+            sandbox_id,
+            failure: e.to_failure(),
+        },
     }
 }

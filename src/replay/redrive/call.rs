@@ -179,12 +179,15 @@ pub(super) fn outcome_key(e: &Event) -> Option<Key> {
         Event::SnapshotDeleted { snapshot_id } | Event::DeleteFailed { snapshot_id, .. } => {
             Key::Delete(snapshot_id.clone())
         }
-        Event::SandboxProbed { sandbox_id, .. } => Key::Probe(sandbox_id.clone()),
+        Event::SandboxProbed { sandbox_id, .. } | Event::ProbeFailed { sandbox_id, .. } => {
+            Key::Probe(sandbox_id.clone())
+        }
         Event::RunRequested { .. }
         | Event::SuspendRequested { .. }
         | Event::ResumeRequested { .. }
         | Event::SettingsChanged { .. }
         | Event::TimerFired { .. }
+        | Event::Loaded
         | Event::Recovered => return None,
     })
 }

@@ -10,8 +10,8 @@
 //!
 //! A journal written by the CLI spans many processes, and a process boundary matters (a new
 //! process recovers the task; timers die with the old one). The journal marks every boundary
-//! that matters: loading a task that is mid-flight commits `recovered`, and loading it with
-//! changed settings commits `settings_changed`. The re-drive therefore runs one orchestrator
+//! that matters: loading a task commits `loaded` (older engines: `recovered`, only for a task
+//! that was mid-flight), and loading it with changed settings commits `settings_changed`. The re-drive therefore runs one orchestrator
 //! *session* per stretch of entries between such markers, shutting the previous one down first.
 //! Outcomes are paired with the calls of their own session, first come first served by key
 //! (a sandbox's generation, a request id, a snapshot's seq, an id); a call whose outcome never

@@ -28,7 +28,10 @@ pub(super) struct Session {
 }
 
 fn is_load_marker(e: &JournalEntry) -> bool {
-    matches!(e.event, Event::Recovered | Event::SettingsChanged { .. })
+    matches!(
+        e.event,
+        Event::Loaded | Event::Recovered | Event::SettingsChanged { .. }
+    )
 }
 
 /// Splits the journal into sessions and pairs each recorded call with its outcome.
