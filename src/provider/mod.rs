@@ -9,9 +9,12 @@
 //! - `stop_sandbox`, `delete_snapshot`: stopping a stopped sandbox or deleting a deleted snapshot
 //!   succeeds.
 
+mod call;
 pub mod local;
 pub mod sim;
 pub mod vercel;
+
+pub use call::Call;
 
 use std::future::Future;
 use std::pin::Pin;

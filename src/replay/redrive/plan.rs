@@ -2,6 +2,7 @@
 //! per process), and every provider call it made paired with the outcome it got ([`Expected`]).
 
 use crate::core::{Event, Millis, TaskSettings};
+use crate::provider::Call;
 use crate::store::JournalEntry;
 
 use super::call::{command_key, outcome_key, Key, ProviderCall};
@@ -112,11 +113,11 @@ pub(super) fn plan(
             }
             for c in &e.commands {
                 if let (Some(call), Some(key)) = (
-                    ProviderCall::from_command(installation_id, task_id, c),
+                    Call::from_command(installation_id, task_id, c),
                     command_key(c),
                 ) {
                     expected.push(Expected {
-                        call,
+                        call: ProviderCall::from(&call),
                         key,
                         entry: i,
                         answer: None,
