@@ -10,11 +10,13 @@
 //!   succeeds.
 
 mod call;
+mod decorator;
 pub mod local;
 pub mod sim;
 pub mod vercel;
 
 pub use call::Call;
+pub use decorator::Decorator;
 
 use std::future::Future;
 use std::pin::Pin;
