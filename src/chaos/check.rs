@@ -186,7 +186,8 @@ pub struct JournalCounts {
     pub fallbacks: u64,
     /// "Files lost" notices raised.
     pub files_lost: u64,
-    /// Restarts the journal shows (`recovered` events).
+    /// Restarts that found something to recover (`loaded` events that did something, and the
+    /// `recovered` events of older journals).
     pub recoveries: u64,
 }
 
@@ -433,7 +434,7 @@ fn task_journal(
         {
             counts.retries += 1;
         }
-        if matches!(e.event, Event::Recovered) {
+        if matches!(e.event, Event::Loaded | Event::Recovered) && !e.commands.is_empty() {
             counts.recoveries += 1;
         }
         if matches!(e.event, Event::SandboxReady { .. })
@@ -503,7 +504,8 @@ fn task_journal(
         let hint = match &e.event {
             Event::CreateFailed { failure, .. }
             | Event::CommandFailed { failure, .. }
-            | Event::SnapshotFailed { failure, .. } => match failure.kind {
+            | Event::SnapshotFailed { failure, .. }
+            | Event::ProbeFailed { failure, .. } => match failure.kind {
                 FailureKind::Transient { retry_after_ms } => Some(retry_after_ms),
                 _ => None,
             },
@@ -519,7 +521,7 @@ fn task_journal(
             };
             let Some(retry_after_ms) = hint else {
                 // Re-arming a retry already due (after a restart) schedules nothing new.
-                if !matches!(e.event, Event::Recovered) {
+                if !matches!(e.event, Event::Loaded | Event::Recovered) {
                     out.push(v(
                         Invariant::RetryPolicy,
                         format!("a retry was scheduled at {at} without a transient failure"),

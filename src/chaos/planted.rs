@@ -12,10 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use crate::core::Millis;
 use crate::provider::{
-    ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
-    SandboxSpec, SnapshotInfo,
+    Decorator, ProviderFuture, SandboxInfo, SandboxProvider, SandboxSpec, SnapshotInfo,
 };
 
 /// A bug the chaos run plants on purpose.
@@ -88,9 +86,9 @@ impl OldestRestore {
     }
 }
 
-impl SandboxProvider for OldestRestore {
-    fn name(&self) -> &'static str {
-        self.inner.name()
+impl Decorator for OldestRestore {
+    fn inner(&self) -> &dyn SandboxProvider {
+        &*self.inner
     }
 
     fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
@@ -107,14 +105,6 @@ impl SandboxProvider for OldestRestore {
             }
             self.inner.create_sandbox(&spec).await
         })
-    }
-
-    fn exec<'a>(
-        &'a self,
-        sandbox_id: &'a str,
-        req: &'a ExecRequest,
-    ) -> ProviderFuture<'a, ExecOutput> {
-        self.inner.exec(sandbox_id, req)
     }
 
     fn snapshot<'a>(
@@ -134,18 +124,6 @@ impl SandboxProvider for OldestRestore {
         })
     }
 
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
-        self.inner.stop_sandbox(sandbox_id)
-    }
-
-    fn extend_timeout<'a>(
-        &'a self,
-        sandbox_id: &'a str,
-        duration_ms: u64,
-    ) -> ProviderFuture<'a, Millis> {
-        self.inner.extend_timeout(sandbox_id, duration_ms)
-    }
-
     fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
         Box::pin(async move {
             self.inner.delete_snapshot(snapshot_id).await?;
@@ -154,23 +132,5 @@ impl SandboxProvider for OldestRestore {
             }
             Ok(())
         })
-    }
-
-    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
-        self.inner.probe_sandbox(sandbox_id)
-    }
-
-    fn list_sandboxes<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        self.inner.list_sandboxes(installation_id)
-    }
-
-    fn list_snapshots<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        self.inner.list_snapshots(installation_id)
     }
 }

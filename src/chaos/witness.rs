@@ -13,10 +13,7 @@ use std::sync::{Arc, Mutex};
 use crate::clock::Clock;
 use crate::core::Millis;
 use crate::provider::sim::SimProvider;
-use crate::provider::{
-    ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
-    SandboxSpec, SnapshotInfo,
-};
+use crate::provider::{Decorator, ProviderFuture, SandboxProvider};
 
 /// Forwards every call to `inner`, and records deletion times (from `sim`'s records when
 /// given, from successful answers otherwise).
@@ -50,42 +47,9 @@ impl Witness {
     }
 }
 
-impl SandboxProvider for Witness {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
-        self.inner.create_sandbox(spec)
-    }
-
-    fn exec<'a>(
-        &'a self,
-        sandbox_id: &'a str,
-        req: &'a ExecRequest,
-    ) -> ProviderFuture<'a, ExecOutput> {
-        self.inner.exec(sandbox_id, req)
-    }
-
-    fn snapshot<'a>(
-        &'a self,
-        task_id: &'a str,
-        sandbox_id: &'a str,
-        seq: u64,
-    ) -> ProviderFuture<'a, SnapshotInfo> {
-        self.inner.snapshot(task_id, sandbox_id, seq)
-    }
-
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
-        self.inner.stop_sandbox(sandbox_id)
-    }
-
-    fn extend_timeout<'a>(
-        &'a self,
-        sandbox_id: &'a str,
-        duration_ms: u64,
-    ) -> ProviderFuture<'a, Millis> {
-        self.inner.extend_timeout(sandbox_id, duration_ms)
+impl Decorator for Witness {
+    fn inner(&self) -> &dyn SandboxProvider {
+        &*self.inner
     }
 
     fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
@@ -110,23 +74,5 @@ impl SandboxProvider for Witness {
             }
             result
         })
-    }
-
-    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
-        self.inner.probe_sandbox(sandbox_id)
-    }
-
-    fn list_sandboxes<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        self.inner.list_sandboxes(installation_id)
-    }
-
-    fn list_snapshots<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        self.inner.list_snapshots(installation_id)
     }
 }

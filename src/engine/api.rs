@@ -100,8 +100,6 @@ impl OrchestratorBuilder {
             outputs: HashMap::new(),
             timers: HashMap::new(),
             inflight: 0,
-            probing: Default::default(),
-            deferred: HashMap::new(),
             creates: Arc::new(Semaphore::new(max_creates)),
             tx: tx.clone(),
             changes: changes.clone(),

@@ -74,9 +74,6 @@ pub(super) struct EventLoop {
     pub(super) outputs: HashMap<(String, u64), ExecOutput>,
     pub(super) timers: HashMap<(String, TimerKind), JoinHandle<()>>,
     pub(super) inflight: usize,
-    /// Tasks whose sandbox is being probed after a restart; their requests wait for the answer.
-    pub(super) probing: std::collections::HashSet<String>,
-    pub(super) deferred: HashMap<String, Vec<(ApiRequest, Responder)>>,
     pub(super) creates: Arc<Semaphore>,
     pub(super) tx: mpsc::UnboundedSender<Msg>,
     pub(super) changes: broadcast::Sender<StateChange>,
@@ -145,17 +142,11 @@ impl EventLoop {
                     output,
                 } => {
                     self.inflight -= 1;
-                    let probed = matches!(event, Event::SandboxProbed { .. });
                     if let (Some(out), Event::CommandExited { request_id, .. }) = (output, &event) {
                         self.outputs.insert((task.clone(), *request_id), out);
                     }
                     if let Err(e) = self.apply(&task, event) {
                         warn!(task = %task, error = %e, "could not apply a provider outcome");
-                    }
-                    if probed && self.probing.remove(&task) {
-                        for (req, respond) in self.deferred.remove(&task).unwrap_or_default() {
-                            self.on_request(task.clone(), req, respond);
-                        }
                     }
                 }
                 Msg::Timer { task, timer } => {
@@ -191,13 +182,6 @@ impl EventLoop {
             let _ = respond.send(Err(e));
             return;
         }
-        if self.probing.contains(&task) {
-            // Recovery is asking whether the sandbox a previous process left still lives; a
-            // command started before the answer could land on a dead sandbox and fail, when
-            // waiting lets the engine restore the files first and run it.
-            self.deferred.entry(task).or_default().push((req, respond));
-            return;
-        }
         let request_id = self.tasks[&task].last_request_id + 1;
         let event = match req {
             ApiRequest::Run {
@@ -219,8 +203,9 @@ impl EventLoop {
         }
     }
 
-    /// Loads a task into memory the first time this process touches it: creates it, brings its
-    /// settings up to date, and recovers whatever a previous process left in flight.
+    /// Loads a task into memory the first time this process touches it: creates it, or brings
+    /// its settings up to date and applies [`Event::Loaded`], for the core to recover whatever a
+    /// previous process left in flight (and to hold requests while it probes the sandbox).
     fn ensure_loaded(&mut self, id: &str) -> Result<(), EngineError> {
         if self.tasks.contains_key(id) {
             return Ok(());
@@ -245,22 +230,13 @@ impl EventLoop {
                 self.tasks.insert(id.to_string(), task);
             }
             Some(task) => {
-                let needs_recovery = task.state != TaskState::Idle
-                    && task.state != TaskState::Expired
-                    || !task.queue.is_empty()
-                    || task
-                        .snapshots
-                        .iter()
-                        .any(|s| s.status == crate::core::SnapshotStatus::Deleting);
                 let stale_settings = task.settings != self.settings;
                 self.tasks.insert(id.to_string(), task);
                 if stale_settings {
                     let settings = self.settings.clone();
                     self.apply(id, Event::SettingsChanged { settings })?;
                 }
-                if needs_recovery {
-                    self.apply(id, Event::Recovered)?;
-                }
+                self.apply(id, Event::Loaded)?;
             }
         }
         Ok(())

@@ -8,9 +8,10 @@
 //!
 //! A task is driven by one process at a time: before a task is loaded the orchestrator takes an
 //! exclusive `flock` on `<data dir>/locks/<task>.lock`, which the OS releases if the process dies.
-//! The first time a process loads a task that was left mid-flight, it applies
-//! [`Event::Recovered`]: the core re-issues the operation in flight (every provider operation but
-//! `exec` is idempotent by key) or probes the sandbox.
+//! The first time a process loads a task from the store, it applies [`Event::Loaded`], and the
+//! core decides what to recover: it re-issues the operation in flight (every provider operation
+//! but `exec` is idempotent by key), or probes the sandbox and holds requests until the answer;
+//! with nothing in flight, nothing happens.
 //!
 //! The rooms: `api` (the [`Orchestrator`] and its builder), `results` (what requests return),
 //! `error` ([`EngineError`]), `event_loop` (the loop and its messages), `perform` (commands to
@@ -20,7 +21,7 @@
 //! [`Task`]: crate::core::Task
 //! [`Store`]: crate::store::Store
 //! [`step`]: crate::core::step
-//! [`Event::Recovered`]: crate::core::Event::Recovered
+//! [`Event::Loaded`]: crate::core::Event::Loaded
 
 mod api;
 mod error;

@@ -1,132 +1,35 @@
 //! Performing the commands of a committed transition.
 //!
-//! Two halves, kept apart on purpose. [`EventLoop::perform`] dispatches each [`Command`] to a
-//! `perform_*` method that does the plumbing: it gathers what the call needs from the loop's
-//! state, spawns the call (creations behind the `max_concurrent_creates` semaphore), and routes
-//! the outcome back to the loop as a message; timers and replies never reach the provider. The
-//! free functions at the end are the mapping itself, one per provider operation: the call made
-//! for the command, and its outcome as the [`Event`] the core expects back. They know nothing of
-//! the loop, so they can be lifted out and shared with re-drive.
+//! [`EventLoop::perform`] hands each provider command to [`Call`] — the one map from a
+//! [`Command`] to a provider call and from its answer back to an [`Event`], shared with
+//! re-drive — and does the plumbing around it: the call runs in a spawned future (creations
+//! behind the `max_concurrent_creates` semaphore) that only sends its outcome back to the loop
+//! as a message. Timers and replies never reach the provider; the loop performs them itself.
 
 use std::time::Duration;
 
-use tracing::warn;
-
 use super::event_loop::{Answer, EventLoop, Msg};
-use crate::core::{Command, Event, Millis, Reply, RequestId, TimerKind};
-use crate::provider::{sandbox_name, ExecOutput, ExecRequest, SandboxProvider, SandboxSpec};
+use crate::core::{Command, Millis, Reply, RequestId, TimerKind};
+use crate::provider::Call;
 
 impl EventLoop {
     /// Performs one command of a transition that is durable.
     pub(super) fn perform(&mut self, id: &str, cmd: Command, now: Millis) {
         match cmd {
-            Command::CreateSandbox {
-                generation,
-                source_snapshot,
-                timeout_ms,
-            } => self.perform_create(id, generation, source_snapshot, timeout_ms),
-            Command::RunCommand {
-                request_id,
-                sandbox_id,
-                command,
-                timeout_ms,
-            } => self.perform_run(id, request_id, sandbox_id, command, timeout_ms),
-            Command::TakeSnapshot { sandbox_id, seq } => self.perform_snapshot(id, sandbox_id, seq),
-            Command::StopSandbox { sandbox_id } => self.perform_stop(id, sandbox_id),
-            Command::ExtendTimeout {
-                sandbox_id,
-                duration_ms,
-            } => self.perform_extend(id, sandbox_id, duration_ms),
-            Command::DeleteSnapshot { snapshot_id } => {
-                self.perform_delete_snapshot(id, snapshot_id)
-            }
-            Command::ProbeSandbox { sandbox_id } => self.perform_probe(id, sandbox_id),
             Command::ScheduleTimer { timer, at } => self.schedule_timer(id, timer, at, now),
             Command::Reply { request_id, reply } => self.reply(id, request_id, reply),
+            Command::CreateSandbox { .. }
+            | Command::RunCommand { .. }
+            | Command::TakeSnapshot { .. }
+            | Command::StopSandbox { .. }
+            | Command::ExtendTimeout { .. }
+            | Command::DeleteSnapshot { .. }
+            | Command::ProbeSandbox { .. } => {
+                let call = Call::from_command(&self.installation_id, id, &cmd)
+                    .expect("every provider command maps to a call");
+                self.spawn_call(id, call);
+            }
         }
-    }
-
-    fn perform_create(
-        &mut self,
-        id: &str,
-        generation: u64,
-        source_snapshot: Option<String>,
-        timeout_ms: u64,
-    ) {
-        let p = self.provider.clone();
-        let spec = SandboxSpec {
-            task_id: id.to_string(),
-            generation,
-            name: sandbox_name(&self.installation_id, id, generation),
-            source_snapshot,
-            timeout_ms,
-            installation_id: self.installation_id.clone(),
-        };
-        let creates = self.creates.clone();
-        self.spawn_op(id, async move {
-            // Bounded creation concurrency keeps a burst of tasks under the provider's
-            // rate limits.
-            let _permit = creates.acquire_owned().await;
-            (create(&*p, &spec).await, None)
-        });
-    }
-
-    fn perform_run(
-        &mut self,
-        id: &str,
-        request_id: RequestId,
-        sandbox_id: String,
-        command: String,
-        timeout_ms: u64,
-    ) {
-        let p = self.provider.clone();
-        self.spawn_op(id, async move {
-            let req = ExecRequest {
-                command,
-                timeout_ms,
-            };
-            exec(&*p, request_id, &sandbox_id, &req).await
-        });
-    }
-
-    fn perform_snapshot(&mut self, id: &str, sandbox_id: String, seq: u64) {
-        let p = self.provider.clone();
-        let task = id.to_string();
-        self.spawn_op(id, async move {
-            (snapshot(&*p, &task, sandbox_id, seq).await, None)
-        });
-    }
-
-    fn perform_stop(&mut self, id: &str, sandbox_id: String) {
-        let p = self.provider.clone();
-        self.spawn_op(id, async move { (stop(&*p, sandbox_id).await, None) });
-    }
-
-    fn perform_extend(&mut self, id: &str, sandbox_id: String, duration_ms: u64) {
-        let p = self.provider.clone();
-        self.spawn_op(id, async move {
-            (extend(&*p, sandbox_id, duration_ms).await, None)
-        });
-    }
-
-    fn perform_delete_snapshot(&mut self, id: &str, snapshot_id: String) {
-        let p = self.provider.clone();
-        self.spawn_op(id, async move {
-            (delete_snapshot(&*p, snapshot_id).await, None)
-        });
-    }
-
-    fn perform_probe(&mut self, id: &str, sandbox_id: String) {
-        let p = self.provider.clone();
-        self.probing.insert(id.to_string());
-        let known_deadline = self
-            .tasks
-            .get(id)
-            .and_then(|t| t.sandbox.as_ref())
-            .map(|s| s.deadline);
-        self.spawn_op(id, async move {
-            (probe(&*p, sandbox_id, known_deadline).await, None)
-        });
     }
 
     fn schedule_timer(&mut self, id: &str, timer: TimerKind, at: Millis, now: Millis) {
@@ -157,146 +60,26 @@ impl EventLoop {
     }
 
     /// Runs one provider call in its own future, which only sends its outcome back to the loop.
-    fn spawn_op<F>(&mut self, task: &str, fut: F)
-    where
-        F: std::future::Future<Output = (Event, Option<ExecOutput>)> + Send + 'static,
-    {
+    fn spawn_call(&mut self, task: &str, call: Call) {
         self.inflight += 1;
+        let p = self.provider.clone();
+        // Bounded creation concurrency keeps a burst of tasks under the provider's rate limits.
+        let creates = matches!(call, Call::CreateSandbox { .. }).then(|| self.creates.clone());
         let tx = self.tx.clone();
         let task = task.to_string();
         tokio::spawn(async move {
-            let (event, output) = fut.await;
+            let (event, output) = {
+                let _permit = match creates {
+                    Some(creates) => Some(creates.acquire_owned().await),
+                    None => None,
+                };
+                call.perform(&*p).await
+            };
             let _ = tx.send(Msg::Outcome {
                 task,
                 event,
                 output,
             });
         });
-    }
-}
-
-/// [`Command::CreateSandbox`]: `SandboxReady` or `CreateFailed`.
-async fn create(p: &dyn SandboxProvider, spec: &SandboxSpec) -> Event {
-    let generation = spec.generation;
-    match p.create_sandbox(spec).await {
-        Ok(info) => Event::SandboxReady {
-            generation,
-            sandbox_id: info.id,
-            name: info.name,
-            deadline: info.deadline,
-        },
-        Err(e) => Event::CreateFailed {
-            generation,
-            failure: e.to_failure(),
-        },
-    }
-}
-
-/// [`Command::RunCommand`]: `CommandExited` with the captured output, or `CommandFailed`.
-async fn exec(
-    p: &dyn SandboxProvider,
-    request_id: RequestId,
-    sandbox_id: &str,
-    req: &ExecRequest,
-) -> (Event, Option<ExecOutput>) {
-    match p.exec(sandbox_id, req).await {
-        Ok(out) => (
-            Event::CommandExited {
-                request_id,
-                exit_code: out.exit_code,
-                timed_out: out.timed_out,
-            },
-            Some(out),
-        ),
-        Err(e) => (
-            Event::CommandFailed {
-                request_id,
-                failure: e.to_failure(),
-            },
-            None,
-        ),
-    }
-}
-
-/// [`Command::TakeSnapshot`]: `SnapshotTaken` or `SnapshotFailed`.
-async fn snapshot(p: &dyn SandboxProvider, task: &str, sandbox_id: String, seq: u64) -> Event {
-    match p.snapshot(task, &sandbox_id, seq).await {
-        Ok(info) => Event::SnapshotTaken {
-            seq,
-            snapshot_id: info.id,
-            size_bytes: info.size_bytes,
-            expires_at: info.expires_at,
-        },
-        Err(e) => Event::SnapshotFailed {
-            seq,
-            failure: e.to_failure(),
-        },
-    }
-}
-
-/// [`Command::StopSandbox`]: `SandboxStopped` or `StopFailed`.
-async fn stop(p: &dyn SandboxProvider, sandbox_id: String) -> Event {
-    match p.stop_sandbox(&sandbox_id).await {
-        Ok(()) => Event::SandboxStopped { sandbox_id },
-        Err(e) => Event::StopFailed {
-            sandbox_id,
-            failure: e.to_failure(),
-        },
-    }
-}
-
-/// [`Command::ExtendTimeout`]: `TimeoutExtended` or `ExtendFailed`.
-async fn extend(p: &dyn SandboxProvider, sandbox_id: String, duration_ms: u64) -> Event {
-    match p.extend_timeout(&sandbox_id, duration_ms).await {
-        Ok(deadline) => Event::TimeoutExtended {
-            sandbox_id,
-            deadline,
-        },
-        Err(e) => Event::ExtendFailed {
-            sandbox_id,
-            failure: e.to_failure(),
-        },
-    }
-}
-
-/// [`Command::DeleteSnapshot`]: `SnapshotDeleted` or `DeleteFailed`.
-async fn delete_snapshot(p: &dyn SandboxProvider, snapshot_id: String) -> Event {
-    match p.delete_snapshot(&snapshot_id).await {
-        Ok(()) => Event::SnapshotDeleted { snapshot_id },
-        Err(e) => Event::DeleteFailed {
-            snapshot_id,
-            failure: e.to_failure(),
-        },
-    }
-}
-
-/// [`Command::ProbeSandbox`]: always `SandboxProbed`; `known_deadline` is the sandbox's
-/// recorded deadline, assumed when the provider cannot be asked.
-async fn probe(
-    p: &dyn SandboxProvider,
-    sandbox_id: String,
-    known_deadline: Option<Millis>,
-) -> Event {
-    // A probe is read-only, so transient failures are retried here, briefly.
-    // If the provider stays unreachable, the sandbox is assumed alive until its
-    // recorded deadline: declaring it gone would drop files it may still hold,
-    // while the next command finds out the truth anyway.
-    let mut delay = Duration::from_millis(200);
-    for attempt in 1..=5 {
-        match p.probe_sandbox(&sandbox_id).await {
-            Ok(alive) => return Event::SandboxProbed { sandbox_id, alive },
-            Err(e) if e.is_transient() && attempt < 5 => {
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
-            Err(e) => {
-                warn!(sandbox = %sandbox_id, error = %e, "could not probe the sandbox; assuming it lives until its recorded deadline");
-                break;
-            }
-        }
-    }
-    Event::SandboxProbed {
-        sandbox_id,
-        alive: known_deadline,
     }
 }

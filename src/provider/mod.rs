@@ -9,6 +9,8 @@
 //! - `stop_sandbox`, `delete_snapshot`: stopping a stopped sandbox or deleting a deleted snapshot
 //!   succeeds.
 
+mod call;
+mod decorator;
 // Providers are where processes and waiting on the platform live: `local` spawns `bash` and
 // polls its processes, `sim` sleeps its latencies on (paused) tokio time, `vercel` waits out
 // retry-afters and long polls.
@@ -18,6 +20,9 @@ pub mod local;
 pub mod sim;
 #[allow(clippy::disallowed_methods)]
 pub mod vercel;
+
+pub use call::Call;
+pub use decorator::Decorator;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -297,7 +297,10 @@ fn the_journal_checks_catch_a_broken_retry_policy() {
                         ..
                     }
                 )
-            }) && !matches!(e.event, taskbox::core::Event::Recovered)
+            }) && !matches!(
+                e.event,
+                taskbox::core::Event::Loaded | taskbox::core::Event::Recovered
+            )
         })
         .expect("a retry in the journal");
     for c in &mut e.commands {

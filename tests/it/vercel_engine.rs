@@ -16,10 +16,7 @@ use taskbox::provider::vercel::auth::Credentials;
 use taskbox::provider::vercel::client::VercelClient;
 use taskbox::provider::vercel::settings::VercelSettings;
 use taskbox::provider::vercel::VercelProvider;
-use taskbox::provider::{
-    ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
-    SandboxSpec, SnapshotInfo,
-};
+use taskbox::provider::{Decorator, ProviderFuture, SandboxInfo, SandboxProvider, SandboxSpec};
 use taskbox::TaskId;
 
 use crate::support::{ok, stderr, Home};
@@ -208,9 +205,9 @@ struct CountingCreates {
     most: AtomicUsize,
 }
 
-impl SandboxProvider for CountingCreates {
-    fn name(&self) -> &'static str {
-        self.inner.name()
+impl Decorator for CountingCreates {
+    fn inner(&self) -> &dyn SandboxProvider {
+        &*self.inner
     }
     fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
         Box::pin(async move {
@@ -220,35 +217,6 @@ impl SandboxProvider for CountingCreates {
             self.inflight.fetch_sub(1, Ordering::SeqCst);
             r
         })
-    }
-    fn exec<'a>(&'a self, s: &'a str, r: &'a ExecRequest) -> ProviderFuture<'a, ExecOutput> {
-        self.inner.exec(s, r)
-    }
-    fn snapshot<'a>(
-        &'a self,
-        t: &'a str,
-        s: &'a str,
-        seq: u64,
-    ) -> ProviderFuture<'a, SnapshotInfo> {
-        self.inner.snapshot(t, s, seq)
-    }
-    fn stop_sandbox<'a>(&'a self, s: &'a str) -> ProviderFuture<'a, ()> {
-        self.inner.stop_sandbox(s)
-    }
-    fn extend_timeout<'a>(&'a self, s: &'a str, d: u64) -> ProviderFuture<'a, u64> {
-        self.inner.extend_timeout(s, d)
-    }
-    fn delete_snapshot<'a>(&'a self, s: &'a str) -> ProviderFuture<'a, ()> {
-        self.inner.delete_snapshot(s)
-    }
-    fn probe_sandbox<'a>(&'a self, s: &'a str) -> ProviderFuture<'a, Option<u64>> {
-        self.inner.probe_sandbox(s)
-    }
-    fn list_sandboxes<'a>(&'a self, i: &'a str) -> ProviderFuture<'a, Vec<ListedResource>> {
-        self.inner.list_sandboxes(i)
-    }
-    fn list_snapshots<'a>(&'a self, i: &'a str) -> ProviderFuture<'a, Vec<ListedResource>> {
-        self.inner.list_snapshots(i)
     }
 }
 

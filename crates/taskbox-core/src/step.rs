@@ -347,18 +347,12 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
         ) => {}
 
         // ---- reconciliation ----
+        // running (probing) ---- probed ----> running (requests served) | expired | idle
         (Running | Snapshotting, Event::SandboxProbed { sandbox_id, alive })
             if cx.holds(&sandbox_id) =>
         {
             match alive {
-                Some(deadline) => {
-                    if let Some(sb) = cx.t.sandbox.as_mut() {
-                        sb.deadline = deadline;
-                    }
-                    cx.arm_idle();
-                    cx.arm_deadline();
-                    cx.pump();
-                }
+                Some(deadline) => cx.sandbox_lives_until(deadline),
                 None if task.state == Running => cx.expire(),
                 // While snapshotting, the snapshot call's answer decides.
                 None => {}
@@ -368,12 +362,26 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
             Event::SandboxProbed { .. },
         ) => {}
+        // running (probing) ---- probe failed ----> running (probe retried | assumed alive)
+        (
+            Running,
+            Event::ProbeFailed {
+                sandbox_id,
+                failure,
+            },
+        ) if task.probing && cx.holds(&sandbox_id) => cx.probe_failed(&failure),
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::ProbeFailed { .. },
+        ) => {} // stale: no probe of this sandbox is outstanding
 
         // ---- timers ----
         (state, Event::TimerFired { timer }) => cx.on_timer(state, timer),
 
         // ---- restart ----
-        (state, Event::Recovered) => cx.recover(state),
+        (state, Event::Loaded) => cx.recover(state, true),
+        // A journal of an engine that held requests for the probe itself.
+        (state, Event::Recovered) => cx.recover(state, false),
     }
     Ok(Transition {
         next: cx.t,
@@ -425,6 +433,7 @@ impl Cx {
     fn clear_op(&mut self) {
         self.t.attempts = 0;
         self.t.retry_at = None;
+        self.t.probing = false;
     }
 
     fn timer(&mut self, timer: TimerKind, at: Millis) {
@@ -462,7 +471,8 @@ impl Cx {
                     }
                 },
                 TaskState::Running => {
-                    if self.t.running.is_some() {
+                    // One command at a time, and none before the recovery probe has answered.
+                    if self.t.running.is_some() || self.t.probing {
                         return;
                     }
                     // The recorded deadline passed while no timer could fire (taskbox was not
@@ -625,6 +635,12 @@ impl Cx {
                 if let (Some(seq), Some(sb)) = (self.pending_seq(), self.t.sandbox.as_ref()) {
                     let sandbox_id = sb.id.clone();
                     self.cmds.push(Command::TakeSnapshot { sandbox_id, seq });
+                }
+            }
+            TaskState::Running if self.t.probing => {
+                if let Some(sb) = self.t.sandbox.as_ref() {
+                    let sandbox_id = sb.id.clone();
+                    self.cmds.push(Command::ProbeSandbox { sandbox_id });
                 }
             }
             TaskState::Running => {
@@ -941,6 +957,10 @@ impl Cx {
                     self.reissue();
                 }
             }
+            // While the recovery probe is out, the sandbox's own timers wait for its answer,
+            // which arms them afresh.
+            (TaskState::Running, TimerKind::Idle | TimerKind::Checkpoint | TimerKind::Deadline)
+                if self.t.probing => {}
             // running ---- idle lifetime over, no command running ----> snapshotting | idle
             (TaskState::Running, TimerKind::Idle) => {
                 let due = self.t.last_activity + self.t.settings.idle_lifetime_ms;
@@ -998,8 +1018,10 @@ impl Cx {
     }
 
     /// The engine restarted. Callers of queued requests are gone; the operation in flight is
-    /// re-issued (idempotent by key) or, for a command, reported interrupted and the sandbox probed.
-    fn recover(&mut self, state: TaskState) {
+    /// re-issued (idempotent by key) or, for a command, reported interrupted and the sandbox
+    /// probed — with later requests waiting for the probe's answer when `hold_for_probe`.
+    /// Nothing in flight, nothing queued, nothing to delete: nothing happens.
+    fn recover(&mut self, state: TaskState, hold_for_probe: bool) {
         let error = "interrupted: taskbox restarted before the request finished";
         self.fail_queue(error, self.t.attempts.max(1));
         self.emit_pending_deletes();
@@ -1011,6 +1033,12 @@ impl Cx {
                     None => self.reissue(),
                 }
             }
+            // The previous process stopped while probing: carry on with that probe, its
+            // attempts kept (no command can have started meanwhile).
+            TaskState::Running if hold_for_probe && self.t.probing => match self.t.retry_at {
+                Some(at) => self.timer(TimerKind::Retry, at),
+                None => self.reissue(),
+            },
             TaskState::Running => {
                 if let Some(run) = self.t.running.take() {
                     let notices = mem::take(&mut self.t.notices);
@@ -1030,6 +1058,55 @@ impl Cx {
                 if let Some(sb) = self.t.sandbox.as_ref() {
                     let sandbox_id = sb.id.clone();
                     self.cmds.push(Command::ProbeSandbox { sandbox_id });
+                    if hold_for_probe {
+                        self.t.probing = true;
+                        self.t.attempts = 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The probe answered that the sandbox lives until `deadline` (or is assumed to): the
+    /// probe is over, the sandbox's timers are armed and the waiting requests served.
+    fn sandbox_lives_until(&mut self, deadline: Millis) {
+        if let Some(sb) = self.t.sandbox.as_mut() {
+            sb.deadline = deadline;
+        }
+        if self.t.probing {
+            self.clear_op();
+        }
+        self.arm_idle();
+        self.arm_deadline();
+        self.pump();
+    }
+
+    /// The recovery probe got no answer. A probe is read-only, so a transient failure is
+    /// retried as the policy says. When attempts run out, or retrying cannot help, the sandbox
+    /// is assumed alive until its recorded deadline: declaring it gone would drop files it may
+    /// still hold, while the next command finds out the truth anyway.
+    fn probe_failed(&mut self, failure: &Failure) {
+        let decision = match failure.kind {
+            FailureKind::Transient { retry_after_ms } => self
+                .t
+                .settings
+                .retry
+                .decide(self.t.attempts, retry_after_ms),
+            FailureKind::SandboxGone
+            | FailureKind::SnapshotGone
+            | FailureKind::Auth
+            | FailureKind::Invalid
+            | FailureKind::Permanent => RetryDecision::GiveUp,
+        };
+        match decision {
+            RetryDecision::RetryAfter(delay) => {
+                let at = self.now + delay;
+                self.t.retry_at = Some(at);
+                self.timer(TimerKind::Retry, at);
+            }
+            RetryDecision::GiveUp => {
+                if let Some(deadline) = self.t.sandbox.as_ref().map(|s| s.deadline) {
+                    self.sandbox_lives_until(deadline);
                 }
             }
         }

@@ -408,6 +408,12 @@ pub struct Task {
     pub notices: Vec<Notice>,
     /// When the task was created.
     pub created_at: Millis,
+    /// A `running` task was loaded after a restart and its sandbox is being probed: requests
+    /// wait in the queue until the probe answers, so that a sandbox which died meanwhile is
+    /// restored before a command lands in it. The probe is the operation in flight (`attempts`,
+    /// `retry_at`). Absent (false) in journals written before it existed.
+    #[serde(default)]
+    pub probing: bool,
 }
 
 impl Task {
@@ -431,6 +437,7 @@ impl Task {
             checkpoint_due: false,
             notices: Vec::new(),
             created_at: now,
+            probing: false,
         }
     }
 
@@ -593,12 +600,28 @@ pub enum Event {
         /// Whether it is still running; with its deadline when it is.
         alive: Option<Millis>,
     },
+    /// `ProbeSandbox` got no answer: whether the sandbox lives is unknown.
+    ProbeFailed {
+        /// The sandbox.
+        sandbox_id: String,
+        /// Why.
+        failure: Failure,
+    },
     /// A timer fired.
     TimerFired {
         /// Which one.
         timer: TimerKind,
     },
-    /// The engine (re)started and loaded this task from the store.
+    /// The engine loaded this task from the store: the first event of every process that
+    /// drives it (after `SettingsChanged` when the configuration changed). `step` decides what
+    /// to recover — the operation in flight is re-issued, a running command is reported
+    /// interrupted and the sandbox probed, with requests waiting for the probe — and absorbs
+    /// the event when nothing was in flight.
+    Loaded,
+    /// What engines wrote before [`Event::Loaded`], only when a loaded task needed recovery,
+    /// and while they held requests for the probe themselves (outside the journal). Never
+    /// written any more; kept so that their journals replay exactly: the same recovery as
+    /// `Loaded`, without the probe wait.
     Recovered,
 }
 
@@ -623,7 +646,9 @@ impl Event {
             Event::SnapshotDeleted { .. } => "snapshot_deleted",
             Event::DeleteFailed { .. } => "delete_failed",
             Event::SandboxProbed { .. } => "sandbox_probed",
+            Event::ProbeFailed { .. } => "probe_failed",
             Event::TimerFired { .. } => "timer_fired",
+            Event::Loaded => "loaded",
             Event::Recovered => "recovered",
         }
     }
@@ -717,7 +742,8 @@ pub enum Command {
         /// The snapshot.
         snapshot_id: String,
     },
-    /// Emitted on recovery of a `running` task: ask whether the sandbox still lives.
+    /// Emitted on recovery of a `running` task (and on retry): ask whether the sandbox still
+    /// lives.
     ProbeSandbox {
         /// The sandbox.
         sandbox_id: String,

@@ -1,14 +1,17 @@
-//! The Command → provider call → Event mapping, as re-drive needs it: which [`ProviderCall`] the
-//! engine makes to perform a [`Command`], and which call a recorded outcome [`Event`] answers
-//! (the [`Key`] both share). The other direction — a recorded outcome turned back into the
-//! provider's answer — is in `provider`.
+//! Calls as re-drive compares them: a [`ProviderCall`] is a [`Call`] as the provider receives it,
+//! and a [`Key`] pairs a recorded outcome [`Event`] with the [`Command`] whose call it answers.
+//! Which call a command makes is [`Call::from_command`], the engine's own map; the other
+//! direction — a recorded outcome turned back into the provider's answer — is in `provider`.
 
 use serde::Serialize;
 
 use crate::core::{Command, Event, RequestId};
-use crate::provider::sandbox_name;
+use crate::provider::Call;
 
-/// One provider call, as the engine makes it (the arguments that decide what happens).
+/// One provider call as the provider receives it: the arguments that decide what happens. A
+/// [`Call`] without what only the engine knows (the request an `exec` serves, the installation a
+/// create is tagged with), because this is also what the [`ReplayProvider`](super::ReplayProvider)
+/// rebuilds from the arguments of each call it receives, to compare with the recording.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "call", rename_all = "snake_case")]
 pub enum ProviderCall {
@@ -67,61 +70,55 @@ pub enum ProviderCall {
     },
 }
 
-impl ProviderCall {
-    /// The call an engine of installation `installation_id` makes to perform `command` for
-    /// `task_id` (`None` for commands that are not provider calls: timers and replies).
-    pub fn from_command(
-        installation_id: &str,
-        task_id: &str,
-        command: &Command,
-    ) -> Option<ProviderCall> {
-        Some(match command {
-            Command::CreateSandbox {
-                generation,
-                source_snapshot,
-                timeout_ms,
-            } => ProviderCall::CreateSandbox {
-                task_id: task_id.to_string(),
-                generation: *generation,
-                name: sandbox_name(installation_id, task_id, *generation),
-                source_snapshot: source_snapshot.clone(),
-                timeout_ms: *timeout_ms,
+impl From<&Call> for ProviderCall {
+    fn from(call: &Call) -> ProviderCall {
+        match call {
+            Call::CreateSandbox { spec } => ProviderCall::CreateSandbox {
+                task_id: spec.task_id.clone(),
+                generation: spec.generation,
+                name: spec.name.clone(),
+                source_snapshot: spec.source_snapshot.clone(),
+                timeout_ms: spec.timeout_ms,
             },
-            Command::RunCommand {
+            Call::Exec {
                 sandbox_id,
-                command,
-                timeout_ms,
+                request,
                 ..
             } => ProviderCall::Exec {
                 sandbox_id: sandbox_id.clone(),
-                command: command.clone(),
-                timeout_ms: *timeout_ms,
+                command: request.command.clone(),
+                timeout_ms: request.timeout_ms,
             },
-            Command::TakeSnapshot { sandbox_id, seq } => ProviderCall::Snapshot {
-                task_id: task_id.to_string(),
+            Call::Snapshot {
+                task_id,
+                sandbox_id,
+                seq,
+            } => ProviderCall::Snapshot {
+                task_id: task_id.clone(),
                 sandbox_id: sandbox_id.clone(),
                 seq: *seq,
             },
-            Command::StopSandbox { sandbox_id } => ProviderCall::StopSandbox {
+            Call::StopSandbox { sandbox_id } => ProviderCall::StopSandbox {
                 sandbox_id: sandbox_id.clone(),
             },
-            Command::ExtendTimeout {
+            Call::ExtendTimeout {
                 sandbox_id,
                 duration_ms,
             } => ProviderCall::ExtendTimeout {
                 sandbox_id: sandbox_id.clone(),
                 duration_ms: *duration_ms,
             },
-            Command::DeleteSnapshot { snapshot_id } => ProviderCall::DeleteSnapshot {
+            Call::DeleteSnapshot { snapshot_id } => ProviderCall::DeleteSnapshot {
                 snapshot_id: snapshot_id.clone(),
             },
-            Command::ProbeSandbox { sandbox_id } => ProviderCall::ProbeSandbox {
+            Call::ProbeSandbox { sandbox_id } => ProviderCall::ProbeSandbox {
                 sandbox_id: sandbox_id.clone(),
             },
-            Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
-        })
+        }
     }
+}
 
+impl ProviderCall {
     /// The operation's name (`create_sandbox`, `exec`, ...).
     pub fn name(&self) -> &'static str {
         match self {
@@ -179,12 +176,15 @@ pub(super) fn outcome_key(e: &Event) -> Option<Key> {
         Event::SnapshotDeleted { snapshot_id } | Event::DeleteFailed { snapshot_id, .. } => {
             Key::Delete(snapshot_id.clone())
         }
-        Event::SandboxProbed { sandbox_id, .. } => Key::Probe(sandbox_id.clone()),
+        Event::SandboxProbed { sandbox_id, .. } | Event::ProbeFailed { sandbox_id, .. } => {
+            Key::Probe(sandbox_id.clone())
+        }
         Event::RunRequested { .. }
         | Event::SuspendRequested { .. }
         | Event::ResumeRequested { .. }
         | Event::SettingsChanged { .. }
         | Event::TimerFired { .. }
+        | Event::Loaded
         | Event::Recovered => return None,
     })
 }

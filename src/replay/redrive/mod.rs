@@ -10,15 +10,16 @@
 //!
 //! A journal written by the CLI spans many processes, and a process boundary matters (a new
 //! process recovers the task; timers die with the old one). The journal marks every boundary
-//! that matters: loading a task that is mid-flight commits `recovered`, and loading it with
-//! changed settings commits `settings_changed`. The re-drive therefore runs one orchestrator
+//! that matters: loading a task commits `loaded` (older engines: `recovered`, only for a task
+//! that was mid-flight), and loading it with changed settings commits `settings_changed`. The re-drive therefore runs one orchestrator
 //! *session* per stretch of entries between such markers, shutting the previous one down first.
 //! Outcomes are paired with the calls of their own session, first come first served by key
 //! (a sandbox's generation, a request id, a snapshot's seq, an id); a call whose outcome never
 //! made it into the journal (the process died) is left unanswered, as it was.
 //!
-//! The rooms: `call` is where a [`Command`](crate::core::Command) becomes a [`ProviderCall`]
-//! and a recorded outcome is paired with the call it answers; `plan` splits the journal into
+//! The rooms: `call` is where a call the engine makes ([`Call`](crate::provider::Call)) becomes a
+//! [`ProviderCall`], as the provider sees it, and a recorded outcome is paired with the call it
+//! answers; `plan` splits the journal into
 //! sessions and lists the expected calls; `provider` is the [`ReplayProvider`] that answers
 //! them; `compare` finds the first divergence between the recording and the re-driven journal;
 //! `scratch` keeps the re-drive's throwaway data directories. This module runs the sessions.

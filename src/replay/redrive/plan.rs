@@ -2,6 +2,7 @@
 //! per process), and every provider call it made paired with the outcome it got ([`Expected`]).
 
 use crate::core::{Event, Millis, TaskSettings};
+use crate::provider::Call;
 use crate::store::JournalEntry;
 
 use super::call::{command_key, outcome_key, Key, ProviderCall};
@@ -28,7 +29,10 @@ pub(super) struct Session {
 }
 
 fn is_load_marker(e: &JournalEntry) -> bool {
-    matches!(e.event, Event::Recovered | Event::SettingsChanged { .. })
+    matches!(
+        e.event,
+        Event::Loaded | Event::Recovered | Event::SettingsChanged { .. }
+    )
 }
 
 /// Splits the journal into sessions and pairs each recorded call with its outcome.
@@ -109,11 +113,11 @@ pub(super) fn plan(
             }
             for c in &e.commands {
                 if let (Some(call), Some(key)) = (
-                    ProviderCall::from_command(installation_id, task_id, c),
+                    Call::from_command(installation_id, task_id, c),
                     command_key(c),
                 ) {
                     expected.push(Expected {
-                        call,
+                        call: ProviderCall::from(&call),
                         key,
                         entry: i,
                         answer: None,

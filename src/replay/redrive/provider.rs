@@ -293,6 +293,7 @@ impl SandboxProvider for ReplayProvider {
         Box::pin(async move {
             match self.answer(call, "probe sandbox").await? {
                 Event::SandboxProbed { alive, .. } => Ok(alive),
+                Event::ProbeFailed { failure, .. } => Err(recorded_error(&failure)),
                 other => Err(wrong_outcome("probe sandbox", &other)),
             }
         })

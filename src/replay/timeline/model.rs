@@ -395,7 +395,9 @@ fn mark_entry(
             MarkKind::Request,
             format!("{} #{request_id}", e.event.name()),
         ),
-        Event::Recovered => mark(
+        // Every process that drives the task journals `loaded`; only a load that found
+        // something to recover (as every older `recovered` did) is marked.
+        Event::Loaded | Event::Recovered if !e.commands.is_empty() => mark(
             MarkKind::Recovery,
             format!("taskbox (re)started and recovered the task in state {from}"),
         ),

@@ -75,8 +75,9 @@ pub fn event_summary(ev: &Event, at: Millis) -> String {
             Some(_) => format!("{name}: alive"),
             None => format!("{name}: gone"),
         },
+        Event::ProbeFailed { sandbox_id, .. } => format!("{name} {sandbox_id}"),
         Event::TimerFired { timer } => format!("{name} {}", timer_name(*timer)),
-        Event::Recovered => name.to_string(),
+        Event::Loaded | Event::Recovered => name.to_string(),
     }
 }
 

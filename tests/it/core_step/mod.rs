@@ -1,7 +1,9 @@
 //! The pure core: a model-based property test of `step` (in `model`), and table tests of chosen
-//! transitions (in `transitions`). The start time and the task settings they share live here.
+//! transitions (in `transitions`) and of recovery after a restart (in `recovery`). The start
+//! time and the task settings they share live here.
 
 mod model;
+mod recovery;
 mod transitions;
 
 use taskbox::core::{Millis, RetryPolicy, TaskSettings};

@@ -208,6 +208,8 @@ impl Harness {
                     after.sandbox.as_ref().map(|s| &s.id),
                     "a command for a sandbox the task does not hold"
                 );
+                // Requests wait for the recovery probe.
+                prop_assert!(!after.probing, "{} while probing", cmd.name());
             }
             _ => {}
         }
@@ -222,6 +224,14 @@ impl Harness {
         prop_assert_eq!(holds, should_hold, "sandbox vs state: {}", ctx());
         if t.running.is_some() {
             prop_assert_eq!(t.state, TaskState::Running, "{}", ctx());
+        }
+        if t.probing {
+            prop_assert_eq!(t.state, TaskState::Running, "{}", ctx());
+            prop_assert!(
+                t.running.is_none(),
+                "a command ran while probing: {}",
+                ctx()
+            );
         }
         let pending: Vec<_> = t
             .snapshots
@@ -375,17 +385,28 @@ impl Harness {
                     failure: transient(),
                 },
             },
-            Command::ProbeSandbox { sandbox_id } => {
-                let alive = match outcome {
-                    Outcome::SandboxGone => None,
-                    _ => self
+            Command::ProbeSandbox { sandbox_id } => match outcome {
+                Outcome::Transient => Event::ProbeFailed {
+                    sandbox_id,
+                    failure: transient(),
+                },
+                Outcome::Permanent => Event::ProbeFailed {
+                    sandbox_id,
+                    failure: permanent(),
+                },
+                Outcome::SandboxGone => Event::SandboxProbed {
+                    sandbox_id,
+                    alive: None,
+                },
+                Outcome::Ok | Outcome::SnapshotGone => {
+                    let alive = self
                         .deadlines
                         .get(&sandbox_id)
                         .copied()
-                        .filter(|d| *d > now),
-                };
-                Event::SandboxProbed { sandbox_id, alive }
-            }
+                        .filter(|d| *d > now);
+                    Event::SandboxProbed { sandbox_id, alive }
+                }
+            },
             Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
         })
     }
@@ -429,7 +450,7 @@ impl Harness {
                 let json = serde_json::to_string(&self.task).expect("task serializes");
                 self.task = serde_json::from_str(&json).expect("task deserializes");
                 // Waiting callers died with the process: their replies are still due once.
-                self.apply(Event::Recovered)
+                self.apply(Event::Loaded)
             }
             Action::SetPersistent(p) => {
                 let mut s = self.task.settings.clone();

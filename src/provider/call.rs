@@ -1,0 +1,418 @@
+//! [`Call`]: the one map from a core [`Command`] to a provider operation, and from that
+//! operation's answer back to the [`Event`] the core expects.
+//!
+//! The engine performs commands through it, and re-drive lists the calls a recorded journal
+//! made through it, so the two cannot drift apart. It lives with the providers because both
+//! sides may depend on them: the engine and re-drive import it, it imports neither.
+
+use crate::core::{Command, Event, RequestId};
+
+use super::{sandbox_name, ExecOutput, ExecRequest, SandboxProvider, SandboxSpec};
+
+/// One provider operation, built from the [`Command`] that asks for it (see
+/// [`Call::from_command`]) and performed against any [`SandboxProvider`] ([`Call::perform`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    /// [`Command::CreateSandbox`]: `create_sandbox`.
+    CreateSandbox {
+        /// The sandbox to create (or find, if a create was already made).
+        spec: SandboxSpec,
+    },
+    /// [`Command::RunCommand`]: `exec`.
+    Exec {
+        /// The request the command serves; its outcome names it.
+        request_id: RequestId,
+        /// The sandbox.
+        sandbox_id: String,
+        /// The shell command and its timeout.
+        request: ExecRequest,
+    },
+    /// [`Command::TakeSnapshot`]: `snapshot`.
+    Snapshot {
+        /// The task (with `seq`, the operation's idempotency key).
+        task_id: String,
+        /// The sandbox.
+        sandbox_id: String,
+        /// The snapshot sequence number.
+        seq: u64,
+    },
+    /// [`Command::StopSandbox`]: `stop_sandbox`.
+    StopSandbox {
+        /// The sandbox.
+        sandbox_id: String,
+    },
+    /// [`Command::ExtendTimeout`]: `extend_timeout`.
+    ExtendTimeout {
+        /// The sandbox.
+        sandbox_id: String,
+        /// By how much.
+        duration_ms: u64,
+    },
+    /// [`Command::DeleteSnapshot`]: `delete_snapshot`.
+    DeleteSnapshot {
+        /// The snapshot.
+        snapshot_id: String,
+    },
+    /// [`Command::ProbeSandbox`]: `probe_sandbox`.
+    ProbeSandbox {
+        /// The sandbox.
+        sandbox_id: String,
+    },
+}
+
+impl Call {
+    /// The call an engine of installation `installation_id` makes to perform `command` for
+    /// `task_id`; `None` for the commands that are not provider calls (timers and replies, which
+    /// the engine performs itself).
+    pub fn from_command(installation_id: &str, task_id: &str, command: &Command) -> Option<Call> {
+        Some(match command {
+            Command::CreateSandbox {
+                generation,
+                source_snapshot,
+                timeout_ms,
+            } => Call::CreateSandbox {
+                spec: SandboxSpec {
+                    task_id: task_id.to_string(),
+                    generation: *generation,
+                    name: sandbox_name(installation_id, task_id, *generation),
+                    source_snapshot: source_snapshot.clone(),
+                    timeout_ms: *timeout_ms,
+                    installation_id: installation_id.to_string(),
+                },
+            },
+            Command::RunCommand {
+                request_id,
+                sandbox_id,
+                command,
+                timeout_ms,
+            } => Call::Exec {
+                request_id: *request_id,
+                sandbox_id: sandbox_id.clone(),
+                request: ExecRequest {
+                    command: command.clone(),
+                    timeout_ms: *timeout_ms,
+                },
+            },
+            Command::TakeSnapshot { sandbox_id, seq } => Call::Snapshot {
+                task_id: task_id.to_string(),
+                sandbox_id: sandbox_id.clone(),
+                seq: *seq,
+            },
+            Command::StopSandbox { sandbox_id } => Call::StopSandbox {
+                sandbox_id: sandbox_id.clone(),
+            },
+            Command::ExtendTimeout {
+                sandbox_id,
+                duration_ms,
+            } => Call::ExtendTimeout {
+                sandbox_id: sandbox_id.clone(),
+                duration_ms: *duration_ms,
+            },
+            Command::DeleteSnapshot { snapshot_id } => Call::DeleteSnapshot {
+                snapshot_id: snapshot_id.clone(),
+            },
+            Command::ProbeSandbox { sandbox_id } => Call::ProbeSandbox {
+                sandbox_id: sandbox_id.clone(),
+            },
+            Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
+        })
+    }
+
+    /// The operation's name (`create_sandbox`, `exec`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Call::CreateSandbox { .. } => "create_sandbox",
+            Call::Exec { .. } => "exec",
+            Call::Snapshot { .. } => "snapshot",
+            Call::StopSandbox { .. } => "stop_sandbox",
+            Call::ExtendTimeout { .. } => "extend_timeout",
+            Call::DeleteSnapshot { .. } => "delete_snapshot",
+            Call::ProbeSandbox { .. } => "probe_sandbox",
+        }
+    }
+
+    /// Makes the call once (retries are the core's decision, taken on the outcome) and returns
+    /// its outcome as the event the core expects, with the captured output of a command that
+    /// ran. Every failure becomes its operation's failure event, classified where it arose
+    /// ([`ProviderError::to_failure`](super::ProviderError::to_failure)).
+    pub async fn perform(&self, p: &dyn SandboxProvider) -> (Event, Option<ExecOutput>) {
+        let event = match self {
+            Call::CreateSandbox { spec } => match p.create_sandbox(spec).await {
+                Ok(info) => Event::SandboxReady {
+                    generation: spec.generation,
+                    sandbox_id: info.id,
+                    name: info.name,
+                    deadline: info.deadline,
+                },
+                Err(e) => Event::CreateFailed {
+                    generation: spec.generation,
+                    failure: e.to_failure(),
+                },
+            },
+            Call::Exec {
+                request_id,
+                sandbox_id,
+                request,
+            } => {
+                return match p.exec(sandbox_id, request).await {
+                    Ok(out) => (
+                        Event::CommandExited {
+                            request_id: *request_id,
+                            exit_code: out.exit_code,
+                            timed_out: out.timed_out,
+                        },
+                        Some(out),
+                    ),
+                    Err(e) => (
+                        Event::CommandFailed {
+                            request_id: *request_id,
+                            failure: e.to_failure(),
+                        },
+                        None,
+                    ),
+                }
+            }
+            Call::Snapshot {
+                task_id,
+                sandbox_id,
+                seq,
+            } => match p.snapshot(task_id, sandbox_id, *seq).await {
+                Ok(info) => Event::SnapshotTaken {
+                    seq: *seq,
+                    snapshot_id: info.id,
+                    size_bytes: info.size_bytes,
+                    expires_at: info.expires_at,
+                },
+                Err(e) => Event::SnapshotFailed {
+                    seq: *seq,
+                    failure: e.to_failure(),
+                },
+            },
+            Call::StopSandbox { sandbox_id } => match p.stop_sandbox(sandbox_id).await {
+                Ok(()) => Event::SandboxStopped {
+                    sandbox_id: sandbox_id.clone(),
+                },
+                Err(e) => Event::StopFailed {
+                    sandbox_id: sandbox_id.clone(),
+                    failure: e.to_failure(),
+                },
+            },
+            Call::ExtendTimeout {
+                sandbox_id,
+                duration_ms,
+            } => match p.extend_timeout(sandbox_id, *duration_ms).await {
+                Ok(deadline) => Event::TimeoutExtended {
+                    sandbox_id: sandbox_id.clone(),
+                    deadline,
+                },
+                Err(e) => Event::ExtendFailed {
+                    sandbox_id: sandbox_id.clone(),
+                    failure: e.to_failure(),
+                },
+            },
+            Call::DeleteSnapshot { snapshot_id } => match p.delete_snapshot(snapshot_id).await {
+                Ok(()) => Event::SnapshotDeleted {
+                    snapshot_id: snapshot_id.clone(),
+                },
+                Err(e) => Event::DeleteFailed {
+                    snapshot_id: snapshot_id.clone(),
+                    failure: e.to_failure(),
+                },
+            },
+            Call::ProbeSandbox { sandbox_id } => match p.probe_sandbox(sandbox_id).await {
+                Ok(alive) => Event::SandboxProbed {
+                    sandbox_id: sandbox_id.clone(),
+                    alive,
+                },
+                Err(e) => Event::ProbeFailed {
+                    sandbox_id: sandbox_id.clone(),
+                    failure: e.to_failure(),
+                },
+            },
+        };
+        (event, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Failure, FailureKind, Millis, TimerKind};
+    use crate::provider::{
+        ListedResource, ProviderError, ProviderFuture, SandboxInfo, SnapshotInfo,
+    };
+
+    /// A platform that is down: every call fails transiently.
+    struct Down;
+
+    fn down<'a, T: Send + 'a>(operation: &'static str) -> ProviderFuture<'a, T> {
+        Box::pin(async move { Err(ProviderError::transient(operation, "503", Some(7))) })
+    }
+
+    impl SandboxProvider for Down {
+        fn name(&self) -> &'static str {
+            "down"
+        }
+        fn create_sandbox<'a>(&'a self, _: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
+            down("create sandbox")
+        }
+        fn exec<'a>(&'a self, _: &'a str, _: &'a ExecRequest) -> ProviderFuture<'a, ExecOutput> {
+            down("run command")
+        }
+        fn snapshot<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a str,
+            _: u64,
+        ) -> ProviderFuture<'a, SnapshotInfo> {
+            down("take snapshot")
+        }
+        fn stop_sandbox<'a>(&'a self, _: &'a str) -> ProviderFuture<'a, ()> {
+            down("stop sandbox")
+        }
+        fn extend_timeout<'a>(&'a self, _: &'a str, _: u64) -> ProviderFuture<'a, Millis> {
+            down("extend timeout")
+        }
+        fn delete_snapshot<'a>(&'a self, _: &'a str) -> ProviderFuture<'a, ()> {
+            down("delete snapshot")
+        }
+        fn probe_sandbox<'a>(&'a self, _: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+            down("probe sandbox")
+        }
+        fn list_sandboxes<'a>(&'a self, _: &'a str) -> ProviderFuture<'a, Vec<ListedResource>> {
+            down("list sandboxes")
+        }
+        fn list_snapshots<'a>(&'a self, _: &'a str) -> ProviderFuture<'a, Vec<ListedResource>> {
+            down("list snapshots")
+        }
+    }
+
+    fn failure(operation: &str) -> Failure {
+        Failure::new(
+            FailureKind::Transient {
+                retry_after_ms: Some(7),
+            },
+            format!("{operation}: 503"),
+        )
+    }
+
+    /// Each provider command's call, and the failure event it comes back as: the event names
+    /// what the command named, so the core pairs it with the operation in flight.
+    #[test]
+    fn every_provider_command_maps_to_its_call_and_back_to_its_event() {
+        let s = || "sbx".to_string();
+        let cases = [
+            (
+                Command::CreateSandbox {
+                    generation: 3,
+                    source_snapshot: Some("snap".into()),
+                    timeout_ms: 60_000,
+                },
+                "create_sandbox",
+                Event::CreateFailed {
+                    generation: 3,
+                    failure: failure("create sandbox"),
+                },
+            ),
+            (
+                Command::RunCommand {
+                    request_id: 9,
+                    sandbox_id: s(),
+                    command: "ls".into(),
+                    timeout_ms: 5,
+                },
+                "exec",
+                Event::CommandFailed {
+                    request_id: 9,
+                    failure: failure("run command"),
+                },
+            ),
+            (
+                Command::TakeSnapshot {
+                    sandbox_id: s(),
+                    seq: 2,
+                },
+                "snapshot",
+                Event::SnapshotFailed {
+                    seq: 2,
+                    failure: failure("take snapshot"),
+                },
+            ),
+            (
+                Command::StopSandbox { sandbox_id: s() },
+                "stop_sandbox",
+                Event::StopFailed {
+                    sandbox_id: s(),
+                    failure: failure("stop sandbox"),
+                },
+            ),
+            (
+                Command::ExtendTimeout {
+                    sandbox_id: s(),
+                    duration_ms: 1,
+                },
+                "extend_timeout",
+                Event::ExtendFailed {
+                    sandbox_id: s(),
+                    failure: failure("extend timeout"),
+                },
+            ),
+            (
+                Command::DeleteSnapshot {
+                    snapshot_id: "snap".into(),
+                },
+                "delete_snapshot",
+                Event::DeleteFailed {
+                    snapshot_id: "snap".into(),
+                    failure: failure("delete snapshot"),
+                },
+            ),
+            (
+                Command::ProbeSandbox { sandbox_id: s() },
+                "probe_sandbox",
+                Event::ProbeFailed {
+                    sandbox_id: s(),
+                    failure: failure("probe sandbox"),
+                },
+            ),
+        ];
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        for (command, name, event) in cases {
+            let call = Call::from_command("inst0001", "demo", &command).expect("a provider call");
+            assert_eq!(call.name(), name);
+            assert_eq!(rt.block_on(call.perform(&Down)), (event, None), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_create_is_named_and_tagged_for_its_installation() {
+        let command = Command::CreateSandbox {
+            generation: 2,
+            source_snapshot: None,
+            timeout_ms: 60_000,
+        };
+        let Some(Call::CreateSandbox { spec }) = Call::from_command("inst0001", "demo", &command)
+        else {
+            panic!("a create");
+        };
+        assert_eq!(spec.name, sandbox_name("inst0001", "demo", 2));
+        assert_eq!(spec.installation_id, "inst0001");
+        assert_eq!(spec.task_id, "demo");
+    }
+
+    #[test]
+    fn timers_and_replies_are_no_provider_calls() {
+        let timer = Command::ScheduleTimer {
+            timer: TimerKind::Idle,
+            at: 1,
+        };
+        assert_eq!(Call::from_command("i", "t", &timer), None);
+        let reply = Command::Reply {
+            request_id: 1,
+            reply: crate::core::Reply::Suspended { snapshot_id: None },
+        };
+        assert_eq!(Call::from_command("i", "t", &reply), None);
+    }
+}

@@ -1,0 +1,160 @@
+//! [`Decorator`]: a provider that wraps another and changes only some of its operations.
+//!
+//! Test and chaos tooling wraps providers to watch or bend what the platform does (record when
+//! snapshots were deleted, plant a bug, count creations in flight). Written against
+//! [`SandboxProvider`] directly, each such wrapper repeats every operation just to forward it;
+//! a [`Decorator`] names its inner provider and overrides only what it changes, and the blanket
+//! implementation makes it a [`SandboxProvider`].
+
+use super::{
+    ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
+    SandboxSpec, SnapshotInfo,
+};
+use crate::core::Millis;
+
+/// A [`SandboxProvider`] that forwards every operation to [`Decorator::inner`] unless it
+/// overrides it. The methods mirror [`SandboxProvider`]'s, with the same contracts; an
+/// override that calls the inner provider keeps its idempotency keys as they are.
+pub trait Decorator: Send + Sync {
+    /// The provider being decorated.
+    fn inner(&self) -> &dyn SandboxProvider;
+
+    /// See [`SandboxProvider::name`].
+    fn name(&self) -> &'static str {
+        self.inner().name()
+    }
+
+    /// See [`SandboxProvider::create_sandbox`].
+    fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
+        self.inner().create_sandbox(spec)
+    }
+
+    /// See [`SandboxProvider::exec`].
+    fn exec<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        req: &'a ExecRequest,
+    ) -> ProviderFuture<'a, ExecOutput> {
+        self.inner().exec(sandbox_id, req)
+    }
+
+    /// See [`SandboxProvider::snapshot`].
+    fn snapshot<'a>(
+        &'a self,
+        task_id: &'a str,
+        sandbox_id: &'a str,
+        seq: u64,
+    ) -> ProviderFuture<'a, SnapshotInfo> {
+        self.inner().snapshot(task_id, sandbox_id, seq)
+    }
+
+    /// See [`SandboxProvider::stop_sandbox`].
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
+        self.inner().stop_sandbox(sandbox_id)
+    }
+
+    /// See [`SandboxProvider::extend_timeout`].
+    fn extend_timeout<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        duration_ms: u64,
+    ) -> ProviderFuture<'a, Millis> {
+        self.inner().extend_timeout(sandbox_id, duration_ms)
+    }
+
+    /// See [`SandboxProvider::delete_snapshot`].
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+        self.inner().delete_snapshot(snapshot_id)
+    }
+
+    /// See [`SandboxProvider::probe_sandbox`].
+    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+        self.inner().probe_sandbox(sandbox_id)
+    }
+
+    /// See [`SandboxProvider::list_sandboxes`].
+    fn list_sandboxes<'a>(
+        &'a self,
+        installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>> {
+        self.inner().list_sandboxes(installation_id)
+    }
+
+    /// See [`SandboxProvider::list_snapshots`].
+    fn list_snapshots<'a>(
+        &'a self,
+        installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>> {
+        self.inner().list_snapshots(installation_id)
+    }
+
+    /// See [`SandboxProvider::sweep_temporaries`].
+    fn sweep_temporaries(&self) -> ProviderFuture<'_, usize> {
+        self.inner().sweep_temporaries()
+    }
+}
+
+impl<T: Decorator> SandboxProvider for T {
+    fn name(&self) -> &'static str {
+        Decorator::name(self)
+    }
+
+    fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
+        Decorator::create_sandbox(self, spec)
+    }
+
+    fn exec<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        req: &'a ExecRequest,
+    ) -> ProviderFuture<'a, ExecOutput> {
+        Decorator::exec(self, sandbox_id, req)
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        task_id: &'a str,
+        sandbox_id: &'a str,
+        seq: u64,
+    ) -> ProviderFuture<'a, SnapshotInfo> {
+        Decorator::snapshot(self, task_id, sandbox_id, seq)
+    }
+
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
+        Decorator::stop_sandbox(self, sandbox_id)
+    }
+
+    fn extend_timeout<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        duration_ms: u64,
+    ) -> ProviderFuture<'a, Millis> {
+        Decorator::extend_timeout(self, sandbox_id, duration_ms)
+    }
+
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+        Decorator::delete_snapshot(self, snapshot_id)
+    }
+
+    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+        Decorator::probe_sandbox(self, sandbox_id)
+    }
+
+    fn list_sandboxes<'a>(
+        &'a self,
+        installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>> {
+        Decorator::list_sandboxes(self, installation_id)
+    }
+
+    fn list_snapshots<'a>(
+        &'a self,
+        installation_id: &'a str,
+    ) -> ProviderFuture<'a, Vec<ListedResource>> {
+        Decorator::list_snapshots(self, installation_id)
+    }
+
+    fn sweep_temporaries(&self) -> ProviderFuture<'_, usize> {
+        Decorator::sweep_temporaries(self)
+    }
+}
