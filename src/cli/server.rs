@@ -128,8 +128,9 @@ async fn stop(paths: &Paths) -> Result<ExitCode, Failure> {
     let client = Client::new(&paths.data_dir);
     let health = client.health().await.map_err(Failure::from_client)?;
     client.shutdown().await.map_err(Failure::from_client)?;
+    // The socket file goes last, once the engine has stopped.
     for _ in 0..1500 {
-        if client.health().await.is_err() {
+        if !client.socket().exists() {
             eprintln!("stopped the taskbox server (pid {})", health.pid);
             return Ok(ExitCode::SUCCESS);
         }

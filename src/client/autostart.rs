@@ -63,16 +63,43 @@ pub async fn ensure_server(client: &Client) -> Result<Option<Started>, ClientErr
     }
     let exe = std::env::current_exe()
         .map_err(|e| start_err(format!("cannot find the taskbox binary: {e}")))?;
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .map_err(|e| start_err(format!("cannot open {}: {e}", log.display())))?;
-    let err = out
-        .try_clone()
-        .map_err(|e| start_err(format!("cannot open {}: {e}", log.display())))?;
+    let started = Instant::now();
+    let mut child: Option<std::process::Child> = None;
+    let mut pid = 0;
+    let mut last_exit = None;
+    loop {
+        if child.is_none() {
+            let c = spawn_server(&exe, &log).map_err(|e| start_err(e.to_string()))?;
+            pid = c.id();
+            child = Some(c);
+        }
+        if answers(client).await? {
+            break;
+        }
+        if let Some(Ok(Some(status))) = child.as_mut().map(|c| c.try_wait()) {
+            // Most likely a server that is still stopping holds the serve lock; start
+            // another once it is gone.
+            last_exit = Some(status);
+            child = None;
+        }
+        if started.elapsed() > START_WAIT {
+            return Err(start_err(match last_exit {
+                Some(status) => format!("`taskbox serve` exited ({status})"),
+                None => format!("its socket did not answer within {} s", START_WAIT.as_secs()),
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(lock);
+    Ok(Some(Started { pid, log }))
+}
+
+/// Starts `taskbox serve --auto` detached, its output appended to `log`.
+fn spawn_server(exe: &std::path::Path, log: &std::path::Path) -> std::io::Result<std::process::Child> {
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+    let err = out.try_clone()?;
     let mut cmd = Command::new(exe);
-    cmd.args(["serve", "--auto", "-v"])
+    cmd.args(["serve", "--auto"])
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err);
@@ -88,33 +115,7 @@ pub async fn ensure_server(client: &Client) -> Result<Option<Started>, ClientErr
             Ok(())
         });
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| start_err(format!("cannot start `taskbox serve`: {e}")))?;
-    let pid = child.id();
-    let started = Instant::now();
-    loop {
-        if answers(client).await? {
-            break;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            // It lost a race with a server started without this lock (`taskbox serve` by
-            // hand): that one is as good.
-            if answers(client).await? {
-                return Ok(None);
-            }
-            return Err(start_err(format!("`taskbox serve` exited ({status})")));
-        }
-        if started.elapsed() > START_WAIT {
-            return Err(start_err(format!(
-                "its socket did not answer within {} s",
-                START_WAIT.as_secs()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    drop(lock);
-    Ok(Some(Started { pid, log }))
+    cmd.spawn()
 }
 
 /// Whether a server answers on the socket (`Err` only for a socket of another user).
