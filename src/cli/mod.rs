@@ -360,32 +360,33 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
 async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     let task = task_id(&args.task)?;
     let command = shell_join(&args.command);
-    let res = match route(paths)? {
-        Route::InProcess => {
-            let orch = open(paths).await?;
-            let timeout = args.timeout.map(Duration::from_secs);
-            if args.timeout == Some(0) {
-                return Err(Failure::new("invalid --timeout 0")
-                    .hint("give a timeout of at least 1 second"));
+    let res =
+        match route(paths)? {
+            Route::InProcess => {
+                let orch = open(paths).await?;
+                let timeout = args.timeout.map(Duration::from_secs);
+                if args.timeout == Some(0) {
+                    return Err(Failure::new("invalid --timeout 0")
+                        .hint("give a timeout of at least 1 second"));
+                }
+                let res = orch.run(&task, &command, timeout).await;
+                orch.shutdown().await;
+                res.map_err(Failure::from_engine)?
             }
-            let res = orch.run(&task, &command, timeout).await;
-            orch.shutdown().await;
-            res.map_err(Failure::from_engine)?
-        }
-        #[cfg(feature = "server")]
-        Route::Server(client, mode) => {
-            if args.timeout == Some(0) {
-                return Err(Failure::new("invalid --timeout 0")
-                    .hint("give a timeout of at least 1 second"));
+            #[cfg(feature = "server")]
+            Route::Server(client, mode) => {
+                if args.timeout == Some(0) {
+                    return Err(Failure::new("invalid --timeout 0")
+                        .hint("give a timeout of at least 1 second"));
+                }
+                let timeout = args.timeout;
+                server::call(&client, mode, |c| {
+                    let (task, command) = (task.clone(), command.clone());
+                    async move { c.run(&task, &command, timeout).await }
+                })
+                .await?
             }
-            let timeout = args.timeout;
-            server::call(&client, mode, |c| {
-                let (task, command) = (task.clone(), command.clone());
-                async move { c.run(&task, &command, timeout).await }
-            })
-            .await?
-        }
-    };
+        };
     if args.json {
         print_json(&res)?;
     } else {

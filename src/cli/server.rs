@@ -86,7 +86,10 @@ pub async fn serve(args: ServeArgs, paths: &Paths) -> Result<ExitCode, Failure> 
     let token = match &args.token_file {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| {
-                Failure::new(format!("cannot read the token file {}: {e}", path.display()))
+                Failure::new(format!(
+                    "cannot read the token file {}: {e}",
+                    path.display()
+                ))
             })?;
             Some(text.trim().to_string())
         }

@@ -85,7 +85,10 @@ pub async fn ensure_server(client: &Client) -> Result<Option<Started>, ClientErr
         if started.elapsed() > START_WAIT {
             return Err(start_err(match last_exit {
                 Some(status) => format!("`taskbox serve` exited ({status})"),
-                None => format!("its socket did not answer within {} s", START_WAIT.as_secs()),
+                None => format!(
+                    "its socket did not answer within {} s",
+                    START_WAIT.as_secs()
+                ),
             }));
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -95,8 +98,14 @@ pub async fn ensure_server(client: &Client) -> Result<Option<Started>, ClientErr
 }
 
 /// Starts `taskbox serve --auto` detached, its output appended to `log`.
-fn spawn_server(exe: &std::path::Path, log: &std::path::Path) -> std::io::Result<std::process::Child> {
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+fn spawn_server(
+    exe: &std::path::Path,
+    log: &std::path::Path,
+) -> std::io::Result<std::process::Child> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
     let err = out.try_clone()?;
     let mut cmd = Command::new(exe);
     cmd.args(["serve", "--auto"])

@@ -211,7 +211,11 @@ async fn suspend(
 ) -> Answer<crate::engine::SuspendResult> {
     let _busy = st.activity.begin();
     let task = task_id(&task)?;
-    st.orch.suspend(&task).await.map(Json).map_err(engine_failure)
+    st.orch
+        .suspend(&task)
+        .await
+        .map(Json)
+        .map_err(engine_failure)
 }
 
 async fn resume(
@@ -220,7 +224,11 @@ async fn resume(
 ) -> Answer<crate::engine::ResumeResult> {
     let _busy = st.activity.begin();
     let task = task_id(&task)?;
-    st.orch.resume(&task).await.map(Json).map_err(engine_failure)
+    st.orch
+        .resume(&task)
+        .await
+        .map(Json)
+        .map_err(engine_failure)
 }
 
 async fn tasks(State(st): State<AppState>) -> Answer<Vec<crate::core::Task>> {
@@ -261,7 +269,11 @@ async fn show(
 async fn gc(State(st): State<AppState>, bytes: Bytes) -> Answer<crate::engine::GcReport> {
     let _busy = st.activity.begin();
     let req: GcRequest = body(&bytes)?;
-    st.orch.gc(req.dry_run).await.map(Json).map_err(engine_failure)
+    st.orch
+        .gc(req.dry_run)
+        .await
+        .map(Json)
+        .map_err(engine_failure)
 }
 
 async fn shutdown(State(st): State<AppState>) -> Json<serde_json::Value> {
@@ -288,8 +300,9 @@ pub(super) async fn require_token(
     tracing::warn!(path = %req.uri().path(), "refused a TCP request without the right bearer token");
     failure(
         StatusCode::UNAUTHORIZED,
-        ApiError::new("unauthorized", "missing or wrong bearer token")
-            .hint("send `Authorization: Bearer <token>` with the token of the server's --token-file"),
+        ApiError::new("unauthorized", "missing or wrong bearer token").hint(
+            "send `Authorization: Bearer <token>` with the token of the server's --token-file",
+        ),
     )
     .into_response()
 }

@@ -340,7 +340,10 @@ async fn drain(orch: &Orchestrator) {
     if live.is_empty() {
         return;
     }
-    tracing::info!(tasks = live.len(), "suspending the tasks with live sandboxes");
+    tracing::info!(
+        tasks = live.len(),
+        "suspending the tasks with live sandboxes"
+    );
     let mut all = tokio::task::JoinSet::new();
     for id in live {
         let orch = orch.clone();

@@ -129,7 +129,10 @@ fn a_second_server_on_one_data_dir_refuses() {
         stderr(&o)
     );
     // The first still serves.
-    assert_eq!(ok(&h.home.run(&["run", "-t", "a", "--", "echo ok"])), "ok\n");
+    assert_eq!(
+        ok(&h.home.run(&["run", "-t", "a", "--", "echo ok"])),
+        "ok\n"
+    );
     ok(&h.home.run(&["serve", "--stop"]));
     let _ = first.wait();
     assert!(!h.data().join("taskbox.sock").exists());
@@ -146,12 +149,18 @@ fn a_stale_socket_file_is_replaced() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let mut server = h.spawn_serve(&[]);
     h.wait_for_server();
-    assert_eq!(ok(&h.home.run(&["run", "-t", "s", "--", "echo ok"])), "ok\n");
+    assert_eq!(
+        ok(&h.home.run(&["run", "-t", "s", "--", "echo ok"])),
+        "ok\n"
+    );
     sigkill(server.id() as i32);
     let _ = server.wait();
     // Killed: its socket is stale in turn, and the next command replaces it.
     assert!(h.data().join("taskbox.sock").exists());
-    assert_eq!(ok(&h.home.run(&["run", "-t", "s", "--", "echo again"])), "again\n");
+    assert_eq!(
+        ok(&h.home.run(&["run", "-t", "s", "--", "echo again"])),
+        "again\n"
+    );
 }
 
 /// SIGKILL of the server in the middle of a command: the next CLI call starts a new server,
@@ -193,11 +202,15 @@ fn a_server_killed_mid_command_is_replaced_and_recovers_the_task() {
 #[test]
 fn an_idle_auto_server_exits_once_no_sandbox_lives() {
     let h = ServerHome::new();
-    ok(&h.home.run(&["config", "set", "terminal.server_idle_exit_seconds", "1"]));
+    ok(&h
+        .home
+        .run(&["config", "set", "terminal.server_idle_exit_seconds", "1"]));
     ok(&h.home.run(&["run", "-t", "i", "--", "echo x > f"]));
     h.wait_for_server();
     // While the sandbox lives, the server lives.
-    let still = wait_for(Duration::from_secs(3), || h.status().is_none().then_some(()));
+    let still = wait_for(Duration::from_secs(3), || {
+        h.status().is_none().then_some(())
+    });
     assert!(still.is_none(), "the server left a live sandbox behind");
     ok(&h.home.run(&["suspend", "i"]));
     let gone = wait_for(Duration::from_secs(20), || {

@@ -13,7 +13,10 @@ fn the_socket_is_private_and_another_users_socket_is_refused() {
     let h = ServerHome::new();
     ok(&h.home.run(&["run", "-t", "m", "--", "true"]));
     let sock = h.data().join("taskbox.sock");
-    let mode = std::fs::metadata(&sock).expect("socket").permissions().mode();
+    let mode = std::fs::metadata(&sock)
+        .expect("socket")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600);
     super::kill_server_of(&h.data());
 
@@ -24,10 +27,18 @@ fn the_socket_is_private_and_another_users_socket_is_refused() {
     if chowned {
         let o = h.home.run(&["serve"]);
         assert_eq!(o.status.code(), Some(125));
-        assert!(stderr(&o).contains("belongs to uid 65534"), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("belongs to uid 65534"),
+            "{}",
+            stderr(&o)
+        );
         let o = h.home.run(&["run", "-t", "m", "--", "true"]);
         assert_eq!(o.status.code(), Some(125));
-        assert!(stderr(&o).contains("belongs to uid 65534"), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("belongs to uid 65534"),
+            "{}",
+            stderr(&o)
+        );
     } else {
         // Not root: the same check, against a user id that is not ours.
         let me = std::fs::metadata(&sock).map(|m| std::os::unix::fs::MetadataExt::uid(&m));
@@ -39,7 +50,8 @@ fn the_socket_is_private_and_another_users_socket_is_refused() {
 /// One HTTP/1.1 exchange over TCP; the status code and the body.
 fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     write!(
         s,
@@ -68,7 +80,11 @@ fn tcp_needs_the_bearer_token_and_never_shows_it() {
     // Without a token, no TCP.
     let o = h.home.run(&["serve", "--listen", "127.0.0.1:0"]);
     assert_eq!(o.status.code(), Some(125));
-    assert!(stderr(&o).contains("needs a bearer token"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("needs a bearer token"),
+        "{}",
+        stderr(&o)
+    );
 
     let tf = token_file.to_str().expect("utf-8");
     let mut server = h.spawn_serve(&["--listen", "127.0.0.1:0", "--token-file", tf]);
