@@ -7,7 +7,7 @@
 //! complete HTTP/1.1 implementation (chunked bodies, keep-alive) rather than a hand-written one.
 //! One connection per request: a Unix-socket connect costs microseconds.
 //!
-//! [`Client::connect_error`] tells "no server answers" (nothing was sent, so starting a server
+//! [`ClientError::NoServer`] tells "no server answers" (nothing was sent, so starting a server
 //! and retrying is safe) from failures after a request was sent (never retried: a `run` is not
 //! idempotent). [`autostart`] starts a server in the background for `terminal.server = auto`.
 

@@ -7,7 +7,7 @@
 //!
 //! It listens on the Unix socket `<data>/taskbox.sock` (mode 0600) and, with `--listen`, on TCP
 //! behind a bearer token; both speak the HTTP/1.1 + JSON API of `docs/api.md` under `/v1`
-//! ([`http`]). One server per data dir: [`socket::lock`] takes `<data>/serve.lock` first, and a
+//! (`http.rs`). One server per data dir: [`socket::lock`] takes `<data>/serve.lock` first, and a
 //! socket file found after that is a dead server's and is replaced. An auto-started server
 //! (`serve --auto`) exits once idle with no live sandbox ([`idle`]); on SIGTERM, SIGINT or
 //! `POST /v1/shutdown` a server suspends the tasks with live sandboxes (their files go to
