@@ -72,6 +72,33 @@ impl Backend {
     }
 }
 
+/// `terminal.server`: whether the CLI drives tasks through a `taskbox serve` process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerMode {
+    /// Through the data dir's server, starting one in the background when none answers.
+    #[default]
+    Auto,
+    /// In-process, as a one-shot engine per command (the server is not used).
+    Never,
+    /// Through the data dir's server; fail when none runs.
+    Always,
+}
+
+impl ServerMode {
+    /// The name as written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServerMode::Auto => "auto",
+            ServerMode::Never => "never",
+            ServerMode::Always => "always",
+        }
+    }
+}
+
+/// The environment variable that overrides `terminal.server`.
+pub const SERVER_ENV: &str = "TASKBOX_SERVER";
+
 /// One settable key: its name, its default, what it means, which environment variable
 /// overrides it, and how its value is read and checked. [`KEYS`] lists every key; `config get`,
 /// `config set`, `config show` and [`Config::validate`] read nothing else, and the
@@ -188,6 +215,10 @@ terminal_keys! {
         "disk in MB (unsupported on Vercel: leave unset; `none` unsets)";
     vercel_api_url: String = "https://vercel.com/api".into(), parse http_url,
         env Some("TASKBOX_VERCEL_API_URL"), "Vercel API base URL";
+    server: ServerMode = ServerMode::Auto, parse server_mode, env Some(SERVER_ENV),
+        "run commands through a taskbox server: auto | never | always";
+    server_idle_exit_seconds: u64 = 600, parse |v| at_least(v, 1), env None,
+        "seconds an auto-started server stays idle, with no live sandbox, before it exits";
 }
 
 /// The whole configuration file.
@@ -204,6 +235,12 @@ trait Render {
 }
 
 impl Render for Backend {
+    fn render(&self) -> String {
+        self.as_str().to_string()
+    }
+}
+
+impl Render for ServerMode {
     fn render(&self) -> String {
         self.as_str().to_string()
     }
@@ -246,6 +283,15 @@ fn backend(value: &str) -> Result<Backend, String> {
         "local" => Ok(Backend::Local),
         "vercel_sandbox" | "vercel" => Ok(Backend::VercelSandbox),
         _ => Err("one of: local, vercel_sandbox".into()),
+    }
+}
+
+fn server_mode(value: &str) -> Result<ServerMode, String> {
+    match value.trim() {
+        "auto" => Ok(ServerMode::Auto),
+        "never" => Ok(ServerMode::Never),
+        "always" => Ok(ServerMode::Always),
+        _ => Err("one of: auto, never, always".into()),
     }
 }
 
@@ -354,6 +400,22 @@ impl Config {
             (k.set)(&mut scratch, &value).map_err(|expected| k.invalid(&value, expected))?;
         }
         Ok(())
+    }
+
+    /// `terminal.server`, unless `TASKBOX_SERVER` (read through `env`; blank counts as unset)
+    /// overrides it.
+    pub fn server_mode(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<ServerMode, ConfigError> {
+        match env(SERVER_ENV).filter(|v| !v.trim().is_empty()) {
+            None => Ok(self.terminal.server),
+            Some(v) => server_mode(&v).map_err(|expected| ConfigError::InvalidValue {
+                key: SERVER_ENV.into(),
+                value: v,
+                expected,
+            }),
+        }
     }
 
     /// The lifecycle settings a task runs with under this config.

@@ -23,6 +23,8 @@
 pub mod bench;
 #[cfg(feature = "chaos")]
 pub mod chaos;
+#[cfg(feature = "server")]
+pub mod client;
 // The one place that reads the wall clock and tokio's clock; everything else gets a `Clock`.
 #[allow(clippy::disallowed_methods)]
 pub mod clock;
@@ -38,6 +40,8 @@ pub mod provider;
 pub mod replay;
 pub mod retry;
 pub mod rng;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod shell;
 pub mod store;
 

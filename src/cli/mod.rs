@@ -9,6 +9,8 @@ mod doctor;
 mod fake;
 mod output;
 mod replay;
+#[cfg(feature = "server")]
+mod server;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -22,6 +24,19 @@ use taskbox::store::{Store, StoreError};
 use taskbox::TaskId;
 
 use output::{fail, print_json, Failure};
+#[cfg(feature = "server")]
+use server::{route, Route};
+
+/// Without the `server` feature every command drives tasks in-process.
+#[cfg(not(feature = "server"))]
+enum Route {
+    InProcess,
+}
+
+#[cfg(not(feature = "server"))]
+fn route(_: &Paths) -> Result<Route, Failure> {
+    Ok(Route::InProcess)
+}
 
 /// Exit code for taskbox's own failures (the command's own codes pass through).
 pub const EXIT_TASKBOX_ERROR: u8 = 125;
@@ -68,6 +83,14 @@ enum Cmd {
     /// Serve a local fake of the Vercel Sandbox API (for offline tests of agents and taskbox).
     #[cfg(feature = "fake")]
     FakeVercel(fake::FakeArgs),
+    /// Run the engine for this data dir as a server (the CLI starts one itself when needed).
+    #[cfg(feature = "server")]
+    Serve(server::ServeArgs),
+    /// Is a server running for this data dir: since when, its pid, tasks with live sandboxes.
+    ///
+    /// Exits 1 when no server runs.
+    #[cfg(feature = "server")]
+    Status(JsonArg),
     /// Check a task's journal against today's code (exit 1 on a divergence); show its timeline.
     Replay(replay::ReplayArgs),
     /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
@@ -154,7 +177,16 @@ enum ConfigCmd {
 /// Parses arguments, runs, and maps the outcome to an exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    // A server logs what it does (to its terminal, or to serve.log when auto-started).
+    #[cfg(feature = "server")]
+    let verbose = if matches!(cli.cmd, Cmd::Serve(_)) {
+        cli.verbose.max(1)
+    } else {
+        cli.verbose
+    };
+    #[cfg(not(feature = "server"))]
+    let verbose = cli.verbose;
+    init_logging(verbose);
     let paths = Paths::from_env(|k| std::env::var(k).ok());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -182,6 +214,8 @@ fn init_logging(verbose: u8) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // No colour codes in a file (an auto-started server's serve.log).
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }
@@ -191,10 +225,22 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Run(args) => run(args, paths).await,
         Cmd::Suspend(args) => {
             let task = task_id(&args.task)?;
-            let orch = open(paths).await?;
-            let res = orch.suspend(&task).await;
-            orch.shutdown().await;
-            let res = res.map_err(Failure::from_engine)?;
+            let res = match route(paths)? {
+                Route::InProcess => {
+                    let orch = open(paths).await?;
+                    let res = orch.suspend(&task).await;
+                    orch.shutdown().await;
+                    res.map_err(Failure::from_engine)?
+                }
+                #[cfg(feature = "server")]
+                Route::Server(client, mode) => {
+                    server::call(&client, mode, |c| {
+                        let task = task.clone();
+                        async move { c.suspend(&task).await }
+                    })
+                    .await?
+                }
+            };
             if args.json {
                 print_json(
                     &serde_json::json!({ "task": task.as_str(), "snapshot_id": res.snapshot_id }),
@@ -209,10 +255,22 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Resume(args) => {
             let task = task_id(&args.task)?;
-            let orch = open(paths).await?;
-            let res = orch.resume(&task).await;
-            orch.shutdown().await;
-            let res = res.map_err(Failure::from_engine)?;
+            let res = match route(paths)? {
+                Route::InProcess => {
+                    let orch = open(paths).await?;
+                    let res = orch.resume(&task).await;
+                    orch.shutdown().await;
+                    res.map_err(Failure::from_engine)?
+                }
+                #[cfg(feature = "server")]
+                Route::Server(client, mode) => {
+                    server::call(&client, mode, |c| {
+                        let task = task.clone();
+                        async move { c.resume(&task).await }
+                    })
+                    .await?
+                }
+            };
             if args.json {
                 print_json(&serde_json::json!({
                     "task": task.as_str(), "sandbox_id": res.sandbox_id, "notices": res.notices,
@@ -265,11 +323,24 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Chaos(args) => chaos::run(args).await,
         #[cfg(feature = "fake")]
         Cmd::FakeVercel(args) => fake::run(args, paths.data_dir.join("fake-vercel")).await,
+        #[cfg(feature = "server")]
+        Cmd::Serve(args) => server::serve(args, paths).await,
+        #[cfg(feature = "server")]
+        Cmd::Status(args) => server::status(paths, args.json).await,
         Cmd::Gc(args) => {
-            let orch = open_with(paths, false).await?;
-            let report = orch.gc(args.dry_run).await;
-            orch.shutdown().await;
-            let report = report.map_err(Failure::from_engine)?;
+            let report = match route(paths)? {
+                Route::InProcess => {
+                    let orch = open_with(paths, false).await?;
+                    let report = orch.gc(args.dry_run).await;
+                    orch.shutdown().await;
+                    report.map_err(Failure::from_engine)?
+                }
+                #[cfg(feature = "server")]
+                Route::Server(client, mode) => {
+                    let dry_run = args.dry_run;
+                    server::call(&client, mode, |c| async move { c.gc(dry_run).await }).await?
+                }
+            };
             if args.json {
                 print_json(&report)?;
             } else {
@@ -289,14 +360,33 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
 async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     let task = task_id(&args.task)?;
     let command = shell_join(&args.command);
-    let orch = open(paths).await?;
-    let timeout = args.timeout.map(Duration::from_secs);
-    if args.timeout == Some(0) {
-        return Err(Failure::new("invalid --timeout 0").hint("give a timeout of at least 1 second"));
-    }
-    let res = orch.run(&task, &command, timeout).await;
-    orch.shutdown().await;
-    let res = res.map_err(Failure::from_engine)?;
+    let res =
+        match route(paths)? {
+            Route::InProcess => {
+                let orch = open(paths).await?;
+                let timeout = args.timeout.map(Duration::from_secs);
+                if args.timeout == Some(0) {
+                    return Err(Failure::new("invalid --timeout 0")
+                        .hint("give a timeout of at least 1 second"));
+                }
+                let res = orch.run(&task, &command, timeout).await;
+                orch.shutdown().await;
+                res.map_err(Failure::from_engine)?
+            }
+            #[cfg(feature = "server")]
+            Route::Server(client, mode) => {
+                if args.timeout == Some(0) {
+                    return Err(Failure::new("invalid --timeout 0")
+                        .hint("give a timeout of at least 1 second"));
+                }
+                let timeout = args.timeout;
+                server::call(&client, mode, |c| {
+                    let (task, command) = (task.clone(), command.clone());
+                    async move { c.run(&task, &command, timeout).await }
+                })
+                .await?
+            }
+        };
     if args.json {
         print_json(&res)?;
     } else {

@@ -101,6 +101,41 @@ impl Failure {
     }
 }
 
+#[cfg(feature = "server")]
+impl Failure {
+    /// A failure of the server or of talking to it: the server's error object as it is (its
+    /// message, causes, hint and notices), or what went wrong on the way.
+    pub fn from_client(err: taskbox::client::ClientError) -> Failure {
+        use taskbox::client::ClientError;
+        match err {
+            ClientError::Api(e) => Failure {
+                message: e.message,
+                causes: e.causes,
+                hint: e.hint,
+                notices: e.notices,
+            },
+            other => {
+                let hint = other.hint();
+                let f = Failure::new(other.to_string()).with_causes(&other);
+                match hint {
+                    Some(h) => f.hint(h),
+                    None => f,
+                }
+            }
+        }
+    }
+
+    /// A server that could not start or run.
+    pub fn from_server(err: taskbox::server::ServerError) -> Failure {
+        let hint = err.hint();
+        let f = Failure::new(err.to_string()).with_causes(&err);
+        match hint {
+            Some(h) => f.hint(h),
+            None => f,
+        }
+    }
+}
+
 impl From<std::io::Error> for Failure {
     fn from(e: std::io::Error) -> Failure {
         Failure::new(format!("cannot write output: {e}"))

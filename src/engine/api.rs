@@ -295,6 +295,34 @@ impl Orchestrator {
         .await
     }
 
+    /// Takes the task's lock and loads it now, recovering whatever a previous process left in
+    /// flight, so that its timers (idle snapshot, checkpoint before the deadline) run without
+    /// waiting for a request to name it. A long-lived driver (`taskbox serve`) loads every task
+    /// with a live sandbox at start.
+    pub async fn load(&self, task: &TaskId) -> Result<(), EngineError> {
+        self.inner.locks.acquire(task).await?;
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .tx
+            .send(Msg::Load {
+                task: task.as_str().to_string(),
+                done: tx,
+            })
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)?
+    }
+
+    /// The tasks this orchestrator has loaded (the ones it drives), as they are in memory. Reads
+    /// no store: cheap enough to ask often.
+    pub async fn loaded_tasks(&self) -> Result<Vec<Task>, EngineError> {
+        self.query(|lp| {
+            let mut tasks: Vec<Task> = lp.tasks.values().cloned().collect();
+            tasks.sort_by(|a, b| a.id.cmp(&b.id));
+            Ok(tasks)
+        })
+        .await
+    }
+
     /// State changes of every task this orchestrator drives, as they are committed.
     pub fn watch(&self) -> broadcast::Receiver<StateChange> {
         self.inner.changes.subscribe()

@@ -54,6 +54,11 @@ pub(super) enum Msg {
         timer: TimerKind,
     },
     Query(QueryFn),
+    /// Load a task now (recovering it), so its timers run without waiting for a request.
+    Load {
+        task: String,
+        done: oneshot::Sender<Result<(), EngineError>>,
+    },
     Shutdown {
         done: oneshot::Sender<()>,
     },
@@ -161,6 +166,9 @@ impl EventLoop {
                     // A query sees committed state only.
                     self.flush();
                     f(self)
+                }
+                Msg::Load { task, done } => {
+                    let _ = done.send(self.ensure_loaded(&task));
                 }
                 Msg::Shutdown { done } => {
                     for (_, h) in self.timers.drain() {

@@ -1,12 +1,12 @@
 //! Garbage collection: [`Orchestrator::gc`] finds this installation's sandboxes and snapshots
 //! that no task references and stops or deletes them, reporting what it did in a [`GcReport`].
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{EngineError, Orchestrator};
 
 /// One resource `gc` acted on (or would have).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GcItem {
     /// Provider id.
     pub id: String,
@@ -17,7 +17,7 @@ pub struct GcItem {
 }
 
 /// What `gc` found and did.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct GcReport {
     /// Nothing was changed.
     pub dry_run: bool,

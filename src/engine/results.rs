@@ -2,14 +2,14 @@
 //! [`SuspendResult`], [`ResumeResult`]), the [`StateChange`]s broadcast to watchers, and the
 //! [`TaskView`] of one task for `taskbox show`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::EngineError;
 use crate::core::{Millis, Notice, Task, TaskState};
 use crate::store::{JournalEntry, SandboxRow, SnapshotRow, Store};
 
 /// The result of a command that ran.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunResult {
     /// Exit code (124 when the timeout killed it).
     pub exit_code: i32,
@@ -27,14 +27,14 @@ pub struct RunResult {
 }
 
 /// The result of a suspend.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SuspendResult {
     /// The snapshot holding the task's files (`None`: nothing kept).
     pub snapshot_id: Option<String>,
 }
 
 /// The result of a resume.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResumeResult {
     /// The live sandbox.
     pub sandbox_id: String,

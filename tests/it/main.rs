@@ -19,6 +19,7 @@ mod engine;
 mod fake_vercel;
 mod local_provider;
 mod replay;
+mod server;
 mod sim;
 mod store;
 mod support;

@@ -42,6 +42,9 @@ impl Home {
             .env_remove("VERCEL_TEAM_ID")
             .env_remove("TERMINAL_VERCEL_RUNTIME")
             .env_remove("TASKBOX_VERCEL_API_URL")
+            // One-shot engines, as these tests were written for (a SIGKILL of the CLI kills the
+            // engine); tests/it/server sets `auto` and cleans up its servers.
+            .env("TASKBOX_SERVER", "never")
             .envs(self.env.iter().map(|(k, v)| (k, v)));
         c
     }

@@ -1,0 +1,218 @@
+//! `taskbox serve`, `taskbox status`, and how the commands that drive tasks reach an engine:
+//! through the data dir's server ([`taskbox::client`]) or in-process, per `terminal.server`.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+
+use taskbox::client::{autostart, Client, ClientError, Health};
+use taskbox::clock::format_ms;
+use taskbox::config::{Config, ServerMode};
+use taskbox::engine::Paths;
+use taskbox::server::{ServeOptions, Server, StopReason};
+
+use super::output::{print_json, Failure};
+
+/// Serve the engine for this data dir on `<data>/taskbox.sock` (and TCP with --listen).
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Also listen on this TCP address (such as 127.0.0.1:7424); requires --token-file.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// A file holding the bearer token TCP clients must send.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Ask the running server to stop (it suspends tasks with live sandboxes first).
+    #[arg(long, conflicts_with_all = ["listen", "token_file", "auto"])]
+    stop: bool,
+    /// Started by the CLI: exit once idle with no live sandbox.
+    #[arg(long, hide = true)]
+    auto: bool,
+}
+
+/// Where a command that drives tasks goes.
+pub enum Route {
+    /// A one-shot engine in this process (`terminal.server = never`).
+    InProcess,
+    /// The data dir's server.
+    Server(Client, ServerMode),
+}
+
+/// Reads `terminal.server` (or `TASKBOX_SERVER`).
+pub fn route(paths: &Paths) -> Result<Route, Failure> {
+    let config = Config::load(&paths.config_file).map_err(Failure::from_config)?;
+    let mode = config
+        .server_mode(|k| std::env::var(k).ok())
+        .map_err(Failure::from_config)?;
+    Ok(match mode {
+        ServerMode::Never => Route::InProcess,
+        mode => Route::Server(Client::new(&paths.data_dir), mode),
+    })
+}
+
+/// Calls the server; with `auto`, starts one when none answers (saying so once on stderr) and
+/// calls again. Only a "no server" failure is retried: nothing was sent then.
+pub async fn call<T, F, Fut>(client: &Client, mode: ServerMode, f: F) -> Result<T, Failure>
+where
+    F: Fn(Client) -> Fut,
+    Fut: Future<Output = Result<T, ClientError>>,
+{
+    match f(client.clone()).await {
+        Err(ClientError::NoServer { .. }) if mode == ServerMode::Auto => {
+            match autostart::ensure_server(client).await {
+                Ok(Some(started)) => eprintln!(
+                    "note: started a taskbox server in the background (pid {}, log {}); it exits once idle with no live sandbox",
+                    started.pid,
+                    started.log.display()
+                ),
+                Ok(None) => {}
+                Err(e) => return Err(Failure::from_client(e)),
+            }
+            f(client.clone()).await.map_err(Failure::from_client)
+        }
+        r => r.map_err(Failure::from_client),
+    }
+}
+
+/// `taskbox serve`.
+pub async fn serve(args: ServeArgs, paths: &Paths) -> Result<ExitCode, Failure> {
+    if args.stop {
+        return stop(paths).await;
+    }
+    let config = Config::load(&paths.config_file).map_err(Failure::from_config)?;
+    let token = match &args.token_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                Failure::new(format!(
+                    "cannot read the token file {}: {e}",
+                    path.display()
+                ))
+            })?;
+            Some(text.trim().to_string())
+        }
+        None => None,
+    };
+    let server = Server::start(ServeOptions {
+        data_dir: paths.data_dir.clone(),
+        config,
+        auto: args.auto,
+        listen: args.listen.clone(),
+        token,
+    })
+    .await
+    .map_err(Failure::from_server)?;
+    let tcp = server
+        .tcp_addr()
+        .map(|a| format!(" and http://{a} (bearer token required)"))
+        .unwrap_or_default();
+    eprintln!(
+        "taskbox server (pid {}) serving {} on {}{tcp}",
+        std::process::id(),
+        paths.data_dir.display(),
+        server.socket().display()
+    );
+    let reason = server.run().await.map_err(Failure::from_server)?;
+    let why = match reason {
+        StopReason::Signal => "on a signal",
+        StopReason::Asked => "as asked",
+        StopReason::Idle => "idle, with no live sandbox",
+    };
+    eprintln!("taskbox server stopped ({why})");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `taskbox serve --stop`: asks, then waits for the socket to go away.
+// Polling the socket until the server is gone is the waiting this command exists for.
+#[allow(clippy::disallowed_methods)]
+async fn stop(paths: &Paths) -> Result<ExitCode, Failure> {
+    let client = Client::new(&paths.data_dir);
+    let health = client.health().await.map_err(Failure::from_client)?;
+    client.shutdown().await.map_err(Failure::from_client)?;
+    // The socket file goes last, once the engine has stopped.
+    for _ in 0..1500 {
+        if !client.socket().exists() {
+            eprintln!("stopped the taskbox server (pid {})", health.pid);
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(Failure::new(format!(
+        "the taskbox server (pid {}) did not stop within 150 s",
+        health.pid
+    ))
+    .hint("it may be suspending many tasks; `taskbox status` shows whether it still runs"))
+}
+
+/// `taskbox status`: exit 0 with the server's facts, or 1 when no server runs.
+pub async fn status(paths: &Paths, json: bool) -> Result<ExitCode, Failure> {
+    let client = Client::new(&paths.data_dir);
+    let health = match client.health().await {
+        Ok(h) => h,
+        Err(ClientError::NoServer { .. }) => {
+            if json {
+                print_json(&serde_json::json!({
+                    "running": false,
+                    "data_dir": paths.data_dir.display().to_string(),
+                }))?;
+            } else {
+                eprintln!(
+                    "no taskbox server is running for {}",
+                    paths.data_dir.display()
+                );
+            }
+            return Ok(ExitCode::from(1));
+        }
+        Err(e) => return Err(Failure::from_client(e)),
+    };
+    if json {
+        let mut v = serde_json::to_value(&health)
+            .map_err(|e| Failure::new(format!("cannot encode JSON: {e}")))?;
+        v["running"] = serde_json::Value::Bool(true);
+        v["socket"] = client.socket().display().to_string().into();
+        print_json(&v)?;
+    } else {
+        print_status(&health, &client)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_status(h: &Health, client: &Client) -> Result<(), Failure> {
+    let mut s = String::new();
+    let how = if h.auto {
+        format!(
+            "started by the CLI; exits after {} s idle with no live sandbox",
+            h.idle_exit_seconds
+        )
+    } else {
+        "started with `taskbox serve`".to_string()
+    };
+    s.push_str(&format!(
+        "server:   running, pid {}, since {} ({how})\n",
+        h.pid,
+        format_ms(h.started_at)
+    ));
+    s.push_str(&format!("data dir: {}\n", h.data_dir));
+    s.push_str(&format!("socket:   {}\n", client.socket().display()));
+    if let Some(tcp) = &h.tcp {
+        s.push_str(&format!("tcp:      {tcp} (bearer token)\n"));
+    }
+    s.push_str(&format!("version:  {}\n", h.version));
+    if h.live_tasks.is_empty() {
+        s.push_str("live sandboxes: none\n");
+    } else {
+        s.push_str("live sandboxes:\n");
+        for t in &h.live_tasks {
+            s.push_str(&format!(
+                "  {:<20} {:<12} {:<28} expires {}\n",
+                t.task,
+                t.state,
+                t.sandbox,
+                format_ms(t.deadline)
+            ));
+        }
+    }
+    super::output::write_ignoring_broken_pipe(&mut std::io::stdout().lock(), s.as_bytes())
+}

@@ -1,0 +1,154 @@
+//! Starting a data dir's server in the background (`terminal.server = auto`): the CLI
+//! re-executes itself as `taskbox serve --auto`, detached (its own session, stdin from
+//! `/dev/null`, output appended to `<data>/serve.log`), and waits for the socket to answer.
+//!
+//! Ten CLIs racing to start one: each takes `<data>/autostart.lock` in turn, and whoever gets it
+//! first asks the socket again before starting anything, so one server starts and the others
+//! find it. The server's own lock (`<data>/serve.lock`) is what guarantees one server per data
+//! dir; this lock only spares the losers a pointless start.
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{Client, ClientError};
+
+/// The server's log in a data dir.
+pub const LOG_FILE: &str = "serve.log";
+
+/// How long to wait for a started server's socket to answer.
+const START_WAIT: Duration = Duration::from_secs(60);
+
+/// A server this call started.
+#[derive(Debug, Clone)]
+pub struct Started {
+    /// Its process id.
+    pub pid: u32,
+    /// Its log.
+    pub log: PathBuf,
+}
+
+/// Makes sure a server answers for the client's data dir: `None` if one already did (perhaps
+/// started by a concurrent CLI), `Some` if this call started it.
+pub async fn ensure_server(client: &Client) -> Result<Option<Started>, ClientError> {
+    let data_dir = client.data_dir.clone();
+    let log = data_dir.join(LOG_FILE);
+    let start_err = |message: String| ClientError::Start {
+        data_dir: data_dir.clone(),
+        message,
+        log: log.clone(),
+    };
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|e| start_err(format!("cannot create the data dir: {e}")))?;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(data_dir.join("autostart.lock"))
+        .map_err(|e| start_err(format!("cannot open autostart.lock: {e}")))?;
+    let started = Instant::now();
+    while !try_flock(&lock).map_err(|e| start_err(format!("cannot lock autostart.lock: {e}")))? {
+        if started.elapsed() > START_WAIT {
+            return Err(start_err(
+                "another taskbox process has been starting a server for over 60 s".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Holding the lock: a concurrent CLI may have started one while we waited.
+    if answers(client).await? {
+        return Ok(None);
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| start_err(format!("cannot find the taskbox binary: {e}")))?;
+    let started = Instant::now();
+    let mut child: Option<std::process::Child> = None;
+    let mut pid = 0;
+    let mut last_exit = None;
+    loop {
+        if child.is_none() {
+            let c = spawn_server(&exe, &log).map_err(|e| start_err(e.to_string()))?;
+            pid = c.id();
+            child = Some(c);
+        }
+        if answers(client).await? {
+            break;
+        }
+        if let Some(Ok(Some(status))) = child.as_mut().map(|c| c.try_wait()) {
+            // Most likely a server that is still stopping holds the serve lock; start
+            // another once it is gone.
+            last_exit = Some(status);
+            child = None;
+        }
+        if started.elapsed() > START_WAIT {
+            return Err(start_err(match last_exit {
+                Some(status) => format!("`taskbox serve` exited ({status})"),
+                None => format!(
+                    "its socket did not answer within {} s",
+                    START_WAIT.as_secs()
+                ),
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(lock);
+    Ok(Some(Started { pid, log }))
+}
+
+/// Starts `taskbox serve --auto` detached, its output appended to `log`.
+fn spawn_server(
+    exe: &std::path::Path,
+    log: &std::path::Path,
+) -> std::io::Result<std::process::Child> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let err = out.try_clone()?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["serve", "--auto"])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    // SAFETY: `setsid` is async-signal-safe and touches no memory; between fork and exec it
+    // detaches the server from the CLI's session and terminal, so Ctrl-C or closing the
+    // terminal does not reach it. It fails only if the child already leads a process group,
+    // which a freshly forked child does not.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+/// Whether a server answers on the socket (`Err` only for a socket of another user).
+async fn answers(client: &Client) -> Result<bool, ClientError> {
+    match client.health().await {
+        Ok(_) => Ok(true),
+        Err(e @ ClientError::ForeignSocket { .. }) => Err(e),
+        Err(_) => Ok(false),
+    }
+}
+
+/// Takes an exclusive advisory lock without blocking; `Ok(false)` if another holder has it.
+fn try_flock(file: &File) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `flock` takes a descriptor and two flags and touches no memory of ours; `file` is
+    // borrowed for the whole call, so its descriptor stays open until `flock` returns.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(err)
+    }
+}

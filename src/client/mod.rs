@@ -1,0 +1,268 @@
+//! `taskbox::client`: a small client of a data dir's server (`taskbox serve`) over its Unix
+//! socket, `<data>/taskbox.sock`, speaking the API of `docs/api.md`.
+//!
+//! It uses hyper's HTTP/1 client connection (`hyper::client::conn::http1`) on a tokio
+//! `UnixStream`: hyper, hyper-util and http-body-util are already in the dependency tree through
+//! reqwest (which cannot dial a Unix socket), so the client adds no crate, and it gets a
+//! complete HTTP/1.1 implementation (chunked bodies, keep-alive) rather than a hand-written one.
+//! One connection per request: a Unix-socket connect costs microseconds.
+//!
+//! [`ClientError::NoServer`] tells "no server answers" (nothing was sent, so starting a server
+//! and retrying is safe) from failures after a request was sent (never retried: a `run` is not
+//! idempotent). [`autostart`] starts a server in the background for `terminal.server = auto`.
+
+// Starting a server is spawning a process (the CLI re-executing itself) and waiting for its
+// socket to answer: the client's own job, like a provider's.
+#[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+pub mod autostart;
+pub mod wire;
+
+use std::path::{Path, PathBuf};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::engine::{GcReport, ResumeResult, RunResult, SuspendResult};
+use crate::ids::TaskId;
+pub use wire::{ApiError, Health, SOCKET_FILE};
+use wire::{GcRequest, RunRequest, API_PREFIX};
+
+/// What can go wrong talking to a server.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No server answers on the socket (no socket file, or nobody listening): nothing was sent.
+    #[error("no taskbox server is running for {data_dir}")]
+    NoServer {
+        /// The data dir.
+        data_dir: PathBuf,
+        /// The connect error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket file belongs to another user: talking to it could hand commands to them.
+    #[error("refusing the server socket {path}: it belongs to uid {owner}, not to uid {me}")]
+    ForeignSocket {
+        /// The socket.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// Us.
+        me: u32,
+    },
+    /// The server answered with an error.
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// The exchange failed after the request was sent (the server died, or spoke nonsense).
+    #[error("the taskbox server at {socket} {what}")]
+    Protocol {
+        /// The socket.
+        socket: PathBuf,
+        /// What happened.
+        what: String,
+    },
+    /// Starting a server failed.
+    #[error("could not start a taskbox server for {data_dir}: {message}")]
+    Start {
+        /// The data dir.
+        data_dir: PathBuf,
+        /// Why.
+        message: String,
+        /// Where the server's log is.
+        log: PathBuf,
+    },
+}
+
+impl ClientError {
+    /// How to fix it, when known.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            ClientError::NoServer { .. } => Some(
+                "start one with `taskbox serve`, or `taskbox config set terminal.server auto` to let the CLI start one"
+                    .into(),
+            ),
+            ClientError::ForeignSocket { path, .. } => Some(format!(
+                "another user's process owns {}; stop it or remove the file",
+                path.display()
+            )),
+            ClientError::Api(e) => e.hint.clone(),
+            ClientError::Protocol { .. } => Some(
+                "`taskbox status` says whether a server runs; its log is <data>/serve.log".into(),
+            ),
+            ClientError::Start { log, .. } => Some(format!("see {}", log.display())),
+        }
+    }
+}
+
+/// A client of one data dir's server. Cheap to clone; holds no connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    data_dir: PathBuf,
+    socket: PathBuf,
+}
+
+impl Client {
+    /// A client of the server for `data_dir` (its socket is `<data_dir>/taskbox.sock`).
+    pub fn new(data_dir: &Path) -> Client {
+        Client {
+            data_dir: data_dir.to_path_buf(),
+            socket: data_dir.join(SOCKET_FILE),
+        }
+    }
+
+    /// The socket it talks to.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Who serves, since when, and the tasks with live sandboxes.
+    pub async fn health(&self) -> Result<Health, ClientError> {
+        self.call(Method::GET, "/health", None::<&()>).await
+    }
+
+    /// Runs `command` in the task's sandbox; see [`crate::engine::Orchestrator::run`].
+    pub async fn run(
+        &self,
+        task: &TaskId,
+        command: &str,
+        timeout_secs: Option<u64>,
+    ) -> Result<RunResult, ClientError> {
+        let body = RunRequest {
+            command: command.to_string(),
+            timeout_secs,
+        };
+        self.call(Method::POST, &format!("/tasks/{task}/run"), Some(&body))
+            .await
+    }
+
+    /// Suspends the task; see [`crate::engine::Orchestrator::suspend`].
+    pub async fn suspend(&self, task: &TaskId) -> Result<SuspendResult, ClientError> {
+        self.call(Method::POST, &format!("/tasks/{task}/suspend"), None::<&()>)
+            .await
+    }
+
+    /// Resumes the task; see [`crate::engine::Orchestrator::resume`].
+    pub async fn resume(&self, task: &TaskId) -> Result<ResumeResult, ClientError> {
+        self.call(Method::POST, &format!("/tasks/{task}/resume"), None::<&()>)
+            .await
+    }
+
+    /// Runs a gc in the server now; see [`crate::engine::Orchestrator::gc`].
+    pub async fn gc(&self, dry_run: bool) -> Result<GcReport, ClientError> {
+        self.call(Method::POST, "/gc", Some(&GcRequest { dry_run }))
+            .await
+    }
+
+    /// Every task with its state, as JSON (`GET /v1/tasks`).
+    pub async fn tasks(&self) -> Result<serde_json::Value, ClientError> {
+        self.call(Method::GET, "/tasks", None::<&()>).await
+    }
+
+    /// One task's view, as JSON (`GET /v1/tasks/{task}`).
+    pub async fn show(
+        &self,
+        task: &TaskId,
+        journal: usize,
+    ) -> Result<serde_json::Value, ClientError> {
+        self.call(
+            Method::GET,
+            &format!("/tasks/{task}?journal={journal}"),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Asks the server to stop (it suspends tasks with live sandboxes first).
+    pub async fn shutdown(&self) -> Result<serde_json::Value, ClientError> {
+        self.call(Method::POST, "/shutdown", None::<&()>).await
+    }
+
+    /// Checks the socket's owner, then connects. `NoServer` when nobody listens.
+    async fn connect(&self) -> Result<tokio::net::UnixStream, ClientError> {
+        let no_server = |source| ClientError::NoServer {
+            data_dir: self.data_dir.clone(),
+            source,
+        };
+        let meta = std::fs::symlink_metadata(&self.socket).map_err(no_server)?;
+        check_owner(&self.socket, &meta)?;
+        tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(no_server)
+    }
+
+    async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        let proto = |what: String| ClientError::Protocol {
+            socket: self.socket.clone(),
+            what,
+        };
+        let stream = self.connect().await?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| proto(format!("refused the connection: {e}")))?;
+        // The connection is driven alongside the request; it ends when the answer is read.
+        let driver = tokio::spawn(conn);
+        let bytes = match body {
+            Some(b) => serde_json::to_vec(b).map_err(|e| proto(format!("(encoding): {e}")))?,
+            None => Vec::new(),
+        };
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("{API_PREFIX}{path}"))
+            .header(hyper::header::HOST, "taskbox")
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(bytes)))
+            .map_err(|e| proto(format!("(request): {e}")))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| proto(format!("closed the connection before answering: {e}")))?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| proto(format!("cut its answer short: {e}")))?
+            .to_bytes();
+        driver.abort();
+        if status == StatusCode::OK {
+            return serde_json::from_slice(&body)
+                .map_err(|e| proto(format!("answered with unexpected JSON: {e}")));
+        }
+        match serde_json::from_slice::<ApiError>(&body) {
+            Ok(e) => Err(ClientError::Api(e)),
+            Err(_) => Err(proto(format!(
+                "answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ))),
+        }
+    }
+}
+
+/// Refuses a socket file that belongs to another user: its owner would see every command.
+pub fn check_owner(path: &Path, meta: &std::fs::Metadata) -> Result<(), ClientError> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: `geteuid` takes no arguments, touches no memory and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    check_owner_is(path, meta.uid(), me)
+}
+
+/// [`check_owner`] against a given user id (testable without a second account).
+pub fn check_owner_is(path: &Path, owner: u32, me: u32) -> Result<(), ClientError> {
+    if owner == me {
+        Ok(())
+    } else {
+        Err(ClientError::ForeignSocket {
+            path: path.to_path_buf(),
+            owner,
+            me,
+        })
+    }
+}

@@ -1,0 +1,106 @@
+//! The objects of the server's HTTP API (`docs/api.md`), shared by [`crate::server`] and the
+//! [client](super): request bodies, the health answer, and [`ApiError`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::{Millis, Notice};
+
+/// The API's version prefix: every path starts with it.
+pub const API_PREFIX: &str = "/v1";
+
+/// The Unix socket's file name in a data dir.
+pub const SOCKET_FILE: &str = "taskbox.sock";
+
+/// `POST /v1/tasks/{task}/run`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRequest {
+    /// A `bash -c` string.
+    pub command: String,
+    /// Per-command timeout in seconds (default: the server's `terminal.timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+}
+
+/// `POST /v1/gc`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcRequest {
+    /// Only report.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// A task with a live sandbox, as `GET /v1/health` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveTask {
+    /// The task.
+    pub task: String,
+    /// Its state.
+    pub state: String,
+    /// Its sandbox.
+    pub sandbox: String,
+    /// The sandbox's platform deadline (ms since the epoch).
+    pub deadline: Millis,
+}
+
+/// `GET /v1/health`: who serves, since when, and which tasks have live sandboxes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// The server's taskbox version.
+    pub version: String,
+    /// Its process id.
+    pub pid: u32,
+    /// When it started (ms since the epoch).
+    pub started_at: Millis,
+    /// The data dir it serves.
+    pub data_dir: String,
+    /// Started by the CLI (`serve --auto`): exits once idle with no live sandbox.
+    pub auto: bool,
+    /// `terminal.server_idle_exit_seconds` as the server read it.
+    pub idle_exit_seconds: u64,
+    /// The TCP address it also listens on, if any.
+    pub tcp: Option<String>,
+    /// Requests being served now.
+    pub requests_in_flight: u64,
+    /// Tasks with a live sandbox, by name.
+    pub live_tasks: Vec<LiveTask>,
+}
+
+/// Every error the API answers with: a stable `code` to branch on, the message, the causes
+/// below it, a hint when a fix is known, and notices (a sandbox expired, files lost...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    /// Stable: `invalid_task_id`, `bad_request`, `not_found`, `unauthorized`, `request_failed`,
+    /// `provider`, `busy`, `lock`, `store`, `step`, `stopped`.
+    pub code: String,
+    /// What went wrong.
+    pub message: String,
+    /// The causes, outermost first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub causes: Vec<String>,
+    /// How to fix it, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+    /// What the caller should know.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notices: Vec<Notice>,
+}
+
+impl ApiError {
+    /// An error with no causes, hint or notices.
+    pub fn new(code: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            code: code.to_string(),
+            message: message.into(),
+            causes: Vec::new(),
+            hint: None,
+            notices: Vec::new(),
+        }
+    }
+
+    /// With a hint.
+    pub fn hint(mut self, hint: impl Into<String>) -> ApiError {
+        self.hint = Some(hint.into());
+        self
+    }
+}

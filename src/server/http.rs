@@ -1,0 +1,329 @@
+//! The HTTP API under `/v1` (written down in `docs/api.md`): one handler per endpoint, each a
+//! thin call into the [`Orchestrator`], errors as [`ApiError`] objects, and the bearer-token
+//! check that guards the TCP listener.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use super::idle::Activity;
+use crate::client::wire::{ApiError, GcRequest, Health, LiveTask, RunRequest, API_PREFIX};
+use crate::core::Millis;
+use crate::engine::{EngineError, Orchestrator};
+use crate::ids::TaskId;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub(super) struct AppState {
+    pub(super) orch: Orchestrator,
+    pub(super) activity: Arc<Activity>,
+    pub(super) info: Arc<Info>,
+    /// Asks the server to stop (`POST /v1/shutdown`).
+    pub(super) stop: Arc<tokio::sync::Notify>,
+}
+
+/// The server's fixed facts, for `GET /v1/health`.
+pub(super) struct Info {
+    pub(super) pid: u32,
+    pub(super) started_at: Millis,
+    pub(super) data_dir: String,
+    pub(super) auto: bool,
+    pub(super) idle_exit_seconds: u64,
+    pub(super) tcp: Option<String>,
+}
+
+/// The API's routes.
+pub(super) fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/health", get(health))
+        .route("/tasks", get(tasks))
+        .route("/tasks/{task}", get(show))
+        .route("/tasks/{task}/run", post(run))
+        .route("/tasks/{task}/suspend", post(suspend))
+        .route("/tasks/{task}/resume", post(resume))
+        .route("/gc", post(gc))
+        .route("/shutdown", post(shutdown));
+    Router::new()
+        .nest(API_PREFIX, v1)
+        .fallback(|| async {
+            failure(
+                StatusCode::NOT_FOUND,
+                ApiError::new("not_found", "no such endpoint")
+                    .hint("docs/api.md lists the endpoints; every path starts with /v1"),
+            )
+        })
+        .with_state(state)
+}
+
+/// An error answer: a status and an [`ApiError`] body.
+pub(super) struct Failure(StatusCode, Box<ApiError>);
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        (self.0, Json(*self.1)).into_response()
+    }
+}
+
+fn failure(status: StatusCode, err: ApiError) -> Failure {
+    Failure(status, Box::new(err))
+}
+
+type Answer<T> = Result<Json<T>, Failure>;
+
+fn task_id(s: &str) -> Result<TaskId, Failure> {
+    TaskId::new(s).map_err(|e| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            ApiError::new("invalid_task_id", e.to_string()).hint(
+                "a task id is 1 to 64 letters, digits, `-` or `_`, starting with a letter or digit",
+            ),
+        )
+    })
+}
+
+fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            ApiError::new("bad_request", format!("the request body is not valid: {e}")),
+        )
+    })
+}
+
+/// An engine error as the API answers it: a stable code per kind, the message, its causes,
+/// the hint the CLI would print, and the notices.
+pub(super) fn engine_failure(err: EngineError) -> Failure {
+    let (status, code) = match &err {
+        EngineError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store"),
+        EngineError::TaskId(_) => (StatusCode::BAD_REQUEST, "invalid_task_id"),
+        EngineError::Step(_) => (StatusCode::INTERNAL_SERVER_ERROR, "step"),
+        EngineError::Request { .. } => (StatusCode::BAD_GATEWAY, "request_failed"),
+        EngineError::Provider { .. } => (StatusCode::BAD_GATEWAY, "provider"),
+        EngineError::Busy { .. } => (StatusCode::CONFLICT, "busy"),
+        EngineError::Lock { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "lock"),
+        EngineError::Stopped => (StatusCode::SERVICE_UNAVAILABLE, "stopped"),
+    };
+    let hint = match &err {
+        EngineError::Provider { hint: Some(h), .. } => Some(h.clone()),
+        EngineError::Busy { .. } => Some(
+            "another taskbox process is driving this task; wait for it to finish".to_string(),
+        ),
+        EngineError::Request { message, .. } if message.contains("expired") => Some(
+            "live processes do not survive a sandbox's expiry; files come back from the latest snapshot".to_string(),
+        ),
+        EngineError::Stopped => Some("the server is stopping; run the command again".to_string()),
+        _ => None,
+    };
+    let notices = match &err {
+        EngineError::Request { notices, .. } => notices.clone(),
+        _ => Vec::new(),
+    };
+    let message = err.to_string();
+    let mut causes = Vec::new();
+    let mut source = std::error::Error::source(&err);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !message.contains(&text) {
+            causes.push(text);
+        }
+        source = s.source();
+    }
+    failure(
+        status,
+        ApiError {
+            code: code.to_string(),
+            message,
+            causes,
+            hint,
+            notices,
+        },
+    )
+}
+
+async fn health(State(st): State<AppState>) -> Answer<Health> {
+    let loaded = st.orch.loaded_tasks().await.map_err(engine_failure)?;
+    let live_tasks = loaded
+        .into_iter()
+        .filter_map(|t| {
+            let sb = t.sandbox?;
+            Some(LiveTask {
+                task: t.id.to_string(),
+                state: t.state.as_str().to_string(),
+                sandbox: sb.id.to_string(),
+                deadline: sb.deadline,
+            })
+        })
+        .collect();
+    let i = &st.info;
+    Ok(Json(Health {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: i.pid,
+        started_at: i.started_at,
+        data_dir: i.data_dir.clone(),
+        auto: i.auto,
+        idle_exit_seconds: i.idle_exit_seconds,
+        tcp: i.tcp.clone(),
+        requests_in_flight: st.activity.in_flight(),
+        live_tasks,
+    }))
+}
+
+async fn run(
+    State(st): State<AppState>,
+    Path(task): Path<String>,
+    bytes: Bytes,
+) -> Answer<crate::engine::RunResult> {
+    let _busy = st.activity.begin();
+    let task = task_id(&task)?;
+    let req: RunRequest = serde_json::from_slice(&bytes).map_err(|e| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            ApiError::new("bad_request", format!("the request body is not valid: {e}"))
+                .hint(r#"send {"command": "…", "timeout_secs": N}"#),
+        )
+    })?;
+    if req.timeout_secs == Some(0) {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            ApiError::new("bad_request", "invalid --timeout 0")
+                .hint("give a timeout of at least 1 second"),
+        ));
+    }
+    let timeout = req.timeout_secs.map(std::time::Duration::from_secs);
+    let res = st.orch.run(&task, &req.command, timeout).await;
+    res.map(Json).map_err(engine_failure)
+}
+
+async fn suspend(
+    State(st): State<AppState>,
+    Path(task): Path<String>,
+) -> Answer<crate::engine::SuspendResult> {
+    let _busy = st.activity.begin();
+    let task = task_id(&task)?;
+    st.orch
+        .suspend(&task)
+        .await
+        .map(Json)
+        .map_err(engine_failure)
+}
+
+async fn resume(
+    State(st): State<AppState>,
+    Path(task): Path<String>,
+) -> Answer<crate::engine::ResumeResult> {
+    let _busy = st.activity.begin();
+    let task = task_id(&task)?;
+    st.orch
+        .resume(&task)
+        .await
+        .map(Json)
+        .map_err(engine_failure)
+}
+
+async fn tasks(State(st): State<AppState>) -> Answer<Vec<crate::core::Task>> {
+    let _busy = st.activity.begin();
+    st.orch.tasks().await.map(Json).map_err(engine_failure)
+}
+
+/// `?journal=N` on `GET /v1/tasks/{task}`.
+#[derive(Deserialize)]
+struct ShowQuery {
+    #[serde(default = "twenty")]
+    journal: usize,
+}
+
+fn twenty() -> usize {
+    20
+}
+
+async fn show(
+    State(st): State<AppState>,
+    Path(task): Path<String>,
+    Query(q): Query<ShowQuery>,
+) -> Answer<crate::engine::TaskView> {
+    let _busy = st.activity.begin();
+    let task = task_id(&task)?;
+    match st.orch.show(&task, q.journal).await {
+        Ok(Some(view)) => Ok(Json(view)),
+        Ok(None) => Err(failure(
+            StatusCode::NOT_FOUND,
+            ApiError::new("not_found", format!("no task named `{task}`")).hint(
+                "`taskbox tasks` lists the tasks; `taskbox run --task NAME -- CMD` creates one",
+            ),
+        )),
+        Err(e) => Err(engine_failure(e)),
+    }
+}
+
+async fn gc(State(st): State<AppState>, bytes: Bytes) -> Answer<crate::engine::GcReport> {
+    let _busy = st.activity.begin();
+    let req: GcRequest = body(&bytes)?;
+    st.orch
+        .gc(req.dry_run)
+        .await
+        .map(Json)
+        .map_err(engine_failure)
+}
+
+async fn shutdown(State(st): State<AppState>) -> Json<serde_json::Value> {
+    st.stop.notify_one();
+    Json(serde_json::json!({ "stopping": true }))
+}
+
+/// The TCP listener's guard: `Authorization: Bearer <token>` or 401, before any handler runs.
+/// The token is compared in constant time and never echoed.
+pub(super) async fn require_token(
+    State(token): State<Arc<String>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(given.as_bytes(), token.as_bytes()) {
+        return next.run(req).await;
+    }
+    tracing::warn!(path = %req.uri().path(), "refused a TCP request without the right bearer token");
+    failure(
+        StatusCode::UNAUTHORIZED,
+        ApiError::new("unauthorized", "missing or wrong bearer token").hint(
+            "send `Authorization: Bearer <token>` with the token of the server's --token-file",
+        ),
+    )
+    .into_response()
+}
+
+/// Compares without an early exit, so timing does not reveal how much of a guess was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"secret"));
+    }
+}

@@ -1,0 +1,365 @@
+//! `taskbox serve`: one long-lived engine per data dir, the way `dockerd` sits behind `docker`.
+//!
+//! The server owns the data dir's [`Orchestrator`] — its event loop, its timers, its task locks
+//! — for as long as it runs, so the idle snapshot and the checkpoint before a sandbox's deadline
+//! happen between commands. At start it loads every task that has a live sandbox or an
+//! operation in flight (recovering it, which re-arms its timers), and reconciles orphans.
+//!
+//! It listens on the Unix socket `<data>/taskbox.sock` (mode 0600) and, with `--listen`, on TCP
+//! behind a bearer token; both speak the HTTP/1.1 + JSON API of `docs/api.md` under `/v1`
+//! (`http.rs`). One server per data dir: [`socket::lock`] takes `<data>/serve.lock` first, and a
+//! socket file found after that is a dead server's and is replaced. An auto-started server
+//! (`serve --auto`) exits once idle with no live sandbox ([`idle`]); on SIGTERM, SIGINT or
+//! `POST /v1/shutdown` a server suspends the tasks with live sandboxes (their files go to
+//! snapshots) before it exits, so that no live sandbox outlives its engine.
+
+mod http;
+// The idle clock: when the last request ended, and a periodic look at the loaded tasks.
+#[allow(clippy::disallowed_methods)]
+pub mod idle;
+pub mod socket;
+
+use std::future::IntoFuture;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::client::SOCKET_FILE;
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::engine::{EngineError, Orchestrator};
+use crate::ids::TaskId;
+
+/// How long in-flight HTTP requests get to finish once the server is told to stop.
+const REQUEST_GRACE: Duration = Duration::from_secs(10);
+/// How long suspending the tasks with live sandboxes may take at shutdown.
+const DRAIN_GRACE: Duration = Duration::from_secs(120);
+
+/// Why a server could not start (or stopped).
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Another server holds the data dir's serve lock.
+    #[error("a taskbox server is already running for {data_dir}{}", pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    AlreadyRunning {
+        /// The data dir.
+        data_dir: PathBuf,
+        /// The holder, as it wrote itself into the lock file.
+        pid: Option<u32>,
+    },
+    /// The socket file belongs to another user.
+    #[error("{message}")]
+    ForeignSocket {
+        /// What was found.
+        message: String,
+    },
+    /// `--listen` without a token.
+    #[error("--listen needs a bearer token: refusing to serve TCP without one")]
+    TokenRequired,
+    /// The TCP address could not be bound.
+    #[error("cannot listen on {addr}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file or socket operation failed.
+    #[error("{what}")]
+    Io {
+        /// What was attempted.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The engine could not be opened.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+impl ServerError {
+    /// How to fix it, when known.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            ServerError::AlreadyRunning { .. } => Some(
+                "`taskbox status` shows it; the CLI talks to it (one server serves a data dir)"
+                    .into(),
+            ),
+            ServerError::ForeignSocket { .. } => {
+                Some("another user's server serves this data dir; use your own TASKBOX_HOME".into())
+            }
+            ServerError::TokenRequired => Some(
+                "write a long random token to a file readable only by you and pass --token-file FILE"
+                    .into(),
+            ),
+            ServerError::Engine(EngineError::Provider { hint, .. }) => hint.clone(),
+            _ => None,
+        }
+    }
+}
+
+/// How to serve.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The data dir.
+    pub data_dir: PathBuf,
+    /// The configuration (read once, at start).
+    pub config: Config,
+    /// Started by the CLI: exit once idle with no live sandbox.
+    pub auto: bool,
+    /// Also listen on this TCP address (then `token` is required).
+    pub listen: Option<String>,
+    /// The bearer token TCP clients must send.
+    pub token: Option<String>,
+}
+
+/// Why a server stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// SIGTERM, SIGINT or SIGHUP.
+    Signal,
+    /// `POST /v1/shutdown`.
+    Asked,
+    /// Auto-started, idle, and no live sandbox.
+    Idle,
+}
+
+/// A started server: the lock held, the sockets bound, the engine open.
+pub struct Server {
+    opts: ServeOptions,
+    lock: socket::ServeLock,
+    unix: tokio::net::UnixListener,
+    tcp: Option<(tokio::net::TcpListener, Arc<String>)>,
+    orch: Orchestrator,
+    started_at: crate::core::Millis,
+}
+
+impl Server {
+    /// Takes the data dir's serve lock, binds the socket (and TCP), opens the engine and starts
+    /// loading the tasks with live sandboxes.
+    pub async fn start(opts: ServeOptions) -> Result<Server, ServerError> {
+        let token = match (&opts.listen, &opts.token) {
+            (Some(_), None) => return Err(ServerError::TokenRequired),
+            (Some(_), Some(t)) if t.trim().is_empty() => return Err(ServerError::TokenRequired),
+            (_, t) => t.as_ref().map(|t| Arc::new(t.trim().to_string())),
+        };
+        let lock = socket::lock(&opts.data_dir)?;
+        let unix = socket::bind(&opts.data_dir, &lock)?;
+        let tcp = match (&opts.listen, token) {
+            (Some(addr), Some(token)) => {
+                let l = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| ServerError::Listen {
+                        addr: addr.clone(),
+                        source,
+                    })?;
+                Some((l, token))
+            }
+            _ => None,
+        };
+        let orch = Orchestrator::builder(opts.data_dir.clone(), opts.config.clone())
+            .open()
+            .await?;
+        tokio::spawn(load_live_tasks(orch.clone()));
+        Ok(Server {
+            opts,
+            lock,
+            unix,
+            tcp,
+            orch,
+            started_at: SystemClock.now_ms(),
+        })
+    }
+
+    /// The Unix socket's path.
+    pub fn socket(&self) -> PathBuf {
+        self.opts.data_dir.join(SOCKET_FILE)
+    }
+
+    /// The TCP address actually bound, if any.
+    pub fn tcp_addr(&self) -> Option<std::net::SocketAddr> {
+        self.tcp.as_ref().and_then(|(l, _)| l.local_addr().ok())
+    }
+
+    /// Serves until a signal, `POST /v1/shutdown` or (auto-started) idleness; then suspends
+    /// the tasks with live sandboxes, stops the engine and removes the socket.
+    pub async fn run(self) -> Result<StopReason, ServerError> {
+        let Server {
+            opts,
+            lock,
+            unix,
+            tcp,
+            orch,
+            started_at,
+        } = self;
+        let activity = Arc::new(idle::Activity::default());
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let tcp_addr = tcp
+            .as_ref()
+            .and_then(|(l, _)| l.local_addr().ok())
+            .map(|a| a.to_string());
+        let state = http::AppState {
+            orch: orch.clone(),
+            activity: activity.clone(),
+            info: Arc::new(http::Info {
+                pid: std::process::id(),
+                started_at,
+                data_dir: opts.data_dir.display().to_string(),
+                auto: opts.auto,
+                idle_exit_seconds: opts.config.terminal.server_idle_exit_seconds,
+                tcp: tcp_addr,
+            }),
+            stop: stop.clone(),
+        };
+        let app = http::router(state);
+        let (closing_tx, closing) = tokio::sync::watch::channel(false);
+        let closed = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|v| *v).await;
+        };
+        let mut servers = Vec::new();
+        servers.push(tokio::spawn(
+            axum::serve(unix, app.clone())
+                .with_graceful_shutdown(closed(closing.clone()))
+                .into_future(),
+        ));
+        if let Some((listener, token)) = tcp {
+            let guarded = app.layer(axum::middleware::from_fn_with_state(
+                token,
+                http::require_token,
+            ));
+            servers.push(tokio::spawn(
+                axum::serve(listener, guarded)
+                    .with_graceful_shutdown(closed(closing.clone()))
+                    .into_future(),
+            ));
+        }
+        tracing::info!(socket = %opts.data_dir.join(SOCKET_FILE).display(), auto = opts.auto, "serving");
+
+        let idle_limit = Duration::from_secs(opts.config.terminal.server_idle_exit_seconds);
+        let idle = async {
+            if opts.auto {
+                idle::wait_until_idle(activity.clone(), orch.clone(), idle_limit).await
+            } else {
+                std::future::pending::<()>().await
+            }
+        };
+        let reason = tokio::select! {
+            _ = signals() => StopReason::Signal,
+            _ = stop.notified() => StopReason::Asked,
+            _ = idle => StopReason::Idle,
+        };
+        tracing::info!(?reason, "stopping");
+        let _ = closing_tx.send(true);
+        for s in servers {
+            let _ = tokio::time::timeout(REQUEST_GRACE, s).await;
+        }
+        if reason != StopReason::Idle {
+            drain(&orch).await;
+        }
+        orch.shutdown().await;
+        socket::unbind(&opts.data_dir);
+        drop(lock);
+        Ok(reason)
+    }
+}
+
+/// SIGTERM, SIGINT or SIGHUP.
+async fn signals() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut streams = Vec::new();
+    for kind in [
+        SignalKind::terminate(),
+        SignalKind::interrupt(),
+        SignalKind::hangup(),
+    ] {
+        match signal(kind) {
+            Ok(s) => streams.push(s),
+            Err(e) => tracing::warn!(error = %e, "cannot watch a signal"),
+        }
+    }
+    if streams.is_empty() {
+        return std::future::pending().await;
+    }
+    let waits = streams.iter_mut().map(|s| Box::pin(s.recv()));
+    let _ = futures_select_all(waits.collect()).await;
+}
+
+/// Waits for the first of several futures (a tiny `select_all`, to avoid a dependency).
+async fn futures_select_all<F: std::future::Future + Unpin>(mut futs: Vec<F>) -> F::Output {
+    std::future::poll_fn(move |cx| {
+        for f in futs.iter_mut() {
+            if let std::task::Poll::Ready(v) = std::pin::Pin::new(f).poll(cx) {
+                return std::task::Poll::Ready(v);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// Loads every task that a previous process left with a sandbox or an operation in flight, so
+/// that recovery runs and its timers are armed now rather than at the next request naming it.
+async fn load_live_tasks(orch: Orchestrator) {
+    let tasks = match orch.tasks().await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the tasks to load at start");
+            return;
+        }
+    };
+    for t in tasks {
+        let live = t.sandbox.is_some()
+            || t.state.is_transient()
+            || !t.queue.is_empty()
+            || t.state == crate::core::TaskState::Running;
+        if !live {
+            continue;
+        }
+        let Ok(id) = TaskId::new(t.id.as_str()) else {
+            continue;
+        };
+        match orch.load(&id).await {
+            Ok(()) => tracing::info!(task = %id, state = %t.state, "loaded at start"),
+            Err(e) => tracing::warn!(task = %id, error = %e, "cannot load at start"),
+        }
+    }
+}
+
+/// Suspends every task with a live sandbox (files to a snapshot when persistent), so that none
+/// outlives the engine that takes its snapshots.
+async fn drain(orch: &Orchestrator) {
+    let Ok(tasks) = orch.loaded_tasks().await else {
+        return;
+    };
+    let live: Vec<TaskId> = tasks
+        .iter()
+        .filter(|t| t.sandbox.is_some())
+        .filter_map(|t| TaskId::new(t.id.as_str()).ok())
+        .collect();
+    if live.is_empty() {
+        return;
+    }
+    tracing::info!(
+        tasks = live.len(),
+        "suspending the tasks with live sandboxes"
+    );
+    let mut all = tokio::task::JoinSet::new();
+    for id in live {
+        let orch = orch.clone();
+        all.spawn(async move {
+            if let Err(e) = orch.suspend(&id).await {
+                tracing::warn!(task = %id, error = %e, "could not suspend at shutdown");
+            }
+        });
+    }
+    let joined = async { while all.join_next().await.is_some() {} };
+    if tokio::time::timeout(DRAIN_GRACE, joined).await.is_err() {
+        tracing::warn!("suspending at shutdown took too long; recovery will finish it");
+    }
+}
+
+/// The data dir a server for `data_dir` listens in (its socket path).
+pub fn socket_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(SOCKET_FILE)
+}
