@@ -1,20 +1,39 @@
-//! The per-task lock that keeps two processes from driving one task: an exclusive `flock` on
-//! `<data dir>/locks/<task>.lock`, taken before a task is loaded and held until shutdown. The OS
-//! releases it when the process dies, so a crash never leaves a task locked.
+//! The per-task lock that keeps two processes from driving one task, taken before a task is
+//! loaded and held until shutdown. The OS releases it when the process dies, so a crash never
+//! leaves a task locked.
+//!
+//! It is two locks, because a lock *file* alone can be unlinked from under its holder (a user
+//! cleaning up, `rm -rf locks/`): the next process would create a new file, lock it and drive
+//! the task beside the first. So:
+//!
+//! - an exclusive `flock` on `<data dir>/locks/<task>.lock`, re-checked after locking: if the
+//!   path no longer names the locked file (it was unlinked or replaced meanwhile), the lock is
+//!   dropped and taken again on the file the path names now;
+//! - on Linux, a bound *abstract* Unix socket named after the data directory's identity (device
+//!   and inode) and the task. An abstract name has no file to unlink; only its holder's death or
+//!   release frees it. (It is per network namespace: processes sharing a data dir must share
+//!   one, as they share a machine.)
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use super::EngineError;
 use crate::ids::TaskId;
 
+/// One held task lock; dropping it releases both parts.
+struct Held {
+    _file: File,
+    #[cfg(target_os = "linux")]
+    _name: std::os::unix::net::UnixListener,
+}
+
 /// The task locks one orchestrator holds, and where and how long to wait for them.
 pub(super) struct TaskLocks {
-    /// Held locks by task id; dropping a file releases its lock.
-    held: Mutex<HashMap<String, File>>,
+    /// Held locks by task id; dropping one releases it.
+    held: Mutex<HashMap<String, Held>>,
     dir: PathBuf,
     wait: Duration,
 }
@@ -42,18 +61,12 @@ impl TaskLocks {
             source,
         };
         std::fs::create_dir_all(&self.dir).map_err(lock_err)?;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(lock_err)?;
         let started = tokio::time::Instant::now();
         let mut warned = false;
-        loop {
-            match try_flock(&file) {
-                Ok(true) => break,
-                Ok(false) => {
+        let held = loop {
+            match try_lock(&self.dir, &path, task).map_err(lock_err)? {
+                Some(held) => break held,
+                None => {
                     if !warned {
                         tracing::info!(task = %id, "waiting for another taskbox process driving this task");
                         warned = true;
@@ -67,16 +80,92 @@ impl TaskLocks {
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                Err(e) => return Err(lock_err(e)),
             }
-        }
-        self.held.lock().expect("locks mutex").insert(id, file);
+        };
+        self.held.lock().expect("locks mutex").insert(id, held);
         Ok(())
     }
 
-    /// Lets go of every task lock (closing a lock file releases its `flock`).
+    /// Lets go of every task lock (closing a lock file releases its `flock`, closing the socket
+    /// frees its name).
     pub(super) fn release_all(&self) {
         self.held.lock().expect("locks mutex").clear();
+    }
+}
+
+/// One attempt at both parts of the lock; `Ok(None)` while another holder has either.
+fn try_lock(dir: &Path, path: &Path, task: &TaskId) -> std::io::Result<Option<Held>> {
+    let Some(file) = lock_file(path)? else {
+        return Ok(None);
+    };
+    #[cfg(target_os = "linux")]
+    {
+        let data_dir = dir.parent().unwrap_or(dir);
+        let Some(name) = bind_abstract(data_dir, task)? else {
+            return Ok(None);
+        };
+        Ok(Some(Held {
+            _file: file,
+            _name: name,
+        }))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (dir, task);
+        Ok(Some(Held { _file: file }))
+    }
+}
+
+/// Opens and `flock`s the lock file, and checks that the path still names the file locked: a
+/// file unlinked (or replaced) between the open and the lock would be a lock nobody else sees,
+/// so it is dropped and the path's current file locked instead.
+fn lock_file(path: &Path) -> std::io::Result<Option<File>> {
+    use std::os::unix::fs::MetadataExt;
+    loop {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)?;
+        if !try_flock(&file)? {
+            return Ok(None);
+        }
+        let locked = file.metadata()?;
+        match std::fs::metadata(path) {
+            Ok(now) if now.dev() == locked.dev() && now.ino() == locked.ino() => {
+                return Ok(Some(file))
+            }
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The abstract socket name of a task's lock: the data directory's device and inode (two data
+/// dirs never share a name, one reached by two paths always does) and the task id. At most
+/// 8 + 16 + 1 + 16 + 1 + 64 = 106 bytes, within the 107 an abstract name may have.
+#[cfg(target_os = "linux")]
+fn abstract_name(data_dir: &Path, task: &TaskId) -> std::io::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(data_dir)?;
+    Ok(format!("taskbox:{:x}:{:x}:{}", meta.dev(), meta.ino(), task.as_str()))
+}
+
+/// Binds the task's abstract socket name; `Ok(None)` if another holder has it bound.
+#[cfg(target_os = "linux")]
+fn bind_abstract(
+    data_dir: &Path,
+    task: &TaskId,
+) -> std::io::Result<Option<std::os::unix::net::UnixListener>> {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixListener};
+    let name = abstract_name(data_dir, task)?;
+    let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
+    match UnixListener::bind_addr(&addr) {
+        Ok(listener) => Ok(Some(listener)),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
