@@ -83,6 +83,7 @@ impl Failure {
             EngineError::Busy { .. } => Some(
                 "another taskbox process is driving this task; wait for it to finish".to_string(),
             ),
+            EngineError::Store(e) => e.hint(),
             EngineError::Request { message, .. } if message.contains("expired") => Some(
                 "live processes do not survive a sandbox's expiry; files come back from the latest snapshot".to_string(),
             ),

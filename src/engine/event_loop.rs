@@ -320,12 +320,8 @@ impl EventLoop {
                 Err(e) => {
                     let message = e.to_string();
                     warn!(task = %s.task, event = s.event.name(), error = %message,
-                        "could not journal a transition; the task stays where it was");
-                    match &s.task_before {
-                        Some(t) => self.tasks.insert(s.task.clone(), t.clone()),
-                        None => self.tasks.remove(&s.task),
-                    };
-                    self.fail_request(&s, EngineError::Store(e));
+                        "could not journal a transition; the task is unloaded");
+                    self.unload_after_failed_commit(&s, e);
                     failed.insert(s.task, message);
                 }
             }
@@ -347,6 +343,52 @@ impl EventLoop {
         }
         for cmd in s.commands {
             self.perform(&s.task, cmd, s.at);
+        }
+    }
+
+    /// A transition of task `s.task` could not be journaled (a full disk, an I/O error). What
+    /// happened in memory since its last committed state cannot be trusted to match the journal
+    /// any more — an outcome (a command's exit, a snapshot) is lost — so the task is unloaded:
+    /// every caller waiting on it is answered with the store error (not left waiting for an
+    /// answer that would never come), its timers are cancelled, and the next request loads it
+    /// from the journal and recovers it as after a restart (an interrupted command reported,
+    /// the sandbox probed, the operation in flight re-issued). Outcomes of calls still in
+    /// flight for it are ignored until then (`apply` skips a task not loaded).
+    fn unload_after_failed_commit(&mut self, s: &Staged, err: crate::store::StoreError) {
+        self.tasks.remove(&s.task);
+        let timers: Vec<_> = self
+            .timers
+            .keys()
+            .filter(|(t, _)| *t == s.task)
+            .cloned()
+            .collect();
+        for key in timers {
+            if let Some(h) = self.timers.remove(&key) {
+                h.abort();
+            }
+        }
+        self.outputs.retain(|(t, _), _| *t != s.task);
+        let waiting: Vec<_> = self
+            .waiters
+            .keys()
+            .filter(|(t, _)| *t == s.task)
+            .cloned()
+            .collect();
+        let message = err.to_string();
+        for key in waiting {
+            let Some(w) = self.waiters.remove(&key) else {
+                continue;
+            };
+            let e = match err.for_another_caller() {
+                Some(e) => EngineError::Store(e),
+                None => EngineError::Request {
+                    task: s.task.clone(),
+                    message: format!("the task's journal could not be written: {message}"),
+                    attempts: 0,
+                    notices: Vec::new(),
+                },
+            };
+            let _ = w.send(Err(e));
         }
     }
 

@@ -119,6 +119,7 @@ pub(super) fn engine_failure(err: EngineError) -> Failure {
         EngineError::Busy { .. } => Some(
             "another taskbox process is driving this task; wait for it to finish".to_string(),
         ),
+        EngineError::Store(e) => e.hint(),
         EngineError::Request { message, .. } if message.contains("expired") => Some(
             "live processes do not survive a sandbox's expiry; files come back from the latest snapshot".to_string(),
         ),

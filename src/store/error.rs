@@ -131,6 +131,23 @@ pub enum StoreError {
         source: Box<rusqlite::Error>,
     },
 
+    /// The disk holding the store is full: SQLite could not write (SQLITE_FULL). Nothing
+    /// committed before is lost; the write that failed did not happen.
+    #[error(
+        "{operation}{}: no space left on device for the store {} ({detail})",
+        for_task(task_id), path.display()
+    )]
+    Full {
+        /// The store file.
+        path: PathBuf,
+        /// What was being done.
+        operation: &'static str,
+        /// The task concerned, if any.
+        task_id: Option<String>,
+        /// What SQLite said.
+        detail: String,
+    },
+
     /// A stored value could not be decoded (bad JSON, an unknown state name, a wrong type).
     #[error(
         "the store {} holds corrupt data for task `{task_id}` in {column}{}: {reason}",
@@ -232,12 +249,55 @@ impl StoreError {
                     source: Box::new(source),
                 }
             }
+            Some(rusqlite::ErrorCode::DiskFull) => StoreError::Full {
+                path,
+                operation,
+                task_id,
+                detail: source.to_string(),
+            },
             _ => StoreError::Sql {
                 path,
                 operation,
                 task_id,
                 source: Box::new(source),
             },
+        }
+    }
+}
+
+impl StoreError {
+    /// What the user can do about it, where there is something to do.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            StoreError::Full { path, .. } => {
+                let dir = path.parent().unwrap_or(path);
+                Some(format!(
+                    "free space on the filesystem holding {} (`df -h {}`), then run the command \
+                     again: nothing journaled is lost, and the task recovers from its journal",
+                    dir.display(),
+                    dir.display()
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// The same error for another caller waiting on the same failed write: a disk-full error
+    /// is repeated as it is, any other as its message.
+    pub fn for_another_caller(&self) -> Option<StoreError> {
+        match self {
+            StoreError::Full {
+                path,
+                operation,
+                task_id,
+                detail,
+            } => Some(StoreError::Full {
+                path: path.clone(),
+                operation,
+                task_id: task_id.clone(),
+                detail: detail.clone(),
+            }),
+            _ => None,
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::support::{ok, wait_for, Home};
+use crate::support::{ok, stderr, wait_for, Home};
 
 /// A lock file unlinked while its holder drives the task must not let a second process drive
 /// the task too: the second `taskbox run` waits until the first has finished.
@@ -69,3 +69,103 @@ fn find_file(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
     None
 }
 
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (`mount -o size=`), or says why it cannot.
+    fn mount(size: &str) -> Result<Tmpfs, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount -t tmpfs failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(Tmpfs { dir })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Runs `cmd` and kills it if it has not finished within `limit`: `None` means it hung.
+fn output_within(mut cmd: std::process::Command, limit: Duration) -> Option<std::process::Output> {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn taskbox");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => Some(out.expect("wait for taskbox")),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+            None
+        }
+    }
+}
+
+/// A command fills the disk that holds the store: the transition after it cannot be journaled.
+/// `taskbox run` must answer (exit 125, "no space left on device", the store's path and a hint)
+/// instead of waiting forever, and once space is back the task carries on with its files.
+#[test]
+fn a_full_disk_answers_the_caller_and_the_task_recovers_once_space_is_back() {
+    let fs = match Tmpfs::mount("16m") {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("SKIPPED a_full_disk_answers_the_caller: {why} (needs root to mount a tmpfs)");
+            return;
+        }
+    };
+    let mut home = Home::new();
+    let home_dir = fs.dir.path().join("home");
+    std::fs::create_dir(&home_dir).expect("home on the tmpfs");
+    home.set_env("TASKBOX_HOME", home_dir.to_str().expect("utf-8 path"));
+    ok(&home.run(&["run", "-t", "full", "--", "echo kept > kept.txt"]));
+
+    let mut cmd = home.cmd();
+    cmd.args([
+        "run",
+        "-t",
+        "full",
+        "--",
+        "head -c 64m /dev/zero > big.bin 2>/dev/null; true",
+    ]);
+    let out = output_within(cmd, Duration::from_secs(60))
+        .expect("`taskbox run` hung when the journal could not be written (disk full)");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(125), "stderr:\n{err}");
+    assert!(err.contains("no space left on device"), "stderr:\n{err}");
+    assert!(err.contains("taskbox.db"), "the store's path is named:\n{err}");
+    assert!(err.contains("hint: free space"), "a hint says what to do:\n{err}");
+
+    // Space comes back: the task goes on, with the files written before.
+    let big = find_file(&home_dir, "big.bin").expect("the command's file");
+    std::fs::remove_file(&big).expect("free the space");
+    let out = ok(&home.run(&["run", "-t", "full", "--", "cat kept.txt"]));
+    assert_eq!(out.trim(), "kept");
+    ok(&home.run(&["suspend", "full"]));
+    let out = ok(&home.run(&["run", "-t", "full", "--", "cat kept.txt"]));
+    assert_eq!(out.trim(), "kept");
+}
