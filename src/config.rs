@@ -433,6 +433,8 @@ impl Config {
                 .max(t.sandbox_timeout_seconds)
                 .saturating_mul(1000),
             retry: RetryPolicy::default(),
+            // A provider's property, not the config's: the engine sets it.
+            late_checkpoint: false,
         }
     }
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use taskbox::clock::format_ms;
 use taskbox::config::ConfigError;
-use taskbox::core::{Notice, SnapshotStatus, Task};
+use taskbox::core::{Millis, Notice, SnapshotStatus, Task};
 use taskbox::engine::{EngineError, GcReport, TaskView};
 
 use super::EXIT_TASKBOX_ERROR;
@@ -184,17 +184,45 @@ pub fn notice_text(n: &Notice) -> String {
     match n {
         Notice::Recreated {
             from_snapshot: Some(id),
+            taken_at,
+            changes_lost: false,
         } => format!(
-            "the sandbox was recreated from snapshot {id}: files are back, live processes are gone"
+            "the sandbox was recreated from snapshot {id}{}: files are back, live processes are \
+             gone",
+            taken(*taken_at)
+        ),
+        Notice::Recreated {
+            from_snapshot: Some(id),
+            taken_at,
+            changes_lost: true,
+        } => format!(
+            "the sandbox was recreated from snapshot {id}{}: changes made after that snapshot \
+             are gone, and so are live processes",
+            taken(*taken_at)
         ),
         Notice::Recreated {
             from_snapshot: None,
+            ..
         } => "the sandbox was recreated fresh: live processes are gone".to_string(),
+        Notice::LateCheckpoint {
+            snapshot_id,
+            deadline,
+        } => format!(
+            "the sandbox passed its deadline at {} with its files still there; they were kept in \
+             snapshot {snapshot_id} (a late checkpoint)",
+            format_ms(*deadline)
+        ),
         Notice::SandboxExpired { at } => {
             format!("the previous sandbox expired at {}", format_ms(*at))
         }
         Notice::FilesLost { reason } => format!("files were lost: {reason}"),
     }
+}
+
+/// ` taken at <time>`, when the time is known (journals before it was recorded lack it).
+fn taken(at: Option<Millis>) -> String {
+    at.map(|at| format!(" taken at {}", format_ms(at)))
+        .unwrap_or_default()
 }
 
 fn snapshot_summary(t: &Task) -> String {

@@ -87,13 +87,17 @@ impl OrchestratorBuilder {
         };
         let (tx, rx) = mpsc::unbounded_channel();
         let (changes, _) = broadcast::channel(1024);
+        // What the lifecycle depends on: the configuration, and whether the provider keeps a
+        // sandbox's files past its deadline (then a late checkpoint saves them).
+        let mut settings = self.config.task_settings();
+        settings.late_checkpoint = provider.keeps_files_after_deadline();
         let max_creates = self.config.terminal.max_concurrent_creates.max(1) as usize;
         let lp = EventLoop {
             store,
             provider: provider.clone(),
             clock: self.clock.clone(),
             jitter: self.jitter,
-            settings: self.config.task_settings(),
+            settings: settings.clone(),
             installation_id: installation_id.clone(),
             tasks: HashMap::new(),
             waiters: Default::default(),
@@ -112,7 +116,7 @@ impl OrchestratorBuilder {
                 tx,
                 changes,
                 locks: TaskLocks::new(self.data_dir.join("locks"), self.lock_wait),
-                settings: self.config.task_settings(),
+                settings,
                 installation_id,
                 provider,
                 handle: Mutex::new(Some(handle)),

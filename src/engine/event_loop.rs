@@ -375,18 +375,34 @@ impl EventLoop {
             .cloned()
             .collect();
         let message = err.to_string();
+        // The request whose own transition failed gets the error itself; the others a copy.
+        let own = match &s.event {
+            Event::RunRequested { request_id, .. }
+            | Event::SuspendRequested { request_id }
+            | Event::ResumeRequested { request_id } => Some(*request_id),
+            _ => None,
+        };
+        let mut err = Some(err);
         for key in waiting {
             let Some(w) = self.waiters.remove(&key) else {
                 continue;
             };
-            let e = match err.for_another_caller() {
-                Some(e) => EngineError::Store(e),
-                None => EngineError::Request {
-                    task: s.task.clone(),
-                    message: format!("the task's journal could not be written: {message}"),
-                    attempts: 0,
-                    notices: Vec::new(),
-                },
+            let copy = err.as_ref().and_then(|e| e.for_another_caller());
+            let e = match (Some(key.1) == own, err.take(), copy) {
+                (true, Some(e), _) => EngineError::Store(e),
+                (false, original, Some(copy)) => {
+                    err = original;
+                    EngineError::Store(copy)
+                }
+                (_, original, _) => {
+                    err = original;
+                    EngineError::Request {
+                        task: s.task.clone(),
+                        message: format!("the task's journal could not be written: {message}"),
+                        attempts: 0,
+                        notices: Vec::new(),
+                    }
+                }
             };
             let _ = w.send(Err(e));
         }

@@ -149,7 +149,12 @@ fn lock_file(path: &Path) -> std::io::Result<Option<File>> {
 fn abstract_name(data_dir: &Path, task: &TaskId) -> std::io::Result<String> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(data_dir)?;
-    Ok(format!("taskbox:{:x}:{:x}:{}", meta.dev(), meta.ino(), task.as_str()))
+    Ok(format!(
+        "taskbox:{:x}:{:x}:{}",
+        meta.dev(),
+        meta.ino(),
+        task.as_str()
+    ))
 }
 
 /// Binds the task's abstract socket name; `Ok(None)` if another holder has it bound.

@@ -92,6 +92,11 @@ pub trait Decorator: Send + Sync {
     fn sweep_temporaries(&self) -> ProviderFuture<'_, usize> {
         self.inner().sweep_temporaries()
     }
+
+    /// See [`SandboxProvider::keeps_files_after_deadline`].
+    fn keeps_files_after_deadline(&self) -> bool {
+        self.inner().keeps_files_after_deadline()
+    }
 }
 
 impl<T: Decorator> SandboxProvider for T {
@@ -156,5 +161,9 @@ impl<T: Decorator> SandboxProvider for T {
 
     fn sweep_temporaries(&self) -> ProviderFuture<'_, usize> {
         Decorator::sweep_temporaries(self)
+    }
+
+    fn keeps_files_after_deadline(&self) -> bool {
+        Decorator::keeps_files_after_deadline(self)
     }
 }

@@ -268,6 +268,17 @@ pub trait SandboxProvider: Send + Sync {
     fn sweep_temporaries(&self) -> ProviderFuture<'_, usize> {
         Box::pin(async { Ok(0) })
     }
+
+    /// Whether a sandbox's files outlive its deadline until it is stopped or snapshotted (the
+    /// local backend: nothing dies at a deadline there). The engine then snapshots a sandbox
+    /// found past its deadline before giving it up ([`TaskSettings::late_checkpoint`]), so
+    /// `snapshot` must accept a sandbox past its deadline whose files are still there, and
+    /// answer [`FailureKind::SandboxGone`] only when they are not.
+    ///
+    /// [`TaskSettings::late_checkpoint`]: crate::core::TaskSettings::late_checkpoint
+    fn keeps_files_after_deadline(&self) -> bool {
+        false
+    }
 }
 
 /// Bounds captured output the way Hermes does: at most `max_chars` characters, keeping the first

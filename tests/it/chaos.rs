@@ -396,7 +396,8 @@ fn a_command_after_a_restart_past_the_deadline_restores_instead_of_failing() {
             out.notices.iter().any(|n| matches!(
                 n,
                 Notice::Recreated {
-                    from_snapshot: Some(_)
+                    from_snapshot: Some(_),
+                    ..
                 }
             )),
             "{:?}",

@@ -30,7 +30,7 @@ fn deleting_the_lock_file_does_not_let_two_processes_drive_one_task() {
         .expect("spawn the first taskbox");
     // The lock file exists since the first run; give the second process time to take it.
     let lock = wait_for(Duration::from_secs(10), || find_file(home.path(), "t.lock"))
-    .expect("the first process took the task lock");
+        .expect("the first process took the task lock");
     std::thread::sleep(Duration::from_millis(500));
     std::fs::remove_file(&lock).expect("unlink the lock file");
     let probe = format!(
@@ -68,7 +68,6 @@ fn find_file(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
     }
     None
 }
-
 
 /// A tmpfs mounted for one test, unmounted when dropped.
 struct Tmpfs {
@@ -134,7 +133,9 @@ fn a_full_disk_answers_the_caller_and_the_task_recovers_once_space_is_back() {
     let fs = match Tmpfs::mount("16m") {
         Ok(fs) => fs,
         Err(why) => {
-            eprintln!("SKIPPED a_full_disk_answers_the_caller: {why} (needs root to mount a tmpfs)");
+            eprintln!(
+                "SKIPPED a_full_disk_answers_the_caller: {why} (needs root to mount a tmpfs)"
+            );
             return;
         }
     };
@@ -157,8 +158,14 @@ fn a_full_disk_answers_the_caller_and_the_task_recovers_once_space_is_back() {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(125), "stderr:\n{err}");
     assert!(err.contains("no space left on device"), "stderr:\n{err}");
-    assert!(err.contains("taskbox.db"), "the store's path is named:\n{err}");
-    assert!(err.contains("hint: free space"), "a hint says what to do:\n{err}");
+    assert!(
+        err.contains("taskbox.db"),
+        "the store's path is named:\n{err}"
+    );
+    assert!(
+        err.contains("hint: free space"),
+        "a hint says what to do:\n{err}"
+    );
 
     // Space comes back: the task goes on, with the files written before.
     let big = find_file(&home_dir, "big.bin").expect("the command's file");
@@ -168,4 +175,128 @@ fn a_full_disk_answers_the_caller_and_the_task_recovers_once_space_is_back() {
     ok(&home.run(&["suspend", "full"]));
     let out = ok(&home.run(&["run", "-t", "full", "--", "cat kept.txt"]));
     assert_eq!(out.trim(), "kept");
+}
+
+fn find_files_ending(dir: &std::path::Path, suffix: &str, found: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            find_files_ending(&path, suffix, found);
+        } else if entry.file_name().to_string_lossy().ends_with(suffix) {
+            found.push(path);
+        }
+    }
+}
+
+/// On the local backend nothing dies at a deadline: files written in a sandbox that passed its
+/// deadline while taskbox was not running are kept by a late checkpoint, not discarded.
+#[test]
+fn files_still_on_disk_at_a_local_expiry_are_kept_by_a_late_checkpoint() {
+    let home = Home::new();
+    for (key, value) in [
+        ("terminal.sandbox_timeout_seconds", "2"),
+        ("terminal.max_sandbox_lifetime_seconds", "2"),
+        ("terminal.checkpoint_margin_seconds", "1"),
+    ] {
+        ok(&home.run(&["config", "set", key, value]));
+    }
+    ok(&home.run(&["run", "-t", "late", "--", "echo a > a.txt"]));
+    ok(&home.run(&["suspend", "late"]));
+    ok(&home.run(&["run", "-t", "late", "--", "echo b > b.txt"]));
+    std::thread::sleep(Duration::from_millis(2_500));
+    let out = home.run(&["run", "-t", "late", "--", "cat a.txt b.txt"]);
+    let text = ok(&out);
+    assert_eq!(text, "a\nb\n", "stderr:\n{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("late checkpoint"), "{err}");
+    assert!(err.contains("files are back"), "{err}");
+    assert!(!err.contains("lost") && !err.contains("gone,"), "{err}");
+}
+
+/// A restore that falls back to an older snapshot names it, says when it was taken and that
+/// the changes after it are gone — never "files are back".
+#[test]
+fn a_fallback_restore_note_says_changes_after_the_snapshot_are_gone() {
+    let home = Home::new();
+    ok(&home.run(&["run", "-t", "fb", "--", "echo v1 > f"]));
+    ok(&home.run(&["suspend", "fb"]));
+    ok(&home.run(&["run", "-t", "fb", "--", "echo v2 > f"]));
+    ok(&home.run(&["suspend", "fb"]));
+    // The newest archive vanishes behind taskbox's back.
+    let mut archives = Vec::new();
+    find_files_ending(home.path(), ".tbx", &mut archives);
+    archives.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    let newest = archives.last().expect("an archive");
+    std::fs::remove_file(newest).expect("remove the newest archive");
+    let out = home.run(&["run", "-t", "fb", "--", "cat f"]);
+    assert_eq!(ok(&out), "v1\n");
+    let err = stderr(&out);
+    assert!(
+        err.contains("recreated from snapshot fb.s1 taken at 20")
+            && err.contains("changes made after that snapshot are gone"),
+        "{err}"
+    );
+    assert!(!err.contains("files are back"), "{err}");
+}
+
+/// gc removes every local sandbox dir that no task holds, past its deadline or not (a sandbox
+/// dir holds files until it is stopped), and leaves the ones tasks hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_sweeps_every_local_sandbox_dir_no_task_holds() {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+
+    use taskbox::config::Config;
+    use taskbox::engine::Orchestrator;
+    use taskbox::provider::{sandbox_name, SandboxSpec};
+    use taskbox::TaskId;
+
+    use crate::support::ManualClock;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = Arc::new(ManualClock(AtomicU64::new(1_700_000_000_000)));
+    let orch = Orchestrator::builder(dir.path().to_path_buf(), Config::default())
+        .clock(clock.clone())
+        .reconcile_on_start(false)
+        .open()
+        .await
+        .expect("open");
+    let held = TaskId::new("held").expect("task id");
+    orch.run(&held, "echo x > f", None).await.expect("run");
+    let p = orch.provider();
+    let inst = orch.installation_id().to_string();
+    // Leaked creations of a task (as a create loop left them): nothing refers to them.
+    let mut leaked = Vec::new();
+    for generation in 1..=3 {
+        let info = p
+            .create_sandbox(&SandboxSpec {
+                task_id: "leak".into(),
+                generation,
+                name: sandbox_name(&inst, "leak", generation),
+                source_snapshot: None,
+                timeout_ms: 1_000,
+                installation_id: inst.clone(),
+            })
+            .await
+            .expect("create");
+        leaked.push(info.id);
+    }
+    clock.advance(2_000); // every leaked one is past its deadline
+    let report = orch.gc(false).await.expect("gc");
+    let mut stopped: Vec<String> = report
+        .sandboxes_stopped
+        .iter()
+        .map(|i| i.id.clone())
+        .collect();
+    stopped.sort();
+    assert_eq!(stopped, leaked, "{report:?}");
+    let left: Vec<String> = p
+        .list_sandboxes(&inst)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(left, vec![sandbox_name(&inst, "held", 1)]);
+    orch.shutdown().await;
 }

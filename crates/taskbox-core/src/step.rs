@@ -119,9 +119,19 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             },
         ) if generation == task.generation => {
             let source = cx.t.restore_source.take();
+            let changes_lost = source.is_some() && cx.t.files_behind;
+            cx.t.files_behind = false;
             if task.generation > 1 || source.is_some() {
+                let taken_at = source.as_deref().and_then(|id| {
+                    cx.t.snapshots
+                        .iter()
+                        .find(|s| s.id.as_deref() == Some(id))
+                        .and_then(|s| s.created_at)
+                });
                 cx.t.notices.push(Notice::Recreated {
                     from_snapshot: source.clone(),
+                    taken_at,
+                    changes_lost,
                 });
             }
             cx.t.sandbox = Some(SandboxRecord {
@@ -131,6 +141,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 created_at: now,
                 deadline,
                 source_snapshot: source,
+                used: false,
             });
             cx.t.state = Running;
             cx.clear_op();
@@ -211,7 +222,8 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 cx.retry_or_give_up(retry_after_ms, &failure)
             }
             // running ---- sandbox gone under the command ----> expired | idle
-            FailureKind::SandboxGone => cx.expire(),
+            // (| snapshotting: a late checkpoint where the provider keeps files)
+            FailureKind::SandboxGone => cx.sandbox_gone(),
             FailureKind::SnapshotGone
             | FailureKind::Auth
             | FailureKind::Invalid
@@ -242,6 +254,15 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             rec.size_bytes = size_bytes;
             rec.created_at = Some(now);
             rec.expires_at = expires_at;
+            // The latest snapshot now holds the files as they were last written.
+            cx.t.files_behind = false;
+            if let Some(SnapshotReason::LateCheckpoint { deadline }) = cx.t.snapshot_reason {
+                cx.t.notices.push(Notice::LateCheckpoint {
+                    snapshot_id: snapshot_id.clone(),
+                    deadline,
+                });
+                cx.t.snapshot_reason = None;
+            }
             // A snapshot stops the sandbox. (Persistence may have been switched off while the
             // snapshot was taken: then the task starts fresh next time.)
             cx.t.sandbox = None;
@@ -353,7 +374,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
         {
             match alive {
                 Some(deadline) => cx.sandbox_lives_until(deadline),
-                None if task.state == Running => cx.expire(),
+                None if task.state == Running => cx.sandbox_gone(),
                 // While snapshotting, the snapshot call's answer decides.
                 None => {}
             }
@@ -485,7 +506,7 @@ impl Cx {
                         .as_ref()
                         .is_some_and(|sb| self.now >= sb.deadline)
                     {
-                        self.expire();
+                        self.sandbox_gone();
                         return;
                     }
                     if self.t.checkpoint_due && self.t.settings.persistent {
@@ -515,6 +536,9 @@ impl Cx {
                             });
                             self.t.last_activity = self.now;
                             self.t.attempts = 1;
+                            if let Some(sb) = self.t.sandbox.as_mut() {
+                                sb.used = true;
+                            }
                             self.cmds.push(Command::RunCommand {
                                 request_id: id,
                                 sandbox_id,
@@ -571,6 +595,12 @@ impl Cx {
 
     /// idle ---- run/resume ----> provisioning; expired ---- run/resume ----> restoring
     fn begin_sandbox(&mut self) {
+        if let Some(error) = self.create_bound_reached() {
+            let attempts = u32::try_from(self.t.recent_creates.len()).unwrap_or(u32::MAX);
+            self.fail_queue(&error, attempts);
+            return;
+        }
+        self.t.recent_creates.push(self.now);
         self.t.generation += 1;
         self.t.attempts = 1;
         self.t.retry_at = None;
@@ -727,6 +757,15 @@ impl Cx {
                 self.clear_op();
                 self.fail_queue(&error, attempts);
             }
+            TaskState::Snapshotting
+                if matches!(
+                    self.t.snapshot_reason,
+                    Some(SnapshotReason::LateCheckpoint { .. })
+                ) =>
+            {
+                // The sandbox is past its deadline: it cannot keep running until another try.
+                self.expire();
+            }
             TaskState::Snapshotting => {
                 let error = format!(
                     "could not snapshot the sandbox after {attempts} attempt{plural}: {failure}; \
@@ -811,6 +850,7 @@ impl Cx {
             }
         }
         let gone_id = gone.unwrap_or_default();
+        self.t.recent_creates.push(self.now);
         self.t.generation += 1;
         self.t.attempts = 1;
         self.t.retry_at = None;
@@ -821,6 +861,8 @@ impl Cx {
         };
         match next {
             Some(next) => {
+                // The gone snapshot held newer files than the one restored now.
+                self.t.files_behind = true;
                 self.t.state = TaskState::Restoring;
                 self.t.restore_source = Some(next);
             }
@@ -838,10 +880,62 @@ impl Cx {
         self.emit_create();
     }
 
+    /// The sandbox passed its deadline or was reported gone while `running`. Where the provider
+    /// keeps a sandbox's files after its deadline ([`TaskSettings::late_checkpoint`]), they are
+    /// snapshotted first — running ---- late checkpoint ----> snapshotting — and only that
+    /// snapshot finding them really gone expires the task; elsewhere the sandbox is gone.
+    fn sandbox_gone(&mut self) {
+        let Some(deadline) = self.t.sandbox.as_ref().map(|s| s.deadline) else {
+            return self.expire();
+        };
+        if !(self.t.settings.late_checkpoint && self.t.settings.persistent) {
+            return self.expire();
+        }
+        if let Some(run) = self.t.running.take() {
+            let notices = mem::take(&mut self.t.notices);
+            let attempts = self.t.attempts.max(1);
+            self.reply(
+                run.request_id,
+                Reply::Failed {
+                    error: format!(
+                        "the sandbox reached its deadline while `{}` was running (the command \
+                         was stopped); its files are kept in a late checkpoint",
+                        run.command
+                    ),
+                    attempts,
+                    notices,
+                },
+            );
+        }
+        self.clear_op();
+        self.t.checkpoint_due = false;
+        self.begin_snapshot(SnapshotReason::LateCheckpoint { deadline });
+    }
+
+    /// Whether a new sandbox would pass [`MAX_CREATES_PER_MINUTE`]; the error to answer if so.
+    fn create_bound_reached(&mut self) -> Option<String> {
+        const MINUTE_MS: Millis = 60_000;
+        let since = self.now.saturating_sub(MINUTE_MS);
+        self.t.recent_creates.retain(|&at| at > since);
+        let n = self.t.recent_creates.len();
+        if n < MAX_CREATES_PER_MINUTE {
+            return None;
+        }
+        Some(format!(
+            "{n} sandboxes were created for this task within a minute, the most taskbox creates \
+             per task; each was gone before it could serve a request (is \
+             terminal.sandbox_timeout_seconds too small?); try again in a minute"
+        ))
+    }
+
     /// The sandbox is gone (platform deadline, or found dead): running/snapshotting ---->
     /// expired (files in the latest snapshot) | idle (nothing kept).
     fn expire(&mut self) {
-        let deadline = self.t.sandbox.take().map_or(self.now, |s| s.deadline);
+        let (deadline, used) = self
+            .t
+            .sandbox
+            .take()
+            .map_or((self.now, false), |s| (s.deadline, s.used));
         let latest = if self.t.settings.persistent {
             self.t
                 .latest_complete()
@@ -856,6 +950,10 @@ impl Cx {
             }
             None => "no snapshot holds the task's files; the next command starts fresh".to_string(),
         };
+        if latest.is_some() && used {
+            // Commands ran after the latest snapshot in a sandbox that is gone now.
+            self.t.files_behind = true;
+        }
         if latest.is_none() && self.t.settings.persistent {
             self.t.notices.push(Notice::FilesLost {
                 reason: "the sandbox expired before any snapshot of it completed".into(),
@@ -997,7 +1095,7 @@ impl Cx {
             }
             (TaskState::Running, TimerKind::Deadline) => {
                 if self.t.sandbox.as_ref().is_some_and(|sb| now >= sb.deadline) {
-                    self.expire();
+                    self.sandbox_gone();
                 }
             }
             // While snapshotting, the deadline is left to the snapshot's own answer: a

@@ -201,6 +201,13 @@ pub struct TaskSettings {
     pub max_sandbox_lifetime_ms: u64,
     /// Retries of transient provider failures.
     pub retry: RetryPolicy,
+    /// The provider keeps a sandbox's files after its deadline until it is stopped (the local
+    /// backend: nothing dies at a deadline there). A sandbox found past its deadline, or
+    /// reported gone, is then snapshotted first — a late checkpoint — and only a snapshot that
+    /// finds the files really gone gives them up. Set from the provider, not the config;
+    /// absent (false) in journals written before it existed.
+    #[serde(default)]
+    pub late_checkpoint: bool,
 }
 
 impl Default for TaskSettings {
@@ -214,6 +221,7 @@ impl Default for TaskSettings {
             checkpoint_margin_ms: 30_000,
             max_sandbox_lifetime_ms: 300_000,
             retry: RetryPolicy::default(),
+            late_checkpoint: false,
         }
     }
 }
@@ -286,6 +294,10 @@ pub struct SandboxRecord {
     pub deadline: Millis,
     /// The snapshot it was restored from, if any.
     pub source_snapshot: Option<String>,
+    /// A command was started in it: it may hold files no snapshot has. Absent (false) in
+    /// journals written before it existed.
+    #[serde(default)]
+    pub used: bool,
 }
 
 /// A caller's request waiting in a task's queue.
@@ -348,6 +360,12 @@ pub enum SnapshotReason {
     IdleReap,
     /// The deadline is near and the timeout cannot be extended further.
     Checkpoint,
+    /// The sandbox is past its deadline (or was reported gone) on a provider that keeps its
+    /// files ([`TaskSettings::late_checkpoint`]): save them before giving the sandbox up.
+    LateCheckpoint {
+        /// The deadline it passed.
+        deadline: Millis,
+    },
 }
 
 /// Something the caller of the next command should know: reported once, with the next reply.
@@ -358,6 +376,22 @@ pub enum Notice {
     Recreated {
         /// The snapshot its files came from (`None`: started fresh).
         from_snapshot: Option<String>,
+        /// When that snapshot was taken. Absent in journals written before it existed.
+        #[serde(default)]
+        taken_at: Option<Millis>,
+        /// Files written after that snapshot are gone: the sandbox that held them ended without
+        /// a snapshot of it, or the restore fell back to an older snapshot. `false`: the files
+        /// are back as they were last written.
+        #[serde(default)]
+        changes_lost: bool,
+    },
+    /// The sandbox was found past its deadline with its files still there (see
+    /// [`TaskSettings::late_checkpoint`]); they were kept in this snapshot.
+    LateCheckpoint {
+        /// The snapshot holding them.
+        snapshot_id: String,
+        /// The deadline the sandbox had passed.
+        deadline: Millis,
     },
     /// The sandbox expired at its platform deadline.
     SandboxExpired {
@@ -414,7 +448,22 @@ pub struct Task {
     /// `retry_at`). Absent (false) in journals written before it existed.
     #[serde(default)]
     pub probing: bool,
+    /// The next restore brings back files older than the last ones written: a sandbox that ran
+    /// commands ended without a snapshot of it, or a restore fell back to an older snapshot. The
+    /// next [`Notice::Recreated`] says so. Absent (false) in journals written before it existed.
+    #[serde(default)]
+    pub files_behind: bool,
+    /// When this task's sandboxes were created, within the last minute (see
+    /// [`MAX_CREATES_PER_MINUTE`]). Absent (empty) in journals written before it existed.
+    #[serde(default)]
+    pub recent_creates: Vec<Millis>,
 }
+
+/// The most sandboxes the core creates for one task in a minute, whatever the configuration
+/// says: a sandbox that is gone as soon as it is made (a zero timeout, a platform that stops it
+/// at once) must not turn into a create loop. A request that would need one more is answered
+/// with an error instead.
+pub const MAX_CREATES_PER_MINUTE: usize = 20;
 
 impl Task {
     /// A new idle task.
@@ -438,6 +487,8 @@ impl Task {
             notices: Vec::new(),
             created_at: now,
             probing: false,
+            files_behind: false,
+            recent_creates: Vec::new(),
         }
     }
 

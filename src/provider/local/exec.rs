@@ -126,15 +126,17 @@ impl LocalProvider {
 
         match outcome {
             Outcome::Expired => {
+                // Nothing runs past the deadline, but the files stay for a late checkpoint.
                 let _guard = slot.lock.lock().await;
                 if let Some(current) = self.read_meta(&name)? {
                     if current.instance == meta.instance {
-                        self.discard(&name, &slot).await?;
+                        self.stop_processes(&name, &slot).await?;
                     }
                 }
                 Err(LocalError::gone(
                     &name,
-                    "it expired while the command was running (the command was killed)",
+                    "it passed its deadline while the command was running (the command was \
+                     killed; the files are kept until the sandbox is snapshotted or stopped)",
                 ))
             }
             Outcome::Stopped => Err(LocalError::gone(

@@ -20,25 +20,38 @@ use crate::ids::TaskId;
 use crate::provider::{sandbox_name, ListedResource, SandboxInfo, SandboxSpec};
 
 impl LocalProvider {
-    /// The sandbox's meta if it exists and has not expired; an expired one is discarded.
+    /// The sandbox's meta if it exists, past its deadline or not (its files stay until it is
+    /// stopped or snapshotted: see [`SandboxProvider::keeps_files_after_deadline`]).
+    ///
+    /// [`SandboxProvider::keeps_files_after_deadline`]: crate::provider::SandboxProvider::keeps_files_after_deadline
+    pub(super) fn existing_meta(&self, name: &SandboxName) -> Result<SandboxMeta, LocalError> {
+        self.read_meta(name)?.ok_or_else(|| {
+            LocalError::gone(
+                name,
+                "it does not exist (stopped, snapshotted or never created)",
+            )
+        })
+    }
+
+    /// The sandbox's meta if it exists and has not passed its deadline. Past it, its processes
+    /// are killed (nothing runs past a deadline) but its files stay, for a late checkpoint.
     /// The caller holds the slot's lock.
     pub(super) async fn live_meta(
         &self,
         name: &SandboxName,
         slot: &Slot,
     ) -> Result<SandboxMeta, LocalError> {
-        let meta = self.read_meta(name)?.ok_or_else(|| {
-            LocalError::gone(
-                name,
-                "it does not exist (stopped, snapshotted or never created)",
-            )
-        })?;
+        let meta = self.existing_meta(name)?;
         let now = self.clock.now_ms();
         if now >= meta.deadline {
-            self.discard(name, slot).await?;
+            self.stop_processes(name, slot).await?;
             return Err(LocalError::gone(
                 name,
-                format!("it expired at {}", format_ms(meta.deadline)),
+                format!(
+                    "it passed its deadline at {} (its files are kept until it is snapshotted \
+                     or stopped)",
+                    format_ms(meta.deadline)
+                ),
             ));
         }
         Ok(meta)
@@ -265,7 +278,6 @@ impl LocalProvider {
         installation_id: &str,
     ) -> Result<Vec<ListedResource>, LocalError> {
         let dir = self.root.join("sandboxes");
-        let now = self.clock.now_ms();
         let mut found = Vec::new();
         for entry in fs::read_dir(&dir).map_err(LocalError::io("list", &dir))? {
             let entry = entry.map_err(LocalError::io("list", &dir))?;
@@ -279,10 +291,13 @@ impl LocalProvider {
             };
             match self.read_meta(&name) {
                 Ok(Some(meta)) if meta.installation_id == installation_id => {
+                    // Past its deadline a sandbox still holds its files until it is stopped, so
+                    // it is listed live: a sandbox dir no task holds is the reconciler's to
+                    // remove whatever its deadline.
                     found.push(ListedResource {
                         id: name.name.clone(),
                         task_id: Some(meta.task_id),
-                        live: now < meta.deadline,
+                        live: true,
                     })
                 }
                 Ok(_) => {}

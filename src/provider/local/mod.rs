@@ -1,7 +1,9 @@
 //! The local sandbox provider, the embedded default backend: real `bash` processes in a
 //! per-sandbox workspace directory, and real snapshot archives on disk. It behaves like a microVM
 //! platform so that the engine cannot tell the difference: a sandbox has a deadline after which
-//! it is gone, a snapshot stops it, a stop discards its files and kills its processes.
+//! nothing runs in it, a snapshot stops it, a stop discards its files and kills its processes.
+//! Unlike a microVM, its files outlive the deadline until it is snapshotted or stopped
+//! ([`SandboxProvider::keeps_files_after_deadline`]): the engine takes a late checkpoint of them.
 //!
 //! Layout under the root (`<data dir>/local`):
 //!
@@ -173,6 +175,10 @@ impl LocalProvider {
 impl SandboxProvider for LocalProvider {
     fn name(&self) -> &'static str {
         "local"
+    }
+
+    fn keeps_files_after_deadline(&self) -> bool {
+        true
     }
 
     fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {

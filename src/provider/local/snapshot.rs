@@ -50,7 +50,8 @@ impl LocalProvider {
                 expires_at: None,
             });
         }
-        let mut meta = self.live_meta(&name, &slot).await?;
+        // Past its deadline too: a late checkpoint saves the files a sandbox still holds.
+        let mut meta = self.existing_meta(&name)?;
         check_owner(&name, "task", &meta.task_id, snap.task.as_str())?;
         // A VM is paused for its snapshot: stop every process so no file changes under the walk.
         self.stop_processes(&name, &slot).await?;

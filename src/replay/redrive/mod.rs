@@ -179,7 +179,8 @@ fn redrive_task(task_id: &str, entries: Vec<JournalEntry>) -> Result<RedriveRepo
     Ok(outcome)
 }
 
-/// The engine's settings come from a [`Config`]; this is the config that yields `settings`.
+/// The engine's settings come from a [`Config`] (and `late_checkpoint` from the provider, set
+/// on the [`ReplayProvider`]); this is the config that yields `settings`.
 fn config_for(task: &str, settings: &TaskSettings) -> Result<Config, RedriveError> {
     let secs = |ms: u64| ms / 1000;
     let mut c = Config::default();
@@ -191,7 +192,9 @@ fn config_for(task: &str, settings: &TaskSettings) -> Result<Config, RedriveErro
     t.max_sandbox_lifetime_seconds = secs(settings.max_sandbox_lifetime_ms);
     t.checkpoint_margin_seconds = secs(settings.checkpoint_margin_ms);
     t.keep_snapshots = settings.keep_snapshots;
-    if c.task_settings() != *settings {
+    let mut yields = c.task_settings();
+    yields.late_checkpoint = settings.late_checkpoint;
+    if yields != *settings {
         return Err(RedriveError::Unsupported {
             task: task.to_string(),
             why: format!(
@@ -243,6 +246,7 @@ async fn drive(
                 source,
             })?
         };
+        provider.set_keeps_files_after_deadline(s.settings.late_checkpoint);
         let orch = Orchestrator::builder(data_dir, config_for(&task_id, &s.settings)?)
             .provider(provider.clone())
             .clock(Arc::new(clock))

@@ -23,6 +23,9 @@ use super::plan::Expected;
 pub struct ReplayProvider {
     clock: TokioClock,
     state: Mutex<ReplayState>,
+    /// What the recorded provider said of its sandboxes' files past a deadline, as the
+    /// session's settings recorded it.
+    keeps_files: std::sync::atomic::AtomicBool,
 }
 
 pub(super) struct ReplayState {
@@ -48,7 +51,15 @@ impl ReplayProvider {
                 received: Vec::new(),
                 mismatch: None,
             }),
+            keeps_files: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Answers [`SandboxProvider::keeps_files_after_deadline`] as the recorded provider did
+    /// (the session's `late_checkpoint` setting).
+    pub(super) fn set_keeps_files_after_deadline(&self, keeps: bool) {
+        self.keeps_files
+            .store(keeps, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub(super) fn state(&self) -> MutexGuard<'_, ReplayState> {
@@ -154,6 +165,10 @@ fn wrong_outcome(operation: &'static str, ev: &Event) -> ProviderError {
 impl SandboxProvider for ReplayProvider {
     fn name(&self) -> &'static str {
         "replay"
+    }
+
+    fn keeps_files_after_deadline(&self) -> bool {
+        self.keeps_files.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {

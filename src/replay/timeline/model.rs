@@ -381,6 +381,7 @@ fn mark_entry(
                 Some(SnapshotReason::Suspend { .. }) => "suspend",
                 Some(SnapshotReason::IdleReap) => "idle reap",
                 Some(SnapshotReason::Checkpoint) => "checkpoint before the deadline",
+                Some(SnapshotReason::LateCheckpoint { .. }) => "late checkpoint after the deadline",
                 None => "snapshot",
             };
             mark(
@@ -437,7 +438,24 @@ fn mark_entry(
         _ => false,
     };
     let expired = died && live(from) && !live(to);
-    if expired {
+    // Where the provider keeps the files past a deadline, the sandbox is snapshotted first.
+    let late_checkpoint = died
+        && from == TaskState::Running
+        && to == TaskState::Snapshotting
+        && matches!(
+            e.task_after.snapshot_reason,
+            Some(SnapshotReason::LateCheckpoint { .. })
+        );
+    if late_checkpoint {
+        mark(
+            MarkKind::Expiry,
+            format!(
+                "{} passed its deadline ({}); a late checkpoint keeps its files",
+                sandbox_of(prev),
+                e.event.name()
+            ),
+        );
+    } else if expired {
         let after = match to {
             TaskState::Idle | TaskState::Provisioning => "no snapshot holds its files",
             _ => "its files are in the latest snapshot",

@@ -1,7 +1,8 @@
 //! The pure core: a model-based property test of `step` (in `model`), and table tests of chosen
-//! transitions (in `transitions`) and of recovery after a restart (in `recovery`). The start
+//! transitions (in `transitions`) of recovery after a restart (in `recovery`) and of deadlines, late checkpoints, restore notes and the create bound (in `deadlines`). The start
 //! time and the task settings they share live here.
 
+mod deadlines;
 mod model;
 mod recovery;
 mod transitions;
@@ -25,5 +26,6 @@ fn settings() -> TaskSettings {
             max_delay_ms: 1_000,
             multiplier: 2,
         },
+        late_checkpoint: false,
     }
 }

@@ -1,5 +1,6 @@
-//! Deadlines: an expired sandbox is gone with its workspace, and an expiry or a stop under a
-//! running command kills it.
+//! Deadlines: nothing runs in a sandbox past its deadline, but its files stay until it is
+//! snapshotted (a late checkpoint) or stopped; a deadline or a stop under a running command
+//! kills it.
 
 use taskbox::core::FailureKind;
 use taskbox::provider::SandboxProvider;
@@ -7,7 +8,7 @@ use taskbox::provider::SandboxProvider;
 use super::{assert_kind, wait_for, Env, START_MS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_sandbox_is_gone_and_its_workspace_discarded() {
+async fn a_sandbox_past_its_deadline_runs_nothing_but_keeps_its_files() {
     let env = Env::new();
     let id = env.try_create("exp", 1, None, 1_000).await.unwrap();
     env.run(&id, "echo x > f").await;
@@ -23,14 +24,20 @@ async fn an_expired_sandbox_is_gone_and_its_workspace_discarded() {
         env.try_run(&id, "cat f", 1_000).await,
         FailureKind::SandboxGone,
     );
-    assert!(msg.contains("expired"), "{msg}");
-    assert!(env.provider.workspace_path(&id).is_none());
+    assert!(msg.contains("passed its deadline"), "{msg}");
     assert_eq!(env.provider.probe_sandbox(&id).await.unwrap(), None);
     assert_kind(
         env.provider.extend_timeout(&id, 1_000).await,
         FailureKind::SandboxGone,
     );
-    // Creating it again gives a fresh, empty workspace.
+    // Its files are still there, and a (late) snapshot keeps them.
+    let workspace = env.provider.workspace_path(&id).expect("the files stay");
+    assert_eq!(std::fs::read_to_string(workspace.join("f")).unwrap(), "x\n");
+    let snap = env.provider.snapshot("exp", &id, 1).await.unwrap();
+    assert!(env.provider.workspace_path(&id).is_none());
+    let restored = env.create("exp", 2, Some(&snap.id)).await;
+    assert_eq!(env.run(&restored, "cat f").await.stdout, "x\n");
+    // Creating the first generation again gives a fresh, empty workspace.
     let id = env.create("exp", 1, None).await;
     assert_eq!(env.run(&id, "ls -A").await.stdout, "");
     assert!(env.tmp_entries().is_empty());
@@ -52,10 +59,11 @@ async fn a_sandbox_expiring_under_a_command_kills_it() {
     let (result, ()) = tokio::join!(running, advance);
     let msg = assert_kind(result, FailureKind::SandboxGone);
     assert!(
-        msg.contains("expired while the command was running"),
+        msg.contains("passed its deadline while the command was running"),
         "{msg}"
     );
-    assert!(env.provider.workspace_path(&id).is_none());
+    // The command is dead, its files are not.
+    assert!(workspace.join("started").exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

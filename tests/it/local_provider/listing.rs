@@ -88,7 +88,8 @@ async fn listing_returns_only_this_installations_resources() {
         summary,
         vec![
             (kept, Some("kept".into()), true),
-            ("taskbox-short-g1-insta".into(), Some("short".into()), false),
+            // Past its deadline, but its files are there until it is stopped.
+            ("taskbox-short-g1-insta".into(), Some("short".into()), true),
         ]
     );
     let snapshots = env.provider.list_snapshots(INSTALLATION).await.unwrap();

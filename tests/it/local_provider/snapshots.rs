@@ -99,13 +99,19 @@ async fn snapshot_of_a_gone_sandbox_is_sandbox_gone() {
             .await,
         FailureKind::SandboxGone,
     );
+    // Past its deadline a sandbox's files are still there: a late snapshot keeps them; once
+    // it is stopped they are gone.
     let id = env.try_create("late", 1, None, 100).await.unwrap();
+    env.run(&id, "echo late > f").await;
     env.clock.advance(100);
+    env.provider.snapshot("late", &id, 1).await.unwrap();
+    assert!(env.provider.workspace_path(&id).is_none());
+    let id = env.try_create("late", 2, None, 100).await.unwrap();
+    env.provider.stop_sandbox(&id).await.unwrap();
     assert_kind(
-        env.provider.snapshot("late", &id, 1).await,
+        env.provider.snapshot("late", &id, 2).await,
         FailureKind::SandboxGone,
     );
-    assert!(env.provider.workspace_path(&id).is_none());
     // Another task's sandbox is refused.
     let other = env.create("mine", 1, None).await;
     assert_kind(

@@ -30,7 +30,7 @@ fn a_divergent_journal_exits_1_and_names_the_entry() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(
-        out.contains(&format!("DIVERGED at entry #{seq} of 15")),
+        out.contains(&format!("DIVERGED at entry #{seq} of 16")),
         "{out}"
     );
     assert!(out.contains("snapshot_taken"), "{out}");

@@ -50,8 +50,8 @@ fn broken_files_are_clear_errors_naming_the_line() {
     assert!(matches!(
         read(short),
         Err(ExportError::Count {
-            announced: 15,
-            found: 14,
+            announced: 16,
+            found: 15,
             ..
         })
     ));
@@ -82,7 +82,7 @@ fn broken_files_are_clear_errors_naming_the_line() {
     assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(
-        err.contains("error:") && err.contains("line 16") && err.contains("truncated"),
+        err.contains("error:") && err.contains("line 17") && err.contains("truncated"),
         "{err}"
     );
     assert!(err.contains("hint:"), "{err}");

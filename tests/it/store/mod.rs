@@ -78,6 +78,7 @@ fn sandbox(task: &str, generation: u64, created_at: Millis) -> SandboxRecord {
         created_at,
         deadline: created_at + 300_000,
         source_snapshot: None,
+        used: false,
     }
 }
 
@@ -212,6 +213,7 @@ fn assert_rows_mirror(store: &Store, task: &Task) {
             created_at: r.created_at,
             deadline: r.deadline,
             source_snapshot: r.source_snapshot,
+            used: false,
         })
         .collect();
     assert_eq!(running, task.sandbox.iter().cloned().collect::<Vec<_>>());
