@@ -504,6 +504,7 @@ fn task_journal(
         let hint = match &e.event {
             Event::CreateFailed { failure, .. }
             | Event::CommandFailed { failure, .. }
+            | Event::CommandNotStarted { failure, .. }
             | Event::SnapshotFailed { failure, .. }
             | Event::ProbeFailed { failure, .. } => match failure.kind {
                 FailureKind::Transient { retry_after_ms } => Some(retry_after_ms),

@@ -163,6 +163,13 @@ impl Call {
                         },
                         Some(out),
                     ),
+                    Err(e) if e.not_started => (
+                        Event::CommandNotStarted {
+                            request_id: *request_id,
+                            failure: e.to_failure(),
+                        },
+                        None,
+                    ),
                     Err(e) => (
                         Event::CommandFailed {
                             request_id: *request_id,

@@ -45,6 +45,9 @@ pub struct ProviderError {
     pub operation: &'static str,
     /// What happened; never contains a secret.
     pub message: String,
+    /// An `exec` that failed before its command started (the run request itself was refused):
+    /// the command provably never ran. See [`ProviderError::before_start`].
+    pub not_started: bool,
 }
 
 impl ProviderError {
@@ -54,7 +57,19 @@ impl ProviderError {
             kind,
             operation,
             message: message.into(),
+            not_started: false,
         }
+    }
+
+    /// Marks an `exec` failure that came before the command started (the request to run it was
+    /// refused, or the sandbox was found stopped first): the engine may run the command again,
+    /// on a restored sandbox if this one is gone ([`Event::CommandNotStarted`]). Only for
+    /// answers that prove the command never ran — never for a cut stream.
+    ///
+    /// [`Event::CommandNotStarted`]: crate::core::Event::CommandNotStarted
+    pub fn before_start(mut self) -> Self {
+        self.not_started = true;
+        self
     }
 
     /// A transient failure (worth a retry), with the provider's retry-after hint if any.

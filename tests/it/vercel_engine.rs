@@ -310,3 +310,53 @@ fn the_cli_session_works_on_the_vercel_backend() {
     assert_eq!(o.status.code(), Some(125));
     assert!(stderr(&o).contains("VERCEL_TOKEN"), "{}", stderr(&o));
 }
+
+/// A Vercel sandbox stopped before its deadline (the dashboard, a platform restart, out of
+/// memory): the next command's run request is answered 410, so the command provably never
+/// started. It runs on a restored sandbox, transparently, and the note says the sandbox was
+/// recreated — instead of failing with "the sandbox expired while `cat f` was running".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_never_started_on_an_early_stopped_sandbox_runs_on_a_restored_one() {
+    use taskbox::core::Notice;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fake = start_fake(dir.path(), Faults::default()).await;
+    let cfg = vercel_config(&fake.base_url());
+    let orch = open(dir.path(), &fake, &cfg).await;
+    let task = TaskId::new("early").expect("task id");
+    orch.run(&task, "echo v1 > f", None).await.expect("run");
+    orch.suspend(&task).await.expect("suspend");
+    let out = orch.run(&task, "cat f", None).await.expect("restore");
+    assert_eq!(out.stdout, "v1\n");
+    let view = orch.show(&task, 0).await.expect("show").expect("the task");
+    let session = view.task.sandbox.expect("a live sandbox").id;
+
+    // The platform stops the session early, over the fake's admin endpoint.
+    let resp = reqwest::Client::new()
+        .post(format!("{}/expire-session/{session}", fake.admin_url()))
+        .send()
+        .await
+        .expect("admin request");
+    assert!(resp.status().is_success(), "{}", resp.status());
+
+    let out = orch
+        .run(&task, "cat f", None)
+        .await
+        .expect("the command runs on a restored sandbox");
+    assert_eq!(out.exit_code, 0);
+    assert_eq!(out.stdout, "v1\n");
+    assert!(
+        out.notices.iter().any(|n| matches!(
+            n,
+            Notice::Recreated {
+                from_snapshot: Some(_),
+                ..
+            }
+        )),
+        "{:?}",
+        out.notices
+    );
+    let view = orch.show(&task, 0).await.expect("show").expect("the task");
+    assert_ne!(view.task.sandbox.expect("a live sandbox").id, session);
+    orch.shutdown().await;
+}

@@ -233,6 +233,37 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
             Event::CommandFailed { .. },
         ) => {}
+        // running ---- the command never started, sandbox gone ----> (expired | snapshotting)
+        // with the request back at the front of the queue: it runs on the restored sandbox.
+        (
+            Running,
+            Event::CommandNotStarted {
+                request_id,
+                failure,
+            },
+        ) if cx.is_running(request_id) => match failure.kind {
+            FailureKind::Transient { retry_after_ms } => {
+                cx.retry_or_give_up(retry_after_ms, &failure)
+            }
+            FailureKind::SandboxGone => {
+                if let Some(run) = cx.t.running.take() {
+                    cx.t.queue.push_front(Request::Run {
+                        id: run.request_id,
+                        command: run.command,
+                        timeout_ms: run.timeout_ms,
+                    });
+                }
+                cx.sandbox_gone();
+            }
+            FailureKind::SnapshotGone
+            | FailureKind::Auth
+            | FailureKind::Invalid
+            | FailureKind::Permanent => cx.give_up(&failure),
+        },
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::CommandNotStarted { .. },
+        ) => {}
 
         // ---- snapshots ----
         // snapshotting ---- snapshot taken ----> expired
@@ -935,7 +966,7 @@ impl Cx {
             .t
             .sandbox
             .take()
-            .map_or((self.now, false), |s| (s.deadline, s.used));
+            .map_or((self.now, false), |s| (s.deadline.min(self.now), s.used));
         let latest = if self.t.settings.persistent {
             self.t
                 .latest_complete()

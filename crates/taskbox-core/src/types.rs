@@ -393,9 +393,9 @@ pub enum Notice {
         /// The deadline the sandbox had passed.
         deadline: Millis,
     },
-    /// The sandbox expired at its platform deadline.
+    /// The sandbox expired at its platform deadline (or stopped before it).
     SandboxExpired {
-        /// The deadline.
+        /// When: its deadline, or the moment it was found gone if that came first.
         at: Millis,
     },
     /// Files were lost: no retained snapshot could be restored.
@@ -588,6 +588,15 @@ pub enum Event {
         /// Why.
         failure: Failure,
     },
+    /// `RunCommand` was refused before the command started (the run request was answered
+    /// "sandbox gone", or the sandbox was found stopped before it): the command provably never
+    /// ran, so it may be run again — on a restored sandbox when this one is gone.
+    CommandNotStarted {
+        /// The request it serves.
+        request_id: RequestId,
+        /// Why.
+        failure: Failure,
+    },
     /// `TakeSnapshot` completed: the snapshot is confirmed and the sandbox has stopped.
     SnapshotTaken {
         /// The snapshot sequence number.
@@ -688,6 +697,7 @@ impl Event {
             Event::CreateFailed { .. } => "create_failed",
             Event::CommandExited { .. } => "command_exited",
             Event::CommandFailed { .. } => "command_failed",
+            Event::CommandNotStarted { .. } => "command_not_started",
             Event::SnapshotTaken { .. } => "snapshot_taken",
             Event::SnapshotFailed { .. } => "snapshot_failed",
             Event::SandboxStopped { .. } => "sandbox_stopped",

@@ -57,11 +57,10 @@ impl SimProvider {
             let w = &mut *w;
             let command_no = w.next_command;
             let Some(sb) = w.live_sandbox(sandbox_id, start) else {
-                return Err(World::gone(
-                    OP_EXEC,
-                    sandbox_id,
-                    w.sandboxes.get(sandbox_id),
-                ));
+                // Found stopped before the command started: it provably never ran.
+                return Err(
+                    World::gone(OP_EXEC, sandbox_id, w.sandboxes.get(sandbox_id)).before_start(),
+                );
             };
             let pulled = match cut {
                 Some(cut) if start.saturating_add(cut) < sb.deadline => {
@@ -74,11 +73,10 @@ impl SimProvider {
                 w.stats.fault("expire_mid_command");
             }
             let Some(sb) = w.live_sandbox(sandbox_id, start) else {
-                return Err(World::gone(
-                    OP_EXEC,
-                    sandbox_id,
-                    w.sandboxes.get(sandbox_id),
-                ));
+                // Found stopped before the command started: it provably never ran.
+                return Err(
+                    World::gone(OP_EXEC, sandbox_id, w.sandboxes.get(sandbox_id)).before_start(),
+                );
             };
             sb.running.insert(command_no, req.command.clone());
             let changed = sb.changed.clone();

@@ -169,7 +169,14 @@ pub async fn exec(
     let mut cmd_id: Option<String> = None;
 
     let waited = tokio::time::timeout_at(deadline, async {
-        let mut stream = client.run_command_streaming(session_id, &cmd).await?;
+        // A refused run request (the session is stopped: 410) never started the command.
+        let mut stream = client
+            .run_command_streaming(session_id, &cmd)
+            .await
+            .map_err(|e| match e.kind {
+                FailureKind::SandboxGone => e.before_start(),
+                _ => e,
+            })?;
         match consume(&mut stream, &mut out, &mut cmd_id).await {
             StreamEnd::Exited(code) => Ok((code, false)),
             StreamEnd::SandboxGone(why) => Err(ProviderError::sandbox_gone(

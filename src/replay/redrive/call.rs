@@ -163,9 +163,9 @@ pub(super) fn outcome_key(e: &Event) -> Option<Key> {
         Event::SandboxReady { generation, .. } | Event::CreateFailed { generation, .. } => {
             Key::Create(*generation)
         }
-        Event::CommandExited { request_id, .. } | Event::CommandFailed { request_id, .. } => {
-            Key::Run(*request_id)
-        }
+        Event::CommandExited { request_id, .. }
+        | Event::CommandFailed { request_id, .. }
+        | Event::CommandNotStarted { request_id, .. } => Key::Run(*request_id),
         Event::SnapshotTaken { seq, .. } | Event::SnapshotFailed { seq, .. } => Key::Snapshot(*seq),
         Event::SandboxStopped { sandbox_id } | Event::StopFailed { sandbox_id, .. } => {
             Key::Stop(sandbox_id.clone())

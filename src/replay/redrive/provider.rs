@@ -223,6 +223,9 @@ impl SandboxProvider for ReplayProvider {
                     duration_ms: self.clock.now_ms().saturating_sub(started),
                 }),
                 Event::CommandFailed { failure, .. } => Err(recorded_error(&failure)),
+                Event::CommandNotStarted { failure, .. } => {
+                    Err(recorded_error(&failure).before_start())
+                }
                 other => Err(wrong_outcome("run command", &other)),
             }
         })

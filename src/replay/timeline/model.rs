@@ -313,6 +313,7 @@ fn failure_of(ev: &Event) -> Option<(&'static str, &str)> {
     let f = match ev {
         Event::CreateFailed { failure, .. }
         | Event::CommandFailed { failure, .. }
+        | Event::CommandNotStarted { failure, .. }
         | Event::SnapshotFailed { failure, .. }
         | Event::StopFailed { failure, .. }
         | Event::ExtendFailed { failure, .. }
@@ -427,9 +428,9 @@ fn mark_entry(
             timer: TimerKind::Deadline,
         }
         | Event::SandboxProbed { alive: None, .. } => true,
-        Event::CommandFailed { failure, .. } | Event::SnapshotFailed { failure, .. } => {
-            failure.kind == FailureKind::SandboxGone
-        }
+        Event::CommandFailed { failure, .. }
+        | Event::CommandNotStarted { failure, .. }
+        | Event::SnapshotFailed { failure, .. } => failure.kind == FailureKind::SandboxGone,
         Event::RunRequested { .. }
         | Event::ResumeRequested { .. }
         | Event::SuspendRequested { .. } => prev

@@ -56,7 +56,9 @@ pub fn event_summary(ev: &Event, at: Millis) -> String {
             let t = if *timed_out { " (timed out)" } else { "" };
             format!("{name} #{request_id} exit {exit_code}{t}")
         }
-        Event::CommandFailed { request_id, .. } => format!("{name} #{request_id}"),
+        Event::CommandFailed { request_id, .. } | Event::CommandNotStarted { request_id, .. } => {
+            format!("{name} #{request_id}")
+        }
         Event::SnapshotTaken {
             seq, size_bytes, ..
         } => format!("{name} #{seq} ({})", fmt_bytes(*size_bytes)),

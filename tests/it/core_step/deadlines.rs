@@ -302,3 +302,67 @@ fn a_create_loop_is_impossible_whatever_the_timeout() {
             .any(|c| matches!(c, Command::CreateSandbox { .. })));
     }
 }
+
+/// A command that provably never started (its sandbox was found stopped) is run on a restored
+/// sandbox; its reply says the sandbox was recreated. A command that may have started fails.
+#[test]
+fn a_command_that_never_started_runs_on_a_restored_sandbox() {
+    let t = used_after_snapshot(false);
+    let t = ok(&t, run(4, "cat f"), T0 + 60).next;
+    let gone = Failure::new(FailureKind::SandboxGone, "410 sandbox_stopped");
+    let tr = ok(
+        &t,
+        Event::CommandNotStarted {
+            request_id: 4,
+            failure: gone.clone(),
+        },
+        T0 + 70,
+    );
+    assert_eq!(tr.next.state, TaskState::Restoring);
+    assert!(
+        !tr.commands
+            .iter()
+            .any(|c| matches!(c, Command::Reply { .. })),
+        "{:?}",
+        tr.commands
+    );
+    let tr = ok(&tr.next, ready(3, DEADLINE + 1_000), T0 + 80);
+    assert!(tr.commands.iter().any(|c| matches!(
+        c,
+        Command::RunCommand { request_id: 4, command, .. } if command == "cat f"
+    )));
+    let tr = ok(&tr.next, exited(4), T0 + 90);
+    let Some(Command::Reply {
+        request_id: 4,
+        reply: Reply::Ran { notices, .. },
+    }) = tr.commands.first()
+    else {
+        panic!("{:?}", tr.commands)
+    };
+    // Stopped before its deadline: the note says when it was found gone, not the deadline.
+    assert!(notices.contains(&Notice::SandboxExpired { at: T0 + 70 }));
+    assert!(notices.iter().any(|n| matches!(
+        n,
+        Notice::Recreated {
+            from_snapshot: Some(_),
+            ..
+        }
+    )));
+
+    // The same failure while the command may have run is reported, not repeated.
+    let tr = ok(
+        &t,
+        Event::CommandFailed {
+            request_id: 4,
+            failure: gone,
+        },
+        T0 + 70,
+    );
+    assert!(tr.commands.iter().any(|c| matches!(
+        c,
+        Command::Reply {
+            request_id: 4,
+            reply: Reply::Failed { .. }
+        }
+    )));
+}
