@@ -272,7 +272,7 @@ impl Orchestrator {
         self.query(|lp| {
             let mut tasks = lp.store.load_tasks()?;
             for t in &mut tasks {
-                if let Some(live) = lp.tasks.get(&t.id) {
+                if let Some(live) = lp.tasks.get(t.id.as_str()) {
                     *t = live.clone();
                 }
             }

@@ -218,11 +218,11 @@ impl EventLoop {
         if self.tasks.contains_key(id) {
             return Ok(());
         }
-        TaskId::new(id)?;
+        let task_id = TaskId::new(id)?;
         match self.store.load_task(id)? {
             None => {
                 let now = self.clock.now_ms();
-                let task = Task::new(id, self.settings.clone(), now);
+                let task = Task::new(task_id, self.settings.clone(), now);
                 let event = Event::SettingsChanged {
                     settings: self.settings.clone(),
                 };
@@ -346,7 +346,7 @@ impl EventLoop {
             });
         }
         for cmd in s.commands {
-            self.perform(&s.task, cmd, s.at);
+            self.perform(&s.task_after.id, cmd, s.at);
         }
     }
 

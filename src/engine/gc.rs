@@ -85,7 +85,7 @@ impl Orchestrator {
                 continue;
             }
             if !dry_run {
-                if let Err(e) = p.stop_sandbox(&sb.id).await {
+                if let Err(e) = p.stop_sandbox(&SandboxId::from(sb.id.as_str())).await {
                     report.errors.push(format!("stop sandbox {}: {e}", sb.id));
                     continue;
                 }
@@ -109,7 +109,7 @@ impl Orchestrator {
                 continue;
             }
             if !dry_run {
-                if let Err(e) = p.delete_snapshot(&snap.id).await {
+                if let Err(e) = p.delete_snapshot(&SnapshotId::from(snap.id.as_str())).await {
                     report
                         .errors
                         .push(format!("delete snapshot {}: {e}", snap.id));
@@ -131,3 +131,4 @@ impl Orchestrator {
         Ok(report)
     }
 }
+use crate::ids::{SandboxId, SnapshotId};

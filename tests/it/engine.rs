@@ -151,7 +151,7 @@ fn scenario(seed: u64, actions: Vec<Action>) -> Result<(), TestCaseError> {
             .collect();
         for rec in &view.task.snapshots {
             if rec.status == taskbox::core::SnapshotStatus::Complete {
-                let id = rec.id.clone().unwrap_or_default();
+                let id = rec.id.as_deref().unwrap_or_default().to_string();
                 let snap = on_platform.get(&id);
                 prop_assert!(
                     snap.is_some_and(|s| !s.deleted),

@@ -9,6 +9,7 @@
 use std::mem;
 
 use super::types::*;
+use crate::ids::{SnapshotId, TaskId};
 
 /// The outcome of one step: the task after the event, and the effects to perform — in order,
 /// after the transition has been committed to the journal.
@@ -27,7 +28,7 @@ pub enum StepError {
     #[error("task {task}: request id {request_id} was already used (last was {last})")]
     DuplicateRequest {
         /// The task.
-        task: String,
+        task: TaskId,
         /// The id given.
         request_id: RequestId,
         /// The highest id seen.
@@ -37,7 +38,7 @@ pub enum StepError {
     #[error("task {task}: invalid request: {why}")]
     InvalidRequest {
         /// The task.
-        task: String,
+        task: TaskId,
         /// What is wrong.
         why: &'static str,
     },
@@ -561,7 +562,7 @@ impl Cx {
     }
 
     /// The snapshot holding the task's files while it has no sandbox.
-    fn kept_snapshot_id(&self) -> Option<String> {
+    fn kept_snapshot_id(&self) -> Option<SnapshotId> {
         if self.t.settings.persistent {
             self.t.latest_complete().and_then(|s| s.id.clone())
         } else {
@@ -810,7 +811,7 @@ impl Cx {
                 }
             }
         }
-        let gone_id = gone.unwrap_or_default();
+        let gone_id = gone.as_deref().unwrap_or_default();
         self.t.generation += 1;
         self.t.attempts = 1;
         self.t.retry_at = None;
@@ -843,9 +844,12 @@ impl Cx {
     fn expire(&mut self) {
         let deadline = self.t.sandbox.take().map_or(self.now, |s| s.deadline);
         let latest = if self.t.settings.persistent {
-            self.t
-                .latest_complete()
-                .map(|s| (s.id.clone().unwrap_or_default(), s.created_at.unwrap_or(0)))
+            self.t.latest_complete().map(|s| {
+                (
+                    s.id.as_deref().unwrap_or_default().to_string(),
+                    s.created_at.unwrap_or(0),
+                )
+            })
         } else {
             None
         };
@@ -923,7 +927,7 @@ impl Cx {
     }
 
     fn emit_pending_deletes(&mut self) {
-        let ids: Vec<String> = self
+        let ids: Vec<SnapshotId> = self
             .t
             .snapshots
             .iter()
