@@ -12,7 +12,9 @@ use tracing::{debug, info_span, warn};
 
 use super::{EngineError, StateChange};
 use crate::clock::Clock;
-use crate::core::{step, Command, Event, Millis, Reply, Task, TaskSettings, TaskState, TimerKind};
+use crate::core::{
+    step, Command, Event, FailureReason, Millis, Reply, Task, TaskSettings, TaskState, TimerKind,
+};
 use crate::ids::TaskId;
 use crate::provider::{ExecOutput, SandboxProvider};
 use crate::retry::Jitter;
@@ -357,7 +359,7 @@ impl EventLoop {
             s,
             EngineError::Request {
                 task: s.task.clone(),
-                message,
+                reason: FailureReason::NotCommitted { message },
                 attempts: 0,
                 notices: Vec::new(),
             },

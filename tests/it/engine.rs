@@ -299,6 +299,23 @@ fn expiry_under_a_command_is_reported_and_files_come_back() {
             "{msg}"
         );
         assert!(msg.contains("restored from snapshot"), "{msg}");
+        // The failure is typed: the code the server answers with and the hint the CLI prints
+        // come from the reason, not from matching the message.
+        let taskbox::engine::EngineError::Request { reason, .. } = &err else {
+            panic!("a failed request: {err:?}");
+        };
+        assert!(
+            matches!(
+                reason,
+                taskbox::core::FailureReason::ExpiredDuringCommand {
+                    restore_from: Some(_),
+                    ..
+                }
+            ),
+            "{reason:?}"
+        );
+        assert_eq!(err.code(), "sandbox_expired");
+        assert!(err.hint().is_some_and(|h| h.contains("expiry")), "{err:?}");
         let out = orch.run(&task, "cat f", None).await.expect("run");
         assert_eq!(out.stdout, "v1", "files come back from the latest snapshot");
         orch.shutdown().await;

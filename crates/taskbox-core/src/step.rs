@@ -10,6 +10,7 @@ use std::mem;
 
 use super::types::*;
 use crate::ids::{SnapshotId, TaskId};
+use crate::reason::FailureReason;
 
 /// The outcome of one step: the task after the event, and the effects to perform — in order,
 /// after the transition has been committed to the journal.
@@ -689,11 +690,10 @@ impl Cx {
             self.reply(
                 request_id,
                 Reply::Failed {
-                    error: format!(
-                        "the snapshot has not completed after {attempts} attempts: {failure}; \
-                         taskbox keeps retrying it, and the previous snapshot stays the latest \
-                         until it completes"
-                    ),
+                    reason: FailureReason::SnapshotPending {
+                        attempts,
+                        failure: failure.clone(),
+                    },
                     attempts,
                     notices: Vec::new(),
                 },
@@ -713,26 +713,22 @@ impl Cx {
     /// The operation in flight failed for good: settle the state and answer who was waiting.
     fn give_up(&mut self, failure: &Failure) {
         let attempts = self.t.attempts.max(1);
-        let plural = if attempts == 1 { "" } else { "s" };
+        let failure = failure.clone();
         match self.t.state {
             TaskState::Provisioning | TaskState::Restoring => {
-                let what = if self.t.state == TaskState::Restoring {
-                    "restore the sandbox from its snapshot"
+                let reason = if self.t.state == TaskState::Restoring {
+                    FailureReason::RestoreFailed { attempts, failure }
                 } else {
-                    "create the sandbox"
+                    FailureReason::CreateFailed { attempts, failure }
                 };
-                let error = format!("could not {what} after {attempts} attempt{plural}: {failure}");
                 // A failed restore keeps the snapshot mapping: the next request tries again.
                 self.settle_without_sandbox();
                 self.t.restore_source = None;
                 self.clear_op();
-                self.fail_queue(&error, attempts);
+                self.fail_queue(&reason, attempts);
             }
             TaskState::Snapshotting => {
-                let error = format!(
-                    "could not snapshot the sandbox after {attempts} attempt{plural}: {failure}; \
-                     the sandbox keeps running and the previous snapshot stays the latest"
-                );
+                let reason = FailureReason::SnapshotFailed { attempts, failure };
                 if let Some(rec) = self.t.snapshots.last_mut() {
                     rec.status = SnapshotStatus::Failed;
                 }
@@ -744,7 +740,7 @@ impl Cx {
                     self.reply(
                         request_id,
                         Reply::Failed {
-                            error,
+                            reason,
                             attempts,
                             notices: Vec::new(),
                         },
@@ -756,15 +752,16 @@ impl Cx {
             }
             TaskState::Running => {
                 if let Some(run) = self.t.running.take() {
-                    let error = format!(
-                        "could not run `{}` after {attempts} attempt{plural}: {failure}",
-                        run.command
-                    );
+                    let reason = FailureReason::CommandFailed {
+                        command: run.command,
+                        attempts,
+                        failure,
+                    };
                     let notices = mem::take(&mut self.t.notices);
                     self.reply(
                         run.request_id,
                         Reply::Failed {
-                            error,
+                            reason,
                             attempts,
                             notices,
                         },
@@ -779,7 +776,7 @@ impl Cx {
         }
     }
 
-    fn fail_queue(&mut self, error: &str, attempts: u32) {
+    fn fail_queue(&mut self, reason: &FailureReason, attempts: u32) {
         for req in mem::take(&mut self.t.queue) {
             match req {
                 Request::Suspend { id } => {
@@ -791,7 +788,7 @@ impl Cx {
                     self.reply(
                         id,
                         Reply::Failed {
-                            error: error.to_string(),
+                            reason: reason.clone(),
                             attempts,
                             notices,
                         },
@@ -854,12 +851,7 @@ impl Cx {
             None
         };
         self.t.notices.push(Notice::SandboxExpired { at: deadline });
-        let restore_note = match &latest {
-            Some((id, _)) => {
-                format!("the task's files will be restored from snapshot {id} on the next command")
-            }
-            None => "no snapshot holds the task's files; the next command starts fresh".to_string(),
-        };
+        let restore_from: Option<SnapshotId> = latest.as_ref().map(|(id, _)| id.as_str().into());
         if latest.is_none() && self.t.settings.persistent {
             self.t.notices.push(Notice::FilesLost {
                 reason: "the sandbox expired before any snapshot of it completed".into(),
@@ -876,9 +868,9 @@ impl Cx {
                 self.reply(
                     request_id,
                     Reply::Failed {
-                        error: format!(
-                            "the sandbox expired before its snapshot completed; {restore_note}"
-                        ),
+                        reason: FailureReason::ExpiredDuringSnapshot {
+                            restore_from: restore_from.clone(),
+                        },
                         attempts,
                         notices: Vec::new(),
                     },
@@ -893,10 +885,10 @@ impl Cx {
             self.reply(
                 run.request_id,
                 Reply::Failed {
-                    error: format!(
-                        "the sandbox expired while `{}` was running; {restore_note}",
-                        run.command
-                    ),
+                    reason: FailureReason::ExpiredDuringCommand {
+                        command: run.command,
+                        restore_from,
+                    },
                     attempts,
                     notices,
                 },
@@ -1026,8 +1018,7 @@ impl Cx {
     /// probed — with later requests waiting for the probe's answer when `hold_for_probe`.
     /// Nothing in flight, nothing queued, nothing to delete: nothing happens.
     fn recover(&mut self, state: TaskState, hold_for_probe: bool) {
-        let error = "interrupted: taskbox restarted before the request finished";
-        self.fail_queue(error, self.t.attempts.max(1));
+        self.fail_queue(&FailureReason::Interrupted, self.t.attempts.max(1));
         self.emit_pending_deletes();
         match state {
             TaskState::Idle | TaskState::Expired => {}
@@ -1049,10 +1040,9 @@ impl Cx {
                     self.reply(
                         run.request_id,
                         Reply::Failed {
-                            error: format!(
-                                "interrupted: taskbox restarted while `{}` was running",
-                                run.command
-                            ),
+                            reason: FailureReason::InterruptedCommand {
+                                command: run.command,
+                            },
                             attempts: self.t.attempts.max(1),
                             notices,
                         },

@@ -6,6 +6,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{SandboxId, SnapshotId, TaskId};
+use crate::reason::FailureReason;
 
 /// Milliseconds since the UNIX epoch. The core never reads a clock; every `now` is one of these.
 pub type Millis = u64;
@@ -683,8 +684,13 @@ pub enum Reply {
     },
     /// The request failed.
     Failed {
-        /// What went wrong, with the last real error.
-        error: String,
+        /// Why, with the last real error. Stored as `reason`; journals written before reasons
+        /// were typed hold the wording as `error`, read back as [`FailureReason::Recorded`].
+        #[serde(
+            alias = "error",
+            deserialize_with = "crate::reason::deserialize_stored"
+        )]
+        reason: FailureReason,
         /// How many attempts were made.
         attempts: u32,
         /// What the caller should know.

@@ -223,7 +223,7 @@ fn row(e: &JournalEntry, prev: Option<&Task>, in_state_ms: u64) -> Row {
             } => snapshots.push(id.to_string()),
             Command::Reply {
                 request_id,
-                reply: Reply::Failed { error: msg, .. },
+                reply: Reply::Failed { reason: msg, .. },
             } if error.is_none() => error = Some(format!("request #{request_id} failed: {msg}")),
             _ => {}
         }
