@@ -380,7 +380,7 @@ impl Orchestrator {
         {
             return Err(EngineError::Request {
                 task: task.as_str().to_string(),
-                reason,
+                reason: Box::new(reason),
                 attempts,
                 notices,
             });
@@ -407,9 +407,9 @@ impl Orchestrator {
 fn unexpected(task: &TaskId, reply: Reply) -> EngineError {
     EngineError::Request {
         task: task.as_str().to_string(),
-        reason: FailureReason::UnexpectedReply {
+        reason: Box::new(FailureReason::UnexpectedReply {
             reply: format!("{reply:?}"),
-        },
+        }),
         attempts: 0,
         notices: Vec::new(),
     }

@@ -23,8 +23,9 @@ pub enum EngineError {
     Request {
         /// The task.
         task: String,
-        /// Why, with the last real error (its wording, code and hint are made there).
-        reason: FailureReason,
+        /// Why, with the last real error (its wording, code and hint are made there). Boxed to
+        /// keep `EngineError` small.
+        reason: Box<FailureReason>,
         /// Attempts made.
         attempts: u32,
         /// What the caller should know (sandbox expired, files lost...).

@@ -359,7 +359,7 @@ impl EventLoop {
             s,
             EngineError::Request {
                 task: s.task.clone(),
-                reason: FailureReason::NotCommitted { message },
+                reason: Box::new(FailureReason::NotCommitted { message }),
                 attempts: 0,
                 notices: Vec::new(),
             },

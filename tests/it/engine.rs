@@ -306,7 +306,7 @@ fn expiry_under_a_command_is_reported_and_files_come_back() {
         };
         assert!(
             matches!(
-                reason,
+                &**reason,
                 taskbox::core::FailureReason::ExpiredDuringCommand {
                     restore_from: Some(_),
                     ..

@@ -2,8 +2,8 @@
 //! (the server's JSON `code`), its wording (`Display`) and its hint (what to do next, printed by
 //! the CLI and sent by the server) are made.
 //!
-//! `step` builds a reason where it gives up on a request and puts it in [`Reply::Failed`]
-//! (crate::Reply::Failed); nobody downstream reads English to decide anything.
+//! `step` builds a reason where it gives up on a request and puts it in
+//! [`Reply::Failed`](crate::Reply::Failed); nobody downstream reads English to decide anything.
 //!
 //! # Stored form
 //! A reason is journaled as an object tagged by its code:

@@ -154,7 +154,7 @@ impl LocalProvider {
                 match header {
                     Ok(header) if header.installation_id == installation_id => {
                         found.push(ListedResource {
-                            id: snap.id().into(),
+                            id: snap.id(),
                             task_id: Some(header.task_id),
                             live: true,
                         })
