@@ -270,7 +270,7 @@ async fn gc_sweeps_every_local_sandbox_dir_no_task_holds() {
     for generation in 1..=3 {
         let info = p
             .create_sandbox(&SandboxSpec {
-                task_id: "leak".into(),
+                task_id: TaskId::new("leak").expect("task id"),
                 generation,
                 name: sandbox_name(&inst, "leak", generation),
                 source_snapshot: None,

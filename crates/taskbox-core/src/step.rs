@@ -9,6 +9,8 @@
 use std::mem;
 
 use super::types::*;
+use crate::ids::{SnapshotId, TaskId};
+use crate::reason::FailureReason;
 
 /// The outcome of one step: the task after the event, and the effects to perform — in order,
 /// after the transition has been committed to the journal.
@@ -27,7 +29,7 @@ pub enum StepError {
     #[error("task {task}: request id {request_id} was already used (last was {last})")]
     DuplicateRequest {
         /// The task.
-        task: String,
+        task: TaskId,
         /// The id given.
         request_id: RequestId,
         /// The highest id seen.
@@ -37,7 +39,7 @@ pub enum StepError {
     #[error("task {task}: invalid request: {why}")]
     InvalidRequest {
         /// The task.
-        task: String,
+        task: TaskId,
         /// What is wrong.
         why: &'static str,
     },
@@ -616,7 +618,7 @@ impl Cx {
     }
 
     /// The snapshot holding the task's files while it has no sandbox.
-    fn kept_snapshot_id(&self) -> Option<String> {
+    fn kept_snapshot_id(&self) -> Option<SnapshotId> {
         if self.t.settings.persistent {
             self.t.latest_complete().and_then(|s| s.id.clone())
         } else {
@@ -626,9 +628,9 @@ impl Cx {
 
     /// idle ---- run/resume ----> provisioning; expired ---- run/resume ----> restoring
     fn begin_sandbox(&mut self) {
-        if let Some(error) = self.create_bound_reached() {
+        if let Some(reason) = self.create_bound_reached() {
             let attempts = u32::try_from(self.t.recent_creates.len()).unwrap_or(u32::MAX);
-            self.fail_queue(&error, attempts);
+            self.fail_queue(&reason, attempts);
             return;
         }
         self.t.recent_creates.push(self.now);
@@ -749,11 +751,10 @@ impl Cx {
             self.reply(
                 request_id,
                 Reply::Failed {
-                    error: format!(
-                        "the snapshot has not completed after {attempts} attempts: {failure}; \
-                         taskbox keeps retrying it, and the previous snapshot stays the latest \
-                         until it completes"
-                    ),
+                    reason: FailureReason::SnapshotPending {
+                        attempts,
+                        failure: failure.clone(),
+                    },
                     attempts,
                     notices: Vec::new(),
                 },
@@ -773,20 +774,19 @@ impl Cx {
     /// The operation in flight failed for good: settle the state and answer who was waiting.
     fn give_up(&mut self, failure: &Failure) {
         let attempts = self.t.attempts.max(1);
-        let plural = if attempts == 1 { "" } else { "s" };
+        let failure = failure.clone();
         match self.t.state {
             TaskState::Provisioning | TaskState::Restoring => {
-                let what = if self.t.state == TaskState::Restoring {
-                    "restore the sandbox from its snapshot"
+                let reason = if self.t.state == TaskState::Restoring {
+                    FailureReason::RestoreFailed { attempts, failure }
                 } else {
-                    "create the sandbox"
+                    FailureReason::CreateFailed { attempts, failure }
                 };
-                let error = format!("could not {what} after {attempts} attempt{plural}: {failure}");
                 // A failed restore keeps the snapshot mapping: the next request tries again.
                 self.settle_without_sandbox();
                 self.t.restore_source = None;
                 self.clear_op();
-                self.fail_queue(&error, attempts);
+                self.fail_queue(&reason, attempts);
             }
             TaskState::Snapshotting
                 if matches!(
@@ -798,10 +798,7 @@ impl Cx {
                 self.expire();
             }
             TaskState::Snapshotting => {
-                let error = format!(
-                    "could not snapshot the sandbox after {attempts} attempt{plural}: {failure}; \
-                     the sandbox keeps running and the previous snapshot stays the latest"
-                );
+                let reason = FailureReason::SnapshotFailed { attempts, failure };
                 if let Some(rec) = self.t.snapshots.last_mut() {
                     rec.status = SnapshotStatus::Failed;
                 }
@@ -813,7 +810,7 @@ impl Cx {
                     self.reply(
                         request_id,
                         Reply::Failed {
-                            error,
+                            reason,
                             attempts,
                             notices: Vec::new(),
                         },
@@ -825,15 +822,16 @@ impl Cx {
             }
             TaskState::Running => {
                 if let Some(run) = self.t.running.take() {
-                    let error = format!(
-                        "could not run `{}` after {attempts} attempt{plural}: {failure}",
-                        run.command
-                    );
+                    let reason = FailureReason::CommandFailed {
+                        command: run.command,
+                        attempts,
+                        failure,
+                    };
                     let notices = mem::take(&mut self.t.notices);
                     self.reply(
                         run.request_id,
                         Reply::Failed {
-                            error,
+                            reason,
                             attempts,
                             notices,
                         },
@@ -848,7 +846,7 @@ impl Cx {
         }
     }
 
-    fn fail_queue(&mut self, error: &str, attempts: u32) {
+    fn fail_queue(&mut self, reason: &FailureReason, attempts: u32) {
         for req in mem::take(&mut self.t.queue) {
             match req {
                 Request::Suspend { id } => {
@@ -860,7 +858,7 @@ impl Cx {
                     self.reply(
                         id,
                         Reply::Failed {
-                            error: error.to_string(),
+                            reason: reason.clone(),
                             attempts,
                             notices,
                         },
@@ -880,7 +878,7 @@ impl Cx {
                 }
             }
         }
-        let gone_id = gone.unwrap_or_default();
+        let gone_id = gone.as_deref().unwrap_or_default();
         self.t.recent_creates.push(self.now);
         self.t.generation += 1;
         self.t.attempts = 1;
@@ -928,11 +926,9 @@ impl Cx {
             self.reply(
                 run.request_id,
                 Reply::Failed {
-                    error: format!(
-                        "the sandbox reached its deadline while `{}` was running (the command \
-                         was stopped); its files are kept in a late checkpoint",
-                        run.command
-                    ),
+                    reason: FailureReason::DeadlineDuringCommand {
+                        command: run.command,
+                    },
                     attempts,
                     notices,
                 },
@@ -943,8 +939,8 @@ impl Cx {
         self.begin_snapshot(SnapshotReason::LateCheckpoint { deadline });
     }
 
-    /// Whether a new sandbox would pass [`MAX_CREATES_PER_MINUTE`]; the error to answer if so.
-    fn create_bound_reached(&mut self) -> Option<String> {
+    /// Whether a new sandbox would pass [`MAX_CREATES_PER_MINUTE`]; the reason to answer if so.
+    fn create_bound_reached(&mut self) -> Option<FailureReason> {
         const MINUTE_MS: Millis = 60_000;
         let since = self.now.saturating_sub(MINUTE_MS);
         self.t.recent_creates.retain(|&at| at > since);
@@ -952,11 +948,9 @@ impl Cx {
         if n < MAX_CREATES_PER_MINUTE {
             return None;
         }
-        Some(format!(
-            "{n} sandboxes were created for this task within a minute, the most taskbox creates \
-             per task; each was gone before it could serve a request (is \
-             terminal.sandbox_timeout_seconds too small?); try again in a minute"
-        ))
+        Some(FailureReason::TooManyCreates {
+            created: u32::try_from(n).unwrap_or(u32::MAX),
+        })
     }
 
     /// The sandbox is gone (platform deadline, or found dead): running/snapshotting ---->
@@ -968,19 +962,17 @@ impl Cx {
             .take()
             .map_or((self.now, false), |s| (s.deadline.min(self.now), s.used));
         let latest = if self.t.settings.persistent {
-            self.t
-                .latest_complete()
-                .map(|s| (s.id.clone().unwrap_or_default(), s.created_at.unwrap_or(0)))
+            self.t.latest_complete().map(|s| {
+                (
+                    s.id.as_deref().unwrap_or_default().to_string(),
+                    s.created_at.unwrap_or(0),
+                )
+            })
         } else {
             None
         };
         self.t.notices.push(Notice::SandboxExpired { at: deadline });
-        let restore_note = match &latest {
-            Some((id, _)) => {
-                format!("the task's files will be restored from snapshot {id} on the next command")
-            }
-            None => "no snapshot holds the task's files; the next command starts fresh".to_string(),
-        };
+        let restore_from: Option<SnapshotId> = latest.as_ref().map(|(id, _)| id.as_str().into());
         if latest.is_some() && used {
             // Commands ran after the latest snapshot in a sandbox that is gone now.
             self.t.files_behind = true;
@@ -1001,9 +993,9 @@ impl Cx {
                 self.reply(
                     request_id,
                     Reply::Failed {
-                        error: format!(
-                            "the sandbox expired before its snapshot completed; {restore_note}"
-                        ),
+                        reason: FailureReason::ExpiredDuringSnapshot {
+                            restore_from: restore_from.clone(),
+                        },
                         attempts,
                         notices: Vec::new(),
                     },
@@ -1018,10 +1010,10 @@ impl Cx {
             self.reply(
                 run.request_id,
                 Reply::Failed {
-                    error: format!(
-                        "the sandbox expired while `{}` was running; {restore_note}",
-                        run.command
-                    ),
+                    reason: FailureReason::ExpiredDuringCommand {
+                        command: run.command,
+                        restore_from,
+                    },
                     attempts,
                     notices,
                 },
@@ -1052,7 +1044,7 @@ impl Cx {
     }
 
     fn emit_pending_deletes(&mut self) {
-        let ids: Vec<String> = self
+        let ids: Vec<SnapshotId> = self
             .t
             .snapshots
             .iter()
@@ -1151,8 +1143,7 @@ impl Cx {
     /// probed — with later requests waiting for the probe's answer when `hold_for_probe`.
     /// Nothing in flight, nothing queued, nothing to delete: nothing happens.
     fn recover(&mut self, state: TaskState, hold_for_probe: bool) {
-        let error = "interrupted: taskbox restarted before the request finished";
-        self.fail_queue(error, self.t.attempts.max(1));
+        self.fail_queue(&FailureReason::Interrupted, self.t.attempts.max(1));
         self.emit_pending_deletes();
         match state {
             TaskState::Idle | TaskState::Expired => {}
@@ -1174,10 +1165,9 @@ impl Cx {
                     self.reply(
                         run.request_id,
                         Reply::Failed {
-                            error: format!(
-                                "interrupted: taskbox restarted while `{}` was running",
-                                run.command
-                            ),
+                            reason: FailureReason::InterruptedCommand {
+                                command: run.command,
+                            },
                             attempts: self.t.attempts.max(1),
                             notices,
                         },

@@ -143,7 +143,7 @@ impl LocalProvider {
             )?;
             if self.clock.now_ms() < meta.deadline {
                 return Ok(SandboxInfo {
-                    id: name.name.clone(),
+                    id: name.name.as_str().into(),
                     name: name.name.clone(),
                     deadline: meta.deadline,
                 });
@@ -172,7 +172,7 @@ impl LocalProvider {
         };
         tracing::debug!(sandbox = %name.name, deadline = meta.deadline, "local sandbox created");
         Ok(SandboxInfo {
-            id: name.name.clone(),
+            id: name.name.as_str().into(),
             name: name.name.clone(),
             deadline: meta.deadline,
         })
@@ -295,7 +295,7 @@ impl LocalProvider {
                     // it is listed live: a sandbox dir no task holds is the reconciler's to
                     // remove whatever its deadline.
                     found.push(ListedResource {
-                        id: name.name.clone(),
+                        id: name.name.as_str().into(),
                         task_id: Some(meta.task_id),
                         live: true,
                     })

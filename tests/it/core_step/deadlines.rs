@@ -5,6 +5,7 @@
 use taskbox::core::*;
 
 use super::{settings, T0};
+use crate::support::tid;
 
 const DEADLINE: Millis = T0 + 300_000;
 
@@ -15,7 +16,7 @@ fn ok(task: &Task, ev: Event, now: Millis) -> Transition {
 fn ready(generation: u64, deadline: Millis) -> Event {
     Event::SandboxReady {
         generation,
-        sandbox_id: format!("s{generation}"),
+        sandbox_id: format!("s{generation}").into(),
         name: format!("s{generation}"),
         deadline,
     }
@@ -40,7 +41,7 @@ fn exited(request_id: RequestId) -> Event {
 fn taken(seq: u64) -> Event {
     Event::SnapshotTaken {
         seq,
-        snapshot_id: format!("snap-{seq}"),
+        snapshot_id: format!("snap-{seq}").into(),
         size_bytes: 1,
         expires_at: None,
     }
@@ -51,7 +52,7 @@ fn taken(seq: u64) -> Event {
 fn used_after_snapshot(late_checkpoint: bool) -> Task {
     let mut s = settings();
     s.late_checkpoint = late_checkpoint;
-    let t = Task::new("demo", s, T0);
+    let t = Task::new(tid("demo"), s, T0);
     let t = ok(&t, run(1, "echo v1 > f"), T0).next;
     let t = ok(&t, ready(1, DEADLINE), T0 + 1).next;
     let t = ok(&t, exited(1), T0 + 2).next;
@@ -148,8 +149,8 @@ fn a_late_checkpoint_is_taken_at_the_deadline_timer_and_after_a_gone_command() {
     assert_eq!(tr.next.state, TaskState::Snapshotting);
     assert!(tr.commands.iter().any(|c| matches!(
         c,
-        Command::Reply { request_id: 4, reply: Reply::Failed { error, .. } }
-            if error.contains("late checkpoint")
+        Command::Reply { request_id: 4, reply: Reply::Failed { reason, .. } }
+            if reason.to_string().contains("late checkpoint")
     )));
     // Only the snapshot finding the files really gone gives them up.
     let gone = ok(
@@ -207,7 +208,7 @@ fn a_restore_older_than_the_last_files_written_says_changes_are_gone() {
     // A sandbox that expired with no command run in it since its restore loses nothing.
     let mut s = settings();
     s.late_checkpoint = false;
-    let t = Task::new("idle", s, T0);
+    let t = Task::new(tid("idle"), s, T0);
     let t = ok(&t, run(1, "echo v1 > f"), T0).next;
     let t = ok(&t, ready(1, DEADLINE), T0 + 1).next;
     let t = ok(&t, exited(1), T0 + 2).next;
@@ -264,7 +265,7 @@ fn a_create_loop_is_impossible_whatever_the_timeout() {
         let mut s = settings();
         s.sandbox_timeout_ms = 0;
         s.late_checkpoint = late_checkpoint;
-        let mut t = Task::new("loop", s, T0);
+        let mut t = Task::new(tid("loop"), s, T0);
         let mut now = T0;
         let mut creates = 0;
         let mut pending = vec![run(1, "ls")];
@@ -289,10 +290,11 @@ fn a_create_loop_is_impossible_whatever_the_timeout() {
             }
             now += 1;
         }
-        let Some(Reply::Failed { error, .. }) = answer else {
+        let Some(Reply::Failed { reason, .. }) = answer else {
             panic!("the request was not refused: {answer:?}")
         };
-        assert!(error.contains("within a minute"), "{error}");
+        assert_eq!(reason.code(), "too_many_creates", "{reason}");
+        assert!(reason.to_string().contains("within a minute"), "{reason}");
         assert_eq!(creates, MAX_CREATES_PER_MINUTE);
         // A minute later a request may create again.
         let tr = ok(&t, run(2, "ls"), now + 60_000);

@@ -4,6 +4,7 @@
 
 mod deadlines;
 mod model;
+mod reason;
 mod recovery;
 mod transitions;
 

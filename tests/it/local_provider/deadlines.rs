@@ -6,6 +6,7 @@ use taskbox::core::FailureKind;
 use taskbox::provider::SandboxProvider;
 
 use super::{assert_kind, wait_for, Env, START_MS};
+use crate::support::tid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_past_its_deadline_runs_nothing_but_keeps_its_files() {
@@ -33,7 +34,7 @@ async fn a_sandbox_past_its_deadline_runs_nothing_but_keeps_its_files() {
     // Its files are still there, and a (late) snapshot keeps them.
     let workspace = env.provider.workspace_path(&id).expect("the files stay");
     assert_eq!(std::fs::read_to_string(workspace.join("f")).unwrap(), "x\n");
-    let snap = env.provider.snapshot("exp", &id, 1).await.unwrap();
+    let snap = env.provider.snapshot(&tid("exp"), &id, 1).await.unwrap();
     assert!(env.provider.workspace_path(&id).is_none());
     let restored = env.create("exp", 2, Some(&snap.id)).await;
     assert_eq!(env.run(&restored, "cat f").await.stdout, "x\n");

@@ -34,11 +34,11 @@ fn broken_files_are_clear_errors_naming_the_line() {
         other => panic!("{other:?}"),
     }
 
-    let newer = text.replacen(r#""version":1"#, r#""version":2"#, 1);
+    let newer = text.replacen(r#""version":2"#, r#""version":3"#, 1);
     match read(newer) {
         Err(
             e @ ExportError::NewerVersion {
-                line: 1, found: 2, ..
+                line: 1, found: 3, ..
             },
         ) => {
             assert!(e.to_string().contains("upgrade taskbox"), "{e}")
@@ -87,7 +87,7 @@ fn broken_files_are_clear_errors_naming_the_line() {
     );
     assert!(err.contains("hint:"), "{err}");
     let newer = home.path().join("newer.jsonl");
-    std::fs::write(&newer, text.replacen(r#""version":1"#, r#""version":9"#, 1)).expect("write");
+    std::fs::write(&newer, text.replacen(r#""version":2"#, r#""version":9"#, 1)).expect("write");
     let o = home.run(&["replay", "--journal", newer.to_str().expect("utf-8")]);
     assert_eq!(o.status.code(), Some(125));
     assert!(
