@@ -71,6 +71,10 @@ pub enum LocalError {
         /// Why (expired, stopped, never created).
         reason: String,
     },
+    /// A command was refused before it started (its sandbox was found stopped or past its
+    /// deadline): it provably never ran. See [`ProviderError::before_start`].
+    #[error(transparent)]
+    NotStarted(Box<LocalError>),
     /// The snapshot's archive does not exist (any more).
     #[error("snapshot `{snapshot}` is gone (no archive at `{path}`)")]
     SnapshotGone {
@@ -171,6 +175,7 @@ impl LocalError {
             | LocalError::BadCommand { .. }
             | LocalError::Ownership { .. } => FailureKind::Invalid,
             LocalError::SandboxGone { .. } => FailureKind::SandboxGone,
+            LocalError::NotStarted(inner) => inner.kind(),
             LocalError::SnapshotGone { .. } => FailureKind::SnapshotGone,
             LocalError::Archive { source, .. } => match source.io_error() {
                 Some(e) => io_kind(e),
@@ -184,6 +189,9 @@ impl LocalError {
 
     /// The provider-level error for `operation`, with the whole cause chain in its message.
     pub fn into_provider(self, operation: &'static str) -> ProviderError {
+        if let LocalError::NotStarted(inner) = self {
+            return inner.into_provider(operation).before_start();
+        }
         let mut message = self.to_string();
         let mut source = std::error::Error::source(&self);
         while let Some(cause) = source {

@@ -39,7 +39,11 @@ impl LocalProvider {
         let run_dir = self.sandbox_dir(&name).join("run");
         let (meta, mut stopped) = {
             let _guard = slot.lock.lock().await;
-            let meta = self.live_meta(&name, &slot).await?;
+            // Gone (or past its deadline) before the command starts: it provably never ran.
+            let meta = self.live_meta(&name, &slot).await.map_err(|e| match e {
+                LocalError::SandboxGone { .. } => LocalError::NotStarted(Box::new(e)),
+                e => e,
+            })?;
             // A command may have deleted the workspace itself; a VM's root would still exist.
             // (Under the lock: after a discard this would leave a nameless sandbox behind.)
             for dir in [&workspace, &run_dir] {
