@@ -186,6 +186,9 @@ pub struct JournalCounts {
     pub fallbacks: u64,
     /// "Files lost" notices raised.
     pub files_lost: u64,
+    /// Commands refused before they started because their sandbox was gone
+    /// (`command_not_started`), and so run again on a restored one.
+    pub reruns: u64,
     /// Restarts that found something to recover (`loaded` events that did something, and the
     /// `recovered` events of older journals).
     pub recoveries: u64,
@@ -446,6 +449,11 @@ fn task_journal(
         if let Event::CreateFailed { failure, .. } = &e.event {
             if failure.kind == FailureKind::SnapshotGone && e.state_before == TaskState::Restoring {
                 counts.fallbacks += 1;
+            }
+        }
+        if let Event::CommandNotStarted { failure, .. } = &e.event {
+            if failure.kind == FailureKind::SandboxGone && e.state_before == TaskState::Running {
+                counts.reruns += 1;
             }
         }
         let lost = |ns: &[Notice]| {

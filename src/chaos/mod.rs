@@ -365,6 +365,7 @@ impl Totals {
         j.retries += r.journal.retries;
         j.restores += r.journal.restores;
         j.fallbacks += r.journal.fallbacks;
+        j.reruns += r.journal.reruns;
         j.files_lost += r.journal.files_lost;
         j.recoveries += r.journal.recoveries;
         self.snapshots_expired += r.snapshots_expired.len() as u64;

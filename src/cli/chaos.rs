@@ -196,6 +196,10 @@ fn table(r: &ChaosReport) -> String {
     row("fallbacks (snapshot gone)", t.journal.fallbacks.to_string());
     row("files-lost notices", t.journal.files_lost.to_string());
     row(
+        "commands re-run (sandbox gone before they started)",
+        t.journal.reruns.to_string(),
+    );
+    row(
         "snapshots expired by the platform",
         t.snapshots_expired.to_string(),
     );
