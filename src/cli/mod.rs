@@ -242,13 +242,24 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
                 }
             };
             if args.json {
-                print_json(
-                    &serde_json::json!({ "task": task.as_str(), "snapshot_id": res.snapshot_id }),
-                )?;
+                print_json(&serde_json::json!({
+                    "task": task.as_str(),
+                    "snapshot_id": res.snapshot_id,
+                    "omitted": res.omitted,
+                }))?;
             } else {
                 match &res.snapshot_id {
                     Some(id) => eprintln!("suspended {task}: files kept in snapshot {id}"),
                     None => eprintln!("suspended {task}: no snapshot kept (terminal.container_persistent is false or nothing ran)"),
+                }
+                if !res.omitted.is_empty() {
+                    eprintln!(
+                        "note: {} path(s) could not be read and are not in the snapshot (everything else is):",
+                        res.omitted.len()
+                    );
+                    for what in &res.omitted {
+                        eprintln!("  {what}");
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)

@@ -247,7 +247,13 @@ impl Orchestrator {
     pub async fn suspend(&self, task: &TaskId) -> Result<SuspendResult, EngineError> {
         let answer = self.request(task, ApiRequest::Suspend).await?;
         match answer.reply {
-            Reply::Suspended { snapshot_id } => Ok(SuspendResult { snapshot_id }),
+            Reply::Suspended {
+                snapshot_id,
+                omitted,
+            } => Ok(SuspendResult {
+                snapshot_id,
+                omitted,
+            }),
             other => Err(unexpected(task, other)),
         }
     }

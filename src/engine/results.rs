@@ -31,6 +31,9 @@ pub struct RunResult {
 pub struct SuspendResult {
     /// The snapshot holding the task's files (`None`: nothing kept).
     pub snapshot_id: Option<String>,
+    /// What the snapshot could not keep (`path: reason`); everything else is in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub omitted: Vec<String>,
 }
 
 /// The result of a resume.

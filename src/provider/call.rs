@@ -182,6 +182,7 @@ impl Call {
                     snapshot_id: info.id,
                     size_bytes: info.size_bytes,
                     expires_at: info.expires_at,
+                    omitted: info.omitted,
                 },
                 Err(e) => Event::SnapshotFailed {
                     seq: *seq,
@@ -411,7 +412,10 @@ mod tests {
         assert_eq!(Call::from_command("i", "t", &timer), None);
         let reply = Command::Reply {
             request_id: 1,
-            reply: crate::core::Reply::Suspended { snapshot_id: None },
+            reply: crate::core::Reply::Suspended {
+                snapshot_id: None,
+                omitted: Vec::new(),
+            },
         };
         assert_eq!(Call::from_command("i", "t", &reply), None);
     }

@@ -197,6 +197,10 @@ pub struct SnapshotInfo {
     pub size_bytes: u64,
     /// Expiry (`None`: never).
     pub expires_at: Option<Millis>,
+    /// What the snapshot could not keep (`path: reason`), e.g. unreadable files; everything
+    /// else is in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub omitted: Vec<String>,
 }
 
 /// A provider resource listed for reconciliation.

@@ -231,6 +231,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 snapshot_id,
                 size_bytes,
                 expires_at,
+                omitted,
             },
         ) if cx.pending_seq() == Some(seq) => {
             let rec =
@@ -242,6 +243,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             rec.size_bytes = size_bytes;
             rec.created_at = Some(now);
             rec.expires_at = expires_at;
+            rec.omitted = omitted.clone();
             // A snapshot stops the sandbox. (Persistence may have been switched off while the
             // snapshot was taken: then the task starts fresh next time.)
             cx.t.sandbox = None;
@@ -253,6 +255,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                     request_id,
                     Reply::Suspended {
                         snapshot_id: Some(snapshot_id),
+                        omitted,
                     },
                 );
             }
@@ -463,7 +466,13 @@ impl Cx {
                         let id = *id;
                         self.t.queue.pop_front();
                         let snapshot_id = self.kept_snapshot_id();
-                        self.reply(id, Reply::Suspended { snapshot_id });
+                        self.reply(
+                            id,
+                            Reply::Suspended {
+                                snapshot_id,
+                                omitted: Vec::new(),
+                            },
+                        );
                     }
                     Some(Request::Run { .. } | Request::Resume { .. }) => {
                         self.begin_sandbox();
@@ -531,7 +540,13 @@ impl Cx {
                             self.cmds.push(Command::StopSandbox { sandbox_id });
                             self.t.sandbox = None;
                             self.t.state = TaskState::Idle;
-                            self.reply(id, Reply::Suspended { snapshot_id: None });
+                            self.reply(
+                                id,
+                                Reply::Suspended {
+                                    snapshot_id: None,
+                                    omitted: Vec::new(),
+                                },
+                            );
                         }
                         Request::Resume { id } => {
                             let notices = mem::take(&mut self.t.notices);
@@ -619,6 +634,7 @@ impl Cx {
             started_at: self.now,
             created_at: None,
             expires_at: None,
+            omitted: Vec::new(),
         });
         self.t.snapshot_reason = Some(reason);
         self.t.state = TaskState::Snapshotting;
@@ -783,7 +799,13 @@ impl Cx {
             match req {
                 Request::Suspend { id } => {
                     let snapshot_id = self.kept_snapshot_id();
-                    self.reply(id, Reply::Suspended { snapshot_id });
+                    self.reply(
+                        id,
+                        Reply::Suspended {
+                            snapshot_id,
+                            omitted: Vec::new(),
+                        },
+                    );
                 }
                 Request::Run { id, .. } | Request::Resume { id } => {
                     let notices = mem::take(&mut self.t.notices);

@@ -177,21 +177,24 @@ impl LocalProvider {
         let run_dir = staging.join("run");
         fs::create_dir(&run_dir).map_err(LocalError::io("create directory", &run_dir))?;
         let workspace = staging.join("workspace");
-        match source {
+        // The working directory the snapshot was taken in carries over, as a VM's would.
+        let cwd = match source {
             Some(snap) => {
                 let archive = self.snapshot_path(snap);
                 let snap = snap.clone();
                 let workspace = workspace.clone();
-                run_blocking("restore a snapshot", move || {
+                let header = run_blocking("restore a snapshot", move || {
                     restore(&snap, &archive, &workspace)
                 })
                 .await?;
+                header.cwd.unwrap_or_default()
             }
             None => {
                 fs::create_dir(&workspace)
                     .map_err(LocalError::io("create directory", &workspace))?;
+                String::new()
             }
-        }
+        };
         let now = self.clock.now_ms();
         let meta = SandboxMeta {
             format: META_FORMAT,
@@ -203,7 +206,7 @@ impl LocalProvider {
             created_at: now,
             deadline: now.saturating_add(spec.timeout_ms),
             source_snapshot: source.map(SnapshotRef::id),
-            cwd: String::new(),
+            cwd,
             status: SandboxStatus::Running,
         };
         self.write_meta(staging, &meta)?;

@@ -171,6 +171,7 @@ impl SnapshotState {
             id: self.id.clone(),
             size_bytes: self.size_bytes(),
             expires_at: self.expires_at,
+            omitted: Vec::new(),
         }
     }
 

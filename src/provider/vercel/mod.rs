@@ -329,6 +329,7 @@ impl VercelProvider {
                 id: snapshot.id,
                 size_bytes: snapshot.size_bytes,
                 expires_at: snapshot.expires_at,
+                omitted: Vec::new(),
             }),
             SnapshotStatus::Failed => Err(ProviderError::new(
                 FailureKind::Permanent,

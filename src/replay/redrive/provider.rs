@@ -230,11 +230,13 @@ impl SandboxProvider for ReplayProvider {
                     snapshot_id,
                     size_bytes,
                     expires_at,
+                    omitted,
                     ..
                 } => Ok(SnapshotInfo {
                     id: snapshot_id,
                     size_bytes,
                     expires_at,
+                    omitted,
                 }),
                 Event::SnapshotFailed { failure, .. } => Err(recorded_error(&failure)),
                 other => Err(wrong_outcome("take snapshot", &other)),

@@ -218,6 +218,7 @@ fn row(e: &JournalEntry, prev: Option<&Task>, in_state_ms: u64) -> Row {
                 reply:
                     Reply::Suspended {
                         snapshot_id: Some(id),
+                        ..
                     },
                 ..
             } => snapshots.push(id.clone()),

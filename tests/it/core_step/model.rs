@@ -346,6 +346,7 @@ impl Harness {
                     snapshot_id: format!("snap-{seq}"),
                     size_bytes: 10,
                     expires_at: None,
+                    omitted: Vec::new(),
                 },
                 Outcome::Transient => Event::SnapshotFailed {
                     seq,
