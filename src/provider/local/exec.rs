@@ -35,11 +35,12 @@ impl LocalProvider {
             });
         }
         let slot = self.slot(&name);
-        let workspace = self.workspace_dir(&name);
-        let run_dir = self.sandbox_dir(&name).join("run");
-        let (meta, mut stopped) = {
+        let (meta, mut stopped, workspace, run_dir) = {
             let _guard = slot.lock.lock().await;
             let meta = self.live_meta(&name, &slot).await?;
+            // Resolved under the lock: a create of a newer generation may park this sandbox.
+            let dir = self.sandbox_dir(&name);
+            let (workspace, run_dir) = (dir.join("workspace"), dir.join("run"));
             // A command may have deleted the workspace itself; a VM's root would still exist.
             // (Under the lock: after a discard this would leave a nameless sandbox behind.)
             for dir in [&workspace, &run_dir] {
@@ -47,7 +48,7 @@ impl LocalProvider {
             }
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
             // Subscribed under the lock: a discard after this point is seen by this command.
-            (meta, slot.stopped.subscribe())
+            (meta, slot.stopped.subscribe(), workspace, run_dir)
         };
         let cwd = resolve_cwd(&workspace, &meta.cwd);
         let cwd_file = run_dir.join(format!("cwd.{}", self.unique()));

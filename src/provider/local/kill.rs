@@ -4,8 +4,6 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 
 /// Kills the command's process group if the exec future is dropped before the command ended.
 pub(super) struct GroupGuard {
@@ -32,15 +30,16 @@ pub(super) fn kill_group(pgid: u32) {
     }
 }
 
-/// Kills every process started in `workspace`'s sandbox that is still running, found by the
-/// `TASKBOX_WORKSPACE` variable each command's processes inherit. This catches background jobs
+/// Kills every process started in sandbox `sandbox` that is still running, found by the
+/// `TASKBOX_SANDBOX` variable each command's processes inherit (not `TASKBOX_WORKSPACE`: a
+/// task's generations share their workspace path). This catches background jobs
 /// of finished commands and processes that left the command's process group, as a VM stop
 /// would. Only Linux exposes other processes' environments; elsewhere only the running
 /// commands (their process groups) are killed.
-pub(super) fn kill_leftovers(workspace: &Path) -> usize {
+pub(super) fn kill_leftovers(sandbox: &str) -> usize {
     #[cfg(target_os = "linux")]
     {
-        let marker = [b"TASKBOX_WORKSPACE=", workspace.as_os_str().as_bytes()].concat();
+        let marker = [b"TASKBOX_SANDBOX=", sandbox.as_bytes()].concat();
         let me = std::process::id();
         let Ok(procs) = fs::read_dir("/proc") else {
             return 0;
@@ -76,7 +75,7 @@ pub(super) fn kill_leftovers(workspace: &Path) -> usize {
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = workspace;
+        let _ = sandbox;
         0
     }
 }

@@ -6,16 +6,26 @@
 //! Layout under the root (`<data dir>/local`):
 //!
 //! ```text
-//! sandboxes/<sandbox name>/workspace/   the files commands see (their starting directory)
-//! sandboxes/<sandbox name>/meta.json    task, installation, generation, deadline, cwd, status
-//! sandboxes/<sandbox name>/run/         per-command state files (the cwd a command ended in)
-//! snapshots/<task id>/<seq>.tbx         snapshot archives (see `archive`)
+//! tasks/<task id>/workspace/            the task's sandbox's files: one stable path per task,
+//!                                       whatever the generation (as `/vercel/sandbox` on Vercel)
+//! tasks/<task id>/meta.json             which sandbox it is: name, installation, generation,
+//!                                       instance, deadline, cwd, status
+//! tasks/<task id>/run/                  per-command state files (the cwd a command ended in)
+//! sandboxes/<sandbox name>/...          the same, for a sandbox parked out of its task's
+//!                                       directory by a newer generation it did not know of
+//! snapshots/<task id>/<seq>.<nonce>.tbx snapshot archives (see `archive` and `snapshot`)
 //! tmp/                                  sandboxes being created and sandboxes being removed
 //! ```
 //!
+//! A task's live sandbox holds `tasks/<task>/`, so absolute paths recorded in its files
+//! (shebangs, virtualenvs, build caches) stay true across snapshots and restores. A sandbox is
+//! found by its name: in `tasks/<task>/` if that directory's meta names it, else parked under
+//! `sandboxes/<name>/` (creating generation N while generation N-1 is still alive parks N-1
+//! there rather than discarding its files; an expired one is discarded, as it would be anyway).
+//!
 //! Crash safety comes from renames: a sandbox is assembled (restored, meta written) under `tmp/`
-//! and renamed into `sandboxes/` whole, so a half-restored workspace never carries a sandbox's
-//! name; a discarded sandbox is renamed out of `sandboxes/` before its files are removed; an
+//! and renamed into `tasks/<task>/` whole, so a half-restored workspace never carries a
+//! sandbox's name; a discarded sandbox is renamed out before its files are removed; an
 //! archive is written to a temporary file, fsynced, renamed into place and its directory
 //! fsynced. What a crash leaves in `tmp/` or as `*.tmp` is removed by
 //! [`LocalProvider::sweep_temporaries`].
@@ -25,11 +35,13 @@
 //! `<task>.s<seq>`.
 //!
 //! A command runs as `bash -c` in its own process group, with stdin closed and the environment
-//! of taskbox plus `TASKBOX_TASK_ID`, `TASKBOX_SANDBOX` and `TASKBOX_WORKSPACE`. The last one also
-//! marks every process the sandbox started, which is how a stop finds background jobs that
-//! outlived their command (as a VM stop would kill them).
+//! of taskbox plus `TASKBOX_TASK_ID`, `TASKBOX_SANDBOX` and `TASKBOX_WORKSPACE`. `TASKBOX_SANDBOX`
+//! (unique per generation, unlike the workspace path) also marks every process the sandbox
+//! started, which is how a stop finds background jobs that outlived their command (as a VM stop
+//! would kill them).
 //!
-//! Lifecycle operations on one sandbox are serialised by a per-sandbox lock; a command holds it
+//! Lifecycle operations on a task's sandboxes are serialised by a per-task lock (its generations
+//! share the task's directory); a command holds it
 //! only while it starts and while it records its working directory, so a stop or a snapshot can
 //! interrupt a long command (which is then killed, as a VM stop would kill it).
 //!
@@ -80,8 +92,9 @@ use crate::core::Millis;
 
 /// Per-sandbox coordination within this process.
 struct Slot {
-    /// Serialises lifecycle operations (create, snapshot, stop, extend, probe) on the sandbox.
-    lock: tokio::sync::Mutex<()>,
+    /// Serialises lifecycle operations (create, snapshot, stop, extend, probe) on the sandbox;
+    /// shared by every generation of its task, since they share the task's directory.
+    lock: Arc<tokio::sync::Mutex<()>>,
     /// The deadline running commands watch; updated by `extend_timeout`.
     deadline: AtomicU64,
     /// Bumped whenever the sandbox is discarded or its processes are stopped: running commands
@@ -95,6 +108,7 @@ pub struct LocalProvider {
     installation_id: String,
     clock: Arc<dyn Clock>,
     slots: Mutex<HashMap<String, Arc<Slot>>>,
+    task_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Temporary paths that operations of this process are using (never swept).
     in_flight: Arc<Mutex<HashSet<PathBuf>>>,
     counter: AtomicU64,
@@ -121,7 +135,7 @@ impl LocalProvider {
         installation_id: String,
         clock: Arc<dyn Clock>,
     ) -> Result<LocalProvider, LocalError> {
-        for dir in ["sandboxes", "snapshots", "tmp"] {
+        for dir in ["tasks", "sandboxes", "snapshots", "tmp"] {
             let path = root.join(dir);
             fs::create_dir_all(&path).map_err(LocalError::io("create directory", &path))?;
         }
@@ -132,6 +146,7 @@ impl LocalProvider {
             installation_id,
             clock,
             slots: Mutex::new(HashMap::new()),
+            task_locks: Mutex::new(HashMap::new()),
             in_flight: Arc::new(Mutex::new(HashSet::new())),
             counter: AtomicU64::new(0),
         })
@@ -149,11 +164,15 @@ impl LocalProvider {
     }
 
     fn slot(&self, name: &SandboxName) -> Arc<Slot> {
+        let task_lock = lock(&self.task_locks)
+            .entry(name.task.to_string())
+            .or_default()
+            .clone();
         lock(&self.slots)
             .entry(name.name.clone())
             .or_insert_with(|| {
                 Arc::new(Slot {
-                    lock: tokio::sync::Mutex::new(()),
+                    lock: task_lock,
                     deadline: AtomicU64::new(0),
                     stopped: watch::channel(0).0,
                 })

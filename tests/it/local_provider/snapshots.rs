@@ -364,3 +364,49 @@ async fn an_unreadable_entry_is_left_out_and_listed_not_fatal() {
     let restored = env.create("deep", 2, Some(&info.id)).await;
     assert_eq!(env.run(&restored, "cat keep").await.stdout, "k\n");
 }
+
+/// Issue 12 item 3 at the provider: every generation of a task has the same workspace path,
+/// so a script holding its absolute path still runs after a restore, in the directory the last
+/// command ended in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workspace_path_is_stable_across_generations() {
+    let env = Env::new();
+    let first = env.create("stable", 1, None).await;
+    let ws1 = env.provider.workspace_path(&first).unwrap();
+    env.run(
+        &first,
+        "mkdir -p sub && printf '#!/bin/sh\\necho from %s\\n' \"$PWD\" > sub/where \
+         && printf '#!%s/sub/where\\n' \"$PWD\" > tool && chmod +x sub/where tool && cd sub",
+    )
+    .await;
+    let info = env.provider.snapshot("stable", &first, 1).await.unwrap();
+    let second = env.create("stable", 2, Some(&info.id)).await;
+    let ws2 = env.provider.workspace_path(&second).unwrap();
+    assert_eq!(ws1, ws2);
+    let out = env.run(&second, "pwd; ../tool").await;
+    assert_eq!(
+        out.stdout,
+        format!("{}/sub\nfrom {}\n", ws2.display(), ws2.display()),
+        "{}",
+        out.stderr
+    );
+
+    // A newer generation created while an older one is alive parks the older one: its files
+    // and commands are kept, only its path changes; the newer one takes the stable path.
+    let third = env.create("stable", 3, None).await;
+    assert_eq!(env.provider.workspace_path(&third).unwrap(), ws1);
+    let parked = env.provider.workspace_path(&second).unwrap();
+    assert_ne!(parked, ws1);
+    assert_eq!(
+        env.run(&second, "cat ../tool").await.stdout,
+        format!("#!{}/sub/where\n", ws1.display())
+    );
+    assert_eq!(env.run(&third, "ls").await.stdout, "");
+    let listed = env.provider.list_sandboxes(INSTALLATION).await.unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    env.provider.stop_sandbox(&second).await.unwrap();
+    assert_eq!(
+        env.run(&third, "pwd").await.stdout,
+        format!("{}\n", ws1.display())
+    );
+}
