@@ -7,6 +7,7 @@ use serde::Serialize;
 use taskbox::config::{Backend, Config};
 use taskbox::engine::Paths;
 use taskbox::provider::local::doctor::{bash_version, BashError};
+use taskbox::provider::local::foreign;
 use taskbox::store::Store;
 
 use super::output::{print_json, Failure};
@@ -55,7 +56,25 @@ impl From<taskbox::provider::vercel::doctor::Check> for Check {
 pub const PERSISTENCE_NOTE: &str =
     "snapshots keep the filesystem only; live processes do not survive sandbox recreation";
 
-pub async fn run(paths: &Paths, json: bool) -> Result<ExitCode, Failure> {
+/// `taskbox doctor`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct DoctorArgs {
+    /// Print JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Adopt the snapshot archives of another installation (a removed or moved-aside store):
+    /// each of their tasks this store does not know starts its first sandbox from its newest
+    /// archive.
+    #[arg(long, conflicts_with = "ignore_archives")]
+    pub adopt_archives: bool,
+    /// Stop noting the snapshot archives of another installation (they stay on disk, and this
+    /// store never uses or deletes them).
+    #[arg(long)]
+    pub ignore_archives: bool,
+}
+
+pub async fn run(paths: &Paths, args: DoctorArgs) -> Result<ExitCode, Failure> {
+    let json = args.json;
     let mut checks = Vec::new();
     let config = match Config::load(&paths.config_file) {
         Ok(c) => {
@@ -94,6 +113,9 @@ pub async fn run(paths: &Paths, json: bool) -> Result<ExitCode, Failure> {
     }
     checks.push(data_dir_check(paths));
     checks.push(sqlite_check(paths));
+    if let Some(check) = archives_check(paths, &args) {
+        checks.push(check);
+    }
 
     let all_ok = checks.iter().all(|c| c.ok);
     if json {
@@ -164,7 +186,120 @@ fn sqlite_check(paths: &Paths) -> Check {
         Err(e) => Check::fail(
             "sqlite",
             format!("{}: {e}", db.display()),
-            "move the damaged file aside; taskbox creates a new store (tasks and journal in the old file are kept there)",
+            "move the damaged file aside; taskbox creates a new store (tasks and journal in the old file are kept there; the snapshot archives stay on disk, and `taskbox doctor` offers to adopt them)",
         ),
     }
+}
+
+/// Snapshot archives of another installation under the local root (the store was removed or
+/// moved aside while they existed): listed, and adopted or ignored on request. `None` when the
+/// local root does not exist.
+fn archives_check(paths: &Paths, args: &DoctorArgs) -> Option<Check> {
+    let root = paths.data_dir.join("local");
+    if !root.is_dir() {
+        return None;
+    }
+    let store = match Store::open(&paths.store_file()) {
+        Ok(store) => store,
+        // The sqlite line says why.
+        Err(_) => return None,
+    };
+    let name = "archives";
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        Check::fail(
+            name,
+            format!("cannot {what}: {e}"),
+            "check the data dir's permissions",
+        )
+    };
+    let found = match foreign::scan(&root, store.installation_id()) {
+        Ok(found) => found,
+        Err(e) => return Some(fail("scan the snapshot archives", &e)),
+    };
+    if found.is_empty() {
+        return Some(Check::pass(
+            name,
+            "no snapshot archives of another installation (other than ignored ones)",
+        ));
+    }
+    let listing = found
+        .iter()
+        .map(|t| {
+            format!(
+                "{} ({} archive(s) of installation {}, newest {})",
+                t.task_id,
+                t.archives,
+                t.installation_id,
+                taskbox::clock::format_ms(t.created_at)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    if args.ignore_archives {
+        if let Err(e) = foreign::ignore(&root, &found) {
+            return Some(fail("record the ignored installations", &e));
+        }
+        return Some(Check::pass(
+            name,
+            format!("ignoring archives of another installation (kept on disk): {listing}"),
+        ));
+    }
+    if args.adopt_archives {
+        let known = match store.task_ids() {
+            Ok(ids) => ids,
+            Err(e) => return Some(fail("list this store's tasks", &e)),
+        };
+        let (fresh, clash): (Vec<_>, Vec<_>) =
+            found.into_iter().partition(|t| !known.contains(&t.task_id));
+        let adopted = match foreign::adopt(&root, &fresh) {
+            Ok(adopted) => adopted,
+            Err(e) => return Some(fail("record the adoptions", &e)),
+        };
+        let mut detail = format!(
+            "adopted: {} (each task's next sandbox starts from its newest archive)",
+            if adopted.is_empty() {
+                "none".to_string()
+            } else {
+                adopted
+                    .iter()
+                    .map(|t| format!("{} from {}", t.task_id, t.snapshot_id))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        );
+        if clash.is_empty() {
+            return Some(Check::pass(name, detail));
+        }
+        let names: Vec<&str> = clash.iter().map(|t| t.task_id.as_str()).collect();
+        detail.push_str(&format!(
+            "; not adopted, because this store already has these tasks: {}",
+            names.join(", ")
+        ));
+        return Some(Check {
+            name: name.into(),
+            ok: true,
+            detail,
+            hint: Some(
+                "their archives stay on disk untouched; `taskbox doctor --ignore-archives` stops \
+                 this notice"
+                    .into(),
+            ),
+        });
+    }
+    Some(Check {
+        name: name.into(),
+        // Nothing is broken: the archives are kept and never used or deleted by this store.
+        ok: true,
+        detail: format!(
+            "{} holds snapshot archives this store did not make (it is newer than them: was the \
+             database removed or moved aside?): {listing}",
+            root.join("snapshots").display()
+        ),
+        hint: Some(
+            "they are kept and never restored or deleted by this store; `taskbox doctor \
+             --adopt-archives` makes each task this store does not know start from its newest \
+             archive, `taskbox doctor --ignore-archives` stops this notice"
+                .into(),
+        ),
+    })
 }

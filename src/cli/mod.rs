@@ -73,7 +73,7 @@ enum Cmd {
     #[command(subcommand)]
     Config(ConfigCmd),
     /// Check the configuration, credentials, data dir and store: one line per check.
-    Doctor(JsonArg),
+    Doctor(doctor::DoctorArgs),
     /// Stop this installation's orphaned sandboxes and delete snapshots no task retains.
     Gc(GcArgs),
     /// Run many tasks against a simulated, fault-injecting platform (with engine crashes) on
@@ -329,7 +329,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Config(cmd) => config_cmd(cmd, paths),
         #[cfg(feature = "bench")]
         Cmd::Bench(args) => bench::run(args),
-        Cmd::Doctor(args) => doctor::run(paths, args.json).await,
+        Cmd::Doctor(args) => doctor::run(paths, args).await,
         #[cfg(feature = "chaos")]
         Cmd::Chaos(args) => chaos::run(args).await,
         #[cfg(feature = "fake")]
@@ -398,6 +398,12 @@ async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
                 .await?
             }
         };
+    // Once, on the first run of a store that is new while archives of another installation
+    // exist (the database was removed or moved aside).
+    if let Some(note) = taskbox::provider::local::foreign::take_note(&paths.data_dir.join("local"))
+    {
+        eprintln!("note: {note}");
+    }
     if args.json {
         print_json(&res)?;
     } else {

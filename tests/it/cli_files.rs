@@ -33,6 +33,12 @@ fn a_store_reset_never_restores_a_stale_archive_over_live_work() {
     remove_store(&home);
     let o = home.run(&["run", "-t", "p", "--", "echo day2 > report.txt"]);
     ok(&o);
+    // The new store says, once, that it found archives it did not make.
+    assert!(
+        stderr(&o).contains("snapshot archives of another installation (tasks: p)"),
+        "{}",
+        stderr(&o)
+    );
     let o = home.run(&["suspend", "p"]);
     ok(&o);
     assert!(
@@ -139,4 +145,97 @@ fn unreadable_entries_are_listed_and_do_not_block_the_snapshot() {
     assert_eq!(ok(&o), "k\nkeep\nlocked\n", "{}", stderr(&o));
     // The stored tree is the user's: make it removable for the temp dir's cleanup.
     let _ = fs::set_permissions(home.path(), fs::Permissions::from_mode(0o755));
+}
+
+/// Issue 12 item 1, the offer: `doctor` lists the archives of a removed store, and adopts them
+/// for tasks the new store does not know (or ignores them), never over a task it has.
+#[test]
+fn doctor_lists_adopts_and_ignores_the_archives_of_a_removed_store() {
+    let home = Home::new();
+    ok(&home.run(&["run", "-t", "p", "--", "echo old-p > p.txt"]));
+    ok(&home.run(&["suspend", "p"]));
+    ok(&home.run(&["run", "-t", "q", "--", "echo old-q > q.txt"]));
+    ok(&home.run(&["suspend", "q"]));
+    let archives = |task: &str| -> Vec<String> {
+        let mut names: Vec<String> =
+            fs::read_dir(home.path().join("data/local/snapshots").join(task))
+                .map(|it| {
+                    it.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let (old_p, old_q) = (archives("p"), archives("q"));
+    assert_eq!((old_p.len(), old_q.len()), (1, 1));
+    remove_store(&home);
+    ok(&home.run(&["run", "-t", "p", "--", "echo new-p > p.txt"]));
+    // The note is printed once only.
+    let o = home.run(&["run", "-t", "p", "--", "true"]);
+    assert!(
+        !stderr(&o).contains("another installation"),
+        "{}",
+        stderr(&o)
+    );
+
+    let doctor = |args: &[&str]| -> Value {
+        let mut all = vec!["doctor", "--json"];
+        all.extend_from_slice(args);
+        let o = home.run(&all);
+        let v: Value = serde_json::from_str(&crate::support::stdout(&o)).expect("JSON");
+        v["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .find(|c| c["name"] == "archives")
+            .cloned()
+            .expect("an archives line")
+    };
+    let line = doctor(&[]);
+    let detail = line["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("p (1 archive(s)") && detail.contains("q (1 archive(s)"),
+        "{line}"
+    );
+    assert!(
+        line["hint"].as_str().unwrap().contains("--adopt-archives"),
+        "{line}"
+    );
+
+    let line = doctor(&["--adopt-archives"]);
+    let detail = line["detail"].as_str().unwrap();
+    assert!(detail.contains("adopted: q from q.s1."), "{line}");
+    assert!(detail.contains("already has these tasks: p"), "{line}");
+    // q starts from its archive; p keeps the new store's files.
+    let o = home.run(&["run", "-t", "q", "--", "cat q.txt"]);
+    assert_eq!(ok(&o), "old-q\n", "{}", stderr(&o));
+    assert_eq!(
+        ok(&home.run(&["run", "-t", "p", "--", "cat p.txt"])),
+        "new-p\n"
+    );
+    // Adopted once: q's next sandbox after a suspend is its own latest snapshot.
+    ok(&home.run(&["run", "-t", "q", "--", "echo more >> q.txt"]));
+    ok(&home.run(&["suspend", "q"]));
+    assert_eq!(
+        ok(&home.run(&["run", "-t", "q", "--", "cat q.txt"])),
+        "old-q\nmore\n"
+    );
+
+    let line = doctor(&["--ignore-archives"]);
+    assert!(
+        line["detail"].as_str().unwrap().contains("ignoring"),
+        "{line}"
+    );
+    let line = doctor(&[]);
+    assert!(
+        line["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("no snapshot archives"),
+        "{line}"
+    );
+    // Ignored or adopted, never deleted: every archive of the old store is still on disk.
+    assert!(archives("p").contains(&old_p[0]));
+    assert!(archives("q").contains(&old_q[0]));
 }

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 
 use super::error::LocalError;
+use super::foreign;
 use super::fsutil::{remove_tree, sync_dir};
 use super::kill::kill_leftovers;
 use super::names::{SandboxName, SnapshotRef};
@@ -115,6 +116,13 @@ impl LocalProvider {
             .as_deref()
             .map(SnapshotRef::parse)
             .transpose()?;
+        // A task's first sandbox starts from the archive `taskbox doctor --adopt-archives`
+        // adopted for it, if any.
+        let adopted = match source {
+            None => foreign::adopted(&self.root, &task),
+            Some(_) => None,
+        };
+        let source = source.or(adopted.clone());
         let slot = self.slot(&name);
         let _guard = slot.lock.lock().await;
 
@@ -155,6 +163,11 @@ impl LocalProvider {
                 return Err(e);
             }
         };
+        if let Some(snap) = adopted {
+            tracing::info!(sandbox = %name.name, snapshot = %snap.id(),
+                "the task's first sandbox starts from an adopted archive");
+            foreign::adoption_done(&self.root, &task);
+        }
         tracing::debug!(sandbox = %name.name, deadline = meta.deadline, "local sandbox created");
         Ok(SandboxInfo {
             id: name.name.clone(),

@@ -49,7 +49,8 @@
 //! ids, `workspace` for a sandbox's directory, meta and working directory, `lifecycle` for
 //! create/extend/probe/stop/discard, `exec` for running a command, `output` for its bounded
 //! capture, `kill` for killing processes, `snapshot` for taking, restoring and listing archives
-//! (whose format is [`archive`]), `temp` for temporary paths and their sweep, and `fsutil` for
+//! (whose format is [`archive`]), `foreign` for archives of another installation (a store
+//! reset), `temp` for temporary paths and their sweep, and `fsutil` for
 //! durable file-system helpers. This file holds the provider itself and the
 //! [`SandboxProvider`] glue.
 
@@ -60,6 +61,7 @@ pub mod archive;
 pub mod doctor;
 mod error;
 mod exec;
+pub mod foreign;
 mod fsutil;
 mod kill;
 mod lifecycle;
@@ -141,6 +143,10 @@ impl LocalProvider {
         }
         // Canonical, so that the `pwd -P` a command reports can be compared with it.
         let root = fs::canonicalize(&root).map_err(LocalError::io("resolve", &root))?;
+        // A note for the CLI if this installation is new here and archives of another are.
+        if let Err(e) = foreign::on_open(&root, &installation_id) {
+            tracing::warn!(error = %e, "could not check for archives of another installation");
+        }
         Ok(LocalProvider {
             root,
             installation_id,
