@@ -251,12 +251,10 @@ impl LocalProvider {
             None => {
                 if fs::symlink_metadata(&task_dir).is_ok() {
                     // Not a sandbox (no meta.json): nothing of ours made it; keep it aside
-                    // rather than delete what we cannot name.
-                    let aside = self.root.join("tmp").join(format!(
-                        "unknown.{}.{}",
-                        self.unique(),
-                        name.task
-                    ));
+                    // (never swept) rather than delete what we cannot name.
+                    let lost = self.root.join("lost+found");
+                    fs::create_dir_all(&lost).map_err(LocalError::io("create directory", &lost))?;
+                    let aside = lost.join(format!("{}.{}", name.task, self.unique()));
                     fs::rename(&task_dir, &aside)
                         .map_err(LocalError::io("move away", &task_dir))?;
                     tracing::warn!(path = %aside.display(),

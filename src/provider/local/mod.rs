@@ -15,6 +15,7 @@
 //!                                       directory by a newer generation it did not know of
 //! snapshots/<task id>/<seq>.<nonce>.tbx snapshot archives (see `archive` and `snapshot`)
 //! tmp/                                  sandboxes being created and sandboxes being removed
+//! lost+found/                           a task directory found without meta.json, kept aside
 //! ```
 //!
 //! A task's live sandbox holds `tasks/<task>/`, so absolute paths recorded in its files

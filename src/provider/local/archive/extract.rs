@@ -109,7 +109,7 @@ impl<'a> Extractor<'a> {
         }
         match kind {
             tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
-                let sparse = sparse_map(entry).map_err(|reason| refuse(reason))?;
+                let sparse = sparse_map(entry).map_err(&refuse)?;
                 let abs = self.abs(&path);
                 let mut file = fs::OpenOptions::new()
                     .write(true)
@@ -306,12 +306,13 @@ fn entry_components(raw: &[u8]) -> Result<Vec<&[u8]>, &'static str> {
     Ok(parts)
 }
 
+/// A sparse file's length and its data segments `(offset, length)`.
+type SparseMap = (u64, Vec<(u64, u64)>);
+
 /// The sparse map of a regular entry, if its pax records carry one: the file's length and its
-/// data segments `(offset, length)`, which must be ordered, disjoint, inside the file and add
-/// up to the entry's stored size.
-fn sparse_map<R: Read>(
-    entry: &mut tar::Entry<'_, R>,
-) -> Result<Option<(u64, Vec<(u64, u64)>)>, String> {
+/// data segments, which must be ordered, disjoint, inside the file and add up to the entry's
+/// stored size.
+fn sparse_map<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<Option<SparseMap>, String> {
     let stored = entry.header().size().map_err(|e| e.to_string())?;
     let Some(pax) = entry.pax_extensions().map_err(|e| e.to_string())? else {
         return Ok(None);

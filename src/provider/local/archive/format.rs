@@ -13,7 +13,7 @@ pub const MAGIC: [u8; 8] = *b"TBXSNAP\0";
 
 /// The format version this code writes. Version 2 stores every symlink verbatim (version 1
 /// left out the ones pointing outside the workspace) and keeps the holes of sparse files
-/// (`TASKBOX.sparse.*` pax records, see [`write`](super::write)); its header also names the
+/// (`TASKBOX.sparse.*` pax records before the entry); its header also names the
 /// generation, the sandbox instance and the operation's nonce, and the working directory.
 pub const VERSION: u32 = 2;
 
