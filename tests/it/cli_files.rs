@@ -138,6 +138,8 @@ fn unreadable_entries_are_listed_and_do_not_block_the_snapshot() {
         .iter()
         .any(|e| e.to_string().contains("\"omitted\""));
     assert!(journaled, "the journal records what was left out: {view}");
+    // And that journal replays through the core.
+    ok(&as_nobody(&["replay", "--all"]));
 
     // Everything else is back; the unreadable file is not (the directory is, without what it
     // held).
