@@ -130,7 +130,7 @@ pub(super) fn on_open(root: &Path, installation_id: &str) -> Result<(), LocalErr
     }
     let tasks = scan(root, installation_id)?;
     if !tasks.is_empty() {
-        tracing::warn!(tasks = tasks.len(),
+        tracing::info!(tasks = tasks.len(),
             "snapshot archives of another installation found (was the store reset?); see `taskbox doctor`");
         let note = Note {
             installation_id: installation_id.to_string(),
