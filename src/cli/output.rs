@@ -278,6 +278,10 @@ pub fn print_view(v: &TaskView) -> Result<(), Failure> {
             snap.size_bytes,
             format_ms(snap.created_at.unwrap_or(snap.started_at)),
         ));
+        // What the snapshot could not keep (everything else is in it).
+        for what in &snap.omitted {
+            s.push_str(&format!("       left out: {what}\n"));
+        }
     }
     s.push_str("journal (latest last):\n");
     for e in &v.journal {
