@@ -139,7 +139,10 @@ fn unreadable_entries_are_listed_and_do_not_block_the_snapshot() {
         .any(|e| e.to_string().contains("\"omitted\""));
     assert!(journaled, "the journal records what was left out: {view}");
     let shown = ok(&as_nobody(&["show", "u"]));
-    assert!(shown.contains("left out: secret: cannot read it"), "{shown}");
+    assert!(
+        shown.contains("left out: secret: cannot read it"),
+        "{shown}"
+    );
     // And that journal replays through the core.
     ok(&as_nobody(&["replay", "--all"]));
 
