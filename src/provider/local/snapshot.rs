@@ -109,7 +109,7 @@ impl LocalProvider {
             // stopped, as it would be.
             self.discard(&name, &slot).await?;
             return Ok(SnapshotInfo {
-                id: snap.id(),
+                id: snap.id().into(),
                 size_bytes,
                 expires_at: None,
                 omitted: Vec::new(),
@@ -168,7 +168,7 @@ impl LocalProvider {
         tracing::debug!(snapshot = %snap.id(), size_bytes, entries = stats.entries,
             "local snapshot taken");
         Ok(SnapshotInfo {
-            id: snap.id(),
+            id: snap.id().into(),
             size_bytes,
             expires_at: None,
             omitted: stats

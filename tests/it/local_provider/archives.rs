@@ -356,6 +356,9 @@ async fn a_version_1_archive_still_restores() {
         "#!/bin/sh\n"
     );
     // And an id without a nonce keeps naming it, for delete as for restore.
-    env.provider.delete_snapshot("old.s1").await.unwrap();
+    env.provider
+        .delete_snapshot(&crate::support::snap("old.s1"))
+        .await
+        .unwrap();
     assert!(!env.root().join("snapshots/old/1.tbx").exists());
 }

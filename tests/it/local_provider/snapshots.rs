@@ -10,6 +10,7 @@ use taskbox::provider::local::archive::{self, ArchiveError};
 use taskbox::provider::SandboxProvider;
 
 use super::{assert_kind, Env, INSTALLATION};
+use crate::support::{sbx, snap, tid};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_stops_the_sandbox_and_restores_files_modes_and_links() {
@@ -23,7 +24,7 @@ async fn snapshot_stops_the_sandbox_and_restores_files_modes_and_links() {
     )
     .await;
 
-    let info = env.provider.snapshot("snap", &id, 1).await.unwrap();
+    let info = env.provider.snapshot(&tid("snap"), &id, 1).await.unwrap();
     assert!(info.id.starts_with("snap.s1."), "{}", info.id);
     assert!(info.omitted.is_empty(), "{:?}", info.omitted);
     assert!(info.size_bytes > 0);
@@ -36,10 +37,10 @@ async fn snapshot_stops_the_sandbox_and_restores_files_modes_and_links() {
     );
 
     // Idempotent by seq: the same answer, even though the sandbox is gone now.
-    let again = env.provider.snapshot("snap", &id, 1).await.unwrap();
+    let again = env.provider.snapshot(&tid("snap"), &id, 1).await.unwrap();
     assert_eq!(again, info);
 
-    let restored = env.create("snap", 2, Some(&info.id)).await;
+    let restored = env.create("snap", 2, Some(info.id.as_str())).await;
     let ws = env.provider.workspace_path(&restored).unwrap();
     assert_eq!(fs::read_to_string(ws.join("d/e/f")).unwrap(), "hello\n");
     assert_eq!(mode(&ws.join("run.sh")), 0o755);
@@ -78,11 +79,11 @@ async fn snapshot_keeps_every_symlink_verbatim_and_never_follows_one() {
         ),
     )
     .await;
-    let info = env.provider.snapshot("venv", &id, 1).await.unwrap();
+    let info = env.provider.snapshot(&tid("venv"), &id, 1).await.unwrap();
     // The fifo cannot be kept, and says so; everything else is in the snapshot.
     assert_eq!(info.omitted.len(), 1, "{:?}", info.omitted);
     assert!(info.omitted[0].starts_with("pipe: "), "{:?}", info.omitted);
-    let restored = env.create("venv", 2, Some(&info.id)).await;
+    let restored = env.create("venv", 2, Some(info.id.as_str())).await;
     let ws = env.provider.workspace_path(&restored).unwrap();
     assert_eq!(fs::read_to_string(ws.join("keep")).unwrap(), "k\n");
     let outside_str = outside.display().to_string();
@@ -108,21 +109,21 @@ async fn snapshot_of_a_gone_sandbox_is_sandbox_gone() {
     let env = Env::new();
     assert_kind(
         env.provider
-            .snapshot("ghost", "taskbox-ghost-g1-insta", 1)
+            .snapshot(&tid("ghost"), &sbx("taskbox-ghost-g1-insta"), 1)
             .await,
         FailureKind::SandboxGone,
     );
     let id = env.try_create("late", 1, None, 100).await.unwrap();
     env.clock.advance(100);
     assert_kind(
-        env.provider.snapshot("late", &id, 1).await,
+        env.provider.snapshot(&tid("late"), &id, 1).await,
         FailureKind::SandboxGone,
     );
     assert!(env.provider.workspace_path(&id).is_none());
     // Another task's sandbox is refused.
     let other = env.create("mine", 1, None).await;
     assert_kind(
-        env.provider.snapshot("theirs", &other, 1).await,
+        env.provider.snapshot(&tid("theirs"), &other, 1).await,
         FailureKind::Invalid,
     );
 }
@@ -138,21 +139,22 @@ async fn restoring_a_deleted_snapshot_is_snapshot_gone() {
 
     let id = env.create("del", 1, None).await;
     env.run(&id, "echo x > f").await;
-    let info = env.provider.snapshot("del", &id, 1).await.unwrap();
+    let info = env.provider.snapshot(&tid("del"), &id, 1).await.unwrap();
     env.provider.delete_snapshot(&info.id).await.unwrap();
     env.provider.delete_snapshot(&info.id).await.unwrap(); // idempotent
     let msg = assert_kind(
-        env.try_create("del", 2, Some(&info.id), 60_000).await,
+        env.try_create("del", 2, Some(info.id.as_str()), 60_000)
+            .await,
         FailureKind::SnapshotGone,
     );
-    assert!(msg.contains(&info.id), "{msg}");
+    assert!(msg.contains(info.id.as_str()), "{msg}");
     assert!(env
         .provider
         .workspace_path("taskbox-del-g2-insta")
         .is_none());
     assert!(env.tmp_entries().is_empty());
     assert_kind(
-        env.provider.delete_snapshot("../del.s1").await,
+        env.provider.delete_snapshot(&snap("../del.s1")).await,
         FailureKind::Invalid,
     );
 }
@@ -198,14 +200,15 @@ async fn a_cut_or_corrupted_archive_is_refused_not_half_restored() {
         "for i in $(seq 1 200); do head -c 3000 /dev/urandom > f$i; done",
     )
     .await;
-    let info = env.provider.snapshot("cut", &id, 1).await.unwrap();
+    let info = env.provider.snapshot(&tid("cut"), &id, 1).await.unwrap();
     let nonce = info.id.rsplit('.').next().unwrap();
     let path = env.root().join(format!("snapshots/cut/1.{nonce}.tbx"));
     let bytes = fs::read(&path).unwrap();
 
     fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
     assert_kind(
-        env.try_create("cut", 2, Some(&info.id), 60_000).await,
+        env.try_create("cut", 2, Some(info.id.as_str()), 60_000)
+            .await,
         FailureKind::Permanent,
     );
     // Only the zstd checksum at the very end is wrong.
@@ -214,7 +217,8 @@ async fn a_cut_or_corrupted_archive_is_refused_not_half_restored() {
     flipped[last] ^= 0xff;
     fs::write(&path, &flipped).unwrap();
     assert_kind(
-        env.try_create("cut", 2, Some(&info.id), 60_000).await,
+        env.try_create("cut", 2, Some(info.id.as_str()), 60_000)
+            .await,
         FailureKind::Permanent,
     );
     assert!(env
@@ -225,7 +229,7 @@ async fn a_cut_or_corrupted_archive_is_refused_not_half_restored() {
 
     // The intact archive still restores.
     fs::write(&path, &bytes).unwrap();
-    let restored = env.create("cut", 2, Some(&info.id)).await;
+    let restored = env.create("cut", 2, Some(info.id.as_str())).await;
     assert_eq!(env.run(&restored, "ls | wc -l").await.stdout, "200\n");
 }
 
@@ -241,22 +245,25 @@ async fn a_stale_archive_is_never_taken_for_a_new_snapshot() {
     let env = Env::new();
     let first = env.create("p", 1, None).await;
     env.run(&first, "echo v1 > old.txt").await;
-    let old = env.provider.snapshot("p", &first, 1).await.unwrap();
+    let old = env.provider.snapshot(&tid("p"), &first, 1).await.unwrap();
     // A repeated call of the same operation finds its archive.
-    assert_eq!(env.provider.snapshot("p", &first, 1).await.unwrap(), old);
+    assert_eq!(
+        env.provider.snapshot(&tid("p"), &first, 1).await.unwrap(),
+        old
+    );
 
     // The same installation starting over (a database restored from a backup): generation 1
     // and snapshot 1 again, but another sandbox instance.
     let again = env.create("p", 1, None).await;
     assert_eq!(again, first);
     env.run(&again, "echo day2 > report.txt").await;
-    let new = env.provider.snapshot("p", &again, 1).await.unwrap();
+    let new = env.provider.snapshot(&tid("p"), &again, 1).await.unwrap();
     assert_ne!(new.id, old.id);
-    let restored = env.create("p", 2, Some(&new.id)).await;
+    let restored = env.create("p", 2, Some(new.id.as_str())).await;
     assert_eq!(env.run(&restored, "ls").await.stdout, "report.txt\n");
     env.provider.stop_sandbox(&restored).await.unwrap();
     // The old archive is untouched and still names its own files.
-    let restored = env.create("p", 3, Some(&old.id)).await;
+    let restored = env.create("p", 3, Some(old.id.as_str())).await;
     assert_eq!(env.run(&restored, "ls").await.stdout, "old.txt\n");
     env.provider.stop_sandbox(&restored).await.unwrap();
 
@@ -278,7 +285,7 @@ async fn a_stale_archive_is_never_taken_for_a_new_snapshot() {
         )
         .await
         .unwrap();
-    let fresh = other.snapshot("p", &theirs.id, 1).await.unwrap();
+    let fresh = other.snapshot(&tid("p"), &theirs.id, 1).await.unwrap();
     assert!(fresh.id != old.id && fresh.id != new.id);
     // Every archive is still there, each under its own name.
     assert_eq!(
@@ -320,13 +327,13 @@ async fn sparse_files_keep_their_holes() {
          status=none && printf tail | dd of=big bs=1 seek=1073741820 conv=notrunc status=none",
     )
     .await;
-    let info = env.provider.snapshot("sparse", &id, 1).await.unwrap();
+    let info = env.provider.snapshot(&tid("sparse"), &id, 1).await.unwrap();
     assert!(
         info.size_bytes < 1 << 20,
         "archive of {} bytes",
         info.size_bytes
     );
-    let restored = env.create("sparse", 2, Some(&info.id)).await;
+    let restored = env.create("sparse", 2, Some(info.id.as_str())).await;
     let big = env.provider.workspace_path(&restored).unwrap().join("big");
     let meta = fs::metadata(&big).unwrap();
     assert_eq!(meta.len(), 1 << 30);
@@ -358,10 +365,10 @@ async fn an_unreadable_entry_is_left_out_and_listed_not_fatal() {
          done; echo lost > f; cd \"$TASKBOX_WORKSPACE\"",
     )
     .await;
-    let info = env.provider.snapshot("deep", &id, 1).await.unwrap();
+    let info = env.provider.snapshot(&tid("deep"), &id, 1).await.unwrap();
     assert_eq!(info.omitted.len(), 1, "{:?}", info.omitted);
     assert!(info.omitted[0].contains("PATH_MAX"), "{:?}", info.omitted);
-    let restored = env.create("deep", 2, Some(&info.id)).await;
+    let restored = env.create("deep", 2, Some(info.id.as_str())).await;
     assert_eq!(env.run(&restored, "cat keep").await.stdout, "k\n");
 }
 
@@ -379,8 +386,12 @@ async fn the_workspace_path_is_stable_across_generations() {
          && printf '#!%s/sub/where\\n' \"$PWD\" > tool && chmod +x sub/where tool && cd sub",
     )
     .await;
-    let info = env.provider.snapshot("stable", &first, 1).await.unwrap();
-    let second = env.create("stable", 2, Some(&info.id)).await;
+    let info = env
+        .provider
+        .snapshot(&tid("stable"), &first, 1)
+        .await
+        .unwrap();
+    let second = env.create("stable", 2, Some(info.id.as_str())).await;
     let ws2 = env.provider.workspace_path(&second).unwrap();
     assert_eq!(ws1, ws2);
     let out = env.run(&second, "pwd; ../tool").await;
