@@ -21,7 +21,7 @@ pub mod sim;
 #[allow(clippy::disallowed_methods)]
 pub mod vercel;
 
-pub use call::Call;
+pub use call::{Call, ReceivedCall};
 pub use decorator::Decorator;
 
 use std::future::Future;
