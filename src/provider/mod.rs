@@ -272,6 +272,89 @@ pub trait SandboxProvider: Send + Sync {
     }
 }
 
+/// Implements [`SandboxProvider`] for a platform whose operations are its own `async fn`s
+/// answering `Result<_, ProviderError>` with the trait's arguments: each trait method boxes the
+/// named method's future, so the glue is written once instead of once per platform.
+/// `sweep_temporaries` keeps the trait's default.
+macro_rules! platform_provider {
+    ($ty:ty, $name:literal, {
+        create_sandbox: $create:ident,
+        exec: $exec:ident,
+        snapshot: $snapshot:ident,
+        stop_sandbox: $stop:ident,
+        extend_timeout: $extend:ident,
+        delete_snapshot: $delete:ident,
+        probe_sandbox: $probe:ident,
+        list_sandboxes: $list_sandboxes:ident,
+        list_snapshots: $list_snapshots:ident $(,)?
+    }) => {
+        impl $crate::provider::SandboxProvider for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+            fn create_sandbox<'a>(
+                &'a self,
+                spec: &'a $crate::provider::SandboxSpec,
+            ) -> $crate::provider::ProviderFuture<'a, $crate::provider::SandboxInfo> {
+                Box::pin(<$ty>::$create(self, spec))
+            }
+            fn exec<'a>(
+                &'a self,
+                sandbox_id: &'a $crate::ids::SandboxId,
+                req: &'a $crate::provider::ExecRequest,
+            ) -> $crate::provider::ProviderFuture<'a, $crate::provider::ExecOutput> {
+                Box::pin(<$ty>::$exec(self, sandbox_id, req))
+            }
+            fn snapshot<'a>(
+                &'a self,
+                task_id: &'a $crate::ids::TaskId,
+                sandbox_id: &'a $crate::ids::SandboxId,
+                seq: u64,
+            ) -> $crate::provider::ProviderFuture<'a, $crate::provider::SnapshotInfo> {
+                Box::pin(<$ty>::$snapshot(self, task_id, sandbox_id, seq))
+            }
+            fn stop_sandbox<'a>(
+                &'a self,
+                sandbox_id: &'a $crate::ids::SandboxId,
+            ) -> $crate::provider::ProviderFuture<'a, ()> {
+                Box::pin(<$ty>::$stop(self, sandbox_id))
+            }
+            fn extend_timeout<'a>(
+                &'a self,
+                sandbox_id: &'a $crate::ids::SandboxId,
+                duration_ms: u64,
+            ) -> $crate::provider::ProviderFuture<'a, $crate::core::Millis> {
+                Box::pin(<$ty>::$extend(self, sandbox_id, duration_ms))
+            }
+            fn delete_snapshot<'a>(
+                &'a self,
+                snapshot_id: &'a $crate::ids::SnapshotId,
+            ) -> $crate::provider::ProviderFuture<'a, ()> {
+                Box::pin(<$ty>::$delete(self, snapshot_id))
+            }
+            fn probe_sandbox<'a>(
+                &'a self,
+                sandbox_id: &'a $crate::ids::SandboxId,
+            ) -> $crate::provider::ProviderFuture<'a, Option<$crate::core::Millis>> {
+                Box::pin(<$ty>::$probe(self, sandbox_id))
+            }
+            fn list_sandboxes<'a>(
+                &'a self,
+                installation_id: &'a str,
+            ) -> $crate::provider::ProviderFuture<'a, Vec<$crate::provider::ListedResource>> {
+                Box::pin(<$ty>::$list_sandboxes(self, installation_id))
+            }
+            fn list_snapshots<'a>(
+                &'a self,
+                installation_id: &'a str,
+            ) -> $crate::provider::ProviderFuture<'a, Vec<$crate::provider::ListedResource>> {
+                Box::pin(<$ty>::$list_snapshots(self, installation_id))
+            }
+        }
+    };
+}
+use platform_provider;
+
 /// Bounds captured output the way Hermes does: at most `max_chars` characters, keeping the first
 /// 40 % and the last 60 %, with a line in between saying how much was cut.
 pub fn bound_output(text: &str, max_chars: usize) -> String {
