@@ -44,12 +44,9 @@ impl SimProvider {
             let cut = cut_short.then(|| w.rng.between(0, needed));
             (plan, cut)
         };
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection().or_else(|| plan.lost_answer()) {
-            // A timed-out exec never reached the sandbox: commands are not idempotent, and a
-            // command that ran unseen would make "files survive" impossible to check.
-            return Err(e);
-        }
+        // A timed-out exec never reached the sandbox: commands are not idempotent, and a
+        // command that ran unseen would make "files survive" impossible to check.
+        Self::answered(&plan).await?;
         let start = self.now();
         let timeout_end = start.saturating_add(req.timeout_ms);
         let (changed, command_no) = {

@@ -44,6 +44,7 @@ use std::time::Duration;
 pub use faults::{SimFaults, SimFaultsError};
 pub use view::{SimEnd, SimSandbox, SimSnapshot, SimStats};
 
+use super::ProviderError;
 use crate::clock::Clock;
 use crate::core::Millis;
 use world::{Plan, SplitMix64, World};
@@ -207,6 +208,16 @@ impl SimProvider {
 
     fn plan(&self, op: &'static str) -> Plan {
         self.world().plan(op)
+    }
+
+    /// Waits out `plan`'s latency, then fails the call whole if the plan rejects it or loses
+    /// its answer: for calls with nothing to do before the answer is lost (reads, and an exec,
+    /// which must not run unseen).
+    async fn answered(plan: &Plan) -> Result<(), ProviderError> {
+        Self::pause(plan.wait_ms()).await;
+        plan.rejection()
+            .or_else(|| plan.lost_answer())
+            .map_or(Ok(()), Err)
     }
 
     async fn pause(ms: u64) {

@@ -373,11 +373,7 @@ impl SimProvider {
     }
 
     pub(super) async fn probe(&self, sandbox_id: &str) -> Result<Option<Millis>, ProviderError> {
-        let plan = self.plan(OP_PROBE);
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection().or_else(|| plan.lost_answer()) {
-            return Err(e);
-        }
+        Self::answered(&self.plan(OP_PROBE)).await?;
         let now = self.now();
         Ok(self
             .world()
@@ -389,11 +385,7 @@ impl SimProvider {
         &self,
         installation_id: &str,
     ) -> Result<Vec<ListedResource>, ProviderError> {
-        let plan = self.plan(OP_LIST_SANDBOXES);
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection().or_else(|| plan.lost_answer()) {
-            return Err(e);
-        }
+        Self::answered(&self.plan(OP_LIST_SANDBOXES)).await?;
         let now = self.now();
         let mut w = self.world();
         Ok(w.sandboxes
@@ -411,11 +403,7 @@ impl SimProvider {
         &self,
         installation_id: &str,
     ) -> Result<Vec<ListedResource>, ProviderError> {
-        let plan = self.plan(OP_LIST_SNAPSHOTS);
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection().or_else(|| plan.lost_answer()) {
-            return Err(e);
-        }
+        Self::answered(&self.plan(OP_LIST_SNAPSHOTS)).await?;
         let now = self.now();
         let w = self.world();
         Ok(w.snapshots
