@@ -20,7 +20,7 @@
 //! fsynced. What a crash leaves in `tmp/` or as `*.tmp` is removed by
 //! [`LocalProvider::sweep_temporaries`].
 //!
-//! Every id that reaches a path is validated first: task ids by [`TaskId`],
+//! Every id that reaches a path is validated first: task ids by [`TaskId`](crate::ids::TaskId),
 //! sandbox names by their `taskbox-<task>-g<N>-<installation>` shape, snapshot ids by
 //! `<task>.s<seq>`.
 //!
@@ -39,7 +39,7 @@
 //! capture, `kill` for killing processes, `snapshot` for taking, restoring and listing archives
 //! (whose format is [`archive`]), `temp` for temporary paths and their sweep, and `fsutil` for
 //! durable file-system helpers. This file holds the provider itself and the
-//! [`SandboxProvider`] glue.
+//! [`SandboxProvider`](crate::provider::SandboxProvider) glue.
 
 // Every `unsafe` block here (process signals) must say why it is sound.
 #![deny(clippy::undocumented_unsafe_blocks)]

@@ -28,7 +28,7 @@
 //!
 //! The rooms: `view` holds the read-only copies handed to checkers, `world` the state behind the
 //! mutex and the random draws, `ops` the platform operations and `exec` the running of a
-//! command; this module holds the [`SimProvider`] itself and its [`SandboxProvider`] face.
+//! command; this module holds the [`SimProvider`] itself and its [`SandboxProvider`](crate::provider::SandboxProvider) face.
 
 mod exec;
 mod faults;

@@ -108,7 +108,7 @@ impl Default for ProviderOptions {
     }
 }
 
-/// Vercel Sandbox as a [`SandboxProvider`].
+/// Vercel Sandbox as a [`SandboxProvider`](crate::provider::SandboxProvider).
 #[derive(Debug)]
 pub struct VercelProvider {
     client: VercelClient,
