@@ -210,6 +210,21 @@ impl SimProvider {
         self.world().plan(op)
     }
 
+    /// Plans a call of `op` and, in the same turn of the world, draws its own fault `pick`.
+    fn plan_and_draw(&self, op: &'static str, pick: fn(&SimFaults) -> f64) -> (Plan, bool) {
+        let mut w = self.world();
+        let plan = w.plan(op);
+        let drawn = w.chance(pick);
+        (plan, drawn)
+    }
+
+    /// Waits out `plan`'s latency, then fails the call if the plan rejects it (an answer the
+    /// plan loses is lost after the call took effect: the caller returns that last).
+    async fn admitted(plan: &Plan) -> Result<(), ProviderError> {
+        Self::pause(plan.wait_ms()).await;
+        plan.rejection().map_or(Ok(()), Err)
+    }
+
     /// Waits out `plan`'s latency, then fails the call whole if the plan rejects it or loses
     /// its answer: for calls with nothing to do before the answer is lost (reads, and an exec,
     /// which must not run unseen).

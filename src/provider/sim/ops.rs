@@ -49,16 +49,8 @@ impl Drop for SnapshottingGuard<'_> {
 
 impl SimProvider {
     pub(super) async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, ProviderError> {
-        let (plan, lose) = {
-            let mut w = self.world();
-            let plan = w.plan(OP_CREATE);
-            let lose = w.chance(|f| f.lost_create);
-            (plan, lose)
-        };
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection() {
-            return Err(e);
-        }
+        let (plan, lose) = self.plan_and_draw(OP_CREATE, |f| f.lost_create);
+        Self::admitted(&plan).await?;
         let now = self.now();
         let mut w = self.world();
         let w = &mut *w;
@@ -177,10 +169,7 @@ impl SimProvider {
             .rejection()
             .is_none()
             .then(|| SnapshottingGuard::new(self, sandbox_id));
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection() {
-            return Err(e);
-        }
+        Self::admitted(&plan).await?;
         let key = (task_id.to_string(), seq);
         let taken = self.world().snapshot_keys.contains_key(&key);
         if slow && !taken {
@@ -287,10 +276,7 @@ impl SimProvider {
 
     pub(super) async fn stop(&self, sandbox_id: &str) -> Result<(), ProviderError> {
         let plan = self.plan(OP_STOP);
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection() {
-            return Err(e);
-        }
+        Self::admitted(&plan).await?;
         let now = self.now();
         if let Some(sb) = self.world().live_sandbox(sandbox_id, now) {
             sb.end(SimEnd::Stopped, now);
@@ -304,10 +290,7 @@ impl SimProvider {
         duration_ms: u64,
     ) -> Result<Millis, ProviderError> {
         let plan = self.plan(OP_EXTEND);
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection() {
-            return Err(e);
-        }
+        Self::admitted(&plan).await?;
         let now = self.now();
         let mut w = self.world();
         let w = &mut *w;
@@ -343,16 +326,8 @@ impl SimProvider {
     }
 
     pub(super) async fn delete_snapshot_op(&self, snapshot_id: &str) -> Result<(), ProviderError> {
-        let (plan, fail) = {
-            let mut w = self.world();
-            let plan = w.plan(OP_DELETE);
-            let fail = w.chance(|f| f.delete_fail);
-            (plan, fail)
-        };
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection() {
-            return Err(e);
-        }
+        let (plan, fail) = self.plan_and_draw(OP_DELETE, |f| f.delete_fail);
+        Self::admitted(&plan).await?;
         let mut w = self.world();
         if fail {
             w.stats.fault("delete_fail");
