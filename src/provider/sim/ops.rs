@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
-use super::world::{SandboxState, SnapshotState, World};
+use super::world::{SandboxState, SnapshotState};
 use super::{
     SimEnd, SimProvider, DEFAULT_SNAPSHOT_EXPIRY_MS, MIN_TIMEOUT_MS, OP_CREATE, OP_DELETE,
     OP_EXTEND, OP_LIST_SANDBOXES, OP_LIST_SNAPSHOTS, OP_PROBE, OP_SNAPSHOT, OP_STOP,
@@ -199,13 +199,7 @@ impl SimProvider {
             s.info()
         } else {
             let underway = w.snapshotting.get(sandbox_id).copied().unwrap_or(0);
-            let Some(sb) = w.live_sandbox(sandbox_id, now) else {
-                return Err(World::gone(
-                    OP_SNAPSHOT,
-                    sandbox_id,
-                    w.sandboxes.get(sandbox_id),
-                ));
-            };
+            let sb = w.live_or_gone(OP_SNAPSHOT, sandbox_id, now)?;
             if underway > 1 {
                 // Another snapshot of this sandbox is under way. (Its own faults were drawn for
                 // it; this call must not fail for good while that one may still succeed.)
@@ -302,13 +296,7 @@ impl SimProvider {
             ));
         }
         let max = w.max_lifetime_ms;
-        let Some(sb) = w.live_sandbox(sandbox_id, now) else {
-            return Err(World::gone(
-                OP_EXTEND,
-                sandbox_id,
-                w.sandboxes.get(sandbox_id),
-            ));
-        };
+        let sb = w.live_or_gone(OP_EXTEND, sandbox_id, now)?;
         let deadline = sb.deadline.saturating_add(duration_ms);
         if let Some(max) = max.filter(|max| deadline - sb.created_at > *max) {
             return Err(ProviderError::new(
