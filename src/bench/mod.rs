@@ -170,6 +170,21 @@ pub enum BenchError {
 }
 
 impl BenchError {
+    /// A mapper from an engine error while `bench` did `action`.
+    pub(crate) fn engine(
+        bench: &'static str,
+        action: impl Into<String>,
+    ) -> impl FnOnce(crate::engine::EngineError) -> BenchError {
+        let action = action.into();
+        move |source| BenchError::Engine {
+            bench,
+            action,
+            source: Box::new(source),
+        }
+    }
+}
+
+impl BenchError {
     /// How to fix it, if known.
     pub fn hint(&self) -> Option<String> {
         match self {

@@ -165,11 +165,10 @@ fn library(dir: &Path, n: usize) -> Result<(Paired, Vec<f64>, Paired), BenchErro
             .reconcile_on_start(false)
             .open()
             .await
-            .map_err(|source| BenchError::Engine {
-                bench: BENCH,
-                action: format!("open an orchestrator on {}", dir.display()),
-                source: Box::new(source),
-            })?;
+            .map_err(BenchError::engine(
+                BENCH,
+                format!("open an orchestrator on {}", dir.display()),
+            ))?;
         let task = TaskId::new("bench-overhead").expect("a valid task id");
         let result =
             async {
@@ -193,11 +192,7 @@ fn library(dir: &Path, n: usize) -> Result<(Paired, Vec<f64>, Paired), BenchErro
                 let view = orch
                     .show(&task, 0)
                     .await
-                    .map_err(|source| BenchError::Engine {
-                        bench: BENCH,
-                        action: "look up the task's sandbox".into(),
-                        source: Box::new(source),
-                    })?;
+                    .map_err(BenchError::engine(BENCH, "look up the task's sandbox"))?;
                 let sandbox = view
                     .and_then(|v| v.task.sandbox)
                     .ok_or_else(|| BenchError::failed(BENCH, "the warm task has no live sandbox"))?

@@ -90,11 +90,7 @@ async fn measure(dir: &Path, commands: usize, lifecycles: usize) -> Result<Count
             .reconcile_on_start(false)
             .open()
             .await
-            .map_err(|source| BenchError::Engine {
-                bench: BENCH,
-                action: "open the orchestrator".into(),
-                source: Box::new(source),
-            })?;
+            .map_err(BenchError::engine(BENCH, "open the orchestrator"))?;
         let task = TaskId::new("bench-vercel").expect("a valid task id");
         let engine_err = |source| BenchError::Engine {
             bench: BENCH,

@@ -440,6 +440,46 @@ pub(super) fn check_all(
     }
 }
 
+/// What a seed's run left behind, for [`check_and_export`]: the arguments of [`check_all`],
+/// where the journal goes and when.
+pub(super) struct Evidence<'a> {
+    pub(super) data_dir: &'a Path,
+    pub(super) task_ids: &'a [String],
+    pub(super) rec: &'a Recorded,
+    pub(super) sandboxes: &'a [PlatformSandbox],
+    pub(super) snapshots: &'a [PlatformSnapshot],
+    pub(super) live: &'a [PlatformSandbox],
+    pub(super) deleted_at: &'a BTreeMap<String, Millis>,
+    /// Stamped on the exported journal.
+    pub(super) now: Millis,
+    /// Export the journal even when nothing is violated.
+    pub(super) keep_all: bool,
+}
+
+/// Every check ([`check_all`]) added to `violations`, then the journal exported
+/// ([`export_journal`]) if anything is violated (or `keep_all`): what the checks counted, and
+/// the exported file.
+pub(super) fn check_and_export(
+    ev: Evidence<'_>,
+    violations: &mut Vec<Violation>,
+) -> (Checked, Option<PathBuf>) {
+    let mut checked = check_all(
+        ev.task_ids,
+        ev.rec,
+        ev.sandboxes,
+        ev.snapshots,
+        ev.live,
+        ev.deleted_at,
+    );
+    violations.append(&mut checked.violations);
+    let journal_file = if violations.is_empty() && !ev.keep_all {
+        None
+    } else {
+        export_journal(ev.data_dir, ev.rec, ev.now, violations)
+    };
+    (checked, journal_file)
+}
+
 /// Writes the seed's journal to `journal.jsonl` beside its data dir, for `taskbox replay
 /// --journal FILE` on any machine. A failure is a violation of its own (the evidence is lost).
 pub(super) fn export_journal(

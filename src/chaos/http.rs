@@ -23,7 +23,7 @@ use super::check::{PlatformSandbox, PlatformSnapshot};
 use super::driver::{self, Driver};
 use super::witness::Witness;
 use super::workload::{self, Flavor};
-use super::{ChaosError, ChaosOptions, SeedReport};
+use super::{ChaosError, ChaosOptions, RunCounts, SeedReport};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Backend, Config};
 use crate::core::Millis;
@@ -301,20 +301,20 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
             )),
         }
     }
-    let checked = driver::check_all(
-        &task_ids,
-        &rec,
-        &sandboxes,
-        &snapshots,
-        &live,
-        &witness.deleted_at(),
+    let (checked, journal_file) = driver::check_and_export(
+        driver::Evidence {
+            data_dir: &data_dir,
+            task_ids: &task_ids,
+            rec: &rec,
+            sandboxes: &sandboxes,
+            snapshots: &snapshots,
+            live: &live,
+            deleted_at: &witness.deleted_at(),
+            now,
+            keep_all: opts.keep_all,
+        },
+        &mut violations,
     );
-    violations.extend(checked.violations);
-    let journal_file = if violations.is_empty() && !opts.keep_all {
-        None
-    } else {
-        driver::export_journal(&data_dir, &rec, now, &mut violations)
-    };
 
     let stats = fake.stats();
     let mut faults = BTreeMap::new();
@@ -339,13 +339,15 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
     Ok(SeedReport {
         seed,
         tasks: opts.tasks,
-        steps: tally.steps,
-        requests_ok: tally.ok,
-        requests_failed: tally.failed,
-        requests_interrupted: tally.interrupted,
-        faults,
-        provider_calls: stats.total,
-        journal: checked.counts,
+        counts: RunCounts {
+            steps: tally.steps,
+            requests_ok: tally.ok,
+            requests_failed: tally.failed,
+            requests_interrupted: tally.interrupted,
+            faults,
+            provider_calls: stats.total,
+            journal: checked.counts,
+        },
         snapshots_expired: checked.expired,
         stale_sandboxes: 0,
         violations,

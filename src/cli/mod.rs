@@ -220,27 +220,35 @@ fn init_logging(verbose: u8) {
         .try_init();
 }
 
+/// `$op` (`suspend`, `resume`) of `$task` as [`route`] says: on an orchestrator opened in this
+/// process (and shut down after), or through the server.
+macro_rules! routed {
+    ($paths:expr, $task:expr, $op:ident) => {
+        match route($paths)? {
+            Route::InProcess => {
+                let orch = open($paths).await?;
+                let res = orch.$op(&$task).await;
+                orch.shutdown().await;
+                res.map_err(Failure::from_engine)?
+            }
+            #[cfg(feature = "server")]
+            Route::Server(client, mode) => {
+                server::call(&client, mode, |c| {
+                    let task = $task.clone();
+                    async move { c.$op(&task).await }
+                })
+                .await?
+            }
+        }
+    };
+}
+
 async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
     match cmd {
         Cmd::Run(args) => run(args, paths).await,
         Cmd::Suspend(args) => {
             let task = task_id(&args.task)?;
-            let res = match route(paths)? {
-                Route::InProcess => {
-                    let orch = open(paths).await?;
-                    let res = orch.suspend(&task).await;
-                    orch.shutdown().await;
-                    res.map_err(Failure::from_engine)?
-                }
-                #[cfg(feature = "server")]
-                Route::Server(client, mode) => {
-                    server::call(&client, mode, |c| {
-                        let task = task.clone();
-                        async move { c.suspend(&task).await }
-                    })
-                    .await?
-                }
-            };
+            let res = routed!(paths, task, suspend);
             if args.json {
                 print_json(&serde_json::json!({
                     "task": task.as_str(),
@@ -266,22 +274,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Resume(args) => {
             let task = task_id(&args.task)?;
-            let res = match route(paths)? {
-                Route::InProcess => {
-                    let orch = open(paths).await?;
-                    let res = orch.resume(&task).await;
-                    orch.shutdown().await;
-                    res.map_err(Failure::from_engine)?
-                }
-                #[cfg(feature = "server")]
-                Route::Server(client, mode) => {
-                    server::call(&client, mode, |c| {
-                        let task = task.clone();
-                        async move { c.resume(&task).await }
-                    })
-                    .await?
-                }
-            };
+            let res = routed!(paths, task, resume);
             if args.json {
                 print_json(&serde_json::json!({
                     "task": task.as_str(), "sandbox_id": res.sandbox_id, "notices": res.notices,

@@ -67,16 +67,16 @@ fn dozens_of_seeds_with_every_fault_hold_every_invariant() {
     ];
     for kind in kinds {
         assert!(
-            report.totals.faults.get(kind).copied().unwrap_or(0) > 0,
+            report.totals.counts.faults.get(kind).copied().unwrap_or(0) > 0,
             "fault {kind} was never injected: {:?}",
-            report.totals.faults
+            report.totals.counts.faults
         );
     }
     // The faults had effects the journal shows.
-    let j = &report.totals.journal;
+    let j = &report.totals.counts.journal;
     assert!(j.retries > 0 && j.restores > 0 && j.recoveries > 0, "{j:?}");
     assert!(j.fallbacks > 0 && j.files_lost > 0, "{j:?}");
-    assert!(report.totals.requests_ok > report.totals.requests_failed);
+    assert!(report.totals.counts.requests_ok > report.totals.counts.requests_failed);
 }
 
 #[test]
@@ -96,7 +96,7 @@ fn the_same_seed_gives_the_same_run_bit_for_bit() {
     let ra = chaos::run(&a, &no_progress).expect("run");
     let rb = chaos::run(&b, &no_progress).expect("run");
     assert_eq!(ra.digest, rb.digest);
-    assert_eq!(ra.totals.journal, rb.totals.journal);
+    assert_eq!(ra.totals.counts.journal, rb.totals.counts.journal);
 }
 
 #[test]
@@ -465,13 +465,17 @@ fn over_http_the_vercel_client_holds_the_invariants_and_the_planted_bug_is_caugh
     assert!(report.http);
     assert!(report.digest.is_empty(), "real time has no digest");
     assert_eq!(report.totals.violations, 0, "{:#?}", report.violating_seeds);
-    assert!(report.totals.provider_calls > 0 && report.totals.journal.entries > 0);
+    assert!(report.totals.counts.provider_calls > 0 && report.totals.counts.journal.entries > 0);
     assert!(
-        report.totals.faults.values().sum::<u64>() > 0,
+        report.totals.counts.faults.values().sum::<u64>() > 0,
         "{:?}",
-        report.totals.faults
+        report.totals.counts.faults
     );
-    assert!(report.totals.journal.restores > 0, "{:?}", report.totals);
+    assert!(
+        report.totals.counts.journal.restores > 0,
+        "{:?}",
+        report.totals
+    );
 
     // Without faults, so that nothing but the planted bug can interfere.
     opts.faults = ChaosFaults::none();

@@ -31,7 +31,7 @@
 //! fsynced. What a crash leaves in `tmp/` or as `*.tmp` is removed by
 //! [`LocalProvider::sweep_temporaries`].
 //!
-//! Every id that reaches a path is validated first: task ids by [`TaskId`],
+//! Every id that reaches a path is validated first: task ids by [`TaskId`](crate::ids::TaskId),
 //! sandbox names by their `taskbox-<task>-g<N>-<installation>` shape, snapshot ids by
 //! `<task>.s<seq>`.
 //!
@@ -53,7 +53,7 @@
 //! (whose format is [`archive`]), `foreign` for archives of another installation (a store
 //! reset), `temp` for temporary paths and their sweep, and `fsutil` for
 //! durable file-system helpers. This file holds the provider itself and the
-//! [`SandboxProvider`] glue.
+//! [`SandboxProvider`](crate::provider::SandboxProvider) glue.
 
 // Every `unsafe` block here (process signals) must say why it is sound.
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -83,13 +83,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 
 use self::names::SandboxName;
-use super::{
-    ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
-    SandboxSpec, SnapshotInfo,
-};
+use super::ListedResource;
 use crate::clock::Clock;
-use crate::core::Millis;
-use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 // ---------------------------------------------------------------------------------------------
 // The provider
@@ -197,108 +192,36 @@ impl LocalProvider {
 // ---------------------------------------------------------------------------------------------
 // The trait
 
-impl SandboxProvider for LocalProvider {
-    fn name(&self) -> &'static str {
-        "local"
+super::platform_provider!(LocalProvider, "local", {
+    create_sandbox: create,
+    exec: exec_command,
+    snapshot: snapshot_sandbox,
+    stop_sandbox: stop,
+    extend_timeout: extend,
+    delete_snapshot: delete,
+    probe_sandbox: probe,
+    list_sandboxes: listed_sandboxes,
+    list_snapshots: listed_snapshots,
+    sweep_temporaries: swept_temporaries,
+});
+
+impl LocalProvider {
+    async fn listed_sandboxes(
+        &self,
+        installation_id: &str,
+    ) -> Result<Vec<ListedResource>, LocalError> {
+        run_blocking_ref(|| self.sandboxes_of(installation_id))
     }
 
-    fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
-        Box::pin(async move {
-            self.create(spec)
-                .await
-                .map_err(|e| e.into_provider("create sandbox"))
-        })
+    async fn listed_snapshots(
+        &self,
+        installation_id: &str,
+    ) -> Result<Vec<ListedResource>, LocalError> {
+        run_blocking_ref(|| self.snapshots_of(installation_id))
     }
 
-    fn exec<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-        req: &'a ExecRequest,
-    ) -> ProviderFuture<'a, ExecOutput> {
-        Box::pin(async move {
-            self.exec_command(sandbox_id, req)
-                .await
-                .map_err(|e| e.into_provider("run command"))
-        })
-    }
-
-    fn snapshot<'a>(
-        &'a self,
-        task_id: &'a TaskId,
-        sandbox_id: &'a SandboxId,
-        seq: u64,
-    ) -> ProviderFuture<'a, SnapshotInfo> {
-        Box::pin(async move {
-            self.snapshot_sandbox(task_id, sandbox_id, seq)
-                .await
-                .map_err(|e| e.into_provider("take snapshot"))
-        })
-    }
-
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()> {
-        Box::pin(async move {
-            self.stop(sandbox_id)
-                .await
-                .map_err(|e| e.into_provider("stop sandbox"))
-        })
-    }
-
-    fn extend_timeout<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-        duration_ms: u64,
-    ) -> ProviderFuture<'a, Millis> {
-        Box::pin(async move {
-            self.extend(sandbox_id, duration_ms)
-                .await
-                .map_err(|e| e.into_provider("extend timeout"))
-        })
-    }
-
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
-        Box::pin(async move {
-            self.delete(snapshot_id)
-                .await
-                .map_err(|e| e.into_provider("delete snapshot"))
-        })
-    }
-
-    fn probe_sandbox<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-    ) -> ProviderFuture<'a, Option<Millis>> {
-        Box::pin(async move {
-            self.probe(sandbox_id)
-                .await
-                .map_err(|e| e.into_provider("probe sandbox"))
-        })
-    }
-
-    fn list_sandboxes<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        Box::pin(async move {
-            run_blocking_ref(|| self.sandboxes_of(installation_id))
-                .map_err(|e| e.into_provider("list sandboxes"))
-        })
-    }
-
-    fn list_snapshots<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        Box::pin(async move {
-            run_blocking_ref(|| self.snapshots_of(installation_id))
-                .map_err(|e| e.into_provider("list snapshots"))
-        })
-    }
-
-    fn sweep_temporaries(&self) -> ProviderFuture<'_, usize> {
-        Box::pin(async move {
-            run_blocking_ref(|| LocalProvider::sweep_temporaries(self))
-                .map_err(|e| e.into_provider("sweep temporaries"))
-        })
+    async fn swept_temporaries(&self) -> Result<usize, LocalError> {
+        run_blocking_ref(|| self.sweep_temporaries())
     }
 }
 

@@ -258,6 +258,26 @@ impl World {
             .and_then(|sb| if sb.settle(now) { Some(sb) } else { None })
     }
 
+    /// The sandbox `id` if it is still running at `now`, or the `op` failure that says how it
+    /// is gone.
+    pub(super) fn live_or_gone(
+        &mut self,
+        op: &'static str,
+        id: &str,
+        now: Millis,
+    ) -> Result<&mut SandboxState, ProviderError> {
+        match self.sandboxes.get_mut(id) {
+            Some(sb) => {
+                if sb.settle(now) {
+                    Ok(sb)
+                } else {
+                    Err(World::gone(op, id, Some(sb)))
+                }
+            }
+            None => Err(World::gone(op, id, None)),
+        }
+    }
+
     pub(super) fn gone(op: &'static str, id: &str, sb: Option<&SandboxState>) -> ProviderError {
         let why = match sb.and_then(|s| s.ended) {
             Some((SimEnd::Stopped, at)) => format!("sandbox {id} was stopped at {at}"),

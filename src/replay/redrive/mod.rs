@@ -17,9 +17,9 @@
 //! (a sandbox's generation, a request id, a snapshot's seq, an id); a call whose outcome never
 //! made it into the journal (the process died) is left unanswered, as it was.
 //!
-//! The rooms: `call` is where a call the engine makes ([`Call`](crate::provider::Call)) becomes a
-//! [`ProviderCall`], as the provider sees it, and a recorded outcome is paired with the call it
-//! answers; `plan` splits the journal into
+//! The rooms: `call` is where a recorded outcome is paired with the call it answers (a call the
+//! engine makes, [`Call`](crate::provider::Call), is compared as the provider receives it,
+//! [`ReceivedCall`](crate::provider::ReceivedCall)); `plan` splits the journal into
 //! sessions and lists the expected calls; `provider` is the [`ReplayProvider`] that answers
 //! them; `compare` finds the first divergence between the recording and the re-driven journal;
 //! `scratch` keeps the re-drive's throwaway data directories. This module runs the sessions.
@@ -49,7 +49,6 @@ use compare::{call_divergence, final_state_divergence, replies_of, reply_diverge
 use plan::{plan, Expected, Session};
 use scratch::{session_dir, Scratch};
 
-pub use call::ProviderCall;
 pub use provider::ReplayProvider;
 
 /// The outcome of re-driving one task.
