@@ -91,6 +91,10 @@ enum Cmd {
     /// Exits 1 when no server runs.
     #[cfg(feature = "server")]
     Status(JsonArg),
+    /// Follow a task's transitions as the server commits them (its state now, then one line
+    /// per change), until the server stops.
+    #[cfg(feature = "server")]
+    Watch(TaskArgs),
     /// Check a task's journal against today's code (exit 1 on a divergence); show its timeline.
     Replay(replay::ReplayArgs),
     /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
@@ -327,6 +331,8 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Serve(args) => server::serve(args, paths).await,
         #[cfg(feature = "server")]
         Cmd::Status(args) => server::status(paths, args.json).await,
+        #[cfg(feature = "server")]
+        Cmd::Watch(args) => server::watch(paths, &task_id(&args.task)?, args.json).await,
         Cmd::Gc(args) => {
             let report = match route(paths)? {
                 Route::InProcess => {

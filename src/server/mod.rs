@@ -14,6 +14,7 @@
 //! snapshots) before it exits, so that no live sandbox outlives its engine.
 
 mod http;
+mod watch;
 // The idle clock: when the last request ended, and a periodic look at the loaded tasks.
 #[allow(clippy::disallowed_methods)]
 pub mod idle;
@@ -199,6 +200,7 @@ impl Server {
             .as_ref()
             .and_then(|(l, _)| l.local_addr().ok())
             .map(|a| a.to_string());
+        let (closing_tx, closing) = tokio::sync::watch::channel(false);
         let state = http::AppState {
             orch: orch.clone(),
             activity: activity.clone(),
@@ -211,9 +213,9 @@ impl Server {
                 tcp: tcp_addr,
             }),
             stop: stop.clone(),
+            closing: closing.clone(),
         };
         let app = http::router(state);
-        let (closing_tx, closing) = tokio::sync::watch::channel(false);
         let closed = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|v| *v).await;
         };

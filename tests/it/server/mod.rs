@@ -3,6 +3,7 @@
 
 mod lifecycle;
 mod security;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
