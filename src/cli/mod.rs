@@ -493,9 +493,11 @@ fn existing_store(paths: &Paths) -> Result<Option<Store>, StoreError> {
     }
 }
 
-/// Opens the orchestrator for a command that drives tasks (reconciling orphans at start).
+/// Opens the one-shot orchestrator of a command that drives tasks under `terminal.server =
+/// never`. It does not reconcile at start: that lists every sandbox and snapshot of the
+/// installation, which no command may pay for; `taskbox gc` (or a server) does it.
 async fn open(paths: &Paths) -> Result<Orchestrator, Failure> {
-    open_with(paths, true).await
+    open_with(paths, false).await
 }
 
 async fn open_with(paths: &Paths, reconcile: bool) -> Result<Orchestrator, Failure> {
