@@ -3,6 +3,7 @@
 
 mod gc;
 mod lifecycle;
+mod recovery;
 mod security;
 mod watch;
 
