@@ -5,6 +5,7 @@ mod gc;
 mod lifecycle;
 mod recovery;
 mod security;
+mod vercel;
 mod watch;
 
 use std::path::{Path, PathBuf};
