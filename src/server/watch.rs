@@ -71,13 +71,7 @@ pub(super) async fn watch(
     };
     let (tx, lines) = mpsc::channel(BUFFERED_LINES);
     let _ = tx.try_send(line(&state_of(&current)));
-    tokio::spawn(forward(
-        st.orch.clone(),
-        task,
-        rx,
-        tx,
-        st.closing.clone(),
-    ));
+    tokio::spawn(forward(st.orch.clone(), task, rx, tx, st.closing.clone()));
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/x-ndjson")

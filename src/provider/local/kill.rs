@@ -114,13 +114,18 @@ mod zombie_tests {
 
     #[test]
     fn a_zombie_is_not_alive() {
-        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
         let pid = child.id();
         // It exits at once; until we collect its status it is a zombie.
         let mut zombie = false;
         for _ in 0..500 {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            if stat.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')) {
+            if stat
+                .rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            {
                 zombie = true;
                 break;
             }

@@ -49,7 +49,10 @@ fn the_server_runs_gc_on_its_period() {
     let gone = wait_for(Duration::from_secs(20), || (!orphan.exists()).then_some(()));
     assert!(gone.is_some(), "the periodic gc never stopped the orphan");
     // The task's own sandbox is untouched.
-    assert_eq!(ok(&h.home.run(&["run", "-t", "a", "--", "echo ok"])), "ok\n");
+    assert_eq!(
+        ok(&h.home.run(&["run", "-t", "a", "--", "echo ok"])),
+        "ok\n"
+    );
 }
 
 #[test]

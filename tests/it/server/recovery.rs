@@ -52,7 +52,9 @@ fn big_task(h: &ServerHome, task: &str) -> i32 {
 
 /// What the crash harness checks after a kill, with the next command starting a new server.
 fn recovers(h: &ServerHome, task: &str, old_pid: i32) {
-    let o = h.home.run(&["run", "-t", task, "--", "cat marker; wc -c < blob.bin"]);
+    let o = h
+        .home
+        .run(&["run", "-t", task, "--", "cat marker; wc -c < blob.bin"]);
     assert_eq!(ok(&o), "1\n128000000\n", "{}", stderr(&o));
     assert!(
         stderr(&o).contains("started a taskbox server"),
@@ -103,7 +105,10 @@ fn recovers(h: &ServerHome, task: &str, old_pid: i32) {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.ends_with(".tmp"))
         .collect();
-    assert!(tmp_archives.is_empty(), "half-written archives left: {tmp_archives:?}");
+    assert!(
+        tmp_archives.is_empty(),
+        "half-written archives left: {tmp_archives:?}"
+    );
     let replay = h.home.run(&["replay", "--all"]);
     assert!(replay.status.success(), "replay: {}", stderr(&replay));
 }

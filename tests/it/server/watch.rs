@@ -91,7 +91,12 @@ fn watch_streams_a_tasks_transitions_as_they_happen() {
     assert_eq!(first["task"], "w");
     assert_eq!(first["state"], "running");
     assert!(first["sandbox"].is_string(), "{first}");
-    assert_eq!(text.next().as_deref().map(|l| l.starts_with("w: running (sandbox ")), Some(true));
+    assert_eq!(
+        text.next()
+            .as_deref()
+            .map(|l| l.starts_with("w: running (sandbox ")),
+        Some(true)
+    );
 
     ok(&h.home.run(&["suspend", "w"]));
     let seen = json.until("expired");
@@ -113,7 +118,10 @@ fn watch_streams_a_tasks_transitions_as_they_happen() {
         "{seen:?}"
     );
     let line = text.next().expect("a text line");
-    assert!(line.contains("w: running -> snapshotting (suspend_requested)"), "{line}");
+    assert!(
+        line.contains("w: running -> snapshotting (suspend_requested)"),
+        "{line}"
+    );
 
     // Another task's transitions are not shown.
     ok(&h.home.run(&["run", "-t", "other", "--", "true"]));
@@ -127,7 +135,11 @@ fn watch_streams_a_tasks_transitions_as_they_happen() {
     let ended = crate::support::wait_for(Duration::from_secs(20), || {
         json.child.try_wait().ok().flatten()
     });
-    assert_eq!(ended.map(|s| s.success()), Some(true), "the watch did not end");
+    assert_eq!(
+        ended.map(|s| s.success()),
+        Some(true),
+        "the watch did not end"
+    );
 }
 
 #[test]
@@ -135,7 +147,11 @@ fn watch_refuses_an_unknown_task_and_the_never_mode() {
     let h = ServerHome::new();
     let o = h.home.run(&["watch", "nope"]);
     assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
-    assert!(stderr(&o).contains("no task named `nope`"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no task named `nope`"),
+        "{}",
+        stderr(&o)
+    );
     let o = h
         .home
         .cmd()
