@@ -192,17 +192,37 @@ pub fn main() -> ExitCode {
     let verbose = cli.verbose;
     init_logging(verbose);
     let paths = Paths::from_env(|k| std::env::var(k).ok());
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .worker_threads(2)
-        .build()
-    {
+    // A command that only talks to a server, or only reads, needs no worker threads (starting
+    // them is a measurable part of a warm `taskbox run`); an engine, a server or a fake gets two.
+    let mut builder = if engine_in_process(&cli.cmd, &paths) {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(&Failure::from_anyhow(anyhow::Error::new(e))),
     };
     match runtime.block_on(dispatch(cli.cmd, &paths)) {
         Ok(code) => code,
         Err(failure) => fail(&failure),
+    }
+}
+
+/// Whether `cmd` runs an engine (or a server, or a fake) in this process.
+#[cfg_attr(not(feature = "server"), allow(unused_variables))]
+fn engine_in_process(cmd: &Cmd, paths: &Paths) -> bool {
+    match cmd {
+        #[cfg(feature = "server")]
+        Cmd::Run(_) | Cmd::Suspend(_) | Cmd::Resume(_) | Cmd::Gc(_) => {
+            !matches!(route(paths), Ok(Route::Server(..)))
+        }
+        Cmd::Tasks(_) | Cmd::Show(_) | Cmd::Config(_) | Cmd::Export(_) => false,
+        #[cfg(feature = "server")]
+        Cmd::Status(_) | Cmd::Watch(_) => false,
+        _ => true,
     }
 }
 
