@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use tokio::sync::{broadcast, mpsc};
 
@@ -72,16 +72,12 @@ pub(super) async fn watch(
     let (tx, lines) = mpsc::channel(BUFFERED_LINES);
     let _ = tx.try_send(line(&state_of(&current)));
     tokio::spawn(forward(st.orch.clone(), task, rx, tx, st.closing.clone()));
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "application/x-ndjson")
-        .body(Body::from_stream(LineStream(lines)))
-        .map_err(|e| {
-            failure(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                ApiError::new("internal", format!("cannot build the stream: {e}")),
-            )
-        })
+    let mut resp = Response::new(Body::from_stream(LineStream(lines)));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    Ok(resp)
 }
 
 /// Sends the task's changes to the client until it goes away or the server stops.
