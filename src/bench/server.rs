@@ -11,6 +11,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::core::{Event, Task};
 use crate::engine::store_file;
+use crate::ids::TaskId;
 use crate::store::{Store, TransitionRecord};
 
 const BENCH: &str = "server";
@@ -146,7 +147,10 @@ pub(super) fn store_idle_tasks(home: &Path, n: usize) -> Result<(), BenchError> 
     for chunk in ids.chunks(1000) {
         let tasks: Vec<Task> = chunk
             .iter()
-            .map(|i| Task::new(format!("stored-{i}"), settings.clone(), now))
+            .map(|i| {
+                let id = TaskId::new(&format!("stored-{i}")).expect("a valid task id");
+                Task::new(id, settings.clone(), now)
+            })
             .collect();
         let records: Vec<TransitionRecord<'_>> = tasks
             .iter()
