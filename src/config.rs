@@ -219,6 +219,8 @@ terminal_keys! {
         "run commands through a taskbox server: auto | never | always";
     server_idle_exit_seconds: u64 = 600, parse |v| at_least(v, 1), env None,
         "seconds an auto-started server stays idle, with no live sandbox, before it exits";
+    gc_interval_seconds: u64 = 900, parse |v| at_least(v, 1), env None,
+        "seconds between the server's gc runs (orphaned sandboxes, unretained snapshots)";
 }
 
 /// The whole configuration file.

@@ -91,6 +91,10 @@ enum Cmd {
     /// Exits 1 when no server runs.
     #[cfg(feature = "server")]
     Status(JsonArg),
+    /// Follow a task's transitions as the server commits them (its state now, then one line
+    /// per change), until the server stops.
+    #[cfg(feature = "server")]
+    Watch(TaskArgs),
     /// Check a task's journal against today's code (exit 1 on a divergence); show its timeline.
     Replay(replay::ReplayArgs),
     /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
@@ -188,17 +192,37 @@ pub fn main() -> ExitCode {
     let verbose = cli.verbose;
     init_logging(verbose);
     let paths = Paths::from_env(|k| std::env::var(k).ok());
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .worker_threads(2)
-        .build()
-    {
+    // A command that only talks to a server, or only reads, needs no worker threads (starting
+    // them is a measurable part of a warm `taskbox run`); an engine, a server or a fake gets two.
+    let mut builder = if engine_in_process(&cli.cmd, &paths) {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(&Failure::from_anyhow(anyhow::Error::new(e))),
     };
     match runtime.block_on(dispatch(cli.cmd, &paths)) {
         Ok(code) => code,
         Err(failure) => fail(&failure),
+    }
+}
+
+/// Whether `cmd` runs an engine (or a server, or a fake) in this process.
+#[cfg_attr(not(feature = "server"), allow(unused_variables))]
+fn engine_in_process(cmd: &Cmd, paths: &Paths) -> bool {
+    match cmd {
+        #[cfg(feature = "server")]
+        Cmd::Run(_) | Cmd::Suspend(_) | Cmd::Resume(_) | Cmd::Gc(_) => {
+            !matches!(route(paths), Ok(Route::Server(..)))
+        }
+        Cmd::Tasks(_) | Cmd::Show(_) | Cmd::Config(_) | Cmd::Export(_) => false,
+        #[cfg(feature = "server")]
+        Cmd::Status(_) | Cmd::Watch(_) => false,
+        _ => true,
     }
 }
 
@@ -331,6 +355,8 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Serve(args) => server::serve(args, paths).await,
         #[cfg(feature = "server")]
         Cmd::Status(args) => server::status(paths, args.json).await,
+        #[cfg(feature = "server")]
+        Cmd::Watch(args) => server::watch(paths, &task_id(&args.task)?, args.json).await,
         Cmd::Gc(args) => {
             let report = match route(paths)? {
                 Route::InProcess => {
@@ -497,9 +523,11 @@ fn existing_store(paths: &Paths) -> Result<Option<Store>, StoreError> {
     }
 }
 
-/// Opens the orchestrator for a command that drives tasks (reconciling orphans at start).
+/// Opens the one-shot orchestrator of a command that drives tasks under `terminal.server =
+/// never`. It does not reconcile at start: that lists every sandbox and snapshot of the
+/// installation, which no command may pay for; `taskbox gc` (or a server) does it.
 async fn open(paths: &Paths) -> Result<Orchestrator, Failure> {
-    open_with(paths, true).await
+    open_with(paths, false).await
 }
 
 async fn open_with(paths: &Paths, reconcile: bool) -> Result<Orchestrator, Failure> {

@@ -105,3 +105,38 @@ impl ApiError {
         self
     }
 }
+
+/// One line of `GET /v1/tasks/{task}/watch` (NDJSON): the task's state when the watch began,
+/// then each transition as it is committed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WatchEvent {
+    /// The first line: the task's state now (and again after `lagged`).
+    State {
+        /// The task.
+        task: String,
+        /// Its state.
+        state: String,
+        /// Its live sandbox, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<String>,
+    },
+    /// The task changed state.
+    Transition {
+        /// The task.
+        task: String,
+        /// State before.
+        from: String,
+        /// State after.
+        to: String,
+        /// The event that caused it (`run_requested`, `timer_fired`, `snapshot_taken`...).
+        event: String,
+        /// When it was committed (ms since the epoch).
+        at: Millis,
+    },
+    /// The watcher fell behind and `missed` transitions were dropped; a `state` line follows.
+    Lagged {
+        /// How many.
+        missed: u64,
+    },
+}

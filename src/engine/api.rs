@@ -334,6 +334,25 @@ impl Orchestrator {
         self.inner.changes.subscribe()
     }
 
+    /// One task as it is now and a receiver of the state changes committed after that moment,
+    /// taken together on the event loop so that no change falls between the two (the receiver
+    /// carries every task's changes; filter by [`StateChange::task_id`]). `None`: no such task.
+    pub async fn watch_task(
+        &self,
+        task: &TaskId,
+    ) -> Result<Option<(Task, broadcast::Receiver<StateChange>)>, EngineError> {
+        let id = task.as_str().to_string();
+        self.query(move |lp| {
+            let rx = lp.changes.subscribe();
+            let current = match lp.tasks.get(&id) {
+                Some(t) => Some(t.clone()),
+                None => lp.store.load_task(&id)?,
+            };
+            Ok(current.map(|t| (t, rx)))
+        })
+        .await
+    }
+
     /// Stops accepting requests, waits (up to `grace`) for provider calls in flight to finish
     /// and be journaled, and stops the event loop. Task locks are released.
     pub async fn shutdown_within(&self, grace: Duration) {

@@ -28,6 +28,8 @@ pub(super) struct AppState {
     pub(super) info: Arc<Info>,
     /// Asks the server to stop (`POST /v1/shutdown`).
     pub(super) stop: Arc<tokio::sync::Notify>,
+    /// Turns true when the server stops accepting requests (ends the watch streams).
+    pub(super) closing: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The server's fixed facts, for `GET /v1/health`.
@@ -49,6 +51,7 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/tasks/{task}/run", post(run))
         .route("/tasks/{task}/suspend", post(suspend))
         .route("/tasks/{task}/resume", post(resume))
+        .route("/tasks/{task}/watch", get(super::watch::watch))
         .route("/gc", post(gc))
         .route("/shutdown", post(shutdown));
     Router::new()
@@ -72,13 +75,13 @@ impl IntoResponse for Failure {
     }
 }
 
-fn failure(status: StatusCode, err: ApiError) -> Failure {
+pub(super) fn failure(status: StatusCode, err: ApiError) -> Failure {
     Failure(status, Box::new(err))
 }
 
 type Answer<T> = Result<Json<T>, Failure>;
 
-fn task_id(s: &str) -> Result<TaskId, Failure> {
+pub(super) fn task_id(s: &str) -> Result<TaskId, Failure> {
     TaskId::new(s).map_err(|e| {
         failure(
             StatusCode::BAD_REQUEST,
