@@ -129,6 +129,25 @@ fn the_checker_catches_a_planted_bug_and_says_how_to_reproduce_it() {
         .as_ref()
         .expect("a violating seed keeps its data");
     assert!(home.join("data").join("taskbox.db").is_file());
+    // ... but not on the RAM disk, where it would hold memory until a reboot.
+    if opts.work_dir.starts_with("/dev/shm") {
+        assert!(!home.starts_with("/dev/shm"), "{}", home.display());
+        assert!(home.starts_with(std::env::temp_dir()), "{}", home.display());
+        let left: Vec<_> = std::fs::read_dir(&opts.work_dir)
+            .expect("read work dir")
+            .collect();
+        assert!(left.is_empty(), "left on /dev/shm: {left:?}");
+    }
+    let journal = first.journal_file.as_ref().expect("a journal file");
+    assert!(
+        journal.starts_with(home) && journal.is_file(),
+        "{journal:?}"
+    );
+    for s in &report.violating_seeds {
+        if let Some(h) = &s.home {
+            let _ = std::fs::remove_dir_all(h);
+        }
+    }
     // The same engine without the planted bug is clean on the same seeds.
     opts.planted_bug = None;
     let clean = chaos::run(&opts, &no_progress).expect("chaos run");
@@ -187,6 +206,18 @@ fn the_cli_reports_violations_with_a_repro_command_that_reproduces_them() {
     let seed = &json["violating_seeds"][0];
     assert_eq!(seed["repro"].as_str(), Some(repro.as_str()));
     assert!(seed["violations"].as_array().is_some_and(|v| !v.is_empty()));
+    // The kept data moved off the RAM disk; remove it.
+    for json_home in [&json["violating_seeds"][0]["home"]] {
+        if let Some(h) = json_home.as_str() {
+            let _ = std::fs::remove_dir_all(h);
+        }
+    }
+    for line in text.lines() {
+        if let Some(h) = line.trim().strip_prefix("data kept: ") {
+            let h = h.split_whitespace().next().unwrap_or(h);
+            let _ = std::fs::remove_dir_all(h);
+        }
+    }
 }
 
 #[test]
@@ -224,6 +255,109 @@ fn the_cli_runs_clean_seeds_and_prints_json() {
             .count(),
         0
     );
+}
+
+/// Issue 12, item 21: a fault list without latency puts a snapshot, the sandbox restored from
+/// it and the next snapshot in one virtual millisecond; the checker orders them by the
+/// platform's record (the engine was right), so the documented commands are clean.
+#[test]
+fn zero_latency_fault_lists_hold_every_invariant() {
+    let home = Home::new();
+    let work = tempfile::tempdir_in(chaos::default_work_dir()).expect("work dir");
+    let work_dir = work.path().to_str().expect("utf-8 path");
+    let out = home.run(&[
+        "chaos",
+        "--seeds",
+        "50",
+        "--faults",
+        "none",
+        "--json",
+        "--work-dir",
+        work_dir,
+    ]);
+    let json: Value = serde_json::from_str(&stdout(&out)).expect("json report");
+    assert_eq!(json["seeds_run"], 50);
+    assert_eq!(
+        json["totals"]["violations"], 0,
+        "{:#}",
+        json["violating_seeds"]
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = home.run(&[
+        "chaos",
+        "--seed",
+        "42",
+        "--tasks",
+        "8",
+        "--faults",
+        "transient=0.1,lost_create=0.05,crash=0.02",
+        "--json",
+        "--work-dir",
+        work_dir,
+    ]);
+    let json: Value = serde_json::from_str(&stdout(&out)).expect("json report");
+    assert_eq!(
+        json["totals"]["violations"], 0,
+        "{:#}",
+        json["violating_seeds"]
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_dir(work.path())
+            .expect("read work dir")
+            .count(),
+        0
+    );
+}
+
+/// The same-millisecond rule of the restore check, both ways: a snapshot taken in the very
+/// millisecond a sandbox is created counts only if the platform made it first.
+#[test]
+fn the_restore_check_orders_one_millisecond_by_the_platform() {
+    use std::collections::BTreeMap;
+    use taskbox::chaos::check::{PlatformSandbox, PlatformSnapshot};
+    let sandbox = |id: &str, order, source: Option<&str>| PlatformSandbox {
+        id: id.into(),
+        task_id: "t".into(),
+        generation: Some(1),
+        source_snapshot: source.map(Into::into),
+        created_at: 1_000,
+        order: Some(order),
+        live: false,
+    };
+    let snap = PlatformSnapshot {
+        id: "snap-1".into(),
+        task_id: "t".into(),
+        created_at: 1_000,
+        order: Some(2),
+        expires_at: None,
+        deleted: false,
+        expired: false,
+    };
+    let none = BTreeMap::new();
+    // Made before the snapshot (which was taken of it): fresh is right, the snapshot is wrong.
+    assert!(check::restores(&[sandbox("a", 1, None)], &[snap.clone()], &none, "t").is_empty());
+    assert_eq!(
+        check::restores(
+            &[sandbox("a", 1, Some("snap-1"))],
+            &[snap.clone()],
+            &none,
+            "t"
+        )
+        .len(),
+        1
+    );
+    // Made after it in the same millisecond: it must restore the snapshot.
+    assert!(check::restores(
+        &[sandbox("b", 3, Some("snap-1"))],
+        &[snap.clone()],
+        &none,
+        "t"
+    )
+    .is_empty());
+    let v = check::restores(&[sandbox("b", 3, None)], &[snap.clone()], &none, "t");
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].invariant, Invariant::RestoredLatest);
 }
 
 #[test]

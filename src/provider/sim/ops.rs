@@ -114,6 +114,7 @@ impl SimProvider {
                     },
                 };
                 w.next_sandbox += 1;
+                w.next_order += 1;
                 let sb = SandboxState {
                     id: format!("sim-sbx-{:06}", w.next_sandbox),
                     name: spec.name.clone(),
@@ -122,6 +123,7 @@ impl SimProvider {
                     generation: spec.generation,
                     source_snapshot: spec.source_snapshot.clone(),
                     created_at: now,
+                    order: w.next_order,
                     deadline: now.saturating_add(spec.timeout_ms),
                     ended: None,
                     files,
@@ -262,6 +264,7 @@ impl SimProvider {
                 now.saturating_add(DEFAULT_SNAPSHOT_EXPIRY_MS)
             };
             w.next_snapshot += 1;
+            w.next_order += 1;
             let s = SnapshotState {
                 id: format!("sim-snap-{:06}", w.next_snapshot),
                 task_id: task_id.to_string(),
@@ -270,6 +273,7 @@ impl SimProvider {
                 sandbox_id: sandbox_id.to_string(),
                 files,
                 created_at: now,
+                order: w.next_order,
                 expires_at: Some(expires_at),
                 deleted: false,
             };
