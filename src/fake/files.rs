@@ -102,7 +102,11 @@ pub(crate) fn host_path(workspace: &Path, sandbox_path: &str) -> Result<PathBuf,
 
 /// Extracts an uploaded gzipped tar whose entry names are relative to `x_cwd`; parents are
 /// created. Returns how many files were written.
-pub(crate) fn extract_upload(workspace: &Path, x_cwd: &str, gz: &[u8]) -> Result<usize, FsError> {
+pub(crate) fn extract_upload(
+    workspace: &Path,
+    x_cwd: &str,
+    gz: impl io::Read,
+) -> Result<usize, FsError> {
     let bad = |e: io::Error| FsError::BadArchive {
         reason: e.to_string(),
     };
