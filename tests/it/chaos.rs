@@ -336,11 +336,17 @@ fn the_restore_check_orders_one_millisecond_by_the_platform() {
     };
     let none = BTreeMap::new();
     // Made before the snapshot (which was taken of it): fresh is right, the snapshot is wrong.
-    assert!(check::restores(&[sandbox("a", 1, None)], &[snap.clone()], &none, "t").is_empty());
+    assert!(check::restores(
+        &[sandbox("a", 1, None)],
+        std::slice::from_ref(&snap),
+        &none,
+        "t"
+    )
+    .is_empty());
     assert_eq!(
         check::restores(
             &[sandbox("a", 1, Some("snap-1"))],
-            &[snap.clone()],
+            std::slice::from_ref(&snap),
             &none,
             "t"
         )
@@ -350,12 +356,17 @@ fn the_restore_check_orders_one_millisecond_by_the_platform() {
     // Made after it in the same millisecond: it must restore the snapshot.
     assert!(check::restores(
         &[sandbox("b", 3, Some("snap-1"))],
-        &[snap.clone()],
+        std::slice::from_ref(&snap),
         &none,
         "t"
     )
     .is_empty());
-    let v = check::restores(&[sandbox("b", 3, None)], &[snap.clone()], &none, "t");
+    let v = check::restores(
+        &[sandbox("b", 3, None)],
+        std::slice::from_ref(&snap),
+        &none,
+        "t",
+    );
     assert_eq!(v.len(), 1);
     assert_eq!(v[0].invariant, Invariant::RestoredLatest);
 }
