@@ -7,6 +7,7 @@ use std::io;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
+use super::cgroup;
 use super::error::LocalError;
 use super::fsutil::{remove_tree, sync_dir};
 use super::kill::kill_leftovers;
@@ -54,7 +55,11 @@ impl LocalProvider {
     ) -> Result<(), LocalError> {
         slot.stopped.send_modify(|n| *n += 1);
         let workspace = self.workspace_dir(name);
+        let cgroup = cgroup::recorded(&self.sandbox_dir(name), &name.name);
         run_blocking("stop the sandbox's processes", move || {
+            if let Some(cg) = &cgroup {
+                cgroup::kill_all(cg);
+            }
             kill_leftovers(&workspace);
             Ok(())
         })
@@ -70,6 +75,7 @@ impl LocalProvider {
     ) -> Result<bool, LocalError> {
         slot.stopped.send_modify(|n| *n += 1);
         let dir = self.sandbox_dir(name);
+        let cgroup = cgroup::recorded(&dir, &name.name);
         let (trash, in_flight) =
             self.temp_path(&self.root.join("tmp"), "trash.", &format!(".{}", name.name));
         // Out of `sandboxes/` first: from this instant the sandbox is gone, even if removing its
@@ -85,6 +91,9 @@ impl LocalProvider {
         let sandbox = name.name.clone();
         run_blocking("remove the sandbox", move || {
             let _in_flight = in_flight;
+            if let Some(cg) = &cgroup {
+                cgroup::kill_all(cg);
+            }
             kill_leftovers(&workspace);
             if existed {
                 if let Err(e) = remove_tree(&trash) {
