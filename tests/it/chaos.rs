@@ -98,6 +98,50 @@ fn the_same_seed_gives_the_same_run_bit_for_bit() {
     assert_eq!(ra.totals.journal, rb.totals.journal);
 }
 
+/// Issue 12, item 20: a seed's run must not depend on what other threads of the process do.
+/// Here another thread keeps forking children that linger before they exec — as the test
+/// harness does when other tests spawn processes — so each child holds copies of every open
+/// descriptor, the task locks' `flock`s included, for a moment. A task lock found held after an
+/// engine crash used to be waited for on the virtual clock, which moved simulated time and
+/// changed the run.
+#[test]
+fn a_seed_does_not_depend_on_children_forked_by_other_threads() {
+    use std::os::unix::process::CommandExt;
+    let (opts, _work) = options(0, 1, 6);
+    let quiet = chaos::run_seed(11, &opts).expect("seed").digest;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let storm = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut c = std::process::Command::new("true");
+                // SAFETY: the closure runs in the forked child and only sleeps (nanosleep is
+                // async-signal-safe; nothing is allocated or locked).
+                unsafe {
+                    c.pre_exec(|| {
+                        let t = libc::timespec {
+                            tv_sec: 0,
+                            tv_nsec: 2_000_000,
+                        };
+                        libc::nanosleep(&t, std::ptr::null_mut());
+                        Ok(())
+                    });
+                }
+                let _ = c.status();
+            }
+        })
+    };
+    let mut stormy = Vec::new();
+    for _ in 0..4 {
+        stormy.push(chaos::run_seed(11, &opts).expect("seed").digest);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    storm.join().expect("the forking thread");
+    for d in &stormy {
+        assert_eq!(d, &quiet, "seed 11 changed while another thread forked");
+    }
+}
+
 #[test]
 fn the_checker_catches_a_planted_bug_and_says_how_to_reproduce_it() {
     let (mut opts, _work) = options(1, 8, 6);
