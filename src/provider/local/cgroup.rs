@@ -11,7 +11,7 @@
 //! A command that ends leaving nothing behind removes the empty cgroup (the next command makes
 //! it again), so only a sandbox with live processes holds one. Where no writable cgroup v2 hierarchy is available (not Linux, cgroup v1 only, no
 //! delegation to this user), [`support`] says why, `taskbox doctor` reports it, and only the
-//! environment sweep of [`super::kill::kill_leftovers`] (which those escapes evade) remains.
+//! environment sweep of `kill::kill_leftovers` (which those escapes evade) remains.
 
 use std::fs;
 use std::io;
