@@ -679,4 +679,10 @@ fn over_http_the_vercel_client_holds_the_invariants_and_the_planted_bug_is_caugh
         seed.violations
     );
     assert!(seed.repro.contains(" --http"), "{}", seed.repro);
+    // The kept data moved off the RAM disk; remove it.
+    for s in &report.violating_seeds {
+        if let Some(h) = &s.home {
+            let _ = std::fs::remove_dir_all(h);
+        }
+    }
 }
