@@ -207,6 +207,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
                 generation: Some(sb.generation),
                 source_snapshot: s.source_snapshot_id.clone(),
                 created_at: s.created_at.or(s.requested_at).unwrap_or(sb.created_at),
+                order: None,
                 live: matches!(s.status, SessionStatus::Pending | SessionStatus::Running),
             }),
             Err(e) => violations.push(super::Violation::new(
@@ -226,6 +227,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
                 generation: None,
                 source_snapshot: None,
                 created_at: 0,
+                order: None,
                 live: true,
             })
             .collect(),
@@ -273,6 +275,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
                     .created_at
                     .or_else(|| confirmed.get(id.as_str()).copied())
                     .unwrap_or(0),
+                order: None,
                 id,
                 task_id,
                 expires_at: s.expires_at,
@@ -289,6 +292,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
                     id,
                     task_id,
                     created_at,
+                    order: None,
                     expires_at: expired_at,
                     deleted: expired_at.is_none(),
                     expired: expired_at.is_some(),

@@ -168,7 +168,8 @@ pub struct ChaosOptions {
     pub planted_bug: Option<PlantedBug>,
     /// Seeds run at once, each on its own thread.
     pub jobs: usize,
-    /// Where each seed's data dir is made (and kept, if it violates an invariant).
+    /// Where each seed's data dir is made (and kept, if it violates an invariant; a violating
+    /// seed's dir on the RAM disk moves to the system temp dir instead, unless `keep_all`).
     pub work_dir: PathBuf,
     /// Keep every seed's data dir, not only violating ones.
     pub keep_all: bool,
@@ -211,11 +212,16 @@ impl ChaosOptions {
     }
 }
 
+/// The RAM disk seeds run on when it is there.
+const RAM_DISK: &str = "/dev/shm";
+
 /// Where seeds' data dirs go by default: `/dev/shm` when it is a writable directory (a RAM
 /// disk, where SQLite's fsyncs cost nothing, so thousands of seeds run in minutes), otherwise
-/// the system temp dir. The store is the same real SQLite store either way.
+/// the system temp dir. The store is the same real SQLite store either way. Nothing stays on
+/// the RAM disk after a run: a violating seed's data dir moves to the system temp dir (unless
+/// [`ChaosOptions::keep_all`] keeps every seed's where it is).
 pub fn default_work_dir() -> PathBuf {
-    let shm = Path::new("/dev/shm");
+    let shm = Path::new(RAM_DISK);
     let writable = std::fs::metadata(shm)
         .map(|m| m.is_dir() && !m.permissions().readonly())
         .unwrap_or(false);
@@ -526,10 +532,44 @@ pub fn run_seed(seed: u64, opts: &ChaosOptions) -> Result<SeedReport, ChaosError
     };
     if report.violations.is_empty() && !opts.keep_all {
         std::fs::remove_dir_all(&home).map_err(dir_err)?;
+    } else if !opts.keep_all && home.starts_with(RAM_DISK) {
+        // A violating seed's data is kept for diagnosis, but not on the RAM disk, where every
+        // kept seed would hold memory until the next reboot: it moves to the system temp dir.
+        let kept = std::env::temp_dir().join(home.file_name().unwrap_or(home.as_os_str()));
+        let moved = copy_tree(&home, &kept).and_then(|()| std::fs::remove_dir_all(&home));
+        if let Err(source) = moved {
+            let _ = std::fs::remove_dir_all(&kept);
+            let _ = std::fs::remove_dir_all(&home);
+            return Err(ChaosError::DataDir {
+                seed,
+                path: kept,
+                source,
+            });
+        }
+        if let Some(j) = &report.journal_file {
+            report.journal_file = j.strip_prefix(&home).ok().map(|rest| kept.join(rest));
+        }
+        report.home = Some(kept);
     } else {
         report.home = Some(home);
     }
     Ok(report)
+}
+
+/// Copies the directory tree `from` to `to` (regular files and directories: what a seed's data
+/// dir holds), creating `to`.
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }
 
 /// The engine configuration of a chaos run: short lifetimes, so that idle reaps, checkpoints

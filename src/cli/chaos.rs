@@ -39,7 +39,7 @@ pub struct ChaosArgs {
     /// Where each seed's data dir is made (default: /dev/shm if writable, else the temp dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
-    /// Keep every seed's data dir (violating seeds' are always kept).
+    /// Keep every seed's data dir where it was made (violating seeds' are always kept, moved off /dev/shm to the temp dir)
     #[arg(long)]
     keep: bool,
     /// Print the report as JSON on stdout.

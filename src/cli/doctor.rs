@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use taskbox::config::{Backend, Config};
 use taskbox::engine::Paths;
+use taskbox::provider::local::cgroup;
 use taskbox::provider::local::doctor::{bash_version, BashError};
 use taskbox::provider::local::foreign;
 use taskbox::store::Store;
@@ -20,6 +21,9 @@ pub struct Check {
     pub detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,
+    /// Works, but with something missing the detail names (printed `!`; does not fail doctor).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub warning: bool,
 }
 
 impl Check {
@@ -29,6 +33,17 @@ impl Check {
             ok: true,
             detail: detail.into(),
             hint: None,
+            warning: false,
+        }
+    }
+
+    pub fn warn(name: &str, detail: impl Into<String>, hint: impl Into<String>) -> Check {
+        Check {
+            name: name.into(),
+            ok: true,
+            detail: detail.into(),
+            hint: Some(hint.into()),
+            warning: true,
         }
     }
 
@@ -38,6 +53,7 @@ impl Check {
             ok: false,
             detail: detail.into(),
             hint: Some(hint.into()),
+            warning: false,
         }
     }
 }
@@ -49,6 +65,7 @@ impl From<taskbox::provider::vercel::doctor::Check> for Check {
             ok: c.ok,
             detail: c.detail,
             hint: c.hint,
+            warning: false,
         }
     }
 }
@@ -98,6 +115,7 @@ pub async fn run(paths: &Paths, args: DoctorArgs) -> Result<ExitCode, Failure> {
         match cfg.terminal.backend {
             Backend::Local => {
                 checks.push(bash_check());
+                checks.push(isolation_check());
                 checks.push(Check::pass(
                     "persistence",
                     if cfg.terminal.container_persistent {
@@ -127,7 +145,11 @@ pub async fn run(paths: &Paths, args: DoctorArgs) -> Result<ExitCode, Failure> {
         for c in &checks {
             out.push_str(&format!(
                 "{} {}: {}\n",
-                if c.ok { "✓" } else { "✗" },
+                match (c.ok, c.warning) {
+                    (false, _) => "✗",
+                    (true, true) => "!",
+                    (true, false) => "✓",
+                },
                 c.name,
                 c.detail
             ));
@@ -156,6 +178,30 @@ fn bash_check() -> Check {
             "bash",
             e.to_string(),
             "install bash (the local backend runs commands with `bash -c`)",
+        ),
+    }
+}
+
+/// Whether a local sandbox's processes are isolated so that a stop kills them all.
+fn isolation_check() -> Check {
+    match cgroup::support() {
+        Ok(base) => Check::pass(
+            "isolation",
+            format!(
+                "each local sandbox runs in its own cgroup v2 (under {}); stopping it kills \
+                 every process it started",
+                base.display()
+            ),
+        ),
+        Err(why) => Check::warn(
+            "isolation",
+            format!(
+                "no cgroup v2 for local sandboxes ({why}): a stop kills the command's process \
+                 group and processes carrying the sandbox's TASKBOX_WORKSPACE, but processes \
+                 started with `setsid` and `env -i`, or with TASKBOX_WORKSPACE unset, survive it"
+            ),
+            "run taskbox as root or in a cgroup delegated to your user (systemd `Delegate=yes`) \
+             on a Linux with cgroup v2",
         ),
     }
 }

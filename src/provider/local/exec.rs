@@ -69,6 +69,18 @@ impl LocalProvider {
             .env_remove("OLDPWD")
             // Its own process group, so a timeout kills everything the command started.
             .process_group(0);
+        // And the sandbox's cgroup, which no process leaves, so a stop kills everything the
+        // sandbox ever started (see `cgroup`).
+        let sandbox_dir = self.sandbox_dir(&name);
+        if let Some(cg) = super::cgroup::prepare(&sandbox_dir, &name.name) {
+            // SAFETY: the closure runs in the forked child before exec; it calls only
+            // `cgroup::join`, which makes system calls and allocates nothing (its C strings
+            // were made here, before the fork), and it owns `cg`, which stays valid for the
+            // child's copy of the closure.
+            unsafe {
+                command.pre_exec(move || super::cgroup::join(&cg));
+            }
+        }
         let started = tokio::time::Instant::now();
         let mut child = match command.spawn() {
             Ok(child) => child,
@@ -119,6 +131,8 @@ impl LocalProvider {
             None => child.wait().await,
         };
         group.pgid = None; // reaped: the id may be reused from now on
+                           // Nothing left behind: the sandbox needs no cgroup until its next command.
+        super::cgroup::remove_if_empty(&sandbox_dir, &name.name);
         let stdout = stdout.finish().await;
         let stderr = stderr.finish().await;
         let duration_ms = started.elapsed().as_millis() as u64;

@@ -7,6 +7,7 @@ use std::io;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
+use super::cgroup;
 use super::error::LocalError;
 use super::foreign;
 use super::fsutil::{remove_tree, sync_dir};
@@ -55,7 +56,11 @@ impl LocalProvider {
     ) -> Result<(), LocalError> {
         slot.stopped.send_modify(|n| *n += 1);
         let sandbox = name.name.clone();
+        let cgroup = cgroup::recorded(&self.sandbox_dir(name), &name.name);
         run_blocking("stop the sandbox's processes", move || {
+            if let Some(cg) = &cgroup {
+                cgroup::kill_all(cg);
+            }
             kill_leftovers(&sandbox);
             Ok(())
         })
@@ -71,6 +76,7 @@ impl LocalProvider {
     ) -> Result<bool, LocalError> {
         slot.stopped.send_modify(|n| *n += 1);
         let dir = self.sandbox_dir(name);
+        let cgroup = cgroup::recorded(&dir, &name.name);
         let (trash, in_flight) =
             self.temp_path(&self.root.join("tmp"), "trash.", &format!(".{}", name.name));
         // Out of its place first: from this instant the sandbox is gone, even if removing its
@@ -84,6 +90,9 @@ impl LocalProvider {
         let sandbox = name.name.clone();
         run_blocking("remove the sandbox", move || {
             let _in_flight = in_flight;
+            if let Some(cg) = &cgroup {
+                cgroup::kill_all(cg);
+            }
             kill_leftovers(&sandbox);
             if existed {
                 if let Err(e) = remove_tree(&trash) {

@@ -49,7 +49,8 @@
 //! The code is split by concern: `error` ([`LocalError`]) for failures, `names` for the validated
 //! ids, `workspace` for a sandbox's directory, meta and working directory, `lifecycle` for
 //! create/extend/probe/stop/discard, `exec` for running a command, `output` for its bounded
-//! capture, `kill` for killing processes, `snapshot` for taking, restoring and listing archives
+//! capture, `kill` for killing processes, `cgroup` for the cgroup each sandbox's processes run
+//! in, `snapshot` for taking, restoring and listing archives
 //! (whose format is [`archive`]), `foreign` for archives of another installation (a store
 //! reset), `temp` for temporary paths and their sweep, and `fsutil` for
 //! durable file-system helpers. This file holds the provider itself and the
@@ -59,6 +60,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod archive;
+pub mod cgroup;
 pub mod doctor;
 mod error;
 mod exec;

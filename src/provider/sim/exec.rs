@@ -142,6 +142,9 @@ impl SimProvider {
                     (now, sleep_until.min(timeout_end).min(sb.deadline))
                 };
                 tokio::select! {
+                    // In order, not at random: tokio picks among ready branches with a
+                    // per-runtime random seed, which a simulation must not depend on.
+                    biased;
                     () = Self::pause(limit - now) => reached = limit,
                     () = notified => {}
                 }

@@ -95,6 +95,7 @@ impl SimProvider {
                 snapshotting: BTreeMap::new(),
                 next_sandbox: 0,
                 next_snapshot: 0,
+                next_order: 0,
                 next_command: 0,
                 stats: SimStats::default(),
             }),

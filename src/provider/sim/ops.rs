@@ -106,6 +106,7 @@ impl SimProvider {
                     },
                 };
                 w.next_sandbox += 1;
+                w.next_order += 1;
                 let sb = SandboxState {
                     id: format!("sim-sbx-{:06}", w.next_sandbox),
                     name: spec.name.clone(),
@@ -114,6 +115,7 @@ impl SimProvider {
                     generation: spec.generation,
                     source_snapshot: spec.source_snapshot.as_deref().map(str::to_string),
                     created_at: now,
+                    order: w.next_order,
                     deadline: now.saturating_add(spec.timeout_ms),
                     ended: None,
                     files,
@@ -245,6 +247,7 @@ impl SimProvider {
                 now.saturating_add(DEFAULT_SNAPSHOT_EXPIRY_MS)
             };
             w.next_snapshot += 1;
+            w.next_order += 1;
             let s = SnapshotState {
                 id: format!("sim-snap-{:06}", w.next_snapshot),
                 task_id: task_id.to_string(),
@@ -253,6 +256,7 @@ impl SimProvider {
                 sandbox_id: sandbox_id.to_string(),
                 files,
                 created_at: now,
+                order: w.next_order,
                 expires_at: Some(expires_at),
                 deleted: false,
             };
