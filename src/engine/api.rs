@@ -69,6 +69,8 @@ impl OrchestratorBuilder {
 
     /// Opens the store and starts the event loop.
     pub async fn open(self) -> Result<Orchestrator, EngineError> {
+        self.config
+            .validate(crate::config::ValueSource::Program)?;
         let store = Store::open(&store_file(&self.data_dir))?;
         let installation_id = store.installation_id().to_string();
         let provider = match self.provider {
@@ -205,8 +207,9 @@ impl Orchestrator {
         command: &str,
         timeout: Option<Duration>,
     ) -> Result<RunResult, EngineError> {
+        // Saturating: a huge timeout must never wrap into a tiny one.
         let timeout_ms = timeout.map_or(self.inner.settings.command_timeout_ms, |d| {
-            (d.as_millis() as u64).max(1)
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
         });
         let answer = self
             .request(

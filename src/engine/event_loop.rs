@@ -168,7 +168,7 @@ impl EventLoop {
                     f(self)
                 }
                 Msg::Load { task, done } => {
-                    let _ = done.send(self.ensure_loaded(&task));
+                    let _ = done.send(self.ensure_loaded(&task, false));
                 }
                 Msg::Shutdown { done } => {
                     for (_, h) in self.timers.drain() {
@@ -186,7 +186,9 @@ impl EventLoop {
         req: ApiRequest,
         respond: oneshot::Sender<Result<Answer, EngineError>>,
     ) {
-        if let Err(e) = self.ensure_loaded(&task) {
+        // Only `run` creates a task: a typo in `suspend`/`resume` must not make one.
+        let create = matches!(req, ApiRequest::Run { .. });
+        if let Err(e) = self.ensure_loaded(&task, create) {
             let _ = respond.send(Err(e));
             return;
         }
@@ -211,15 +213,24 @@ impl EventLoop {
         }
     }
 
-    /// Loads a task into memory the first time this process touches it: creates it, or brings
-    /// its settings up to date and applies [`Event::Loaded`], for the core to recover whatever a
-    /// previous process left in flight (and to hold requests while it probes the sandbox).
-    fn ensure_loaded(&mut self, id: &str) -> Result<(), EngineError> {
+    /// Loads a task into memory the first time this process touches it: creates it (only when
+    /// `create`: only `run` makes a task; anything else on an unknown name is
+    /// [`EngineError::NoTask`] with the closest existing name), or brings its settings up to
+    /// date and applies [`Event::Loaded`], for the core to recover whatever a previous process
+    /// left in flight (and to hold requests while it probes the sandbox).
+    fn ensure_loaded(&mut self, id: &str, create: bool) -> Result<(), EngineError> {
         if self.tasks.contains_key(id) {
             return Ok(());
         }
         TaskId::new(id)?;
         match self.store.load_task(id)? {
+            None if !create => {
+                let names = self.store.task_ids()?;
+                return Err(EngineError::NoTask {
+                    task: id.to_string(),
+                    suggestion: super::closest(id, names.iter().map(String::as_str)),
+                });
+            }
             None => {
                 let now = self.clock.now_ms();
                 let task = Task::new(id, self.settings.clone(), now);

@@ -38,7 +38,7 @@ mod perform;
 mod results;
 
 pub use api::{Orchestrator, OrchestratorBuilder};
-pub use error::EngineError;
+pub use error::{closest, EngineError};
 pub use gc::{GcItem, GcReport};
 pub use paths::{store_file, Paths, STORE_FILE};
 pub use results::{ResumeResult, RunResult, StateChange, SuspendResult, TaskView};

@@ -104,26 +104,24 @@ fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
 /// An engine error as the API answers it: a stable code per kind, the message, its causes,
 /// the hint the CLI would print, and the notices.
 pub(super) fn engine_failure(err: EngineError) -> Failure {
-    let (status, code) = match &err {
-        EngineError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store"),
-        EngineError::TaskId(_) => (StatusCode::BAD_REQUEST, "invalid_task_id"),
-        EngineError::Step(_) => (StatusCode::INTERNAL_SERVER_ERROR, "step"),
-        EngineError::Request { .. } => (StatusCode::BAD_GATEWAY, "request_failed"),
-        EngineError::Provider { .. } => (StatusCode::BAD_GATEWAY, "provider"),
-        EngineError::Busy { .. } => (StatusCode::CONFLICT, "busy"),
-        EngineError::Lock { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "lock"),
-        EngineError::Stopped => (StatusCode::SERVICE_UNAVAILABLE, "stopped"),
+    let code = err.code();
+    let status = match &err {
+        EngineError::TaskId(_) => StatusCode::BAD_REQUEST,
+        EngineError::Request { .. } | EngineError::Provider { .. } => StatusCode::BAD_GATEWAY,
+        EngineError::Busy { .. } | EngineError::WrongBackend { .. } => StatusCode::CONFLICT,
+        EngineError::NoTask { .. } => StatusCode::NOT_FOUND,
+        EngineError::Removed { .. } => StatusCode::GONE,
+        EngineError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+        EngineError::Store(_)
+        | EngineError::Config(_)
+        | EngineError::Step(_)
+        | EngineError::Lock { .. } => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
     };
     let hint = match &err {
-        EngineError::Provider { hint: Some(h), .. } => Some(h.clone()),
-        EngineError::Busy { .. } => Some(
-            "another taskbox process is driving this task; wait for it to finish".to_string(),
-        ),
-        EngineError::Request { message, .. } if message.contains("expired") => Some(
-            "live processes do not survive a sandbox's expiry; files come back from the latest snapshot".to_string(),
-        ),
         EngineError::Stopped => Some("the server is stopping; run the command again".to_string()),
-        _ => None,
+        other => other.hint(),
     };
     let notices = match &err {
         EngineError::Request { notices, .. } => notices.clone(),
@@ -193,12 +191,14 @@ async fn run(
                 .hint(r#"send {"command": "…", "timeout_secs": N}"#),
         )
     })?;
-    if req.timeout_secs == Some(0) {
-        return Err(failure(
-            StatusCode::BAD_REQUEST,
-            ApiError::new("bad_request", "invalid --timeout 0")
-                .hint("give a timeout of at least 1 second"),
-        ));
+    // The same bounds as terminal.timeout, from the config's table.
+    if let Some(t) = req.timeout_secs {
+        crate::config::Config::check_flag("terminal.timeout", "timeout_secs", t).map_err(|e| {
+            let hint = e.hint();
+            let mut err = ApiError::new("config", e.to_string());
+            err.hint = hint;
+            failure(StatusCode::BAD_REQUEST, err)
+        })?;
     }
     let timeout = req.timeout_secs.map(std::time::Duration::from_secs);
     let res = st.orch.run(&task, &req.command, timeout).await;

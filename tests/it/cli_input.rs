@@ -1,0 +1,195 @@
+//! The CLI's answers to bad input and its machine-readable output (issue 12, items 9 and 15):
+//! taskbox's own failures, usage errors included, exit 125 with a JSON error object under
+//! `--json`; config values are bounded whatever their source.
+
+use serde_json::Value;
+
+use crate::support::{ok, stderr, stdout, Home};
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// Usage errors exit 125 (not clap's 2, which a command's own exit 2 would be mistaken for);
+/// `--help` and `--version` still exit 0; under `--json` a failure is an error object on stdout.
+#[test]
+fn usage_errors_exit_125_and_json_failures_are_error_objects() {
+    let home = Home::new();
+    let o = home.run(&["run", "-t", "u", "--timeout", "abc", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--timeout"), "{}", stderr(&o));
+    let o = home.run(&["run", "-t", "u"]);
+    assert_eq!(o.status.code(), Some(125), "a missing command: {}", stderr(&o));
+    let o = home.run(&["no-such-subcommand"]);
+    assert_eq!(o.status.code(), Some(125));
+    for args in [&["--help"][..], &["--version"], &["run", "--help"]] {
+        let o = home.run(args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}");
+        assert!(!stdout(&o).is_empty(), "{args:?} prints");
+    }
+
+    // --json: usage errors and taskbox's own failures print {code, message, hint} on stdout.
+    let o = home.run(&["run", "-t", "u", "--json", "--timeout", "abc", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125));
+    let e = json(&stdout(&o));
+    assert_eq!(e["code"], "usage");
+    assert!(e["message"].as_str().is_some_and(|m| m.contains("abc")), "{e}");
+    assert!(e["hint"].is_string(), "{e}");
+    let o = home.run(&["show", "nosuch", "--json"]);
+    assert_eq!(o.status.code(), Some(125));
+    let e = json(&stdout(&o));
+    assert_eq!(e["code"], "no_such_task", "{e}");
+    assert!(e["hint"].is_string(), "{e}");
+
+    // A command's own exit 2 still passes through as 2.
+    let o = home.run(&["run", "-t", "u", "--", "exit 2"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+/// `run --json` names the task; `show --json` writes times as RFC 3339, like `tasks --json`.
+#[test]
+fn json_output_names_the_task_and_writes_rfc3339_times() {
+    let home = Home::new();
+    let v = json(&ok(&home.run(&["run", "-t", "named", "--json", "--", "true"])));
+    assert_eq!(v["task"], "named");
+    let show = json(&ok(&home.run(&["show", "named", "--json"])));
+    let rfc3339 = |v: &Value| {
+        v.as_str()
+            .is_some_and(|s| s.len() >= 20 && s.ends_with('Z') && s.as_bytes()[10] == b'T')
+    };
+    for time in [
+        &show["task"]["created_at"],
+        &show["task"]["last_activity"],
+        &show["task"]["sandbox"]["deadline"],
+        &show["sandboxes"][0]["created_at"],
+        &show["journal"][0]["at"],
+    ] {
+        assert!(rfc3339(time), "not RFC 3339: {time} in {show}");
+    }
+    let tasks = json(&ok(&home.run(&["tasks", "--json"])));
+    assert!(rfc3339(&tasks[0]["last_activity"]), "{tasks}");
+}
+
+/// A sandbox long past its deadline, with nothing driving its task, is not shown `running`.
+#[test]
+fn tasks_does_not_call_a_sandbox_past_its_deadline_running() {
+    let home = Home::new();
+    ok(&home.run(&["run", "-t", "late", "--", "true"]));
+    let tasks = ok(&home.run(&["tasks"]));
+    assert!(tasks.contains("running"), "{tasks}");
+    // The store as a process that died long ago left it: running, deadline in the past.
+    let db = rusqlite::Connection::open(home.path().join("data").join("taskbox.db"))
+        .expect("open the store");
+    let n = db
+        .execute(
+            "UPDATE tasks SET data = json_set(data, '$.sandbox.deadline', 1000) WHERE id = 'late'",
+            [],
+        )
+        .expect("update");
+    assert_eq!(n, 1);
+    drop(db);
+    let o = home.run(&["tasks"]);
+    let table = ok(&o);
+    let row = table.lines().find(|l| l.starts_with("late")).expect("a row");
+    assert!(!row.contains("running") && row.contains("expired"), "{table}");
+    assert!(stderr(&o).contains("passed its deadline"), "{}", stderr(&o));
+    let v = json(&ok(&home.run(&["tasks", "--json"])));
+    assert_eq!(v[0]["state"], "expired", "{v}");
+    assert_eq!(v[0]["recorded_state"], "running", "{v}");
+    assert_eq!(v[0]["deadline_passed"], true, "{v}");
+}
+
+/// One validation for every source, with bounds from the key table: the file, `config set` and
+/// flags get the same bounds, and the error names the key, the source, the bound and the fix.
+#[test]
+fn config_values_are_bounded_whatever_their_source() {
+    let home = Home::new();
+    // A flag: a timeout that would overflow milliseconds is refused, not wrapped.
+    let o = home.run(&["run", "-t", "b", "--timeout", "18446744073709552", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("terminal.timeout") && e.contains("--timeout") && e.contains("18000") && e.contains("hint:"),
+        "{e}"
+    );
+    let o = home.run(&["run", "-t", "b", "--timeout", "0", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125));
+    // `config set`: above the platform's maximum lifetime.
+    let o = home.run(&[
+        "config",
+        "set",
+        "terminal.sandbox_timeout_seconds",
+        "9223372036854775",
+    ]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).contains("18000"), "{}", stderr(&o));
+    // The file: each value `set` refuses is refused there too, naming the file and the fix.
+    let config = home.path().join("config.toml");
+    for (key, bad) in [
+        ("sandbox_timeout_seconds", "0"),
+        ("sandbox_timeout_seconds", "9223372036854775"),
+        ("keep_snapshots", "0"),
+        ("max_concurrent_creates", "0"),
+        ("timeout", "18446744073709552"),
+    ] {
+        std::fs::write(&config, format!("[terminal]\n{key} = {bad}\n")).expect("write");
+        let o = home.run(&["run", "-t", "b", "--", "true"]);
+        assert_eq!(o.status.code(), Some(125), "{key} = {bad}");
+        let e = stderr(&o);
+        assert!(
+            e.contains(&format!("terminal.{key}")) && e.contains("config.toml") && e.contains("hint:"),
+            "{key} = {bad}: {e}"
+        );
+        // Nothing was created on the way.
+        assert!(
+            !home.path().join("data").join("taskbox.db").exists(),
+            "{key} = {bad} created a store"
+        );
+    }
+    // `config set` repairs the file the others refuse.
+    ok(&home.run(&["config", "set", "terminal.timeout", "60"]));
+    ok(&home.run(&["run", "-t", "b", "--", "true"]));
+    // The environment: a bad TASKBOX_SERVER names the variable.
+    let mut env_home = Home::new();
+    env_home.set_env("TASKBOX_SERVER", "sometimes");
+    let o = env_home.run(&["run", "-t", "b", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).contains("TASKBOX_SERVER"), "{}", stderr(&o));
+}
+
+/// Only `run` creates a task: `suspend`, `resume` (and `show`, `replay`) on an unknown name
+/// fail with 125, a "did you mean" hint, and create nothing — in-process and through a server.
+#[test]
+fn only_run_creates_a_task_in_process_and_through_the_server() {
+    let local = Home::new();
+    let served = crate::server::ServerHome::new();
+    for home in [&local, &served.home] {
+        ok(&home.run(&["run", "-t", "build-api", "--", "true"]));
+        for verb in ["suspend", "resume"] {
+            let o = home.run(&[verb, "buid-api"]);
+            assert_eq!(o.status.code(), Some(125), "{verb}: {}", stderr(&o));
+            let e = stderr(&o);
+            assert!(
+                e.contains("no task named `buid-api`") && e.contains("did you mean `build-api`"),
+                "{verb}: {e}"
+            );
+            let o = home.run(&[verb, "buid-api", "--json"]);
+            assert_eq!(o.status.code(), Some(125));
+            assert_eq!(json(&stdout(&o))["code"], "no_such_task");
+        }
+        let o = home.run(&["replay", "buid-api"]);
+        assert_eq!(o.status.code(), Some(125));
+        assert!(stderr(&o).contains("did you mean `build-api`"), "{}", stderr(&o));
+        // Nothing was created.
+        let tasks = json(&ok(&home.run(&["tasks", "--json"])));
+        let names: Vec<&str> = tasks
+            .as_array()
+            .expect("a list")
+            .iter()
+            .filter_map(|t| t["task"].as_str())
+            .collect();
+        assert_eq!(names, ["build-api"]);
+        let o = home.run(&["show", "buid-api"]);
+        assert_eq!(o.status.code(), Some(125));
+    }
+}
