@@ -90,6 +90,23 @@ impl Failure {
         self
     }
 
+    /// The failure with secrets redacted alike in every line ([`taskbox::redact`]).
+    fn redacted(&self) -> Failure {
+        let mut v = self.json();
+        taskbox::redact::redact_value(&mut v);
+        let text = |v: &serde_json::Value| v.as_str().map(str::to_string);
+        Failure {
+            code: self.code.clone(),
+            message: text(&v["message"]).unwrap_or_default(),
+            causes: v["causes"]
+                .as_array()
+                .map(|cs| cs.iter().filter_map(text).collect())
+                .unwrap_or_default(),
+            hint: text(&v["hint"]),
+            notices: self.notices.clone(),
+        }
+    }
+
     /// The `--json` error object: the same shape as the server's errors (docs/api.md).
     fn json(&self) -> serde_json::Value {
         let mut v = serde_json::json!({
@@ -156,6 +173,8 @@ impl From<std::io::Error> for Failure {
 /// Prints a failure on stderr (and, with `json`, its error object on stdout) and returns exit
 /// code 125.
 pub fn fail(f: &Failure, json: bool) -> ExitCode {
+    // No secret reaches the terminal through an error (a password in a URL being refused...).
+    let f = &f.redacted();
     if json {
         let mut text = serde_json::to_string_pretty(&f.json()).unwrap_or_default();
         text.push('\n');
@@ -332,10 +351,11 @@ pub fn rfc3339_times(value: &mut serde_json::Value) {
     }
 }
 
-/// `show --json`: the task view with RFC 3339 times.
+/// `show --json`: the task view with RFC 3339 times and no secrets.
 pub fn view_json(v: &TaskView) -> Result<serde_json::Value, Failure> {
-    let mut value =
-        serde_json::to_value(v).map_err(|e| Failure::new(format!("cannot encode JSON: {e}")))?;
+    let mut value = v
+        .to_redacted_json()
+        .map_err(|e| Failure::new(format!("cannot encode JSON: {e}")))?;
     rfc3339_times(&mut value);
     Ok(value)
 }

@@ -100,6 +100,7 @@ impl OrchestratorBuilder {
             tasks: HashMap::new(),
             waiters: Default::default(),
             outputs: HashMap::new(),
+            typed_commands: HashMap::new(),
             timers: HashMap::new(),
             inflight: 0,
             creates: Arc::new(Semaphore::new(max_creates)),

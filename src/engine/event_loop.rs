@@ -77,6 +77,8 @@ pub(super) struct EventLoop {
     /// deterministic order (simulations reproduce bit for bit).
     pub(super) waiters: std::collections::BTreeMap<(String, u64), Responder>,
     pub(super) outputs: HashMap<(String, u64), ExecOutput>,
+    /// Commands as typed, by request, where they differ from the journaled (redacted) ones.
+    pub(super) typed_commands: HashMap<(String, u64), String>,
     pub(super) timers: HashMap<(String, TimerKind), JoinHandle<()>>,
     pub(super) inflight: usize,
     pub(super) creates: Arc<Semaphore>,
@@ -197,16 +199,28 @@ impl EventLoop {
             ApiRequest::Run {
                 command,
                 timeout_ms,
-            } => Event::RunRequested {
-                request_id,
-                command,
-                timeout_ms,
-            },
+            } => {
+                // The journal (and so the task record, `show`, error messages) gets the command
+                // with its secrets redacted; the sandbox runs it as typed. A journaled command
+                // is never run again (recovery fails the requests it finds), so the one typed
+                // lives here, in memory, until the request is answered.
+                let journaled = crate::redact::redact(&command);
+                if journaled != command {
+                    self.typed_commands
+                        .insert((task.clone(), request_id), command);
+                }
+                Event::RunRequested {
+                    request_id,
+                    command: journaled,
+                    timeout_ms,
+                }
+            }
             ApiRequest::Suspend => Event::SuspendRequested { request_id },
             ApiRequest::Resume => Event::ResumeRequested { request_id },
         };
         self.waiters.insert((task.clone(), request_id), respond);
         if let Err(e) = self.apply(&task, event) {
+            self.typed_commands.remove(&(task.clone(), request_id));
             if let Some(w) = self.waiters.remove(&(task, request_id)) {
                 let _ = w.send(Err(e));
             }
@@ -383,6 +397,7 @@ impl EventLoop {
             | Event::ResumeRequested { request_id } => *request_id,
             _ => return,
         };
+        self.typed_commands.remove(&(s.task.clone(), request_id));
         if let Some(w) = self.waiters.remove(&(s.task.clone(), request_id)) {
             let _ = w.send(Err(err));
         }

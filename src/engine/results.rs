@@ -94,3 +94,14 @@ impl TaskView {
         }))
     }
 }
+
+impl TaskView {
+    /// The view as JSON with every secret redacted ([`crate::redact`]): what `show --json` and
+    /// the server's `GET /v1/tasks/{task}` print, so that a journal written before commands
+    /// were journaled redacted prints no secret either.
+    pub fn to_redacted_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        let mut v = serde_json::to_value(self)?;
+        crate::redact::redact_value(&mut v);
+        Ok(v)
+    }
+}

@@ -231,9 +231,17 @@ async fn resume(
         .map_err(engine_failure)
 }
 
-async fn tasks(State(st): State<AppState>) -> Answer<Vec<crate::core::Task>> {
+async fn tasks(State(st): State<AppState>) -> Answer<serde_json::Value> {
     let _busy = st.activity.begin();
-    st.orch.tasks().await.map(Json).map_err(engine_failure)
+    let tasks = st.orch.tasks().await.map_err(engine_failure)?;
+    let mut v = serde_json::to_value(tasks).map_err(|e| {
+        failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::new("encode", format!("cannot encode the tasks: {e}")),
+        )
+    })?;
+    crate::redact::redact_value(&mut v);
+    Ok(Json(v))
 }
 
 /// `?journal=N` on `GET /v1/tasks/{task}`.
@@ -251,11 +259,16 @@ async fn show(
     State(st): State<AppState>,
     Path(task): Path<String>,
     Query(q): Query<ShowQuery>,
-) -> Answer<crate::engine::TaskView> {
+) -> Answer<serde_json::Value> {
     let _busy = st.activity.begin();
     let task = task_id(&task)?;
     match st.orch.show(&task, q.journal).await {
-        Ok(Some(view)) => Ok(Json(view)),
+        Ok(Some(view)) => view.to_redacted_json().map(Json).map_err(|e| {
+            failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ApiError::new("encode", format!("cannot encode the task: {e}")),
+            )
+        }),
         Ok(None) => Err(failure(
             StatusCode::NOT_FOUND,
             ApiError::new("not_found", format!("no task named `{task}`")).hint(

@@ -193,3 +193,82 @@ fn only_run_creates_a_task_in_process_and_through_the_server() {
         assert_eq!(o.status.code(), Some(125));
     }
 }
+
+/// Every file under the home, as bytes: the store, its WAL, locks, the server's log.
+fn every_file(dir: &std::path::Path, out: &mut Vec<(std::path::PathBuf, Vec<u8>)>) {
+    for entry in std::fs::read_dir(dir).expect("read dir").flatten() {
+        let path = entry.path();
+        let ft = entry.file_type().expect("file type");
+        if ft.is_dir() {
+            // The sandbox's files and their snapshots are the user's data (the command wrote
+            // the secret into tok.txt).
+            if path
+                .file_name()
+                .is_some_and(|n| n == "sandboxes" || n == "workspace" || n == "snapshots")
+            {
+                continue;
+            }
+            every_file(&path, out);
+        } else if ft.is_file() {
+            out.push((path.clone(), std::fs::read(&path).unwrap_or_default()));
+        }
+    }
+}
+
+fn contains(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+/// A secret typed into a command runs as typed but is journaled redacted: it is in no file of
+/// taskbox's (store, WAL, logs), not in `show --json`, and the journal still verifies and
+/// re-drives — in-process and through the server. `doctor` does not print a password in the
+/// API URL.
+#[test]
+fn secrets_typed_into_commands_are_journaled_and_shown_redacted() {
+    const SECRET: &str = "s3cr3tVALUE2931";
+    let local = Home::new();
+    let served = crate::server::ServerHome::new();
+    for home in [&local, &served.home] {
+        let cmd = format!("export API_TOKEN={SECRET}; printf %s \"$API_TOKEN\" > tok.txt; cat tok.txt");
+        assert_eq!(ok(&home.run(&["run", "-t", "sec", "--", &cmd])), SECRET, "ran as typed");
+        let cmd = format!("curl -s -H 'Authorization: Bearer {SECRET}' http://127.0.0.1:9 || true");
+        ok(&home.run(&["run", "-t", "sec", "--", &cmd]));
+        ok(&home.run(&["suspend", "sec"]));
+        assert_eq!(ok(&home.run(&["run", "-t", "sec", "--", "cat tok.txt"])), SECRET);
+        let show = ok(&home.run(&["show", "sec", "--json", "--journal", "100"]));
+        assert!(!show.contains(SECRET), "show --json prints the secret: {show}");
+        assert!(show.contains("API_TOKEN=[redacted]"), "{show}");
+        // The journal replays as recorded.
+        ok(&home.run(&["replay", "sec"]));
+        ok(&home.run(&["replay", "sec", "--redrive"]));
+        // Stop any server so its log and the store's WAL are complete.
+        if std::ptr::eq(home, &served.home) {
+            ok(&home.run(&["serve", "--stop"]));
+        }
+        let mut files = Vec::new();
+        every_file(home.path(), &mut files);
+        assert!(files.iter().any(|(p, _)| p.ends_with("taskbox.db")));
+        for (path, bytes) in &files {
+            assert!(
+                !contains(bytes, SECRET),
+                "{} holds the secret in plaintext",
+                path.display()
+            );
+        }
+    }
+
+    let home = Home::new();
+    ok(&home.run(&["config", "set", "terminal.backend", "vercel_sandbox"]));
+    ok(&home.run(&[
+        "config",
+        "set",
+        "terminal.vercel_api_url",
+        "http://me:hunter2pw@127.0.0.1:9",
+    ]));
+    for args in [&["doctor"][..], &["doctor", "--json"]] {
+        let o = home.run(args);
+        let all = format!("{}{}", stdout(&o), stderr(&o));
+        assert!(all.contains("127.0.0.1:9"), "doctor names the URL: {all}");
+        assert!(!all.contains("hunter2pw"), "doctor prints the password: {all}");
+    }
+}
