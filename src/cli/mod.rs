@@ -65,6 +65,9 @@ enum Cmd {
     Suspend(TaskArgs),
     /// Restore a task's latest snapshot into a live sandbox now, without running anything.
     Resume(TaskArgs),
+    /// Remove a task: stop its sandbox, delete its snapshots (unless --keep-snapshots) and mark
+    /// it removed. Its journal is kept for `taskbox replay`; its name is not reused.
+    Rm(RmArgs),
     /// List every task with its state.
     Tasks(JsonArg),
     /// Show a task: state, sandbox, snapshots and recent journal.
@@ -130,6 +133,18 @@ struct RunArgs {
 struct TaskArgs {
     /// The task.
     task: String,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct RmArgs {
+    /// The task.
+    task: String,
+    /// Keep the task's snapshots (they stay listed by `taskbox show`, and gc keeps them).
+    #[arg(long)]
+    keep_snapshots: bool,
     /// Print JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -244,6 +259,7 @@ impl Cmd {
         match self {
             Cmd::Run(a) => a.json,
             Cmd::Suspend(a) | Cmd::Resume(a) => a.json,
+            Cmd::Rm(a) => a.json,
             Cmd::Tasks(a) | Cmd::Doctor(a) => a.json,
             Cmd::Show(a) => a.json,
             Cmd::Config(ConfigCmd::Show(a)) => a.json,
@@ -344,19 +360,27 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Rm(args) => rm(args, paths).await,
         Cmd::Tasks(args) => {
             // Read-only: straight from the store, with no provider (and so no credentials).
-            let tasks = match existing_store(paths).map_err(|e| Failure::from_engine(e.into()))? {
-                Some(store) => store
-                    .load_tasks()
-                    .map_err(|e| Failure::from_engine(e.into()))?,
-                None => Vec::new(),
+            let store_err = |e: StoreError| Failure::from_engine(e.into());
+            let (tasks, removed) = match existing_store(paths).map_err(store_err)? {
+                Some(store) => (
+                    store.load_tasks().map_err(store_err)?,
+                    store
+                        .removed_tasks()
+                        .map_err(store_err)?
+                        .into_iter()
+                        .map(|(id, _)| id)
+                        .collect(),
+                ),
+                None => (Vec::new(), output::Removed::new()),
             };
             let now = taskbox::clock::Clock::now_ms(&taskbox::clock::SystemClock);
             if args.json {
-                print_json(&output::tasks_json(&tasks, now))?;
+                print_json(&output::tasks_json(&tasks, now, &removed))?;
             } else {
-                output::print_tasks(&tasks, now)?;
+                output::print_tasks(&tasks, now, &removed)?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -468,6 +492,58 @@ async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
         return Ok(ExitCode::from(EXIT_TIMEOUT));
     }
     Ok(ExitCode::from(res.exit_code.clamp(0, 255) as u8))
+}
+
+async fn rm(args: RmArgs, paths: &Paths) -> Result<ExitCode, Failure> {
+    let task = task_id(&args.task)?;
+    let keep = args.keep_snapshots;
+    let res = match route(paths)? {
+        Route::InProcess => {
+            let orch = open_with(paths, false).await?;
+            let res = orch.remove(&task, keep).await;
+            orch.shutdown().await;
+            res.map_err(Failure::from_engine)?
+        }
+        #[cfg(feature = "server")]
+        Route::Server(client, mode) => {
+            server::call(&client, mode, |c| {
+                let task = task.clone();
+                async move { c.remove(&task, keep).await }
+            })
+            .await?
+        }
+    };
+    if args.json {
+        print_json(&res)?;
+    } else {
+        let mut parts = Vec::new();
+        if let Some(sb) = &res.sandbox_stopped {
+            parts.push(format!("stopped sandbox {sb}"));
+        }
+        if !res.snapshots_deleted.is_empty() {
+            parts.push(format!("deleted snapshots {}", res.snapshots_deleted.join(", ")));
+        }
+        if !res.snapshots_kept.is_empty() {
+            parts.push(format!("kept snapshots {}", res.snapshots_kept.join(", ")));
+        }
+        let done = if parts.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", parts.join("; "))
+        };
+        eprintln!("removed {task}{done} (its journal is kept for `taskbox replay`)");
+        for e in &res.errors {
+            eprintln!("error: {e}");
+        }
+        if !res.errors.is_empty() {
+            eprintln!("hint: the task is removed; `taskbox gc` stops and deletes what is left");
+        }
+    }
+    Ok(if res.errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_TASKBOX_ERROR)
+    })
 }
 
 fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Failure> {

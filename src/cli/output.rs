@@ -244,23 +244,29 @@ fn snapshot_summary(t: &Task) -> String {
     }
 }
 
-/// The state `tasks` shows: a sandbox past its platform deadline is not `running` whatever the
+/// The tasks `taskbox rm` removed.
+pub type Removed = std::collections::HashSet<String>;
+
+/// The state `tasks` shows (`removed` for a removed task): a sandbox past its platform deadline is not `running` whatever the
 /// store last recorded (nothing drove the task when the deadline came; the platform has stopped
 /// it, and the next command restores the latest snapshot). The second value says whether the
 /// recorded state was overruled so.
-pub fn shown_state(t: &Task, now: Millis) -> (&'static str, bool) {
+pub fn shown_state(t: &Task, now: Millis, removed: &Removed) -> (&'static str, bool) {
+    if removed.contains(&t.id) {
+        return ("removed", false);
+    }
     match &t.sandbox {
         Some(sb) if sb.deadline <= now => ("expired", true),
         _ => (t.state.as_str(), false),
     }
 }
 
-pub fn tasks_json(tasks: &[Task], now: Millis) -> serde_json::Value {
+pub fn tasks_json(tasks: &[Task], now: Millis, removed: &Removed) -> serde_json::Value {
     serde_json::Value::Array(
         tasks
             .iter()
             .map(|t| {
-                let (state, passed) = shown_state(t, now);
+                let (state, passed) = shown_state(t, now, removed);
                 serde_json::json!({
                     "task": t.id,
                     "state": state,
@@ -277,7 +283,7 @@ pub fn tasks_json(tasks: &[Task], now: Millis) -> serde_json::Value {
     )
 }
 
-pub fn print_tasks(tasks: &[Task], now: Millis) -> Result<(), Failure> {
+pub fn print_tasks(tasks: &[Task], now: Millis, removed: &Removed) -> Result<(), Failure> {
     let mut s = String::new();
     if tasks.is_empty() {
         eprintln!("no tasks yet: `taskbox run --task NAME -- CMD` creates one");
@@ -291,7 +297,7 @@ pub fn print_tasks(tasks: &[Task], now: Millis) -> Result<(), Failure> {
     let mut passed = Vec::new();
     for t in tasks {
         let sandbox = t.sandbox.as_ref().map_or("-", |s| s.id.as_str());
-        let (state, overruled) = shown_state(t, now);
+        let (state, overruled) = shown_state(t, now, removed);
         if overruled {
             passed.push(t);
         }
@@ -364,7 +370,17 @@ pub fn print_view(v: &TaskView) -> Result<(), Failure> {
     let t = &v.task;
     let mut s = String::new();
     s.push_str(&format!("task:        {}\n", t.id));
-    s.push_str(&format!("state:       {}\n", t.state));
+    match v.marks.removed_at {
+        Some(at) => s.push_str(&format!(
+            "state:       removed at {} (was {})\n",
+            format_ms(at),
+            t.state
+        )),
+        None => s.push_str(&format!("state:       {}\n", t.state)),
+    }
+    if let Some(b) = &v.marks.backend {
+        s.push_str(&format!("backend:     {b}\n"));
+    }
     s.push_str(&format!("persistent:  {}\n", t.settings.persistent));
     match &t.sandbox {
         Some(sb) => s.push_str(&format!(

@@ -62,6 +62,23 @@ pub(super) enum Msg {
     Shutdown {
         done: oneshot::Sender<()>,
     },
+    /// `taskbox rm`: mark the task removed and unload it; the answer says what to stop and
+    /// delete (the API performs those calls).
+    Remove {
+        task: String,
+        keep_snapshots: bool,
+        respond: oneshot::Sender<Result<RemovalPlan, EngineError>>,
+    },
+}
+
+/// What removing a task leaves the API to do on the provider, once the removal is durable.
+pub(super) struct RemovalPlan {
+    /// The live sandbox to stop.
+    pub(super) sandbox: Option<String>,
+    /// The snapshots to delete.
+    pub(super) delete: Vec<String>,
+    /// The snapshots kept (`--keep-snapshots`).
+    pub(super) kept: Vec<String>,
 }
 
 /// The one owner of every loaded task and the store; see the [module docs](self).
@@ -172,6 +189,15 @@ impl EventLoop {
                 Msg::Load { task, done } => {
                     let _ = done.send(self.ensure_loaded(&task, false));
                 }
+                Msg::Remove {
+                    task,
+                    keep_snapshots,
+                    respond,
+                } => {
+                    // Decided on committed state.
+                    self.flush();
+                    let _ = respond.send(self.remove(&task, keep_snapshots));
+                }
                 Msg::Shutdown { done } => {
                     for (_, h) in self.timers.drain() {
                         h.abort();
@@ -237,6 +263,7 @@ impl EventLoop {
             return Ok(());
         }
         TaskId::new(id)?;
+        self.check_marks(id)?;
         match self.store.load_task(id)? {
             None if !create => {
                 let names = self.store.task_ids()?;
@@ -273,6 +300,95 @@ impl EventLoop {
             }
         }
         Ok(())
+    }
+
+    /// Refuses a task `taskbox rm` removed, and one whose sandboxes and snapshots belong to
+    /// another backend than this engine's (a task recorded before backends were recorded is
+    /// claimed by this one).
+    fn check_marks(&mut self, id: &str) -> Result<(), EngineError> {
+        let Some(marks) = self.store.task_marks(id)? else {
+            return Ok(());
+        };
+        if let Some(at) = marks.removed_at {
+            return Err(EngineError::Removed {
+                task: id.to_string(),
+                removed_at: crate::clock::format_ms(at),
+            });
+        }
+        let current = self.provider.name();
+        let recorded = match marks.backend {
+            Some(b) => b,
+            None => self
+                .store
+                .claim_backend(id, current)?
+                .unwrap_or_else(|| current.to_string()),
+        };
+        if recorded != current {
+            return Err(EngineError::WrongBackend {
+                task: id.to_string(),
+                task_backend: recorded,
+                current: current.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `taskbox rm`: refuses a task with an operation in flight; otherwise marks it removed in
+    /// the store (durable before any provider call), unloads it and cancels its timers, and
+    /// says what is left to stop and delete. The journal stays, for replay.
+    fn remove(&mut self, id: &str, keep_snapshots: bool) -> Result<RemovalPlan, EngineError> {
+        TaskId::new(id)?;
+        if self.store.task_marks(id)?.is_none() {
+            let names = self.store.task_ids()?;
+            return Err(EngineError::NoTask {
+                task: id.to_string(),
+                suggestion: super::closest(id, names.iter().map(String::as_str)),
+            });
+        }
+        self.check_marks(id)?;
+        let task = match self.tasks.get(id) {
+            Some(t) => t.clone(),
+            None => match self.store.load_task(id)? {
+                Some(t) => t,
+                None => {
+                    return Err(EngineError::NoTask {
+                        task: id.to_string(),
+                        suggestion: None,
+                    })
+                }
+            },
+        };
+        if task.state.is_transient() || task.running.is_some() || !task.queue.is_empty() {
+            return Err(EngineError::Request {
+                task: id.to_string(),
+                message: format!(
+                    "cannot remove it while an operation is in flight (state {}); wait for it to finish, or `taskbox suspend {id}` first, then `taskbox rm {id}`",
+                    task.state
+                ),
+                attempts: 0,
+                notices: Vec::new(),
+            });
+        }
+        let snapshots: Vec<String> = task.retained_snapshot_ids().map(str::to_string).collect();
+        let now = self.clock.now_ms();
+        self.store.mark_removed(id, now, keep_snapshots)?;
+        self.tasks.remove(id);
+        let timers: Vec<_> = self.timers.keys().filter(|(t, _)| t == id).cloned().collect();
+        for key in timers {
+            if let Some(h) = self.timers.remove(&key) {
+                h.abort();
+            }
+        }
+        let (delete, kept) = if keep_snapshots {
+            (Vec::new(), snapshots)
+        } else {
+            (snapshots, Vec::new())
+        };
+        Ok(RemovalPlan {
+            sandbox: task.sandbox.map(|s| s.id.to_string()),
+            delete,
+            kept,
+        })
     }
 
     /// One event: step, and stage the transition for the next [`EventLoop::flush`], which
@@ -359,6 +475,12 @@ impl EventLoop {
 
     /// A transition is durable: announce it and perform its commands.
     fn committed(&mut self, s: Staged) {
+        if s.task_before.is_none() {
+            // A new task belongs to this engine's backend.
+            if let Err(e) = self.store.claim_backend(&s.task, self.provider.name()) {
+                warn!(task = %s.task, error = %e, "could not record the task's backend");
+            }
+        }
         let after = s.task_after.state;
         if s.task_before.is_some() && s.state_before != after {
             debug!(task = %s.task, from = %s.state_before, to = %after, "state changed");

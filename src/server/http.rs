@@ -49,6 +49,7 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/tasks/{task}/run", post(run))
         .route("/tasks/{task}/suspend", post(suspend))
         .route("/tasks/{task}/resume", post(resume))
+        .route("/tasks/{task}/remove", post(remove))
         .route("/gc", post(gc))
         .route("/shutdown", post(shutdown));
     Router::new()
@@ -213,6 +214,21 @@ async fn suspend(
     let task = task_id(&task)?;
     st.orch
         .suspend(&task)
+        .await
+        .map(Json)
+        .map_err(engine_failure)
+}
+
+async fn remove(
+    State(st): State<AppState>,
+    Path(task): Path<String>,
+    bytes: Bytes,
+) -> Answer<crate::engine::RemoveResult> {
+    let _busy = st.activity.begin();
+    let task = task_id(&task)?;
+    let req: crate::client::wire::RemoveRequest = body(&bytes)?;
+    st.orch
+        .remove(&task, req.keep_snapshots)
         .await
         .map(Json)
         .map_err(engine_failure)

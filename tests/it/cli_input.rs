@@ -272,3 +272,124 @@ fn secrets_typed_into_commands_are_journaled_and_shown_redacted() {
         assert!(!all.contains("hunter2pw"), "doctor prints the password: {all}");
     }
 }
+
+fn files_under(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |d| d.flatten().count())
+}
+
+/// `taskbox rm`: stops the sandbox, deletes the snapshots (unless kept, and then gc keeps them
+/// too), keeps the journal for replay, and the name is refused afterwards — in-process and
+/// through the server.
+#[test]
+fn rm_removes_a_task_and_keeps_its_journal() {
+    let local = Home::new();
+    let served = crate::server::ServerHome::new();
+    for home in [&local, &served.home] {
+        let snapshots = |task: &str| {
+            files_under(
+                &home
+                    .path()
+                    .join("data")
+                    .join("local")
+                    .join("snapshots")
+                    .join(task),
+            )
+        };
+        for task in ["gone", "kept"] {
+            ok(&home.run(&["run", "-t", task, "--", "echo x > f"]));
+            ok(&home.run(&["suspend", task]));
+            ok(&home.run(&["run", "-t", task, "--", "echo y > g"]));
+            assert_eq!(snapshots(task), 1, "{task} has its snapshot");
+        }
+        let o = home.run(&["rm", "gone", "--json"]);
+        let v = json(&ok(&o));
+        assert_eq!(v["task"], "gone");
+        assert!(v["sandbox_stopped"].is_string(), "{v}");
+        assert_eq!(v["snapshots_deleted"].as_array().map(Vec::len), Some(1), "{v}");
+        assert_eq!(snapshots("gone"), 0, "the snapshot is deleted");
+        let o = home.run(&["rm", "kept", "--keep-snapshots"]);
+        ok(&o);
+        assert!(stderr(&o).contains("kept snapshots"), "{}", stderr(&o));
+        assert_eq!(snapshots("kept"), 1);
+        // Nothing of theirs is live; gc leaves the kept snapshot alone.
+        let gc = json(&ok(&home.run(&["gc", "--json"])));
+        assert_eq!(gc["sandboxes_stopped"].as_array().map(Vec::len), Some(0), "{gc}");
+        assert_eq!(gc["snapshots_deleted"].as_array().map(Vec::len), Some(0), "{gc}");
+        assert_eq!(snapshots("kept"), 1);
+        // The journal is kept and still verifies.
+        ok(&home.run(&["replay", "gone"]));
+        let show = json(&ok(&home.run(&["show", "gone", "--json"])));
+        assert!(show["marks"]["removed_at"].is_string(), "{show}");
+        assert_eq!(show["marks"]["backend"], "local", "{show}");
+        // The name is refused from now on, with the reason.
+        for args in [
+            &["run", "-t", "gone", "--", "true"][..],
+            &["resume", "gone"],
+            &["rm", "gone"],
+        ] {
+            let o = home.run(args);
+            assert_eq!(o.status.code(), Some(125), "{args:?}");
+            assert!(stderr(&o).contains("was removed"), "{args:?}: {}", stderr(&o));
+        }
+        let tasks = json(&ok(&home.run(&["tasks", "--json"])));
+        assert!(
+            tasks.as_array().expect("list").iter().all(|t| t["state"] == "removed"),
+            "{tasks}"
+        );
+        let o = home.run(&["rm", "nosuch", "--json"]);
+        assert_eq!(o.status.code(), Some(125));
+        assert_eq!(json(&stdout(&o))["code"], "no_such_task");
+    }
+}
+
+/// A task remembers its backend: under another one, every command for it fails naming both
+/// and the way out, instead of sending a local snapshot id to Vercel (or the reverse).
+#[test]
+fn a_task_is_refused_under_another_backend() {
+    let mut home = Home::new();
+    for (k, v) in [
+        ("VERCEL_TOKEN", "tok"),
+        ("VERCEL_TEAM_ID", "team_t"),
+        ("VERCEL_PROJECT_ID", "prj_t"),
+    ] {
+        home.set_env(k, v);
+    }
+    let fake = crate::vercel_engine::spawn_fake(&home);
+    ok(&home.run(&["run", "-t", "loc", "--", "echo l > f"]));
+    ok(&home.run(&["suspend", "loc"]));
+    ok(&home.run(&["config", "set", "terminal.backend", "vercel_sandbox"]));
+    ok(&home.run(&["config", "set", "terminal.container_memory", "2048"]));
+    ok(&home.run(&["config", "set", "terminal.vercel_api_url", &fake.url]));
+    for args in [
+        &["run", "-t", "loc", "--", "cat f"][..],
+        &["resume", "loc"],
+        &["suspend", "loc"],
+        &["rm", "loc"],
+    ] {
+        let o = home.run(args);
+        assert_eq!(o.status.code(), Some(125), "{args:?}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(
+            e.contains("belongs to the local backend")
+                && e.contains("vercel_sandbox")
+                && e.contains("taskbox config set terminal.backend local"),
+            "{args:?}: {e}"
+        );
+    }
+    let o = home.run(&["run", "-t", "loc", "--json", "--", "cat f"]);
+    assert_eq!(json(&stdout(&o))["code"], "wrong_backend");
+    ok(&home.run(&["run", "-t", "ver", "--", "echo v > g"]));
+    ok(&home.run(&["suspend", "ver"]));
+    ok(&home.run(&["config", "set", "terminal.backend", "local"]));
+    let o = home.run(&["run", "-t", "ver", "--", "cat g"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(
+        stderr(&o).contains("belongs to the vercel_sandbox backend"),
+        "{}",
+        stderr(&o)
+    );
+    // Back where they belong, both work.
+    assert_eq!(ok(&home.run(&["run", "-t", "loc", "--", "cat f"])), "l\n");
+    ok(&home.run(&["config", "set", "terminal.backend", "vercel_sandbox"]));
+    assert_eq!(ok(&home.run(&["run", "-t", "ver", "--", "cat g"])), "v\n");
+}
