@@ -285,12 +285,20 @@ async fn show(
                 ApiError::new("encode", format!("cannot encode the task: {e}")),
             )
         }),
-        Ok(None) => Err(failure(
-            StatusCode::NOT_FOUND,
-            ApiError::new("not_found", format!("no task named `{task}`")).hint(
-                "`taskbox tasks` lists the tasks; `taskbox run --task NAME -- CMD` creates one",
-            ),
-        )),
+        Ok(None) => {
+            let names: Vec<String> = st
+                .orch
+                .tasks()
+                .await
+                .map_err(engine_failure)?
+                .into_iter()
+                .map(|t| t.id)
+                .collect();
+            Err(engine_failure(EngineError::NoTask {
+                suggestion: crate::engine::closest(task.as_str(), names.iter().map(String::as_str)),
+                task: task.to_string(),
+            }))
+        }
         Err(e) => Err(engine_failure(e)),
     }
 }
