@@ -393,3 +393,34 @@ fn a_task_is_refused_under_another_backend() {
     ok(&home.run(&["config", "set", "terminal.backend", "vercel_sandbox"]));
     assert_eq!(ok(&home.run(&["run", "-t", "ver", "--", "cat g"])), "v\n");
 }
+
+/// A journal written before commands were journaled redacted (a plaintext secret in a command)
+/// still re-drives identically: the engine journals the command redacted, and the re-drive
+/// redacts the recording the same way before comparing.
+#[test]
+fn a_journal_with_a_plaintext_secret_still_redrives() {
+    let home = Home::new();
+    let golden = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/crash.jsonl"),
+    )
+    .expect("golden journal");
+    // Both a command that ran and one whose interruption the journal quotes.
+    let old = golden
+        .replace(
+            "echo before > f.txt",
+            "export API_TOKEN=abcd1234xyz9; echo before > f.txt",
+        )
+        .replace("sleep 3", "export API_TOKEN=abcd1234xyz9; sleep 3");
+    assert_ne!(old, golden);
+    let file = home.path().join("old.jsonl");
+    std::fs::write(&file, old).expect("write");
+    let o = home.run(&[
+        "replay",
+        "--journal",
+        file.to_str().expect("utf-8"),
+        "--redrive",
+    ]);
+    let out = ok(&o);
+    assert!(out.contains("re-drive matches"), "{out}{}", stderr(&o));
+    assert!(!out.contains("abcd1234xyz9"), "{out}");
+}
