@@ -450,25 +450,24 @@ async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     if let Some(t) = args.timeout {
         Config::check_flag("terminal.timeout", "--timeout", t).map_err(Failure::from_config)?;
     }
-    let res =
-        match route(paths)? {
-            Route::InProcess => {
-                let orch = open(paths).await?;
-                let timeout = args.timeout.map(Duration::from_secs);
-                let res = orch.run(&task, &command, timeout).await;
-                orch.shutdown().await;
-                res.map_err(Failure::from_engine)?
-            }
-            #[cfg(feature = "server")]
-            Route::Server(client, mode) => {
-                let timeout = args.timeout;
-                server::call(&client, mode, |c| {
-                    let (task, command) = (task.clone(), command.clone());
-                    async move { c.run(&task, &command, timeout).await }
-                })
-                .await?
-            }
-        };
+    let res = match route(paths)? {
+        Route::InProcess => {
+            let orch = open(paths).await?;
+            let timeout = args.timeout.map(Duration::from_secs);
+            let res = orch.run(&task, &command, timeout).await;
+            orch.shutdown().await;
+            res.map_err(Failure::from_engine)?
+        }
+        #[cfg(feature = "server")]
+        Route::Server(client, mode) => {
+            let timeout = args.timeout;
+            server::call(&client, mode, |c| {
+                let (task, command) = (task.clone(), command.clone());
+                async move { c.run(&task, &command, timeout).await }
+            })
+            .await?
+        }
+    };
     if args.json {
         let mut v = serde_json::to_value(&res)
             .map_err(|e| Failure::new(format!("cannot encode JSON: {e}")))?;
@@ -521,7 +520,10 @@ async fn rm(args: RmArgs, paths: &Paths) -> Result<ExitCode, Failure> {
             parts.push(format!("stopped sandbox {sb}"));
         }
         if !res.snapshots_deleted.is_empty() {
-            parts.push(format!("deleted snapshots {}", res.snapshots_deleted.join(", ")));
+            parts.push(format!(
+                "deleted snapshots {}",
+                res.snapshots_deleted.join(", ")
+            ));
         }
         if !res.snapshots_kept.is_empty() {
             parts.push(format!("kept snapshots {}", res.snapshots_kept.join(", ")));

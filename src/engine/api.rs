@@ -70,8 +70,7 @@ impl OrchestratorBuilder {
 
     /// Opens the store and starts the event loop.
     pub async fn open(self) -> Result<Orchestrator, EngineError> {
-        self.config
-            .validate(crate::config::ValueSource::Program)?;
+        self.config.validate(crate::config::ValueSource::Program)?;
         let store = Store::open(&store_file(&self.data_dir))?;
         let installation_id = store.installation_id().to_string();
         let provider = match self.provider {

@@ -76,7 +76,9 @@ pub enum EngineError {
         suggestion: Option<String>,
     },
     /// The task was made under another backend than the one configured now.
-    #[error("task {task} belongs to the {task_backend} backend, but terminal.backend is {current}")]
+    #[error(
+        "task {task} belongs to the {task_backend} backend, but terminal.backend is {current}"
+    )]
     WrongBackend {
         /// The task.
         task: String,

@@ -373,7 +373,12 @@ impl EventLoop {
         let now = self.clock.now_ms();
         self.store.mark_removed(id, now, keep_snapshots)?;
         self.tasks.remove(id);
-        let timers: Vec<_> = self.timers.keys().filter(|(t, _)| t == id).cloned().collect();
+        let timers: Vec<_> = self
+            .timers
+            .keys()
+            .filter(|(t, _)| t == id)
+            .cloned()
+            .collect();
         for key in timers {
             if let Some(h) = self.timers.remove(&key) {
                 h.abort();

@@ -41,6 +41,4 @@ pub use api::{Orchestrator, OrchestratorBuilder};
 pub use error::{closest, EngineError};
 pub use gc::{GcItem, GcReport};
 pub use paths::{store_file, Paths, STORE_FILE};
-pub use results::{
-    RemoveResult, ResumeResult, RunResult, StateChange, SuspendResult, TaskView,
-};
+pub use results::{RemoveResult, ResumeResult, RunResult, StateChange, SuspendResult, TaskView};

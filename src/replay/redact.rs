@@ -16,8 +16,8 @@
 
 use std::collections::BTreeSet;
 
-pub use crate::redact::{find_secrets, scrub, REDACTED};
 use crate::redact::{collect, replace};
+pub use crate::redact::{find_secrets, scrub, REDACTED};
 use crate::store::JournalEntry;
 
 /// Entries with every secret value replaced by [`REDACTED`], and how many distinct secret values

@@ -116,9 +116,7 @@ pub(super) fn engine_failure(err: EngineError) -> Failure {
         EngineError::Store(_)
         | EngineError::Config(_)
         | EngineError::Step(_)
-        | EngineError::Lock { .. } => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
+        | EngineError::Lock { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     };
     let hint = match &err {
         EngineError::Stopped => Some("the server is stopping; run the command again".to_string()),

@@ -19,7 +19,12 @@ fn usage_errors_exit_125_and_json_failures_are_error_objects() {
     assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
     assert!(stderr(&o).contains("--timeout"), "{}", stderr(&o));
     let o = home.run(&["run", "-t", "u"]);
-    assert_eq!(o.status.code(), Some(125), "a missing command: {}", stderr(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(125),
+        "a missing command: {}",
+        stderr(&o)
+    );
     let o = home.run(&["no-such-subcommand"]);
     assert_eq!(o.status.code(), Some(125));
     for args in [&["--help"][..], &["--version"], &["run", "--help"]] {
@@ -33,7 +38,10 @@ fn usage_errors_exit_125_and_json_failures_are_error_objects() {
     assert_eq!(o.status.code(), Some(125));
     let e = json(&stdout(&o));
     assert_eq!(e["code"], "usage");
-    assert!(e["message"].as_str().is_some_and(|m| m.contains("abc")), "{e}");
+    assert!(
+        e["message"].as_str().is_some_and(|m| m.contains("abc")),
+        "{e}"
+    );
     assert!(e["hint"].is_string(), "{e}");
     let o = home.run(&["show", "nosuch", "--json"]);
     assert_eq!(o.status.code(), Some(125));
@@ -50,7 +58,9 @@ fn usage_errors_exit_125_and_json_failures_are_error_objects() {
 #[test]
 fn json_output_names_the_task_and_writes_rfc3339_times() {
     let home = Home::new();
-    let v = json(&ok(&home.run(&["run", "-t", "named", "--json", "--", "true"])));
+    let v = json(&ok(
+        &home.run(&["run", "-t", "named", "--json", "--", "true"])
+    ));
     assert_eq!(v["task"], "named");
     let show = json(&ok(&home.run(&["show", "named", "--json"])));
     let rfc3339 = |v: &Value| {
@@ -90,8 +100,14 @@ fn tasks_does_not_call_a_sandbox_past_its_deadline_running() {
     drop(db);
     let o = home.run(&["tasks"]);
     let table = ok(&o);
-    let row = table.lines().find(|l| l.starts_with("late")).expect("a row");
-    assert!(!row.contains("running") && row.contains("expired"), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("late"))
+        .expect("a row");
+    assert!(
+        !row.contains("running") && row.contains("expired"),
+        "{table}"
+    );
     assert!(stderr(&o).contains("passed its deadline"), "{}", stderr(&o));
     let v = json(&ok(&home.run(&["tasks", "--json"])));
     assert_eq!(v[0]["state"], "expired", "{v}");
@@ -105,11 +121,22 @@ fn tasks_does_not_call_a_sandbox_past_its_deadline_running() {
 fn config_values_are_bounded_whatever_their_source() {
     let home = Home::new();
     // A flag: a timeout that would overflow milliseconds is refused, not wrapped.
-    let o = home.run(&["run", "-t", "b", "--timeout", "18446744073709552", "--", "true"]);
+    let o = home.run(&[
+        "run",
+        "-t",
+        "b",
+        "--timeout",
+        "18446744073709552",
+        "--",
+        "true",
+    ]);
     assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(
-        e.contains("terminal.timeout") && e.contains("--timeout") && e.contains("18000") && e.contains("hint:"),
+        e.contains("terminal.timeout")
+            && e.contains("--timeout")
+            && e.contains("18000")
+            && e.contains("hint:"),
         "{e}"
     );
     let o = home.run(&["run", "-t", "b", "--timeout", "0", "--", "true"]);
@@ -137,7 +164,9 @@ fn config_values_are_bounded_whatever_their_source() {
         assert_eq!(o.status.code(), Some(125), "{key} = {bad}");
         let e = stderr(&o);
         assert!(
-            e.contains(&format!("terminal.{key}")) && e.contains("config.toml") && e.contains("hint:"),
+            e.contains(&format!("terminal.{key}"))
+                && e.contains("config.toml")
+                && e.contains("hint:"),
             "{key} = {bad}: {e}"
         );
         // Nothing was created on the way.
@@ -179,7 +208,11 @@ fn only_run_creates_a_task_in_process_and_through_the_server() {
         }
         let o = home.run(&["replay", "buid-api"]);
         assert_eq!(o.status.code(), Some(125));
-        assert!(stderr(&o).contains("did you mean `build-api`"), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("did you mean `build-api`"),
+            "{}",
+            stderr(&o)
+        );
         // Nothing was created.
         let tasks = json(&ok(&home.run(&["tasks", "--json"])));
         let names: Vec<&str> = tasks
@@ -229,14 +262,25 @@ fn secrets_typed_into_commands_are_journaled_and_shown_redacted() {
     let local = Home::new();
     let served = crate::server::ServerHome::new();
     for home in [&local, &served.home] {
-        let cmd = format!("export API_TOKEN={SECRET}; printf %s \"$API_TOKEN\" > tok.txt; cat tok.txt");
-        assert_eq!(ok(&home.run(&["run", "-t", "sec", "--", &cmd])), SECRET, "ran as typed");
+        let cmd =
+            format!("export API_TOKEN={SECRET}; printf %s \"$API_TOKEN\" > tok.txt; cat tok.txt");
+        assert_eq!(
+            ok(&home.run(&["run", "-t", "sec", "--", &cmd])),
+            SECRET,
+            "ran as typed"
+        );
         let cmd = format!("curl -s -H 'Authorization: Bearer {SECRET}' http://127.0.0.1:9 || true");
         ok(&home.run(&["run", "-t", "sec", "--", &cmd]));
         ok(&home.run(&["suspend", "sec"]));
-        assert_eq!(ok(&home.run(&["run", "-t", "sec", "--", "cat tok.txt"])), SECRET);
+        assert_eq!(
+            ok(&home.run(&["run", "-t", "sec", "--", "cat tok.txt"])),
+            SECRET
+        );
         let show = ok(&home.run(&["show", "sec", "--json", "--journal", "100"]));
-        assert!(!show.contains(SECRET), "show --json prints the secret: {show}");
+        assert!(
+            !show.contains(SECRET),
+            "show --json prints the secret: {show}"
+        );
         assert!(show.contains("API_TOKEN=[redacted]"), "{show}");
         // The journal replays as recorded.
         ok(&home.run(&["replay", "sec"]));
@@ -269,7 +313,10 @@ fn secrets_typed_into_commands_are_journaled_and_shown_redacted() {
         let o = home.run(args);
         let all = format!("{}{}", stdout(&o), stderr(&o));
         assert!(all.contains("127.0.0.1:9"), "doctor names the URL: {all}");
-        assert!(!all.contains("hunter2pw"), "doctor prints the password: {all}");
+        assert!(
+            !all.contains("hunter2pw"),
+            "doctor prints the password: {all}"
+        );
     }
 }
 
@@ -305,7 +352,11 @@ fn rm_removes_a_task_and_keeps_its_journal() {
         let v = json(&ok(&o));
         assert_eq!(v["task"], "gone");
         assert!(v["sandbox_stopped"].is_string(), "{v}");
-        assert_eq!(v["snapshots_deleted"].as_array().map(Vec::len), Some(1), "{v}");
+        assert_eq!(
+            v["snapshots_deleted"].as_array().map(Vec::len),
+            Some(1),
+            "{v}"
+        );
         assert_eq!(snapshots("gone"), 0, "the snapshot is deleted");
         let o = home.run(&["rm", "kept", "--keep-snapshots"]);
         ok(&o);
@@ -313,8 +364,16 @@ fn rm_removes_a_task_and_keeps_its_journal() {
         assert_eq!(snapshots("kept"), 1);
         // Nothing of theirs is live; gc leaves the kept snapshot alone.
         let gc = json(&ok(&home.run(&["gc", "--json"])));
-        assert_eq!(gc["sandboxes_stopped"].as_array().map(Vec::len), Some(0), "{gc}");
-        assert_eq!(gc["snapshots_deleted"].as_array().map(Vec::len), Some(0), "{gc}");
+        assert_eq!(
+            gc["sandboxes_stopped"].as_array().map(Vec::len),
+            Some(0),
+            "{gc}"
+        );
+        assert_eq!(
+            gc["snapshots_deleted"].as_array().map(Vec::len),
+            Some(0),
+            "{gc}"
+        );
         assert_eq!(snapshots("kept"), 1);
         // The journal is kept and still verifies.
         ok(&home.run(&["replay", "gone"]));
@@ -329,11 +388,19 @@ fn rm_removes_a_task_and_keeps_its_journal() {
         ] {
             let o = home.run(args);
             assert_eq!(o.status.code(), Some(125), "{args:?}");
-            assert!(stderr(&o).contains("was removed"), "{args:?}: {}", stderr(&o));
+            assert!(
+                stderr(&o).contains("was removed"),
+                "{args:?}: {}",
+                stderr(&o)
+            );
         }
         let tasks = json(&ok(&home.run(&["tasks", "--json"])));
         assert!(
-            tasks.as_array().expect("list").iter().all(|t| t["state"] == "removed"),
+            tasks
+                .as_array()
+                .expect("list")
+                .iter()
+                .all(|t| t["state"] == "removed"),
             "{tasks}"
         );
         let o = home.run(&["rm", "nosuch", "--json"]);

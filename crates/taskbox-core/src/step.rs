@@ -441,7 +441,10 @@ impl Cx {
     }
 
     fn arm_idle(&mut self) {
-        let at = self.t.last_activity.saturating_add(self.t.settings.idle_lifetime_ms);
+        let at = self
+            .t
+            .last_activity
+            .saturating_add(self.t.settings.idle_lifetime_ms);
         self.timer(TimerKind::Idle, at);
     }
 
@@ -963,7 +966,10 @@ impl Cx {
                 if self.t.probing => {}
             // running ---- idle lifetime over, no command running ----> snapshotting | idle
             (TaskState::Running, TimerKind::Idle) => {
-                let due = self.t.last_activity.saturating_add(self.t.settings.idle_lifetime_ms);
+                let due = self
+                    .t
+                    .last_activity
+                    .saturating_add(self.t.settings.idle_lifetime_ms);
                 if self.t.running.is_none() && self.t.queue.is_empty() && now >= due {
                     if self.t.settings.persistent {
                         self.begin_snapshot(SnapshotReason::IdleReap);
@@ -980,9 +986,15 @@ impl Cx {
                 if now.saturating_add(self.t.settings.checkpoint_margin_ms) < sb.deadline {
                     return; // an earlier timer; the deadline has moved since
                 }
-                let cap = sb.created_at.saturating_add(self.t.settings.max_sandbox_lifetime_ms);
+                let cap = sb
+                    .created_at
+                    .saturating_add(self.t.settings.max_sandbox_lifetime_ms);
                 let active = self.t.running.is_some()
-                    || now < self.t.last_activity.saturating_add(self.t.settings.idle_lifetime_ms);
+                    || now
+                        < self
+                            .t
+                            .last_activity
+                            .saturating_add(self.t.settings.idle_lifetime_ms);
                 if sb.deadline < cap && active {
                     let duration_ms = (cap - sb.deadline).min(self.t.settings.sandbox_timeout_ms);
                     let sandbox_id = sb.id.clone();

@@ -133,12 +133,11 @@ pub fn redrive(entries: &[JournalEntry]) -> Result<Vec<RedriveReport>, RedriveEr
         .into_iter()
         .map(|(id, es)| {
             let es: Vec<JournalEntry> = es.into_iter().cloned().collect();
-            let (es, _) = super::redact::redact_entries(&es).map_err(|e| {
-                RedriveError::Unsupported {
+            let (es, _) =
+                super::redact::redact_entries(&es).map_err(|e| RedriveError::Unsupported {
                     task: id.clone(),
                     why: format!("its journal cannot be redacted: {e}"),
-                }
-            })?;
+                })?;
             redrive_task(&id, es)
         })
         .collect()
