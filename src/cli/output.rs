@@ -252,7 +252,7 @@ pub type Removed = std::collections::HashSet<String>;
 /// it, and the next command restores the latest snapshot). The second value says whether the
 /// recorded state was overruled so.
 pub fn shown_state(t: &Task, now: Millis, removed: &Removed) -> (&'static str, bool) {
-    if removed.contains(&t.id) {
+    if removed.contains(t.id.as_str()) {
         return ("removed", false);
     }
     match &t.sandbox {

@@ -78,9 +78,10 @@ pub struct Health {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{message}")]
 pub struct ApiError {
-    /// Stable: `invalid_task_id`, `bad_request`, `not_found`, `unauthorized`, `request_failed`,
-    /// `provider`, `busy`, `lock`, `store`, `step`, `stopped`, `config`, `no_such_task`,
-    /// `wrong_backend`, `task_removed`.
+    /// Stable: `invalid_task_id`, `bad_request`, `not_found`, `unauthorized`, `provider`,
+    /// `busy`, `lock`, `store`, `step`, `stopped`, `config`, `no_such_task`, `wrong_backend`,
+    /// `task_removed`, `in_flight`, and for a failed request its
+    /// [`FailureReason`](crate::core::FailureReason) code (`command_failed`, `sandbox_expired`…).
     pub code: String,
     /// What went wrong.
     pub message: String,

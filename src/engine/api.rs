@@ -18,7 +18,7 @@ use super::{
 };
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::core::{Reply, Task, TaskSettings};
+use crate::core::{FailureReason, Reply, Task, TaskSettings};
 use crate::ids::TaskId;
 use crate::provider::{ExecOutput, SandboxProvider};
 use crate::retry::Jitter;
@@ -300,14 +300,20 @@ impl Orchestrator {
             errors: Vec::new(),
         };
         if let Some(sb) = plan.sandbox {
-            match p.stop_sandbox(&sb).await {
+            match p
+                .stop_sandbox(&crate::ids::SandboxId::from(sb.clone()))
+                .await
+            {
                 Ok(()) => res.sandbox_stopped = Some(sb),
                 Err(e) if e.kind == crate::core::FailureKind::SandboxGone => {}
                 Err(e) => res.errors.push(format!("stop sandbox {sb}: {e}")),
             }
         }
         for snap in plan.delete {
-            match p.delete_snapshot(&snap).await {
+            match p
+                .delete_snapshot(&crate::ids::SnapshotId::from(snap.clone()))
+                .await
+            {
                 Ok(()) => res.snapshots_deleted.push(snap),
                 Err(e) if e.kind == crate::core::FailureKind::SnapshotGone => {
                     res.snapshots_deleted.push(snap)
@@ -323,7 +329,7 @@ impl Orchestrator {
         self.query(|lp| {
             let mut tasks = lp.store.load_tasks()?;
             for t in &mut tasks {
-                if let Some(live) = lp.tasks.get(&t.id) {
+                if let Some(live) = lp.tasks.get(t.id.as_str()) {
                     *t = live.clone();
                 }
             }
@@ -424,14 +430,14 @@ impl Orchestrator {
             .map_err(|_| EngineError::Stopped)?;
         let answer = rx.await.map_err(|_| EngineError::Stopped)??;
         if let Reply::Failed {
-            error,
+            reason,
             attempts,
             notices,
         } = answer.reply
         {
             return Err(EngineError::Request {
                 task: task.as_str().to_string(),
-                message: error,
+                reason: Box::new(reason),
                 attempts,
                 notices,
             });
@@ -458,7 +464,9 @@ impl Orchestrator {
 fn unexpected(task: &TaskId, reply: Reply) -> EngineError {
     EngineError::Request {
         task: task.as_str().to_string(),
-        message: format!("unexpected answer from the engine: {reply:?}"),
+        reason: Box::new(FailureReason::UnexpectedReply {
+            reply: format!("{reply:?}"),
+        }),
         attempts: 0,
         notices: Vec::new(),
     }

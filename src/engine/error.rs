@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::core::{Notice, StepError};
+use crate::core::{FailureReason, Notice, StepError};
 use crate::ids::TaskIdError;
 use crate::store::StoreError;
 
@@ -22,12 +22,13 @@ pub enum EngineError {
     #[error(transparent)]
     Step(#[from] StepError),
     /// A request finished with a failure (after retries, where retrying made sense).
-    #[error("task {task}: {message}")]
+    #[error("task {task}: {reason}")]
     Request {
         /// The task.
         task: String,
-        /// The last real error, with context.
-        message: String,
+        /// Why, with the last real error (its wording, code and hint are made there). Boxed to
+        /// keep `EngineError` small.
+        reason: Box<FailureReason>,
         /// Attempts made.
         attempts: u32,
         /// What the caller should know (sandbox expired, files lost...).
@@ -67,6 +68,14 @@ pub enum EngineError {
     /// The event loop has stopped.
     #[error("the taskbox engine has stopped")]
     Stopped,
+    /// The task has an operation in flight, which the request (`rm`) must not cut short.
+    #[error("task {task} has an operation in flight (state {state}); it cannot be removed now")]
+    InFlight {
+        /// The task.
+        task: String,
+        /// Its state.
+        state: String,
+    },
     /// A request other than `run` named a task that does not exist (only `run` creates one).
     #[error("no task named `{task}`")]
     NoTask {
@@ -105,7 +114,8 @@ impl EngineError {
             EngineError::Config(_) => "config",
             EngineError::TaskId(_) => "invalid_task_id",
             EngineError::Step(_) => "step",
-            EngineError::Request { .. } => "request_failed",
+            EngineError::Request { reason, .. } => reason.code(),
+            EngineError::InFlight { .. } => "in_flight",
             EngineError::Provider { .. } => "provider",
             EngineError::Busy { .. } => "busy",
             EngineError::Lock { .. } => "lock",
@@ -128,9 +138,10 @@ impl EngineError {
             EngineError::Busy { .. } => Some(
                 "another taskbox process is driving this task; wait for it to finish".into(),
             ),
-            EngineError::Request { message, .. } if message.contains("expired") => Some(
-                "live processes do not survive a sandbox's expiry; files come back from the latest snapshot".into(),
-            ),
+            EngineError::Request { reason, .. } => reason.hint().map(str::to_string),
+            EngineError::InFlight { task, .. } => Some(format!(
+                "wait for it to finish, or `taskbox suspend {task}` first, then try again"
+            )),
             EngineError::NoTask { suggestion: Some(s), .. } => Some(format!(
                 "did you mean `{s}`? `taskbox tasks` lists the tasks; only `taskbox run --task NAME -- CMD` creates one"
             )),

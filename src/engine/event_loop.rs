@@ -12,7 +12,9 @@ use tracing::{debug, info_span, warn};
 
 use super::{EngineError, StateChange};
 use crate::clock::Clock;
-use crate::core::{step, Command, Event, Millis, Reply, Task, TaskSettings, TaskState, TimerKind};
+use crate::core::{
+    step, Command, Event, FailureReason, Millis, Reply, Task, TaskSettings, TaskState, TimerKind,
+};
 use crate::ids::TaskId;
 use crate::provider::{ExecOutput, SandboxProvider};
 use crate::retry::Jitter;
@@ -262,7 +264,7 @@ impl EventLoop {
         if self.tasks.contains_key(id) {
             return Ok(());
         }
-        TaskId::new(id)?;
+        let task_id = TaskId::new(id)?;
         self.check_marks(id)?;
         match self.store.load_task(id)? {
             None if !create => {
@@ -274,7 +276,7 @@ impl EventLoop {
             }
             None => {
                 let now = self.clock.now_ms();
-                let task = Task::new(id, self.settings.clone(), now);
+                let task = Task::new(task_id, self.settings.clone(), now);
                 let event = Event::SettingsChanged {
                     settings: self.settings.clone(),
                 };
@@ -359,14 +361,9 @@ impl EventLoop {
             },
         };
         if task.state.is_transient() || task.running.is_some() || !task.queue.is_empty() {
-            return Err(EngineError::Request {
+            return Err(EngineError::InFlight {
                 task: id.to_string(),
-                message: format!(
-                    "cannot remove it while an operation is in flight (state {}); wait for it to finish, or `taskbox suspend {id}` first, then `taskbox rm {id}`",
-                    task.state
-                ),
-                attempts: 0,
-                notices: Vec::new(),
+                state: task.state.to_string(),
             });
         }
         let snapshots: Vec<String> = task.retained_snapshot_ids().map(str::to_string).collect();
@@ -498,7 +495,7 @@ impl EventLoop {
             });
         }
         for cmd in s.commands {
-            self.perform(&s.task, cmd, s.at);
+            self.perform(&s.task_after.id, cmd, s.at);
         }
     }
 
@@ -509,7 +506,7 @@ impl EventLoop {
             s,
             EngineError::Request {
                 task: s.task.clone(),
-                message,
+                reason: Box::new(FailureReason::NotCommitted { message }),
                 attempts: 0,
                 notices: Vec::new(),
             },

@@ -2,6 +2,7 @@
 //! [`SuspendResult`], [`ResumeResult`]), the [`StateChange`]s broadcast to watchers, and the
 //! [`TaskView`] of one task for `taskbox show`.
 
+use crate::ids::{SandboxId, SnapshotId};
 use serde::{Deserialize, Serialize};
 
 use super::EngineError;
@@ -30,14 +31,14 @@ pub struct RunResult {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SuspendResult {
     /// The snapshot holding the task's files (`None`: nothing kept).
-    pub snapshot_id: Option<String>,
+    pub snapshot_id: Option<SnapshotId>,
 }
 
 /// The result of a resume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResumeResult {
     /// The live sandbox.
-    pub sandbox_id: String,
+    pub sandbox_id: SandboxId,
     /// What the caller should know.
     pub notices: Vec<Notice>,
 }

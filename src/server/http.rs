@@ -105,11 +105,12 @@ fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
 /// An engine error as the API answers it: a stable code per kind, the message, its causes,
 /// the hint the CLI would print, and the notices.
 pub(super) fn engine_failure(err: EngineError) -> Failure {
-    let code = err.code();
     let status = match &err {
         EngineError::TaskId(_) => StatusCode::BAD_REQUEST,
         EngineError::Request { .. } | EngineError::Provider { .. } => StatusCode::BAD_GATEWAY,
-        EngineError::Busy { .. } | EngineError::WrongBackend { .. } => StatusCode::CONFLICT,
+        EngineError::Busy { .. }
+        | EngineError::WrongBackend { .. }
+        | EngineError::InFlight { .. } => StatusCode::CONFLICT,
         EngineError::NoTask { .. } => StatusCode::NOT_FOUND,
         EngineError::Removed { .. } => StatusCode::GONE,
         EngineError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
@@ -118,6 +119,7 @@ pub(super) fn engine_failure(err: EngineError) -> Failure {
         | EngineError::Step(_)
         | EngineError::Lock { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     };
+    let code = err.code();
     let hint = match &err {
         EngineError::Stopped => Some("the server is stopping; run the command again".to_string()),
         other => other.hint(),
@@ -290,7 +292,7 @@ async fn show(
                 .await
                 .map_err(engine_failure)?
                 .into_iter()
-                .map(|t| t.id)
+                .map(|t| t.id.to_string())
                 .collect();
             Err(engine_failure(EngineError::NoTask {
                 suggestion: crate::engine::closest(task.as_str(), names.iter().map(String::as_str)),
