@@ -204,6 +204,9 @@ async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
             return tally;
         }
     };
+    // Only `run` creates a task: a `suspend` or `resume` before any run of it was answered
+    // (committed) is refused with `NoTask`, as it should be; after one, `NoTask` is a lost task.
+    let mut created = false;
     for step in plan.steps {
         tally.steps += 1;
         if let Some(after) = step.crash_after_ms {
@@ -220,6 +223,11 @@ async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
             }
         };
         drop(orch);
+        if matches!(step.op, Op::Run { .. })
+            && matches!(result, Ok(()) | Err(EngineError::Request { .. }))
+        {
+            created = true;
+        }
         match result {
             Ok(()) => {
                 if !matches!(step.op, Op::Wait { .. }) {
@@ -227,6 +235,7 @@ async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
                 }
             }
             Err(EngineError::Request { .. }) => tally.failed += 1,
+            Err(EngineError::NoTask { .. }) if !created => tally.failed += 1,
             Err(EngineError::Stopped) => {
                 tally.interrupted += 1;
                 if !d.wait_past(task.as_str(), epoch).await {

@@ -50,6 +50,13 @@ pub struct ChaosArgs {
     planted_bug: Option<String>,
 }
 
+impl ChaosArgs {
+    /// Whether JSON output was asked for.
+    pub fn json(&self) -> bool {
+        self.json
+    }
+}
+
 pub async fn run(args: ChaosArgs) -> Result<ExitCode, Failure> {
     let opts = options(&args)?;
     let json = args.json;

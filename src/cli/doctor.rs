@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use taskbox::config::{Backend, Config};
 use taskbox::engine::Paths;
@@ -14,7 +14,7 @@ use taskbox::store::Store;
 use super::output::{print_json, Failure};
 
 /// One check's outcome.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Check {
     pub name: String,
     pub ok: bool,
@@ -135,6 +135,13 @@ pub async fn run(paths: &Paths, args: DoctorArgs) -> Result<ExitCode, Failure> {
         checks.push(check);
     }
 
+    // Secrets (a password in the API URL, a token quoted in an error) are redacted alike in
+    // every line, with the one redaction the journal and export use.
+    let mut value = serde_json::to_value(&checks)
+        .map_err(|e| Failure::new(format!("cannot encode JSON: {e}")))?;
+    taskbox::redact::redact_value(&mut value);
+    let checks: Vec<Check> = serde_json::from_value(value)
+        .map_err(|e| Failure::new(format!("cannot encode JSON: {e}")))?;
     let all_ok = checks.iter().all(|c| c.ok);
     if json {
         print_json(

@@ -152,6 +152,17 @@ impl Client {
             .await
     }
 
+    /// Removes the task; see [`crate::engine::Orchestrator::remove`].
+    pub async fn remove(
+        &self,
+        task: &TaskId,
+        keep_snapshots: bool,
+    ) -> Result<crate::engine::RemoveResult, ClientError> {
+        let body = wire::RemoveRequest { keep_snapshots };
+        self.call(Method::POST, &format!("/tasks/{task}/remove"), Some(&body))
+            .await
+    }
+
     /// Runs a gc in the server now; see [`crate::engine::Orchestrator::gc`].
     pub async fn gc(&self, dry_run: bool) -> Result<GcReport, ClientError> {
         self.call(Method::POST, "/gc", Some(&GcRequest { dry_run }))

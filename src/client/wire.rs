@@ -21,6 +21,14 @@ pub struct RunRequest {
     pub timeout_secs: Option<u64>,
 }
 
+/// `POST /v1/tasks/{task}/remove`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveRequest {
+    /// Keep the task's snapshots (`taskbox rm --keep-snapshots`).
+    #[serde(default)]
+    pub keep_snapshots: bool,
+}
+
 /// `POST /v1/gc`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GcRequest {
@@ -71,7 +79,8 @@ pub struct Health {
 #[error("{message}")]
 pub struct ApiError {
     /// Stable: `invalid_task_id`, `bad_request`, `not_found`, `unauthorized`, `provider`,
-    /// `busy`, `lock`, `store`, `step`, `stopped`, and for a failed request its
+    /// `busy`, `lock`, `store`, `step`, `stopped`, `config`, `no_such_task`, `wrong_backend`,
+    /// `task_removed`, `in_flight`, and for a failed request its
     /// [`FailureReason`](crate::core::FailureReason) code (`command_failed`, `sandbox_expired`…).
     pub code: String,
     /// What went wrong.

@@ -328,6 +328,10 @@ async fn load_live_tasks(orch: Orchestrator) {
         };
         match orch.load(&id).await {
             Ok(()) => tracing::info!(task = %id, state = %t.state, "loaded at start"),
+            // Its record keeps the state it had when `taskbox rm` removed it.
+            Err(crate::engine::EngineError::Removed { .. }) => {
+                tracing::debug!(task = %id, "removed; not loaded")
+            }
             Err(e) => tracing::warn!(task = %id, error = %e, "cannot load at start"),
         }
     }

@@ -98,6 +98,17 @@ impl SandboxStatus {
     }
 }
 
+/// What the store records about a task besides the core's record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskMarks {
+    /// The backend that holds its sandboxes and snapshots (`None`: not recorded yet).
+    pub backend: Option<String>,
+    /// When `taskbox rm` removed it.
+    pub removed_at: Option<Millis>,
+    /// Whether `taskbox rm --keep-snapshots` kept its snapshots.
+    pub kept_snapshots: bool,
+}
+
 /// One row of the `sandboxes` table.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxRow {
@@ -235,6 +246,76 @@ impl Store {
             .and_then(|rows| rows.collect::<rusqlite::Result<Vec<String>>>())
             .map_err(|e| self.sql(op, None, e))?;
         Ok(ids)
+    }
+
+    /// What the store knows of a task beyond the core's record (`None`: no such task).
+    pub fn task_marks(&self, id: &str) -> Result<Option<TaskMarks>, StoreError> {
+        let op = "reading a task's backend";
+        self.conn
+            .prepare_cached("SELECT backend, removed_at, kept_snapshots FROM tasks WHERE id = ?1")
+            .and_then(|mut s| {
+                s.query_row([id], |r| {
+                    Ok(TaskMarks {
+                        backend: r.get(0)?,
+                        removed_at: r.get(1)?,
+                        kept_snapshots: r.get::<_, Option<bool>>(2)?.unwrap_or(false),
+                    })
+                })
+                .optional()
+            })
+            .map_err(|e| self.sql(op, Some(id), e))
+    }
+
+    /// The marks of every removed task, by id.
+    pub fn removed_tasks(&self) -> Result<Vec<(String, TaskMarks)>, StoreError> {
+        let op = "listing removed tasks";
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT id, backend, removed_at, kept_snapshots FROM tasks
+                 WHERE removed_at IS NOT NULL ORDER BY id",
+            )
+            .map_err(|e| self.sql(op, None, e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    TaskMarks {
+                        backend: r.get(1)?,
+                        removed_at: r.get(2)?,
+                        kept_snapshots: r.get::<_, Option<bool>>(3)?.unwrap_or(false),
+                    },
+                ))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.sql(op, None, e))?;
+        Ok(rows)
+    }
+
+    /// Records `backend` as the task's, unless one is recorded already; returns the recorded
+    /// one (`None`: no such task).
+    pub fn claim_backend(&mut self, id: &str, backend: &str) -> Result<Option<String>, StoreError> {
+        let op = "recording a task's backend";
+        self.conn
+            .prepare_cached("UPDATE tasks SET backend = ?2 WHERE id = ?1 AND backend IS NULL")
+            .and_then(|mut s| s.execute(params![id, backend]))
+            .map_err(|e| self.sql(op, Some(id), e))?;
+        Ok(self.task_marks(id)?.and_then(|m| m.backend))
+    }
+
+    /// Marks the task removed at `at` (`taskbox rm`); its record and journal stay.
+    pub fn mark_removed(
+        &mut self,
+        id: &str,
+        at: Millis,
+        kept_snapshots: bool,
+    ) -> Result<(), StoreError> {
+        let op = "marking a task removed";
+        self.conn
+            .prepare_cached("UPDATE tasks SET removed_at = ?2, kept_snapshots = ?3 WHERE id = ?1")
+            .and_then(|mut s| s.execute(params![id, at, kept_snapshots]))
+            .map_err(|e| self.sql(op, Some(id), e))?;
+        Ok(())
     }
 
     /// Commits one transition in one transaction: the task row, a journal row, and the

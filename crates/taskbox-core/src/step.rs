@@ -446,7 +446,10 @@ impl Cx {
     }
 
     fn arm_idle(&mut self) {
-        let at = self.t.last_activity + self.t.settings.idle_lifetime_ms;
+        let at = self
+            .t
+            .last_activity
+            .saturating_add(self.t.settings.idle_lifetime_ms);
         self.timer(TimerKind::Idle, at);
     }
 
@@ -683,7 +686,7 @@ impl Cx {
             .decide(self.t.attempts, retry_after_ms)
         {
             RetryDecision::RetryAfter(delay) => {
-                let at = self.now + delay;
+                let at = self.now.saturating_add(delay);
                 self.t.retry_at = Some(at);
                 self.timer(TimerKind::Retry, at);
             }
@@ -721,7 +724,7 @@ impl Cx {
             .retry
             .max_delay_ms
             .max(retry_after_ms.unwrap_or(0));
-        let at = self.now + delay;
+        let at = self.now.saturating_add(delay);
         self.t.retry_at = Some(at);
         self.timer(TimerKind::Retry, at);
     }
@@ -981,7 +984,10 @@ impl Cx {
                 if self.t.probing => {}
             // running ---- idle lifetime over, no command running ----> snapshotting | idle
             (TaskState::Running, TimerKind::Idle) => {
-                let due = self.t.last_activity + self.t.settings.idle_lifetime_ms;
+                let due = self
+                    .t
+                    .last_activity
+                    .saturating_add(self.t.settings.idle_lifetime_ms);
                 if self.t.running.is_none() && self.t.queue.is_empty() && now >= due {
                     if self.t.settings.persistent {
                         self.begin_snapshot(SnapshotReason::IdleReap);
@@ -995,12 +1001,18 @@ impl Cx {
                 let Some(sb) = self.t.sandbox.as_ref() else {
                     return;
                 };
-                if now + self.t.settings.checkpoint_margin_ms < sb.deadline {
+                if now.saturating_add(self.t.settings.checkpoint_margin_ms) < sb.deadline {
                     return; // an earlier timer; the deadline has moved since
                 }
-                let cap = sb.created_at + self.t.settings.max_sandbox_lifetime_ms;
+                let cap = sb
+                    .created_at
+                    .saturating_add(self.t.settings.max_sandbox_lifetime_ms);
                 let active = self.t.running.is_some()
-                    || now < self.t.last_activity + self.t.settings.idle_lifetime_ms;
+                    || now
+                        < self
+                            .t
+                            .last_activity
+                            .saturating_add(self.t.settings.idle_lifetime_ms);
                 if sb.deadline < cap && active {
                     let duration_ms = (cap - sb.deadline).min(self.t.settings.sandbox_timeout_ms);
                     let sandbox_id = sb.id.clone();
@@ -1116,7 +1128,7 @@ impl Cx {
         };
         match decision {
             RetryDecision::RetryAfter(delay) => {
-                let at = self.now + delay;
+                let at = self.now.saturating_add(delay);
                 self.t.retry_at = Some(at);
                 self.timer(TimerKind::Retry, at);
             }

@@ -122,11 +122,21 @@ pub enum RedriveError {
 /// Re-drives every task in `entries` (each task on its own, in the order they first appear).
 /// Runs on its own thread and virtual-time runtime, so it may be called from anywhere,
 /// including from inside another tokio runtime.
+///
+/// The engine journals a command with its secrets redacted ([`crate::redact`]), and a reply
+/// quoting the command quotes it so; a journal written before it did holds them in plaintext.
+/// Each task's recording is redacted the same way first ([`super::redact::redact_entries`],
+/// which a redacted journal passes unchanged), so both sides compare alike.
 pub fn redrive(entries: &[JournalEntry]) -> Result<Vec<RedriveReport>, RedriveError> {
     super::group_by_task(entries)
         .into_iter()
         .map(|(id, es)| {
             let es: Vec<JournalEntry> = es.into_iter().cloned().collect();
+            let (es, _) =
+                super::redact::redact_entries(&es).map_err(|e| RedriveError::Unsupported {
+                    task: id.clone(),
+                    why: format!("its journal cannot be redacted: {e}"),
+                })?;
             redrive_task(&id, es)
         })
         .collect()

@@ -102,7 +102,7 @@ fn the_gc_interval_is_validated() {
         .run(&["config", "set", "terminal.gc_interval_seconds", "0"]);
     assert_eq!(o.status.code(), Some(125));
     assert!(
-        stderr(&o).contains("terminal.gc_interval_seconds") && stderr(&o).contains(">= 1"),
+        stderr(&o).contains("terminal.gc_interval_seconds") && stderr(&o).contains("from 1 to"),
         "{}",
         stderr(&o)
     );
