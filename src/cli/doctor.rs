@@ -331,6 +331,7 @@ fn archives_check(paths: &Paths, args: &DoctorArgs) -> Option<Check> {
         return Some(Check {
             name: name.into(),
             ok: true,
+            warning: false,
             detail,
             hint: Some(
                 "their archives stay on disk untouched; `taskbox doctor --ignore-archives` stops \
@@ -343,6 +344,7 @@ fn archives_check(paths: &Paths, args: &DoctorArgs) -> Option<Check> {
         name: name.into(),
         // Nothing is broken: the archives are kept and never used or deleted by this store.
         ok: true,
+        warning: false,
         detail: format!(
             "{} holds snapshot archives this store did not make (it is newer than them: was the \
              database removed or moved aside?): {listing}",

@@ -269,13 +269,16 @@ impl Cmd {
             Cmd::Run(a) => a.json,
             Cmd::Suspend(a) | Cmd::Resume(a) => a.json,
             Cmd::Rm(a) => a.json,
-            Cmd::Tasks(a) | Cmd::Doctor(a) => a.json,
+            Cmd::Tasks(a) => a.json,
+            Cmd::Doctor(a) => a.json,
             Cmd::Show(a) => a.json,
             Cmd::Config(ConfigCmd::Show(a)) => a.json,
             Cmd::Config(_) => false,
             Cmd::Gc(a) => a.json,
             #[cfg(feature = "server")]
             Cmd::Status(a) => a.json,
+            #[cfg(feature = "server")]
+            Cmd::Watch(a) => a.json,
             #[cfg(feature = "server")]
             Cmd::Serve(_) => false,
             #[cfg(feature = "chaos")]
