@@ -15,6 +15,7 @@
 // socket to answer: the client's own job, like a provider's.
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 pub mod autostart;
+mod watch;
 pub mod wire;
 
 use std::path::{Path, PathBuf};
@@ -28,7 +29,8 @@ use serde::Serialize;
 
 use crate::engine::{GcReport, ResumeResult, RunResult, SuspendResult};
 use crate::ids::TaskId;
-pub use wire::{ApiError, Health, SOCKET_FILE};
+pub use watch::Watch;
+pub use wire::{ApiError, Health, WatchEvent, SOCKET_FILE};
 use wire::{GcRequest, RunRequest, API_PREFIX};
 
 /// What can go wrong talking to a server.
@@ -150,6 +152,17 @@ impl Client {
             .await
     }
 
+    /// Removes the task; see [`crate::engine::Orchestrator::remove`].
+    pub async fn remove(
+        &self,
+        task: &TaskId,
+        keep_snapshots: bool,
+    ) -> Result<crate::engine::RemoveResult, ClientError> {
+        let body = wire::RemoveRequest { keep_snapshots };
+        self.call(Method::POST, &format!("/tasks/{task}/remove"), Some(&body))
+            .await
+    }
+
     /// Runs a gc in the server now; see [`crate::engine::Orchestrator::gc`].
     pub async fn gc(&self, dry_run: bool) -> Result<GcReport, ClientError> {
         self.call(Method::POST, "/gc", Some(&GcRequest { dry_run }))
@@ -173,6 +186,24 @@ impl Client {
             None::<&()>,
         )
         .await
+    }
+
+    /// Follows the task's transitions (`GET /v1/tasks/{task}/watch`): the task's state now,
+    /// then each state change as the server commits it.
+    pub async fn watch(&self, task: &TaskId) -> Result<Watch, ClientError> {
+        let (status, body, driver) = self
+            .send(Method::GET, &format!("/tasks/{task}/watch"), None::<&()>)
+            .await?;
+        if status != StatusCode::OK {
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            driver.abort();
+            return Err(self.api_error(status, &body));
+        }
+        Ok(Watch::new(self.clone(), body, driver))
     }
 
     /// Asks the server to stop (it suspends tasks with live sandboxes first).
@@ -199,18 +230,63 @@ impl Client {
         path: &str,
         body: Option<&B>,
     ) -> Result<T, ClientError> {
-        let proto = |what: String| ClientError::Protocol {
+        let (status, body, driver) = self.send(method, path, body).await?;
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| self.protocol(format!("cut its answer short: {e}")))?
+            .to_bytes();
+        driver.abort();
+        if status == StatusCode::OK {
+            return serde_json::from_slice(&body)
+                .map_err(|e| self.protocol(format!("answered with unexpected JSON: {e}")));
+        }
+        Err(self.api_error(status, &body))
+    }
+
+    fn protocol(&self, what: String) -> ClientError {
+        ClientError::Protocol {
             socket: self.socket.clone(),
             what,
-        };
+        }
+    }
+
+    /// An error answer's body as the [`ApiError`] it should be.
+    fn api_error(&self, status: StatusCode, body: &[u8]) -> ClientError {
+        match serde_json::from_slice::<ApiError>(body) {
+            Ok(e) => ClientError::Api(e),
+            Err(_) => self.protocol(format!(
+                "answered {status}: {}",
+                String::from_utf8_lossy(body)
+            )),
+        }
+    }
+
+    /// Connects, sends one request and returns the answer's status and body as they arrive,
+    /// with the task driving the connection (abort it once done).
+    async fn send<B: Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<
+        (
+            StatusCode,
+            hyper::body::Incoming,
+            tokio::task::JoinHandle<Result<(), hyper::Error>>,
+        ),
+        ClientError,
+    > {
         let stream = self.connect().await?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| proto(format!("refused the connection: {e}")))?;
+            .map_err(|e| self.protocol(format!("refused the connection: {e}")))?;
         // The connection is driven alongside the request; it ends when the answer is read.
         let driver = tokio::spawn(conn);
         let bytes = match body {
-            Some(b) => serde_json::to_vec(b).map_err(|e| proto(format!("(encoding): {e}")))?,
+            Some(b) => {
+                serde_json::to_vec(b).map_err(|e| self.protocol(format!("(encoding): {e}")))?
+            }
             None => Vec::new(),
         };
         let req = Request::builder()
@@ -219,30 +295,13 @@ impl Client {
             .header(hyper::header::HOST, "taskbox")
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(bytes)))
-            .map_err(|e| proto(format!("(request): {e}")))?;
+            .map_err(|e| self.protocol(format!("(request): {e}")))?;
         let resp = sender
             .send_request(req)
             .await
-            .map_err(|e| proto(format!("closed the connection before answering: {e}")))?;
+            .map_err(|e| self.protocol(format!("closed the connection before answering: {e}")))?;
         let status = resp.status();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| proto(format!("cut its answer short: {e}")))?
-            .to_bytes();
-        driver.abort();
-        if status == StatusCode::OK {
-            return serde_json::from_slice(&body)
-                .map_err(|e| proto(format!("answered with unexpected JSON: {e}")));
-        }
-        match serde_json::from_slice::<ApiError>(&body) {
-            Ok(e) => Err(ClientError::Api(e)),
-            Err(_) => Err(proto(format!(
-                "answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            ))),
-        }
+        Ok((status, resp.into_body(), driver))
     }
 }
 

@@ -21,7 +21,7 @@ pub mod sim;
 #[allow(clippy::disallowed_methods)]
 pub mod vercel;
 
-pub use call::Call;
+pub use call::{Call, ReceivedCall};
 pub use decorator::Decorator;
 
 use std::future::Future;
@@ -213,6 +213,10 @@ pub struct SnapshotInfo {
     pub size_bytes: u64,
     /// Expiry (`None`: never).
     pub expires_at: Option<Millis>,
+    /// What the snapshot could not keep (`path: reason`), e.g. unreadable files; everything
+    /// else is in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub omitted: Vec<String>,
 }
 
 /// A provider resource listed for reconciliation.
@@ -297,6 +301,145 @@ pub trait SandboxProvider: Send + Sync {
         false
     }
 }
+
+/// A platform's own error, turned into a [`ProviderError`] naming the operation that failed
+/// (a [`ProviderError`] already names it).
+pub trait PlatformError {
+    /// The provider error for a failure of `operation` (`create sandbox`, `run command`, ...).
+    fn into_provider(self, operation: &'static str) -> ProviderError;
+}
+
+impl PlatformError for ProviderError {
+    fn into_provider(self, _operation: &'static str) -> ProviderError {
+        self
+    }
+}
+
+/// Implements [`SandboxProvider`] for a platform whose operations are its own `async fn`s with
+/// the trait's arguments, failing with a [`PlatformError`]: each trait method boxes the named
+/// method's future and names the operation in its error, so the glue is written once instead
+/// of once per platform. `sweep_temporaries` and `keeps_files_after_deadline` keep the trait's
+/// defaults unless named.
+macro_rules! platform_provider {
+    ($ty:ty, $name:literal, {
+        create_sandbox: $create:ident,
+        exec: $exec:ident,
+        snapshot: $snapshot:ident,
+        stop_sandbox: $stop:ident,
+        extend_timeout: $extend:ident,
+        delete_snapshot: $delete:ident,
+        probe_sandbox: $probe:ident,
+        list_sandboxes: $list_sandboxes:ident,
+        list_snapshots: $list_snapshots:ident,
+        $(sweep_temporaries: $sweep:ident,)?
+        $(keeps_files_after_deadline: $keeps:literal,)?
+    }) => {
+        impl $crate::provider::SandboxProvider for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+            fn create_sandbox<'a>(
+                &'a self,
+                spec: &'a $crate::provider::SandboxSpec,
+            ) -> $crate::provider::ProviderFuture<'a, $crate::provider::SandboxInfo> {
+                Box::pin(async move {
+                    let answer = <$ty>::$create(self, spec).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "create sandbox"))
+                })
+            }
+            fn exec<'a>(
+                &'a self,
+                sandbox_id: &'a $crate::ids::SandboxId,
+                req: &'a $crate::provider::ExecRequest,
+            ) -> $crate::provider::ProviderFuture<'a, $crate::provider::ExecOutput> {
+                Box::pin(async move {
+                    let answer = <$ty>::$exec(self, sandbox_id, req).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "run command"))
+                })
+            }
+            fn snapshot<'a>(
+                &'a self,
+                task_id: &'a $crate::ids::TaskId,
+                sandbox_id: &'a $crate::ids::SandboxId,
+                seq: u64,
+            ) -> $crate::provider::ProviderFuture<'a, $crate::provider::SnapshotInfo> {
+                Box::pin(async move {
+                    let answer = <$ty>::$snapshot(self, task_id, sandbox_id, seq).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "take snapshot"))
+                })
+            }
+            fn stop_sandbox<'a>(
+                &'a self,
+                sandbox_id: &'a $crate::ids::SandboxId,
+            ) -> $crate::provider::ProviderFuture<'a, ()> {
+                Box::pin(async move {
+                    let answer = <$ty>::$stop(self, sandbox_id).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "stop sandbox"))
+                })
+            }
+            fn extend_timeout<'a>(
+                &'a self,
+                sandbox_id: &'a $crate::ids::SandboxId,
+                duration_ms: u64,
+            ) -> $crate::provider::ProviderFuture<'a, $crate::core::Millis> {
+                Box::pin(async move {
+                    let answer = <$ty>::$extend(self, sandbox_id, duration_ms).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "extend timeout"))
+                })
+            }
+            fn delete_snapshot<'a>(
+                &'a self,
+                snapshot_id: &'a $crate::ids::SnapshotId,
+            ) -> $crate::provider::ProviderFuture<'a, ()> {
+                Box::pin(async move {
+                    let answer = <$ty>::$delete(self, snapshot_id).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "delete snapshot"))
+                })
+            }
+            fn probe_sandbox<'a>(
+                &'a self,
+                sandbox_id: &'a $crate::ids::SandboxId,
+            ) -> $crate::provider::ProviderFuture<'a, Option<$crate::core::Millis>> {
+                Box::pin(async move {
+                    let answer = <$ty>::$probe(self, sandbox_id).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "probe sandbox"))
+                })
+            }
+            fn list_sandboxes<'a>(
+                &'a self,
+                installation_id: &'a str,
+            ) -> $crate::provider::ProviderFuture<'a, Vec<$crate::provider::ListedResource>> {
+                Box::pin(async move {
+                    let answer = <$ty>::$list_sandboxes(self, installation_id).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "list sandboxes"))
+                })
+            }
+            fn list_snapshots<'a>(
+                &'a self,
+                installation_id: &'a str,
+            ) -> $crate::provider::ProviderFuture<'a, Vec<$crate::provider::ListedResource>> {
+                Box::pin(async move {
+                    let answer = <$ty>::$list_snapshots(self, installation_id).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "list snapshots"))
+                })
+            }
+            $(
+            fn sweep_temporaries(&self) -> $crate::provider::ProviderFuture<'_, usize> {
+                Box::pin(async move {
+                    let answer = <$ty>::$sweep(self).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "sweep temporaries"))
+                })
+            }
+            )?
+            $(
+            fn keeps_files_after_deadline(&self) -> bool {
+                $keeps
+            }
+            )?
+        }
+    };
+}
+use platform_provider;
 
 /// Bounds captured output the way Hermes does: at most `max_chars` characters, keeping the first
 /// 40 % and the last 60 %, with a line in between saying how much was cut.

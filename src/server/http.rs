@@ -28,6 +28,8 @@ pub(super) struct AppState {
     pub(super) info: Arc<Info>,
     /// Asks the server to stop (`POST /v1/shutdown`).
     pub(super) stop: Arc<tokio::sync::Notify>,
+    /// Turns true when the server stops accepting requests (ends the watch streams).
+    pub(super) closing: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The server's fixed facts, for `GET /v1/health`.
@@ -49,6 +51,8 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/tasks/{task}/run", post(run))
         .route("/tasks/{task}/suspend", post(suspend))
         .route("/tasks/{task}/resume", post(resume))
+        .route("/tasks/{task}/watch", get(super::watch::watch))
+        .route("/tasks/{task}/remove", post(remove))
         .route("/gc", post(gc))
         .route("/shutdown", post(shutdown));
     Router::new()
@@ -72,13 +76,13 @@ impl IntoResponse for Failure {
     }
 }
 
-fn failure(status: StatusCode, err: ApiError) -> Failure {
+pub(super) fn failure(status: StatusCode, err: ApiError) -> Failure {
     Failure(status, Box::new(err))
 }
 
 type Answer<T> = Result<Json<T>, Failure>;
 
-fn task_id(s: &str) -> Result<TaskId, Failure> {
+pub(super) fn task_id(s: &str) -> Result<TaskId, Failure> {
     TaskId::new(s).map_err(|e| {
         failure(
             StatusCode::BAD_REQUEST,
@@ -105,18 +109,23 @@ fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
 /// the hint the CLI would print, and the notices.
 pub(super) fn engine_failure(err: EngineError) -> Failure {
     let status = match &err {
-        EngineError::Store(_) | EngineError::Step(_) | EngineError::Lock { .. } => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
         EngineError::TaskId(_) => StatusCode::BAD_REQUEST,
         EngineError::Request { .. } | EngineError::Provider { .. } => StatusCode::BAD_GATEWAY,
-        EngineError::Busy { .. } => StatusCode::CONFLICT,
+        EngineError::Busy { .. }
+        | EngineError::WrongBackend { .. }
+        | EngineError::InFlight { .. } => StatusCode::CONFLICT,
+        EngineError::NoTask { .. } => StatusCode::NOT_FOUND,
+        EngineError::Removed { .. } => StatusCode::GONE,
         EngineError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+        EngineError::Store(_)
+        | EngineError::Config(_)
+        | EngineError::Step(_)
+        | EngineError::Lock { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     };
     let code = err.code();
     let hint = match &err {
         EngineError::Stopped => Some("the server is stopping; run the command again".to_string()),
-        _ => err.hint(),
+        other => other.hint(),
     };
     let notices = match &err {
         EngineError::Request { notices, .. } => notices.clone(),
@@ -186,12 +195,14 @@ async fn run(
                 .hint(r#"send {"command": "…", "timeout_secs": N}"#),
         )
     })?;
-    if req.timeout_secs == Some(0) {
-        return Err(failure(
-            StatusCode::BAD_REQUEST,
-            ApiError::new("bad_request", "invalid --timeout 0")
-                .hint("give a timeout of at least 1 second"),
-        ));
+    // The same bounds as terminal.timeout, from the config's table.
+    if let Some(t) = req.timeout_secs {
+        crate::config::Config::check_flag("terminal.timeout", "timeout_secs", t).map_err(|e| {
+            let hint = e.hint();
+            let mut err = ApiError::new("config", e.to_string());
+            err.hint = hint;
+            failure(StatusCode::BAD_REQUEST, err)
+        })?;
     }
     let timeout = req.timeout_secs.map(std::time::Duration::from_secs);
     let res = st.orch.run(&task, &req.command, timeout).await;
@@ -211,6 +222,21 @@ async fn suspend(
         .map_err(engine_failure)
 }
 
+async fn remove(
+    State(st): State<AppState>,
+    Path(task): Path<String>,
+    bytes: Bytes,
+) -> Answer<crate::engine::RemoveResult> {
+    let _busy = st.activity.begin();
+    let task = task_id(&task)?;
+    let req: crate::client::wire::RemoveRequest = body(&bytes)?;
+    st.orch
+        .remove(&task, req.keep_snapshots)
+        .await
+        .map(Json)
+        .map_err(engine_failure)
+}
+
 async fn resume(
     State(st): State<AppState>,
     Path(task): Path<String>,
@@ -224,9 +250,17 @@ async fn resume(
         .map_err(engine_failure)
 }
 
-async fn tasks(State(st): State<AppState>) -> Answer<Vec<crate::core::Task>> {
+async fn tasks(State(st): State<AppState>) -> Answer<serde_json::Value> {
     let _busy = st.activity.begin();
-    st.orch.tasks().await.map(Json).map_err(engine_failure)
+    let tasks = st.orch.tasks().await.map_err(engine_failure)?;
+    let mut v = serde_json::to_value(tasks).map_err(|e| {
+        failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::new("encode", format!("cannot encode the tasks: {e}")),
+        )
+    })?;
+    crate::redact::redact_value(&mut v);
+    Ok(Json(v))
 }
 
 /// `?journal=N` on `GET /v1/tasks/{task}`.
@@ -244,17 +278,30 @@ async fn show(
     State(st): State<AppState>,
     Path(task): Path<String>,
     Query(q): Query<ShowQuery>,
-) -> Answer<crate::engine::TaskView> {
+) -> Answer<serde_json::Value> {
     let _busy = st.activity.begin();
     let task = task_id(&task)?;
     match st.orch.show(&task, q.journal).await {
-        Ok(Some(view)) => Ok(Json(view)),
-        Ok(None) => Err(failure(
-            StatusCode::NOT_FOUND,
-            ApiError::new("not_found", format!("no task named `{task}`")).hint(
-                "`taskbox tasks` lists the tasks; `taskbox run --task NAME -- CMD` creates one",
-            ),
-        )),
+        Ok(Some(view)) => view.to_redacted_json().map(Json).map_err(|e| {
+            failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ApiError::new("encode", format!("cannot encode the task: {e}")),
+            )
+        }),
+        Ok(None) => {
+            let names: Vec<String> = st
+                .orch
+                .tasks()
+                .await
+                .map_err(engine_failure)?
+                .into_iter()
+                .map(|t| t.id.to_string())
+                .collect();
+            Err(engine_failure(EngineError::NoTask {
+                suggestion: crate::engine::closest(task.as_str(), names.iter().map(String::as_str)),
+                task: task.to_string(),
+            }))
+        }
         Err(e) => Err(engine_failure(e)),
     }
 }

@@ -44,6 +44,7 @@ fn taken(seq: u64) -> Event {
         snapshot_id: format!("snap-{seq}").into(),
         size_bytes: 1,
         expires_at: None,
+        omitted: Vec::new(),
     }
 }
 
