@@ -232,7 +232,9 @@ fn a_fallback_restore_note_says_changes_after_the_snapshot_are_gone() {
     assert_eq!(ok(&out), "v1\n");
     let err = stderr(&out);
     assert!(
-        err.contains("recreated from snapshot fb.s1 taken at 20")
+        // Archives are named `<task>.s<seq>.<nonce>`.
+        err.contains("recreated from snapshot fb.s1.")
+            && err.contains(" taken at 20")
             && err.contains("changes made after that snapshot are gone"),
         "{err}"
     );
