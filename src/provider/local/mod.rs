@@ -3,7 +3,9 @@
 //! platform so that the engine cannot tell the difference: a sandbox has a deadline after which
 //! nothing runs in it, a snapshot stops it, a stop discards its files and kills its processes.
 //! Unlike a microVM, its files outlive the deadline until it is snapshotted or stopped
-//! ([`SandboxProvider::keeps_files_after_deadline`]): the engine takes a late checkpoint of them.
+//! ([`keeps_files_after_deadline`]): the engine takes a late checkpoint of them.
+//!
+//! [`keeps_files_after_deadline`]: crate::provider::SandboxProvider::keeps_files_after_deadline
 //!
 //! Layout under the root (`<data dir>/local`):
 //!
