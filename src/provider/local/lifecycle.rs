@@ -1,6 +1,7 @@
 //! A sandbox's life: create (empty or restored from a snapshot, assembled under `tmp/` and
-//! renamed into its task's directory, parking or discarding the generation found there), the deadline check every operation makes, extend, probe, stop, and the
-//! discard that kills its processes and removes its files. Also the listing the reconciler uses.
+//! renamed into its task's directory, parking the generation found there), the deadline check
+//! every operation makes, extend, probe, stop, and the discard that kills its processes and
+//! removes its files. Also the listing the reconciler uses.
 
 use std::fs;
 use std::io;
@@ -263,8 +264,9 @@ impl LocalProvider {
         Ok(meta)
     }
 
-    /// Makes `tasks/<task>/` free for `name`: another generation holding it is discarded if it
-    /// expired and parked under `sandboxes/` (files and processes kept) if it is still alive.
+    /// Makes `tasks/<task>/` free for `name`: another generation holding it is parked under
+    /// `sandboxes/` with its files (its processes too while it is within its deadline; past it
+    /// they are stopped).
     /// The caller holds the task's lock.
     async fn vacate_task_dir(&self, name: &SandboxName) -> Result<(), LocalError> {
         let task_dir = self.task_dir(&name.task);
@@ -294,10 +296,12 @@ impl LocalProvider {
                 expected: name.task.to_string(),
             });
         }
-        let slot = self.slot(&held_by);
         if self.clock.now_ms() >= holder.deadline {
-            self.discard(&held_by, &slot).await?;
-            return Ok(());
+            // Nothing runs past a deadline, but its files stay until it is snapshotted or
+            // stopped (a late checkpoint may still want them): parked like a live one, for the
+            // reconciler to stop once no task holds it.
+            let slot = self.slot(&held_by);
+            self.stop_processes(&held_by, &slot).await?;
         }
         let parked = self.parked_dir(&held_by);
         fs::rename(&task_dir, &parked).map_err(LocalError::io("park", &parked))?;

@@ -26,7 +26,8 @@
 //! (shebangs, virtualenvs, build caches) stay true across snapshots and restores. A sandbox is
 //! found by its name: in `tasks/<task>/` if that directory's meta names it, else parked under
 //! `sandboxes/<name>/` (creating generation N while generation N-1 is still alive parks N-1
-//! there rather than discarding its files; an expired one is discarded, as it would be anyway).
+//! there rather than discarding its files; one past its deadline is parked too, its processes
+//! stopped, since its files stay until it is snapshotted or stopped).
 //!
 //! Crash safety comes from renames: a sandbox is assembled (restored, meta written) under `tmp/`
 //! and renamed into `tasks/<task>/` whole, so a half-restored workspace never carries a

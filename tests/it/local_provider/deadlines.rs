@@ -88,3 +88,21 @@ async fn stopping_a_sandbox_under_a_command_kills_the_command() {
     let (result, ()) = tokio::join!(running, stop);
     assert_kind(result, FailureKind::SandboxGone);
 }
+
+/// A newer generation created while a past-deadline one still holds the task's directory parks
+/// it with its files (a late checkpoint can still take them) instead of discarding them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_generation_parks_a_past_deadline_one_with_its_files() {
+    let env = Env::new();
+    let old = env.try_create("park", 1, None, 1_000).await.unwrap();
+    env.run(&old, "echo kept > f").await;
+    env.clock.advance(1_500);
+    let new = env.create("park", 2, None).await;
+    assert_eq!(env.run(&new, "ls -A").await.stdout, "");
+    // The old generation's files are still there, parked, and a late snapshot keeps them.
+    let parked = env.provider.workspace_path(&old).expect("the files stay");
+    assert_eq!(std::fs::read_to_string(parked.join("f")).unwrap(), "kept\n");
+    let snap = env.provider.snapshot(&tid("park"), &old, 1).await.unwrap();
+    let restored = env.create("park", 3, Some(&snap.id)).await;
+    assert_eq!(env.run(&restored, "cat f").await.stdout, "kept\n");
+}
