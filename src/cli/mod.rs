@@ -7,12 +7,12 @@ mod chaos;
 mod doctor;
 #[cfg(feature = "fake")]
 mod fake;
+mod live;
 mod output;
 mod replay;
 #[cfg(feature = "server")]
 mod server;
 
-use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use clap::{Args, Parser, Subcommand};
 
 use taskbox::config::Config;
 use taskbox::engine::{Orchestrator, Paths, TaskView};
+use taskbox::provider::{Canceller, ExecIo};
 use taskbox::store::{Store, StoreError};
 use taskbox::TaskId;
 
@@ -360,42 +361,61 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
 async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     let task = task_id(&args.task)?;
     let command = shell_join(&args.command);
-    let res =
+    if args.timeout == Some(0) {
+        return Err(Failure::new("invalid --timeout 0").hint("give a timeout of at least 1 second"));
+    }
+    // Output streams to our stdout and stderr as it is produced; `--json` prints the result
+    // (with the bounded capture) instead.
+    let (output_tx, output_rx) = match args.json {
+        true => (None, None),
+        false => {
+            let (tx, rx) = live::output_channel();
+            (Some(tx), Some(rx))
+        }
+    };
+    let (canceller, cancel_rx) = Canceller::new();
+    let io = ExecIo {
+        output: output_tx,
+        stdin: live::stdin_source(),
+        cancel: Some(cancel_rx),
+    };
+    let mut signals = live::Signals::catch()?;
+    let run = async {
         match route(paths)? {
             Route::InProcess => {
                 let orch = open(paths).await?;
                 let timeout = args.timeout.map(Duration::from_secs);
-                if args.timeout == Some(0) {
-                    return Err(Failure::new("invalid --timeout 0")
-                        .hint("give a timeout of at least 1 second"));
-                }
-                let res = orch.run(&task, &command, timeout).await;
+                let res = orch.run_live(&task, &command, timeout, io).await;
                 orch.shutdown().await;
-                res.map_err(Failure::from_engine)?
+                res.map_err(Failure::from_engine)
             }
             #[cfg(feature = "server")]
             Route::Server(client, mode) => {
-                if args.timeout == Some(0) {
-                    return Err(Failure::new("invalid --timeout 0")
-                        .hint("give a timeout of at least 1 second"));
-                }
                 let timeout = args.timeout;
+                // Shared so that a retry after starting a server gets the same live side
+                // (the client takes its parts only once a server answered).
+                let io = std::sync::Arc::new(tokio::sync::Mutex::new(io));
                 server::call(&client, mode, |c| {
-                    let (task, command) = (task.clone(), command.clone());
-                    async move { c.run(&task, &command, timeout).await }
+                    let (task, command, io) = (task.clone(), command.clone(), io.clone());
+                    async move {
+                        let mut io = io.lock().await;
+                        c.run_live(&task, &command, timeout, &mut io).await
+                    }
                 })
-                .await?
+                .await
             }
-        };
+        }
+    };
+    let (res, cancelled) = live::drive(run, output_rx, &canceller, &mut signals).await;
+    let res = res?;
     if args.json {
         print_json(&res)?;
     } else {
         output::print_notices(&res.notices);
-        let mut out = std::io::stdout().lock();
-        output::write_ignoring_broken_pipe(&mut out, res.stdout.as_bytes())?;
-        let _ = out.flush();
-        let mut err = std::io::stderr().lock();
-        let _ = err.write_all(res.stderr.as_bytes());
+    }
+    if let Some(signal) = cancelled {
+        // As a shell reports a command its signal ended: 130, 143, 129.
+        return Ok(ExitCode::from(signal.exit_code() as u8));
     }
     if res.timed_out {
         let secs = args

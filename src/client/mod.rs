@@ -15,6 +15,7 @@
 // socket to answer: the client's own job, like a provider's.
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 pub mod autostart;
+pub mod body;
 pub mod wire;
 
 use std::path::{Path, PathBuf};
@@ -28,8 +29,10 @@ use serde::Serialize;
 
 use crate::engine::{GcReport, ResumeResult, RunResult, SuspendResult};
 use crate::ids::TaskId;
+use crate::provider::live::cancel_requested;
+use crate::provider::{CancelSignal, ExecIo};
 pub use wire::{ApiError, Health, SOCKET_FILE};
-use wire::{GcRequest, RunRequest, API_PREFIX};
+use wire::{CancelRequest, GcRequest, RunEvent, RunRequest, API_PREFIX};
 
 /// What can go wrong talking to a server.
 #[derive(Debug, thiserror::Error)]
@@ -130,12 +133,153 @@ impl Client {
         command: &str,
         timeout_secs: Option<u64>,
     ) -> Result<RunResult, ClientError> {
+        self.run_live(task, command, timeout_secs, &mut ExecIo::default())
+            .await
+    }
+
+    /// Runs `command` with its live side, as [`crate::engine::Orchestrator::run_live`] does
+    /// in-process: output chunks go to `io.output` as the server streams them, `io.stdin` is
+    /// uploaded to the run as it is read, and a cancel through `io.cancel` is posted to the
+    /// run's cancel endpoint. The parts of `io` are taken only once the server answers, so after
+    /// [`ClientError::NoServer`] the same `io` can be used again.
+    pub async fn run_live(
+        &self,
+        task: &TaskId,
+        command: &str,
+        timeout_secs: Option<u64>,
+        io: &mut ExecIo,
+    ) -> Result<RunResult, ClientError> {
+        let proto = |what: String| ClientError::Protocol {
+            socket: self.socket.clone(),
+            what,
+        };
         let body = RunRequest {
             command: command.to_string(),
             timeout_secs,
+            stdin: io.stdin.is_some(),
         };
-        self.call(Method::POST, &format!("/tasks/{task}/run"), Some(&body))
-            .await
+        let resp = self
+            .send(Method::POST, &format!("/tasks/{task}/run"), Some(&body))
+            .await?;
+        let status = resp.status();
+        let mut body = resp.into_body();
+        if status != StatusCode::OK {
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|e| proto(format!("cut its answer short: {e}")))?
+                .to_bytes();
+            return Err(self.error(status, &bytes));
+        }
+        let output = io.output.take();
+        let mut stdin = io.stdin.take();
+        let mut cancel = io.cancel.take();
+        let mut run_id: Option<String> = None;
+        let mut pending: Option<CancelSignal> = None;
+        let mut uploads = tokio::task::JoinSet::new();
+        let mut line = Vec::new();
+        loop {
+            let frame = tokio::select! {
+                frame = body.frame() => frame,
+                signal = cancel_requested(&mut cancel), if pending.is_none() => {
+                    pending = Some(signal);
+                    if let Some(run) = &run_id {
+                        uploads.spawn(self.clone().cancel_run(run.clone(), signal));
+                    }
+                    continue;
+                }
+            };
+            let data = match frame {
+                None => return Err(proto("ended its answer before the command's result".into())),
+                Some(Err(e)) => return Err(proto(format!("cut its answer short: {e}"))),
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => data,
+                    Err(_) => continue,
+                },
+            };
+            line.extend_from_slice(&data);
+            while let Some(end) = line.iter().position(|b| *b == b'\n') {
+                let rest = line.split_off(end + 1);
+                let text = std::mem::replace(&mut line, rest);
+                if text.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let event: RunEvent = serde_json::from_slice(&text)
+                    .map_err(|e| proto(format!("answered with an unexpected line: {e}")))?;
+                match event {
+                    RunEvent::Started { run } => {
+                        if let Some(rx) = stdin.take() {
+                            uploads.spawn(self.clone().upload_stdin(run.clone(), rx));
+                        }
+                        if let Some(signal) = pending {
+                            uploads.spawn(self.clone().cancel_run(run.clone(), signal));
+                        }
+                        run_id = Some(run);
+                    }
+                    RunEvent::Result(result) => {
+                        uploads.abort_all();
+                        return Ok(result);
+                    }
+                    RunEvent::Error(e) => {
+                        uploads.abort_all();
+                        return Err(ClientError::Api(e));
+                    }
+                    out @ RunEvent::Output { .. } => {
+                        if let (Some(tx), Some(chunk)) = (&output, out.into_chunk()) {
+                            let _ = tx.send(chunk).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Streams `stdin` to the run (`POST /v1/runs/{run}/stdin`) on a connection of its own;
+    /// the end of `stdin` is the end of the body, which the server passes on as end of file.
+    async fn upload_stdin(self, run: String, mut stdin: tokio::sync::mpsc::Receiver<Vec<u8>>) {
+        let (tx, body) = body::ChannelBody::new(16);
+        let forward = async move {
+            while let Some(data) = stdin.recv().await {
+                if tx.send(Bytes::from(data)).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let send = async {
+            let stream = self.connect().await.ok()?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .ok()?;
+            let driver = tokio::spawn(conn);
+            let req = Request::builder()
+                .method(Method::POST)
+                .uri(format!("{API_PREFIX}/runs/{run}/stdin"))
+                .header(hyper::header::HOST, "taskbox")
+                .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
+                .body(body)
+                .ok()?;
+            let resp = sender.send_request(req).await.ok();
+            driver.abort();
+            resp
+        };
+        let (_, resp) = tokio::join!(forward, send);
+        if let Some(resp) = resp.filter(|r| r.status() != StatusCode::OK) {
+            tracing::debug!(status = %resp.status(), "the server refused the command's stdin");
+        }
+    }
+
+    /// Asks the server to cancel the run with `signal`.
+    async fn cancel_run(self, run: String, signal: CancelSignal) {
+        let res: Result<serde_json::Value, _> = self
+            .call(
+                Method::POST,
+                &format!("/runs/{run}/cancel"),
+                Some(&CancelRequest { signal }),
+            )
+            .await;
+        if let Err(e) = res {
+            tracing::debug!(error = %e, "could not cancel the run");
+        }
     }
 
     /// Suspends the task; see [`crate::engine::Orchestrator::suspend`].
@@ -203,12 +347,51 @@ impl Client {
             socket: self.socket.clone(),
             what,
         };
+        let resp = self.send(method, path, body).await?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| proto(format!("cut its answer short: {e}")))?
+            .to_bytes();
+        if status == StatusCode::OK {
+            return serde_json::from_slice(&body)
+                .map_err(|e| proto(format!("answered with unexpected JSON: {e}")));
+        }
+        Err(self.error(status, &body))
+    }
+
+    /// An error answer as a [`ClientError`].
+    fn error(&self, status: StatusCode, body: &[u8]) -> ClientError {
+        match serde_json::from_slice::<ApiError>(body) {
+            Ok(e) => ClientError::Api(e),
+            Err(_) => ClientError::Protocol {
+                socket: self.socket.clone(),
+                what: format!("answered {status}: {}", String::from_utf8_lossy(body)),
+            },
+        }
+    }
+
+    /// Sends one request on a connection of its own and returns the answer's head, its body
+    /// still to be read (the connection is driven until then).
+    async fn send<B: Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
+        let proto = |what: String| ClientError::Protocol {
+            socket: self.socket.clone(),
+            what,
+        };
         let stream = self.connect().await?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| proto(format!("refused the connection: {e}")))?;
-        // The connection is driven alongside the request; it ends when the answer is read.
-        let driver = tokio::spawn(conn);
+        // The connection is driven alongside the request; it ends when the answer is read (or
+        // dropped).
+        tokio::spawn(conn);
         let bytes = match body {
             Some(b) => serde_json::to_vec(b).map_err(|e| proto(format!("(encoding): {e}")))?,
             None => Vec::new(),
@@ -220,29 +403,10 @@ impl Client {
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(bytes)))
             .map_err(|e| proto(format!("(request): {e}")))?;
-        let resp = sender
+        sender
             .send_request(req)
             .await
-            .map_err(|e| proto(format!("closed the connection before answering: {e}")))?;
-        let status = resp.status();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| proto(format!("cut its answer short: {e}")))?
-            .to_bytes();
-        driver.abort();
-        if status == StatusCode::OK {
-            return serde_json::from_slice(&body)
-                .map_err(|e| proto(format!("answered with unexpected JSON: {e}")));
-        }
-        match serde_json::from_slice::<ApiError>(&body) {
-            Ok(e) => Err(ClientError::Api(e)),
-            Err(_) => Err(proto(format!(
-                "answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            ))),
-        }
+            .map_err(|e| proto(format!("closed the connection before answering: {e}")))
     }
 }
 

@@ -19,7 +19,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::core::{Reply, Task, TaskSettings};
 use crate::ids::TaskId;
-use crate::provider::{ExecOutput, SandboxProvider};
+use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
 use crate::retry::Jitter;
 use crate::store::Store;
 
@@ -98,6 +98,7 @@ impl OrchestratorBuilder {
             tasks: HashMap::new(),
             waiters: Default::default(),
             outputs: HashMap::new(),
+            live: HashMap::new(),
             timers: HashMap::new(),
             inflight: 0,
             creates: Arc::new(Semaphore::new(max_creates)),
@@ -205,6 +206,38 @@ impl Orchestrator {
         command: &str,
         timeout: Option<Duration>,
     ) -> Result<RunResult, EngineError> {
+        self.run_live(task, command, timeout, ExecIo::default())
+            .await
+    }
+
+    /// [`Orchestrator::run`] with the command's live side: its output is sent to `io.output`
+    /// as it is produced (stdout and stderr chunks in the order they were read; every chunk is
+    /// sent before this returns), `io.stdin` is its stdin, and a cancel through `io.cancel`
+    /// signals the command (never the sandbox) — its result is then whatever it exited with.
+    /// None of this is journaled; the result carries the bounded capture as `run` does.
+    ///
+    /// ```no_run
+    /// # async fn demo(orch: taskbox::engine::Orchestrator) -> Result<(), taskbox::engine::EngineError> {
+    /// use taskbox::provider::{ExecIo, live::OUTPUT_CHANNEL_CHUNKS};
+    /// let task = taskbox::TaskId::new("demo")?;
+    /// let (tx, mut rx) = tokio::sync::mpsc::channel(OUTPUT_CHANNEL_CHUNKS);
+    /// let printer = tokio::spawn(async move {
+    ///     while let Some(chunk) = rx.recv().await {
+    ///         println!("{:?}: {}", chunk.stream, String::from_utf8_lossy(&chunk.data));
+    ///     }
+    /// });
+    /// let io = ExecIo { output: Some(tx), ..ExecIo::default() };
+    /// let res = orch.run_live(&task, "for i in 1 2 3; do echo $i; sleep 1; done", None, io).await?;
+    /// printer.await.ok();
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_live(
+        &self,
+        task: &TaskId,
+        command: &str,
+        timeout: Option<Duration>,
+        io: ExecIo,
+    ) -> Result<RunResult, EngineError> {
         let timeout_ms = timeout.map_or(self.inner.settings.command_timeout_ms, |d| {
             (d.as_millis() as u64).max(1)
         });
@@ -214,6 +247,7 @@ impl Orchestrator {
                 ApiRequest::Run {
                     command: command.to_string(),
                     timeout_ms,
+                    io,
                 },
             )
             .await?;
@@ -226,18 +260,9 @@ impl Orchestrator {
                 let out = answer.output.unwrap_or(ExecOutput {
                     exit_code,
                     timed_out,
-                    stdout: String::new(),
-                    stderr: String::new(),
-                    duration_ms: 0,
+                    ..ExecOutput::default()
                 });
-                Ok(RunResult {
-                    exit_code,
-                    timed_out,
-                    stdout: out.stdout,
-                    stderr: out.stderr,
-                    duration_ms: out.duration_ms,
-                    notices,
-                })
+                Ok(RunResult::from_output(out, notices))
             }
             other => Err(unexpected(task, other)),
         }

@@ -14,13 +14,18 @@ use super::{EngineError, StateChange};
 use crate::clock::Clock;
 use crate::core::{step, Command, Event, Millis, Reply, Task, TaskSettings, TaskState, TimerKind};
 use crate::ids::TaskId;
-use crate::provider::{ExecOutput, SandboxProvider};
+use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
 use crate::retry::Jitter;
 use crate::store::{Store, TransitionRecord};
 
 /// A caller's request, as the API sends it to the loop.
 pub(super) enum ApiRequest {
-    Run { command: String, timeout_ms: u64 },
+    Run {
+        command: String,
+        timeout_ms: u64,
+        /// The command's live side (output, stdin, cancel); never journaled.
+        io: ExecIo,
+    },
     Suspend,
     Resume,
 }
@@ -77,6 +82,8 @@ pub(super) struct EventLoop {
     /// deterministic order (simulations reproduce bit for bit).
     pub(super) waiters: std::collections::BTreeMap<(String, u64), Responder>,
     pub(super) outputs: HashMap<(String, u64), ExecOutput>,
+    /// The live side of each run request until it is answered (kept out of the journal).
+    pub(super) live: HashMap<(String, u64), ExecIo>,
     pub(super) timers: HashMap<(String, TimerKind), JoinHandle<()>>,
     pub(super) inflight: usize,
     pub(super) creates: Arc<Semaphore>,
@@ -195,16 +202,21 @@ impl EventLoop {
             ApiRequest::Run {
                 command,
                 timeout_ms,
-            } => Event::RunRequested {
-                request_id,
-                command,
-                timeout_ms,
-            },
+                io,
+            } => {
+                self.live.insert((task.clone(), request_id), io);
+                Event::RunRequested {
+                    request_id,
+                    command,
+                    timeout_ms,
+                }
+            }
             ApiRequest::Suspend => Event::SuspendRequested { request_id },
             ApiRequest::Resume => Event::ResumeRequested { request_id },
         };
         self.waiters.insert((task.clone(), request_id), respond);
         if let Err(e) = self.apply(&task, event) {
+            self.live.remove(&(task.clone(), request_id));
             if let Some(w) = self.waiters.remove(&(task, request_id)) {
                 let _ = w.send(Err(e));
             }
@@ -372,6 +384,7 @@ impl EventLoop {
             | Event::ResumeRequested { request_id } => *request_id,
             _ => return,
         };
+        self.live.remove(&(s.task.clone(), request_id));
         if let Some(w) = self.waiters.remove(&(s.task.clone(), request_id)) {
             let _ = w.send(Err(err));
         }

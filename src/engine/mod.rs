@@ -41,4 +41,4 @@ pub use api::{Orchestrator, OrchestratorBuilder};
 pub use error::EngineError;
 pub use gc::{GcItem, GcReport};
 pub use paths::{store_file, Paths, STORE_FILE};
-pub use results::{ResumeResult, RunResult, StateChange, SuspendResult, TaskView};
+pub use results::{Encoding, ResumeResult, RunResult, StateChange, SuspendResult, TaskView};

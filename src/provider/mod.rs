@@ -11,6 +11,7 @@
 
 mod call;
 mod decorator;
+pub mod live;
 // Providers are where processes and waiting on the platform live: `local` spawns `bash` and
 // polls its processes, `sim` sleeps its latencies on (paused) tokio time, `vercel` waits out
 // retry-afters and long polls.
@@ -23,6 +24,7 @@ pub mod vercel;
 
 pub use call::Call;
 pub use decorator::Decorator;
+pub use live::{CancelSignal, Canceller, ExecIo, OutputChunk, OutputStream};
 
 use std::future::Future;
 use std::pin::Pin;
@@ -174,7 +176,7 @@ pub struct ExecRequest {
 }
 
 /// A finished command.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecOutput {
     /// Exit code; 124 when the timeout killed it.
     pub exit_code: i32,
@@ -186,6 +188,19 @@ pub struct ExecOutput {
     pub stderr: String,
     /// Wall time.
     pub duration_ms: u64,
+    /// The captured stdout's bytes when they are not UTF-8 (bounded by bytes, see
+    /// [`live::bound_bytes`]); `stdout` is then their lossy text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_bytes: Option<Vec<u8>>,
+    /// The captured stderr's bytes when they are not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_bytes: Option<Vec<u8>>,
+    /// Whether the capture of stdout dropped its middle.
+    #[serde(default)]
+    pub stdout_truncated: bool,
+    /// Whether the capture of stderr dropped its middle.
+    #[serde(default)]
+    pub stderr_truncated: bool,
 }
 
 /// A snapshot as the provider reports it.
@@ -226,6 +241,35 @@ pub trait SandboxProvider: Send + Sync {
         sandbox_id: &'a str,
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput>;
+
+    /// [`SandboxProvider::exec`] with its live side: output forwarded to `io.output` as it is
+    /// produced, `io.stdin` as the command's stdin, and `io.cancel` signalling the command (its
+    /// process group, never the sandbox; what the command then exits with is its result). The
+    /// result still carries the bounded capture. Platforms without a live side need not
+    /// override: the default runs [`SandboxProvider::exec`] and forwards the captured output
+    /// once it has run (stdin stays empty, a cancel is not seen).
+    fn exec_live<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        req: &'a ExecRequest,
+        io: ExecIo,
+    ) -> ProviderFuture<'a, ExecOutput> {
+        Box::pin(async move {
+            let out = self.exec(sandbox_id, req).await?;
+            if let Some(tx) = io.output {
+                for (stream, text) in [
+                    (OutputStream::Stdout, &out.stdout),
+                    (OutputStream::Stderr, &out.stderr),
+                ] {
+                    if !text.is_empty() {
+                        let data = text.as_bytes().to_vec();
+                        let _ = tx.send(OutputChunk { stream, data }).await;
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
 
     /// Snapshots the sandbox's filesystem and stops it. Idempotent by (`task_id`, `seq`).
     fn snapshot<'a>(

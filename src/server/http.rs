@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use super::idle::Activity;
-use crate::client::wire::{ApiError, GcRequest, Health, LiveTask, RunRequest, API_PREFIX};
+use crate::client::wire::{ApiError, GcRequest, Health, LiveTask, API_PREFIX};
 use crate::core::Millis;
 use crate::engine::{EngineError, Orchestrator};
 use crate::ids::TaskId;
@@ -28,6 +28,8 @@ pub(super) struct AppState {
     pub(super) info: Arc<Info>,
     /// Asks the server to stop (`POST /v1/shutdown`).
     pub(super) stop: Arc<tokio::sync::Notify>,
+    /// Runs in progress (for their cancel and stdin endpoints).
+    pub(super) runs: Arc<super::runs::Runs>,
 }
 
 /// The server's fixed facts, for `GET /v1/health`.
@@ -46,7 +48,9 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/tasks", get(tasks))
         .route("/tasks/{task}", get(show))
-        .route("/tasks/{task}/run", post(run))
+        .route("/tasks/{task}/run", post(super::runs::run))
+        .route("/runs/{run}/cancel", post(super::runs::cancel))
+        .route("/runs/{run}/stdin", post(super::runs::stdin))
         .route("/tasks/{task}/suspend", post(suspend))
         .route("/tasks/{task}/resume", post(resume))
         .route("/gc", post(gc))
@@ -64,7 +68,7 @@ pub(super) fn router(state: AppState) -> Router {
 }
 
 /// An error answer: a status and an [`ApiError`] body.
-pub(super) struct Failure(StatusCode, Box<ApiError>);
+pub(super) struct Failure(StatusCode, pub(super) Box<ApiError>);
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
@@ -72,13 +76,13 @@ impl IntoResponse for Failure {
     }
 }
 
-fn failure(status: StatusCode, err: ApiError) -> Failure {
+pub(super) fn failure(status: StatusCode, err: ApiError) -> Failure {
     Failure(status, Box::new(err))
 }
 
 type Answer<T> = Result<Json<T>, Failure>;
 
-fn task_id(s: &str) -> Result<TaskId, Failure> {
+pub(super) fn task_id(s: &str) -> Result<TaskId, Failure> {
     TaskId::new(s).map_err(|e| {
         failure(
             StatusCode::BAD_REQUEST,
@@ -177,32 +181,6 @@ async fn health(State(st): State<AppState>) -> Answer<Health> {
         requests_in_flight: st.activity.in_flight(),
         live_tasks,
     }))
-}
-
-async fn run(
-    State(st): State<AppState>,
-    Path(task): Path<String>,
-    bytes: Bytes,
-) -> Answer<crate::engine::RunResult> {
-    let _busy = st.activity.begin();
-    let task = task_id(&task)?;
-    let req: RunRequest = serde_json::from_slice(&bytes).map_err(|e| {
-        failure(
-            StatusCode::BAD_REQUEST,
-            ApiError::new("bad_request", format!("the request body is not valid: {e}"))
-                .hint(r#"send {"command": "…", "timeout_secs": N}"#),
-        )
-    })?;
-    if req.timeout_secs == Some(0) {
-        return Err(failure(
-            StatusCode::BAD_REQUEST,
-            ApiError::new("bad_request", "invalid --timeout 0")
-                .hint("give a timeout of at least 1 second"),
-        ));
-    }
-    let timeout = req.timeout_secs.map(std::time::Duration::from_secs);
-    let res = st.orch.run(&task, &req.command, timeout).await;
-    res.map(Json).map_err(engine_failure)
 }
 
 async fn suspend(

@@ -14,6 +14,7 @@
 //! snapshots) before it exits, so that no live sandbox outlives its engine.
 
 mod http;
+mod runs;
 // The idle clock: when the last request ended, and a periodic look at the loaded tasks.
 #[allow(clippy::disallowed_methods)]
 pub mod idle;
@@ -200,6 +201,7 @@ impl Server {
             .and_then(|(l, _)| l.local_addr().ok())
             .map(|a| a.to_string());
         let state = http::AppState {
+            runs: Default::default(),
             orch: orch.clone(),
             activity: activity.clone(),
             info: Arc::new(http::Info {

@@ -69,7 +69,7 @@ use tokio::sync::watch;
 
 use self::names::SandboxName;
 use super::{
-    ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
+    ExecIo, ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
     SandboxSpec, SnapshotInfo,
 };
 use crate::clock::Clock;
@@ -188,8 +188,17 @@ impl SandboxProvider for LocalProvider {
         sandbox_id: &'a str,
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput> {
+        self.exec_live(sandbox_id, req, ExecIo::default())
+    }
+
+    fn exec_live<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        req: &'a ExecRequest,
+        io: ExecIo,
+    ) -> ProviderFuture<'a, ExecOutput> {
         Box::pin(async move {
-            self.exec_command(sandbox_id, req)
+            self.exec_command(sandbox_id, req, io)
                 .await
                 .map_err(|e| e.into_provider("run command"))
         })

@@ -49,7 +49,7 @@ use crate::clock::Clock;
 use crate::config::TerminalConfig;
 use crate::core::{FailureKind, Millis};
 use crate::provider::{
-    ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture, SandboxInfo,
+    ExecIo, ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture, SandboxInfo,
     SandboxProvider, SandboxSpec, SnapshotInfo,
 };
 
@@ -478,11 +478,21 @@ impl SandboxProvider for VercelProvider {
         sandbox_id: &'a str,
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput> {
+        self.exec_live(sandbox_id, req, ExecIo::default())
+    }
+
+    fn exec_live<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        req: &'a ExecRequest,
+        io: ExecIo,
+    ) -> ProviderFuture<'a, ExecOutput> {
         Box::pin(exec::exec(
             &self.client,
             sandbox_id,
             req,
             &self.options.exec,
+            io,
         ))
     }
 

@@ -206,6 +206,7 @@ impl SandboxProvider for ReplayProvider {
                     stdout: String::new(),
                     stderr: String::new(),
                     duration_ms: self.clock.now_ms().saturating_sub(started),
+                    ..ExecOutput::default()
                 }),
                 Event::CommandFailed { failure, .. } => Err(recorded_error(&failure)),
                 other => Err(wrong_outcome("run command", &other)),
