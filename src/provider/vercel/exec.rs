@@ -13,8 +13,9 @@
 //! recovery, the part of the `/logs` replay beyond what was forwarded); a cancel posts the
 //! caller's signal to the command's kill endpoint (then SIGKILL after a grace), never touching
 //! the session. The API has no stdin for commands, so stdin is *uploaded, then redirected*: it
-//! is read to its end, written to a file in the sandbox (`fs/write`), and the command runs with
-//! its stdin opened on that file, which is removed as the command starts.
+//! is read to its end, written to a hidden file in the sandbox's working directory
+//! (`/vercel/sandbox/.taskbox-stdin-…`, with `fs/write`), and the command runs with its stdin
+//! opened on that file, which is removed before the command itself starts.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -240,14 +241,17 @@ async fn read_stdin(rx: &mut mpsc::Receiver<Vec<u8>>) -> Result<Vec<u8>, Provide
     Ok(data)
 }
 
-/// A file name no other command's upload uses.
-fn stdin_path() -> String {
+/// Where commands start (no `cwd` is sent): the upload's relative name resolves against it.
+const SANDBOX_ROOT: &str = "/vercel/sandbox";
+
+/// A file name (relative to [`SANDBOX_ROOT`]) no other command's upload uses.
+fn stdin_file() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!(
-        "/tmp/.taskbox-stdin-{}-{nanos}-{}",
+        ".taskbox-stdin-{}-{nanos}-{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
@@ -313,13 +317,14 @@ pub async fn exec(
             }
         };
         if !data.is_empty() {
-            let path = stdin_path();
+            let file = stdin_file();
+            let path = format!("{SANDBOX_ROOT}/{file}");
             client.write_files(session_id, &[(&path, &data)]).await?;
             args = vec![
                 "-c".to_string(),
                 STDIN_REDIRECT.to_string(),
                 req.command.clone(),
-                path,
+                file,
             ];
         }
     }
