@@ -17,6 +17,7 @@ mod core_step;
 mod crash;
 mod engine;
 mod fake_vercel;
+mod live;
 mod local_provider;
 mod replay;
 mod server;
