@@ -200,7 +200,7 @@ pub(super) async fn stdin(
         let live = runs.get_mut(&run).ok_or_else(|| no_run(&run))?;
         live.stdin.take().ok_or_else(|| {
             failure(
-                StatusCode::CONFLICT,
+                StatusCode::BAD_REQUEST,
                 ApiError::new(
                     "bad_request",
                     format!("run `{run}` takes no stdin, or its stdin was already sent"),
