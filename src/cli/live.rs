@@ -47,10 +47,12 @@ pub fn output_channel() -> (mpsc::Sender<OutputChunk>, mpsc::Receiver<OutputChun
 }
 
 /// Our stdin as the command's, read on a thread of its own (a blocking read must not hold up
-/// the runtime, nor its shutdown). `None` when stdin is a terminal: an interactive user is not
-/// typing input for a command in a sandbox, and nothing should wait for them.
+/// the runtime, nor its shutdown). `None` when there is none to forward: a terminal (an
+/// interactive user is not typing input for a command in a sandbox, and nothing should wait for
+/// them), `/dev/null`, or a closed stdin — the command's stdin is then empty from the start,
+/// and nothing is uploaded.
 pub fn stdin_source() -> Option<mpsc::Receiver<Vec<u8>>> {
-    if std::io::stdin().is_terminal() {
+    if std::io::stdin().is_terminal() || stdin_is_empty() {
         return None;
     }
     let (tx, rx) = mpsc::channel(16);
@@ -75,6 +77,16 @@ pub fn stdin_source() -> Option<mpsc::Receiver<Vec<u8>>> {
         })
         .ok()?;
     Some(rx)
+}
+
+/// Whether our stdin is `/dev/null` or closed.
+fn stdin_is_empty() -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(ours) = std::fs::metadata("/dev/stdin") else {
+        return true;
+    };
+    let null = std::fs::metadata("/dev/null");
+    ours.file_type().is_char_device() && null.is_ok_and(|n| n.rdev() == ours.rdev())
 }
 
 /// Prints output chunks exactly as they came, flushing each; a closed stdout (`| head`) stops

@@ -384,3 +384,44 @@ fn sigint_cancels_the_command_on_the_fake_vercel() {
         130,
     );
 }
+
+/// SIGKILL of `taskbox run` (nothing can be cancelled then) leaves the command to the server:
+/// it runs on, and its timeout kills it — not the sandbox.
+#[test]
+fn a_sigkilled_cli_leaves_the_command_to_the_server_and_its_timeout() {
+    let s = Setup::through_server();
+    ok(&s.run(&["run", "-t", "orphan", "--", "echo before > kept.txt"]));
+    let sandbox = sandbox_of(&s, "orphan");
+    let marker = "73.917";
+    let mut cmd = s.cmd();
+    cmd.args([
+        "run",
+        "-t",
+        "orphan",
+        "--timeout",
+        "4",
+        "--",
+        &format!("echo started; sleep {marker}; echo late >> kept.txt"),
+    ]);
+    let (mut child, rx) = spawn_reading(cmd);
+    let mut seen = Vec::new();
+    assert!(
+        read_until(&rx, &mut seen, b"started\n", Duration::from_secs(30)),
+        "the command never started"
+    );
+    child.kill().expect("SIGKILL the CLI");
+    child.wait().expect("wait");
+    let killed = Instant::now();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(running(marker), "the command runs on without its caller");
+    assert!(
+        wait_for(Duration::from_secs(30), || (!running(marker)).then_some(())).is_some(),
+        "the command outlived its timeout"
+    );
+    assert!(killed.elapsed() < Duration::from_secs(30));
+    assert_eq!(sandbox_of(&s, "orphan"), sandbox, "the sandbox lives on");
+    assert_eq!(
+        ok(&s.run(&["run", "-t", "orphan", "--", "cat kept.txt"])),
+        "before\n"
+    );
+}
