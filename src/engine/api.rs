@@ -216,6 +216,10 @@ impl Orchestrator {
     /// signals the command (never the sandbox) — its result is then whatever it exited with.
     /// None of this is journaled; the result carries the bounded capture as `run` does.
     ///
+    /// Read `io.output` while the command runs: a full channel makes the command's writes wait,
+    /// as a full pipe would (on the local backend, a reader that takes nothing for 10 s after
+    /// the command ended is given up, so it cannot hold the result).
+    ///
     /// ```no_run
     /// # async fn demo(orch: taskbox::engine::Orchestrator) -> Result<(), taskbox::engine::EngineError> {
     /// use taskbox::provider::{ExecIo, live::OUTPUT_CHANNEL_CHUNKS};

@@ -3,7 +3,7 @@
 //! [`bound_output`] would make of the whole stream. Each chunk read is also forwarded, as it is,
 //! to the command's live output (when it has one) before the next read.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +17,11 @@ use crate::provider::{bound_output, MAX_OUTPUT_CHARS};
 /// How long output is still collected after a command's process ended. A background child that
 /// inherited stdout keeps the pipe open; its later output is not the command's.
 const OUTPUT_GRACE: Duration = Duration::from_millis(250);
+
+/// How long a chunk may wait for a live reader that takes nothing once the command ended: then
+/// the live output is given up (the capture is whole), so a stuck reader cannot hold the
+/// command's result — and its task — forever.
+const LIVE_STALL: Duration = Duration::from_secs(10);
 
 /// Characters kept from the start of a stream (as `bound_output` keeps them).
 const HEAD_CHARS: usize = MAX_OUTPUT_CHARS * 2 / 5;
@@ -137,6 +142,10 @@ pub(super) struct Pump {
     capture: Arc<Mutex<Capture>>,
     /// Set while a chunk waits for the live output's reader: the pipe is not idle then.
     forwarding: Arc<AtomicBool>,
+    /// Chunks forwarded so far (to tell a slow reader from a stuck one).
+    forwarded: Arc<AtomicU64>,
+    /// Gives up the live output (a chunk waiting for the reader is dropped).
+    give_up: Arc<tokio::sync::Notify>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -149,9 +158,13 @@ impl Pump {
     ) -> Pump {
         let capture = Arc::new(Mutex::new(Capture::default()));
         let forwarding = Arc::new(AtomicBool::new(false));
+        let forwarded = Arc::new(AtomicU64::new(0));
+        let give_up = Arc::new(tokio::sync::Notify::new());
         let task = pipe.map(|mut pipe| {
             let capture = capture.clone();
             let forwarding = forwarding.clone();
+            let forwarded = forwarded.clone();
+            let give_up = give_up.clone();
             let mut live = live;
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 * 1024];
@@ -173,8 +186,14 @@ impl Pump {
                                     stream,
                                     data: buf[..n].to_vec(),
                                 };
-                                if tx.send(chunk).await.is_err() {
-                                    live = None;
+                                tokio::select! {
+                                    sent = tx.send(chunk) => match sent {
+                                        Ok(()) => {
+                                            forwarded.fetch_add(1, Ordering::SeqCst);
+                                        }
+                                        Err(_) => live = None,
+                                    },
+                                    () = give_up.notified() => live = None,
                                 }
                                 forwarding.store(false, Ordering::SeqCst);
                             }
@@ -186,21 +205,41 @@ impl Pump {
         Pump {
             capture,
             forwarding,
+            forwarded,
+            give_up,
             task,
         }
     }
 
     /// Waits for the pipe to close and returns the bounded capture. A background job that
     /// inherited the pipe keeps it open: once the pipe was idle for [`OUTPUT_GRACE`] (a chunk
-    /// still on its way to a slow live reader does not count as idle) the capture is taken as
-    /// it is, and the task goes on draining the pipe unseen (closing it would kill the job with
-    /// SIGPIPE on its next write) until the job exits or the sandbox is stopped.
+    /// still on its way to a slow live reader does not count as idle, one stuck for
+    /// [`LIVE_STALL`] gives the live output up) the capture is taken as it is, and the task goes
+    /// on draining the pipe unseen (closing it would kill the job with SIGPIPE on its next
+    /// write) until the job exits or the sandbox is stopped.
     pub(super) async fn finish(mut self) -> Captured {
         if let Some(mut task) = self.task.take() {
+            let mut seen = self.forwarded.load(Ordering::SeqCst);
+            let mut stalled = Duration::ZERO;
             loop {
                 match tokio::time::timeout(OUTPUT_GRACE, &mut task).await {
                     Ok(_) => break,
-                    Err(_) if self.forwarding.load(Ordering::SeqCst) => continue,
+                    Err(_) if self.forwarding.load(Ordering::SeqCst) => {
+                        let now = self.forwarded.load(Ordering::SeqCst);
+                        stalled = if now == seen {
+                            stalled + OUTPUT_GRACE
+                        } else {
+                            Duration::ZERO
+                        };
+                        seen = now;
+                        if stalled >= LIVE_STALL {
+                            tracing::warn!(
+                                "the live output's reader took nothing for {LIVE_STALL:?}; the rest of the output is only captured"
+                            );
+                            self.give_up.notify_one();
+                            break;
+                        }
+                    }
                     Err(_) => {
                         tracing::debug!(
                             "a background job holds the command's output open; detached"
