@@ -230,6 +230,10 @@ impl Server {
                 token,
                 http::require_token,
             ));
+            // Output chunks of a run are small writes that must leave at once (no Nagle delay).
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             servers.push(tokio::spawn(
                 axum::serve(listener, guarded)
                     .with_graceful_shutdown(closed(closing.clone()))
