@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::io::{IsTerminal, Read, Write};
+use std::time::Duration;
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
@@ -118,31 +119,43 @@ impl Printer {
     }
 }
 
+/// How long `taskbox run` waits for a cancelled command's result before it exits anyway: the
+/// cancel's own escalation (SIGKILL after 3 s) has ended the command by then, and a run that
+/// is still waiting (for another process's lock, for a sandbox) has nothing running to report.
+const CANCEL_WAIT: Duration = Duration::from_secs(6);
+
 /// Runs `run` to its end, printing `output` as it arrives and cancelling through `canceller`
-/// on the first SIGINT, SIGTERM or SIGHUP (later ones are left to the cancel's own escalation).
-/// Returns the run's outcome and the signal that cancelled it, if one did.
+/// on the first SIGINT, SIGTERM or SIGHUP. Returns the run's outcome — `None` when it did not
+/// come within [`CANCEL_WAIT`] of the cancel, or a second signal came first — and the signal
+/// that cancelled it, if one did.
+// The bound on waiting for a cancelled run is the CLI's own (real time, nothing to replay).
+#[allow(clippy::disallowed_methods)]
 pub async fn drive<T>(
     run: impl Future<Output = Result<T, Failure>>,
     mut output: Option<mpsc::Receiver<OutputChunk>>,
     canceller: &Canceller,
     signals: &mut Signals,
-) -> (Result<T, Failure>, Option<CancelSignal>) {
+) -> (Option<Result<T, Failure>>, Option<CancelSignal>) {
     let mut printer = Printer::default();
     let mut cancelled = None;
-    tokio::pin!(run);
+    let give_up = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(run, give_up);
     let res = loop {
         tokio::select! {
-            res = &mut run => break res,
+            res = &mut run => break Some(res),
             chunk = recv(&mut output) => match chunk {
                 Some(chunk) => printer.print(&chunk),
                 None => output = None,
             },
             signal = signals.recv() => {
-                if cancelled.is_none() {
-                    cancelled = Some(signal);
-                    canceller.cancel(signal);
+                if cancelled.is_some() {
+                    break None;
                 }
+                cancelled = Some(signal);
+                canceller.cancel(signal);
+                give_up.as_mut().reset(tokio::time::Instant::now() + CANCEL_WAIT);
             }
+            () = &mut give_up, if cancelled.is_some() => break None,
         }
     };
     // Every chunk was sent before the result.

@@ -13,6 +13,7 @@ mod replay;
 #[cfg(feature = "server")]
 mod server;
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -407,6 +408,15 @@ async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
         }
     };
     let (res, cancelled) = live::drive(run, output_rx, &canceller, &mut signals).await;
+    let Some(res) = res else {
+        // Cancelled, and the run did not come back: exit now, as a shell would. (Through the
+        // server nothing is lost: the server finishes the cancel. In-process, the command was
+        // signalled and is SIGKILLed 3 s later; the journal recovers whatever was in flight.)
+        // `exit`, not a return: the runtime may be blocked waiting for a task lock.
+        let signal = cancelled.expect("only a cancel gives up on the run");
+        let _ = std::io::stdout().flush();
+        std::process::exit(signal.exit_code());
+    };
     let res = res?;
     if args.json {
         print_json(&res)?;

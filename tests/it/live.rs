@@ -425,3 +425,39 @@ fn a_sigkilled_cli_leaves_the_command_to_the_server_and_its_timeout() {
         "before\n"
     );
 }
+
+/// A signal while `taskbox run` still waits for its command to start (here for the task's lock,
+/// which another process holds) ends it promptly, as a shell's Ctrl-C would, without running
+/// the command.
+#[test]
+fn a_signal_while_waiting_for_the_task_ends_the_wait() {
+    let s = Setup::in_process();
+    ok(&s.run(&["run", "-t", "held", "--", "true"]));
+    let mut holder = s.cmd();
+    holder.args(["run", "-t", "held", "--", "echo holding; sleep 59.731"]);
+    let (holder, rx) = spawn_reading(holder);
+    let mut seen = Vec::new();
+    assert!(
+        read_until(&rx, &mut seen, b"holding\n", Duration::from_secs(30)),
+        "the first command never started"
+    );
+    let mut waiter = s.cmd();
+    waiter.args(["run", "-t", "held", "--", "echo ran > waiter.txt"]);
+    let (waiter, _rx) = spawn_reading(waiter);
+    std::thread::sleep(Duration::from_secs(1));
+    let signalled = Instant::now();
+    // SAFETY: signalling children this test spawned (not yet reaped).
+    unsafe { libc::kill(waiter.id() as i32, libc::SIGINT) };
+    let o = waiter.wait_with_output().expect("wait");
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(
+        signalled.elapsed() < Duration::from_secs(20),
+        "exited only after {:?}",
+        signalled.elapsed()
+    );
+    unsafe { libc::kill(holder.id() as i32, libc::SIGINT) };
+    let o = holder.wait_with_output().expect("wait");
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let o = s.run(&["run", "-t", "held", "--", "cat waiter.txt || echo absent"]);
+    assert_eq!(ok(&o), "absent\n", "the cancelled command never ran");
+}
