@@ -21,6 +21,7 @@ use super::stats::{median, percentile};
 use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
 use crate::config::Config;
 use crate::core::{step, Command, Event, Millis, Task, TaskSettings, TaskState};
+use crate::ids::TaskId;
 use crate::provider::sandbox_name;
 use crate::store::{Store, TransitionRecord};
 
@@ -72,7 +73,7 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
             ..
         } => Event::SandboxReady {
             generation: *generation,
-            sandbox_id: format!("sb-{task}-{generation}"),
+            sandbox_id: format!("sb-{task}-{generation}").into(),
             name: sandbox_name("bench", task, *generation),
             deadline: now + timeout_ms,
         },
@@ -83,7 +84,7 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
         },
         Command::TakeSnapshot { seq, .. } => Event::SnapshotTaken {
             seq: *seq,
-            snapshot_id: format!("snap-{task}-{seq}"),
+            snapshot_id: format!("snap-{task}-{seq}").into(),
             size_bytes: 48 << 20,
             expires_at: Some(now + 30 * 86_400_000),
         },
@@ -111,7 +112,8 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
 /// The transitions of one task's lifecycle, as the engine would commit them.
 pub(super) fn lifecycle(id: &str, settings: &TaskSettings) -> Result<Vec<Rec>, BenchError> {
     let mut now = T0;
-    let mut task = Task::new(id, settings.clone(), now);
+    let task_id = TaskId::new(id).map_err(|e| BenchError::failed(BENCH, e.to_string()))?;
+    let mut task = Task::new(task_id, settings.clone(), now);
     // A new task's first record, as the engine writes it when it loads an unknown task.
     let mut recs = vec![Rec {
         at: now,
@@ -186,7 +188,7 @@ fn raw_rows(recs: &[Rec]) -> Result<Vec<RawRow>, BenchError> {
     recs.iter()
         .map(|r| {
             Ok(RawRow {
-                task_id: r.task_after.id.clone(),
+                task_id: r.task_after.id.to_string(),
                 at: r.at as i64,
                 event: serde_json::to_string(&r.event).map_err(enc)?,
                 task_after: serde_json::to_string(&r.task_after).map_err(enc)?,

@@ -295,7 +295,8 @@ async fn direct(tasks: usize, start_rss_kib: u64) -> Result<ScaleRun, BenchError
     for i in 0..tasks {
         let sim = sim.clone();
         set.spawn(async move {
-            let task = format!("task-{i}");
+            let task = TaskId::new(&format!("task-{i}"))
+                .map_err(|e| BenchError::failed(BENCH, e.to_string()))?;
             let t = Instant::now();
             let fail = |e: crate::provider::ProviderError| {
                 BenchError::failed(BENCH, format!("{task}: {e}"))

@@ -19,6 +19,7 @@ use super::stats::{median, Paired};
 use super::workspace::{generate_workspace, TreeSpec, TreeStats};
 use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
 use crate::clock::SystemClock;
+use crate::ids::{SnapshotId, TaskId};
 use crate::provider::local::archive::{self, ArchiveHeader};
 use crate::provider::local::LocalProvider;
 use crate::provider::{sandbox_name, ProviderError, SandboxProvider, SandboxSpec};
@@ -30,9 +31,13 @@ const TASK: &str = "bench-snapshot";
 /// The workspace generator's seed (fixed, so archive sizes compare across runs).
 const SEED: u64 = 2024;
 
-fn spec(generation: u64, source_snapshot: Option<String>) -> SandboxSpec {
+fn task() -> TaskId {
+    TaskId::new(TASK).expect("the bench's task id is valid")
+}
+
+fn spec(generation: u64, source_snapshot: Option<SnapshotId>) -> SandboxSpec {
     SandboxSpec {
-        task_id: TASK.into(),
+        task_id: task(),
         generation,
         name: sandbox_name("bench", TASK, generation),
         source_snapshot,
@@ -172,7 +177,7 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
             tree: tree_stats,
         };
         let mut sb_id = sb.id;
-        let mut previous_snapshot: Option<String> = None;
+        let mut previous_snapshot: Option<SnapshotId> = None;
         for round in 0..rounds {
             let ws = workspace(&sb_id)?;
             let pack = |ws: &Path| shell(PACK, ws, &[("ARCHIVE", archive.as_path())]);
@@ -188,7 +193,7 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
                 a_pack = pack_only(&ws, &packed)?;
                 let t = Instant::now();
                 let info = provider
-                    .snapshot(TASK, &sb_id, seq)
+                    .snapshot(&task(), &sb_id, seq)
                     .await
                     .map_err(provider_err("take the snapshot"))?;
                 s_snap = t.elapsed().as_secs_f64();
@@ -206,7 +211,7 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
             } else {
                 let t = Instant::now();
                 let info = provider
-                    .snapshot(TASK, &sb_id, seq)
+                    .snapshot(&task(), &sb_id, seq)
                     .await
                     .map_err(provider_err("take the snapshot"))?;
                 s_snap = t.elapsed().as_secs_f64();

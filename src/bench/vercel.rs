@@ -128,7 +128,8 @@ async fn measure(dir: &Path, commands: usize, lifecycles: usize) -> Result<Count
         let mut counts = Vec::new();
         let mut last = None;
         for l in 0..lifecycles {
-            let task = format!("bench-life-{l}");
+            let task = TaskId::new(&format!("bench-life-{l}"))
+                .map_err(|e| BenchError::failed(BENCH, e.to_string()))?;
             let spec = |generation, source_snapshot| SandboxSpec {
                 task_id: task.clone(),
                 generation,

@@ -251,7 +251,7 @@ pub fn retired_at(
         for s in &e.task_after.snapshots {
             if matches!(s.status, SnapshotStatus::Deleting | SnapshotStatus::Deleted) {
                 if let Some(id) = &s.id {
-                    let at = out.entry(id.clone()).or_insert(e.at);
+                    let at = out.entry(id.to_string()).or_insert(e.at);
                     *at = (*at).min(e.at);
                 }
             }
@@ -265,7 +265,7 @@ pub fn retired_at(
 pub fn adopted_sandboxes(entries: &[JournalEntry]) -> BTreeSet<String> {
     entries
         .iter()
-        .filter_map(|e| e.task_after.sandbox.as_ref().map(|s| s.id.clone()))
+        .filter_map(|e| e.task_after.sandbox.as_ref().map(|s| s.id.to_string()))
         .collect()
 }
 
@@ -296,7 +296,7 @@ pub fn snapshots_kept(
                             rec.seq
                         ),
                     )),
-                    Some(s) if s.expired => expired.push((t.id.clone(), id.to_string())),
+                    Some(s) if s.expired => expired.push((t.id.to_string(), id.to_string())),
                     Some(_) => {}
                     None => out.push(Violation::new(
                         Invariant::SnapshotKept,

@@ -202,7 +202,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
         }
         match truth.get_session(&sb.id).await {
             Ok(s) => sandboxes.push(PlatformSandbox {
-                id: sb.id.clone(),
+                id: sb.id.to_string(),
                 task_id: e.task_id.clone(),
                 generation: Some(sb.generation),
                 source_snapshot: s.source_snapshot_id.clone(),
@@ -248,7 +248,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
     for t in &rec.tasks {
         for s in &t.snapshots {
             if let Some(id) = &s.id {
-                snapshot_ids.insert(id.clone(), t.id.clone());
+                snapshot_ids.insert(id.to_string(), t.id.to_string());
             }
         }
     }

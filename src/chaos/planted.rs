@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{
     Decorator, ProviderFuture, SandboxInfo, SandboxProvider, SandboxSpec, SnapshotInfo,
 };
@@ -69,7 +70,7 @@ impl FromStr for PlantedBug {
 pub struct OldestRestore {
     inner: Arc<dyn SandboxProvider>,
     /// Per task, the snapshots taken (and not deleted) through this decorator, oldest first.
-    taken: Mutex<BTreeMap<String, Vec<String>>>,
+    taken: Mutex<BTreeMap<TaskId, Vec<SnapshotId>>>,
 }
 
 impl OldestRestore {
@@ -81,7 +82,7 @@ impl OldestRestore {
         }
     }
 
-    fn taken(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<String>>> {
+    fn taken(&self) -> std::sync::MutexGuard<'_, BTreeMap<TaskId, Vec<SnapshotId>>> {
         self.taken.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -109,14 +110,14 @@ impl Decorator for OldestRestore {
 
     fn snapshot<'a>(
         &'a self,
-        task_id: &'a str,
-        sandbox_id: &'a str,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
         seq: u64,
     ) -> ProviderFuture<'a, SnapshotInfo> {
         Box::pin(async move {
             let info = self.inner.snapshot(task_id, sandbox_id, seq).await?;
             let mut taken = self.taken();
-            let ids = taken.entry(task_id.to_string()).or_default();
+            let ids = taken.entry(task_id.clone()).or_default();
             if !ids.contains(&info.id) {
                 ids.push(info.id.clone());
             }
@@ -124,7 +125,7 @@ impl Decorator for OldestRestore {
         })
     }
 
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
         Box::pin(async move {
             self.inner.delete_snapshot(snapshot_id).await?;
             for ids in self.taken().values_mut() {

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::clock::Clock;
 use crate::core::Millis;
+use crate::ids::SnapshotId;
 use crate::provider::sim::SimProvider;
 use crate::provider::{Decorator, ProviderFuture, SandboxProvider};
 
@@ -52,7 +53,7 @@ impl Decorator for Witness {
         &*self.inner
     }
 
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
         Box::pin(async move {
             let result = self.inner.delete_snapshot(snapshot_id).await;
             // No await between the platform's answer and this check: the virtual clock has not
@@ -62,7 +63,7 @@ impl Decorator for Witness {
                 Some(sim) => sim
                     .snapshots()
                     .iter()
-                    .any(|s| s.id == snapshot_id && s.deleted),
+                    .any(|s| s.id == snapshot_id.as_str() && s.deleted),
                 None => result.is_ok(),
             };
             if deleted {

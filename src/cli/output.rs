@@ -78,16 +78,7 @@ impl Failure {
     }
 
     pub fn from_engine(err: EngineError) -> Failure {
-        let hint = match &err {
-            EngineError::Provider { hint: Some(h), .. } => Some(h.clone()),
-            EngineError::Busy { .. } => Some(
-                "another taskbox process is driving this task; wait for it to finish".to_string(),
-            ),
-            EngineError::Request { message, .. } if message.contains("expired") => Some(
-                "live processes do not survive a sandbox's expiry; files come back from the latest snapshot".to_string(),
-            ),
-            _ => None,
-        };
+        let hint = err.hint();
         let notices = match &err {
             EngineError::Request { notices, .. } => notices.clone(),
             _ => Vec::new(),

@@ -7,13 +7,13 @@
 //! find it. The server's own lock (`<data>/serve.lock`) is what guarantees one server per data
 //! dir; this lock only spares the losers a pointless start.
 
-use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{Client, ClientError};
+use crate::engine::try_flock;
 
 /// The server's log in a data dir.
 pub const LOG_FILE: &str = "serve.log";
@@ -133,22 +133,5 @@ async fn answers(client: &Client) -> Result<bool, ClientError> {
         Ok(_) => Ok(true),
         Err(e @ ClientError::ForeignSocket { .. }) => Err(e),
         Err(_) => Ok(false),
-    }
-}
-
-/// Takes an exclusive advisory lock without blocking; `Ok(false)` if another holder has it.
-fn try_flock(file: &File) -> std::io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: `flock` takes a descriptor and two flags and touches no memory of ours; `file` is
-    // borrowed for the whole call, so its descriptor stays open until `flock` returns.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        Ok(false)
-    } else {
-        Err(err)
     }
 }

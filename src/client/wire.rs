@@ -148,8 +148,9 @@ pub struct Health {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{message}")]
 pub struct ApiError {
-    /// Stable: `invalid_task_id`, `bad_request`, `not_found`, `unauthorized`, `request_failed`,
-    /// `provider`, `busy`, `lock`, `store`, `step`, `stopped`.
+    /// Stable: `invalid_task_id`, `bad_request`, `not_found`, `unauthorized`, `provider`,
+    /// `busy`, `lock`, `store`, `step`, `stopped`, and for a failed request its
+    /// [`FailureReason`](crate::core::FailureReason) code (`command_failed`, `sandbox_expired`…).
     pub code: String,
     /// What went wrong.
     pub message: String,

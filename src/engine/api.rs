@@ -17,7 +17,7 @@ use super::{
 };
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::core::{Reply, Task, TaskSettings};
+use crate::core::{FailureReason, Reply, Task, TaskSettings};
 use crate::ids::TaskId;
 use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
 use crate::retry::Jitter;
@@ -301,7 +301,7 @@ impl Orchestrator {
         self.query(|lp| {
             let mut tasks = lp.store.load_tasks()?;
             for t in &mut tasks {
-                if let Some(live) = lp.tasks.get(&t.id) {
+                if let Some(live) = lp.tasks.get(t.id.as_str()) {
                     *t = live.clone();
                 }
             }
@@ -402,14 +402,14 @@ impl Orchestrator {
             .map_err(|_| EngineError::Stopped)?;
         let answer = rx.await.map_err(|_| EngineError::Stopped)??;
         if let Reply::Failed {
-            error,
+            reason,
             attempts,
             notices,
         } = answer.reply
         {
             return Err(EngineError::Request {
                 task: task.as_str().to_string(),
-                message: error,
+                reason: Box::new(reason),
                 attempts,
                 notices,
             });
@@ -436,7 +436,9 @@ impl Orchestrator {
 fn unexpected(task: &TaskId, reply: Reply) -> EngineError {
     EngineError::Request {
         task: task.as_str().to_string(),
-        message: format!("unexpected answer from the engine: {reply:?}"),
+        reason: Box::new(FailureReason::UnexpectedReply {
+            reply: format!("{reply:?}"),
+        }),
         attempts: 0,
         notices: Vec::new(),
     }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::core::{Notice, StepError};
+use crate::core::{FailureReason, Notice, StepError};
 use crate::ids::TaskIdError;
 use crate::store::StoreError;
 
@@ -19,12 +19,13 @@ pub enum EngineError {
     #[error(transparent)]
     Step(#[from] StepError),
     /// A request finished with a failure (after retries, where retrying made sense).
-    #[error("task {task}: {message}")]
+    #[error("task {task}: {reason}")]
     Request {
         /// The task.
         task: String,
-        /// The last real error, with context.
-        message: String,
+        /// Why, with the last real error (its wording, code and hint are made there). Boxed to
+        /// keep `EngineError` small.
+        reason: Box<FailureReason>,
         /// Attempts made.
         attempts: u32,
         /// What the caller should know (sandbox expired, files lost...).
@@ -64,4 +65,39 @@ pub enum EngineError {
     /// The event loop has stopped.
     #[error("the taskbox engine has stopped")]
     Stopped,
+}
+
+impl EngineError {
+    /// The stable snake_case code the server answers with (a failed request's comes from its
+    /// [`FailureReason`]).
+    pub fn code(&self) -> &'static str {
+        match self {
+            EngineError::Store(_) => "store",
+            EngineError::TaskId(_) => "invalid_task_id",
+            EngineError::Step(_) => "step",
+            EngineError::Request { reason, .. } => reason.code(),
+            EngineError::Provider { .. } => "provider",
+            EngineError::Busy { .. } => "busy",
+            EngineError::Lock { .. } => "lock",
+            EngineError::Stopped => "stopped",
+        }
+    }
+
+    /// What the user can do about it, for the CLI and the server alike (a failed request's
+    /// comes from its [`FailureReason`]). A stopped engine has none here: what to do depends on
+    /// who stopped it (the server says so itself).
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            EngineError::Provider { hint, .. } => hint.clone(),
+            EngineError::Busy { .. } => Some(
+                "another taskbox process is driving this task; wait for it to finish".to_string(),
+            ),
+            EngineError::Request { reason, .. } => reason.hint().map(str::to_string),
+            EngineError::Store(_)
+            | EngineError::Stopped
+            | EngineError::TaskId(_)
+            | EngineError::Step(_)
+            | EngineError::Lock { .. } => None,
+        }
+    }
 }

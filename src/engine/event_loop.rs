@@ -12,7 +12,9 @@ use tracing::{debug, info_span, warn};
 
 use super::{EngineError, StateChange};
 use crate::clock::Clock;
-use crate::core::{step, Command, Event, Millis, Reply, Task, TaskSettings, TaskState, TimerKind};
+use crate::core::{
+    step, Command, Event, FailureReason, Millis, Reply, Task, TaskSettings, TaskState, TimerKind,
+};
 use crate::ids::TaskId;
 use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
 use crate::retry::Jitter;
@@ -230,11 +232,11 @@ impl EventLoop {
         if self.tasks.contains_key(id) {
             return Ok(());
         }
-        TaskId::new(id)?;
+        let task_id = TaskId::new(id)?;
         match self.store.load_task(id)? {
             None => {
                 let now = self.clock.now_ms();
-                let task = Task::new(id, self.settings.clone(), now);
+                let task = Task::new(task_id, self.settings.clone(), now);
                 let event = Event::SettingsChanged {
                     settings: self.settings.clone(),
                 };
@@ -358,7 +360,7 @@ impl EventLoop {
             });
         }
         for cmd in s.commands {
-            self.perform(&s.task, cmd, s.at);
+            self.perform(&s.task_after.id, cmd, s.at);
         }
     }
 
@@ -369,7 +371,7 @@ impl EventLoop {
             s,
             EngineError::Request {
                 task: s.task.clone(),
-                message,
+                reason: Box::new(FailureReason::NotCommitted { message }),
                 attempts: 0,
                 notices: Vec::new(),
             },

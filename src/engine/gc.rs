@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{EngineError, Orchestrator};
+use crate::ids::{SandboxId, SnapshotId};
 
 /// One resource `gc` acted on (or would have).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,54 +73,49 @@ impl Orchestrator {
             ..GcReport::default()
         };
         let is_busy = |task: &Option<String>| task.as_deref().is_some_and(|t| busy.contains(t));
-        for sb in sandboxes.into_iter().filter(|s| s.live) {
-            if held.contains(sb.id.as_str()) {
-                continue;
-            }
-            if is_busy(&sb.task_id) {
+        // Sandboxes first, then snapshots: one pass, the kind deciding the call and the list.
+        let orphans = sandboxes
+            .into_iter()
+            .filter(|s| s.live && !held.contains(s.id.as_str()))
+            .map(|r| (Orphan::Sandbox, r))
+            .chain(
+                snapshots
+                    .into_iter()
+                    .filter(|s| s.live && !retained.contains(s.id.as_str()))
+                    .map(|r| (Orphan::Snapshot, r)),
+            );
+        for (kind, r) in orphans {
+            if is_busy(&r.task_id) {
                 report.skipped.push(GcItem {
                     reason: "its task has an operation in flight".into(),
-                    id: sb.id,
-                    task_id: sb.task_id,
+                    id: r.id,
+                    task_id: r.task_id,
                 });
                 continue;
             }
             if !dry_run {
-                if let Err(e) = p.stop_sandbox(&sb.id).await {
-                    report.errors.push(format!("stop sandbox {}: {e}", sb.id));
-                    continue;
-                }
-            }
-            report.sandboxes_stopped.push(GcItem {
-                reason: "no task holds this sandbox".into(),
-                id: sb.id,
-                task_id: sb.task_id,
-            });
-        }
-        for snap in snapshots.into_iter().filter(|s| s.live) {
-            if retained.contains(snap.id.as_str()) {
-                continue;
-            }
-            if is_busy(&snap.task_id) {
-                report.skipped.push(GcItem {
-                    reason: "its task has an operation in flight".into(),
-                    id: snap.id,
-                    task_id: snap.task_id,
-                });
-                continue;
-            }
-            if !dry_run {
-                if let Err(e) = p.delete_snapshot(&snap.id).await {
+                let done = match kind {
+                    Orphan::Sandbox => p.stop_sandbox(&SandboxId::from(r.id.as_str())).await,
+                    Orphan::Snapshot => p.delete_snapshot(&SnapshotId::from(r.id.as_str())).await,
+                };
+                if let Err(e) = done {
                     report
                         .errors
-                        .push(format!("delete snapshot {}: {e}", snap.id));
+                        .push(format!("{} {}: {e}", kind.action(), r.id));
                     continue;
                 }
             }
-            report.snapshots_deleted.push(GcItem {
-                reason: "no task retains this snapshot".into(),
-                id: snap.id,
-                task_id: snap.task_id,
+            let (list, reason) = match kind {
+                Orphan::Sandbox => (&mut report.sandboxes_stopped, "no task holds this sandbox"),
+                Orphan::Snapshot => (
+                    &mut report.snapshots_deleted,
+                    "no task retains this snapshot",
+                ),
+            };
+            list.push(GcItem {
+                reason: reason.into(),
+                id: r.id,
+                task_id: r.task_id,
             });
         }
         if !dry_run {
@@ -129,5 +125,22 @@ impl Orchestrator {
             }
         }
         Ok(report)
+    }
+}
+
+/// What kind of orphan a listed resource is, for [`Orchestrator::gc`].
+#[derive(Clone, Copy)]
+enum Orphan {
+    Sandbox,
+    Snapshot,
+}
+
+impl Orphan {
+    /// The call that removes it, as an error message names it.
+    fn action(self) -> &'static str {
+        match self {
+            Orphan::Sandbox => "stop sandbox",
+            Orphan::Snapshot => "delete snapshot",
+        }
     }
 }

@@ -81,7 +81,8 @@ impl TaskLocks {
 }
 
 /// Takes an exclusive advisory lock without blocking; `Ok(false)` if another holder has it.
-fn try_flock(file: &File) -> std::io::Result<bool> {
+/// Shared with the client's autostart lock: the one `unsafe` call for `flock` in taskbox.
+pub(crate) fn try_flock(file: &File) -> std::io::Result<bool> {
     use std::os::fd::AsRawFd;
     // SAFETY: `flock` takes a file descriptor and two flags and touches no memory of ours, so
     // the only requirement is a valid descriptor: `file` is borrowed for the whole call, so its

@@ -40,5 +40,7 @@ mod results;
 pub use api::{Orchestrator, OrchestratorBuilder};
 pub use error::EngineError;
 pub use gc::{GcItem, GcReport};
+#[cfg(feature = "server")]
+pub(crate) use lock::try_flock;
 pub use paths::{store_file, Paths, STORE_FILE};
 pub use results::{Encoding, ResumeResult, RunResult, StateChange, SuspendResult, TaskView};

@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use super::event_loop::{Answer, EventLoop, Msg};
 use crate::core::{Command, Millis, Reply, RequestId, TimerKind};
+use crate::ids::TaskId;
 use crate::provider::{Call, ExecIo};
 
 impl EventLoop {
     /// Performs one command of a transition that is durable.
-    pub(super) fn perform(&mut self, id: &str, cmd: Command, now: Millis) {
+    pub(super) fn perform(&mut self, id: &TaskId, cmd: Command, now: Millis) {
         match cmd {
             Command::ScheduleTimer { timer, at } => self.schedule_timer(id, timer, at, now),
             Command::Reply { request_id, reply } => self.reply(id, request_id, reply),

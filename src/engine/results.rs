@@ -2,6 +2,7 @@
 //! [`SuspendResult`], [`ResumeResult`]), the [`StateChange`]s broadcast to watchers, and the
 //! [`TaskView`] of one task for `taskbox show`.
 
+use crate::ids::{SandboxId, SnapshotId};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -99,14 +100,14 @@ fn decode(s: &str, encoding: Option<Encoding>) -> Vec<u8> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SuspendResult {
     /// The snapshot holding the task's files (`None`: nothing kept).
-    pub snapshot_id: Option<String>,
+    pub snapshot_id: Option<SnapshotId>,
 }
 
 /// The result of a resume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResumeResult {
     /// The live sandbox.
-    pub sandbox_id: String,
+    pub sandbox_id: SandboxId,
     /// What the caller should know.
     pub notices: Vec<Notice>,
 }

@@ -6,6 +6,7 @@
 //! sides may depend on them: the engine and re-drive import it, it imports neither.
 
 use crate::core::{Command, Event, RequestId};
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 use super::{sandbox_name, ExecIo, ExecOutput, ExecRequest, SandboxProvider, SandboxSpec};
 
@@ -23,40 +24,40 @@ pub enum Call {
         /// The request the command serves; its outcome names it.
         request_id: RequestId,
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// The shell command and its timeout.
         request: ExecRequest,
     },
     /// [`Command::TakeSnapshot`]: `snapshot`.
     Snapshot {
         /// The task (with `seq`, the operation's idempotency key).
-        task_id: String,
+        task_id: TaskId,
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// The snapshot sequence number.
         seq: u64,
     },
     /// [`Command::StopSandbox`]: `stop_sandbox`.
     StopSandbox {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
     },
     /// [`Command::ExtendTimeout`]: `extend_timeout`.
     ExtendTimeout {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// By how much.
         duration_ms: u64,
     },
     /// [`Command::DeleteSnapshot`]: `delete_snapshot`.
     DeleteSnapshot {
         /// The snapshot.
-        snapshot_id: String,
+        snapshot_id: SnapshotId,
     },
     /// [`Command::ProbeSandbox`]: `probe_sandbox`.
     ProbeSandbox {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
     },
 }
 
@@ -64,7 +65,11 @@ impl Call {
     /// The call an engine of installation `installation_id` makes to perform `command` for
     /// `task_id`; `None` for the commands that are not provider calls (timers and replies, which
     /// the engine performs itself).
-    pub fn from_command(installation_id: &str, task_id: &str, command: &Command) -> Option<Call> {
+    pub fn from_command(
+        installation_id: &str,
+        task_id: &TaskId,
+        command: &Command,
+    ) -> Option<Call> {
         Some(match command {
             Command::CreateSandbox {
                 generation,
@@ -72,7 +77,7 @@ impl Call {
                 timeout_ms,
             } => Call::CreateSandbox {
                 spec: SandboxSpec {
-                    task_id: task_id.to_string(),
+                    task_id: task_id.clone(),
                     generation: *generation,
                     name: sandbox_name(installation_id, task_id, *generation),
                     source_snapshot: source_snapshot.clone(),
@@ -94,7 +99,7 @@ impl Call {
                 },
             },
             Command::TakeSnapshot { sandbox_id, seq } => Call::Snapshot {
-                task_id: task_id.to_string(),
+                task_id: task_id.clone(),
                 sandbox_id: sandbox_id.clone(),
                 seq: *seq,
             },
@@ -266,27 +271,31 @@ mod tests {
         fn create_sandbox<'a>(&'a self, _: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
             down("create sandbox")
         }
-        fn exec<'a>(&'a self, _: &'a str, _: &'a ExecRequest) -> ProviderFuture<'a, ExecOutput> {
+        fn exec<'a>(
+            &'a self,
+            _: &'a SandboxId,
+            _: &'a ExecRequest,
+        ) -> ProviderFuture<'a, ExecOutput> {
             down("run command")
         }
         fn snapshot<'a>(
             &'a self,
-            _: &'a str,
-            _: &'a str,
+            _: &'a TaskId,
+            _: &'a SandboxId,
             _: u64,
         ) -> ProviderFuture<'a, SnapshotInfo> {
             down("take snapshot")
         }
-        fn stop_sandbox<'a>(&'a self, _: &'a str) -> ProviderFuture<'a, ()> {
+        fn stop_sandbox<'a>(&'a self, _: &'a SandboxId) -> ProviderFuture<'a, ()> {
             down("stop sandbox")
         }
-        fn extend_timeout<'a>(&'a self, _: &'a str, _: u64) -> ProviderFuture<'a, Millis> {
+        fn extend_timeout<'a>(&'a self, _: &'a SandboxId, _: u64) -> ProviderFuture<'a, Millis> {
             down("extend timeout")
         }
-        fn delete_snapshot<'a>(&'a self, _: &'a str) -> ProviderFuture<'a, ()> {
+        fn delete_snapshot<'a>(&'a self, _: &'a SnapshotId) -> ProviderFuture<'a, ()> {
             down("delete snapshot")
         }
-        fn probe_sandbox<'a>(&'a self, _: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+        fn probe_sandbox<'a>(&'a self, _: &'a SandboxId) -> ProviderFuture<'a, Option<Millis>> {
             down("probe sandbox")
         }
         fn list_sandboxes<'a>(&'a self, _: &'a str) -> ProviderFuture<'a, Vec<ListedResource>> {
@@ -295,6 +304,10 @@ mod tests {
         fn list_snapshots<'a>(&'a self, _: &'a str) -> ProviderFuture<'a, Vec<ListedResource>> {
             down("list snapshots")
         }
+    }
+
+    fn demo() -> TaskId {
+        TaskId::new("demo").expect("a valid id")
     }
 
     fn failure(operation: &str) -> Failure {
@@ -310,7 +323,7 @@ mod tests {
     /// what the command named, so the core pairs it with the operation in flight.
     #[test]
     fn every_provider_command_maps_to_its_call_and_back_to_its_event() {
-        let s = || "sbx".to_string();
+        let s = || SandboxId::from("sbx");
         let cases = [
             (
                 Command::CreateSandbox {
@@ -390,7 +403,7 @@ mod tests {
             .build()
             .expect("runtime");
         for (command, name, event) in cases {
-            let call = Call::from_command("inst0001", "demo", &command).expect("a provider call");
+            let call = Call::from_command("inst0001", &demo(), &command).expect("a provider call");
             assert_eq!(call.name(), name);
             assert_eq!(rt.block_on(call.perform(&Down)), (event, None), "{name}");
         }
@@ -403,13 +416,13 @@ mod tests {
             source_snapshot: None,
             timeout_ms: 60_000,
         };
-        let Some(Call::CreateSandbox { spec }) = Call::from_command("inst0001", "demo", &command)
+        let Some(Call::CreateSandbox { spec }) = Call::from_command("inst0001", &demo(), &command)
         else {
             panic!("a create");
         };
         assert_eq!(spec.name, sandbox_name("inst0001", "demo", 2));
         assert_eq!(spec.installation_id, "inst0001");
-        assert_eq!(spec.task_id, "demo");
+        assert_eq!(spec.task_id.as_str(), "demo");
     }
 
     #[test]
@@ -418,11 +431,11 @@ mod tests {
             timer: TimerKind::Idle,
             at: 1,
         };
-        assert_eq!(Call::from_command("i", "t", &timer), None);
+        assert_eq!(Call::from_command("i", &demo(), &timer), None);
         let reply = Command::Reply {
             request_id: 1,
             reply: crate::core::Reply::Suspended { snapshot_id: None },
         };
-        assert_eq!(Call::from_command("i", "t", &reply), None);
+        assert_eq!(Call::from_command("i", &demo(), &reply), None);
     }
 }

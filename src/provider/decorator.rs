@@ -11,6 +11,7 @@ use super::{
     SandboxSpec, SnapshotInfo,
 };
 use crate::core::Millis;
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 /// A [`SandboxProvider`] that forwards every operation to [`Decorator::inner`] unless it
 /// overrides it. The methods mirror [`SandboxProvider`]'s, with the same contracts; an
@@ -32,7 +33,7 @@ pub trait Decorator: Send + Sync {
     /// See [`SandboxProvider::exec`].
     fn exec<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput> {
         self.inner().exec(sandbox_id, req)
@@ -42,7 +43,7 @@ pub trait Decorator: Send + Sync {
     /// overrides this too (the engine runs commands through it).
     fn exec_live<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
         io: ExecIo,
     ) -> ProviderFuture<'a, ExecOutput> {
@@ -52,34 +53,37 @@ pub trait Decorator: Send + Sync {
     /// See [`SandboxProvider::snapshot`].
     fn snapshot<'a>(
         &'a self,
-        task_id: &'a str,
-        sandbox_id: &'a str,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
         seq: u64,
     ) -> ProviderFuture<'a, SnapshotInfo> {
         self.inner().snapshot(task_id, sandbox_id, seq)
     }
 
     /// See [`SandboxProvider::stop_sandbox`].
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()> {
         self.inner().stop_sandbox(sandbox_id)
     }
 
     /// See [`SandboxProvider::extend_timeout`].
     fn extend_timeout<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         duration_ms: u64,
     ) -> ProviderFuture<'a, Millis> {
         self.inner().extend_timeout(sandbox_id, duration_ms)
     }
 
     /// See [`SandboxProvider::delete_snapshot`].
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
         self.inner().delete_snapshot(snapshot_id)
     }
 
     /// See [`SandboxProvider::probe_sandbox`].
-    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+    fn probe_sandbox<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<Millis>> {
         self.inner().probe_sandbox(sandbox_id)
     }
 
@@ -116,7 +120,7 @@ impl<T: Decorator> SandboxProvider for T {
 
     fn exec<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput> {
         Decorator::exec(self, sandbox_id, req)
@@ -124,7 +128,7 @@ impl<T: Decorator> SandboxProvider for T {
 
     fn exec_live<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
         io: ExecIo,
     ) -> ProviderFuture<'a, ExecOutput> {
@@ -133,30 +137,33 @@ impl<T: Decorator> SandboxProvider for T {
 
     fn snapshot<'a>(
         &'a self,
-        task_id: &'a str,
-        sandbox_id: &'a str,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
         seq: u64,
     ) -> ProviderFuture<'a, SnapshotInfo> {
         Decorator::snapshot(self, task_id, sandbox_id, seq)
     }
 
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()> {
         Decorator::stop_sandbox(self, sandbox_id)
     }
 
     fn extend_timeout<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         duration_ms: u64,
     ) -> ProviderFuture<'a, Millis> {
         Decorator::extend_timeout(self, sandbox_id, duration_ms)
     }
 
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
         Decorator::delete_snapshot(self, snapshot_id)
     }
 
-    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+    fn probe_sandbox<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<Millis>> {
         Decorator::probe_sandbox(self, sandbox_id)
     }
 

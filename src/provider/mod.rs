@@ -32,6 +32,7 @@ use std::pin::Pin;
 use serde::{Deserialize, Serialize};
 
 use crate::core::{Failure, FailureKind, Millis};
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 /// The boxed future every provider operation returns (keeps the trait object-safe).
 pub type ProviderFuture<'a, T> =
@@ -97,13 +98,13 @@ impl ProviderError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxSpec {
     /// The owning task.
-    pub task_id: String,
+    pub task_id: TaskId,
     /// Which creation of the task's sandbox this is.
     pub generation: u64,
     /// The stable name: [`sandbox_name`] of the installation, task id and generation.
     pub name: String,
     /// Restore from this snapshot, or start fresh.
-    pub source_snapshot: Option<String>,
+    pub source_snapshot: Option<SnapshotId>,
     /// Platform lifetime from creation.
     pub timeout_ms: u64,
     /// The installation that owns it (a tag on the sandbox, for the reconciler).
@@ -159,7 +160,7 @@ pub fn parse_sandbox_name(name: &str) -> Option<(String, String, u64)> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxInfo {
     /// The handle for later calls.
-    pub id: String,
+    pub id: SandboxId,
     /// Its name.
     pub name: String,
     /// When the platform stops it.
@@ -207,7 +208,7 @@ pub struct ExecOutput {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotInfo {
     /// Provider id.
-    pub id: String,
+    pub id: SnapshotId,
     /// Size.
     pub size_bytes: u64,
     /// Expiry (`None`: never).
@@ -238,7 +239,7 @@ pub trait SandboxProvider: Send + Sync {
     /// A sandbox that is gone (or expires under the command) is [`FailureKind::SandboxGone`].
     fn exec<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput>;
 
@@ -250,7 +251,7 @@ pub trait SandboxProvider: Send + Sync {
     /// once it has run (stdin stays empty, a cancel is not seen).
     fn exec_live<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
         io: ExecIo,
     ) -> ProviderFuture<'a, ExecOutput> {
@@ -274,26 +275,27 @@ pub trait SandboxProvider: Send + Sync {
     /// Snapshots the sandbox's filesystem and stops it. Idempotent by (`task_id`, `seq`).
     fn snapshot<'a>(
         &'a self,
-        task_id: &'a str,
-        sandbox_id: &'a str,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
         seq: u64,
     ) -> ProviderFuture<'a, SnapshotInfo>;
 
     /// Stops the sandbox (its files are discarded). Stopping a gone sandbox succeeds.
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()>;
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()>;
 
     /// Extends the sandbox's lifetime by `duration_ms`; returns the new deadline.
     fn extend_timeout<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         duration_ms: u64,
     ) -> ProviderFuture<'a, Millis>;
 
     /// Deletes a snapshot. Deleting a gone snapshot succeeds.
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()>;
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()>;
 
     /// Whether the sandbox still runs: `Some(deadline)` if it does.
-    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>>;
+    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId)
+        -> ProviderFuture<'a, Option<Millis>>;
 
     /// This installation's sandboxes (found by tag), for the reconciler.
     fn list_sandboxes<'a>(

@@ -1,7 +1,7 @@
 //! The exported journal: versioned, self-describing JSON Lines.
 //!
 //! ```text
-//! {"format":"taskbox-journal","version":1,"taskbox_version":"0.1.0","exported_at":"…","exported_at_ms":…,"installation_id":"…","tasks":["demo"],"entries":14,"redacted_values":0}
+//! {"format":"taskbox-journal","version":2,"taskbox_version":"0.1.0","exported_at":"…","exported_at_ms":…,"installation_id":"…","tasks":["demo"],"entries":14,"redacted_values":0}
 //! {"seq":1,"task_id":"demo","task_seq":1,"at":…,"event":{"type":"settings_changed",…},…}
 //! …one journal entry per line, in commit order…
 //! ```
@@ -22,8 +22,10 @@ use crate::store::JournalEntry;
 
 /// The `format` field of the header.
 pub const FORMAT: &str = "taskbox-journal";
-/// The version this build writes and the newest it reads.
-pub const VERSION: u32 = 1;
+/// The version this build writes and the newest it reads. Version 2: a failed reply carries a
+/// typed `reason` (`{"code": …}`) instead of an `error` string; version 1 files still read (the
+/// string becomes `FailureReason::Recorded`).
+pub const VERSION: u32 = 2;
 
 /// The first line of an exported journal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

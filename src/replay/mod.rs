@@ -31,6 +31,7 @@ use serde_json::Value;
 
 use crate::clock::format_ms;
 use crate::core::{step, Event, Millis, Task, TaskState, Transition};
+use crate::ids::TaskId;
 use crate::store::JournalEntry;
 
 pub use diff::FieldDiff;
@@ -284,7 +285,14 @@ fn check_creation(e: &JournalEntry) -> Result<Task, Box<Divergence>> {
             ),
         )));
     };
-    let created = Task::new(e.task_id.clone(), settings.clone(), e.at);
+    let id = TaskId::new(&e.task_id).map_err(|err| {
+        Box::new(Divergence::at_entry(
+            e,
+            DivergenceKind::Start,
+            err.to_string(),
+        ))
+    })?;
+    let created = Task::new(id, settings.clone(), e.at);
     let expected = Transition {
         next: created,
         commands: Vec::new(),

@@ -108,26 +108,19 @@ fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
 /// An engine error as the API answers it: a stable code per kind, the message, its causes,
 /// the hint the CLI would print, and the notices.
 pub(super) fn engine_failure(err: EngineError) -> Failure {
-    let (status, code) = match &err {
-        EngineError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "store"),
-        EngineError::TaskId(_) => (StatusCode::BAD_REQUEST, "invalid_task_id"),
-        EngineError::Step(_) => (StatusCode::INTERNAL_SERVER_ERROR, "step"),
-        EngineError::Request { .. } => (StatusCode::BAD_GATEWAY, "request_failed"),
-        EngineError::Provider { .. } => (StatusCode::BAD_GATEWAY, "provider"),
-        EngineError::Busy { .. } => (StatusCode::CONFLICT, "busy"),
-        EngineError::Lock { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "lock"),
-        EngineError::Stopped => (StatusCode::SERVICE_UNAVAILABLE, "stopped"),
+    let status = match &err {
+        EngineError::Store(_) | EngineError::Step(_) | EngineError::Lock { .. } => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+        EngineError::TaskId(_) => StatusCode::BAD_REQUEST,
+        EngineError::Request { .. } | EngineError::Provider { .. } => StatusCode::BAD_GATEWAY,
+        EngineError::Busy { .. } => StatusCode::CONFLICT,
+        EngineError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
     };
+    let code = err.code();
     let hint = match &err {
-        EngineError::Provider { hint: Some(h), .. } => Some(h.clone()),
-        EngineError::Busy { .. } => Some(
-            "another taskbox process is driving this task; wait for it to finish".to_string(),
-        ),
-        EngineError::Request { message, .. } if message.contains("expired") => Some(
-            "live processes do not survive a sandbox's expiry; files come back from the latest snapshot".to_string(),
-        ),
         EngineError::Stopped => Some("the server is stopping; run the command again".to_string()),
-        _ => None,
+        _ => err.hint(),
     };
     let notices = match &err {
         EngineError::Request { notices, .. } => notices.clone(),

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::core::TaskState;
-use crate::TaskIdError;
 
 /// How long a statement waits for another process's write lock before giving up.
 pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -164,14 +163,6 @@ pub enum StoreError {
         source: serde_json::Error,
     },
 
-    /// A transition's task has an id that is not a safe name.
-    #[error("refusing to store a task with an unsafe id")]
-    InvalidTaskId {
-        /// Why the id is unsafe.
-        #[source]
-        source: TaskIdError,
-    },
-
     /// The stored state of the task is not the state the transition started from: another
     /// writer changed the task in between, and committing would lose its update.
     #[error(
@@ -194,7 +185,7 @@ pub enum StoreError {
         /// The task committing.
         task_id: String,
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: crate::ids::SandboxId,
         /// The task it is recorded for.
         owner: String,
     },

@@ -36,7 +36,6 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::core::{Command, Event, Millis, SnapshotStatus, Task, TaskState};
-use crate::TaskId;
 
 pub use error::StoreError;
 
@@ -448,7 +447,7 @@ impl Store {
         let cx = self.row_context(row, "tasks.id", 0)?;
         let state: TaskState = cx.name(row, 1, "tasks.state")?;
         let task: Task = cx.json(row, 2, "tasks.data")?;
-        if task.id != cx.task_id {
+        if task.id.as_str() != cx.task_id {
             return Err(cx.corrupt(
                 "tasks.data",
                 format!("the JSON is of task `{}`", task.id),
@@ -516,7 +515,6 @@ fn write_transition(
 ) -> Result<u64, StoreError> {
     let task = rec.task_after;
     let id = task.id.as_str();
-    TaskId::new(id).map_err(|source| StoreError::InvalidTaskId { source })?;
     let ser = |what, r: serde_json::Result<String>| {
         r.map_err(|source| StoreError::Serialize {
             task_id: id.to_string(),
@@ -644,10 +642,10 @@ fn sync_snapshots(tx: &Transaction<'_>, path: &Path, task: &Task) -> Result<(), 
                 .execute(params![
                     id,
                     snap.seq,
-                    snap.id,
+                    snap.id.as_deref(),
                     snap.status.as_str(),
                     snap.size_bytes,
-                    snap.sandbox_id,
+                    snap.sandbox_id.as_str(),
                     snap.started_at,
                     snap.created_at,
                     snap.expires_at,
@@ -698,20 +696,20 @@ fn sync_sandboxes(
             )
             .and_then(|mut s| {
                 s.execute(params![
-                    sb.id,
+                    sb.id.as_str(),
                     sb.name,
                     id,
                     sb.generation,
                     sb.created_at,
                     sb.deadline,
-                    sb.source_snapshot,
+                    sb.source_snapshot.as_deref(),
                 ])
             })
             .map_err(&err)?;
         if changed == 0 {
             let owner: String = tx
                 .prepare_cached("SELECT task_id FROM sandboxes WHERE provider_id = ?1")
-                .and_then(|mut s| s.query_row([&sb.id], |r| r.get(0)))
+                .and_then(|mut s| s.query_row([sb.id.as_str()], |r| r.get(0)))
                 .map_err(&err)?;
             if owner != id {
                 return Err(StoreError::SandboxOwned {
@@ -726,7 +724,13 @@ fn sync_sandboxes(
         "UPDATE sandboxes SET status = 'released', released_at = ?3
          WHERE task_id = ?1 AND status = 'running' AND provider_id IS NOT ?2",
     )
-    .and_then(|mut s| s.execute(params![id, task.sandbox.as_ref().map(|s| &s.id), at]))
+    .and_then(|mut s| {
+        s.execute(params![
+            id,
+            task.sandbox.as_ref().map(|s| s.id.as_str()),
+            at
+        ])
+    })
     .map_err(&err)?;
     Ok(())
 }

@@ -20,6 +20,7 @@ use taskbox::retry::Jitter;
 use taskbox::store::Store;
 use taskbox::TaskId;
 
+use crate::support::tid;
 use crate::support::{paused_runtime, stderr, stdout, Home};
 
 /// Options for `seeds` seeds of `tasks` tasks, data dirs in a fresh temp dir on the RAM disk
@@ -420,7 +421,7 @@ fn the_simulator_answers_422_to_a_second_snapshot_under_way() {
         };
         let sim = Arc::new(SimProvider::new(1, faults, clock.clone()));
         let spec = SandboxSpec {
-            task_id: "t".into(),
+            task_id: tid("t"),
             generation: 1,
             name: "taskbox-t-g1".into(),
             source_snapshot: None,
@@ -431,7 +432,7 @@ fn the_simulator_answers_422_to_a_second_snapshot_under_way() {
         let first = {
             let sim = sim.clone();
             let id = sb.id.clone();
-            tokio::spawn(async move { sim.snapshot("t", &id, 1).await })
+            tokio::spawn(async move { sim.snapshot(&tid("t"), &id, 1).await })
         };
         tokio::time::sleep(Duration::from_secs(1)).await;
         sim.set_faults(SimFaults {
@@ -439,13 +440,13 @@ fn the_simulator_answers_422_to_a_second_snapshot_under_way() {
             ..SimFaults::none()
         });
         let err = sim
-            .snapshot("t", &sb.id, 1)
+            .snapshot(&tid("t"), &sb.id, 1)
             .await
             .expect_err("a snapshot is under way");
         assert!(matches!(err.kind, FailureKind::Transient { .. }), "{err:?}");
         assert!(err.message.contains("sandbox_snapshotting"), "{err}");
         let snap = first.await.expect("join").expect("the first completes");
-        let again = sim.snapshot("t", &sb.id, 1).await.expect("same key");
+        let again = sim.snapshot(&tid("t"), &sb.id, 1).await.expect("same key");
         assert_eq!(again.id, snap.id);
         let ids: BTreeSet<String> = sim.snapshots().into_iter().map(|s| s.id).collect();
         assert_eq!(ids.len(), 1);

@@ -151,7 +151,7 @@ fn scenario(seed: u64, actions: Vec<Action>) -> Result<(), TestCaseError> {
             .collect();
         for rec in &view.task.snapshots {
             if rec.status == taskbox::core::SnapshotStatus::Complete {
-                let id = rec.id.clone().unwrap_or_default();
+                let id = rec.id.as_deref().unwrap_or_default().to_string();
                 let snap = on_platform.get(&id);
                 prop_assert!(
                     snap.is_some_and(|s| !s.deleted),
@@ -299,6 +299,23 @@ fn expiry_under_a_command_is_reported_and_files_come_back() {
             "{msg}"
         );
         assert!(msg.contains("restored from snapshot"), "{msg}");
+        // The failure is typed: the code the server answers with and the hint the CLI prints
+        // come from the reason, not from matching the message.
+        let taskbox::engine::EngineError::Request { reason, .. } = &err else {
+            panic!("a failed request: {err:?}");
+        };
+        assert!(
+            matches!(
+                &**reason,
+                taskbox::core::FailureReason::ExpiredDuringCommand {
+                    restore_from: Some(_),
+                    ..
+                }
+            ),
+            "{reason:?}"
+        );
+        assert_eq!(err.code(), "sandbox_expired");
+        assert!(err.hint().is_some_and(|h| h.contains("expiry")), "{err:?}");
         let out = orch.run(&task, "cat f", None).await.expect("run");
         assert_eq!(out.stdout, "v1", "files come back from the latest snapshot");
         orch.shutdown().await;

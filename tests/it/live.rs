@@ -455,6 +455,7 @@ fn a_signal_while_waiting_for_the_task_ends_the_wait() {
         "exited only after {:?}",
         signalled.elapsed()
     );
+    // SAFETY: as above; the holder is our child, not yet reaped.
     unsafe { libc::kill(holder.id() as i32, libc::SIGINT) };
     let o = holder.wait_with_output().expect("wait");
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));

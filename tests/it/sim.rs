@@ -5,17 +5,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::tid;
 use taskbox::clock::{Clock, TokioClock};
 use taskbox::core::FailureKind;
+use taskbox::ids::SnapshotId;
 use taskbox::provider::sim::{SimFaults, SimProvider};
 use taskbox::provider::{sandbox_name, ExecRequest, ProviderError, SandboxProvider, SandboxSpec};
 
 const T0: u64 = 1_700_000_000_000;
 const INSTALLATION: &str = "inst-it";
 
-fn spec(task: &str, generation: u64, source: Option<String>) -> SandboxSpec {
+fn spec(task: &str, generation: u64, source: Option<SnapshotId>) -> SandboxSpec {
     SandboxSpec {
-        task_id: task.into(),
+        task_id: tid(task),
         generation,
         name: sandbox_name(INSTALLATION, task, generation),
         source_snapshot: source,
@@ -66,8 +68,8 @@ async fn a_retrying_client_under_faults_keeps_one_sandbox_per_task_and_every_fil
         let provider = Arc::clone(&provider);
         let sim = Arc::clone(&sim);
         tasks.push(tokio::spawn(async move {
-            let task = format!("task-{t}");
-            let mut source: Option<String> = None;
+            let task = tid(&format!("task-{t}"));
+            let mut source: Option<SnapshotId> = None;
             for generation in 1..=4u64 {
                 let sp = spec(&task, generation, source.clone());
                 let sb = retry(|| provider.create_sandbox(&sp))
@@ -76,7 +78,7 @@ async fn a_retrying_client_under_faults_keeps_one_sandbox_per_task_and_every_fil
                 let live: Vec<_> = sim
                     .live_sandboxes()
                     .into_iter()
-                    .filter(|s| s.task_id == task)
+                    .filter(|s| s.task_id == task.as_str())
                     .collect();
                 assert_eq!(live.len(), 1, "{task}: one live sandbox, got {live:?}");
                 assert_eq!(live[0].id, sb.id);
@@ -154,7 +156,7 @@ async fn ten_thousand_tasks_run_in_virtual_time() {
     for t in 0..10_000 {
         let sim = Arc::clone(&sim);
         tasks.push(tokio::spawn(async move {
-            let task = format!("task-{t}");
+            let task = tid(&format!("task-{t}"));
             let sb = sim
                 .create_sandbox(&spec(&task, 1, None))
                 .await

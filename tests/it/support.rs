@@ -115,3 +115,19 @@ pub fn paused_runtime() -> tokio::runtime::Runtime {
         .build()
         .expect("runtime")
 }
+
+/// A task id for a test: the literal must be a valid one (the tests of the validation itself
+/// call `TaskId::new` directly).
+pub fn tid(id: &str) -> taskbox::TaskId {
+    taskbox::TaskId::new(id).expect("a valid task id")
+}
+
+/// A sandbox id for a test (provider ids are opaque, never validated).
+pub fn sbx(id: &str) -> taskbox::ids::SandboxId {
+    taskbox::ids::SandboxId::from(id)
+}
+
+/// A snapshot id for a test.
+pub fn snap(id: &str) -> taskbox::ids::SnapshotId {
+    taskbox::ids::SnapshotId::from(id)
+}

@@ -19,6 +19,7 @@ use taskbox::provider::vercel::VercelProvider;
 use taskbox::provider::{Decorator, ProviderFuture, SandboxInfo, SandboxProvider, SandboxSpec};
 use taskbox::TaskId;
 
+use crate::support::tid;
 use crate::support::{ok, stderr, Home};
 
 fn vercel_config(url: &str) -> Config {
@@ -98,7 +99,7 @@ async fn two_installations_share_one_account_and_gc_only_touches_its_own() {
     // An orphan of A's: a sandbox created under A's tags that no task of A holds (as a crash
     // between create and journal would leave).
     let spec = taskbox::provider::SandboxSpec {
-        task_id: "ghost".into(),
+        task_id: tid("ghost"),
         generation: 1,
         name: taskbox::provider::sandbox_name(a.installation_id(), "ghost", 1),
         source_snapshot: None,

@@ -13,8 +13,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// A validated task id.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A validated task id. Stored as the bare string (`#[serde(transparent)]` in effect); reading
+/// one back validates it again, so a hand-edited row or journal cannot smuggle a path in.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct TaskId(String);
 
 /// Why a task id was refused.
@@ -61,6 +63,62 @@ impl TaskId {
     }
 }
 
+impl TryFrom<String> for TaskId {
+    type Error = TaskIdError;
+
+    fn try_from(id: String) -> Result<TaskId, TaskIdError> {
+        TaskId::new(&id)
+    }
+}
+
+impl From<TaskId> for String {
+    fn from(id: TaskId) -> String {
+        id.0
+    }
+}
+
+// Reading the text out is always fine; only making a `TaskId` goes through validation.
+impl std::ops::Deref for TaskId {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for TaskId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for TaskId {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl AsRef<str> for TaskId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+// `Hash`, `Eq` and `Ord` are derived from the one `String` field, so they agree with `str`'s.
+impl Borrow<str> for TaskId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for TaskId {
+    type Err = TaskIdError;
+
+    fn from_str(id: &str) -> Result<TaskId, TaskIdError> {
+        TaskId::new(id)
+    }
+}
+
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -88,6 +146,40 @@ macro_rules! provider_id {
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(&self.0)
+            }
+        }
+
+        // Reading the text out is always fine (paths, JSON, SQL are strings); what the type
+        // guards is the other way: a plain string or another kind of id cannot pass for one.
+        impl std::ops::Deref for $name {
+            type Target = str;
+
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<$name> for String {
+            fn eq(&self, other: &$name) -> bool {
+                *self == other.0
             }
         }
 
@@ -195,6 +287,19 @@ mod tests {
         // Ordered as their text, so a map keyed by them iterates like one keyed by strings.
         let keys: Vec<&str> = ordered.keys().map(SnapshotId::as_str).collect();
         assert_eq!(keys, ["snap-a", "snap-b"]);
+    }
+
+    #[test]
+    fn task_ids_store_as_the_bare_string_and_are_validated_when_read() {
+        let input: StrDeserializer<'_, DeError> = "demo-1".into_deserializer();
+        assert_eq!(
+            TaskId::deserialize(input).expect("a valid id"),
+            TaskId::new("demo-1").expect("valid")
+        );
+        let input: StrDeserializer<'_, DeError> = "../etc".into_deserializer();
+        let err = TaskId::deserialize(input).expect_err("a path is refused");
+        assert!(err.to_string().contains("../etc"), "{err}");
+        assert_eq!(String::from(TaskId::new("x").expect("valid")), "x");
     }
 
     #[test]

@@ -37,9 +37,11 @@
 //! ```
 
 pub mod ids;
+pub mod reason;
 mod step;
 mod types;
 
 pub use ids::{SandboxId, SnapshotId, TaskId, TaskIdError};
+pub use reason::FailureReason;
 pub use step::{step, StepError, Transition};
 pub use types::*;

@@ -9,6 +9,8 @@
 use std::mem;
 
 use super::types::*;
+use crate::ids::{SnapshotId, TaskId};
+use crate::reason::FailureReason;
 
 /// The outcome of one step: the task after the event, and the effects to perform — in order,
 /// after the transition has been committed to the journal.
@@ -27,7 +29,7 @@ pub enum StepError {
     #[error("task {task}: request id {request_id} was already used (last was {last})")]
     DuplicateRequest {
         /// The task.
-        task: String,
+        task: TaskId,
         /// The id given.
         request_id: RequestId,
         /// The highest id seen.
@@ -37,7 +39,7 @@ pub enum StepError {
     #[error("task {task}: invalid request: {why}")]
     InvalidRequest {
         /// The task.
-        task: String,
+        task: TaskId,
         /// What is wrong.
         why: &'static str,
     },
@@ -561,7 +563,7 @@ impl Cx {
     }
 
     /// The snapshot holding the task's files while it has no sandbox.
-    fn kept_snapshot_id(&self) -> Option<String> {
+    fn kept_snapshot_id(&self) -> Option<SnapshotId> {
         if self.t.settings.persistent {
             self.t.latest_complete().and_then(|s| s.id.clone())
         } else {
@@ -688,11 +690,10 @@ impl Cx {
             self.reply(
                 request_id,
                 Reply::Failed {
-                    error: format!(
-                        "the snapshot has not completed after {attempts} attempts: {failure}; \
-                         taskbox keeps retrying it, and the previous snapshot stays the latest \
-                         until it completes"
-                    ),
+                    reason: FailureReason::SnapshotPending {
+                        attempts,
+                        failure: failure.clone(),
+                    },
                     attempts,
                     notices: Vec::new(),
                 },
@@ -712,26 +713,22 @@ impl Cx {
     /// The operation in flight failed for good: settle the state and answer who was waiting.
     fn give_up(&mut self, failure: &Failure) {
         let attempts = self.t.attempts.max(1);
-        let plural = if attempts == 1 { "" } else { "s" };
+        let failure = failure.clone();
         match self.t.state {
             TaskState::Provisioning | TaskState::Restoring => {
-                let what = if self.t.state == TaskState::Restoring {
-                    "restore the sandbox from its snapshot"
+                let reason = if self.t.state == TaskState::Restoring {
+                    FailureReason::RestoreFailed { attempts, failure }
                 } else {
-                    "create the sandbox"
+                    FailureReason::CreateFailed { attempts, failure }
                 };
-                let error = format!("could not {what} after {attempts} attempt{plural}: {failure}");
                 // A failed restore keeps the snapshot mapping: the next request tries again.
                 self.settle_without_sandbox();
                 self.t.restore_source = None;
                 self.clear_op();
-                self.fail_queue(&error, attempts);
+                self.fail_queue(&reason, attempts);
             }
             TaskState::Snapshotting => {
-                let error = format!(
-                    "could not snapshot the sandbox after {attempts} attempt{plural}: {failure}; \
-                     the sandbox keeps running and the previous snapshot stays the latest"
-                );
+                let reason = FailureReason::SnapshotFailed { attempts, failure };
                 if let Some(rec) = self.t.snapshots.last_mut() {
                     rec.status = SnapshotStatus::Failed;
                 }
@@ -743,7 +740,7 @@ impl Cx {
                     self.reply(
                         request_id,
                         Reply::Failed {
-                            error,
+                            reason,
                             attempts,
                             notices: Vec::new(),
                         },
@@ -755,15 +752,16 @@ impl Cx {
             }
             TaskState::Running => {
                 if let Some(run) = self.t.running.take() {
-                    let error = format!(
-                        "could not run `{}` after {attempts} attempt{plural}: {failure}",
-                        run.command
-                    );
+                    let reason = FailureReason::CommandFailed {
+                        command: run.command,
+                        attempts,
+                        failure,
+                    };
                     let notices = mem::take(&mut self.t.notices);
                     self.reply(
                         run.request_id,
                         Reply::Failed {
-                            error,
+                            reason,
                             attempts,
                             notices,
                         },
@@ -778,7 +776,7 @@ impl Cx {
         }
     }
 
-    fn fail_queue(&mut self, error: &str, attempts: u32) {
+    fn fail_queue(&mut self, reason: &FailureReason, attempts: u32) {
         for req in mem::take(&mut self.t.queue) {
             match req {
                 Request::Suspend { id } => {
@@ -790,7 +788,7 @@ impl Cx {
                     self.reply(
                         id,
                         Reply::Failed {
-                            error: error.to_string(),
+                            reason: reason.clone(),
                             attempts,
                             notices,
                         },
@@ -810,7 +808,7 @@ impl Cx {
                 }
             }
         }
-        let gone_id = gone.unwrap_or_default();
+        let gone_id = gone.as_deref().unwrap_or_default();
         self.t.generation += 1;
         self.t.attempts = 1;
         self.t.retry_at = None;
@@ -843,19 +841,17 @@ impl Cx {
     fn expire(&mut self) {
         let deadline = self.t.sandbox.take().map_or(self.now, |s| s.deadline);
         let latest = if self.t.settings.persistent {
-            self.t
-                .latest_complete()
-                .map(|s| (s.id.clone().unwrap_or_default(), s.created_at.unwrap_or(0)))
+            self.t.latest_complete().map(|s| {
+                (
+                    s.id.as_deref().unwrap_or_default().to_string(),
+                    s.created_at.unwrap_or(0),
+                )
+            })
         } else {
             None
         };
         self.t.notices.push(Notice::SandboxExpired { at: deadline });
-        let restore_note = match &latest {
-            Some((id, _)) => {
-                format!("the task's files will be restored from snapshot {id} on the next command")
-            }
-            None => "no snapshot holds the task's files; the next command starts fresh".to_string(),
-        };
+        let restore_from: Option<SnapshotId> = latest.as_ref().map(|(id, _)| id.as_str().into());
         if latest.is_none() && self.t.settings.persistent {
             self.t.notices.push(Notice::FilesLost {
                 reason: "the sandbox expired before any snapshot of it completed".into(),
@@ -872,9 +868,9 @@ impl Cx {
                 self.reply(
                     request_id,
                     Reply::Failed {
-                        error: format!(
-                            "the sandbox expired before its snapshot completed; {restore_note}"
-                        ),
+                        reason: FailureReason::ExpiredDuringSnapshot {
+                            restore_from: restore_from.clone(),
+                        },
                         attempts,
                         notices: Vec::new(),
                     },
@@ -889,10 +885,10 @@ impl Cx {
             self.reply(
                 run.request_id,
                 Reply::Failed {
-                    error: format!(
-                        "the sandbox expired while `{}` was running; {restore_note}",
-                        run.command
-                    ),
+                    reason: FailureReason::ExpiredDuringCommand {
+                        command: run.command,
+                        restore_from,
+                    },
                     attempts,
                     notices,
                 },
@@ -923,7 +919,7 @@ impl Cx {
     }
 
     fn emit_pending_deletes(&mut self) {
-        let ids: Vec<String> = self
+        let ids: Vec<SnapshotId> = self
             .t
             .snapshots
             .iter()
@@ -1022,8 +1018,7 @@ impl Cx {
     /// probed — with later requests waiting for the probe's answer when `hold_for_probe`.
     /// Nothing in flight, nothing queued, nothing to delete: nothing happens.
     fn recover(&mut self, state: TaskState, hold_for_probe: bool) {
-        let error = "interrupted: taskbox restarted before the request finished";
-        self.fail_queue(error, self.t.attempts.max(1));
+        self.fail_queue(&FailureReason::Interrupted, self.t.attempts.max(1));
         self.emit_pending_deletes();
         match state {
             TaskState::Idle | TaskState::Expired => {}
@@ -1045,10 +1040,9 @@ impl Cx {
                     self.reply(
                         run.request_id,
                         Reply::Failed {
-                            error: format!(
-                                "interrupted: taskbox restarted while `{}` was running",
-                                run.command
-                            ),
+                            reason: FailureReason::InterruptedCommand {
+                                command: run.command,
+                            },
                             attempts: self.t.attempts.max(1),
                             notices,
                         },

@@ -5,6 +5,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::{SandboxId, SnapshotId, TaskId};
+use crate::reason::FailureReason;
+
 /// Milliseconds since the UNIX epoch. The core never reads a clock; every `now` is one of these.
 pub type Millis = u64;
 
@@ -256,13 +259,13 @@ pub struct SnapshotRecord {
     /// Per-task sequence number; the idempotency key of the snapshot operation.
     pub seq: u64,
     /// The provider's snapshot id, known once complete.
-    pub id: Option<String>,
+    pub id: Option<SnapshotId>,
     /// Where it stands.
     pub status: SnapshotStatus,
     /// Size reported by the provider.
     pub size_bytes: u64,
     /// The sandbox it was taken of.
-    pub sandbox_id: String,
+    pub sandbox_id: SandboxId,
     /// When the attempt started.
     pub started_at: Millis,
     /// When the provider confirmed it.
@@ -275,7 +278,7 @@ pub struct SnapshotRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxRecord {
     /// The provider's handle for later calls (a workspace name, a Vercel session id).
-    pub id: String,
+    pub id: SandboxId,
     /// The sandbox's stable name (derived from task id and generation).
     pub name: String,
     /// Which creation of this task's sandbox it is.
@@ -285,7 +288,7 @@ pub struct SandboxRecord {
     /// When the platform will stop it unless extended.
     pub deadline: Millis,
     /// The snapshot it was restored from, if any.
-    pub source_snapshot: Option<String>,
+    pub source_snapshot: Option<SnapshotId>,
 }
 
 /// A caller's request waiting in a task's queue.
@@ -357,7 +360,7 @@ pub enum Notice {
     /// A new sandbox was created for the task; live processes from before are gone.
     Recreated {
         /// The snapshot its files came from (`None`: started fresh).
-        from_snapshot: Option<String>,
+        from_snapshot: Option<SnapshotId>,
     },
     /// The sandbox expired at its platform deadline.
     SandboxExpired {
@@ -374,8 +377,8 @@ pub enum Notice {
 /// Everything the core knows about one task. The store persists it whole with each transition.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Task {
-    /// The task id (a safe name; see [`crate::TaskId`]).
-    pub id: String,
+    /// The task id (validated once, where it came in; see [`crate::TaskId`]).
+    pub id: TaskId,
     /// Lifecycle state.
     pub state: TaskState,
     /// Settings in force.
@@ -385,7 +388,7 @@ pub struct Task {
     /// The live sandbox, in `running` and `snapshotting`.
     pub sandbox: Option<SandboxRecord>,
     /// The snapshot a `restoring` task is being restored from.
-    pub restore_source: Option<String>,
+    pub restore_source: Option<SnapshotId>,
     /// Every snapshot record, oldest first.
     pub snapshots: Vec<SnapshotRecord>,
     /// Why the current snapshot (the last record, `pending`) is being taken.
@@ -418,9 +421,9 @@ pub struct Task {
 
 impl Task {
     /// A new idle task.
-    pub fn new(id: impl Into<String>, settings: TaskSettings, now: Millis) -> Task {
+    pub fn new(id: TaskId, settings: TaskSettings, now: Millis) -> Task {
         Task {
-            id: id.into(),
+            id,
             state: TaskState::Idle,
             settings,
             generation: 0,
@@ -508,7 +511,7 @@ pub enum Event {
         /// The generation that was created.
         generation: u64,
         /// Provider handle.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// Stable name.
         name: String,
         /// Platform deadline.
@@ -542,7 +545,7 @@ pub enum Event {
         /// The snapshot sequence number.
         seq: u64,
         /// The provider's snapshot id.
-        snapshot_id: String,
+        snapshot_id: SnapshotId,
         /// Its size.
         size_bytes: u64,
         /// When the provider will expire it.
@@ -558,52 +561,52 @@ pub enum Event {
     /// `StopSandbox` completed.
     SandboxStopped {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
     },
     /// `StopSandbox` failed (left for the reconciler).
     StopFailed {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// Why.
         failure: Failure,
     },
     /// `ExtendTimeout` succeeded.
     TimeoutExtended {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// The new deadline.
         deadline: Millis,
     },
     /// `ExtendTimeout` failed (the plan cap, or an error): a checkpoint is due instead.
     ExtendFailed {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// Why.
         failure: Failure,
     },
     /// `DeleteSnapshot` completed.
     SnapshotDeleted {
         /// The snapshot.
-        snapshot_id: String,
+        snapshot_id: SnapshotId,
     },
     /// `DeleteSnapshot` failed; retried later.
     DeleteFailed {
         /// The snapshot.
-        snapshot_id: String,
+        snapshot_id: SnapshotId,
         /// Why.
         failure: Failure,
     },
     /// `ProbeSandbox` answered.
     SandboxProbed {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// Whether it is still running; with its deadline when it is.
         alive: Option<Millis>,
     },
     /// `ProbeSandbox` got no answer: whether the sandbox lives is unknown.
     ProbeFailed {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// Why.
         failure: Failure,
     },
@@ -670,19 +673,24 @@ pub enum Reply {
     /// The task is suspended.
     Suspended {
         /// The snapshot holding its files (`None`: nothing kept).
-        snapshot_id: Option<String>,
+        snapshot_id: Option<SnapshotId>,
     },
     /// The task has a live sandbox.
     Resumed {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// What the caller should know.
         notices: Vec<Notice>,
     },
     /// The request failed.
     Failed {
-        /// What went wrong, with the last real error.
-        error: String,
+        /// Why, with the last real error. Stored as `reason`; journals written before reasons
+        /// were typed hold the wording as `error`, read back as [`FailureReason::Recorded`].
+        #[serde(
+            alias = "error",
+            deserialize_with = "crate::reason::deserialize_stored"
+        )]
+        reason: FailureReason,
         /// How many attempts were made.
         attempts: u32,
         /// What the caller should know.
@@ -701,7 +709,7 @@ pub enum Command {
         /// Generation (names the sandbox).
         generation: u64,
         /// The snapshot to restore, or `None` for a fresh sandbox.
-        source_snapshot: Option<String>,
+        source_snapshot: Option<SnapshotId>,
         /// Platform timeout for the new sandbox.
         timeout_ms: u64,
     },
@@ -710,7 +718,7 @@ pub enum Command {
         /// The request.
         request_id: RequestId,
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// The shell command.
         command: String,
         /// Its timeout.
@@ -720,7 +728,7 @@ pub enum Command {
     /// The sandbox stops once the snapshot completes.
     TakeSnapshot {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// The snapshot sequence number.
         seq: u64,
     },
@@ -728,25 +736,25 @@ pub enum Command {
     /// sandbox from an earlier generation).
     StopSandbox {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
     },
     /// Emitted at the checkpoint timer while commands keep coming and the plan allows more.
     ExtendTimeout {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// How much longer.
         duration_ms: u64,
     },
     /// Emitted when a newer snapshot has been confirmed and this one falls out of retention.
     DeleteSnapshot {
         /// The snapshot.
-        snapshot_id: String,
+        snapshot_id: SnapshotId,
     },
     /// Emitted on recovery of a `running` task (and on retry): ask whether the sandbox still
     /// lives.
     ProbeSandbox {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
     },
     /// Emitted to arm a timer; a later timer of the same kind replaces it.
     ScheduleTimer {

@@ -21,6 +21,7 @@ use crate::fake::model::{Access, Archived, Due, NewSession, StopWork, World};
 use crate::fake::stats::Stats;
 use crate::fake::validate::Limits;
 use crate::fake::wire::ApiError;
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::local::LocalProvider;
 use crate::provider::{sandbox_name, ProviderError, SandboxProvider, SandboxSpec};
 
@@ -177,7 +178,11 @@ impl Shared {
 
     async fn perform_due(self: &Arc<Self>, due: Due) {
         for archive in due.discard_archives {
-            if let Err(e) = self.local.delete_snapshot(&archive).await {
+            if let Err(e) = self
+                .local
+                .delete_snapshot(&SnapshotId::from(archive.as_str()))
+                .await
+            {
                 tracing::warn!(archive = %archive, error = %e, "could not remove an expired snapshot");
             }
         }
@@ -213,7 +218,11 @@ impl Shared {
 
     /// Discards a session's local sandbox and home.
     pub(super) async fn discard(&self, session_id: &str) {
-        if let Err(e) = self.local.stop_sandbox(&local_sandbox(session_id)).await {
+        if let Err(e) = self
+            .local
+            .stop_sandbox(&SandboxId::from(local_sandbox(session_id)))
+            .await
+        {
             tracing::warn!(session = %session_id, error = %e, "could not discard the workspace");
         }
         let home = self.home(session_id);
@@ -228,12 +237,15 @@ impl Shared {
         session_id: &str,
     ) -> Result<Archived, ProviderError> {
         // One snapshot per session: a snapshot ends the session.
+        let task = TaskId::new(session_id).map_err(|e| {
+            ProviderError::new(FailureKind::Invalid, "take snapshot", e.to_string())
+        })?;
         let info = self
             .local
-            .snapshot(session_id, &local_sandbox(session_id), 1)
+            .snapshot(&task, &SandboxId::from(local_sandbox(session_id)), 1)
             .await?;
         Ok(Archived {
-            key: info.id,
+            key: info.id.into(),
             size_bytes: info.size_bytes,
         })
     }
@@ -276,11 +288,14 @@ impl Shared {
     /// archive) and records the session.
     pub(super) async fn boot(&self, new: NewSession) -> Result<(), ApiError> {
         let session_id = new.session.id.clone();
+        let task_id = TaskId::new(&session_id).map_err(|e| {
+            ApiError::internal(format!("the session id cannot name a workspace: {e}"))
+        })?;
         let spec = SandboxSpec {
-            task_id: session_id.clone(),
+            task_id,
             generation: 0,
             name: local_sandbox(&session_id),
-            source_snapshot: new.source_archive.clone(),
+            source_snapshot: new.source_archive.clone().map(SnapshotId::from),
             timeout_ms: self.local_timeout_ms,
             installation_id: LOCAL_INSTALLATION.to_string(),
         };

@@ -82,7 +82,11 @@ pub(super) async fn delete_snapshot(
 ) -> Result<Json<Value>, ApiError> {
     let now = app.now();
     let (view, archive) = app.world().delete_snapshot(&id, now)?;
-    if let Err(e) = app.local.delete_snapshot(&archive).await {
+    if let Err(e) = app
+        .local
+        .delete_snapshot(&crate::ids::SnapshotId::from(archive.as_str()))
+        .await
+    {
         tracing::warn!(snapshot = %id, error = %e, "could not remove a deleted snapshot's archive");
     }
     Ok(Json(json!({ "snapshot": view })))

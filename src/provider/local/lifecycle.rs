@@ -130,7 +130,7 @@ impl LocalProvider {
             )?;
             if self.clock.now_ms() < meta.deadline {
                 return Ok(SandboxInfo {
-                    id: name.name.clone(),
+                    id: name.name.as_str().into(),
                     name: name.name.clone(),
                     deadline: meta.deadline,
                 });
@@ -159,7 +159,7 @@ impl LocalProvider {
         };
         tracing::debug!(sandbox = %name.name, deadline = meta.deadline, "local sandbox created");
         Ok(SandboxInfo {
-            id: name.name.clone(),
+            id: name.name.as_str().into(),
             name: name.name.clone(),
             deadline: meta.deadline,
         })
@@ -280,7 +280,7 @@ impl LocalProvider {
             match self.read_meta(&name) {
                 Ok(Some(meta)) if meta.installation_id == installation_id => {
                     found.push(ListedResource {
-                        id: name.name.clone(),
+                        id: name.name.as_str().into(),
                         task_id: Some(meta.task_id),
                         live: now < meta.deadline,
                     })

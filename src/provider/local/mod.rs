@@ -20,7 +20,7 @@
 //! fsynced. What a crash leaves in `tmp/` or as `*.tmp` is removed by
 //! [`LocalProvider::sweep_temporaries`].
 //!
-//! Every id that reaches a path is validated first: task ids by [`TaskId`](crate::ids::TaskId),
+//! Every id that reaches a path is validated first: task ids by [`TaskId`],
 //! sandbox names by their `taskbox-<task>-g<N>-<installation>` shape, snapshot ids by
 //! `<task>.s<seq>`.
 //!
@@ -74,6 +74,7 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::core::Millis;
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 // ---------------------------------------------------------------------------------------------
 // The provider
@@ -185,7 +186,7 @@ impl SandboxProvider for LocalProvider {
 
     fn exec<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput> {
         self.exec_live(sandbox_id, req, ExecIo::default())
@@ -193,7 +194,7 @@ impl SandboxProvider for LocalProvider {
 
     fn exec_live<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
         io: ExecIo,
     ) -> ProviderFuture<'a, ExecOutput> {
@@ -206,8 +207,8 @@ impl SandboxProvider for LocalProvider {
 
     fn snapshot<'a>(
         &'a self,
-        task_id: &'a str,
-        sandbox_id: &'a str,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
         seq: u64,
     ) -> ProviderFuture<'a, SnapshotInfo> {
         Box::pin(async move {
@@ -217,7 +218,7 @@ impl SandboxProvider for LocalProvider {
         })
     }
 
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()> {
         Box::pin(async move {
             self.stop(sandbox_id)
                 .await
@@ -227,7 +228,7 @@ impl SandboxProvider for LocalProvider {
 
     fn extend_timeout<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         duration_ms: u64,
     ) -> ProviderFuture<'a, Millis> {
         Box::pin(async move {
@@ -237,7 +238,7 @@ impl SandboxProvider for LocalProvider {
         })
     }
 
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
         Box::pin(async move {
             self.delete(snapshot_id)
                 .await
@@ -245,7 +246,10 @@ impl SandboxProvider for LocalProvider {
         })
     }
 
-    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+    fn probe_sandbox<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<Millis>> {
         Box::pin(async move {
             self.probe(sandbox_id)
                 .await

@@ -45,7 +45,7 @@ impl LocalProvider {
             // Taken before (a repeated call): make sure the sandbox is stopped, as it would be.
             self.discard(&name, &slot).await?;
             return Ok(SnapshotInfo {
-                id: snap.id(),
+                id: snap.id().into(),
                 size_bytes,
                 expires_at: None,
             });
@@ -93,7 +93,7 @@ impl LocalProvider {
         tracing::debug!(snapshot = %snap.id(), size_bytes, entries = stats.entries,
             "local snapshot taken");
         Ok(SnapshotInfo {
-            id: snap.id(),
+            id: snap.id().into(),
             size_bytes,
             expires_at: None,
         })

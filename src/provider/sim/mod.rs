@@ -50,6 +50,7 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::core::Millis;
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use world::{Plan, SplitMix64, World};
 
 /// A snapshot's lifetime when no fault shortens it (Vercel's v2 default: 30 days).
@@ -231,7 +232,7 @@ impl SandboxProvider for SimProvider {
 
     fn exec<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput> {
         Box::pin(SimProvider::exec(self, sandbox_id, req))
@@ -239,30 +240,33 @@ impl SandboxProvider for SimProvider {
 
     fn snapshot<'a>(
         &'a self,
-        task_id: &'a str,
-        sandbox_id: &'a str,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
         seq: u64,
     ) -> ProviderFuture<'a, SnapshotInfo> {
         Box::pin(SimProvider::snapshot(self, task_id, sandbox_id, seq))
     }
 
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()> {
         Box::pin(self.stop(sandbox_id))
     }
 
     fn extend_timeout<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         duration_ms: u64,
     ) -> ProviderFuture<'a, Millis> {
         Box::pin(self.extend(sandbox_id, duration_ms))
     }
 
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
         Box::pin(self.delete_snapshot_op(snapshot_id))
     }
 
-    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+    fn probe_sandbox<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<Millis>> {
         Box::pin(self.probe(sandbox_id))
     }
 

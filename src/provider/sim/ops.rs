@@ -96,7 +96,7 @@ impl SimProvider {
             None => {
                 let files = match &spec.source_snapshot {
                     None => BTreeMap::new(),
-                    Some(snap_id) => match w.snapshots.get(snap_id) {
+                    Some(snap_id) => match w.snapshots.get(snap_id.as_str()) {
                         Some(s) if s.present(now) => s.files.clone(),
                         Some(s) => {
                             let why = if s.deleted { "was deleted" } else { "expired" };
@@ -117,10 +117,10 @@ impl SimProvider {
                 let sb = SandboxState {
                     id: format!("sim-sbx-{:06}", w.next_sandbox),
                     name: spec.name.clone(),
-                    task_id: spec.task_id.clone(),
+                    task_id: spec.task_id.to_string(),
                     installation_id: spec.installation_id.clone(),
                     generation: spec.generation,
-                    source_snapshot: spec.source_snapshot.clone(),
+                    source_snapshot: spec.source_snapshot.as_deref().map(str::to_string),
                     created_at: now,
                     deadline: now.saturating_add(spec.timeout_ms),
                     ended: None,

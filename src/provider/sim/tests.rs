@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::*;
 use crate::clock::TokioClock;
 use crate::core::FailureKind;
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::sandbox_name;
 
 const T0: Millis = 1_700_000_000_000;
@@ -38,7 +39,7 @@ fn sim(seed: u64, faults: SimFaults) -> Arc<SimProvider> {
 
 fn spec(task: &str, generation: u64) -> SandboxSpec {
     SandboxSpec {
-        task_id: task.into(),
+        task_id: TaskId::new(task).expect("a valid task id"),
         generation,
         name: sandbox_name(INSTALLATION, task, generation),
         source_snapshot: None,
@@ -159,7 +160,7 @@ fn create_is_idempotent_by_name_even_when_the_answer_is_lost() {
             .create_sandbox(&spec("t1", 1))
             .await
             .expect("found by name");
-        assert_eq!(found.id, live[0].id);
+        assert_eq!(found.id.as_str(), live[0].id);
         assert_eq!(found.deadline, T0 + 300_000);
 
         let other = p.create_sandbox(&spec("t2", 1)).await.expect("other task");
@@ -171,7 +172,7 @@ fn create_is_idempotent_by_name_even_when_the_answer_is_lost() {
         p.stop_sandbox(&found.id)
             .await
             .expect("stopping twice succeeds");
-        p.stop_sandbox("sim-sbx-unknown")
+        p.stop_sandbox(&SandboxId::from("sim-sbx-unknown"))
             .await
             .expect("unknown is gone");
         let again = p.create_sandbox(&spec("t1", 1)).await.expect("recreate");
@@ -364,7 +365,9 @@ fn an_expired_snapshot_is_gone_on_restore() {
         let snap = p.snapshot("t2", &sb.id, 1).await.expect("snapshot");
         p.delete_snapshot(&snap.id).await.expect("delete");
         p.delete_snapshot(&snap.id).await.expect("delete again");
-        p.delete_snapshot("sim-snap-never").await.expect("unknown");
+        p.delete_snapshot(&SnapshotId::from("sim-snap-never"))
+            .await
+            .expect("unknown");
         assert!(p.snapshots()[1].deleted && !p.snapshots()[1].present());
         let err = p
             .create_sandbox(&restore_spec("t2", 2, &snap.id))
@@ -494,7 +497,7 @@ fn faults_strike_where_they_say_and_are_counted() {
             .expect_err("timeout")
             .is_transient());
         assert_eq!(now(&p) - started, 3_000);
-        let sb3 = p.live_sandboxes()[0].id.clone();
+        let sb3 = SandboxId::from(p.live_sandboxes()[0].id.as_str());
         assert!(p
             .exec(&sb3, &cmd("write z 1"))
             .await
@@ -542,7 +545,7 @@ async fn chaos_workload(seed: u64) -> (Vec<String>, SimStats, Vec<SimSnapshot>, 
         let p = Arc::clone(&p);
         async move {
             let mut log = Vec::new();
-            let mut source: Option<String> = None;
+            let mut source: Option<SnapshotId> = None;
             for generation in 1..=3u64 {
                 let mut sp = spec(name, generation);
                 sp.source_snapshot = source.clone();

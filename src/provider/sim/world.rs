@@ -112,7 +112,7 @@ impl SandboxState {
 
     pub(super) fn info(&self) -> SandboxInfo {
         SandboxInfo {
-            id: self.id.clone(),
+            id: self.id.as_str().into(),
             name: self.name.clone(),
             deadline: self.deadline,
         }
@@ -168,7 +168,7 @@ impl SnapshotState {
 
     pub(super) fn info(&self) -> SnapshotInfo {
         SnapshotInfo {
-            id: self.id.clone(),
+            id: self.id.as_str().into(),
             size_bytes: self.size_bytes(),
             expires_at: self.expires_at,
         }

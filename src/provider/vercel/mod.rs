@@ -48,6 +48,7 @@ use self::settings::{VercelConfigError, VercelSettings};
 use crate::clock::Clock;
 use crate::config::TerminalConfig;
 use crate::core::{FailureKind, Millis};
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{
     ExecIo, ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture, SandboxInfo,
     SandboxProvider, SandboxSpec, SnapshotInfo,
@@ -245,9 +246,9 @@ impl VercelProvider {
                     timeout_ms: spec.timeout_ms,
                     tags: BTreeMap::from([
                         (TAG_INSTALLATION.to_string(), spec.installation_id.clone()),
-                        (TAG_TASK.to_string(), spec.task_id.clone()),
+                        (TAG_TASK.to_string(), spec.task_id.to_string()),
                     ]),
-                    source_snapshot: spec.source_snapshot.clone(),
+                    source_snapshot: spec.source_snapshot.as_deref().map(str::to_string),
                 };
                 match self.client.create_sandbox(&request).await {
                     Ok(created) => created.session,
@@ -279,7 +280,7 @@ impl VercelProvider {
             .deadline()
             .unwrap_or_else(|| self.client.clock().now_ms().saturating_add(spec.timeout_ms));
         Ok(SandboxInfo {
-            id: session.id,
+            id: session.id.into(),
             name: spec.name.clone(),
             deadline,
         })
@@ -326,7 +327,7 @@ impl VercelProvider {
     fn snapshot_info(snapshot: Snapshot) -> Result<SnapshotInfo, ProviderError> {
         match snapshot.status {
             SnapshotStatus::Created => Ok(SnapshotInfo {
-                id: snapshot.id,
+                id: snapshot.id.into(),
                 size_bytes: snapshot.size_bytes,
                 expires_at: snapshot.expires_at,
             }),
@@ -475,7 +476,7 @@ impl SandboxProvider for VercelProvider {
 
     fn exec<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput> {
         self.exec_live(sandbox_id, req, ExecIo::default())
@@ -483,7 +484,7 @@ impl SandboxProvider for VercelProvider {
 
     fn exec_live<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
         io: ExecIo,
     ) -> ProviderFuture<'a, ExecOutput> {
@@ -498,14 +499,14 @@ impl SandboxProvider for VercelProvider {
 
     fn snapshot<'a>(
         &'a self,
-        task_id: &'a str,
-        sandbox_id: &'a str,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
         _seq: u64,
     ) -> ProviderFuture<'a, SnapshotInfo> {
         Box::pin(self.take_snapshot(task_id, sandbox_id))
     }
 
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()> {
         Box::pin(async move {
             match self.client.stop_session(sandbox_id).await {
                 Ok(_) => {}
@@ -519,7 +520,7 @@ impl SandboxProvider for VercelProvider {
 
     fn extend_timeout<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         duration_ms: u64,
     ) -> ProviderFuture<'a, Millis> {
         Box::pin(async move {
@@ -534,7 +535,7 @@ impl SandboxProvider for VercelProvider {
         })
     }
 
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
         Box::pin(async move {
             match self.client.delete_snapshot(snapshot_id).await {
                 Ok(_) => Ok(()),
@@ -544,7 +545,10 @@ impl SandboxProvider for VercelProvider {
         })
     }
 
-    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+    fn probe_sandbox<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<Millis>> {
         Box::pin(self.probe(sandbox_id))
     }
 

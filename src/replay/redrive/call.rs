@@ -6,6 +6,7 @@
 use serde::Serialize;
 
 use crate::core::{Command, Event, RequestId};
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::Call;
 
 /// One provider call as the provider receives it: the arguments that decide what happens. A
@@ -18,20 +19,20 @@ pub enum ProviderCall {
     /// `create_sandbox`.
     CreateSandbox {
         /// The task.
-        task_id: String,
+        task_id: TaskId,
         /// The generation.
         generation: u64,
         /// The sandbox name.
         name: String,
         /// The snapshot to restore.
-        source_snapshot: Option<String>,
+        source_snapshot: Option<SnapshotId>,
         /// Platform timeout.
         timeout_ms: u64,
     },
     /// `exec`.
     Exec {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// The shell command.
         command: String,
         /// Its timeout.
@@ -40,33 +41,33 @@ pub enum ProviderCall {
     /// `snapshot`.
     Snapshot {
         /// The task.
-        task_id: String,
+        task_id: TaskId,
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// The snapshot sequence number.
         seq: u64,
     },
     /// `stop_sandbox`.
     StopSandbox {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
     },
     /// `extend_timeout`.
     ExtendTimeout {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         /// By how much.
         duration_ms: u64,
     },
     /// `delete_snapshot`.
     DeleteSnapshot {
         /// The snapshot.
-        snapshot_id: String,
+        snapshot_id: SnapshotId,
     },
     /// `probe_sandbox`.
     ProbeSandbox {
         /// The sandbox.
-        sandbox_id: String,
+        sandbox_id: SandboxId,
     },
 }
 
@@ -139,10 +140,10 @@ pub(super) enum Key {
     Create(u64),
     Run(RequestId),
     Snapshot(u64),
-    Stop(String),
-    Extend(String),
-    Delete(String),
-    Probe(String),
+    Stop(SandboxId),
+    Extend(SandboxId),
+    Delete(SnapshotId),
+    Probe(SandboxId),
 }
 
 pub(super) fn command_key(c: &Command) -> Option<Key> {

@@ -2,6 +2,7 @@
 //! per process), and every provider call it made paired with the outcome it got ([`Expected`]).
 
 use crate::core::{Event, Millis, TaskSettings};
+use crate::ids::TaskId;
 use crate::provider::Call;
 use crate::store::JournalEntry;
 
@@ -45,6 +46,7 @@ pub(super) fn plan(
         task: task_id.to_string(),
         why,
     };
+    let task_id = &TaskId::new(task_id).map_err(|e| unsupported(e.to_string()))?;
     let Some(first) = entries.first() else {
         return Err(unsupported("the journal is empty".into()));
     };

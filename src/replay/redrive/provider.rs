@@ -9,6 +9,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::clock::{Clock, TokioClock};
 use crate::core::{Event, Failure, FailureKind, Millis};
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{
     ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture, SandboxInfo,
     SandboxProvider, SandboxSpec, SnapshotInfo,
@@ -184,11 +185,11 @@ impl SandboxProvider for ReplayProvider {
 
     fn exec<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput> {
         let call = ProviderCall::Exec {
-            sandbox_id: sandbox_id.to_string(),
+            sandbox_id: sandbox_id.clone(),
             command: req.command.clone(),
             timeout_ms: req.timeout_ms,
         };
@@ -216,13 +217,13 @@ impl SandboxProvider for ReplayProvider {
 
     fn snapshot<'a>(
         &'a self,
-        task_id: &'a str,
-        sandbox_id: &'a str,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
         seq: u64,
     ) -> ProviderFuture<'a, SnapshotInfo> {
         let call = ProviderCall::Snapshot {
-            task_id: task_id.to_string(),
-            sandbox_id: sandbox_id.to_string(),
+            task_id: task_id.clone(),
+            sandbox_id: sandbox_id.clone(),
             seq,
         };
         Box::pin(async move {
@@ -243,9 +244,9 @@ impl SandboxProvider for ReplayProvider {
         })
     }
 
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()> {
         let call = ProviderCall::StopSandbox {
-            sandbox_id: sandbox_id.to_string(),
+            sandbox_id: sandbox_id.clone(),
         };
         Box::pin(async move {
             match self.answer(call, "stop sandbox").await? {
@@ -258,11 +259,11 @@ impl SandboxProvider for ReplayProvider {
 
     fn extend_timeout<'a>(
         &'a self,
-        sandbox_id: &'a str,
+        sandbox_id: &'a SandboxId,
         duration_ms: u64,
     ) -> ProviderFuture<'a, Millis> {
         let call = ProviderCall::ExtendTimeout {
-            sandbox_id: sandbox_id.to_string(),
+            sandbox_id: sandbox_id.clone(),
             duration_ms,
         };
         Box::pin(async move {
@@ -274,9 +275,9 @@ impl SandboxProvider for ReplayProvider {
         })
     }
 
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a str) -> ProviderFuture<'a, ()> {
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
         let call = ProviderCall::DeleteSnapshot {
-            snapshot_id: snapshot_id.to_string(),
+            snapshot_id: snapshot_id.clone(),
         };
         Box::pin(async move {
             match self.answer(call, "delete snapshot").await? {
@@ -287,9 +288,12 @@ impl SandboxProvider for ReplayProvider {
         })
     }
 
-    fn probe_sandbox<'a>(&'a self, sandbox_id: &'a str) -> ProviderFuture<'a, Option<Millis>> {
+    fn probe_sandbox<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<Millis>> {
         let call = ProviderCall::ProbeSandbox {
-            sandbox_id: sandbox_id.to_string(),
+            sandbox_id: sandbox_id.clone(),
         };
         Box::pin(async move {
             match self.answer(call, "probe sandbox").await? {

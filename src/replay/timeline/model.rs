@@ -203,7 +203,7 @@ fn row(e: &JournalEntry, prev: Option<&Task>, in_state_ms: u64) -> Row {
     let mut error = failure_of(&e.event).map(|(kind, msg)| format!("{kind}{stale}: {msg}"));
     match &e.event {
         Event::SnapshotTaken { snapshot_id, .. } | Event::SnapshotDeleted { snapshot_id } => {
-            snapshots.push(snapshot_id.clone())
+            snapshots.push(snapshot_id.to_string())
         }
         _ => {}
     }
@@ -220,10 +220,10 @@ fn row(e: &JournalEntry, prev: Option<&Task>, in_state_ms: u64) -> Row {
                         snapshot_id: Some(id),
                     },
                 ..
-            } => snapshots.push(id.clone()),
+            } => snapshots.push(id.to_string()),
             Command::Reply {
                 request_id,
-                reply: Reply::Failed { error: msg, .. },
+                reply: Reply::Failed { reason: msg, .. },
             } if error.is_none() => error = Some(format!("request #{request_id} failed: {msg}")),
             _ => {}
         }
@@ -341,7 +341,7 @@ fn mark_entry(
     let to = e.state_after;
     let sandbox_of = |t: Option<&Task>| {
         t.and_then(|t| t.sandbox.as_ref())
-            .map_or_else(|| "the sandbox".to_string(), |s| s.id.clone())
+            .map_or_else(|| "the sandbox".to_string(), |s| s.id.to_string())
     };
     match &e.event {
         Event::SandboxReady { sandbox_id, .. }

@@ -3,6 +3,7 @@
 //! time and the task settings they share live here.
 
 mod model;
+mod reason;
 mod recovery;
 mod transitions;
 

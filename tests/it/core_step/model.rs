@@ -14,6 +14,7 @@ use proptest::prelude::*;
 use taskbox::core::*;
 
 use super::{settings, T0};
+use crate::support::tid;
 
 #[derive(Debug, Clone, Copy)]
 enum Outcome {
@@ -99,7 +100,7 @@ struct Harness {
 impl Harness {
     fn new() -> Harness {
         Harness {
-            task: Task::new("t", settings(), T0),
+            task: Task::new(tid("t"), settings(), T0),
             now: T0,
             inflight: Vec::new(),
             model: Model::default(),
@@ -123,7 +124,7 @@ impl Harness {
                 .filter(|s| s.status == SnapshotStatus::Pending)
                 .map(|s| s.seq);
             if before.state == TaskState::Snapshotting && pending == Some(*seq) {
-                self.model.confirmed.push(snapshot_id.clone());
+                self.model.confirmed.push(snapshot_id.to_string());
             }
         }
         let tr = step(&before, event.clone(), self.now)
@@ -173,7 +174,7 @@ impl Harness {
                     // THE property: a restore uses the latest confirmed snapshot, and a task
                     // without one starts fresh.
                     prop_assert_eq!(
-                        source_snapshot.clone(),
+                        source_snapshot.as_deref().map(str::to_string),
                         latest,
                         "create from the wrong snapshot (task before: {:?})",
                         before
@@ -196,10 +197,10 @@ impl Harness {
                         Some(snapshot_id),
                         after.latest_complete().and_then(|s| s.id.as_ref())
                     );
-                    self.model.pruned.insert(snapshot_id.clone());
+                    self.model.pruned.insert(snapshot_id.to_string());
                 } else {
                     // ...or a late success the core never adopted.
-                    prop_assert!(!self.model.confirmed.contains(snapshot_id));
+                    prop_assert!(!self.model.confirmed.contains(&snapshot_id.to_string()));
                 }
             }
             Command::RunCommand { sandbox_id, .. } | Command::TakeSnapshot { sandbox_id, .. } => {
@@ -261,7 +262,8 @@ impl Harness {
         }
         // The core's latest complete snapshot is the model's latest valid one.
         prop_assert_eq!(
-            t.latest_complete().and_then(|s| s.id.clone()),
+            t.latest_complete()
+                .and_then(|s| s.id.as_deref().map(str::to_string)),
             self.model.latest_valid().cloned(),
             "{}",
             ctx()
@@ -298,7 +300,7 @@ impl Harness {
                     self.deadlines.insert(id.clone(), now + timeout_ms);
                     Event::SandboxReady {
                         generation,
-                        sandbox_id: id.clone(),
+                        sandbox_id: id.as_str().into(),
                         name: id,
                         deadline: now + timeout_ms,
                     }
@@ -310,7 +312,7 @@ impl Harness {
                 Outcome::SnapshotGone if source_snapshot.is_some() => {
                     self.model
                         .gone
-                        .insert(source_snapshot.clone().unwrap_or_default());
+                        .insert(source_snapshot.as_deref().unwrap_or_default().to_string());
                     Event::CreateFailed {
                         generation,
                         failure: gone(FailureKind::SnapshotGone),
@@ -343,7 +345,7 @@ impl Harness {
             Command::TakeSnapshot { seq, .. } => match outcome {
                 Outcome::Ok => Event::SnapshotTaken {
                     seq,
-                    snapshot_id: format!("snap-{seq}"),
+                    snapshot_id: format!("snap-{seq}").into(),
                     size_bytes: 10,
                     expires_at: None,
                 },
@@ -366,7 +368,7 @@ impl Harness {
                 duration_ms,
             } => match outcome {
                 Outcome::Ok => {
-                    let d = self.deadlines.entry(sandbox_id.clone()).or_insert(now);
+                    let d = self.deadlines.entry(sandbox_id.to_string()).or_insert(now);
                     *d += duration_ms;
                     Event::TimeoutExtended {
                         deadline: *d,
@@ -401,7 +403,7 @@ impl Harness {
                 Outcome::Ok | Outcome::SnapshotGone => {
                     let alive = self
                         .deadlines
-                        .get(&sandbox_id)
+                        .get(sandbox_id.as_str())
                         .copied()
                         .filter(|d| *d > now);
                     Event::SandboxProbed { sandbox_id, alive }

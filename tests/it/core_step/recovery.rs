@@ -5,6 +5,7 @@
 use taskbox::core::*;
 
 use super::{settings, T0};
+use crate::support::tid;
 
 const DEADLINE: Millis = T0 + 300_000;
 
@@ -15,7 +16,7 @@ fn at(task: &Task, ev: Event, now: Millis) -> Transition {
 /// A task running in sandbox `s` (deadline [`DEADLINE`]), nothing in flight, as a previous
 /// process left it.
 fn running_task() -> Task {
-    let t = Task::new("demo", settings(), T0);
+    let t = Task::new(tid("demo"), settings(), T0);
     let tr = at(&t, Event::ResumeRequested { request_id: 1 }, T0);
     at(
         &tr.next,
@@ -74,7 +75,7 @@ fn retry_timer(commands: &[Command]) -> Option<Millis> {
 
 #[test]
 fn loading_a_task_with_nothing_in_flight_changes_nothing() {
-    let idle = Task::new("demo", settings(), T0);
+    let idle = Task::new(tid("demo"), settings(), T0);
     let tr = at(&idle, Event::Loaded, T0 + 10);
     assert_eq!(tr.next, idle, "absorbed");
     assert!(tr.commands.is_empty());
@@ -160,7 +161,7 @@ fn a_run_requested_while_probing_a_dead_sandbox_restores_it_first() {
         Command::CreateSandbox {
             source_snapshot: Some(s),
             ..
-        } if s == "snap-1"
+        } if s.as_str() == "snap-1"
     )));
     assert!(
         !dead

@@ -4,9 +4,10 @@
 use taskbox::core::*;
 
 use super::{settings, T0};
+use crate::support::tid;
 
 fn t0() -> Task {
-    Task::new("demo", settings(), T0)
+    Task::new(tid("demo"), settings(), T0)
 }
 
 fn run_step(task: &Task, ev: Event) -> Transition {

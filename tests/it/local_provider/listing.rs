@@ -8,6 +8,7 @@ use taskbox::core::FailureKind;
 use taskbox::provider::{sandbox_name, SandboxProvider, SandboxSpec};
 
 use super::{assert_kind, spec, Env, INSTALLATION};
+use crate::support::{sbx, snap, tid};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_ids_are_refused() {
@@ -20,19 +21,27 @@ async fn bad_ids_are_refused() {
         "taskbox-good",
         "",
     ] {
-        assert_kind(env.try_run(id, "true", 1_000).await, FailureKind::Invalid);
-        assert_kind(env.provider.stop_sandbox(id).await, FailureKind::Invalid);
-        assert_kind(env.provider.probe_sandbox(id).await, FailureKind::Invalid);
         assert_kind(
-            env.provider.extend_timeout(id, 1).await,
+            env.try_run(&sbx(id), "true", 1_000).await,
+            FailureKind::Invalid,
+        );
+        assert_kind(
+            env.provider.stop_sandbox(&sbx(id)).await,
+            FailureKind::Invalid,
+        );
+        assert_kind(
+            env.provider.probe_sandbox(&sbx(id)).await,
+            FailureKind::Invalid,
+        );
+        assert_kind(
+            env.provider.extend_timeout(&sbx(id), 1).await,
             FailureKind::Invalid,
         );
         assert!(env.provider.workspace_path(id).is_none());
     }
-    assert_kind(
-        env.try_create("../x", 1, None, 1_000).await,
-        FailureKind::Invalid,
-    );
+    // A task id that could name a path cannot even be made: the provider never sees one.
+    assert!(taskbox::TaskId::new("../x").is_err());
+    assert!(taskbox::TaskId::new("a/b").is_err());
     assert_kind(
         env.try_create("good", 1, Some("../../x.s1"), 1_000).await,
         FailureKind::Invalid,
@@ -43,17 +52,14 @@ async fn bad_ids_are_refused() {
         env.provider.create_sandbox(&mismatched).await,
         FailureKind::Invalid,
     );
-    assert_kind(
-        env.provider
-            .snapshot("a/b", "taskbox-good-g1-insta", 1)
-            .await,
-        FailureKind::Invalid,
-    );
     for id in ["x", "x.1", "x.s01", "../x.s1", "x.s1/.."] {
-        assert_kind(env.provider.delete_snapshot(id).await, FailureKind::Invalid);
+        assert_kind(
+            env.provider.delete_snapshot(&snap(id)).await,
+            FailureKind::Invalid,
+        );
     }
     assert_kind(
-        env.try_run("taskbox-good-g1-insta", "echo a\0b", 1_000)
+        env.try_run(&sbx("taskbox-good-g1-insta"), "echo a\0b", 1_000)
             .await,
         FailureKind::Invalid,
     );
@@ -74,8 +80,8 @@ async fn listing_returns_only_this_installations_resources() {
         .await
         .unwrap();
     env.run(&mine, "echo m > f").await;
-    env.provider.snapshot("mine", &mine, 1).await.unwrap();
-    other.snapshot("theirs", &theirs.id, 4).await.unwrap();
+    env.provider.snapshot(&tid("mine"), &mine, 1).await.unwrap();
+    other.snapshot(&tid("theirs"), &theirs.id, 4).await.unwrap();
     let kept = env.create("kept", 1, None).await;
     env.clock.advance(10);
 
@@ -87,7 +93,7 @@ async fn listing_returns_only_this_installations_resources() {
     assert_eq!(
         summary,
         vec![
-            (kept, Some("kept".into()), true),
+            (kept.to_string(), Some("kept".into()), true),
             ("taskbox-short-g1-insta".into(), Some("short".into()), false),
         ]
     );

@@ -22,6 +22,7 @@ use taskbox::provider::{
 };
 
 use crate::support::ManualClock;
+use taskbox::ids::{SandboxId, SnapshotId, TaskId};
 
 const START_MS: Millis = 1_700_000_000_000;
 const INSTALLATION: &str = "inst-a";
@@ -72,7 +73,7 @@ impl Env {
         self.provider.root().to_path_buf()
     }
 
-    async fn create(&self, task: &str, generation: u64, source: Option<&str>) -> String {
+    async fn create(&self, task: &str, generation: u64, source: Option<&str>) -> SandboxId {
         self.try_create(task, generation, source, 600_000)
             .await
             .expect("create sandbox")
@@ -84,7 +85,7 @@ impl Env {
         generation: u64,
         source: Option<&str>,
         timeout_ms: u64,
-    ) -> Result<String, ProviderError> {
+    ) -> Result<SandboxId, ProviderError> {
         let info = self
             .provider
             .create_sandbox(&spec(task, generation, source, timeout_ms))
@@ -93,7 +94,7 @@ impl Env {
         Ok(info.id)
     }
 
-    async fn run(&self, sandbox: &str, command: &str) -> ExecOutput {
+    async fn run(&self, sandbox: &SandboxId, command: &str) -> ExecOutput {
         self.try_run(sandbox, command, 10_000)
             .await
             .unwrap_or_else(|e| panic!("`{command}` failed: {e}"))
@@ -101,7 +102,7 @@ impl Env {
 
     async fn try_run(
         &self,
-        sandbox: &str,
+        sandbox: &SandboxId,
         command: &str,
         timeout_ms: u64,
     ) -> Result<ExecOutput, ProviderError> {
@@ -123,10 +124,10 @@ impl Env {
 
 fn spec(task: &str, generation: u64, source: Option<&str>, timeout_ms: u64) -> SandboxSpec {
     SandboxSpec {
-        task_id: task.to_string(),
+        task_id: TaskId::new(task).expect("a valid task id"),
         generation,
         name: sandbox_name(INSTALLATION, task, generation),
-        source_snapshot: source.map(str::to_string),
+        source_snapshot: source.map(SnapshotId::from),
         timeout_ms,
         installation_id: INSTALLATION.to_string(),
     }

@@ -10,6 +10,7 @@ use taskbox::provider::local::archive::{self, ArchiveError};
 use taskbox::provider::SandboxProvider;
 
 use super::{assert_kind, Env, INSTALLATION};
+use crate::support::{sbx, snap, tid};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_stops_the_sandbox_and_restores_files_modes_and_links() {
@@ -23,7 +24,7 @@ async fn snapshot_stops_the_sandbox_and_restores_files_modes_and_links() {
     )
     .await;
 
-    let info = env.provider.snapshot("snap", &id, 1).await.unwrap();
+    let info = env.provider.snapshot(&tid("snap"), &id, 1).await.unwrap();
     assert_eq!(info.id, "snap.s1");
     assert!(info.size_bytes > 0);
     assert_eq!(info.expires_at, None);
@@ -35,7 +36,7 @@ async fn snapshot_stops_the_sandbox_and_restores_files_modes_and_links() {
     );
 
     // Idempotent by seq: the same answer, even though the sandbox is gone now.
-    let again = env.provider.snapshot("snap", &id, 1).await.unwrap();
+    let again = env.provider.snapshot(&tid("snap"), &id, 1).await.unwrap();
     assert_eq!(again, info);
 
     let restored = env.create("snap", 2, Some("snap.s1")).await;
@@ -77,7 +78,7 @@ async fn snapshot_leaves_out_what_a_restore_would_refuse_and_never_follows_links
         ),
     )
     .await;
-    env.provider.snapshot("venv", &id, 1).await.unwrap();
+    env.provider.snapshot(&tid("venv"), &id, 1).await.unwrap();
     let restored = env.create("venv", 2, Some("venv.s1")).await;
     let ws = env.provider.workspace_path(&restored).unwrap();
     assert_eq!(fs::read_to_string(ws.join("keep")).unwrap(), "k\n");
@@ -95,21 +96,21 @@ async fn snapshot_of_a_gone_sandbox_is_sandbox_gone() {
     let env = Env::new();
     assert_kind(
         env.provider
-            .snapshot("ghost", "taskbox-ghost-g1-insta", 1)
+            .snapshot(&tid("ghost"), &sbx("taskbox-ghost-g1-insta"), 1)
             .await,
         FailureKind::SandboxGone,
     );
     let id = env.try_create("late", 1, None, 100).await.unwrap();
     env.clock.advance(100);
     assert_kind(
-        env.provider.snapshot("late", &id, 1).await,
+        env.provider.snapshot(&tid("late"), &id, 1).await,
         FailureKind::SandboxGone,
     );
     assert!(env.provider.workspace_path(&id).is_none());
     // Another task's sandbox is refused.
     let other = env.create("mine", 1, None).await;
     assert_kind(
-        env.provider.snapshot("theirs", &other, 1).await,
+        env.provider.snapshot(&tid("theirs"), &other, 1).await,
         FailureKind::Invalid,
     );
 }
@@ -125,9 +126,9 @@ async fn restoring_a_deleted_snapshot_is_snapshot_gone() {
 
     let id = env.create("del", 1, None).await;
     env.run(&id, "echo x > f").await;
-    env.provider.snapshot("del", &id, 1).await.unwrap();
-    env.provider.delete_snapshot("del.s1").await.unwrap();
-    env.provider.delete_snapshot("del.s1").await.unwrap(); // idempotent
+    env.provider.snapshot(&tid("del"), &id, 1).await.unwrap();
+    env.provider.delete_snapshot(&snap("del.s1")).await.unwrap();
+    env.provider.delete_snapshot(&snap("del.s1")).await.unwrap(); // idempotent
     let msg = assert_kind(
         env.try_create("del", 2, Some("del.s1"), 60_000).await,
         FailureKind::SnapshotGone,
@@ -139,7 +140,7 @@ async fn restoring_a_deleted_snapshot_is_snapshot_gone() {
         .is_none());
     assert!(env.tmp_entries().is_empty());
     assert_kind(
-        env.provider.delete_snapshot("../del.s1").await,
+        env.provider.delete_snapshot(&snap("../del.s1")).await,
         FailureKind::Invalid,
     );
 }
@@ -185,7 +186,7 @@ async fn a_cut_or_corrupted_archive_is_refused_not_half_restored() {
         "for i in $(seq 1 200); do head -c 3000 /dev/urandom > f$i; done",
     )
     .await;
-    env.provider.snapshot("cut", &id, 1).await.unwrap();
+    env.provider.snapshot(&tid("cut"), &id, 1).await.unwrap();
     let path = env.root().join("snapshots/cut/1.tbx");
     let bytes = fs::read(&path).unwrap();
 

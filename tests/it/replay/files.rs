@@ -34,11 +34,11 @@ fn broken_files_are_clear_errors_naming_the_line() {
         other => panic!("{other:?}"),
     }
 
-    let newer = text.replacen(r#""version":1"#, r#""version":2"#, 1);
+    let newer = text.replacen(r#""version":1"#, r#""version":3"#, 1);
     match read(newer) {
         Err(
             e @ ExportError::NewerVersion {
-                line: 1, found: 2, ..
+                line: 1, found: 3, ..
             },
         ) => {
             assert!(e.to_string().contains("upgrade taskbox"), "{e}")

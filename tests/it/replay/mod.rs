@@ -12,6 +12,7 @@ mod timeline;
 
 use std::path::{Path, PathBuf};
 
+use crate::support::tid;
 use taskbox::core::{step, Event, Task, TaskState, Transition};
 use taskbox::replay::export::{self, JournalFile};
 use taskbox::store::JournalEntry;
@@ -51,7 +52,7 @@ fn refold(mut entries: Vec<JournalEntry>) -> Vec<JournalEntry> {
                 let Event::SettingsChanged { settings } = &e.event else {
                     panic!("a journal starts with settings_changed");
                 };
-                let next = Task::new(e.task_id.clone(), settings.clone(), e.at);
+                let next = Task::new(tid(&e.task_id), settings.clone(), e.at);
                 (
                     TaskState::Idle,
                     Transition {

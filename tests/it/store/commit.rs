@@ -187,11 +187,13 @@ fn a_failed_commit_leaves_nothing_half_written() {
 
     // In a batch, a bad last record undoes the good ones before it.
     let c = lifecycle("c", 3_000);
-    let mut unsafe_id = Script::new("../escape", 3_000);
-    unsafe_id.step(Event::Recovered, vec![], |_| {});
-    let batch = [c[0].rec(), c[1].rec(), a[2].rec(), unsafe_id.steps[0].rec()];
-    let err = store.commit_batch(&batch).expect_err("unsafe id");
-    assert!(matches!(err, StoreError::InvalidTaskId { .. }), "{err:?}");
+    let batch = [c[0].rec(), c[1].rec(), a[2].rec(), thief.steps[0].rec()];
+    let err = store
+        .commit_batch(&batch)
+        .expect_err("sandbox of another task");
+    assert!(matches!(err, StoreError::SandboxOwned { .. }), "{err:?}");
+    // An unsafe task id cannot reach a commit at all: a `Task` holds a validated `TaskId`.
+    assert!(taskbox::TaskId::new("../escape").is_err());
     assert_eq!(counts(&path), before);
     assert_eq!(store.load_task("c").expect("load"), None);
     assert_eq!(store.load_task("a").expect("load"), task_before);

@@ -7,6 +7,7 @@ use taskbox::core::{Event, Task, TaskSettings, TaskState, TimerKind};
 use taskbox::store::{Store, StoreError, TransitionRecord};
 
 use super::{lifecycle, temp_db, Owned};
+use crate::support::tid;
 
 #[test]
 fn two_stores_on_one_file_commit_interleaved_without_loss() {
@@ -28,7 +29,7 @@ fn two_stores_on_one_file_commit_interleaved_without_loss() {
                 let ids = [format!("{prefix}1"), format!("{prefix}2")];
                 let mut tasks: Vec<Task> = ids
                     .iter()
-                    .map(|id| Task::new(id.as_str(), TaskSettings::default(), 0))
+                    .map(|id| Task::new(tid(id), TaskSettings::default(), 0))
                     .collect();
                 barrier.wait();
                 let mut seqs = Vec::new();

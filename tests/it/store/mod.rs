@@ -11,6 +11,7 @@ mod rows;
 
 use std::path::{Path, PathBuf};
 
+use crate::support::tid;
 use rusqlite::Connection;
 use taskbox::core::{
     Command, Event, Millis, SandboxRecord, SnapshotRecord, SnapshotStatus, Task, TaskSettings,
@@ -50,7 +51,7 @@ struct Script {
 impl Script {
     fn new(id: &str, at: Millis) -> Script {
         Script {
-            task: Task::new(id, TaskSettings::default(), at),
+            task: Task::new(tid(id), TaskSettings::default(), at),
             at,
             steps: Vec::new(),
         }
@@ -72,7 +73,7 @@ impl Script {
 
 fn sandbox(task: &str, generation: u64, created_at: Millis) -> SandboxRecord {
     SandboxRecord {
-        id: format!("sbx_{task}_{generation}"),
+        id: format!("sbx_{task}_{generation}").into(),
         name: format!("taskbox-{task}-{generation}"),
         generation,
         created_at,
@@ -142,7 +143,7 @@ fn lifecycle(id: &str, start: Millis) -> Vec<Owned> {
     s.step(
         Event::SnapshotTaken {
             seq: 1,
-            snapshot_id: format!("snap_{id}_1"),
+            snapshot_id: format!("snap_{id}_1").into(),
             size_bytes: 4096,
             expires_at: Some(start + 1_000_000),
         },
@@ -151,7 +152,7 @@ fn lifecycle(id: &str, start: Millis) -> Vec<Owned> {
             t.state = TaskState::Expired;
             t.sandbox = None;
             let snap = &mut t.snapshots[0];
-            snap.id = Some(format!("snap_{id}_1"));
+            snap.id = Some(format!("snap_{id}_1").into());
             snap.status = SnapshotStatus::Complete;
             snap.size_bytes = 4096;
             snap.created_at = Some(start + 40);
@@ -190,10 +191,10 @@ fn assert_rows_mirror(store: &Store, task: &Task) {
         .iter()
         .map(|r| SnapshotRecord {
             seq: r.seq,
-            id: r.provider_id.clone(),
+            id: r.provider_id.clone().map(Into::into),
             status: r.status,
             size_bytes: r.size_bytes,
-            sandbox_id: r.sandbox_id.clone(),
+            sandbox_id: r.sandbox_id.clone().into(),
             started_at: r.started_at,
             created_at: r.created_at,
             expires_at: r.expires_at,
@@ -206,12 +207,12 @@ fn assert_rows_mirror(store: &Store, task: &Task) {
         .into_iter()
         .filter(|r| r.status == SandboxStatus::Running)
         .map(|r| SandboxRecord {
-            id: r.provider_id,
+            id: r.provider_id.into(),
             name: r.name,
             generation: r.generation,
             created_at: r.created_at,
             deadline: r.deadline,
-            source_snapshot: r.source_snapshot,
+            source_snapshot: r.source_snapshot.map(Into::into),
         })
         .collect();
     assert_eq!(running, task.sandbox.iter().cloned().collect::<Vec<_>>());

@@ -14,7 +14,7 @@ fn sandbox_and_snapshot_scenario() -> Vec<Owned> {
     let g2 = sandbox("t", 2, 2_000);
     let snap = |seq: u64, status| SnapshotRecord {
         seq,
-        id: Some(format!("snap_{seq}")),
+        id: Some(format!("snap_{seq}").into()),
         status,
         size_bytes: seq * 100,
         sandbox_id: "sbx_t_1".into(),

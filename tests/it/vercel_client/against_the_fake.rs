@@ -21,6 +21,7 @@ use taskbox::provider::{
 };
 
 use super::{empty_dir, env_of, vercel_config, SECRET_TOKEN};
+use crate::support::{sbx, tid};
 
 const INSTALLATION: &str = "inst_a";
 
@@ -71,10 +72,10 @@ fn provider_for(fake: &FakeServer, token: &str) -> VercelProvider {
 
 fn spec(task: &str, generation: u64, source: Option<&str>) -> SandboxSpec {
     SandboxSpec {
-        task_id: task.to_string(),
+        task_id: tid(task),
         generation,
         name: sandbox_name(INSTALLATION, task, generation),
-        source_snapshot: source.map(str::to_string),
+        source_snapshot: source.map(Into::into),
         timeout_ms: 300_000,
         installation_id: INSTALLATION.to_string(),
     }
@@ -120,8 +121,8 @@ async fn the_whole_lifecycle() {
     assert_eq!(extended, sb.deadline + 60_000);
 
     // Snapshot: idempotent, and it stops the session.
-    let snap = p.snapshot("life", &sb.id, 1).await.unwrap();
-    let again = p.snapshot("life", &sb.id, 1).await.unwrap();
+    let snap = p.snapshot(&tid("life"), &sb.id, 1).await.unwrap();
+    let again = p.snapshot(&tid("life"), &sb.id, 1).await.unwrap();
     assert_eq!(snap, again);
     assert_eq!(w.fake.stats().requests_to(Endpoint::CreateSnapshot), 1);
     assert_eq!(p.probe_sandbox(&sb.id).await.unwrap(), None);
@@ -304,7 +305,7 @@ async fn each_error_class_from_the_fake() {
     assert!(!err.to_string().contains("tok_wrong_guess"));
 
     // 422 while a snapshot settles, then 410 once stopped.
-    let snap = p.snapshot("errs", &sb.id, 1).await.unwrap();
+    let snap = p.snapshot(&tid("errs"), &sb.id, 1).await.unwrap();
     let err = p.exec(&sb.id, &run("true", 5_000)).await.unwrap_err();
     assert!(err.is_transient(), "{err}");
     assert!(err.message.contains("sandbox_snapshotting"), "{err}");
@@ -328,7 +329,10 @@ async fn each_error_class_from_the_fake() {
     p.delete_snapshot(&snap.id).await.unwrap();
 
     // An unknown session is gone, not an error.
-    assert_eq!(p.probe_sandbox("sess_does_not_exist").await.unwrap(), None);
+    assert_eq!(
+        p.probe_sandbox(&sbx("sess_does_not_exist")).await.unwrap(),
+        None
+    );
 }
 
 #[tokio::test]
@@ -430,7 +434,7 @@ async fn a_snapshot_whose_answer_was_lost_is_found_again_after_a_restart() {
         .unwrap();
     // ...and a new process (no memory of names) asks again for the same snapshot.
     let restarted = provider_for(&w.fake, SECRET_TOKEN);
-    let info = restarted.snapshot("snap", &sb.id, 1).await.unwrap();
+    let info = restarted.snapshot(&tid("snap"), &sb.id, 1).await.unwrap();
     assert_eq!(info.id, taken.snapshot.id);
     assert_eq!(w.fake.stats().requests_to(Endpoint::CreateSnapshot), 1);
 }

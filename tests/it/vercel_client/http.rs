@@ -11,6 +11,7 @@ use taskbox::provider::vercel::auth::Credentials;
 use taskbox::provider::vercel::client::VercelClient;
 
 use super::{err_body, Canned, RecordingListener, SECRET_TOKEN};
+use crate::support::sbx;
 
 #[tokio::test]
 async fn every_request_carries_team_bearer_json_and_user_agent() {
@@ -149,7 +150,10 @@ async fn each_status_is_classified_over_a_real_socket() {
     ];
     for (code, headers, body, expected) in cases {
         server.push(code, &headers, &body);
-        let err = client.extend_timeout("sess_1", 60_000).await.unwrap_err();
+        let err = client
+            .extend_timeout(&sbx("sess_1"), 60_000)
+            .await
+            .unwrap_err();
         assert_eq!(err.kind, expected, "status {code}: {err}");
         assert_eq!(err.operation, "extend timeout");
         assert!(!err.to_string().contains(SECRET_TOKEN));
@@ -165,7 +169,10 @@ async fn each_status_is_classified_over_a_real_socket() {
     }
     // A malformed success body is permanent, not a panic.
     server.push(200, &[], "{\"nope\":1}");
-    let err = client.extend_timeout("sess_1", 60_000).await.unwrap_err();
+    let err = client
+        .extend_timeout(&sbx("sess_1"), 60_000)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind, FailureKind::Permanent);
     // A refused connection is transient.
     drop(server);
