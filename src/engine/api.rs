@@ -222,9 +222,9 @@ impl Orchestrator {
     ///
     /// ```no_run
     /// # async fn demo(orch: taskbox::engine::Orchestrator) -> Result<(), taskbox::engine::EngineError> {
-    /// use taskbox::provider::{ExecIo, live::OUTPUT_CHANNEL_CHUNKS};
+    /// use taskbox::provider::{ExecIo, OutputChunk, live::OUTPUT_CHANNEL_CHUNKS};
     /// let task = taskbox::TaskId::new("demo")?;
-    /// let (tx, mut rx) = tokio::sync::mpsc::channel(OUTPUT_CHANNEL_CHUNKS);
+    /// let (tx, mut rx) = tokio::sync::mpsc::channel::<OutputChunk>(OUTPUT_CHANNEL_CHUNKS);
     /// let printer = tokio::spawn(async move {
     ///     while let Some(chunk) = rx.recv().await {
     ///         println!("{:?}: {}", chunk.stream, String::from_utf8_lossy(&chunk.data));
