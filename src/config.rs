@@ -21,14 +21,16 @@ pub enum ConfigError {
         key: String,
     },
     /// The value does not parse or is out of range.
-    #[error("invalid value `{value}` for `{key}`: {expected}")]
+    #[error("invalid value `{value}` for `{key}` {source_}: expected {expected}")]
     InvalidValue {
         /// The key.
         key: String,
         /// The value given.
         value: String,
-        /// What is accepted.
+        /// What is accepted (the bound, and where it comes from).
         expected: String,
+        /// Where the value came from.
+        source_: ValueSource,
     },
     /// The file could not be read or written.
     #[error("cannot {action} config file {path}")]
@@ -50,6 +52,87 @@ pub enum ConfigError {
         message: String,
     },
 }
+
+impl ConfigError {
+    /// How to fix it: where the bad value came from and what the key accepts.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            ConfigError::UnknownKey { .. } => {
+                Some("`taskbox config show` lists every key with its value".to_string())
+            }
+            ConfigError::InvalidValue { key, source_, .. } => Some(match Key::find(key) {
+                Ok(k) => format!("{}; {}: {}", source_.fix(key), k.name, k.doc),
+                Err(_) => source_.fix(key),
+            }),
+            ConfigError::Parse { path, .. } => Some(format!(
+                "fix or remove {} (`taskbox config set` rewrites it)",
+                path.display()
+            )),
+            ConfigError::Io { .. } => None,
+        }
+    }
+}
+
+/// Where a configuration value came from, so that an error about it says where to fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValueSource {
+    /// The config file.
+    File(PathBuf),
+    /// `taskbox config set`.
+    Set,
+    /// An environment variable.
+    Env(&'static str),
+    /// A command-line flag (or the server API's field of the same meaning).
+    Flag(&'static str),
+    /// A [`Config`] built by the program that embeds taskbox (checked when the engine opens).
+    Program,
+}
+
+impl std::fmt::Display for ValueSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ValueSource::File(p) => write!(f, "in {}", p.display()),
+            ValueSource::Set => write!(f, "given to `taskbox config set`"),
+            ValueSource::Env(v) => write!(f, "from the environment variable {v}"),
+            ValueSource::Flag(flag) => write!(f, "given as {flag}"),
+            ValueSource::Program => write!(f, "in the program's Config"),
+        }
+    }
+}
+
+impl ValueSource {
+    /// How to fix a bad value of `key` from this source.
+    pub fn fix(&self, key: &str) -> String {
+        match self {
+            ValueSource::File(p) => format!(
+                "edit `{}` in {} (or `taskbox config set {key} VALUE`, which checks the value)",
+                key.trim_start_matches("terminal."),
+                p.display()
+            ),
+            ValueSource::Set => format!("`taskbox config set {key} VALUE` with a value in range"),
+            ValueSource::Env(v) => format!("set {v} to a value in range, or unset it"),
+            ValueSource::Flag(flag) => {
+                format!("give {flag} a value in range, or leave it out to use {key}")
+            }
+            ValueSource::Program => format!("set `{key}` in range before opening the engine"),
+        }
+    }
+}
+
+/// The longest a Vercel sandbox may live, in seconds (5 hours, the Pro and Enterprise plans'
+/// cap; Hobby's is 45 minutes, `terminal.max_sandbox_lifetime_seconds`'s default). Every
+/// lifetime and timeout key is bounded by it, so no deadline can overflow or outlive the
+/// platform.
+pub const MAX_SANDBOX_LIFETIME_SECONDS: u64 = 5 * 60 * 60;
+
+/// The most sandbox creations in flight at once (Vercel Pro's cap on concurrent sandboxes).
+pub const MAX_CONCURRENT_CREATES: u32 = 2_000;
+
+/// The most complete snapshots kept per task.
+pub const MAX_KEEP_SNAPSHOTS: u32 = 1_000;
+
+/// The longest an auto-started server may idle before it exits (30 days).
+pub const MAX_SERVER_IDLE_SECONDS: u64 = 30 * 24 * 60 * 60;
 
 /// The sandbox backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -135,11 +218,12 @@ impl Key {
         (self.get)(&TerminalConfig::default())
     }
 
-    fn invalid(&self, value: &str, expected: String) -> ConfigError {
+    fn invalid(&self, value: &str, expected: String, source: ValueSource) -> ConfigError {
         ConfigError::InvalidValue {
             key: self.name.into(),
             value: value.into(),
             expected,
+            source_: source,
         }
     }
 }
@@ -191,25 +275,25 @@ terminal_keys! {
         "sandbox backend: local | vercel_sandbox";
     container_persistent: bool = true, parse boolean, env None,
         "keep files in snapshots across sandboxes: true | false";
-    timeout: u64 = 180, parse |v| at_least(v, 1), env None,
-        "per-command timeout, seconds";
-    lifetime_seconds: u64 = 300, parse |v| at_least(v, 1), env None,
-        "idle seconds before a sandbox is snapshotted and stopped";
-    sandbox_timeout_seconds: u64 = 300, parse |v| at_least(v, 1), env None,
-        "a sandbox's platform lifetime at creation, seconds";
-    max_sandbox_lifetime_seconds: u64 = 2_700, parse |v| at_least(v, 1), env None,
-        "the plan's cap on a sandbox's total lifetime, seconds";
-    checkpoint_margin_seconds: u64 = 30, parse |v| at_least(v, 0), env None,
-        "seconds before the deadline to checkpoint";
-    keep_snapshots: u32 = 2, parse |v| at_least_u32(v, 1), env None,
-        "complete snapshots kept per task (>= 1)";
-    max_concurrent_creates: u32 = 8, parse |v| at_least_u32(v, 1), env None,
-        "sandbox creations in flight at once (>= 1)";
+    timeout: u64 = 180, parse |v| lifetime(v, 1), env None,
+        "per-command timeout, seconds (1 to 18000, Vercel's maximum sandbox lifetime)";
+    lifetime_seconds: u64 = 300, parse |v| lifetime(v, 1), env None,
+        "idle seconds before a sandbox is snapshotted and stopped (1 to 18000)";
+    sandbox_timeout_seconds: u64 = 300, parse |v| lifetime(v, 1), env None,
+        "a sandbox's platform lifetime at creation, seconds (1 to 18000)";
+    max_sandbox_lifetime_seconds: u64 = 2_700, parse |v| lifetime(v, 1), env None,
+        "the plan's cap on a sandbox's total lifetime, seconds (1 to 18000)";
+    checkpoint_margin_seconds: u64 = 30, parse |v| lifetime(v, 0), env None,
+        "seconds before the deadline to checkpoint (0 to 18000)";
+    keep_snapshots: u32 = 2, parse |v| between_u32(v, 1, MAX_KEEP_SNAPSHOTS), env None,
+        "complete snapshots kept per task (1 to 1000)";
+    max_concurrent_creates: u32 = 8, parse |v| between_u32(v, 1, MAX_CONCURRENT_CREATES),
+        env None, "sandbox creations in flight at once (1 to 2000)";
     vercel_runtime: String = "node24".into(), parse runtime, env Some("TERMINAL_VERCEL_RUNTIME"),
         "node24 | node22 | python3.13";
-    container_cpu: u32 = 1, parse |v| at_least_u32(v, 1), env None,
+    container_cpu: u32 = 1, parse |v| between_u32(v, 1, 8), env None,
         "vCPUs: 1 or an even number up to 8";
-    container_memory: u32 = 5120, parse |v| at_least_u32(v, 1), env None,
+    container_memory: u32 = 5120, parse |v| between_u32(v, 1, 16_384), env None,
         "memory in MB (Vercel: 2048 per vCPU)";
     container_disk: Option<u32> = None, parse disk, env None,
         "disk in MB (unsupported on Vercel: leave unset; `none` unsets)";
@@ -217,8 +301,12 @@ terminal_keys! {
         env Some("TASKBOX_VERCEL_API_URL"), "Vercel API base URL";
     server: ServerMode = ServerMode::Auto, parse server_mode, env Some(SERVER_ENV),
         "run commands through a taskbox server: auto | never | always";
-    server_idle_exit_seconds: u64 = 600, parse |v| at_least(v, 1), env None,
+    server_idle_exit_seconds: u64 = 600, parse |v| between(v, 1, MAX_SERVER_IDLE_SECONDS, ""),
+        env None,
         "seconds an auto-started server stays idle, with no live sandbox, before it exits";
+    gc_interval_seconds: u64 = 900, parse |v| between(v, 1, MAX_SERVER_IDLE_SECONDS, ""),
+        env None,
+        "seconds between the server's gc runs (orphaned sandboxes, unretained snapshots; 1 to 30 days)";
 }
 
 /// The whole configuration file.
@@ -303,16 +391,26 @@ fn boolean(value: &str) -> Result<bool, String> {
     }
 }
 
-fn at_least(value: &str, min: u64) -> Result<u64, String> {
+fn between(value: &str, min: u64, max: u64, why: &str) -> Result<u64, String> {
     match value.trim().parse::<u64>() {
-        Ok(v) if v >= min => Ok(v),
-        _ => Err(format!("a whole number >= {min}")),
+        Ok(v) if (min..=max).contains(&v) => Ok(v),
+        _ => Err(format!("a whole number from {min} to {max}{why}")),
     }
 }
 
-fn at_least_u32(value: &str, min: u32) -> Result<u32, String> {
-    let v = at_least(value, u64::from(min))?;
-    u32::try_from(v).map_err(|_| format!("a whole number between {min} and {}", u32::MAX))
+/// A number of seconds a sandbox or command may last: at most the platform's lifetime.
+fn lifetime(value: &str, min: u64) -> Result<u64, String> {
+    between(
+        value,
+        min,
+        MAX_SANDBOX_LIFETIME_SECONDS,
+        " (18000 s, 5 h, is Vercel's maximum sandbox lifetime)",
+    )
+}
+
+fn between_u32(value: &str, min: u32, max: u32) -> Result<u32, String> {
+    let v = between(value, u64::from(min), u64::from(max), "")?;
+    Ok(u32::try_from(v).expect("bounded by a u32"))
 }
 
 /// Any name: which runtimes exist is the platform's to say (the Vercel backend and `taskbox
@@ -327,7 +425,7 @@ fn runtime(value: &str) -> Result<String, String> {
 fn disk(value: &str) -> Result<Option<u32>, String> {
     match value.trim() {
         "" | "none" | "unset" => Ok(None),
-        v => at_least_u32(v, 1).map(Some),
+        v => between_u32(v, 1, u32::MAX).map(Some),
     }
 }
 
@@ -343,17 +441,19 @@ impl Config {
     /// Loads `path`, or the defaults when it does not exist. A value `set` would refuse makes
     /// the file invalid.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let config = Config::load_unchecked(path)?;
+        config.validate(ValueSource::File(path.to_path_buf()))?;
+        Ok(config)
+    }
+
+    /// Loads `path` (or the defaults) without checking the values' bounds, for `taskbox config
+    /// set` to repair a file [`Config::load`] refuses. Anything else must use `load`.
+    pub fn load_unchecked(path: &Path) -> Result<Config, ConfigError> {
         match std::fs::read_to_string(path) {
-            Ok(text) => {
-                let parse_err = |message: String| ConfigError::Parse {
-                    path: path.to_path_buf(),
-                    message,
-                };
-                let config: Config =
-                    toml::from_str(&text).map_err(|e| parse_err(e.message().to_string()))?;
-                config.validate().map_err(|e| parse_err(e.to_string()))?;
-                Ok(config)
-            }
+            Ok(text) => toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.message().to_string(),
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
             Err(source) => Err(ConfigError::Io {
                 action: "read",
@@ -388,18 +488,30 @@ impl Config {
     /// Vercel memory/cpu pairing) are checked when the backend is used and by `taskbox doctor`.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
         let k = Key::find(key)?;
-        (k.set)(&mut self.terminal, value).map_err(|expected| k.invalid(value, expected))
+        (k.set)(&mut self.terminal, value)
+            .map_err(|expected| k.invalid(value, expected, ValueSource::Set))
     }
 
-    /// Checks every value as `set` would: a file edited by hand gets the same checks as
-    /// `taskbox config set`.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// Checks every value as `set` would: a file edited by hand (or a config built in code)
+    /// gets the same checks, from the same table, as `taskbox config set`. `source` is where the
+    /// values came from, for the error.
+    pub fn validate(&self, source: ValueSource) -> Result<(), ConfigError> {
         let mut scratch = self.terminal.clone();
         for k in KEYS {
             let value = (k.get)(&self.terminal);
-            (k.set)(&mut scratch, &value).map_err(|expected| k.invalid(&value, expected))?;
+            (k.set)(&mut scratch, &value)
+                .map_err(|expected| k.invalid(&value, expected, source.clone()))?;
         }
         Ok(())
+    }
+
+    /// Checks a value given as `flag` (such as `run --timeout`) for `key` against the key's
+    /// bounds, as if it were set in the config: the same table decides.
+    pub fn check_flag(key: &str, flag: &'static str, value: u64) -> Result<(), ConfigError> {
+        let k = Key::find(key)?;
+        let text = value.to_string();
+        (k.set)(&mut TerminalConfig::default(), &text)
+            .map_err(|expected| k.invalid(&text, expected, ValueSource::Flag(flag)))
     }
 
     /// `terminal.server`, unless `TASKBOX_SERVER` (read through `env`; blank counts as unset)
@@ -411,9 +523,10 @@ impl Config {
         match env(SERVER_ENV).filter(|v| !v.trim().is_empty()) {
             None => Ok(self.terminal.server),
             Some(v) => server_mode(&v).map_err(|expected| ConfigError::InvalidValue {
-                key: SERVER_ENV.into(),
+                key: "terminal.server".into(),
                 value: v,
                 expected,
+                source_: ValueSource::Env(SERVER_ENV),
             }),
         }
     }
@@ -466,7 +579,7 @@ mod tests {
         );
         assert!(matches!(
             cfg.set("terminal.keep_snapshots", "0"),
-            Err(ConfigError::InvalidValue { expected, .. }) if expected == "a whole number >= 1"
+            Err(ConfigError::InvalidValue { expected, .. }) if expected == "a whole number from 1 to 1000"
         ));
         assert!(matches!(
             cfg.get("terminal.nope"),

@@ -37,6 +37,7 @@ pub mod engine;
 pub mod fake;
 pub use taskbox_core::ids;
 pub mod provider;
+pub mod redact;
 pub mod replay;
 pub mod retry;
 pub mod rng;

@@ -87,6 +87,7 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
             snapshot_id: format!("snap-{task}-{seq}").into(),
             size_bytes: 48 << 20,
             expires_at: Some(now + 30 * 86_400_000),
+            omitted: Vec::new(),
         },
         Command::StopSandbox { sandbox_id } => Event::SandboxStopped {
             sandbox_id: sandbox_id.clone(),

@@ -8,18 +8,19 @@
 //!
 //! | group | subject | baseline |
 //! |---|---|---|
-//! | `overhead` | a command in a warm task (library and CLI paths) | `bash -c` spawned bare |
+//! | `overhead` | a command in a warm task (library path; CLI through a running server; one-shot CLI) | `bash -c` spawned bare |
+//! | `overhead.stored_tasks` | a warm CLI command through a server with 10,000 tasks stored | the same with 2 stored |
 //! | `journal` | `Store::commit` / `commit_batch` of lifecycle transitions | raw SQLite inserts, same durability |
 //! | `scale` | 10,000 tasks through the engine on the simulated provider | the same calls made directly |
 //! | `snapshot` | local snapshot and restore | `tar \| zstd` and `zstd -d \| tar -x` |
-//! | `vercel` | HTTP requests per command and per lifecycle, counted by the fake | the API's minimum |
+//! | `vercel` | HTTP requests per command (engine; CLI through a server) and per lifecycle, counted by the fake | the API's minimum |
 //!
 //! Speed targets live here, in the benchmark output, never in timed unit tests.
 //!
 //! The module breaks two of the crate's layering rules on purpose, because a baseline has to be
 //! the bare thing: `journal` runs its own SQL (a raw insert loop) beside the store's, and
-//! `overhead` and `snapshot` spawn processes (`bash`, `tar`, `zstd`, the `taskbox` binary) beside
-//! the local provider's. Nothing here prints: progress goes to a callback, results are returned.
+//! `overhead` and `snapshot` spawn processes (`bash`, `tar`, `zstd`, the `taskbox` binary, and
+//! `taskbox serve` for the CLI rows: `server.rs`) beside the local provider's. Nothing here prints: progress goes to a callback, results are returned.
 //!
 //! Peak memory is a per-process figure, so the scale benchmark runs in a child process (the
 //! `taskbox` binary given in [`Options::exe`], with the hidden `bench --child` arguments) where
@@ -28,6 +29,7 @@
 mod journal;
 mod overhead;
 mod scale;
+mod server;
 mod snapshot;
 mod stats;
 mod vercel;
@@ -93,9 +95,11 @@ pub struct Options {
 pub const GROUPS: [&str; 5] = ["overhead", "journal", "scale", "snapshot", "vercel"];
 
 /// Every benchmark (row) name, group first.
-pub const NAMES: [&str; 13] = [
+pub const NAMES: [&str; 16] = [
     "overhead.library",
     "overhead.cli",
+    "overhead.cli_oneshot",
+    "overhead.stored_tasks",
     "journal.commit",
     "journal.batch",
     "scale.wall",
@@ -106,6 +110,7 @@ pub const NAMES: [&str; 13] = [
     "snapshot.restore",
     "snapshot.size",
     "vercel.per_command",
+    "vercel.cli_per_command",
     "vercel.lifecycle",
 ];
 
@@ -167,6 +172,21 @@ pub enum BenchError {
         /// What went wrong.
         message: String,
     },
+}
+
+impl BenchError {
+    /// A mapper from an engine error while `bench` did `action`.
+    pub(crate) fn engine(
+        bench: &'static str,
+        action: impl Into<String>,
+    ) -> impl FnOnce(crate::engine::EngineError) -> BenchError {
+        let action = action.into();
+        move |source| BenchError::Engine {
+            bench,
+            action,
+            source: Box::new(source),
+        }
+    }
 }
 
 impl BenchError {

@@ -3,15 +3,20 @@
 //!
 //! - `overhead.library`: an [`Orchestrator`] held open, as a Rust program embedding taskbox
 //!   holds it; the bare command is spawned on the same tokio runtime.
-//! - `overhead.cli`: one `taskbox run` process per command (what an agent that shells out pays:
-//!   process start, store open, task lock, two durable commits, the command), against one bare
-//!   `bash -c` process per command.
+//! - `overhead.cli`: one `taskbox run` process per command through a running server (`taskbox
+//!   serve`, what the CLI talks to by default), against one bare `bash -c` process per command.
+//! - `overhead.cli_oneshot`: the same with `terminal.server = never` (each process opens the
+//!   store, takes the task's lock, recovers the task and probes its sandbox).
+//! - `overhead.stored_tasks`: a warm `taskbox run` through a server whose store holds 10,000
+//!   tasks, against the same through a server whose store holds 2: nothing a command does may
+//!   grow with the tasks stored.
 
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Instant;
 
 use super::journal::DurableProbe;
+use super::server::BenchServer;
 use super::stats::{median, ms, Paired};
 use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
 use crate::config::Config;
@@ -21,11 +26,17 @@ use crate::TaskId;
 
 const BENCH: &str = "overhead";
 
+/// The library path's budget (issue 11).
+const TARGET_LIBRARY_ADDED_MS: f64 = 1.0;
+
+/// A warm command with many stored tasks, at most this times the same with two.
+const TARGET_STORED_RATIO: f64 = 1.05;
+
 /// The command both sides run: cheap, with output to capture.
 const COMMAND: &str = "echo ok";
 
-/// The per-command budget taskbox may add.
-const TARGET_ADDED_MS: f64 = 2.0;
+/// The per-command budget the CLI may add.
+const TARGET_CLI_ADDED_MS: f64 = 2.0;
 
 /// Unpaired runs before sampling (page cache, sandbox creation, lazy init).
 const WARMUP: usize = 3;
@@ -47,6 +58,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             &p,
             n,
             &sync,
+            TARGET_LIBRARY_ADDED_MS,
         );
         m.notes.push(format!(
             "LocalProvider::exec alone (its wrapper script and working-directory bookkeeping) adds {} ms over bare bash (median of pairs measured alongside)",
@@ -54,28 +66,130 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         ));
         rows.push(m);
     }
+    let exe = ctx.opts.exe.clone();
     if ctx.wants("overhead.cli") {
         ctx.say(&format!(
-            "overhead.cli: {n} `taskbox run` processes each side"
+            "overhead.cli: {n} `taskbox run` processes through a server, each side"
         ));
         let home = ctx.subdir("overhead-cli")?;
-        let (p, sync) = cli(&ctx.opts.exe, &home, n)?;
-        rows.push(row(
+        let (p, sync) = with_servers(&exe, &[&home], || cli(&exe, &home, n, &[]))?;
+        let mut m = row(
             "overhead.cli",
-            "`taskbox run --task T 'echo ok'`, one process per command (local backend)",
+            "`taskbox run --task T 'echo ok'` through a running server, one process per command (local backend)",
             &p,
             n,
             &sync,
+            TARGET_CLI_ADDED_MS,
+        );
+        m.notes.truncate(1);
+        m.notes.push(format!(
+            "the server makes the same two durable commits per command as the library path ({} ms each on this disk)",
+            super::fmt_num(median(&sync))
+        ));
+        rows.push(m);
+    }
+    if ctx.wants("overhead.cli_oneshot") {
+        ctx.say(&format!(
+            "overhead.cli_oneshot: {n} one-shot `taskbox run` processes each side"
+        ));
+        let home = ctx.subdir("overhead-cli-oneshot")?;
+        let never = [("TASKBOX_SERVER".to_string(), "never".to_string())];
+        let (p, sync) = cli(&exe, &home, n, &never)?;
+        let mut m = row(
+            "overhead.cli_oneshot",
+            "`taskbox run` with terminal.server = never: each process is a one-shot engine (local backend)",
+            &p,
+            n,
+            &sync,
+            TARGET_CLI_ADDED_MS,
+        );
+        m.target = Target::Report;
+        m.target_text = Target::Report.describe("ms");
+        m.met = None;
+        rows.push(m);
+    }
+    if ctx.wants("overhead.stored_tasks") {
+        let stored = match ctx.opts.mode {
+            Mode::Quick => 1_000,
+            Mode::Standard | Mode::Full => 10_000,
+        };
+        ctx.say(&format!(
+            "overhead.stored_tasks: {n} warm `taskbox run` each, {stored} stored tasks vs 2"
+        ));
+        let many = ctx.subdir("overhead-stored-many")?;
+        let few = ctx.subdir("overhead-stored-few")?;
+        super::server::store_idle_tasks(&many, stored - 1)?;
+        super::server::store_idle_tasks(&few, 1)?;
+        let p = with_servers(&exe, &[&many, &few], || stored_pairs(&exe, &many, &few, n))?;
+        rows.push(Measurement::new(
+            "overhead.stored_tasks",
+            format!("a warm `taskbox run` through a server, {stored} tasks stored"),
+            Quantity::new(p.subject_median(), "ms"),
+            "the same, 2 tasks stored",
+            Quantity::new(p.baseline_median(), "ms"),
+            Some(Quantity::new(p.added_median(), "ms")),
+            Target::RatioAtMost {
+                ratio: TARGET_STORED_RATIO,
+            },
+            n,
+            vec![p.spread("ms")],
         ));
     }
     Ok(rows)
+}
+
+/// Runs `f` with a `taskbox serve` running for each home, stopping them afterwards.
+fn with_servers<T>(
+    exe: &Path,
+    homes: &[&Path],
+    f: impl FnOnce() -> Result<T, BenchError>,
+) -> Result<T, BenchError> {
+    let rt = runtime()?;
+    let mut servers = Vec::new();
+    for home in homes {
+        servers.push(rt.block_on(BenchServer::start(exe, home, &[]))?);
+    }
+    let result = f();
+    for s in servers {
+        rt.block_on(s.stop());
+    }
+    result
+}
+
+/// Warm commands in two homes, alternating which goes first: (many, few) pairs.
+fn stored_pairs(exe: &Path, many: &Path, few: &Path, n: usize) -> Result<Paired, BenchError> {
+    let always = [("TASKBOX_SERVER".to_string(), "always".to_string())];
+    for _ in 0..WARMUP {
+        cli_once(exe, many, &always)?;
+        cli_once(exe, few, &always)?;
+    }
+    let mut p = Paired::default();
+    for i in 0..n {
+        let (s, b) = if i % 2 == 0 {
+            let s = cli_once(exe, many, &always)?;
+            (s, cli_once(exe, few, &always)?)
+        } else {
+            let b = cli_once(exe, few, &always)?;
+            (cli_once(exe, many, &always)?, b)
+        };
+        p.subject.push(s);
+        p.baseline.push(b);
+    }
+    Ok(p)
 }
 
 /// Durable journal commits a command in a warm task makes: `run_requested` (write-ahead of the
 /// command) and `command_exited` (its result).
 const COMMITS_PER_COMMAND: f64 = 2.0;
 
-fn row(name: &str, subject_is: &str, p: &Paired, n: usize, sync: &[f64]) -> Measurement {
+fn row(
+    name: &str,
+    subject_is: &str,
+    p: &Paired,
+    n: usize,
+    sync: &[f64],
+    target_added_ms: f64,
+) -> Measurement {
     let sync_ms = median(sync);
     let added = p.added_median();
     Measurement::new(
@@ -86,7 +200,7 @@ fn row(name: &str, subject_is: &str, p: &Paired, n: usize, sync: &[f64]) -> Meas
         Quantity::new(p.baseline_median(), "ms"),
         Some(Quantity::new(p.added_median(), "ms")),
         Target::AddedAtMost {
-            value: TARGET_ADDED_MS,
+            value: target_added_ms,
             unit: "ms",
         },
         n,
@@ -165,11 +279,10 @@ fn library(dir: &Path, n: usize) -> Result<(Paired, Vec<f64>, Paired), BenchErro
             .reconcile_on_start(false)
             .open()
             .await
-            .map_err(|source| BenchError::Engine {
-                bench: BENCH,
-                action: format!("open an orchestrator on {}", dir.display()),
-                source: Box::new(source),
-            })?;
+            .map_err(BenchError::engine(
+                BENCH,
+                format!("open an orchestrator on {}", dir.display()),
+            ))?;
         let task = TaskId::new("bench-overhead").expect("a valid task id");
         let result =
             async {
@@ -193,11 +306,7 @@ fn library(dir: &Path, n: usize) -> Result<(Paired, Vec<f64>, Paired), BenchErro
                 let view = orch
                     .show(&task, 0)
                     .await
-                    .map_err(|source| BenchError::Engine {
-                        bench: BENCH,
-                        action: "look up the task's sandbox".into(),
-                        source: Box::new(source),
-                    })?;
+                    .map_err(BenchError::engine(BENCH, "look up the task's sandbox"))?;
                 let sandbox = view
                     .and_then(|v| v.task.sandbox)
                     .ok_or_else(|| BenchError::failed(BENCH, "the warm task has no live sandbox"))?
@@ -246,43 +355,44 @@ fn library(dir: &Path, n: usize) -> Result<(Paired, Vec<f64>, Paired), BenchErro
     })
 }
 
-fn cli(exe: &Path, home: &Path, n: usize) -> Result<(Paired, Vec<f64>), BenchError> {
+/// One `taskbox run` of the warm task in `home`; its wall time.
+fn cli_once(exe: &Path, home: &Path, env: &[(String, String)]) -> Result<f64, BenchError> {
+    let mut cmd = super::server::taskbox(exe, home, env);
+    cmd.args(["run", "--task", "bench-overhead", COMMAND]);
+    let t = Instant::now();
+    let out = cmd
+        .output()
+        .map_err(BenchError::io(BENCH, format!("spawn {}", exe.display())))?;
+    let took = ms(t.elapsed());
+    if !out.status.success() {
+        return Err(BenchError::failed(
+            BENCH,
+            format!(
+                "`{} run` failed ({}): {}",
+                exe.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    check_output(true, &out.stdout, "taskbox run")?;
+    Ok(took)
+}
+
+/// `taskbox run` processes against bare `bash -c` ones, alternating; with `env` (a server
+/// runs for `home` unless `env` says `never`).
+fn cli(
+    exe: &Path,
+    home: &Path,
+    n: usize,
+    env: &[(String, String)],
+) -> Result<(Paired, Vec<f64>), BenchError> {
     let mut probe = DurableProbe::open(&home.join("probe.db"))?;
-    let subject = || -> Result<f64, BenchError> {
-        let mut cmd = std::process::Command::new(exe);
-        cmd.args(["run", "--task", "bench-overhead", COMMAND])
-            .env("TASKBOX_HOME", home)
-            .stdin(Stdio::null());
-        for var in [
-            "RUST_LOG",
-            "VERCEL_TOKEN",
-            "VERCEL_OIDC_TOKEN",
-            "VERCEL_PROJECT_ID",
-            "VERCEL_TEAM_ID",
-            "TERMINAL_VERCEL_RUNTIME",
-            "TASKBOX_VERCEL_API_URL",
-        ] {
-            cmd.env_remove(var);
-        }
-        let t = Instant::now();
-        let out = cmd
-            .output()
-            .map_err(BenchError::io(BENCH, format!("spawn {}", exe.display())))?;
-        let took = ms(t.elapsed());
-        if !out.status.success() {
-            return Err(BenchError::failed(
-                BENCH,
-                format!(
-                    "`{} run` failed ({}): {}",
-                    exe.display(),
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            ));
-        }
-        check_output(true, &out.stdout, "taskbox run")?;
-        Ok(took)
-    };
+    let mut env = env.to_vec();
+    if env.is_empty() {
+        env.push(("TASKBOX_SERVER".into(), "always".into()));
+    }
+    let subject = || cli_once(exe, home, &env);
     for _ in 0..WARMUP {
         subject()?;
         bare_sync()?;

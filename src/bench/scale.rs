@@ -193,11 +193,7 @@ async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun
         .reconcile_on_start(false)
         .open()
         .await
-        .map_err(|source| BenchError::Engine {
-            bench: BENCH,
-            action: "open the orchestrator".into(),
-            source: Box::new(source),
-        })?;
+        .map_err(BenchError::engine(BENCH, "open the orchestrator"))?;
     let wall = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for i in 0..tasks {

@@ -129,6 +129,10 @@ fn pack_only(ws: &Path, out: &Path) -> Result<f64, BenchError> {
         installation_id: "bench".into(),
         created_at: 0,
         source_sandbox: "bench".into(),
+        generation: None,
+        instance: None,
+        nonce: None,
+        cwd: None,
     };
     let t = Instant::now();
     let file = std::fs::File::create(out)

@@ -4,6 +4,10 @@
 //! - `vercel.per_command`: requests per command in a warm sandbox, through the engine (an
 //!   [`Orchestrator`] over the real [`VercelProvider`]). Hermes calls `refresh()` (a GET) before
 //!   every command; taskbox knows its sandbox's deadline and sends only the command.
+//! - `vercel.cli_per_command`: the same through the CLI: one `taskbox run` process per command,
+//!   talking to a running `taskbox serve` on the Vercel backend. The server knows its sandbox is
+//!   live (its own timers snapshot it before the deadline), so a command lists nothing, probes
+//!   nothing: one request.
 //! - `vercel.lifecycle`: requests for create → command → snapshot → restore → command → stop,
 //!   made through the provider.
 //!
@@ -14,6 +18,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::server::{taskbox, BenchServer};
 use super::stats::median;
 use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
 use crate::clock::SystemClock;
@@ -57,11 +62,18 @@ fn breakdown(stats: &Stats) -> String {
 struct Counts {
     per_command: f64,
     per_command_breakdown: String,
+    cli_per_command: f64,
+    cli_breakdown: String,
     lifecycles: Vec<f64>,
     lifecycle_breakdown: String,
 }
 
-async fn measure(dir: &Path, commands: usize, lifecycles: usize) -> Result<Counts, BenchError> {
+async fn measure(
+    exe: &Path,
+    dir: &Path,
+    commands: usize,
+    lifecycles: usize,
+) -> Result<Counts, BenchError> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(BenchError::io(BENCH, "listen on 127.0.0.1"))?;
@@ -90,11 +102,7 @@ async fn measure(dir: &Path, commands: usize, lifecycles: usize) -> Result<Count
             .reconcile_on_start(false)
             .open()
             .await
-            .map_err(|source| BenchError::Engine {
-                bench: BENCH,
-                action: "open the orchestrator".into(),
-                source: Box::new(source),
-            })?;
+            .map_err(BenchError::engine(BENCH, "open the orchestrator"))?;
         let task = TaskId::new("bench-vercel").expect("a valid task id");
         let engine_err = |source| BenchError::Engine {
             bench: BENCH,
@@ -123,6 +131,9 @@ async fn measure(dir: &Path, commands: usize, lifecycles: usize) -> Result<Count
         .await;
         orch.shutdown().await;
         let warm = warm?;
+
+        // Warm commands through the CLI and a server.
+        let cli = cli_per_command(exe, dir, &fake, commands).await?;
 
         // Lifecycles, through the provider.
         let mut counts = Vec::new();
@@ -180,12 +191,85 @@ async fn measure(dir: &Path, commands: usize, lifecycles: usize) -> Result<Count
         Ok(Counts {
             per_command: warm.total as f64 / commands as f64,
             per_command_breakdown: breakdown(&warm),
+            cli_per_command: cli.total as f64 / commands as f64,
+            cli_breakdown: breakdown(&cli),
             lifecycles: counts,
             lifecycle_breakdown: last.as_ref().map(breakdown).unwrap_or_default(),
         })
     }
     .await;
     let _ = fake.shutdown().await;
+    result
+}
+
+/// Requests the fake saw during `commands` warm `taskbox run` processes through a server.
+async fn cli_per_command(
+    exe: &Path,
+    dir: &Path,
+    fake: &FakeServer,
+    commands: usize,
+) -> Result<Stats, BenchError> {
+    let home = dir.join("cli");
+    let mut cfg = config();
+    cfg.terminal.vercel_api_url = fake.base_url();
+    cfg.save(&home.join("config.toml"))
+        .map_err(|e| BenchError::failed(BENCH, format!("write the config: {e}")))?;
+    let env: Vec<(String, String)> = [
+        ("VERCEL_TOKEN", "bench-token"),
+        ("VERCEL_PROJECT_ID", "prj_bench"),
+        ("VERCEL_TEAM_ID", "team_bench"),
+        ("TASKBOX_SERVER", "always"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let server = BenchServer::start(exe, &home, &env).await?;
+    let run = |cmd: String| {
+        let mut c = taskbox(exe, &home, &env);
+        c.args(["run", "--task", "bench-vercel-cli", &cmd]);
+        let mut c = tokio::process::Command::from(c);
+        async move {
+            let out = c
+                .output()
+                .await
+                .map_err(BenchError::io(BENCH, "spawn taskbox run"))?;
+            if !out.status.success() {
+                return Err(BenchError::failed(
+                    BENCH,
+                    format!(
+                        "`taskbox run {cmd}` failed ({}): {}",
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                ));
+            }
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        }
+    };
+    let result = async {
+        run("echo warm".into()).await?;
+        // Let the server's start-up reconcile finish before counting.
+        for _ in 0..100 {
+            let before = fake.stats().total;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            if fake.stats().total == before {
+                break;
+            }
+        }
+        fake.reset_stats();
+        for i in 0..commands {
+            let out = run(format!("echo {i}")).await?;
+            if out != format!("{i}\n") {
+                return Err(BenchError::failed(
+                    BENCH,
+                    format!("`taskbox run echo {i}` answered {out:?}"),
+                ));
+            }
+        }
+        Ok(fake.stats())
+    }
+    .await;
+    server.stop().await;
     result
 }
 
@@ -204,7 +288,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         .enable_all()
         .build()
         .map_err(BenchError::io(BENCH, "start a tokio runtime"))?
-        .block_on(measure(&dir, commands, lifecycles))?;
+        .block_on(measure(&ctx.opts.exe, &dir, commands, lifecycles))?;
     Ok(vec![
         Measurement::new(
             "vercel.per_command",
@@ -216,6 +300,17 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             Target::RatioAtMost { ratio: 1.0 },
             commands,
             vec![format!("requests: {}", c.per_command_breakdown)],
+        ),
+        Measurement::new(
+            "vercel.cli_per_command",
+            "HTTP requests per warm `taskbox run` (CLI → running server → Vercel provider), counted by the fake",
+            Quantity::new(c.cli_per_command, "requests"),
+            "the API's minimum: the command request alone",
+            Quantity::new(1.0, "requests"),
+            None,
+            Target::RatioAtMost { ratio: 1.0 },
+            commands,
+            vec![format!("requests: {}", c.cli_breakdown)],
         ),
         Measurement::new(
             "vercel.lifecycle",

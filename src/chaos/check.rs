@@ -48,6 +48,9 @@ pub struct PlatformSandbox {
     pub source_snapshot: Option<String>,
     /// When the platform created it.
     pub created_at: Millis,
+    /// Its place in the platform's order of creations (sandboxes and snapshots together), when
+    /// the platform records one: it orders creations within one millisecond.
+    pub order: Option<u64>,
     /// Whether it is still running.
     pub live: bool,
 }
@@ -60,6 +63,7 @@ impl From<&SimSandbox> for PlatformSandbox {
             generation: Some(s.generation),
             source_snapshot: s.source_snapshot.clone(),
             created_at: s.created_at,
+            order: Some(s.order),
             live: s.alive,
         }
     }
@@ -74,6 +78,8 @@ pub struct PlatformSnapshot {
     pub task_id: String,
     /// When the platform took it.
     pub created_at: Millis,
+    /// Its place in the platform's order of creations (see [`PlatformSandbox::order`]).
+    pub order: Option<u64>,
     /// When it expires (or expired); `None`: never.
     pub expires_at: Option<Millis>,
     /// Whether it was deleted.
@@ -88,6 +94,7 @@ impl From<&SimSnapshot> for PlatformSnapshot {
             id: s.id.clone(),
             task_id: s.task_id.clone(),
             created_at: s.created_at,
+            order: Some(s.order),
             expires_at: s.expires_at,
             deleted: s.deleted,
             expired: s.expired,
@@ -198,11 +205,17 @@ pub struct JournalCounts {
 /// that crashed before the answer came can land later, after the task moved on, and make a
 /// sandbox nobody uses (from a then-stale snapshot); reconciliation stops those.
 ///
-/// "Present" is the platform's view: taken at or before the creation, not expired by then, and
-/// not retired by then. `retired_at` says from when a snapshot no longer counts: the time the
+/// "Present" is the platform's view: taken before the creation, not expired by then, and not
+/// retired by then. `retired_at` says from when a snapshot no longer counts: the time the
 /// platform deleted it, or the time the task's retention superseded it ([`retired_at`]; that
 /// decision is checked on its own by [`journal`]). A deleted snapshot missing from it is taken
 /// to have been present, which makes the check weaker, never wrong the other way round.
+///
+/// Times are milliseconds, and with no platform latency a snapshot, the sandbox restored from
+/// it and the next snapshot all happen in one: "taken before" uses the platform's order of
+/// creations within a millisecond (when it records one; otherwise the same millisecond counts
+/// as before), and a snapshot retired in the very millisecond of the creation may have been
+/// used or not (the journal and the platform share no finer clock), so either is accepted.
 pub fn restores(
     sandboxes: &[PlatformSandbox],
     snapshots: &[PlatformSnapshot],
@@ -210,16 +223,39 @@ pub fn restores(
     task: &str,
 ) -> Vec<Violation> {
     let snaps: Vec<&PlatformSnapshot> = snapshots.iter().filter(|s| s.task_id == task).collect();
+    let key = |s: &&PlatformSnapshot| (s.created_at, s.order, s.id.clone());
     let mut out = Vec::new();
     for sb in sandboxes.iter().filter(|s| s.task_id == task) {
         let at = sb.created_at;
-        let newest = snaps
+        let taken_before = |s: &&&PlatformSnapshot| match (s.created_at.cmp(&at), s.order, sb.order)
+        {
+            (std::cmp::Ordering::Less, _, _) => true,
+            (std::cmp::Ordering::Equal, Some(a), Some(b)) => a < b,
+            (std::cmp::Ordering::Equal, _, _) => true,
+            (std::cmp::Ordering::Greater, _, _) => false,
+        };
+        let candidates: Vec<&&PlatformSnapshot> = snaps
             .iter()
-            .filter(|s| s.created_at <= at && s.expires_at.is_none_or(|e| e > at))
+            .filter(taken_before)
+            .filter(|s| s.expires_at.is_none_or(|e| e > at))
+            .filter(|s| retired_at.get(&s.id).is_none_or(|r| *r >= at))
+            .collect();
+        let newest = candidates
+            .iter()
             .filter(|s| retired_at.get(&s.id).is_none_or(|r| *r > at))
-            .max_by_key(|s| (s.created_at, s.id.as_str()))
-            .map(|s| s.id.clone());
-        if sb.source_snapshot != newest {
+            .max_by_key(|s| key(s));
+        // Retired in this very millisecond: newer than `newest`, it may have been the newest.
+        let acceptable = |id: &str| {
+            candidates.iter().any(|s| {
+                s.id == id
+                    && retired_at.get(&s.id) == Some(&at)
+                    && newest.is_none_or(|n| key(s) > key(n))
+            })
+        };
+        let newest = newest.map(|s| s.id.clone());
+        let fine =
+            sb.source_snapshot == newest || sb.source_snapshot.as_deref().is_some_and(acceptable);
+        if !fine {
             out.push(Violation::new(
                 Invariant::RestoredLatest,
                 Some(task),

@@ -204,6 +204,9 @@ async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
             return tally;
         }
     };
+    // Only `run` creates a task: a `suspend` or `resume` before any run of it was answered
+    // (committed) is refused with `NoTask`, as it should be; after one, `NoTask` is a lost task.
+    let mut created = false;
     for step in plan.steps {
         tally.steps += 1;
         if let Some(after) = step.crash_after_ms {
@@ -220,6 +223,11 @@ async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
             }
         };
         drop(orch);
+        if matches!(step.op, Op::Run { .. })
+            && matches!(result, Ok(()) | Err(EngineError::Request { .. }))
+        {
+            created = true;
+        }
         match result {
             Ok(()) => {
                 if !matches!(step.op, Op::Wait { .. }) {
@@ -227,6 +235,7 @@ async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
                 }
             }
             Err(EngineError::Request { .. }) => tally.failed += 1,
+            Err(EngineError::NoTask { .. }) if !created => tally.failed += 1,
             Err(EngineError::Stopped) => {
                 tally.interrupted += 1;
                 if !d.wait_past(task.as_str(), epoch).await {
@@ -438,6 +447,46 @@ pub(super) fn check_all(
             .collect(),
         stale: stale.len() as u64,
     }
+}
+
+/// What a seed's run left behind, for [`check_and_export`]: the arguments of [`check_all`],
+/// where the journal goes and when.
+pub(super) struct Evidence<'a> {
+    pub(super) data_dir: &'a Path,
+    pub(super) task_ids: &'a [String],
+    pub(super) rec: &'a Recorded,
+    pub(super) sandboxes: &'a [PlatformSandbox],
+    pub(super) snapshots: &'a [PlatformSnapshot],
+    pub(super) live: &'a [PlatformSandbox],
+    pub(super) deleted_at: &'a BTreeMap<String, Millis>,
+    /// Stamped on the exported journal.
+    pub(super) now: Millis,
+    /// Export the journal even when nothing is violated.
+    pub(super) keep_all: bool,
+}
+
+/// Every check ([`check_all`]) added to `violations`, then the journal exported
+/// ([`export_journal`]) if anything is violated (or `keep_all`): what the checks counted, and
+/// the exported file.
+pub(super) fn check_and_export(
+    ev: Evidence<'_>,
+    violations: &mut Vec<Violation>,
+) -> (Checked, Option<PathBuf>) {
+    let mut checked = check_all(
+        ev.task_ids,
+        ev.rec,
+        ev.sandboxes,
+        ev.snapshots,
+        ev.live,
+        ev.deleted_at,
+    );
+    violations.append(&mut checked.violations);
+    let journal_file = if violations.is_empty() && !ev.keep_all {
+        None
+    } else {
+        export_journal(ev.data_dir, ev.rec, ev.now, violations)
+    };
+    (checked, journal_file)
 }
 
 /// Writes the seed's journal to `journal.jsonl` beside its data dir, for `taskbox replay

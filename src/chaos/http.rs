@@ -23,7 +23,7 @@ use super::check::{PlatformSandbox, PlatformSnapshot};
 use super::driver::{self, Driver};
 use super::witness::Witness;
 use super::workload::{self, Flavor};
-use super::{ChaosError, ChaosOptions, SeedReport};
+use super::{ChaosError, ChaosOptions, RunCounts, SeedReport};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Backend, Config};
 use crate::core::Millis;
@@ -207,6 +207,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
                 generation: Some(sb.generation),
                 source_snapshot: s.source_snapshot_id.clone(),
                 created_at: s.created_at.or(s.requested_at).unwrap_or(sb.created_at),
+                order: None,
                 live: matches!(s.status, SessionStatus::Pending | SessionStatus::Running),
             }),
             Err(e) => violations.push(super::Violation::new(
@@ -226,6 +227,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
                 generation: None,
                 source_snapshot: None,
                 created_at: 0,
+                order: None,
                 live: true,
             })
             .collect(),
@@ -273,6 +275,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
                     .created_at
                     .or_else(|| confirmed.get(id.as_str()).copied())
                     .unwrap_or(0),
+                order: None,
                 id,
                 task_id,
                 expires_at: s.expires_at,
@@ -289,6 +292,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
                     id,
                     task_id,
                     created_at,
+                    order: None,
                     expires_at: expired_at,
                     deleted: expired_at.is_none(),
                     expired: expired_at.is_some(),
@@ -301,20 +305,20 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
             )),
         }
     }
-    let checked = driver::check_all(
-        &task_ids,
-        &rec,
-        &sandboxes,
-        &snapshots,
-        &live,
-        &witness.deleted_at(),
+    let (checked, journal_file) = driver::check_and_export(
+        driver::Evidence {
+            data_dir: &data_dir,
+            task_ids: &task_ids,
+            rec: &rec,
+            sandboxes: &sandboxes,
+            snapshots: &snapshots,
+            live: &live,
+            deleted_at: &witness.deleted_at(),
+            now,
+            keep_all: opts.keep_all,
+        },
+        &mut violations,
     );
-    violations.extend(checked.violations);
-    let journal_file = if violations.is_empty() && !opts.keep_all {
-        None
-    } else {
-        driver::export_journal(&data_dir, &rec, now, &mut violations)
-    };
 
     let stats = fake.stats();
     let mut faults = BTreeMap::new();
@@ -339,13 +343,15 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
     Ok(SeedReport {
         seed,
         tasks: opts.tasks,
-        steps: tally.steps,
-        requests_ok: tally.ok,
-        requests_failed: tally.failed,
-        requests_interrupted: tally.interrupted,
-        faults,
-        provider_calls: stats.total,
-        journal: checked.counts,
+        counts: RunCounts {
+            steps: tally.steps,
+            requests_ok: tally.ok,
+            requests_failed: tally.failed,
+            requests_interrupted: tally.interrupted,
+            faults,
+            provider_calls: stats.total,
+            journal: checked.counts,
+        },
         snapshots_expired: checked.expired,
         stale_sandboxes: 0,
         violations,

@@ -168,7 +168,8 @@ pub struct ChaosOptions {
     pub planted_bug: Option<PlantedBug>,
     /// Seeds run at once, each on its own thread.
     pub jobs: usize,
-    /// Where each seed's data dir is made (and kept, if it violates an invariant).
+    /// Where each seed's data dir is made (and kept, if it violates an invariant; a violating
+    /// seed's dir on the RAM disk moves to the system temp dir instead, unless `keep_all`).
     pub work_dir: PathBuf,
     /// Keep every seed's data dir, not only violating ones.
     pub keep_all: bool,
@@ -211,11 +212,16 @@ impl ChaosOptions {
     }
 }
 
+/// The RAM disk seeds run on when it is there.
+const RAM_DISK: &str = "/dev/shm";
+
 /// Where seeds' data dirs go by default: `/dev/shm` when it is a writable directory (a RAM
 /// disk, where SQLite's fsyncs cost nothing, so thousands of seeds run in minutes), otherwise
-/// the system temp dir. The store is the same real SQLite store either way.
+/// the system temp dir. The store is the same real SQLite store either way. Nothing stays on
+/// the RAM disk after a run: a violating seed's data dir moves to the system temp dir (unless
+/// [`ChaosOptions::keep_all`] keeps every seed's where it is).
 pub fn default_work_dir() -> PathBuf {
-    let shm = Path::new("/dev/shm");
+    let shm = Path::new(RAM_DISK);
     let writable = std::fs::metadata(shm)
         .map(|m| m.is_dir() && !m.permissions().readonly())
         .unwrap_or(false);
@@ -284,21 +290,9 @@ pub struct SeedReport {
     pub seed: u64,
     /// Tasks driven.
     pub tasks: u32,
-    /// Workload steps taken (commands, suspends, resumes, waits).
-    pub steps: u64,
-    /// Requests that the engine answered with a result.
-    pub requests_ok: u64,
-    /// Requests that failed (after retries, or a sandbox expired under them): reported to the
-    /// caller, which is correct behaviour under faults.
-    pub requests_failed: u64,
-    /// Requests cut off by an engine crash.
-    pub requests_interrupted: u64,
-    /// Faults injected, by kind (the [`SimFaults`] names, and `crash`).
-    pub faults: BTreeMap<String, u64>,
-    /// Calls the platform received.
-    pub provider_calls: u64,
-    /// What the journal shows: retries, restores, fallbacks, files lost, recoveries.
-    pub journal: JournalCounts,
+    /// What the seed did (flattened: the report reads as one object).
+    #[serde(flatten)]
+    pub counts: RunCounts,
     /// Snapshots complete in the store that the platform expired (the `snapshot_gone` fault):
     /// not lost by taskbox, reported separately.
     pub snapshots_expired: Vec<String>,
@@ -320,38 +314,28 @@ pub struct SeedReport {
     pub repro: String,
 }
 
-/// Sums over many seeds.
+/// What one seed did, or (summed) many: the counts a [`SeedReport`] and the [`Totals`] share.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Totals {
-    /// Tasks driven.
-    pub tasks: u64,
-    /// Workload steps.
+pub struct RunCounts {
+    /// Workload steps taken (commands, suspends, resumes, waits).
     pub steps: u64,
-    /// Requests answered with a result.
+    /// Requests that the engine answered with a result.
     pub requests_ok: u64,
-    /// Requests that failed (reported to the caller).
+    /// Requests that failed (after retries, or a sandbox expired under them): reported to the
+    /// caller, which is correct behaviour under faults.
     pub requests_failed: u64,
-    /// Requests cut off by a crash.
+    /// Requests cut off by an engine crash.
     pub requests_interrupted: u64,
-    /// Faults injected, by kind.
+    /// Faults injected, by kind (the [`SimFaults`] names, and `crash`).
     pub faults: BTreeMap<String, u64>,
     /// Calls the platform received.
     pub provider_calls: u64,
-    /// Journal counts.
+    /// What the journal shows: retries, restores, fallbacks, files lost, recoveries.
     pub journal: JournalCounts,
-    /// Snapshots the platform expired.
-    pub snapshots_expired: u64,
-    /// Sandboxes no task adopted (late creates of a crashed engine).
-    pub stale_sandboxes: u64,
-    /// Violations.
-    pub violations: u64,
-    /// Virtual time covered.
-    pub virtual_ms: u64,
 }
 
-impl Totals {
-    fn add(&mut self, r: &SeedReport) {
-        self.tasks += u64::from(r.tasks);
+impl RunCounts {
+    fn add(&mut self, r: &RunCounts) {
         self.steps += r.steps;
         self.requests_ok += r.requests_ok;
         self.requests_failed += r.requests_failed;
@@ -367,6 +351,31 @@ impl Totals {
         j.fallbacks += r.journal.fallbacks;
         j.files_lost += r.journal.files_lost;
         j.recoveries += r.journal.recoveries;
+    }
+}
+
+/// Sums over many seeds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Totals {
+    /// Tasks driven.
+    pub tasks: u64,
+    /// The seeds' counts, summed (flattened).
+    #[serde(flatten)]
+    pub counts: RunCounts,
+    /// Snapshots the platform expired.
+    pub snapshots_expired: u64,
+    /// Sandboxes no task adopted (late creates of a crashed engine).
+    pub stale_sandboxes: u64,
+    /// Violations.
+    pub violations: u64,
+    /// Virtual time covered.
+    pub virtual_ms: u64,
+}
+
+impl Totals {
+    fn add(&mut self, r: &SeedReport) {
+        self.tasks += u64::from(r.tasks);
+        self.counts.add(&r.counts);
         self.snapshots_expired += r.snapshots_expired.len() as u64;
         self.stale_sandboxes += r.stale_sandboxes;
         self.violations += r.violations.len() as u64;
@@ -523,10 +532,44 @@ pub fn run_seed(seed: u64, opts: &ChaosOptions) -> Result<SeedReport, ChaosError
     };
     if report.violations.is_empty() && !opts.keep_all {
         std::fs::remove_dir_all(&home).map_err(dir_err)?;
+    } else if !opts.keep_all && home.starts_with(RAM_DISK) {
+        // A violating seed's data is kept for diagnosis, but not on the RAM disk, where every
+        // kept seed would hold memory until the next reboot: it moves to the system temp dir.
+        let kept = std::env::temp_dir().join(home.file_name().unwrap_or(home.as_os_str()));
+        let moved = copy_tree(&home, &kept).and_then(|()| std::fs::remove_dir_all(&home));
+        if let Err(source) = moved {
+            let _ = std::fs::remove_dir_all(&kept);
+            let _ = std::fs::remove_dir_all(&home);
+            return Err(ChaosError::DataDir {
+                seed,
+                path: kept,
+                source,
+            });
+        }
+        if let Some(j) = &report.journal_file {
+            report.journal_file = j.strip_prefix(&home).ok().map(|rest| kept.join(rest));
+        }
+        report.home = Some(kept);
     } else {
         report.home = Some(home);
     }
     Ok(report)
+}
+
+/// Copies the directory tree `from` to `to` (regular files and directories: what a seed's data
+/// dir holds), creating `to`.
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }
 
 /// The engine configuration of a chaos run: short lifetimes, so that idle reaps, checkpoints
@@ -603,20 +646,20 @@ async fn seed_run(
         .filter(|s| s.live)
         .cloned()
         .collect();
-    let checked = driver::check_all(
-        &task_ids,
-        &rec,
-        &platform_sandboxes,
-        &platform_snapshots,
-        &live,
-        &witness.deleted_at(),
+    let (checked, journal_file) = driver::check_and_export(
+        driver::Evidence {
+            data_dir,
+            task_ids: &task_ids,
+            rec: &rec,
+            sandboxes: &platform_sandboxes,
+            snapshots: &platform_snapshots,
+            live: &live,
+            deleted_at: &witness.deleted_at(),
+            now: clock.now_ms(),
+            keep_all: opts.keep_all,
+        },
+        &mut violations,
     );
-    violations.extend(checked.violations);
-    let journal_file = if violations.is_empty() && !opts.keep_all {
-        None
-    } else {
-        driver::export_journal(data_dir, &rec, clock.now_ms(), &mut violations)
-    };
 
     let stats = sim.stats();
     let mut faults = stats.faults.clone();
@@ -646,13 +689,15 @@ async fn seed_run(
     Ok(SeedReport {
         seed,
         tasks: opts.tasks,
-        steps: tally.steps,
-        requests_ok: tally.ok,
-        requests_failed: tally.failed,
-        requests_interrupted: tally.interrupted,
-        faults,
-        provider_calls: stats.calls.values().sum(),
-        journal: checked.counts,
+        counts: RunCounts {
+            steps: tally.steps,
+            requests_ok: tally.ok,
+            requests_failed: tally.failed,
+            requests_interrupted: tally.interrupted,
+            faults,
+            provider_calls: stats.calls.values().sum(),
+            journal: checked.counts,
+        },
         snapshots_expired: checked.expired,
         stale_sandboxes: checked.stale,
         violations,

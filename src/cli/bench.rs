@@ -41,6 +41,13 @@ pub struct BenchArgs {
     tasks: usize,
 }
 
+impl BenchArgs {
+    /// Whether JSON output was asked for.
+    pub fn json(&self) -> bool {
+        self.json
+    }
+}
+
 fn failure(e: bench::BenchError) -> Failure {
     let hint = e.hint();
     let f = Failure::from_anyhow(anyhow::Error::new(e));

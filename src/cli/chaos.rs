@@ -39,7 +39,7 @@ pub struct ChaosArgs {
     /// Where each seed's data dir is made (default: /dev/shm if writable, else the temp dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
-    /// Keep every seed's data dir (violating seeds' are always kept).
+    /// Keep every seed's data dir where it was made (violating seeds' are always kept, moved off /dev/shm to the temp dir)
     #[arg(long)]
     keep: bool,
     /// Print the report as JSON on stdout.
@@ -48,6 +48,13 @@ pub struct ChaosArgs {
     /// Plant a known bug, to show that the checker catches it (`oldest-restore`).
     #[arg(long, hide = true)]
     planted_bug: Option<String>,
+}
+
+impl ChaosArgs {
+    /// Whether JSON output was asked for.
+    pub fn json(&self) -> bool {
+        self.json
+    }
 }
 
 pub async fn run(args: ChaosArgs) -> Result<ExitCode, Failure> {
@@ -167,15 +174,18 @@ fn table(r: &ChaosReport) -> String {
     };
     row("seeds", r.seeds_run.to_string());
     row("tasks", t.tasks.to_string());
-    row("workload steps", t.steps.to_string());
-    row("requests answered", t.requests_ok.to_string());
-    row("requests failed (reported)", t.requests_failed.to_string());
+    row("workload steps", t.counts.steps.to_string());
+    row("requests answered", t.counts.requests_ok.to_string());
+    row(
+        "requests failed (reported)",
+        t.counts.requests_failed.to_string(),
+    );
     row(
         "requests cut off by a crash",
-        t.requests_interrupted.to_string(),
+        t.counts.requests_interrupted.to_string(),
     );
-    row("provider calls", t.provider_calls.to_string());
-    row("journal entries", t.journal.entries.to_string());
+    row("provider calls", t.counts.provider_calls.to_string());
+    row("journal entries", t.counts.journal.entries.to_string());
     if r.http {
         row("time", format!("{:.1} s", t.virtual_ms as f64 / 1000.0));
     } else {
@@ -186,15 +196,21 @@ fn table(r: &ChaosReport) -> String {
     }
     row(
         "faults injected",
-        t.faults.values().sum::<u64>().to_string(),
+        t.counts.faults.values().sum::<u64>().to_string(),
     );
-    for (kind, n) in &t.faults {
+    for (kind, n) in &t.counts.faults {
         row(&format!("  {kind}"), n.to_string());
     }
-    row("retries", t.journal.retries.to_string());
-    row("restores", t.journal.restores.to_string());
-    row("fallbacks (snapshot gone)", t.journal.fallbacks.to_string());
-    row("files-lost notices", t.journal.files_lost.to_string());
+    row("retries", t.counts.journal.retries.to_string());
+    row("restores", t.counts.journal.restores.to_string());
+    row(
+        "fallbacks (snapshot gone)",
+        t.counts.journal.fallbacks.to_string(),
+    );
+    row(
+        "files-lost notices",
+        t.counts.journal.files_lost.to_string(),
+    );
     row(
         "snapshots expired by the platform",
         t.snapshots_expired.to_string(),
@@ -203,7 +219,10 @@ fn table(r: &ChaosReport) -> String {
         "stale sandboxes (reconciled)",
         t.stale_sandboxes.to_string(),
     );
-    row("recoveries after a crash", t.journal.recoveries.to_string());
+    row(
+        "recoveries after a crash",
+        t.counts.journal.recoveries.to_string(),
+    );
     row("violations", t.violations.to_string());
     let _ = writeln!(s);
     if !r.digest.is_empty() {

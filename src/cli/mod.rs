@@ -67,6 +67,9 @@ enum Cmd {
     Suspend(TaskArgs),
     /// Restore a task's latest snapshot into a live sandbox now, without running anything.
     Resume(TaskArgs),
+    /// Remove a task: stop its sandbox, delete its snapshots (unless --keep-snapshots) and mark
+    /// it removed. Its journal is kept for `taskbox replay`; its name is not reused.
+    Rm(RmArgs),
     /// List every task with its state.
     Tasks(JsonArg),
     /// Show a task: state, sandbox, snapshots and recent journal.
@@ -75,7 +78,7 @@ enum Cmd {
     #[command(subcommand)]
     Config(ConfigCmd),
     /// Check the configuration, credentials, data dir and store: one line per check.
-    Doctor(JsonArg),
+    Doctor(doctor::DoctorArgs),
     /// Stop this installation's orphaned sandboxes and delete snapshots no task retains.
     Gc(GcArgs),
     /// Run many tasks against a simulated, fault-injecting platform (with engine crashes) on
@@ -93,6 +96,10 @@ enum Cmd {
     /// Exits 1 when no server runs.
     #[cfg(feature = "server")]
     Status(JsonArg),
+    /// Follow a task's transitions as the server commits them (its state now, then one line
+    /// per change), until the server stops.
+    #[cfg(feature = "server")]
+    Watch(TaskArgs),
     /// Check a task's journal against today's code (exit 1 on a divergence); show its timeline.
     Replay(replay::ReplayArgs),
     /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
@@ -132,6 +139,18 @@ struct RunArgs {
 struct TaskArgs {
     /// The task.
     task: String,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct RmArgs {
+    /// The task.
+    task: String,
+    /// Keep the task's snapshots (they stay listed by `taskbox show`, and gc keeps them).
+    #[arg(long)]
+    keep_snapshots: bool,
     /// Print JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -178,7 +197,11 @@ enum ConfigCmd {
 
 /// Parses arguments, runs, and maps the outcome to an exit code.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
+    let json = cli.cmd.json();
     // A server logs what it does (to its terminal, or to serve.log when auto-started).
     #[cfg(feature = "server")]
     let verbose = if matches!(cli.cmd, Cmd::Serve(_)) {
@@ -190,17 +213,100 @@ pub fn main() -> ExitCode {
     let verbose = cli.verbose;
     init_logging(verbose);
     let paths = Paths::from_env(|k| std::env::var(k).ok());
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .worker_threads(2)
-        .build()
-    {
+    // A command that only talks to a server, or only reads, needs no worker threads (starting
+    // them is a measurable part of a warm `taskbox run`); an engine, a server or a fake gets two.
+    let mut builder = if engine_in_process(&cli.cmd, &paths) {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
-        Err(e) => return fail(&Failure::from_anyhow(anyhow::Error::new(e))),
+        Err(e) => return fail(&Failure::from_anyhow(anyhow::Error::new(e)), json),
     };
     match runtime.block_on(dispatch(cli.cmd, &paths)) {
         Ok(code) => code,
-        Err(failure) => fail(&failure),
+        Err(failure) => fail(&failure, json),
+    }
+}
+
+/// A command line clap refused: exit 125 like every failure of taskbox's own (a command's own
+/// exit 2 stays unambiguous), with the error object on stdout when `--json` was asked for.
+/// `--help` and `--version` print and exit 0.
+fn usage_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    let rendered = e.render().to_string();
+    let message = rendered
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("invalid command line")
+        .trim_start_matches("error: ")
+        .to_string();
+    // Before `--`, as the command after it is the user's.
+    let json = std::env::args()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json");
+    if json {
+        let _ = print_json(&serde_json::json!({
+            "code": "usage",
+            "message": message,
+            "hint": "`taskbox help` or `taskbox COMMAND --help` shows the usage",
+        }));
+    }
+    let _ = e.print();
+    ExitCode::from(EXIT_TASKBOX_ERROR)
+}
+
+impl Cmd {
+    /// Whether the command was asked for JSON output (failures then print an error object).
+    fn json(&self) -> bool {
+        match self {
+            Cmd::Run(a) => a.json,
+            Cmd::Suspend(a) | Cmd::Resume(a) => a.json,
+            Cmd::Rm(a) => a.json,
+            Cmd::Tasks(a) => a.json,
+            Cmd::Doctor(a) => a.json,
+            Cmd::Show(a) => a.json,
+            Cmd::Config(ConfigCmd::Show(a)) => a.json,
+            Cmd::Config(_) => false,
+            Cmd::Gc(a) => a.json,
+            #[cfg(feature = "server")]
+            Cmd::Status(a) => a.json,
+            #[cfg(feature = "server")]
+            Cmd::Watch(a) => a.json,
+            #[cfg(feature = "server")]
+            Cmd::Serve(_) => false,
+            #[cfg(feature = "chaos")]
+            Cmd::Chaos(a) => a.json(),
+            #[cfg(feature = "fake")]
+            Cmd::FakeVercel(_) => false,
+            #[cfg(feature = "bench")]
+            Cmd::Bench(a) => a.json(),
+            Cmd::Replay(a) => a.json(),
+            Cmd::Export(_) => false,
+        }
+    }
+}
+
+/// Whether `cmd` runs an engine (or a server, or a fake) in this process.
+#[cfg_attr(not(feature = "server"), allow(unused_variables))]
+fn engine_in_process(cmd: &Cmd, paths: &Paths) -> bool {
+    match cmd {
+        #[cfg(feature = "server")]
+        Cmd::Run(_) | Cmd::Suspend(_) | Cmd::Resume(_) | Cmd::Gc(_) => {
+            !matches!(route(paths), Ok(Route::Server(..)))
+        }
+        Cmd::Tasks(_) | Cmd::Show(_) | Cmd::Config(_) | Cmd::Export(_) => false,
+        #[cfg(feature = "server")]
+        Cmd::Status(_) | Cmd::Watch(_) => false,
+        _ => true,
     }
 }
 
@@ -222,57 +328,61 @@ fn init_logging(verbose: u8) {
         .try_init();
 }
 
+/// `$op` (`suspend`, `resume`) of `$task` as [`route`] says: on an orchestrator opened in this
+/// process (and shut down after), or through the server.
+macro_rules! routed {
+    ($paths:expr, $task:expr, $op:ident) => {
+        match route($paths)? {
+            Route::InProcess => {
+                let orch = open($paths).await?;
+                let res = orch.$op(&$task).await;
+                orch.shutdown().await;
+                res.map_err(Failure::from_engine)?
+            }
+            #[cfg(feature = "server")]
+            Route::Server(client, mode) => {
+                server::call(&client, mode, |c| {
+                    let task = $task.clone();
+                    async move { c.$op(&task).await }
+                })
+                .await?
+            }
+        }
+    };
+}
+
 async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
     match cmd {
         Cmd::Run(args) => run(args, paths).await,
         Cmd::Suspend(args) => {
             let task = task_id(&args.task)?;
-            let res = match route(paths)? {
-                Route::InProcess => {
-                    let orch = open(paths).await?;
-                    let res = orch.suspend(&task).await;
-                    orch.shutdown().await;
-                    res.map_err(Failure::from_engine)?
-                }
-                #[cfg(feature = "server")]
-                Route::Server(client, mode) => {
-                    server::call(&client, mode, |c| {
-                        let task = task.clone();
-                        async move { c.suspend(&task).await }
-                    })
-                    .await?
-                }
-            };
+            let res = routed!(paths, task, suspend);
             if args.json {
-                print_json(
-                    &serde_json::json!({ "task": task.as_str(), "snapshot_id": res.snapshot_id }),
-                )?;
+                print_json(&serde_json::json!({
+                    "task": task.as_str(),
+                    "snapshot_id": res.snapshot_id,
+                    "omitted": res.omitted,
+                }))?;
             } else {
                 match &res.snapshot_id {
                     Some(id) => eprintln!("suspended {task}: files kept in snapshot {id}"),
                     None => eprintln!("suspended {task}: no snapshot kept (terminal.container_persistent is false or nothing ran)"),
+                }
+                if !res.omitted.is_empty() {
+                    eprintln!(
+                        "note: {} path(s) could not be read and are not in the snapshot (everything else is):",
+                        res.omitted.len()
+                    );
+                    for what in &res.omitted {
+                        eprintln!("  {what}");
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Resume(args) => {
             let task = task_id(&args.task)?;
-            let res = match route(paths)? {
-                Route::InProcess => {
-                    let orch = open(paths).await?;
-                    let res = orch.resume(&task).await;
-                    orch.shutdown().await;
-                    res.map_err(Failure::from_engine)?
-                }
-                #[cfg(feature = "server")]
-                Route::Server(client, mode) => {
-                    server::call(&client, mode, |c| {
-                        let task = task.clone();
-                        async move { c.resume(&task).await }
-                    })
-                    .await?
-                }
-            };
+            let res = routed!(paths, task, resume);
             if args.json {
                 print_json(&serde_json::json!({
                     "task": task.as_str(), "sandbox_id": res.sandbox_id, "notices": res.notices,
@@ -283,18 +393,27 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Rm(args) => rm(args, paths).await,
         Cmd::Tasks(args) => {
             // Read-only: straight from the store, with no provider (and so no credentials).
-            let tasks = match existing_store(paths).map_err(|e| Failure::from_engine(e.into()))? {
-                Some(store) => store
-                    .load_tasks()
-                    .map_err(|e| Failure::from_engine(e.into()))?,
-                None => Vec::new(),
+            let store_err = |e: StoreError| Failure::from_engine(e.into());
+            let (tasks, removed) = match existing_store(paths).map_err(store_err)? {
+                Some(store) => (
+                    store.load_tasks().map_err(store_err)?,
+                    store
+                        .removed_tasks()
+                        .map_err(store_err)?
+                        .into_iter()
+                        .map(|(id, _)| id)
+                        .collect(),
+                ),
+                None => (Vec::new(), output::Removed::new()),
             };
+            let now = taskbox::clock::Clock::now_ms(&taskbox::clock::SystemClock);
             if args.json {
-                print_json(&output::tasks_json(&tasks))?;
+                print_json(&output::tasks_json(&tasks, now, &removed))?;
             } else {
-                output::print_tasks(&tasks)?;
+                output::print_tasks(&tasks, now, &removed)?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -306,12 +425,10 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
                 None => None,
             };
             let Some(view) = view else {
-                return Err(Failure::new(format!("no task named `{task}`")).hint(
-                    "`taskbox tasks` lists the tasks; `taskbox run --task NAME -- CMD` creates one",
-                ));
+                return Err(no_task(paths, &task));
             };
             if args.json {
-                print_json(&view)?;
+                print_json(&output::view_json(&view)?)?;
             } else {
                 output::print_view(&view)?;
             }
@@ -320,7 +437,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Config(cmd) => config_cmd(cmd, paths),
         #[cfg(feature = "bench")]
         Cmd::Bench(args) => bench::run(args),
-        Cmd::Doctor(args) => doctor::run(paths, args.json).await,
+        Cmd::Doctor(args) => doctor::run(paths, args).await,
         #[cfg(feature = "chaos")]
         Cmd::Chaos(args) => chaos::run(args).await,
         #[cfg(feature = "fake")]
@@ -329,6 +446,8 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Serve(args) => server::serve(args, paths).await,
         #[cfg(feature = "server")]
         Cmd::Status(args) => server::status(paths, args.json).await,
+        #[cfg(feature = "server")]
+        Cmd::Watch(args) => server::watch(paths, &task_id(&args.task)?, args.json).await,
         Cmd::Gc(args) => {
             let report = match route(paths)? {
                 Route::InProcess => {
@@ -362,8 +481,9 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
 async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     let task = task_id(&args.task)?;
     let command = shell_join(&args.command);
-    if args.timeout == Some(0) {
-        return Err(Failure::new("invalid --timeout 0").hint("give a timeout of at least 1 second"));
+    // The same bounds as terminal.timeout, from the same table.
+    if let Some(t) = args.timeout {
+        Config::check_flag("terminal.timeout", "--timeout", t).map_err(Failure::from_config)?;
     }
     // Output streams to our stdout and stderr as it is produced; `--json` prints the result
     // (with the bounded capture) instead.
@@ -418,8 +538,17 @@ async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
         std::process::exit(signal.exit_code());
     };
     let res = res?;
+    // Once, on the first run of a store that is new while archives of another installation
+    // exist (the database was removed or moved aside).
+    if let Some(note) = taskbox::provider::local::foreign::take_note(&paths.data_dir.join("local"))
+    {
+        eprintln!("note: {note}");
+    }
     if args.json {
-        print_json(&res)?;
+        let mut v = serde_json::to_value(&res)
+            .map_err(|e| Failure::new(format!("cannot encode JSON: {e}")))?;
+        v["task"] = task.as_str().into();
+        print_json(&v)?;
     } else {
         output::print_notices(&res.notices);
     }
@@ -439,6 +568,61 @@ async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     Ok(ExitCode::from(res.exit_code.clamp(0, 255) as u8))
 }
 
+async fn rm(args: RmArgs, paths: &Paths) -> Result<ExitCode, Failure> {
+    let task = task_id(&args.task)?;
+    let keep = args.keep_snapshots;
+    let res = match route(paths)? {
+        Route::InProcess => {
+            let orch = open_with(paths, false).await?;
+            let res = orch.remove(&task, keep).await;
+            orch.shutdown().await;
+            res.map_err(Failure::from_engine)?
+        }
+        #[cfg(feature = "server")]
+        Route::Server(client, mode) => {
+            server::call(&client, mode, |c| {
+                let task = task.clone();
+                async move { c.remove(&task, keep).await }
+            })
+            .await?
+        }
+    };
+    if args.json {
+        print_json(&res)?;
+    } else {
+        let mut parts = Vec::new();
+        if let Some(sb) = &res.sandbox_stopped {
+            parts.push(format!("stopped sandbox {sb}"));
+        }
+        if !res.snapshots_deleted.is_empty() {
+            parts.push(format!(
+                "deleted snapshots {}",
+                res.snapshots_deleted.join(", ")
+            ));
+        }
+        if !res.snapshots_kept.is_empty() {
+            parts.push(format!("kept snapshots {}", res.snapshots_kept.join(", ")));
+        }
+        let done = if parts.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", parts.join("; "))
+        };
+        eprintln!("removed {task}{done} (its journal is kept for `taskbox replay`)");
+        for e in &res.errors {
+            eprintln!("error: {e}");
+        }
+        if !res.errors.is_empty() {
+            eprintln!("hint: the task is removed; `taskbox gc` stops and deletes what is left");
+        }
+    }
+    Ok(if res.errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_TASKBOX_ERROR)
+    })
+}
+
 fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Failure> {
     let path = &paths.config_file;
     match cmd {
@@ -448,9 +632,13 @@ fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Failure> {
             note_env_override(&key);
         }
         ConfigCmd::Set { key, value } => {
-            let mut cfg = Config::load(path).map_err(Failure::from_config)?;
+            // Unchecked, so that `config set` can repair a value the file got by hand; the
+            // rest of the file is checked once the new value is in.
+            let mut cfg = Config::load_unchecked(path).map_err(Failure::from_config)?;
             cfg.set(&key, &value).map_err(Failure::from_config)?;
             cfg.save(path).map_err(Failure::from_config)?;
+            cfg.validate(taskbox::config::ValueSource::File(path.clone()))
+                .map_err(Failure::from_config)?;
             eprintln!(
                 "set {key} = {} in {}",
                 cfg.get(&key).map_err(Failure::from_config)?,
@@ -499,6 +687,19 @@ fn note_env_override(key: &str) {
     }
 }
 
+/// The failure for a task that does not exist, with the closest existing name as a hint.
+fn no_task(paths: &Paths, task: &TaskId) -> Failure {
+    let names = existing_store(paths)
+        .ok()
+        .flatten()
+        .and_then(|s| s.task_ids().ok())
+        .unwrap_or_default();
+    Failure::from_engine(taskbox::engine::EngineError::NoTask {
+        task: task.to_string(),
+        suggestion: taskbox::engine::closest(task.as_str(), names.iter().map(String::as_str)),
+    })
+}
+
 fn task_id(s: &str) -> Result<TaskId, Failure> {
     TaskId::new(s).map_err(|e| {
         Failure::new(e.to_string()).hint(
@@ -517,9 +718,11 @@ fn existing_store(paths: &Paths) -> Result<Option<Store>, StoreError> {
     }
 }
 
-/// Opens the orchestrator for a command that drives tasks (reconciling orphans at start).
+/// Opens the one-shot orchestrator of a command that drives tasks under `terminal.server =
+/// never`. It does not reconcile at start: that lists every sandbox and snapshot of the
+/// installation, which no command may pay for; `taskbox gc` (or a server) does it.
 async fn open(paths: &Paths) -> Result<Orchestrator, Failure> {
-    open_with(paths, true).await
+    open_with(paths, false).await
 }
 
 async fn open_with(paths: &Paths, reconcile: bool) -> Result<Orchestrator, Failure> {

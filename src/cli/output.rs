@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use taskbox::clock::format_ms;
 use taskbox::config::ConfigError;
-use taskbox::core::{Notice, SnapshotStatus, Task};
+use taskbox::core::{Millis, Notice, SnapshotStatus, Task};
 use taskbox::engine::{EngineError, GcReport, TaskView};
 
 use super::EXIT_TASKBOX_ERROR;
@@ -15,6 +15,7 @@ use super::EXIT_TASKBOX_ERROR;
 /// A taskbox failure as the user sees it: `error:`, `caused by:` lines, and a `hint:`.
 #[derive(Debug)]
 pub struct Failure {
+    code: String,
     message: String,
     causes: Vec<String>,
     hint: Option<String>,
@@ -24,6 +25,7 @@ pub struct Failure {
 impl Failure {
     pub fn new(message: impl Into<String>) -> Failure {
         Failure {
+            code: "error".to_string(),
             message: message.into(),
             causes: Vec::new(),
             hint: None,
@@ -57,20 +59,10 @@ impl Failure {
     }
 
     pub fn from_config(err: ConfigError) -> Failure {
-        let hint = match &err {
-            ConfigError::UnknownKey { .. } => {
-                Some("`taskbox config show` lists every key with its value".to_string())
-            }
-            ConfigError::InvalidValue { key, .. } => taskbox::config::Key::find(key)
-                .ok()
-                .map(|k| format!("{}: {}", k.name, k.doc)),
-            ConfigError::Parse { path, .. } => Some(format!(
-                "fix or remove {} (`taskbox config set` rewrites it)",
-                path.display()
-            )),
-            ConfigError::Io { .. } => None,
-        };
-        let f = Failure::new(err.to_string()).with_causes(&err);
+        let hint = err.hint();
+        let f = Failure::new(err.to_string())
+            .with_causes(&err)
+            .code("config");
         match hint {
             Some(h) => f.hint(h),
             None => f,
@@ -84,11 +76,53 @@ impl Failure {
             _ => Vec::new(),
         };
         let mut f = Failure::new(err.to_string()).with_causes(&err);
+        f.code = err.code().to_string();
         f.notices = notices;
         match hint {
             Some(h) => f.hint(h),
             None => f,
         }
+    }
+
+    /// With a stable code (the `code` of the `--json` error object).
+    pub fn code(mut self, code: &str) -> Failure {
+        self.code = code.to_string();
+        self
+    }
+
+    /// The failure with secrets redacted alike in every line ([`taskbox::redact`]).
+    fn redacted(&self) -> Failure {
+        let mut v = self.json();
+        taskbox::redact::redact_value(&mut v);
+        let text = |v: &serde_json::Value| v.as_str().map(str::to_string);
+        Failure {
+            code: self.code.clone(),
+            message: text(&v["message"]).unwrap_or_default(),
+            causes: v["causes"]
+                .as_array()
+                .map(|cs| cs.iter().filter_map(text).collect())
+                .unwrap_or_default(),
+            hint: text(&v["hint"]),
+            notices: self.notices.clone(),
+        }
+    }
+
+    /// The `--json` error object: the same shape as the server's errors (docs/api.md).
+    fn json(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "code": self.code,
+            "message": self.message,
+        });
+        if !self.causes.is_empty() {
+            v["causes"] = serde_json::json!(self.causes);
+        }
+        if let Some(h) = &self.hint {
+            v["hint"] = serde_json::json!(h);
+        }
+        if !self.notices.is_empty() {
+            v["notices"] = serde_json::json!(self.notices);
+        }
+        v
     }
 }
 
@@ -100,6 +134,7 @@ impl Failure {
         use taskbox::client::ClientError;
         match err {
             ClientError::Api(e) => Failure {
+                code: e.code,
                 message: e.message,
                 causes: e.causes,
                 hint: e.hint,
@@ -107,7 +142,9 @@ impl Failure {
             },
             other => {
                 let hint = other.hint();
-                let f = Failure::new(other.to_string()).with_causes(&other);
+                let f = Failure::new(other.to_string())
+                    .with_causes(&other)
+                    .code("server");
                 match hint {
                     Some(h) => f.hint(h),
                     None => f,
@@ -133,8 +170,16 @@ impl From<std::io::Error> for Failure {
     }
 }
 
-/// Prints a failure on stderr and returns exit code 125.
-pub fn fail(f: &Failure) -> ExitCode {
+/// Prints a failure on stderr (and, with `json`, its error object on stdout) and returns exit
+/// code 125.
+pub fn fail(f: &Failure, json: bool) -> ExitCode {
+    // No secret reaches the terminal through an error (a password in a URL being refused...).
+    let f = &f.redacted();
+    if json {
+        let mut text = serde_json::to_string_pretty(&f.json()).unwrap_or_default();
+        text.push('\n');
+        let _ = write_ignoring_broken_pipe(&mut std::io::stdout().lock(), text.as_bytes());
+    }
     print_notices(&f.notices);
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "error: {}", f.message);
@@ -199,15 +244,36 @@ fn snapshot_summary(t: &Task) -> String {
     }
 }
 
-pub fn tasks_json(tasks: &[Task]) -> serde_json::Value {
+/// The tasks `taskbox rm` removed.
+pub type Removed = std::collections::HashSet<String>;
+
+/// The state `tasks` shows (`removed` for a removed task): a sandbox past its platform deadline is not `running` whatever the
+/// store last recorded (nothing drove the task when the deadline came; the platform has stopped
+/// it, and the next command restores the latest snapshot). The second value says whether the
+/// recorded state was overruled so.
+pub fn shown_state(t: &Task, now: Millis, removed: &Removed) -> (&'static str, bool) {
+    if removed.contains(t.id.as_str()) {
+        return ("removed", false);
+    }
+    match &t.sandbox {
+        Some(sb) if sb.deadline <= now => ("expired", true),
+        _ => (t.state.as_str(), false),
+    }
+}
+
+pub fn tasks_json(tasks: &[Task], now: Millis, removed: &Removed) -> serde_json::Value {
     serde_json::Value::Array(
         tasks
             .iter()
             .map(|t| {
+                let (state, passed) = shown_state(t, now, removed);
                 serde_json::json!({
                     "task": t.id,
-                    "state": t.state,
+                    "state": state,
+                    "recorded_state": t.state,
+                    "deadline_passed": passed,
                     "sandbox": t.sandbox.as_ref().map(|s| &s.id),
+                    "deadline": t.sandbox.as_ref().map(|s| format_ms(s.deadline)),
                     "latest_snapshot": t.latest_complete().and_then(|s| s.id.as_deref()),
                     "snapshots": t.snapshots.iter().filter(|s| s.status == SnapshotStatus::Complete).count(),
                     "last_activity": format_ms(t.last_activity),
@@ -217,7 +283,7 @@ pub fn tasks_json(tasks: &[Task]) -> serde_json::Value {
     )
 }
 
-pub fn print_tasks(tasks: &[Task]) -> Result<(), Failure> {
+pub fn print_tasks(tasks: &[Task], now: Millis, removed: &Removed) -> Result<(), Failure> {
     let mut s = String::new();
     if tasks.is_empty() {
         eprintln!("no tasks yet: `taskbox run --task NAME -- CMD` creates one");
@@ -228,24 +294,93 @@ pub fn print_tasks(tasks: &[Task]) -> Result<(), Failure> {
         "{:<w$}  {:<12}  {:<28}  SNAPSHOTS\n",
         "TASK", "STATE", "SANDBOX"
     ));
+    let mut passed = Vec::new();
     for t in tasks {
         let sandbox = t.sandbox.as_ref().map_or("-", |s| s.id.as_str());
+        let (state, overruled) = shown_state(t, now, removed);
+        if overruled {
+            passed.push(t);
+        }
         s.push_str(&format!(
             "{:<w$}  {:<12}  {:<28}  {}\n",
             t.id,
-            t.state.as_str(),
+            state,
             sandbox,
             snapshot_summary(t)
         ));
     }
-    write_ignoring_broken_pipe(&mut std::io::stdout().lock(), s.as_bytes())
+    write_ignoring_broken_pipe(&mut std::io::stdout().lock(), s.as_bytes())?;
+    for t in passed {
+        let deadline = t.sandbox.as_ref().map_or(0, |s| s.deadline);
+        eprintln!(
+            "note: task {}'s sandbox passed its deadline at {} while it was recorded {}; the next command for it restores its latest snapshot",
+            t.id,
+            format_ms(deadline),
+            t.state
+        );
+    }
+    Ok(())
+}
+
+/// Field names whose integer values are times (ms since the epoch) in the task, journal, sandbox
+/// and snapshot records.
+const TIME_FIELDS: &[&str] = &[
+    "at",
+    "alive",
+    "created_at",
+    "deadline",
+    "expires_at",
+    "last_activity",
+    "released_at",
+    "removed_at",
+    "retry_at",
+    "started_at",
+];
+
+/// `value` with every time field written as RFC 3339 (as `tasks --json` writes them).
+pub fn rfc3339_times(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m.iter_mut() {
+                match v {
+                    serde_json::Value::Number(n) if TIME_FIELDS.contains(&k.as_str()) => {
+                        if let Some(ms) = n.as_u64() {
+                            *v = serde_json::Value::String(format_ms(ms));
+                        }
+                    }
+                    other => rfc3339_times(other),
+                }
+            }
+        }
+        serde_json::Value::Array(xs) => xs.iter_mut().for_each(rfc3339_times),
+        _ => {}
+    }
+}
+
+/// `show --json`: the task view with RFC 3339 times and no secrets.
+pub fn view_json(v: &TaskView) -> Result<serde_json::Value, Failure> {
+    let mut value = v
+        .to_redacted_json()
+        .map_err(|e| Failure::new(format!("cannot encode JSON: {e}")))?;
+    rfc3339_times(&mut value);
+    Ok(value)
 }
 
 pub fn print_view(v: &TaskView) -> Result<(), Failure> {
     let t = &v.task;
     let mut s = String::new();
     s.push_str(&format!("task:        {}\n", t.id));
-    s.push_str(&format!("state:       {}\n", t.state));
+    match v.marks.removed_at {
+        Some(at) => s.push_str(&format!(
+            "state:       removed at {} (was {})\n",
+            format_ms(at),
+            t.state
+        )),
+        None => s.push_str(&format!("state:       {}\n", t.state)),
+    }
+    if let Some(b) = &v.marks.backend {
+        s.push_str(&format!("backend:     {b}\n"));
+    }
     s.push_str(&format!("persistent:  {}\n", t.settings.persistent));
     match &t.sandbox {
         Some(sb) => s.push_str(&format!(
@@ -269,6 +404,10 @@ pub fn print_view(v: &TaskView) -> Result<(), Failure> {
             snap.size_bytes,
             format_ms(snap.created_at.unwrap_or(snap.started_at)),
         ));
+        // What the snapshot could not keep (everything else is in it).
+        for what in &snap.omitted {
+            s.push_str(&format!("       left out: {what}\n"));
+        }
     }
     s.push_str("journal (latest last):\n");
     for e in &v.journal {

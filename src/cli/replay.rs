@@ -54,6 +54,13 @@ pub struct ReplayArgs {
     json: bool,
 }
 
+impl ReplayArgs {
+    /// Whether JSON output was asked for.
+    pub fn json(&self) -> bool {
+        self.json
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum TimelineFormat {
     /// A table.
@@ -414,8 +421,11 @@ fn store_entries(store: &Store, task: Option<&str>) -> Result<Vec<JournalEntry>,
     for id in &ids {
         let journal = store.journal(id).map_err(store_err)?;
         if journal.is_empty() && task.is_some() {
-            return Err(Failure::new(format!("no task named `{id}`"))
-                .hint("`taskbox tasks` lists the tasks"));
+            let names = store.task_ids().map_err(store_err)?;
+            return Err(Failure::from_engine(taskbox::engine::EngineError::NoTask {
+                task: id.clone(),
+                suggestion: taskbox::engine::closest(id, names.iter().map(String::as_str)),
+            }));
         }
         entries.extend(journal);
     }

@@ -216,3 +216,60 @@ fn print_status(h: &Health, client: &Client) -> Result<(), Failure> {
     }
     super::output::write_ignoring_broken_pipe(&mut std::io::stdout().lock(), s.as_bytes())
 }
+
+/// `taskbox watch TASK`: the task's state now, then each transition as the server commits it,
+/// until the server stops (or the reader goes away).
+pub async fn watch(paths: &Paths, task: &taskbox::TaskId, json: bool) -> Result<ExitCode, Failure> {
+    use std::io::Write;
+    use taskbox::client::WatchEvent;
+    let (client, mode) = match route(paths)? {
+        Route::Server(client, mode) => (client, mode),
+        Route::InProcess => {
+            return Err(Failure::new(
+                "`taskbox watch` follows a running server's transitions, and terminal.server is `never`",
+            )
+            .hint("run `taskbox serve` and set terminal.server to auto or always (or TASKBOX_SERVER=auto)"))
+        }
+    };
+    let mut stream = call(&client, mode, |c| {
+        let task = task.clone();
+        async move { c.watch(&task).await }
+    })
+    .await?;
+    loop {
+        let Some(ev) = stream.next().await.map_err(Failure::from_client)? else {
+            eprintln!("the taskbox server stopped; the watch ends");
+            return Ok(ExitCode::SUCCESS);
+        };
+        let text = if json {
+            serde_json::to_string(&ev)
+                .map_err(|e| Failure::new(format!("cannot encode JSON: {e}")))?
+        } else {
+            match &ev {
+                WatchEvent::State {
+                    task,
+                    state,
+                    sandbox,
+                } => match sandbox {
+                    Some(sb) => format!("{task}: {state} (sandbox {sb})"),
+                    None => format!("{task}: {state}"),
+                },
+                WatchEvent::Transition {
+                    task,
+                    from,
+                    to,
+                    event,
+                    at,
+                } => format!("{}  {task}: {from} -> {to} ({event})", format_ms(*at)),
+                WatchEvent::Lagged { missed } => {
+                    format!("(fell behind: {missed} transitions not shown)")
+                }
+            }
+        };
+        let mut out = std::io::stdout().lock();
+        // A reader that went away (`| head`) ends the watch quietly.
+        if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+}

@@ -16,6 +16,7 @@
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 pub mod autostart;
 pub mod body;
+mod watch;
 pub mod wire;
 
 use std::path::{Path, PathBuf};
@@ -31,7 +32,8 @@ use crate::engine::{GcReport, ResumeResult, RunResult, SuspendResult};
 use crate::ids::TaskId;
 use crate::provider::live::cancel_requested;
 use crate::provider::{CancelSignal, ExecIo};
-pub use wire::{ApiError, Health, SOCKET_FILE};
+pub use watch::Watch;
+pub use wire::{ApiError, Health, WatchEvent, SOCKET_FILE};
 use wire::{CancelRequest, GcRequest, RunEvent, RunRequest, API_PREFIX};
 
 /// What can go wrong talking to a server.
@@ -158,18 +160,18 @@ impl Client {
             timeout_secs,
             stdin: io.stdin.is_some(),
         };
-        let resp = self
+        let (status, mut body, driver) = self
             .send(Method::POST, &format!("/tasks/{task}/run"), Some(&body))
             .await?;
-        let status = resp.status();
-        let mut body = resp.into_body();
+        // The connection is driven until this returns, however it returns.
+        let _driver = AbortOnDrop(driver);
         if status != StatusCode::OK {
             let bytes = body
                 .collect()
                 .await
                 .map_err(|e| proto(format!("cut its answer short: {e}")))?
                 .to_bytes();
-            return Err(self.error(status, &bytes));
+            return Err(self.api_error(status, &bytes));
         }
         let output = io.output.take();
         let mut stdin = io.stdin.take();
@@ -294,6 +296,17 @@ impl Client {
             .await
     }
 
+    /// Removes the task; see [`crate::engine::Orchestrator::remove`].
+    pub async fn remove(
+        &self,
+        task: &TaskId,
+        keep_snapshots: bool,
+    ) -> Result<crate::engine::RemoveResult, ClientError> {
+        let body = wire::RemoveRequest { keep_snapshots };
+        self.call(Method::POST, &format!("/tasks/{task}/remove"), Some(&body))
+            .await
+    }
+
     /// Runs a gc in the server now; see [`crate::engine::Orchestrator::gc`].
     pub async fn gc(&self, dry_run: bool) -> Result<GcReport, ClientError> {
         self.call(Method::POST, "/gc", Some(&GcRequest { dry_run }))
@@ -317,6 +330,24 @@ impl Client {
             None::<&()>,
         )
         .await
+    }
+
+    /// Follows the task's transitions (`GET /v1/tasks/{task}/watch`): the task's state now,
+    /// then each state change as the server commits it.
+    pub async fn watch(&self, task: &TaskId) -> Result<Watch, ClientError> {
+        let (status, body, driver) = self
+            .send(Method::GET, &format!("/tasks/{task}/watch"), None::<&()>)
+            .await?;
+        if status != StatusCode::OK {
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            driver.abort();
+            return Err(self.api_error(status, &body));
+        }
+        Ok(Watch::new(self.clone(), body, driver))
     }
 
     /// Asks the server to stop (it suspends tasks with live sandboxes first).
@@ -343,57 +374,63 @@ impl Client {
         path: &str,
         body: Option<&B>,
     ) -> Result<T, ClientError> {
-        let proto = |what: String| ClientError::Protocol {
-            socket: self.socket.clone(),
-            what,
-        };
-        let resp = self.send(method, path, body).await?;
-        let status = resp.status();
-        let body = resp
-            .into_body()
+        let (status, body, driver) = self.send(method, path, body).await?;
+        let body = body
             .collect()
             .await
-            .map_err(|e| proto(format!("cut its answer short: {e}")))?
+            .map_err(|e| self.protocol(format!("cut its answer short: {e}")))?
             .to_bytes();
+        driver.abort();
         if status == StatusCode::OK {
             return serde_json::from_slice(&body)
-                .map_err(|e| proto(format!("answered with unexpected JSON: {e}")));
+                .map_err(|e| self.protocol(format!("answered with unexpected JSON: {e}")));
         }
-        Err(self.error(status, &body))
+        Err(self.api_error(status, &body))
     }
 
-    /// An error answer as a [`ClientError`].
-    fn error(&self, status: StatusCode, body: &[u8]) -> ClientError {
+    fn protocol(&self, what: String) -> ClientError {
+        ClientError::Protocol {
+            socket: self.socket.clone(),
+            what,
+        }
+    }
+
+    /// An error answer's body as the [`ApiError`] it should be.
+    fn api_error(&self, status: StatusCode, body: &[u8]) -> ClientError {
         match serde_json::from_slice::<ApiError>(body) {
             Ok(e) => ClientError::Api(e),
-            Err(_) => ClientError::Protocol {
-                socket: self.socket.clone(),
-                what: format!("answered {status}: {}", String::from_utf8_lossy(body)),
-            },
+            Err(_) => self.protocol(format!(
+                "answered {status}: {}",
+                String::from_utf8_lossy(body)
+            )),
         }
     }
 
-    /// Sends one request on a connection of its own and returns the answer's head, its body
-    /// still to be read (the connection is driven until then).
+    /// Connects, sends one request and returns the answer's status and body as they arrive,
+    /// with the task driving the connection (abort it once done).
     async fn send<B: Serialize>(
         &self,
         method: Method,
         path: &str,
         body: Option<&B>,
-    ) -> Result<hyper::Response<hyper::body::Incoming>, ClientError> {
-        let proto = |what: String| ClientError::Protocol {
-            socket: self.socket.clone(),
-            what,
-        };
+    ) -> Result<
+        (
+            StatusCode,
+            hyper::body::Incoming,
+            tokio::task::JoinHandle<Result<(), hyper::Error>>,
+        ),
+        ClientError,
+    > {
         let stream = self.connect().await?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| proto(format!("refused the connection: {e}")))?;
-        // The connection is driven alongside the request; it ends when the answer is read (or
-        // dropped).
-        tokio::spawn(conn);
+            .map_err(|e| self.protocol(format!("refused the connection: {e}")))?;
+        // The connection is driven alongside the request; it ends when the answer is read.
+        let driver = tokio::spawn(conn);
         let bytes = match body {
-            Some(b) => serde_json::to_vec(b).map_err(|e| proto(format!("(encoding): {e}")))?,
+            Some(b) => {
+                serde_json::to_vec(b).map_err(|e| self.protocol(format!("(encoding): {e}")))?
+            }
             None => Vec::new(),
         };
         let req = Request::builder()
@@ -402,11 +439,13 @@ impl Client {
             .header(hyper::header::HOST, "taskbox")
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(bytes)))
-            .map_err(|e| proto(format!("(request): {e}")))?;
-        sender
+            .map_err(|e| self.protocol(format!("(request): {e}")))?;
+        let resp = sender
             .send_request(req)
             .await
-            .map_err(|e| proto(format!("closed the connection before answering: {e}")))
+            .map_err(|e| self.protocol(format!("closed the connection before answering: {e}")))?;
+        let status = resp.status();
+        Ok((status, resp.into_body(), driver))
     }
 }
 
@@ -428,5 +467,14 @@ pub fn check_owner_is(path: &Path, owner: u32, me: u32) -> Result<(), ClientErro
             owner,
             me,
         })
+    }
+}
+
+/// Aborts the task driving a connection when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<Result<(), hyper::Error>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

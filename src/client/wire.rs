@@ -99,6 +99,14 @@ pub struct CancelRequest {
     pub signal: CancelSignal,
 }
 
+/// `POST /v1/tasks/{task}/remove`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveRequest {
+    /// Keep the task's snapshots (`taskbox rm --keep-snapshots`).
+    #[serde(default)]
+    pub keep_snapshots: bool,
+}
+
 /// `POST /v1/gc`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GcRequest {
@@ -149,7 +157,8 @@ pub struct Health {
 #[error("{message}")]
 pub struct ApiError {
     /// Stable: `invalid_task_id`, `bad_request`, `not_found`, `unauthorized`, `provider`,
-    /// `busy`, `lock`, `store`, `step`, `stopped`, and for a failed request its
+    /// `busy`, `lock`, `store`, `step`, `stopped`, `config`, `no_such_task`, `wrong_backend`,
+    /// `task_removed`, `in_flight`, and for a failed request its
     /// [`FailureReason`](crate::core::FailureReason) code (`command_failed`, `sandbox_expired`…).
     pub code: String,
     /// What went wrong.
@@ -182,4 +191,39 @@ impl ApiError {
         self.hint = Some(hint.into());
         self
     }
+}
+
+/// One line of `GET /v1/tasks/{task}/watch` (NDJSON): the task's state when the watch began,
+/// then each transition as it is committed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WatchEvent {
+    /// The first line: the task's state now (and again after `lagged`).
+    State {
+        /// The task.
+        task: String,
+        /// Its state.
+        state: String,
+        /// Its live sandbox, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sandbox: Option<String>,
+    },
+    /// The task changed state.
+    Transition {
+        /// The task.
+        task: String,
+        /// State before.
+        from: String,
+        /// State after.
+        to: String,
+        /// The event that caused it (`run_requested`, `timer_fired`, `snapshot_taken`...).
+        event: String,
+        /// When it was committed (ms since the epoch).
+        at: Millis,
+    },
+    /// The watcher fell behind and `missed` transitions were dropped; a `state` line follows.
+    Lagged {
+        /// How many.
+        missed: u64,
+    },
 }

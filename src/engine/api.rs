@@ -13,7 +13,8 @@ use tokio::task::JoinHandle;
 use super::event_loop::{Answer, ApiRequest, EventLoop, Msg, QueryFn};
 use super::lock::TaskLocks;
 use super::{
-    store_file, EngineError, ResumeResult, RunResult, StateChange, SuspendResult, TaskView,
+    store_file, EngineError, RemoveResult, ResumeResult, RunResult, StateChange, SuspendResult,
+    TaskView,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
@@ -69,6 +70,7 @@ impl OrchestratorBuilder {
 
     /// Opens the store and starts the event loop.
     pub async fn open(self) -> Result<Orchestrator, EngineError> {
+        self.config.validate(crate::config::ValueSource::Program)?;
         let store = Store::open(&store_file(&self.data_dir))?;
         let installation_id = store.installation_id().to_string();
         let provider = match self.provider {
@@ -99,6 +101,7 @@ impl OrchestratorBuilder {
             waiters: Default::default(),
             outputs: HashMap::new(),
             live: HashMap::new(),
+            typed_commands: HashMap::new(),
             timers: HashMap::new(),
             inflight: 0,
             creates: Arc::new(Semaphore::new(max_creates)),
@@ -206,8 +209,7 @@ impl Orchestrator {
         command: &str,
         timeout: Option<Duration>,
     ) -> Result<RunResult, EngineError> {
-        self.run_live(task, command, timeout, ExecIo::default())
-            .await
+        self.run_live(task, command, timeout, ExecIo::default()).await
     }
 
     /// [`Orchestrator::run`] with the command's live side: its output is sent to `io.output`
@@ -242,8 +244,9 @@ impl Orchestrator {
         timeout: Option<Duration>,
         io: ExecIo,
     ) -> Result<RunResult, EngineError> {
+        // Saturating: a huge timeout must never wrap into a tiny one.
         let timeout_ms = timeout.map_or(self.inner.settings.command_timeout_ms, |d| {
-            (d.as_millis() as u64).max(1)
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
         });
         let answer = self
             .request(
@@ -276,7 +279,13 @@ impl Orchestrator {
     pub async fn suspend(&self, task: &TaskId) -> Result<SuspendResult, EngineError> {
         let answer = self.request(task, ApiRequest::Suspend).await?;
         match answer.reply {
-            Reply::Suspended { snapshot_id } => Ok(SuspendResult { snapshot_id }),
+            Reply::Suspended {
+                snapshot_id,
+                omitted,
+            } => Ok(SuspendResult {
+                snapshot_id,
+                omitted,
+            }),
             other => Err(unexpected(task, other)),
         }
     }
@@ -294,6 +303,59 @@ impl Orchestrator {
             }),
             other => Err(unexpected(task, other)),
         }
+    }
+
+    /// `taskbox rm`: stops the task's sandbox, deletes its snapshots unless `keep_snapshots`,
+    /// and marks it removed; its journal stays for `taskbox replay`. The name is not reused: a
+    /// later request for it is refused ([`EngineError::Removed`]). Refused while an operation
+    /// is in flight. Provider calls that fail are reported; `taskbox gc` finishes them.
+    pub async fn remove(
+        &self,
+        task: &TaskId,
+        keep_snapshots: bool,
+    ) -> Result<RemoveResult, EngineError> {
+        self.inner.locks.acquire(task).await?;
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .tx
+            .send(Msg::Remove {
+                task: task.as_str().to_string(),
+                keep_snapshots,
+                respond: tx,
+            })
+            .map_err(|_| EngineError::Stopped)?;
+        let plan = rx.await.map_err(|_| EngineError::Stopped)??;
+        let p = &self.inner.provider;
+        let mut res = RemoveResult {
+            task: task.as_str().to_string(),
+            sandbox_stopped: None,
+            snapshots_deleted: Vec::new(),
+            snapshots_kept: plan.kept,
+            errors: Vec::new(),
+        };
+        if let Some(sb) = plan.sandbox {
+            match p
+                .stop_sandbox(&crate::ids::SandboxId::from(sb.clone()))
+                .await
+            {
+                Ok(()) => res.sandbox_stopped = Some(sb),
+                Err(e) if e.kind == crate::core::FailureKind::SandboxGone => {}
+                Err(e) => res.errors.push(format!("stop sandbox {sb}: {e}")),
+            }
+        }
+        for snap in plan.delete {
+            match p
+                .delete_snapshot(&crate::ids::SnapshotId::from(snap.clone()))
+                .await
+            {
+                Ok(()) => res.snapshots_deleted.push(snap),
+                Err(e) if e.kind == crate::core::FailureKind::SnapshotGone => {
+                    res.snapshots_deleted.push(snap)
+                }
+                Err(e) => res.errors.push(format!("delete snapshot {snap}: {e}")),
+            }
+        }
+        Ok(res)
     }
 
     /// Every task in the store, with its current state.
@@ -357,6 +419,25 @@ impl Orchestrator {
         self.inner.changes.subscribe()
     }
 
+    /// One task as it is now and a receiver of the state changes committed after that moment,
+    /// taken together on the event loop so that no change falls between the two (the receiver
+    /// carries every task's changes; filter by [`StateChange::task_id`]). `None`: no such task.
+    pub async fn watch_task(
+        &self,
+        task: &TaskId,
+    ) -> Result<Option<(Task, broadcast::Receiver<StateChange>)>, EngineError> {
+        let id = task.as_str().to_string();
+        self.query(move |lp| {
+            let rx = lp.changes.subscribe();
+            let current = match lp.tasks.get(&id) {
+                Some(t) => Some(t.clone()),
+                None => lp.store.load_task(&id)?,
+            };
+            Ok(current.map(|t| (t, rx)))
+        })
+        .await
+    }
+
     /// Stops accepting requests, waits (up to `grace`) for provider calls in flight to finish
     /// and be journaled, and stops the event loop. Task locks are released.
     pub async fn shutdown_within(&self, grace: Duration) {
@@ -417,7 +498,7 @@ impl Orchestrator {
         Ok(answer)
     }
 
-    async fn query<T: Send + 'static>(
+    pub(super) async fn query<T: Send + 'static>(
         &self,
         f: impl FnOnce(&EventLoop) -> Result<T, EngineError> + Send + 'static,
     ) -> Result<T, EngineError> {

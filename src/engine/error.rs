@@ -12,6 +12,9 @@ pub enum EngineError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The configuration has a value out of its bounds.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// A task id was refused.
     #[error(transparent)]
     TaskId(#[from] TaskIdError),
@@ -65,39 +68,131 @@ pub enum EngineError {
     /// The event loop has stopped.
     #[error("the taskbox engine has stopped")]
     Stopped,
+    /// The task has an operation in flight, which the request (`rm`) must not cut short.
+    #[error("task {task} has an operation in flight (state {state}); it cannot be removed now")]
+    InFlight {
+        /// The task.
+        task: String,
+        /// Its state.
+        state: String,
+    },
+    /// A request other than `run` named a task that does not exist (only `run` creates one).
+    #[error("no task named `{task}`")]
+    NoTask {
+        /// The name given.
+        task: String,
+        /// The closest existing task name, if one is close.
+        suggestion: Option<String>,
+    },
+    /// The task was made under another backend than the one configured now.
+    #[error(
+        "task {task} belongs to the {task_backend} backend, but terminal.backend is {current}"
+    )]
+    WrongBackend {
+        /// The task.
+        task: String,
+        /// The backend that holds its sandboxes and snapshots.
+        task_backend: String,
+        /// The backend configured now.
+        current: String,
+    },
+    /// The task was removed with `taskbox rm`.
+    #[error("task {task} was removed at {removed_at}")]
+    Removed {
+        /// The task.
+        task: String,
+        /// When (RFC 3339).
+        removed_at: String,
+    },
 }
 
 impl EngineError {
-    /// The stable snake_case code the server answers with (a failed request's comes from its
-    /// [`FailureReason`]).
+    /// A stable name for the kind of failure, for scripts (the server's and `--json`'s `code`).
     pub fn code(&self) -> &'static str {
         match self {
             EngineError::Store(_) => "store",
+            EngineError::Config(_) => "config",
             EngineError::TaskId(_) => "invalid_task_id",
             EngineError::Step(_) => "step",
             EngineError::Request { reason, .. } => reason.code(),
+            EngineError::InFlight { .. } => "in_flight",
             EngineError::Provider { .. } => "provider",
             EngineError::Busy { .. } => "busy",
             EngineError::Lock { .. } => "lock",
             EngineError::Stopped => "stopped",
+            EngineError::NoTask { .. } => "no_such_task",
+            EngineError::WrongBackend { .. } => "wrong_backend",
+            EngineError::Removed { .. } => "task_removed",
         }
     }
 
-    /// What the user can do about it, for the CLI and the server alike (a failed request's
-    /// comes from its [`FailureReason`]). A stopped engine has none here: what to do depends on
-    /// who stopped it (the server says so itself).
+    /// How to fix it, when known.
     pub fn hint(&self) -> Option<String> {
         match self {
             EngineError::Provider { hint, .. } => hint.clone(),
+            EngineError::Config(e) => e.hint(),
+            EngineError::TaskId(_) => Some(
+                "a task id is 1 to 64 letters, digits, `-` or `_`, starting with a letter or digit"
+                    .into(),
+            ),
             EngineError::Busy { .. } => Some(
-                "another taskbox process is driving this task; wait for it to finish".to_string(),
+                "another taskbox process is driving this task; wait for it to finish".into(),
             ),
             EngineError::Request { reason, .. } => reason.hint().map(str::to_string),
-            EngineError::Store(_)
-            | EngineError::Stopped
-            | EngineError::TaskId(_)
-            | EngineError::Step(_)
-            | EngineError::Lock { .. } => None,
+            EngineError::InFlight { task, .. } => Some(format!(
+                "wait for it to finish, or `taskbox suspend {task}` first, then try again"
+            )),
+            EngineError::NoTask { suggestion: Some(s), .. } => Some(format!(
+                "did you mean `{s}`? `taskbox tasks` lists the tasks; only `taskbox run --task NAME -- CMD` creates one"
+            )),
+            EngineError::NoTask { suggestion: None, .. } => Some(
+                "`taskbox tasks` lists the tasks; only `taskbox run --task NAME -- CMD` creates one".into(),
+            ),
+            EngineError::WrongBackend { task, task_backend, current } => Some(format!(
+                "switch back with `taskbox config set terminal.backend {task_backend}` to drive it, or `taskbox rm {task}` under {task_backend} and start anew under {current}"
+            )),
+            EngineError::Removed { .. } => Some(
+                "a removed task's name is not reused (its journal is kept for `taskbox replay`); run the work under a new task name".into(),
+            ),
+            _ => None,
         }
+    }
+}
+
+/// The closest of `names` to `name` (edit distance at most a third of its length, at least 2),
+/// for a "did you mean" hint.
+pub fn closest<'a>(name: &str, names: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let limit = (name.chars().count() / 3).max(2);
+    names
+        .into_iter()
+        .filter(|n| *n != name)
+        .map(|n| (edit_distance(name, n), n))
+        .filter(|(d, _)| *d <= limit)
+        .min()
+        .map(|(_, n)| n.to_string())
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn suggests_the_closest_name_only_when_close() {
+        let names = ["build-api", "deploy", "docs"];
+        assert_eq!(super::closest("buid-api", names), Some("build-api".into()));
+        assert_eq!(super::closest("dosc", names), Some("docs".into()));
+        assert_eq!(super::closest("zzzzzzzz", names), None);
     }
 }

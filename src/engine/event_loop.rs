@@ -69,6 +69,23 @@ pub(super) enum Msg {
     Shutdown {
         done: oneshot::Sender<()>,
     },
+    /// `taskbox rm`: mark the task removed and unload it; the answer says what to stop and
+    /// delete (the API performs those calls).
+    Remove {
+        task: String,
+        keep_snapshots: bool,
+        respond: oneshot::Sender<Result<RemovalPlan, EngineError>>,
+    },
+}
+
+/// What removing a task leaves the API to do on the provider, once the removal is durable.
+pub(super) struct RemovalPlan {
+    /// The live sandbox to stop.
+    pub(super) sandbox: Option<String>,
+    /// The snapshots to delete.
+    pub(super) delete: Vec<String>,
+    /// The snapshots kept (`--keep-snapshots`).
+    pub(super) kept: Vec<String>,
 }
 
 /// The one owner of every loaded task and the store; see the [module docs](self).
@@ -86,6 +103,8 @@ pub(super) struct EventLoop {
     pub(super) outputs: HashMap<(String, u64), ExecOutput>,
     /// The live side of each run request until it is answered (kept out of the journal).
     pub(super) live: HashMap<(String, u64), ExecIo>,
+    /// Commands as typed, by request, where they differ from the journaled (redacted) ones.
+    pub(super) typed_commands: HashMap<(String, u64), String>,
     pub(super) timers: HashMap<(String, TimerKind), JoinHandle<()>>,
     pub(super) inflight: usize,
     pub(super) creates: Arc<Semaphore>,
@@ -177,7 +196,16 @@ impl EventLoop {
                     f(self)
                 }
                 Msg::Load { task, done } => {
-                    let _ = done.send(self.ensure_loaded(&task));
+                    let _ = done.send(self.ensure_loaded(&task, false));
+                }
+                Msg::Remove {
+                    task,
+                    keep_snapshots,
+                    respond,
+                } => {
+                    // Decided on committed state.
+                    self.flush();
+                    let _ = respond.send(self.remove(&task, keep_snapshots));
                 }
                 Msg::Shutdown { done } => {
                     for (_, h) in self.timers.drain() {
@@ -195,7 +223,9 @@ impl EventLoop {
         req: ApiRequest,
         respond: oneshot::Sender<Result<Answer, EngineError>>,
     ) {
-        if let Err(e) = self.ensure_loaded(&task) {
+        // Only `run` creates a task: a typo in `suspend`/`resume` must not make one.
+        let create = matches!(req, ApiRequest::Run { .. });
+        if let Err(e) = self.ensure_loaded(&task, create) {
             let _ = respond.send(Err(e));
             return;
         }
@@ -207,9 +237,18 @@ impl EventLoop {
                 io,
             } => {
                 self.live.insert((task.clone(), request_id), io);
+                // The journal (and so the task record, `show`, error messages) gets the command
+                // with its secrets redacted; the sandbox runs it as typed. A journaled command
+                // is never run again (recovery fails the requests it finds), so the one typed
+                // lives here, in memory, until the request is answered.
+                let journaled = crate::redact::redact(&command);
+                if journaled != command {
+                    self.typed_commands
+                        .insert((task.clone(), request_id), command);
+                }
                 Event::RunRequested {
                     request_id,
-                    command,
+                    command: journaled,
                     timeout_ms,
                 }
             }
@@ -219,21 +258,32 @@ impl EventLoop {
         self.waiters.insert((task.clone(), request_id), respond);
         if let Err(e) = self.apply(&task, event) {
             self.live.remove(&(task.clone(), request_id));
+            self.typed_commands.remove(&(task.clone(), request_id));
             if let Some(w) = self.waiters.remove(&(task, request_id)) {
                 let _ = w.send(Err(e));
             }
         }
     }
 
-    /// Loads a task into memory the first time this process touches it: creates it, or brings
-    /// its settings up to date and applies [`Event::Loaded`], for the core to recover whatever a
-    /// previous process left in flight (and to hold requests while it probes the sandbox).
-    fn ensure_loaded(&mut self, id: &str) -> Result<(), EngineError> {
+    /// Loads a task into memory the first time this process touches it: creates it (only when
+    /// `create`: only `run` makes a task; anything else on an unknown name is
+    /// [`EngineError::NoTask`] with the closest existing name), or brings its settings up to
+    /// date and applies [`Event::Loaded`], for the core to recover whatever a previous process
+    /// left in flight (and to hold requests while it probes the sandbox).
+    fn ensure_loaded(&mut self, id: &str, create: bool) -> Result<(), EngineError> {
         if self.tasks.contains_key(id) {
             return Ok(());
         }
         let task_id = TaskId::new(id)?;
+        self.check_marks(id)?;
         match self.store.load_task(id)? {
+            None if !create => {
+                let names = self.store.task_ids()?;
+                return Err(EngineError::NoTask {
+                    task: id.to_string(),
+                    suggestion: super::closest(id, names.iter().map(String::as_str)),
+                });
+            }
             None => {
                 let now = self.clock.now_ms();
                 let task = Task::new(task_id, self.settings.clone(), now);
@@ -262,6 +312,95 @@ impl EventLoop {
             }
         }
         Ok(())
+    }
+
+    /// Refuses a task `taskbox rm` removed, and one whose sandboxes and snapshots belong to
+    /// another backend than this engine's (a task recorded before backends were recorded is
+    /// claimed by this one).
+    fn check_marks(&mut self, id: &str) -> Result<(), EngineError> {
+        let Some(marks) = self.store.task_marks(id)? else {
+            return Ok(());
+        };
+        if let Some(at) = marks.removed_at {
+            return Err(EngineError::Removed {
+                task: id.to_string(),
+                removed_at: crate::clock::format_ms(at),
+            });
+        }
+        let current = self.provider.name();
+        let recorded = match marks.backend {
+            Some(b) => b,
+            None => self
+                .store
+                .claim_backend(id, current)?
+                .unwrap_or_else(|| current.to_string()),
+        };
+        if recorded != current {
+            return Err(EngineError::WrongBackend {
+                task: id.to_string(),
+                task_backend: recorded,
+                current: current.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `taskbox rm`: refuses a task with an operation in flight; otherwise marks it removed in
+    /// the store (durable before any provider call), unloads it and cancels its timers, and
+    /// says what is left to stop and delete. The journal stays, for replay.
+    fn remove(&mut self, id: &str, keep_snapshots: bool) -> Result<RemovalPlan, EngineError> {
+        TaskId::new(id)?;
+        if self.store.task_marks(id)?.is_none() {
+            let names = self.store.task_ids()?;
+            return Err(EngineError::NoTask {
+                task: id.to_string(),
+                suggestion: super::closest(id, names.iter().map(String::as_str)),
+            });
+        }
+        self.check_marks(id)?;
+        let task = match self.tasks.get(id) {
+            Some(t) => t.clone(),
+            None => match self.store.load_task(id)? {
+                Some(t) => t,
+                None => {
+                    return Err(EngineError::NoTask {
+                        task: id.to_string(),
+                        suggestion: None,
+                    })
+                }
+            },
+        };
+        if task.state.is_transient() || task.running.is_some() || !task.queue.is_empty() {
+            return Err(EngineError::InFlight {
+                task: id.to_string(),
+                state: task.state.to_string(),
+            });
+        }
+        let snapshots: Vec<String> = task.retained_snapshot_ids().map(str::to_string).collect();
+        let now = self.clock.now_ms();
+        self.store.mark_removed(id, now, keep_snapshots)?;
+        self.tasks.remove(id);
+        let timers: Vec<_> = self
+            .timers
+            .keys()
+            .filter(|(t, _)| t == id)
+            .cloned()
+            .collect();
+        for key in timers {
+            if let Some(h) = self.timers.remove(&key) {
+                h.abort();
+            }
+        }
+        let (delete, kept) = if keep_snapshots {
+            (Vec::new(), snapshots)
+        } else {
+            (snapshots, Vec::new())
+        };
+        Ok(RemovalPlan {
+            sandbox: task.sandbox.map(|s| s.id.to_string()),
+            delete,
+            kept,
+        })
     }
 
     /// One event: step, and stage the transition for the next [`EventLoop::flush`], which
@@ -348,6 +487,12 @@ impl EventLoop {
 
     /// A transition is durable: announce it and perform its commands.
     fn committed(&mut self, s: Staged) {
+        if s.task_before.is_none() {
+            // A new task belongs to this engine's backend.
+            if let Err(e) = self.store.claim_backend(&s.task, self.provider.name()) {
+                warn!(task = %s.task, error = %e, "could not record the task's backend");
+            }
+        }
         let after = s.task_after.state;
         if s.task_before.is_some() && s.state_before != after {
             debug!(task = %s.task, from = %s.state_before, to = %after, "state changed");
@@ -387,6 +532,7 @@ impl EventLoop {
             _ => return,
         };
         self.live.remove(&(s.task.clone(), request_id));
+        self.typed_commands.remove(&(s.task.clone(), request_id));
         if let Some(w) = self.waiters.remove(&(s.task.clone(), request_id)) {
             let _ = w.send(Err(err));
         }

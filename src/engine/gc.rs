@@ -54,7 +54,23 @@ impl Orchestrator {
         // Read the tasks only after listing: the journal records a create or a snapshot before
         // it is made, so every resource listed above is already known to its task as in flight
         // or held. (Reading first would race with another process creating one.)
-        let tasks = self.tasks().await?;
+        let mut tasks = self.tasks().await?;
+        // A removed task (`taskbox rm`) holds no sandbox, and no snapshot unless it kept them:
+        // what its removal could not stop or delete is an orphan here.
+        let removed: std::collections::HashMap<String, bool> = self
+            .query(|lp| Ok(lp.store.removed_tasks()?))
+            .await?
+            .into_iter()
+            .map(|(id, m)| (id, m.kept_snapshots))
+            .collect();
+        for t in &mut tasks {
+            if let Some(kept) = removed.get(t.id.as_str()) {
+                t.sandbox = None;
+                if !kept {
+                    t.snapshots.clear();
+                }
+            }
+        }
         let busy: std::collections::HashSet<&str> = tasks
             .iter()
             .filter(|t| t.state.is_transient())

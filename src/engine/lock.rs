@@ -11,6 +11,12 @@ use std::time::Duration;
 use super::EngineError;
 use crate::ids::TaskId;
 
+/// How often a held lock is tried again.
+const POLL: Duration = Duration::from_millis(10);
+/// How long a wait goes unreported (a forked child's copy of the descriptor holds the lock
+/// for well under this).
+const WARN_AFTER: Duration = Duration::from_millis(500);
+
 /// The task locks one orchestrator holds, and where and how long to wait for them.
 pub(super) struct TaskLocks {
     /// Held locks by task id; dropping a file releases its lock.
@@ -48,24 +54,33 @@ impl TaskLocks {
             .write(true)
             .open(&path)
             .map_err(lock_err)?;
-        let started = tokio::time::Instant::now();
+        // The wait is counted in polls, and each poll sleeps on a blocking-pool thread, not on
+        // the runtime's clock: a lock can be held for a moment by no taskbox at all — a child
+        // that another thread of this process is forking has a copy of the lock's descriptor
+        // (and so holds the `flock`) until it execs — and on a paused (virtual) clock a timer
+        // here would move simulated time by however often that happened to coincide, so the
+        // same seed would not give the same run. A blocking-pool wait stops virtual time.
+        let mut waited = Duration::ZERO;
         let mut warned = false;
         loop {
             match try_flock(&file) {
                 Ok(true) => break,
                 Ok(false) => {
-                    if !warned {
-                        tracing::info!(task = %id, "waiting for another taskbox process driving this task");
-                        warned = true;
-                    }
-                    if started.elapsed() >= self.wait {
+                    if waited >= self.wait {
                         return Err(EngineError::Busy {
                             task: id.clone(),
                             path: path.clone(),
-                            waited_secs: started.elapsed().as_secs(),
+                            waited_secs: waited.as_secs(),
                         });
                     }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    if !warned && waited >= WARN_AFTER {
+                        tracing::info!(task = %id, "waiting for another taskbox process driving this task");
+                        warned = true;
+                    }
+                    // Blocks a blocking-pool thread, never the runtime, for one poll interval.
+                    #[allow(clippy::disallowed_methods)]
+                    let _ = tokio::task::spawn_blocking(|| std::thread::sleep(POLL)).await;
+                    waited += POLL;
                 }
                 Err(e) => return Err(lock_err(e)),
             }

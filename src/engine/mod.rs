@@ -38,9 +38,11 @@ mod perform;
 mod results;
 
 pub use api::{Orchestrator, OrchestratorBuilder};
-pub use error::EngineError;
+pub use error::{closest, EngineError};
 pub use gc::{GcItem, GcReport};
 #[cfg(feature = "server")]
 pub(crate) use lock::try_flock;
 pub use paths::{store_file, Paths, STORE_FILE};
-pub use results::{Encoding, ResumeResult, RunResult, StateChange, SuspendResult, TaskView};
+pub use results::{
+    Encoding, RemoveResult, ResumeResult, RunResult, StateChange, SuspendResult, TaskView,
+};

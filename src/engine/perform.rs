@@ -26,8 +26,19 @@ impl EventLoop {
             | Command::ExtendTimeout { .. }
             | Command::DeleteSnapshot { .. }
             | Command::ProbeSandbox { .. } => {
-                let call = Call::from_command(&self.installation_id, id, &cmd)
+                let mut call = Call::from_command(&self.installation_id, id, &cmd)
                     .expect("every provider command maps to a call");
+                // The journal holds the command redacted; the sandbox runs it as typed.
+                if let Call::Exec {
+                    request_id,
+                    request,
+                    ..
+                } = &mut call
+                {
+                    if let Some(typed) = self.typed_commands.get(&(id.to_string(), *request_id)) {
+                        request.command = typed.clone();
+                    }
+                }
                 let io = match &cmd {
                     Command::RunCommand { request_id, .. } => self.live_io(id, *request_id),
                     _ => ExecIo::default(),
@@ -73,6 +84,7 @@ impl EventLoop {
         let key = (id.to_string(), request_id);
         self.live.remove(&key);
         let output = self.outputs.remove(&key);
+        self.typed_commands.remove(&key);
         if let Some(w) = self.waiters.remove(&key) {
             let _ = w.send(Ok(Answer { reply, output }));
         }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::EngineError;
 use crate::core::{Millis, Notice, Task, TaskState};
-use crate::store::{JournalEntry, SandboxRow, SnapshotRow, Store};
+use crate::store::{JournalEntry, SandboxRow, SnapshotRow, Store, TaskMarks};
 
 /// The result of a command that ran.
 ///
@@ -101,6 +101,9 @@ fn decode(s: &str, encoding: Option<Encoding>) -> Vec<u8> {
 pub struct SuspendResult {
     /// The snapshot holding the task's files (`None`: nothing kept).
     pub snapshot_id: Option<SnapshotId>,
+    /// What the snapshot could not keep (`path: reason`); everything else is in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub omitted: Vec<String>,
 }
 
 /// The result of a resume.
@@ -110,6 +113,22 @@ pub struct ResumeResult {
     pub sandbox_id: SandboxId,
     /// What the caller should know.
     pub notices: Vec<Notice>,
+}
+
+/// The result of `taskbox rm`: what was stopped, deleted and kept, and what could not be done
+/// (left for `taskbox gc`: a removed task holds no sandbox, nor snapshots unless kept).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveResult {
+    /// The task.
+    pub task: String,
+    /// The live sandbox stopped.
+    pub sandbox_stopped: Option<String>,
+    /// The snapshots deleted.
+    pub snapshots_deleted: Vec<String>,
+    /// The snapshots kept (`--keep-snapshots`).
+    pub snapshots_kept: Vec<String>,
+    /// Provider calls that failed (the task is removed all the same).
+    pub errors: Vec<String>,
 }
 
 /// A state change, as broadcast to watchers.
@@ -138,6 +157,8 @@ pub struct TaskView {
     pub snapshots: Vec<SnapshotRow>,
     /// The last journal entries, oldest first.
     pub journal: Vec<JournalEntry>,
+    /// Its backend, and whether `taskbox rm` removed it.
+    pub marks: TaskMarks,
 }
 
 impl TaskView {
@@ -160,7 +181,19 @@ impl TaskView {
             sandboxes: store.sandboxes(Some(id))?,
             snapshots: store.snapshots(Some(id))?,
             journal: store.journal_tail(id, journal_entries)?,
+            marks: store.task_marks(id)?.unwrap_or_default(),
             task,
         }))
+    }
+}
+
+impl TaskView {
+    /// The view as JSON with every secret redacted ([`crate::redact`]): what `show --json` and
+    /// the server's `GET /v1/tasks/{task}` print, so that a journal written before commands
+    /// were journaled redacted prints no secret either.
+    pub fn to_redacted_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        let mut v = serde_json::to_value(self)?;
+        crate::redact::redact_value(&mut v);
+        Ok(v)
     }
 }

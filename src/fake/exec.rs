@@ -5,7 +5,7 @@
 //! Each command gets its own process group so that a kill, a timeout or the session's stop
 //! reaches the processes it started too. Background processes a finished command left behind
 //! keep running (as in the real sandbox) until the session stops; then the local provider's stop
-//! finds them by the `TASKBOX_WORKSPACE` variable every command inherits.
+//! finds them by the `TASKBOX_SANDBOX` variable every command inherits.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

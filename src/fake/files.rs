@@ -102,7 +102,11 @@ pub(crate) fn host_path(workspace: &Path, sandbox_path: &str) -> Result<PathBuf,
 
 /// Extracts an uploaded gzipped tar whose entry names are relative to `x_cwd`; parents are
 /// created. Returns how many files were written.
-pub(crate) fn extract_upload(workspace: &Path, x_cwd: &str, gz: &[u8]) -> Result<usize, FsError> {
+pub(crate) fn extract_upload(
+    workspace: &Path,
+    x_cwd: &str,
+    gz: impl io::Read,
+) -> Result<usize, FsError> {
     let bad = |e: io::Error| FsError::BadArchive {
         reason: e.to_string(),
     };
@@ -249,18 +253,18 @@ mod tests {
             ("vercel/sandbox/dir/f.txt", b"hello"),
             ("vercel/sandbox/g", b""),
         ]);
-        assert_eq!(extract_upload(&ws, "/", &upload).unwrap(), 2);
+        assert_eq!(extract_upload(&ws, "/", upload.as_slice()).unwrap(), 2);
         assert_eq!(fs::read(ws.join("dir/f.txt")).unwrap(), b"hello");
         let relative = tar_gz(&[("h.txt", b"x")]);
-        extract_upload(&ws, "/vercel/sandbox/dir", &relative).unwrap();
+        extract_upload(&ws, "/vercel/sandbox/dir", relative.as_slice()).unwrap();
         assert!(ws.join("dir/h.txt").is_file());
         let outside = tar_gz(&[("etc/x", b"no")]);
         assert!(matches!(
-            extract_upload(&ws, "/", &outside),
+            extract_upload(&ws, "/", outside.as_slice()),
             Err(FsError::Outside { .. })
         ));
         assert!(matches!(
-            extract_upload(&ws, "/", b"not gzip"),
+            extract_upload(&ws, "/", &b"not gzip"[..]),
             Err(FsError::BadArchive { .. })
         ));
 

@@ -21,7 +21,8 @@
 //! - `conn` — connections a fault can cut.
 //!
 //! The base URL is `http://HOST:PORT/api` (the SDK's `https://vercel.com/api` rewritten). The
-//! admin endpoints live beside it, unauthenticated, under `/_admin`:
+//! admin endpoints live beside it under `/_admin`, behind the same bearer token as the API when
+//! the fake has one ([`FakeOptions::token`]; open otherwise):
 //! - `GET /_admin/faults`, `POST /_admin/faults` (a [`Faults`] JSON object, replacing the
 //!   current one);
 //! - `GET /_admin/stats` ([`Stats`]), `DELETE /_admin/stats` (reset);
@@ -34,6 +35,10 @@
 //! `SandboxProvider::exec`, which runs a `bash -c` string to completion and returns bounded
 //! output: the API needs an executable with arguments and environment, output streamed while the
 //! command runs, and signals. The fake spawns them itself, in the local sandbox's workspace.
+//!
+//! Every error answer is the service's JSON error object, the router's own included (405 for a
+//! wrong method, with `Allow`; 413 `payload_too_large` for a body over the limit). Uploads
+//! (`fs/write`, up to 1 GiB) are extracted as they arrive, never held whole in memory.
 //!
 //! The API state lives in memory: a restarted fake has forgotten its sandboxes (and leaves their
 //! archives behind in the data directory).

@@ -74,6 +74,15 @@ impl ApiError {
         )
     }
 
+    /// 413 for a request body over `limit` bytes.
+    pub(crate) fn too_large(limit: u64) -> Self {
+        Self::new(
+            413,
+            "payload_too_large",
+            format!("The request body is too large: this endpoint takes at most {limit} bytes."),
+        )
+    }
+
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "internal_server_error", message)
     }

@@ -4,6 +4,13 @@
 //! The engine performs commands through it, and re-drive lists the calls a recorded journal
 //! made through it, so the two cannot drift apart. It lives with the providers because both
 //! sides may depend on them: the engine and re-drive import it, it imports neither.
+//!
+//! A call as a provider receives it has no request id (the request an `exec` serves is the
+//! engine's business): that is a [`ReceivedCall`], the same type with `()` where the engine has
+//! the [`RequestId`], made from an engine's call by [`Call::received`]. Re-drive's provider
+//! builds one from the arguments of each call it gets, to compare with the recording.
+
+use serde::Serialize;
 
 use crate::core::{Command, Event, RequestId};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
@@ -12,20 +19,28 @@ use super::{sandbox_name, ExecIo, ExecOutput, ExecRequest, SandboxProvider, Sand
 
 /// One provider operation, built from the [`Command`] that asks for it (see
 /// [`Call::from_command`]) and performed against any [`SandboxProvider`] ([`Call::perform`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Call {
+///
+/// `R` is what an `exec` knows of the request it serves: the engine's [`RequestId`] (the
+/// default), or `()` for a call as the provider receives it ([`ReceivedCall`]). It serializes
+/// (for re-drive's divergence reports) as the provider sees it, tagged by [`Call::name`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "call", rename_all = "snake_case")]
+pub enum Call<R = RequestId> {
     /// [`Command::CreateSandbox`]: `create_sandbox`.
     CreateSandbox {
         /// The sandbox to create (or find, if a create was already made).
+        #[serde(flatten)]
         spec: SandboxSpec,
     },
     /// [`Command::RunCommand`]: `exec`.
     Exec {
-        /// The request the command serves; its outcome names it.
-        request_id: RequestId,
+        /// The request the command serves; its outcome names it (`()` once received).
+        #[serde(skip)]
+        request_id: R,
         /// The sandbox.
         sandbox_id: SandboxId,
         /// The shell command and its timeout.
+        #[serde(flatten)]
         request: ExecRequest,
     },
     /// [`Command::TakeSnapshot`]: `snapshot`.
@@ -59,6 +74,66 @@ pub enum Call {
         /// The sandbox.
         sandbox_id: SandboxId,
     },
+}
+
+/// A [`Call`] as the provider receives it: without the request an `exec` serves.
+pub type ReceivedCall = Call<()>;
+
+impl<R> Call<R> {
+    /// The operation's name (`create_sandbox`, `exec`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Call::CreateSandbox { .. } => "create_sandbox",
+            Call::Exec { .. } => "exec",
+            Call::Snapshot { .. } => "snapshot",
+            Call::StopSandbox { .. } => "stop_sandbox",
+            Call::ExtendTimeout { .. } => "extend_timeout",
+            Call::DeleteSnapshot { .. } => "delete_snapshot",
+            Call::ProbeSandbox { .. } => "probe_sandbox",
+        }
+    }
+
+    /// The call as the provider receives it: the same operation and arguments, without the
+    /// request id.
+    pub fn received(&self) -> ReceivedCall {
+        match self {
+            Call::CreateSandbox { spec } => Call::CreateSandbox { spec: spec.clone() },
+            Call::Exec {
+                sandbox_id,
+                request,
+                ..
+            } => Call::Exec {
+                request_id: (),
+                sandbox_id: sandbox_id.clone(),
+                request: request.clone(),
+            },
+            Call::Snapshot {
+                task_id,
+                sandbox_id,
+                seq,
+            } => Call::Snapshot {
+                task_id: task_id.clone(),
+                sandbox_id: sandbox_id.clone(),
+                seq: *seq,
+            },
+            Call::StopSandbox { sandbox_id } => Call::StopSandbox {
+                sandbox_id: sandbox_id.clone(),
+            },
+            Call::ExtendTimeout {
+                sandbox_id,
+                duration_ms,
+            } => Call::ExtendTimeout {
+                sandbox_id: sandbox_id.clone(),
+                duration_ms: *duration_ms,
+            },
+            Call::DeleteSnapshot { snapshot_id } => Call::DeleteSnapshot {
+                snapshot_id: snapshot_id.clone(),
+            },
+            Call::ProbeSandbox { sandbox_id } => Call::ProbeSandbox {
+                sandbox_id: sandbox_id.clone(),
+            },
+        }
+    }
 }
 
 impl Call {
@@ -123,19 +198,6 @@ impl Call {
         })
     }
 
-    /// The operation's name (`create_sandbox`, `exec`, ...).
-    pub fn name(&self) -> &'static str {
-        match self {
-            Call::CreateSandbox { .. } => "create_sandbox",
-            Call::Exec { .. } => "exec",
-            Call::Snapshot { .. } => "snapshot",
-            Call::StopSandbox { .. } => "stop_sandbox",
-            Call::ExtendTimeout { .. } => "extend_timeout",
-            Call::DeleteSnapshot { .. } => "delete_snapshot",
-            Call::ProbeSandbox { .. } => "probe_sandbox",
-        }
-    }
-
     /// Makes the call once (retries are the core's decision, taken on the outcome) and returns
     /// its outcome as the event the core expects, with the captured output of a command that
     /// ran. Every failure becomes its operation's failure event, classified where it arose
@@ -197,6 +259,7 @@ impl Call {
                     snapshot_id: info.id,
                     size_bytes: info.size_bytes,
                     expires_at: info.expires_at,
+                    omitted: info.omitted,
                 },
                 Err(e) => Event::SnapshotFailed {
                     seq: *seq,
@@ -434,8 +497,48 @@ mod tests {
         assert_eq!(Call::from_command("i", &demo(), &timer), None);
         let reply = Command::Reply {
             request_id: 1,
-            reply: crate::core::Reply::Suspended { snapshot_id: None },
+            reply: crate::core::Reply::Suspended {
+                snapshot_id: None,
+                omitted: Vec::new(),
+            },
         };
         assert_eq!(Call::from_command("i", &demo(), &reply), None);
+    }
+
+    /// What re-drive compares: the engine's call, as the provider receives it, equals the call
+    /// rebuilt from the provider's arguments, and reads (in a divergence report) as the
+    /// provider's arguments, tagged by name, with no request id.
+    #[test]
+    fn a_received_call_drops_only_the_request_id() {
+        let command = Command::RunCommand {
+            request_id: 9,
+            sandbox_id: SandboxId::from("sbx"),
+            command: "ls".into(),
+            timeout_ms: 5,
+        };
+        let call = Call::from_command("i", &demo(), &command).expect("a provider call");
+        let received: ReceivedCall = Call::Exec {
+            request_id: (),
+            sandbox_id: SandboxId::from("sbx"),
+            request: ExecRequest {
+                command: "ls".into(),
+                timeout_ms: 5,
+            },
+        };
+        assert_eq!(call.received(), received);
+        assert_eq!(
+            serde_json::to_value(&received).expect("serializes"),
+            serde_json::json!({"call": "exec", "sandbox_id": "sbx", "command": "ls", "timeout_ms": 5})
+        );
+        let create = Command::CreateSandbox {
+            generation: 2,
+            source_snapshot: None,
+            timeout_ms: 60_000,
+        };
+        let create = Call::from_command("inst0001", &demo(), &create).expect("a create");
+        let json = serde_json::to_value(create.received()).expect("serializes");
+        assert_eq!(json["call"], "create_sandbox");
+        assert_eq!(json["generation"], 2);
+        assert_eq!(json["name"], sandbox_name("inst0001", "demo", 2));
     }
 }

@@ -22,7 +22,7 @@ pub mod sim;
 #[allow(clippy::disallowed_methods)]
 pub mod vercel;
 
-pub use call::Call;
+pub use call::{Call, ReceivedCall};
 pub use decorator::Decorator;
 pub use live::{CancelSignal, Canceller, ExecIo, OutputChunk, OutputStream};
 
@@ -213,6 +213,10 @@ pub struct SnapshotInfo {
     pub size_bytes: u64,
     /// Expiry (`None`: never).
     pub expires_at: Option<Millis>,
+    /// What the snapshot could not keep (`path: reason`), e.g. unreadable files; everything
+    /// else is in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub omitted: Vec<String>,
 }
 
 /// A provider resource listed for reconciliation.
@@ -315,6 +319,172 @@ pub trait SandboxProvider: Send + Sync {
         Box::pin(async { Ok(0) })
     }
 }
+
+/// A platform's own error, turned into a [`ProviderError`] naming the operation that failed
+/// (a [`ProviderError`] already names it).
+pub trait PlatformError {
+    /// The provider error for a failure of `operation` (`create sandbox`, `run command`, ...).
+    fn into_provider(self, operation: &'static str) -> ProviderError;
+}
+
+impl PlatformError for ProviderError {
+    fn into_provider(self, _operation: &'static str) -> ProviderError {
+        self
+    }
+}
+
+/// Implements [`SandboxProvider`] for a platform whose operations are its own `async fn`s with
+/// the trait's arguments, failing with a [`PlatformError`]: each trait method boxes the named
+/// method's future and names the operation in its error, so the glue is written once instead
+/// of once per platform. `sweep_temporaries` keeps the trait's default unless named. A platform
+/// with a live side names its exec as `exec_live: f` (`f` takes the [`ExecIo`] too); one without
+/// as `exec: f`, and gets the trait's default `exec_live`.
+macro_rules! platform_provider {
+    // `exec: f` — a platform without a live side: `f(sandbox_id, req)`, and the trait's default
+    // `exec_live` (the capture forwarded once the command ran).
+    (@exec $ty:ty, exec, $exec:ident) => {
+        fn exec<'a>(
+            &'a self,
+            sandbox_id: &'a $crate::ids::SandboxId,
+            req: &'a $crate::provider::ExecRequest,
+        ) -> $crate::provider::ProviderFuture<'a, $crate::provider::ExecOutput> {
+            Box::pin(async move {
+                let answer = <$ty>::$exec(self, sandbox_id, req).await;
+                answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "run command"))
+            })
+        }
+    };
+    // `exec_live: f` — a platform with a live side: `f(sandbox_id, req, io)` serves both
+    // `exec` (with no live side) and `exec_live`.
+    (@exec $ty:ty, exec_live, $exec:ident) => {
+        fn exec<'a>(
+            &'a self,
+            sandbox_id: &'a $crate::ids::SandboxId,
+            req: &'a $crate::provider::ExecRequest,
+        ) -> $crate::provider::ProviderFuture<'a, $crate::provider::ExecOutput> {
+            $crate::provider::SandboxProvider::exec_live(
+                self,
+                sandbox_id,
+                req,
+                $crate::provider::ExecIo::default(),
+            )
+        }
+        fn exec_live<'a>(
+            &'a self,
+            sandbox_id: &'a $crate::ids::SandboxId,
+            req: &'a $crate::provider::ExecRequest,
+            io: $crate::provider::ExecIo,
+        ) -> $crate::provider::ProviderFuture<'a, $crate::provider::ExecOutput> {
+            Box::pin(async move {
+                let answer = <$ty>::$exec(self, sandbox_id, req, io).await;
+                answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "run command"))
+            })
+        }
+    };
+    ($ty:ty, $name:literal, {
+        create_sandbox: $create:ident,
+        $exec_kind:ident: $exec:ident,
+        snapshot: $snapshot:ident,
+        stop_sandbox: $stop:ident,
+        extend_timeout: $extend:ident,
+        delete_snapshot: $delete:ident,
+        probe_sandbox: $probe:ident,
+        list_sandboxes: $list_sandboxes:ident,
+        list_snapshots: $list_snapshots:ident,
+        $(sweep_temporaries: $sweep:ident,)?
+    }) => {
+        impl $crate::provider::SandboxProvider for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+            fn create_sandbox<'a>(
+                &'a self,
+                spec: &'a $crate::provider::SandboxSpec,
+            ) -> $crate::provider::ProviderFuture<'a, $crate::provider::SandboxInfo> {
+                Box::pin(async move {
+                    let answer = <$ty>::$create(self, spec).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "create sandbox"))
+                })
+            }
+            $crate::provider::platform_provider!(@exec $ty, $exec_kind, $exec);
+            fn snapshot<'a>(
+                &'a self,
+                task_id: &'a $crate::ids::TaskId,
+                sandbox_id: &'a $crate::ids::SandboxId,
+                seq: u64,
+            ) -> $crate::provider::ProviderFuture<'a, $crate::provider::SnapshotInfo> {
+                Box::pin(async move {
+                    let answer = <$ty>::$snapshot(self, task_id, sandbox_id, seq).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "take snapshot"))
+                })
+            }
+            fn stop_sandbox<'a>(
+                &'a self,
+                sandbox_id: &'a $crate::ids::SandboxId,
+            ) -> $crate::provider::ProviderFuture<'a, ()> {
+                Box::pin(async move {
+                    let answer = <$ty>::$stop(self, sandbox_id).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "stop sandbox"))
+                })
+            }
+            fn extend_timeout<'a>(
+                &'a self,
+                sandbox_id: &'a $crate::ids::SandboxId,
+                duration_ms: u64,
+            ) -> $crate::provider::ProviderFuture<'a, $crate::core::Millis> {
+                Box::pin(async move {
+                    let answer = <$ty>::$extend(self, sandbox_id, duration_ms).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "extend timeout"))
+                })
+            }
+            fn delete_snapshot<'a>(
+                &'a self,
+                snapshot_id: &'a $crate::ids::SnapshotId,
+            ) -> $crate::provider::ProviderFuture<'a, ()> {
+                Box::pin(async move {
+                    let answer = <$ty>::$delete(self, snapshot_id).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "delete snapshot"))
+                })
+            }
+            fn probe_sandbox<'a>(
+                &'a self,
+                sandbox_id: &'a $crate::ids::SandboxId,
+            ) -> $crate::provider::ProviderFuture<'a, Option<$crate::core::Millis>> {
+                Box::pin(async move {
+                    let answer = <$ty>::$probe(self, sandbox_id).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "probe sandbox"))
+                })
+            }
+            fn list_sandboxes<'a>(
+                &'a self,
+                installation_id: &'a str,
+            ) -> $crate::provider::ProviderFuture<'a, Vec<$crate::provider::ListedResource>> {
+                Box::pin(async move {
+                    let answer = <$ty>::$list_sandboxes(self, installation_id).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "list sandboxes"))
+                })
+            }
+            fn list_snapshots<'a>(
+                &'a self,
+                installation_id: &'a str,
+            ) -> $crate::provider::ProviderFuture<'a, Vec<$crate::provider::ListedResource>> {
+                Box::pin(async move {
+                    let answer = <$ty>::$list_snapshots(self, installation_id).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "list snapshots"))
+                })
+            }
+            $(
+            fn sweep_temporaries(&self) -> $crate::provider::ProviderFuture<'_, usize> {
+                Box::pin(async move {
+                    let answer = <$ty>::$sweep(self).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "sweep temporaries"))
+                })
+            }
+            )?
+        }
+    };
+}
+use platform_provider;
 
 /// Bounds captured output the way Hermes does: at most `max_chars` characters, keeping the first
 /// 40 % and the last 60 %, with a line in between saying how much was cut.

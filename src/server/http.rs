@@ -30,6 +30,8 @@ pub(super) struct AppState {
     pub(super) stop: Arc<tokio::sync::Notify>,
     /// Runs in progress (for their cancel and stdin endpoints).
     pub(super) runs: Arc<super::runs::Runs>,
+    /// Turns true when the server stops accepting requests (ends the watch streams).
+    pub(super) closing: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The server's fixed facts, for `GET /v1/health`.
@@ -53,6 +55,8 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/runs/{run}/stdin", post(super::runs::stdin))
         .route("/tasks/{task}/suspend", post(suspend))
         .route("/tasks/{task}/resume", post(resume))
+        .route("/tasks/{task}/watch", get(super::watch::watch))
+        .route("/tasks/{task}/remove", post(remove))
         .route("/gc", post(gc))
         .route("/shutdown", post(shutdown));
     Router::new()
@@ -109,18 +113,23 @@ fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
 /// the hint the CLI would print, and the notices.
 pub(super) fn engine_failure(err: EngineError) -> Failure {
     let status = match &err {
-        EngineError::Store(_) | EngineError::Step(_) | EngineError::Lock { .. } => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
         EngineError::TaskId(_) => StatusCode::BAD_REQUEST,
         EngineError::Request { .. } | EngineError::Provider { .. } => StatusCode::BAD_GATEWAY,
-        EngineError::Busy { .. } => StatusCode::CONFLICT,
+        EngineError::Busy { .. }
+        | EngineError::WrongBackend { .. }
+        | EngineError::InFlight { .. } => StatusCode::CONFLICT,
+        EngineError::NoTask { .. } => StatusCode::NOT_FOUND,
+        EngineError::Removed { .. } => StatusCode::GONE,
         EngineError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+        EngineError::Store(_)
+        | EngineError::Config(_)
+        | EngineError::Step(_)
+        | EngineError::Lock { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     };
     let code = err.code();
     let hint = match &err {
         EngineError::Stopped => Some("the server is stopping; run the command again".to_string()),
-        _ => err.hint(),
+        other => other.hint(),
     };
     let notices = match &err {
         EngineError::Request { notices, .. } => notices.clone(),
@@ -189,6 +198,21 @@ async fn suspend(
         .map_err(engine_failure)
 }
 
+async fn remove(
+    State(st): State<AppState>,
+    Path(task): Path<String>,
+    bytes: Bytes,
+) -> Answer<crate::engine::RemoveResult> {
+    let _busy = st.activity.begin();
+    let task = task_id(&task)?;
+    let req: crate::client::wire::RemoveRequest = body(&bytes)?;
+    st.orch
+        .remove(&task, req.keep_snapshots)
+        .await
+        .map(Json)
+        .map_err(engine_failure)
+}
+
 async fn resume(
     State(st): State<AppState>,
     Path(task): Path<String>,
@@ -202,9 +226,17 @@ async fn resume(
         .map_err(engine_failure)
 }
 
-async fn tasks(State(st): State<AppState>) -> Answer<Vec<crate::core::Task>> {
+async fn tasks(State(st): State<AppState>) -> Answer<serde_json::Value> {
     let _busy = st.activity.begin();
-    st.orch.tasks().await.map(Json).map_err(engine_failure)
+    let tasks = st.orch.tasks().await.map_err(engine_failure)?;
+    let mut v = serde_json::to_value(tasks).map_err(|e| {
+        failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::new("encode", format!("cannot encode the tasks: {e}")),
+        )
+    })?;
+    crate::redact::redact_value(&mut v);
+    Ok(Json(v))
 }
 
 /// `?journal=N` on `GET /v1/tasks/{task}`.
@@ -222,17 +254,30 @@ async fn show(
     State(st): State<AppState>,
     Path(task): Path<String>,
     Query(q): Query<ShowQuery>,
-) -> Answer<crate::engine::TaskView> {
+) -> Answer<serde_json::Value> {
     let _busy = st.activity.begin();
     let task = task_id(&task)?;
     match st.orch.show(&task, q.journal).await {
-        Ok(Some(view)) => Ok(Json(view)),
-        Ok(None) => Err(failure(
-            StatusCode::NOT_FOUND,
-            ApiError::new("not_found", format!("no task named `{task}`")).hint(
-                "`taskbox tasks` lists the tasks; `taskbox run --task NAME -- CMD` creates one",
-            ),
-        )),
+        Ok(Some(view)) => view.to_redacted_json().map(Json).map_err(|e| {
+            failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ApiError::new("encode", format!("cannot encode the task: {e}")),
+            )
+        }),
+        Ok(None) => {
+            let names: Vec<String> = st
+                .orch
+                .tasks()
+                .await
+                .map_err(engine_failure)?
+                .into_iter()
+                .map(|t| t.id.to_string())
+                .collect();
+            Err(engine_failure(EngineError::NoTask {
+                suggestion: crate::engine::closest(task.as_str(), names.iter().map(String::as_str)),
+                task: task.to_string(),
+            }))
+        }
         Err(e) => Err(engine_failure(e)),
     }
 }

@@ -15,6 +15,7 @@
 
 mod http;
 mod runs;
+mod watch;
 // The idle clock: when the last request ended, and a periodic look at the loaded tasks.
 #[allow(clippy::disallowed_methods)]
 pub mod idle;
@@ -200,6 +201,7 @@ impl Server {
             .as_ref()
             .and_then(|(l, _)| l.local_addr().ok())
             .map(|a| a.to_string());
+        let (closing_tx, closing) = tokio::sync::watch::channel(false);
         let state = http::AppState {
             runs: Default::default(),
             orch: orch.clone(),
@@ -213,9 +215,9 @@ impl Server {
                 tcp: tcp_addr,
             }),
             stop: stop.clone(),
+            closing: closing.clone(),
         };
         let app = http::router(state);
-        let (closing_tx, closing) = tokio::sync::watch::channel(false);
         let closed = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|v| *v).await;
         };
@@ -250,12 +252,17 @@ impl Server {
                 std::future::pending::<()>().await
             }
         };
+        let gc = tokio::spawn(periodic_gc(
+            orch.clone(),
+            Duration::from_secs(opts.config.terminal.gc_interval_seconds),
+        ));
         let reason = tokio::select! {
             _ = signals() => StopReason::Signal,
             _ = stop.notified() => StopReason::Asked,
             _ = idle => StopReason::Idle,
         };
         tracing::info!(?reason, "stopping");
+        gc.abort();
         let _ = closing_tx.send(true);
         for s in servers {
             let _ = tokio::time::timeout(REQUEST_GRACE, s).await;
@@ -327,7 +334,40 @@ async fn load_live_tasks(orch: Orchestrator) {
         };
         match orch.load(&id).await {
             Ok(()) => tracing::info!(task = %id, state = %t.state, "loaded at start"),
+            // Its record keeps the state it had when `taskbox rm` removed it.
+            Err(crate::engine::EngineError::Removed { .. }) => {
+                tracing::debug!(task = %id, "removed; not loaded")
+            }
             Err(e) => tracing::warn!(task = %id, error = %e, "cannot load at start"),
+        }
+    }
+}
+
+/// Runs gc every `every` (the engine reconciled once at start already): the one place that
+/// lists all of the provider's sandboxes and snapshots, so that no command has to.
+// A periodic timer of the server's, like the idle clock.
+#[allow(clippy::disallowed_methods)]
+async fn periodic_gc(orch: Orchestrator, every: Duration) {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match orch.gc(false).await {
+            Ok(r) => {
+                let acted = r.sandboxes_stopped.len() + r.snapshots_deleted.len();
+                if acted > 0 || r.temporaries_removed > 0 {
+                    tracing::info!(
+                        sandboxes_stopped = r.sandboxes_stopped.len(),
+                        snapshots_deleted = r.snapshots_deleted.len(),
+                        temporaries_removed = r.temporaries_removed,
+                        "gc"
+                    );
+                }
+                for e in &r.errors {
+                    tracing::warn!(error = %e, "gc: an operation failed (the next gc tries again)");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "gc did not complete (the next one tries again)"),
         }
     }
 }

@@ -75,12 +75,14 @@ pub(super) async fn run(
                 .hint(r#"send {"command": "…", "timeout_secs": N}"#),
         )
     })?;
-    if req.timeout_secs == Some(0) {
-        return Err(failure(
-            StatusCode::BAD_REQUEST,
-            ApiError::new("bad_request", "invalid --timeout 0")
-                .hint("give a timeout of at least 1 second"),
-        ));
+    // The same bounds as terminal.timeout, from the config's table.
+    if let Some(t) = req.timeout_secs {
+        crate::config::Config::check_flag("terminal.timeout", "timeout_secs", t).map_err(|e| {
+            let hint = e.hint();
+            let mut err = ApiError::new("config", e.to_string());
+            err.hint = hint;
+            failure(StatusCode::BAD_REQUEST, err)
+        })?;
     }
     let timeout = req.timeout_secs.map(std::time::Duration::from_secs);
 

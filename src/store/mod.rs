@@ -98,6 +98,17 @@ impl SandboxStatus {
     }
 }
 
+/// What the store records about a task besides the core's record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskMarks {
+    /// The backend that holds its sandboxes and snapshots (`None`: not recorded yet).
+    pub backend: Option<String>,
+    /// When `taskbox rm` removed it.
+    pub removed_at: Option<Millis>,
+    /// Whether `taskbox rm --keep-snapshots` kept its snapshots.
+    pub kept_snapshots: bool,
+}
+
 /// One row of the `sandboxes` table.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxRow {
@@ -237,6 +248,76 @@ impl Store {
         Ok(ids)
     }
 
+    /// What the store knows of a task beyond the core's record (`None`: no such task).
+    pub fn task_marks(&self, id: &str) -> Result<Option<TaskMarks>, StoreError> {
+        let op = "reading a task's backend";
+        self.conn
+            .prepare_cached("SELECT backend, removed_at, kept_snapshots FROM tasks WHERE id = ?1")
+            .and_then(|mut s| {
+                s.query_row([id], |r| {
+                    Ok(TaskMarks {
+                        backend: r.get(0)?,
+                        removed_at: r.get(1)?,
+                        kept_snapshots: r.get::<_, Option<bool>>(2)?.unwrap_or(false),
+                    })
+                })
+                .optional()
+            })
+            .map_err(|e| self.sql(op, Some(id), e))
+    }
+
+    /// The marks of every removed task, by id.
+    pub fn removed_tasks(&self) -> Result<Vec<(String, TaskMarks)>, StoreError> {
+        let op = "listing removed tasks";
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT id, backend, removed_at, kept_snapshots FROM tasks
+                 WHERE removed_at IS NOT NULL ORDER BY id",
+            )
+            .map_err(|e| self.sql(op, None, e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    TaskMarks {
+                        backend: r.get(1)?,
+                        removed_at: r.get(2)?,
+                        kept_snapshots: r.get::<_, Option<bool>>(3)?.unwrap_or(false),
+                    },
+                ))
+            })
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.sql(op, None, e))?;
+        Ok(rows)
+    }
+
+    /// Records `backend` as the task's, unless one is recorded already; returns the recorded
+    /// one (`None`: no such task).
+    pub fn claim_backend(&mut self, id: &str, backend: &str) -> Result<Option<String>, StoreError> {
+        let op = "recording a task's backend";
+        self.conn
+            .prepare_cached("UPDATE tasks SET backend = ?2 WHERE id = ?1 AND backend IS NULL")
+            .and_then(|mut s| s.execute(params![id, backend]))
+            .map_err(|e| self.sql(op, Some(id), e))?;
+        Ok(self.task_marks(id)?.and_then(|m| m.backend))
+    }
+
+    /// Marks the task removed at `at` (`taskbox rm`); its record and journal stay.
+    pub fn mark_removed(
+        &mut self,
+        id: &str,
+        at: Millis,
+        kept_snapshots: bool,
+    ) -> Result<(), StoreError> {
+        let op = "marking a task removed";
+        self.conn
+            .prepare_cached("UPDATE tasks SET removed_at = ?2, kept_snapshots = ?3 WHERE id = ?1")
+            .and_then(|mut s| s.execute(params![id, at, kept_snapshots]))
+            .map_err(|e| self.sql(op, Some(id), e))?;
+        Ok(())
+    }
+
     /// Commits one transition in one transaction: the task row, a journal row, and the
     /// snapshot and sandbox rows. Returns the journal `seq`. Nothing is written if any part
     /// fails; once it returns `Ok`, the transition is durable.
@@ -338,21 +419,11 @@ impl Store {
 
     /// Sandbox rows, of one task or of all, ordered by task, generation and id.
     pub fn sandboxes(&self, task_id: Option<&str>) -> Result<Vec<SandboxRow>, StoreError> {
-        let op = "listing sandboxes";
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT provider_id, name, task_id, generation, created_at, deadline, \
-                        source_snapshot, status, released_at
-                 FROM sandboxes WHERE ?1 IS NULL OR task_id = ?1
-                 ORDER BY task_id, generation, provider_id",
-            )
-            .map_err(|e| self.sql(op, task_id, e))?;
-        let mut rows = stmt
-            .query([task_id])
-            .map_err(|e| self.sql(op, task_id, e))?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().map_err(|e| self.sql(op, task_id, e))? {
+        let sql = "SELECT provider_id, name, task_id, generation, created_at, deadline, \
+                          source_snapshot, status, released_at
+                   FROM sandboxes WHERE ?1 IS NULL OR task_id = ?1
+                   ORDER BY task_id, generation, provider_id";
+        self.query_rows("listing sandboxes", sql, params![task_id], task_id, |row| {
             let cx = self.row_context(row, "sandboxes.task_id", 2)?;
             let status: String = cx.get(row, 7, "sandboxes.status")?;
             let status = match status.as_str() {
@@ -366,7 +437,7 @@ impl Store {
                     ))
                 }
             };
-            out.push(SandboxRow {
+            Ok(SandboxRow {
                 provider_id: cx.get(row, 0, "sandboxes.provider_id")?,
                 name: cx.get(row, 1, "sandboxes.name")?,
                 task_id: cx.task_id.clone(),
@@ -376,32 +447,21 @@ impl Store {
                 source_snapshot: cx.get(row, 6, "sandboxes.source_snapshot")?,
                 status,
                 released_at: cx.get(row, 8, "sandboxes.released_at")?,
-            });
-        }
-        Ok(out)
+            })
+        })
     }
 
     /// Snapshot rows, of one task or of all, ordered by task and seq.
     pub fn snapshots(&self, task_id: Option<&str>) -> Result<Vec<SnapshotRow>, StoreError> {
-        let op = "listing snapshots";
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT task_id, seq, provider_id, status, size_bytes, sandbox_id, started_at, \
-                        created_at, expires_at
-                 FROM snapshots WHERE ?1 IS NULL OR task_id = ?1
-                 ORDER BY task_id, seq",
-            )
-            .map_err(|e| self.sql(op, task_id, e))?;
-        let mut rows = stmt
-            .query([task_id])
-            .map_err(|e| self.sql(op, task_id, e))?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().map_err(|e| self.sql(op, task_id, e))? {
+        let sql = "SELECT task_id, seq, provider_id, status, size_bytes, sandbox_id, started_at, \
+                          created_at, expires_at
+                   FROM snapshots WHERE ?1 IS NULL OR task_id = ?1
+                   ORDER BY task_id, seq";
+        self.query_rows("listing snapshots", sql, params![task_id], task_id, |row| {
             let mut cx = self.row_context(row, "snapshots.task_id", 0)?;
             let seq: u64 = cx.get(row, 1, "snapshots.seq")?;
             cx.seq = Some(seq);
-            out.push(SnapshotRow {
+            Ok(SnapshotRow {
                 task_id: cx.task_id.clone(),
                 seq,
                 provider_id: cx.get(row, 2, "snapshots.provider_id")?,
@@ -411,9 +471,8 @@ impl Store {
                 started_at: cx.get(row, 6, "snapshots.started_at")?,
                 created_at: cx.get(row, 7, "snapshots.created_at")?,
                 expires_at: cx.get(row, 8, "snapshots.expires_at")?,
-            });
-        }
-        Ok(out)
+            })
+        })
     }
 
     fn sql(
@@ -473,16 +532,11 @@ impl Store {
         params: &[&dyn rusqlite::ToSql],
         task_id: &str,
     ) -> Result<Vec<JournalEntry>, StoreError> {
-        let op = "reading the journal";
-        let err = |e| self.sql(op, Some(task_id), e);
-        let mut stmt = self.conn.prepare_cached(sql).map_err(err)?;
-        let mut rows = stmt.query(params).map_err(err)?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next().map_err(err)? {
+        self.query_rows("reading the journal", sql, params, Some(task_id), |row| {
             let mut cx = self.row_context(row, "journal.task_id", 1)?;
             let seq: u64 = cx.get(row, 0, "journal.seq")?;
             cx.seq = Some(seq);
-            out.push(JournalEntry {
+            Ok(JournalEntry {
                 seq,
                 task_id: cx.task_id.clone(),
                 task_seq: cx.get(row, 2, "journal.task_seq")?,
@@ -492,7 +546,26 @@ impl Store {
                 state_after: cx.name(row, 6, "journal.state_after")?,
                 commands: cx.json(row, 7, "journal.commands")?,
                 task_after: cx.json(row, 8, "journal.task_after")?,
-            });
+            })
+        })
+    }
+
+    /// Runs `sql` (`operation` names it in errors, with `task_id`) and decodes each row with
+    /// `decode`, in order.
+    fn query_rows<T>(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&dyn rusqlite::ToSql],
+        task_id: Option<&str>,
+        mut decode: impl FnMut(&Row<'_>) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let err = |e| self.sql(operation, task_id, e);
+        let mut stmt = self.conn.prepare_cached(sql).map_err(err)?;
+        let mut rows = stmt.query(params).map_err(err)?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(err)? {
+            out.push(decode(row)?);
         }
         Ok(out)
     }

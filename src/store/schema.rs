@@ -96,6 +96,14 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     ) WITHOUT ROWID;
     CREATE INDEX sandboxes_task ON sandboxes(task_id, status);
     "#,
+    // 2: what the core does not know about a task: the backend that holds its sandboxes and
+    // snapshots (NULL in stores written before: the next process to load the task records its
+    // own), and whether `taskbox rm` removed it (and kept its snapshots).
+    r#"
+    ALTER TABLE tasks ADD COLUMN backend TEXT;
+    ALTER TABLE tasks ADD COLUMN removed_at INTEGER;
+    ALTER TABLE tasks ADD COLUMN kept_snapshots INTEGER;
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -67,16 +67,16 @@ fn dozens_of_seeds_with_every_fault_hold_every_invariant() {
     ];
     for kind in kinds {
         assert!(
-            report.totals.faults.get(kind).copied().unwrap_or(0) > 0,
+            report.totals.counts.faults.get(kind).copied().unwrap_or(0) > 0,
             "fault {kind} was never injected: {:?}",
-            report.totals.faults
+            report.totals.counts.faults
         );
     }
     // The faults had effects the journal shows.
-    let j = &report.totals.journal;
+    let j = &report.totals.counts.journal;
     assert!(j.retries > 0 && j.restores > 0 && j.recoveries > 0, "{j:?}");
     assert!(j.fallbacks > 0 && j.files_lost > 0, "{j:?}");
-    assert!(report.totals.requests_ok > report.totals.requests_failed);
+    assert!(report.totals.counts.requests_ok > report.totals.counts.requests_failed);
 }
 
 #[test]
@@ -96,7 +96,51 @@ fn the_same_seed_gives_the_same_run_bit_for_bit() {
     let ra = chaos::run(&a, &no_progress).expect("run");
     let rb = chaos::run(&b, &no_progress).expect("run");
     assert_eq!(ra.digest, rb.digest);
-    assert_eq!(ra.totals.journal, rb.totals.journal);
+    assert_eq!(ra.totals.counts.journal, rb.totals.counts.journal);
+}
+
+/// Issue 12, item 20: a seed's run must not depend on what other threads of the process do.
+/// Here another thread keeps forking children that linger before they exec — as the test
+/// harness does when other tests spawn processes — so each child holds copies of every open
+/// descriptor, the task locks' `flock`s included, for a moment. A task lock found held after an
+/// engine crash used to be waited for on the virtual clock, which moved simulated time and
+/// changed the run.
+#[test]
+fn a_seed_does_not_depend_on_children_forked_by_other_threads() {
+    use std::os::unix::process::CommandExt;
+    let (opts, _work) = options(0, 1, 6);
+    let quiet = chaos::run_seed(11, &opts).expect("seed").digest;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let storm = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut c = std::process::Command::new("true");
+                // SAFETY: the closure runs in the forked child and only sleeps (nanosleep is
+                // async-signal-safe; nothing is allocated or locked).
+                unsafe {
+                    c.pre_exec(|| {
+                        let t = libc::timespec {
+                            tv_sec: 0,
+                            tv_nsec: 2_000_000,
+                        };
+                        libc::nanosleep(&t, std::ptr::null_mut());
+                        Ok(())
+                    });
+                }
+                let _ = c.status();
+            }
+        })
+    };
+    let mut stormy = Vec::new();
+    for _ in 0..4 {
+        stormy.push(chaos::run_seed(11, &opts).expect("seed").digest);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    storm.join().expect("the forking thread");
+    for d in &stormy {
+        assert_eq!(d, &quiet, "seed 11 changed while another thread forked");
+    }
 }
 
 #[test]
@@ -130,6 +174,25 @@ fn the_checker_catches_a_planted_bug_and_says_how_to_reproduce_it() {
         .as_ref()
         .expect("a violating seed keeps its data");
     assert!(home.join("data").join("taskbox.db").is_file());
+    // ... but not on the RAM disk, where it would hold memory until a reboot.
+    if opts.work_dir.starts_with("/dev/shm") {
+        assert!(!home.starts_with("/dev/shm"), "{}", home.display());
+        assert!(home.starts_with(std::env::temp_dir()), "{}", home.display());
+        let left: Vec<_> = std::fs::read_dir(&opts.work_dir)
+            .expect("read work dir")
+            .collect();
+        assert!(left.is_empty(), "left on /dev/shm: {left:?}");
+    }
+    let journal = first.journal_file.as_ref().expect("a journal file");
+    assert!(
+        journal.starts_with(home) && journal.is_file(),
+        "{journal:?}"
+    );
+    for s in &report.violating_seeds {
+        if let Some(h) = &s.home {
+            let _ = std::fs::remove_dir_all(h);
+        }
+    }
     // The same engine without the planted bug is clean on the same seeds.
     opts.planted_bug = None;
     let clean = chaos::run(&opts, &no_progress).expect("chaos run");
@@ -188,6 +251,18 @@ fn the_cli_reports_violations_with_a_repro_command_that_reproduces_them() {
     let seed = &json["violating_seeds"][0];
     assert_eq!(seed["repro"].as_str(), Some(repro.as_str()));
     assert!(seed["violations"].as_array().is_some_and(|v| !v.is_empty()));
+    // The kept data moved off the RAM disk; remove it.
+    for json_home in [&json["violating_seeds"][0]["home"]] {
+        if let Some(h) = json_home.as_str() {
+            let _ = std::fs::remove_dir_all(h);
+        }
+    }
+    for line in text.lines() {
+        if let Some(h) = line.trim().strip_prefix("data kept: ") {
+            let h = h.split_whitespace().next().unwrap_or(h);
+            let _ = std::fs::remove_dir_all(h);
+        }
+    }
 }
 
 #[test]
@@ -225,6 +300,120 @@ fn the_cli_runs_clean_seeds_and_prints_json() {
             .count(),
         0
     );
+}
+
+/// Issue 12, item 21: a fault list without latency puts a snapshot, the sandbox restored from
+/// it and the next snapshot in one virtual millisecond; the checker orders them by the
+/// platform's record (the engine was right), so the documented commands are clean.
+#[test]
+fn zero_latency_fault_lists_hold_every_invariant() {
+    let home = Home::new();
+    let work = tempfile::tempdir_in(chaos::default_work_dir()).expect("work dir");
+    let work_dir = work.path().to_str().expect("utf-8 path");
+    let out = home.run(&[
+        "chaos",
+        "--seeds",
+        "50",
+        "--faults",
+        "none",
+        "--json",
+        "--work-dir",
+        work_dir,
+    ]);
+    let json: Value = serde_json::from_str(&stdout(&out)).expect("json report");
+    assert_eq!(json["seeds_run"], 50);
+    assert_eq!(
+        json["totals"]["violations"], 0,
+        "{:#}",
+        json["violating_seeds"]
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = home.run(&[
+        "chaos",
+        "--seed",
+        "42",
+        "--tasks",
+        "8",
+        "--faults",
+        "transient=0.1,lost_create=0.05,crash=0.02",
+        "--json",
+        "--work-dir",
+        work_dir,
+    ]);
+    let json: Value = serde_json::from_str(&stdout(&out)).expect("json report");
+    assert_eq!(
+        json["totals"]["violations"], 0,
+        "{:#}",
+        json["violating_seeds"]
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_dir(work.path())
+            .expect("read work dir")
+            .count(),
+        0
+    );
+}
+
+/// The same-millisecond rule of the restore check, both ways: a snapshot taken in the very
+/// millisecond a sandbox is created counts only if the platform made it first.
+#[test]
+fn the_restore_check_orders_one_millisecond_by_the_platform() {
+    use std::collections::BTreeMap;
+    use taskbox::chaos::check::{PlatformSandbox, PlatformSnapshot};
+    let sandbox = |id: &str, order, source: Option<&str>| PlatformSandbox {
+        id: id.into(),
+        task_id: "t".into(),
+        generation: Some(1),
+        source_snapshot: source.map(Into::into),
+        created_at: 1_000,
+        order: Some(order),
+        live: false,
+    };
+    let snap = PlatformSnapshot {
+        id: "snap-1".into(),
+        task_id: "t".into(),
+        created_at: 1_000,
+        order: Some(2),
+        expires_at: None,
+        deleted: false,
+        expired: false,
+    };
+    let none = BTreeMap::new();
+    // Made before the snapshot (which was taken of it): fresh is right, the snapshot is wrong.
+    assert!(check::restores(
+        &[sandbox("a", 1, None)],
+        std::slice::from_ref(&snap),
+        &none,
+        "t"
+    )
+    .is_empty());
+    assert_eq!(
+        check::restores(
+            &[sandbox("a", 1, Some("snap-1"))],
+            std::slice::from_ref(&snap),
+            &none,
+            "t"
+        )
+        .len(),
+        1
+    );
+    // Made after it in the same millisecond: it must restore the snapshot.
+    assert!(check::restores(
+        &[sandbox("b", 3, Some("snap-1"))],
+        std::slice::from_ref(&snap),
+        &none,
+        "t"
+    )
+    .is_empty());
+    let v = check::restores(
+        &[sandbox("b", 3, None)],
+        std::slice::from_ref(&snap),
+        &none,
+        "t",
+    );
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0].invariant, Invariant::RestoredLatest);
 }
 
 #[test]
@@ -465,13 +654,17 @@ fn over_http_the_vercel_client_holds_the_invariants_and_the_planted_bug_is_caugh
     assert!(report.http);
     assert!(report.digest.is_empty(), "real time has no digest");
     assert_eq!(report.totals.violations, 0, "{:#?}", report.violating_seeds);
-    assert!(report.totals.provider_calls > 0 && report.totals.journal.entries > 0);
+    assert!(report.totals.counts.provider_calls > 0 && report.totals.counts.journal.entries > 0);
     assert!(
-        report.totals.faults.values().sum::<u64>() > 0,
+        report.totals.counts.faults.values().sum::<u64>() > 0,
         "{:?}",
-        report.totals.faults
+        report.totals.counts.faults
     );
-    assert!(report.totals.journal.restores > 0, "{:?}", report.totals);
+    assert!(
+        report.totals.counts.journal.restores > 0,
+        "{:?}",
+        report.totals
+    );
 
     // Without faults, so that nothing but the planted bug can interfere.
     opts.faults = ChaosFaults::none();
@@ -490,4 +683,10 @@ fn over_http_the_vercel_client_holds_the_invariants_and_the_planted_bug_is_caugh
         seed.violations
     );
     assert!(seed.repro.contains(" --http"), "{}", seed.repro);
+    // The kept data moved off the RAM disk; remove it.
+    for s in &report.violating_seeds {
+        if let Some(h) = &s.home {
+            let _ = std::fs::remove_dir_all(h);
+        }
+    }
 }

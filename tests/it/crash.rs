@@ -111,7 +111,15 @@ fn kill_rounds(home: &Home, vercel: bool, seed: u64, rounds: u32) {
     // Values that may be in the marker file: the last write known to have completed, plus
     // any write whose process was killed after it may have run.
     let mut possible: BTreeSet<u64> = BTreeSet::new();
-    ok(&home.run(&["run", "-t", task, "--", "echo 0 > marker"]));
+    // Symlinks are data (issue 12 item 2): absolute, relative and dangling ones must survive
+    // every crash as they are.
+    ok(&home.run(&[
+        "run",
+        "-t",
+        task,
+        "--",
+        "echo 0 > marker; ln -s /usr/bin/env abs; ln -s marker rel; ln -s nowhere dangling",
+    ]));
     possible.insert(0);
     let mut killed_in: BTreeMap<String, u32> = BTreeMap::new();
     for round in 1..=rounds {
@@ -172,11 +180,26 @@ fn kill_rounds(home: &Home, vercel: bool, seed: u64, rounds: u32) {
             .or_default() += 1;
 
         // Run again: the task recovers and the file is one that may have been written last.
-        let out = home.run(&["run", "-t", task, "--", "cat marker"]);
-        let shown: u64 = ok(&out)
+        let out = home.run(&[
+            "run",
+            "-t",
+            task,
+            "--",
+            "cat marker; readlink abs rel dangling",
+        ]);
+        let text = ok(&out);
+        let mut lines = text.lines();
+        let shown: u64 = lines
+            .next()
+            .unwrap_or("")
             .trim()
             .parse()
             .unwrap_or_else(|_| panic!("round {round}: marker unreadable: {:?}", stdout(&out)));
+        assert_eq!(
+            lines.collect::<Vec<_>>(),
+            ["/usr/bin/env", "marker", "nowhere"],
+            "round {round}: the symlinks changed"
+        );
         assert!(
             possible.contains(&shown),
             "round {round} ({args:?} killed after {delay:?}): marker is {shown}, expected one of {possible:?}"

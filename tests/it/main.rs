@@ -13,6 +13,8 @@
 mod bench;
 mod chaos;
 mod cli;
+mod cli_files;
+mod cli_input;
 mod core_step;
 mod crash;
 mod engine;

@@ -233,6 +233,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 snapshot_id,
                 size_bytes,
                 expires_at,
+                omitted,
             },
         ) if cx.pending_seq() == Some(seq) => {
             let rec =
@@ -244,6 +245,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             rec.size_bytes = size_bytes;
             rec.created_at = Some(now);
             rec.expires_at = expires_at;
+            rec.omitted = omitted.clone();
             // A snapshot stops the sandbox. (Persistence may have been switched off while the
             // snapshot was taken: then the task starts fresh next time.)
             cx.t.sandbox = None;
@@ -255,6 +257,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                     request_id,
                     Reply::Suspended {
                         snapshot_id: Some(snapshot_id),
+                        omitted,
                     },
                 );
             }
@@ -443,7 +446,10 @@ impl Cx {
     }
 
     fn arm_idle(&mut self) {
-        let at = self.t.last_activity + self.t.settings.idle_lifetime_ms;
+        let at = self
+            .t
+            .last_activity
+            .saturating_add(self.t.settings.idle_lifetime_ms);
         self.timer(TimerKind::Idle, at);
     }
 
@@ -465,7 +471,13 @@ impl Cx {
                         let id = *id;
                         self.t.queue.pop_front();
                         let snapshot_id = self.kept_snapshot_id();
-                        self.reply(id, Reply::Suspended { snapshot_id });
+                        self.reply(
+                            id,
+                            Reply::Suspended {
+                                snapshot_id,
+                                omitted: Vec::new(),
+                            },
+                        );
                     }
                     Some(Request::Run { .. } | Request::Resume { .. }) => {
                         self.begin_sandbox();
@@ -533,7 +545,13 @@ impl Cx {
                             self.cmds.push(Command::StopSandbox { sandbox_id });
                             self.t.sandbox = None;
                             self.t.state = TaskState::Idle;
-                            self.reply(id, Reply::Suspended { snapshot_id: None });
+                            self.reply(
+                                id,
+                                Reply::Suspended {
+                                    snapshot_id: None,
+                                    omitted: Vec::new(),
+                                },
+                            );
                         }
                         Request::Resume { id } => {
                             let notices = mem::take(&mut self.t.notices);
@@ -621,6 +639,7 @@ impl Cx {
             started_at: self.now,
             created_at: None,
             expires_at: None,
+            omitted: Vec::new(),
         });
         self.t.snapshot_reason = Some(reason);
         self.t.state = TaskState::Snapshotting;
@@ -667,7 +686,7 @@ impl Cx {
             .decide(self.t.attempts, retry_after_ms)
         {
             RetryDecision::RetryAfter(delay) => {
-                let at = self.now + delay;
+                let at = self.now.saturating_add(delay);
                 self.t.retry_at = Some(at);
                 self.timer(TimerKind::Retry, at);
             }
@@ -705,7 +724,7 @@ impl Cx {
             .retry
             .max_delay_ms
             .max(retry_after_ms.unwrap_or(0));
-        let at = self.now + delay;
+        let at = self.now.saturating_add(delay);
         self.t.retry_at = Some(at);
         self.timer(TimerKind::Retry, at);
     }
@@ -781,7 +800,13 @@ impl Cx {
             match req {
                 Request::Suspend { id } => {
                     let snapshot_id = self.kept_snapshot_id();
-                    self.reply(id, Reply::Suspended { snapshot_id });
+                    self.reply(
+                        id,
+                        Reply::Suspended {
+                            snapshot_id,
+                            omitted: Vec::new(),
+                        },
+                    );
                 }
                 Request::Run { id, .. } | Request::Resume { id } => {
                     let notices = mem::take(&mut self.t.notices);
@@ -959,7 +984,10 @@ impl Cx {
                 if self.t.probing => {}
             // running ---- idle lifetime over, no command running ----> snapshotting | idle
             (TaskState::Running, TimerKind::Idle) => {
-                let due = self.t.last_activity + self.t.settings.idle_lifetime_ms;
+                let due = self
+                    .t
+                    .last_activity
+                    .saturating_add(self.t.settings.idle_lifetime_ms);
                 if self.t.running.is_none() && self.t.queue.is_empty() && now >= due {
                     if self.t.settings.persistent {
                         self.begin_snapshot(SnapshotReason::IdleReap);
@@ -973,12 +1001,18 @@ impl Cx {
                 let Some(sb) = self.t.sandbox.as_ref() else {
                     return;
                 };
-                if now + self.t.settings.checkpoint_margin_ms < sb.deadline {
+                if now.saturating_add(self.t.settings.checkpoint_margin_ms) < sb.deadline {
                     return; // an earlier timer; the deadline has moved since
                 }
-                let cap = sb.created_at + self.t.settings.max_sandbox_lifetime_ms;
+                let cap = sb
+                    .created_at
+                    .saturating_add(self.t.settings.max_sandbox_lifetime_ms);
                 let active = self.t.running.is_some()
-                    || now < self.t.last_activity + self.t.settings.idle_lifetime_ms;
+                    || now
+                        < self
+                            .t
+                            .last_activity
+                            .saturating_add(self.t.settings.idle_lifetime_ms);
                 if sb.deadline < cap && active {
                     let duration_ms = (cap - sb.deadline).min(self.t.settings.sandbox_timeout_ms);
                     let sandbox_id = sb.id.clone();
@@ -1094,7 +1128,7 @@ impl Cx {
         };
         match decision {
             RetryDecision::RetryAfter(delay) => {
-                let at = self.now + delay;
+                let at = self.now.saturating_add(delay);
                 self.t.retry_at = Some(at);
                 self.timer(TimerKind::Retry, at);
             }

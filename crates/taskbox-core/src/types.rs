@@ -272,6 +272,9 @@ pub struct SnapshotRecord {
     pub created_at: Option<Millis>,
     /// When the provider will expire it (`None`: never).
     pub expires_at: Option<Millis>,
+    /// What the provider could not keep in it (`path: reason`), e.g. unreadable files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub omitted: Vec<String>,
 }
 
 /// The task's live sandbox.
@@ -550,6 +553,10 @@ pub enum Event {
         size_bytes: u64,
         /// When the provider will expire it.
         expires_at: Option<Millis>,
+        /// What it could not keep (`path: reason`); absent from journals written before it
+        /// existed and when nothing was left out.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        omitted: Vec<String>,
     },
     /// `TakeSnapshot` failed.
     SnapshotFailed {
@@ -674,6 +681,10 @@ pub enum Reply {
     Suspended {
         /// The snapshot holding its files (`None`: nothing kept).
         snapshot_id: Option<SnapshotId>,
+        /// What that snapshot could not keep (`path: reason`), when it was taken for this
+        /// request.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        omitted: Vec<String>,
     },
     /// The task has a live sandbox.
     Resumed {

@@ -1,4 +1,4 @@
-//! The `/_admin` handlers (unauthenticated, beside the API): read and replace the faults, read
+//! The `/_admin` handlers (beside the API, behind its token when the fake has one): read and replace the faults, read
 //! and reset the statistics, expire a session or a snapshot now.
 
 use axum::body::Bytes;

@@ -48,10 +48,15 @@ pub(super) async fn run_command(
         .map(|s| s.env.clone())
         .unwrap_or_default();
     env.extend(req.env);
-    // The local provider's stop finds the processes a session left behind by this variable.
+    // The local provider's stop finds the processes a session left behind by
+    // `TASKBOX_SANDBOX` (its local sandbox's name).
     env.insert(
         "TASKBOX_WORKSPACE".to_string(),
         workspace.display().to_string(),
+    );
+    env.insert(
+        "TASKBOX_SANDBOX".to_string(),
+        super::shared::local_sandbox(&id),
     );
     let n = app.next_cmd.fetch_add(1, Ordering::SeqCst) + 1;
     let spec = SpawnSpec {

@@ -63,7 +63,7 @@ pub(super) async fn guard(
 }
 
 /// Bearer auth: 401 without a token; 403 with the wrong one when the fake has a token.
-fn check_auth(expected: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn check_auth(expected: Option<&str>, headers: &HeaderMap) -> Result<(), ApiError> {
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

@@ -23,9 +23,11 @@ mod snapshots;
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
+use axum::extract::Request;
 use axum::extract::{DefaultBodyLimit, Query, State};
-use axum::http::{Method, Uri};
-use axum::middleware::from_fn_with_state;
+use axum::http::{header, Method, Uri};
+use axum::middleware::{from_fn, from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, MethodRouter};
 use axum::Router;
 
@@ -46,8 +48,11 @@ use super::wire::ApiError;
 
 pub(crate) use self::shared::{Shared, Storage};
 
-/// Largest `fs/write` upload.
-const UPLOAD_LIMIT: usize = 1 << 30;
+/// Largest `fs/write` upload (streamed, so it costs no memory).
+const UPLOAD_LIMIT: u64 = 1 << 30;
+
+/// Largest body of every other endpoint (axum's default: their bodies are small JSON objects).
+const BODY_LIMIT: usize = 2 << 20;
 
 type App = State<Arc<Shared>>;
 type Pairs = Result<Query<Vec<(String, String)>>, QueryRejection>;
@@ -126,7 +131,7 @@ pub(crate) fn router(app: Arc<Shared>) -> Router {
             "/v2/sandboxes/sessions/{id}/fs/write",
             guarded(
                 Endpoint::WriteFiles,
-                post(write_files).layer(DefaultBodyLimit::max(UPLOAD_LIMIT)),
+                post(write_files).layer(DefaultBodyLimit::disable()),
             ),
         )
         .route(
@@ -157,12 +162,84 @@ pub(crate) fn router(app: Arc<Shared>) -> Router {
         .route("/faults", get(admin_get_faults).post(admin_set_faults))
         .route("/stats", get(admin_stats).delete(admin_reset_stats))
         .route("/expire-session/{id}", post(admin_expire_session))
-        .route("/expire-snapshot/{id}", post(admin_expire_snapshot));
+        .route("/expire-snapshot/{id}", post(admin_expire_snapshot))
+        .layer(from_fn_with_state(Arc::clone(&app), admin_guard));
     Router::new()
         .nest("/api", api)
         .nest("/_admin", admin)
         .fallback(fallback)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(from_fn(json_errors))
         .with_state(app)
+}
+
+/// Every error answer is the service's JSON error object: the ones axum makes itself — 405 for
+/// a method a path does not take (its `Allow` header kept), 413 for a body over the limit, the
+/// extractors' rejections — are plain text or empty, and are rewritten here.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let allow = resp.headers().get(header::ALLOW).cloned();
+    let error = match status.as_u16() {
+        405 => ApiError::new(
+            405,
+            "method_not_allowed",
+            format!(
+                "{method} is not allowed on {path}; it takes {}.",
+                allow
+                    .as_ref()
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("other methods")
+            ),
+        ),
+        413 => ApiError::too_large(BODY_LIMIT as u64),
+        code => {
+            let text = axum::body::to_bytes(resp.into_body(), 64 * 1024)
+                .await
+                .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+                .unwrap_or_default();
+            let message = if text.is_empty() {
+                format!("{method} {path} failed")
+            } else {
+                text
+            };
+            if code >= 500 {
+                ApiError::internal(message)
+            } else {
+                ApiError::invalid(message)
+            }
+        }
+    };
+    let mut out = ApiError {
+        status: status.as_u16(),
+        ..error
+    }
+    .into_response();
+    if let Some(allow) = allow {
+        out.headers_mut().insert(header::ALLOW, allow);
+    }
+    out
+}
+
+/// The `/_admin` endpoints take the same bearer token as the API when the fake has one (`--token`):
+/// 401 without it, 403 with another. Without `--token` they are open, as the API takes any token.
+async fn admin_guard(State(app): App, req: Request, next: Next) -> Response {
+    if app.token.is_some() {
+        if let Err(e) = guard::check_auth(app.token.as_deref(), req.headers()) {
+            return e.into_response();
+        }
+    }
+    next.run(req).await
 }
 
 async fn fallback(method: Method, uri: Uri) -> ApiError {

@@ -79,7 +79,7 @@ async fn sleep_until_ms(clock: &dyn Clock, at: Millis) {
 const LOCAL_INSTALLATION: &str = "fake-vercel";
 
 /// The local sandbox that holds a session's workspace. Session ids (`sbx_…`) are valid task ids.
-fn local_sandbox(session_id: &str) -> String {
+pub(super) fn local_sandbox(session_id: &str) -> String {
     sandbox_name(LOCAL_INSTALLATION, session_id, 0)
 }
 

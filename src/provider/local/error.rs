@@ -195,6 +195,12 @@ impl LocalError {
     }
 }
 
+impl crate::provider::PlatformError for LocalError {
+    fn into_provider(self, operation: &'static str) -> ProviderError {
+        LocalError::into_provider(self, operation)
+    }
+}
+
 /// I/O errors are permanent unless they are clearly about momentary resource pressure.
 fn io_kind(e: &io::Error) -> FailureKind {
     let transient = matches!(

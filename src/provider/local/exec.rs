@@ -43,11 +43,12 @@ impl LocalProvider {
             });
         }
         let slot = self.slot(&name);
-        let workspace = self.workspace_dir(&name);
-        let run_dir = self.sandbox_dir(&name).join("run");
-        let (meta, mut stopped) = {
+        let (meta, mut stopped, workspace, run_dir) = {
             let _guard = slot.lock.lock().await;
             let meta = self.live_meta(&name, &slot).await?;
+            // Resolved under the lock: a create of a newer generation may park this sandbox.
+            let dir = self.sandbox_dir(&name);
+            let (workspace, run_dir) = (dir.join("workspace"), dir.join("run"));
             // A command may have deleted the workspace itself; a VM's root would still exist.
             // (Under the lock: after a discard this would leave a nameless sandbox behind.)
             for dir in [&workspace, &run_dir] {
@@ -55,7 +56,7 @@ impl LocalProvider {
             }
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
             // Subscribed under the lock: a discard after this point is seen by this command.
-            (meta, slot.stopped.subscribe())
+            (meta, slot.stopped.subscribe(), workspace, run_dir)
         };
         // Cancelled before it started (while its sandbox was made ready): it never runs.
         if let Some(signal) = io.cancelled() {
@@ -87,6 +88,18 @@ impl LocalProvider {
             .env_remove("OLDPWD")
             // Its own process group, so a timeout kills everything the command started.
             .process_group(0);
+        // And the sandbox's cgroup, which no process leaves, so a stop kills everything the
+        // sandbox ever started (see `cgroup`).
+        let sandbox_dir = self.sandbox_dir(&name);
+        if let Some(cg) = super::cgroup::prepare(&sandbox_dir, &name.name) {
+            // SAFETY: the closure runs in the forked child before exec; it calls only
+            // `cgroup::join`, which makes system calls and allocates nothing (its C strings
+            // were made here, before the fork), and it owns `cg`, which stays valid for the
+            // child's copy of the closure.
+            unsafe {
+                command.pre_exec(move || super::cgroup::join(&cg));
+            }
+        }
         let started = tokio::time::Instant::now();
         let mut child = match command.spawn() {
             Ok(child) => child,
@@ -158,6 +171,8 @@ impl LocalProvider {
             None => child.wait().await,
         };
         group.pgid = None; // reaped: the id may be reused from now on
+                           // Nothing left behind: the sandbox needs no cgroup until its next command.
+        super::cgroup::remove_if_empty(&sandbox_dir, &name.name);
         let stdout = stdout.finish().await;
         let stderr = stderr.finish().await;
         let duration_ms = started.elapsed().as_millis() as u64;

@@ -4,8 +4,6 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 
 /// Kills the command's process group if the exec future is dropped before the command ended.
 pub(super) struct GroupGuard {
@@ -44,15 +42,16 @@ pub(super) fn kill_group(pgid: u32) {
     }
 }
 
-/// Kills every process started in `workspace`'s sandbox that is still running, found by the
-/// `TASKBOX_WORKSPACE` variable each command's processes inherit. This catches background jobs
+/// Kills every process started in sandbox `sandbox` that is still running, found by the
+/// `TASKBOX_SANDBOX` variable each command's processes inherit (not `TASKBOX_WORKSPACE`: a
+/// task's generations share their workspace path). This catches background jobs
 /// of finished commands and processes that left the command's process group, as a VM stop
 /// would. Only Linux exposes other processes' environments; elsewhere only the running
 /// commands (their process groups) are killed.
-pub(super) fn kill_leftovers(workspace: &Path) -> usize {
+pub(super) fn kill_leftovers(sandbox: &str) -> usize {
     #[cfg(target_os = "linux")]
     {
-        let marker = [b"TASKBOX_WORKSPACE=", workspace.as_os_str().as_bytes()].concat();
+        let marker = [b"TASKBOX_SANDBOX=", sandbox.as_bytes()].concat();
         let me = std::process::id();
         let Ok(procs) = fs::read_dir("/proc") else {
             return 0;
@@ -88,7 +87,7 @@ pub(super) fn kill_leftovers(workspace: &Path) -> usize {
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = workspace;
+        let _ = sandbox;
         0
     }
 }
@@ -101,5 +100,52 @@ pub(super) fn process_alive(pid: u32) -> bool {
     // SAFETY: kill(2) takes two integers and touches no memory of ours, and signal 0 delivers
     // nothing: it only reports whether `pid` could be signalled.
     let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let exists = rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    exists && !is_zombie(pid)
+}
+
+/// Whether `pid` has exited and only waits for its parent to collect its status (state `Z`):
+/// it holds no file and finishes no operation. A SIGKILLed server, re-parented to an init that
+/// reaps slowly (as some containers' do), stays one for a while; its temporaries are stale.
+fn is_zombie(pid: libc::pid_t) -> bool {
+    // `/proc/<pid>/stat` is `pid (comm) state ...`; comm may hold spaces and parentheses, so
+    // the state follows the last `)`.
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod zombie_tests {
+    use super::process_alive;
+
+    #[test]
+    fn a_zombie_is_not_alive() {
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let pid = child.id();
+        // It exits at once; until we collect its status it is a zombie.
+        let mut zombie = false;
+        for _ in 0..500 {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat
+                .rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            {
+                zombie = true;
+                break;
+            }
+            std::thread::yield_now();
+            let _ = std::fs::metadata("/proc/self");
+        }
+        assert!(zombie, "the child never became a zombie");
+        assert!(!process_alive(pid), "a zombie counted as alive");
+        child.wait().expect("reap");
+        assert!(process_alive(std::process::id()));
+    }
 }

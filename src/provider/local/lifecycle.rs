@@ -1,5 +1,5 @@
 //! A sandbox's life: create (empty or restored from a snapshot, assembled under `tmp/` and
-//! renamed into place), the deadline check every operation makes, extend, probe, stop, and the
+//! renamed into its task's directory, parking or discarding the generation found there), the deadline check every operation makes, extend, probe, stop, and the
 //! discard that kills its processes and removes its files. Also the listing the reconciler uses.
 
 use std::fs;
@@ -7,12 +7,14 @@ use std::io;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
+use super::cgroup;
 use super::error::LocalError;
+use super::foreign;
 use super::fsutil::{remove_tree, sync_dir};
 use super::kill::kill_leftovers;
 use super::names::{SandboxName, SnapshotRef};
 use super::snapshot::restore;
-use super::workspace::{SandboxMeta, SandboxStatus, META_FORMAT};
+use super::workspace::{read_meta_at, SandboxMeta, SandboxStatus, META_FORMAT};
 use super::{run_blocking, LocalProvider, Slot};
 use crate::clock::format_ms;
 use crate::core::Millis;
@@ -53,9 +55,13 @@ impl LocalProvider {
         slot: &Slot,
     ) -> Result<(), LocalError> {
         slot.stopped.send_modify(|n| *n += 1);
-        let workspace = self.workspace_dir(name);
+        let sandbox = name.name.clone();
+        let cgroup = cgroup::recorded(&self.sandbox_dir(name), &name.name);
         run_blocking("stop the sandbox's processes", move || {
-            kill_leftovers(&workspace);
+            if let Some(cg) = &cgroup {
+                cgroup::kill_all(cg);
+            }
+            kill_leftovers(&sandbox);
             Ok(())
         })
         .await
@@ -70,22 +76,24 @@ impl LocalProvider {
     ) -> Result<bool, LocalError> {
         slot.stopped.send_modify(|n| *n += 1);
         let dir = self.sandbox_dir(name);
+        let cgroup = cgroup::recorded(&dir, &name.name);
         let (trash, in_flight) =
             self.temp_path(&self.root.join("tmp"), "trash.", &format!(".{}", name.name));
-        // Out of `sandboxes/` first: from this instant the sandbox is gone, even if removing its
+        // Out of its place first: from this instant the sandbox is gone, even if removing its
         // files is slow or a crash interrupts it (the sweep finishes the job).
         let existed = match fs::rename(&dir, &trash) {
             Ok(()) => true,
             Err(e) if e.kind() == io::ErrorKind::NotFound => false,
             Err(e) => return Err(LocalError::io("move away", &dir)(e)),
         };
-        // Processes are matched by the workspace path they were started with (their
-        // environment), which is the path before the rename.
-        let workspace = self.workspace_dir(name);
+        // Processes are matched by the sandbox name in their environment.
         let sandbox = name.name.clone();
         run_blocking("remove the sandbox", move || {
             let _in_flight = in_flight;
-            kill_leftovers(&workspace);
+            if let Some(cg) = &cgroup {
+                cgroup::kill_all(cg);
+            }
+            kill_leftovers(&sandbox);
             if existed {
                 if let Err(e) = remove_tree(&trash) {
                     tracing::warn!(sandbox = %sandbox, path = %trash.display(), error = %e,
@@ -117,6 +125,13 @@ impl LocalProvider {
             .as_deref()
             .map(SnapshotRef::parse)
             .transpose()?;
+        // A task's first sandbox starts from the archive `taskbox doctor --adopt-archives`
+        // adopted for it, if any.
+        let adopted = match source {
+            None => foreign::adopted(&self.root, &task),
+            Some(_) => None,
+        };
+        let source = source.or(adopted.clone());
         let slot = self.slot(&name);
         let _guard = slot.lock.lock().await;
 
@@ -157,6 +172,11 @@ impl LocalProvider {
                 return Err(e);
             }
         };
+        if let Some(snap) = adopted {
+            tracing::info!(sandbox = %name.name, snapshot = %snap.id(),
+                "the task's first sandbox starts from an adopted archive");
+            foreign::adoption_done(&self.root, &task);
+        }
         tracing::debug!(sandbox = %name.name, deadline = meta.deadline, "local sandbox created");
         Ok(SandboxInfo {
             id: name.name.as_str().into(),
@@ -177,21 +197,24 @@ impl LocalProvider {
         let run_dir = staging.join("run");
         fs::create_dir(&run_dir).map_err(LocalError::io("create directory", &run_dir))?;
         let workspace = staging.join("workspace");
-        match source {
+        // The working directory the snapshot was taken in carries over, as a VM's would.
+        let cwd = match source {
             Some(snap) => {
                 let archive = self.snapshot_path(snap);
                 let snap = snap.clone();
                 let workspace = workspace.clone();
-                run_blocking("restore a snapshot", move || {
+                let header = run_blocking("restore a snapshot", move || {
                     restore(&snap, &archive, &workspace)
                 })
                 .await?;
+                header.cwd.unwrap_or_default()
             }
             None => {
                 fs::create_dir(&workspace)
                     .map_err(LocalError::io("create directory", &workspace))?;
+                String::new()
             }
-        }
+        };
         let now = self.clock.now_ms();
         let meta = SandboxMeta {
             format: META_FORMAT,
@@ -203,11 +226,12 @@ impl LocalProvider {
             created_at: now,
             deadline: now.saturating_add(spec.timeout_ms),
             source_snapshot: source.map(SnapshotRef::id),
-            cwd: String::new(),
+            cwd,
             status: SandboxStatus::Running,
         };
         self.write_meta(staging, &meta)?;
-        let dest = self.sandbox_dir(name);
+        self.vacate_task_dir(name).await?;
+        let dest = self.task_dir(&name.task);
         if let Err(e) = fs::rename(staging, &dest) {
             // Another process sharing this root created it first: use theirs, as a repeated
             // create would.
@@ -222,8 +246,52 @@ impl LocalProvider {
             }
             return Err(LocalError::io("move into place", &dest)(e));
         }
-        sync_dir(&self.root.join("sandboxes"))?;
+        sync_dir(&self.root.join("tasks"))?;
         Ok(meta)
+    }
+
+    /// Makes `tasks/<task>/` free for `name`: another generation holding it is discarded if it
+    /// expired and parked under `sandboxes/` (files and processes kept) if it is still alive.
+    /// The caller holds the task's lock.
+    async fn vacate_task_dir(&self, name: &SandboxName) -> Result<(), LocalError> {
+        let task_dir = self.task_dir(&name.task);
+        let holder = match self.holder(&name.task)? {
+            Some(holder) => holder,
+            None => {
+                if fs::symlink_metadata(&task_dir).is_ok() {
+                    // Not a sandbox (no meta.json): nothing of ours made it; keep it aside
+                    // (never swept) rather than delete what we cannot name.
+                    let lost = self.root.join("lost+found");
+                    fs::create_dir_all(&lost).map_err(LocalError::io("create directory", &lost))?;
+                    let aside = lost.join(format!("{}.{}", name.task, self.unique()));
+                    fs::rename(&task_dir, &aside)
+                        .map_err(LocalError::io("move away", &task_dir))?;
+                    tracing::warn!(path = %aside.display(),
+                        "a task directory without meta.json was moved aside");
+                }
+                return Ok(());
+            }
+        };
+        let held_by = SandboxName::parse(&holder.name)?;
+        if held_by.task != name.task {
+            return Err(LocalError::Ownership {
+                sandbox: holder.name.clone(),
+                what: "task",
+                owner: held_by.task.to_string(),
+                expected: name.task.to_string(),
+            });
+        }
+        let slot = self.slot(&held_by);
+        if self.clock.now_ms() >= holder.deadline {
+            self.discard(&held_by, &slot).await?;
+            return Ok(());
+        }
+        let parked = self.parked_dir(&held_by);
+        fs::rename(&task_dir, &parked).map_err(LocalError::io("park", &parked))?;
+        sync_dir(&self.root.join("sandboxes"))?;
+        tracing::info!(sandbox = %held_by.name, for_sandbox = %name.name,
+            "a live sandbox was parked out of its task's directory for a newer generation");
+        Ok(())
     }
 
     pub(super) async fn stop(&self, sandbox_id: &str) -> Result<(), LocalError> {
@@ -264,9 +332,25 @@ impl LocalProvider {
         &self,
         installation_id: &str,
     ) -> Result<Vec<ListedResource>, LocalError> {
-        let dir = self.root.join("sandboxes");
         let now = self.clock.now_ms();
         let mut found = Vec::new();
+        let mut names = Vec::new();
+        // Holders of task directories, then parked sandboxes.
+        let tasks = self.root.join("tasks");
+        for entry in fs::read_dir(&tasks).map_err(LocalError::io("list", &tasks))? {
+            let entry = entry.map_err(LocalError::io("list", &tasks))?;
+            match read_meta_at(&entry.path().join("meta.json")) {
+                Ok(Some(meta)) => match SandboxName::parse(&meta.name) {
+                    Ok(name) => names.push(name),
+                    Err(e) => tracing::warn!(path = %entry.path().display(), error = %e,
+                        "a task directory names no valid sandbox; ignored"),
+                },
+                Ok(None) => {}
+                Err(e) => tracing::warn!(path = %entry.path().display(), error = %e,
+                    "unreadable sandbox meta; not listed"),
+            }
+        }
+        let dir = self.root.join("sandboxes");
         for entry in fs::read_dir(&dir).map_err(LocalError::io("list", &dir))? {
             let entry = entry.map_err(LocalError::io("list", &dir))?;
             let Some(name) = entry
@@ -277,6 +361,9 @@ impl LocalProvider {
                 tracing::warn!(path = %entry.path().display(), "not a sandbox directory; ignored");
                 continue;
             };
+            names.push(name);
+        }
+        for name in names {
             match self.read_meta(&name) {
                 Ok(Some(meta)) if meta.installation_id == installation_id => {
                     found.push(ListedResource {
@@ -291,6 +378,7 @@ impl LocalProvider {
             }
         }
         found.sort_by(|a, b| a.id.cmp(&b.id));
+        found.dedup_by(|a, b| a.id == b.id);
         Ok(found)
     }
 }

@@ -6,48 +6,65 @@
 //! Layout under the root (`<data dir>/local`):
 //!
 //! ```text
-//! sandboxes/<sandbox name>/workspace/   the files commands see (their starting directory)
-//! sandboxes/<sandbox name>/meta.json    task, installation, generation, deadline, cwd, status
-//! sandboxes/<sandbox name>/run/         per-command state files (the cwd a command ended in)
-//! snapshots/<task id>/<seq>.tbx         snapshot archives (see `archive`)
+//! tasks/<task id>/workspace/            the task's sandbox's files: one stable path per task,
+//!                                       whatever the generation (as `/vercel/sandbox` on Vercel)
+//! tasks/<task id>/meta.json             which sandbox it is: name, installation, generation,
+//!                                       instance, deadline, cwd, status
+//! tasks/<task id>/run/                  per-command state files (the cwd a command ended in)
+//! sandboxes/<sandbox name>/...          the same, for a sandbox parked out of its task's
+//!                                       directory by a newer generation it did not know of
+//! snapshots/<task id>/<seq>.<nonce>.tbx snapshot archives (see `archive` and `snapshot`)
 //! tmp/                                  sandboxes being created and sandboxes being removed
+//! lost+found/                           a task directory found without meta.json, kept aside
 //! ```
 //!
+//! A task's live sandbox holds `tasks/<task>/`, so absolute paths recorded in its files
+//! (shebangs, virtualenvs, build caches) stay true across snapshots and restores. A sandbox is
+//! found by its name: in `tasks/<task>/` if that directory's meta names it, else parked under
+//! `sandboxes/<name>/` (creating generation N while generation N-1 is still alive parks N-1
+//! there rather than discarding its files; an expired one is discarded, as it would be anyway).
+//!
 //! Crash safety comes from renames: a sandbox is assembled (restored, meta written) under `tmp/`
-//! and renamed into `sandboxes/` whole, so a half-restored workspace never carries a sandbox's
-//! name; a discarded sandbox is renamed out of `sandboxes/` before its files are removed; an
+//! and renamed into `tasks/<task>/` whole, so a half-restored workspace never carries a
+//! sandbox's name; a discarded sandbox is renamed out before its files are removed; an
 //! archive is written to a temporary file, fsynced, renamed into place and its directory
 //! fsynced. What a crash leaves in `tmp/` or as `*.tmp` is removed by
 //! [`LocalProvider::sweep_temporaries`].
 //!
-//! Every id that reaches a path is validated first: task ids by [`TaskId`],
+//! Every id that reaches a path is validated first: task ids by [`TaskId`](crate::ids::TaskId),
 //! sandbox names by their `taskbox-<task>-g<N>-<installation>` shape, snapshot ids by
 //! `<task>.s<seq>`.
 //!
 //! A command runs as `bash -c` in its own process group, with stdin closed and the environment
-//! of taskbox plus `TASKBOX_TASK_ID`, `TASKBOX_SANDBOX` and `TASKBOX_WORKSPACE`. The last one also
-//! marks every process the sandbox started, which is how a stop finds background jobs that
-//! outlived their command (as a VM stop would kill them).
+//! of taskbox plus `TASKBOX_TASK_ID`, `TASKBOX_SANDBOX` and `TASKBOX_WORKSPACE`. `TASKBOX_SANDBOX`
+//! (unique per generation, unlike the workspace path) also marks every process the sandbox
+//! started, which is how a stop finds background jobs that outlived their command (as a VM stop
+//! would kill them).
 //!
-//! Lifecycle operations on one sandbox are serialised by a per-sandbox lock; a command holds it
+//! Lifecycle operations on a task's sandboxes are serialised by a per-task lock (its generations
+//! share the task's directory); a command holds it
 //! only while it starts and while it records its working directory, so a stop or a snapshot can
 //! interrupt a long command (which is then killed, as a VM stop would kill it).
 //!
 //! The code is split by concern: `error` ([`LocalError`]) for failures, `names` for the validated
 //! ids, `workspace` for a sandbox's directory, meta and working directory, `lifecycle` for
 //! create/extend/probe/stop/discard, `exec` for running a command, `output` for its bounded
-//! capture, `kill` for killing processes, `snapshot` for taking, restoring and listing archives
-//! (whose format is [`archive`]), `temp` for temporary paths and their sweep, and `fsutil` for
+//! capture, `kill` for killing processes, `cgroup` for the cgroup each sandbox's processes run
+//! in, `snapshot` for taking, restoring and listing archives
+//! (whose format is [`archive`]), `foreign` for archives of another installation (a store
+//! reset), `temp` for temporary paths and their sweep, and `fsutil` for
 //! durable file-system helpers. This file holds the provider itself and the
-//! [`SandboxProvider`] glue.
+//! [`SandboxProvider`](crate::provider::SandboxProvider) glue.
 
 // Every `unsafe` block here (process signals) must say why it is sound.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod archive;
+pub mod cgroup;
 pub mod doctor;
 mod error;
 mod exec;
+pub mod foreign;
 mod fsutil;
 mod kill;
 mod lifecycle;
@@ -68,21 +85,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 
 use self::names::SandboxName;
-use super::{
-    ExecIo, ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
-    SandboxSpec, SnapshotInfo,
-};
+use super::ListedResource;
 use crate::clock::Clock;
-use crate::core::Millis;
-use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 // ---------------------------------------------------------------------------------------------
 // The provider
 
 /// Per-sandbox coordination within this process.
 struct Slot {
-    /// Serialises lifecycle operations (create, snapshot, stop, extend, probe) on the sandbox.
-    lock: tokio::sync::Mutex<()>,
+    /// Serialises lifecycle operations (create, snapshot, stop, extend, probe) on the sandbox;
+    /// shared by every generation of its task, since they share the task's directory.
+    lock: Arc<tokio::sync::Mutex<()>>,
     /// The deadline running commands watch; updated by `extend_timeout`.
     deadline: AtomicU64,
     /// Bumped whenever the sandbox is discarded or its processes are stopped: running commands
@@ -96,6 +109,7 @@ pub struct LocalProvider {
     installation_id: String,
     clock: Arc<dyn Clock>,
     slots: Mutex<HashMap<String, Arc<Slot>>>,
+    task_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Temporary paths that operations of this process are using (never swept).
     in_flight: Arc<Mutex<HashSet<PathBuf>>>,
     counter: AtomicU64,
@@ -122,17 +136,22 @@ impl LocalProvider {
         installation_id: String,
         clock: Arc<dyn Clock>,
     ) -> Result<LocalProvider, LocalError> {
-        for dir in ["sandboxes", "snapshots", "tmp"] {
+        for dir in ["tasks", "sandboxes", "snapshots", "tmp"] {
             let path = root.join(dir);
             fs::create_dir_all(&path).map_err(LocalError::io("create directory", &path))?;
         }
         // Canonical, so that the `pwd -P` a command reports can be compared with it.
         let root = fs::canonicalize(&root).map_err(LocalError::io("resolve", &root))?;
+        // A note for the CLI if this installation is new here and archives of another are.
+        if let Err(e) = foreign::on_open(&root, &installation_id) {
+            tracing::warn!(error = %e, "could not check for archives of another installation");
+        }
         Ok(LocalProvider {
             root,
             installation_id,
             clock,
             slots: Mutex::new(HashMap::new()),
+            task_locks: Mutex::new(HashMap::new()),
             in_flight: Arc::new(Mutex::new(HashSet::new())),
             counter: AtomicU64::new(0),
         })
@@ -150,11 +169,15 @@ impl LocalProvider {
     }
 
     fn slot(&self, name: &SandboxName) -> Arc<Slot> {
+        let task_lock = lock(&self.task_locks)
+            .entry(name.task.to_string())
+            .or_default()
+            .clone();
         lock(&self.slots)
             .entry(name.name.clone())
             .or_insert_with(|| {
                 Arc::new(Slot {
-                    lock: tokio::sync::Mutex::new(()),
+                    lock: task_lock,
                     deadline: AtomicU64::new(0),
                     stopped: watch::channel(0).0,
                 })
@@ -171,117 +194,36 @@ impl LocalProvider {
 // ---------------------------------------------------------------------------------------------
 // The trait
 
-impl SandboxProvider for LocalProvider {
-    fn name(&self) -> &'static str {
-        "local"
+super::platform_provider!(LocalProvider, "local", {
+    create_sandbox: create,
+    exec_live: exec_command,
+    snapshot: snapshot_sandbox,
+    stop_sandbox: stop,
+    extend_timeout: extend,
+    delete_snapshot: delete,
+    probe_sandbox: probe,
+    list_sandboxes: listed_sandboxes,
+    list_snapshots: listed_snapshots,
+    sweep_temporaries: swept_temporaries,
+});
+
+impl LocalProvider {
+    async fn listed_sandboxes(
+        &self,
+        installation_id: &str,
+    ) -> Result<Vec<ListedResource>, LocalError> {
+        run_blocking_ref(|| self.sandboxes_of(installation_id))
     }
 
-    fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
-        Box::pin(async move {
-            self.create(spec)
-                .await
-                .map_err(|e| e.into_provider("create sandbox"))
-        })
+    async fn listed_snapshots(
+        &self,
+        installation_id: &str,
+    ) -> Result<Vec<ListedResource>, LocalError> {
+        run_blocking_ref(|| self.snapshots_of(installation_id))
     }
 
-    fn exec<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-        req: &'a ExecRequest,
-    ) -> ProviderFuture<'a, ExecOutput> {
-        self.exec_live(sandbox_id, req, ExecIo::default())
-    }
-
-    fn exec_live<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-        req: &'a ExecRequest,
-        io: ExecIo,
-    ) -> ProviderFuture<'a, ExecOutput> {
-        Box::pin(async move {
-            self.exec_command(sandbox_id, req, io)
-                .await
-                .map_err(|e| e.into_provider("run command"))
-        })
-    }
-
-    fn snapshot<'a>(
-        &'a self,
-        task_id: &'a TaskId,
-        sandbox_id: &'a SandboxId,
-        seq: u64,
-    ) -> ProviderFuture<'a, SnapshotInfo> {
-        Box::pin(async move {
-            self.snapshot_sandbox(task_id, sandbox_id, seq)
-                .await
-                .map_err(|e| e.into_provider("take snapshot"))
-        })
-    }
-
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()> {
-        Box::pin(async move {
-            self.stop(sandbox_id)
-                .await
-                .map_err(|e| e.into_provider("stop sandbox"))
-        })
-    }
-
-    fn extend_timeout<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-        duration_ms: u64,
-    ) -> ProviderFuture<'a, Millis> {
-        Box::pin(async move {
-            self.extend(sandbox_id, duration_ms)
-                .await
-                .map_err(|e| e.into_provider("extend timeout"))
-        })
-    }
-
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
-        Box::pin(async move {
-            self.delete(snapshot_id)
-                .await
-                .map_err(|e| e.into_provider("delete snapshot"))
-        })
-    }
-
-    fn probe_sandbox<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-    ) -> ProviderFuture<'a, Option<Millis>> {
-        Box::pin(async move {
-            self.probe(sandbox_id)
-                .await
-                .map_err(|e| e.into_provider("probe sandbox"))
-        })
-    }
-
-    fn list_sandboxes<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        Box::pin(async move {
-            run_blocking_ref(|| self.sandboxes_of(installation_id))
-                .map_err(|e| e.into_provider("list sandboxes"))
-        })
-    }
-
-    fn list_snapshots<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        Box::pin(async move {
-            run_blocking_ref(|| self.snapshots_of(installation_id))
-                .map_err(|e| e.into_provider("list snapshots"))
-        })
-    }
-
-    fn sweep_temporaries(&self) -> ProviderFuture<'_, usize> {
-        Box::pin(async move {
-            run_blocking_ref(|| LocalProvider::sweep_temporaries(self))
-                .map_err(|e| e.into_provider("sweep temporaries"))
-        })
+    async fn swept_temporaries(&self) -> Result<usize, LocalError> {
+        run_blocking_ref(|| self.sweep_temporaries())
     }
 }
 

@@ -1,7 +1,16 @@
-//! Snapshots on disk: where a task's archives live (`snapshots/<task>/<seq>.tbx`), taking one
-//! (stop the processes, pack the workspace, write it durably, discard the sandbox), restoring
-//! one into a new workspace, deleting and listing them. The archive format itself is
+//! Snapshots on disk: where a task's archives live (`snapshots/<task>/<seq>.<nonce>.tbx`),
+//! taking one (stop the processes, pack the workspace, write it durably, discard the sandbox),
+//! restoring one into a new workspace, deleting and listing them. The archive format itself is
 //! [`archive`](super::archive).
+//!
+//! A snapshot call is idempotent by the operation that makes it, never by its sequence number
+//! alone: a repeated call (recovery re-issuing it) finds its archive only if the archive's
+//! header names the same installation, task, sandbox (so the same generation), sequence number
+//! and — while the sandbox still exists — the same sandbox instance. Every new archive gets a
+//! random nonce in its name, so an archive left by an earlier store (the database removed or
+//! moved aside: a new installation, sequence numbers starting again at 1) is never overwritten,
+//! never restored for the new store and never mistaken for a snapshot already taken — which
+//! would discard the live workspace.
 
 use std::fs;
 use std::io::{self, BufReader};
@@ -11,9 +20,10 @@ use super::archive::{self, ArchiveHeader, PackStats};
 use super::error::LocalError;
 use super::fsutil::{ignore_not_found, sync_dir};
 use super::lifecycle::check_owner;
-use super::names::{parse_canonical_u64, SandboxName, SnapshotRef};
+use super::names::{SandboxName, SnapshotRef};
 use super::workspace::SandboxStatus;
 use super::{run_blocking, LocalProvider};
+use crate::core::Millis;
 use crate::ids::TaskId;
 use crate::provider::{ListedResource, SnapshotInfo};
 
@@ -22,10 +32,55 @@ pub(super) const ARCHIVE_EXT: &str = "tbx";
 
 impl LocalProvider {
     pub(super) fn snapshot_path(&self, snap: &SnapshotRef) -> PathBuf {
-        self.root
-            .join("snapshots")
-            .join(snap.task.as_str())
-            .join(format!("{}.{ARCHIVE_EXT}", snap.seq))
+        self.task_snapshots_dir(&snap.task)
+            .join(snap.file_name(ARCHIVE_EXT))
+    }
+
+    pub(super) fn task_snapshots_dir(&self, task: &TaskId) -> PathBuf {
+        self.root.join("snapshots").join(task.as_str())
+    }
+
+    /// The archive a previous call of this very operation wrote, if any: same installation,
+    /// task, sandbox (generation) and sequence number, and taken from `instance` when the
+    /// sandbox still exists.
+    fn find_taken(
+        &self,
+        name: &SandboxName,
+        seq: u64,
+        instance: Option<&str>,
+    ) -> Result<Option<(SnapshotRef, u64)>, LocalError> {
+        let dir = self.task_snapshots_dir(&name.task);
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(LocalError::io("list", &dir)(e)),
+        };
+        // The newest match: with the sandbox gone, two store lifetimes that reused this
+        // generation and sequence number (a database restored from a backup) both match.
+        let mut found: Option<(SnapshotRef, u64, Millis)> = None;
+        for file in entries {
+            let file = file.map_err(LocalError::io("list", &dir))?;
+            let Some(snap) = file
+                .file_name()
+                .to_str()
+                .and_then(|n| SnapshotRef::from_file_name(&name.task, n, ARCHIVE_EXT))
+                .filter(|snap| snap.seq == seq)
+            else {
+                continue;
+            };
+            let path = file.path();
+            let Ok(Some((header, size))) = read_header(&path) else {
+                continue; // unreadable: certainly not an archive this operation completed
+            };
+            let same_operation = header.task_id == name.task.as_str()
+                && header.seq == seq
+                && header.source_sandbox == name.name
+                && (instance.is_none() || header.instance.as_deref() == instance);
+            if same_operation && found.as_ref().is_none_or(|f| f.2 <= header.created_at) {
+                found = Some((snap, size, header.created_at));
+            }
+        }
+        Ok(found.map(|(snap, size, _)| (snap, size)))
     }
 
     pub(super) async fn snapshot_sandbox(
@@ -36,20 +91,36 @@ impl LocalProvider {
     ) -> Result<SnapshotInfo, LocalError> {
         let task = TaskId::new(task_id)?;
         let name = SandboxName::parse(sandbox_id)?;
-        let snap = SnapshotRef { task, seq };
-        let path = self.snapshot_path(&snap);
+        if name.task != task {
+            return Err(LocalError::Ownership {
+                sandbox: name.name.clone(),
+                what: "task",
+                owner: name.task.to_string(),
+                expected: task.to_string(),
+            });
+        }
         let slot = self.slot(&name);
         let _guard = slot.lock.lock().await;
 
-        if let Some(size_bytes) = existing_archive(&snap, &path)? {
-            // Taken before (a repeated call): make sure the sandbox is stopped, as it would be.
+        let existing = self.read_meta(&name)?;
+        let instance = existing.as_ref().map(|m| m.instance.as_str());
+        if let Some((snap, size_bytes)) = self.find_taken(&name, seq, instance)? {
+            // Taken before by this same operation (a repeated call): make sure the sandbox is
+            // stopped, as it would be.
             self.discard(&name, &slot).await?;
             return Ok(SnapshotInfo {
                 id: snap.id().into(),
                 size_bytes,
                 expires_at: None,
+                omitted: Vec::new(),
             });
         }
+        let snap = SnapshotRef {
+            task,
+            seq,
+            nonce: Some(random_nonce()?),
+        };
+        let path = self.snapshot_path(&snap);
         let mut meta = self.live_meta(&name, &slot).await?;
         check_owner(&name, "task", &meta.task_id, snap.task.as_str())?;
         // A VM is paused for its snapshot: stop every process so no file changes under the walk.
@@ -64,6 +135,10 @@ impl LocalProvider {
             installation_id: meta.installation_id.clone(),
             created_at: self.clock.now_ms(),
             source_sandbox: name.name.clone(),
+            generation: Some(name.generation),
+            instance: Some(meta.instance.clone()),
+            nonce: snap.nonce.clone(),
+            cwd: Some(meta.cwd.clone()),
         };
         let dir = path
             .parent()
@@ -96,6 +171,11 @@ impl LocalProvider {
             id: snap.id().into(),
             size_bytes,
             expires_at: None,
+            omitted: stats
+                .omitted
+                .into_iter()
+                .map(|o| format!("{}: {}", o.path, o.reason))
+                .collect(),
         })
     }
 
@@ -136,15 +216,12 @@ impl LocalProvider {
             };
             for file in entries {
                 let file = file.map_err(LocalError::io("list", &path))?;
-                let Some(seq) = file.file_name().to_str().and_then(|n| {
-                    n.strip_suffix(&format!(".{ARCHIVE_EXT}"))
-                        .and_then(parse_canonical_u64)
-                }) else {
+                let Some(snap) = file
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| SnapshotRef::from_file_name(&task, n, ARCHIVE_EXT))
+                else {
                     continue; // temporaries and strangers
-                };
-                let snap = SnapshotRef {
-                    task: task.clone(),
-                    seq,
                 };
                 let header = fs::File::open(file.path())
                     .map_err(|e| e.to_string())
@@ -170,29 +247,34 @@ impl LocalProvider {
     }
 }
 
-/// The size of the complete archive of `snap` if one exists (checking its header names it).
-fn existing_archive(snap: &SnapshotRef, path: &Path) -> Result<Option<u64>, LocalError> {
+/// The header and size of the archive at `path`, if it exists.
+fn read_header(path: &Path) -> Result<Option<(ArchiveHeader, u64)>, String> {
     let file = match fs::File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(LocalError::io("open", path)(e)),
+        Err(e) => return Err(e.to_string()),
     };
-    let size = file
-        .metadata()
-        .map_err(LocalError::io("inspect", path))?
-        .len();
-    let header =
-        archive::read_prefix(&mut BufReader::new(file)).map_err(|source| LocalError::Archive {
-            snapshot: snap.id(),
-            path: path.to_path_buf(),
-            source,
-        })?;
-    check_header(snap, path, &header)?;
-    Ok(Some(size))
+    let size = file.metadata().map_err(|e| e.to_string())?.len();
+    let header = archive::read_prefix(&mut BufReader::new(file)).map_err(|e| e.to_string())?;
+    Ok(Some((header, size)))
+}
+
+/// 64 random bits from `/dev/urandom`, as 16 lowercase hex digits.
+fn random_nonce() -> Result<String, LocalError> {
+    use std::io::Read;
+    let path = Path::new("/dev/urandom");
+    let mut bytes = [0u8; 8];
+    fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(LocalError::io("read random bytes from", path))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn check_header(snap: &SnapshotRef, path: &Path, header: &ArchiveHeader) -> Result<(), LocalError> {
-    if header.task_id != snap.task.as_str() || header.seq != snap.seq {
+    if header.task_id != snap.task.as_str()
+        || header.seq != snap.seq
+        || (snap.nonce.is_some() && header.nonce != snap.nonce)
+    {
         return Err(LocalError::ArchiveMismatch {
             snapshot: snap.id(),
             path: path.to_path_buf(),
@@ -247,8 +329,13 @@ fn write_archive(
     result
 }
 
-/// Unpacks the archive of `snap` into `workspace` (which must not exist yet).
-pub(super) fn restore(snap: &SnapshotRef, path: &Path, workspace: &Path) -> Result<(), LocalError> {
+/// Unpacks the archive of `snap` into `workspace` (which must not exist yet). Returns its
+/// header (which carries the working directory to resume in).
+pub(super) fn restore(
+    snap: &SnapshotRef,
+    path: &Path,
+    workspace: &Path,
+) -> Result<ArchiveHeader, LocalError> {
     let file = match fs::File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -268,5 +355,6 @@ pub(super) fn restore(snap: &SnapshotRef, path: &Path, workspace: &Path) -> Resu
     let header = archive::read_prefix(&mut reader).map_err(archive_err)?;
     check_header(snap, path, &header)?;
     fs::create_dir(workspace).map_err(LocalError::io("create directory", workspace))?;
-    archive::unpack_body(reader, workspace).map_err(archive_err)
+    archive::unpack_body(reader, workspace).map_err(archive_err)?;
+    Ok(header)
 }

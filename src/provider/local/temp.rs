@@ -43,6 +43,10 @@ impl LocalProvider {
     /// directories under `tmp/` and `*.tmp` archives, except those an operation of a live
     /// process is still using. Returns how many were removed.
     pub fn sweep_temporaries(&self) -> Result<usize, LocalError> {
+        // Sandbox cgroups left empty (a sandbox whose last processes ended on their own and
+        // that was never stopped): the kernel removes only empty ones, and a command makes
+        // its sandbox's again as it starts.
+        super::cgroup::remove_empty();
         let mut stale = Vec::new();
         let tmp = self.root.join("tmp");
         for entry in fs::read_dir(&tmp).map_err(LocalError::io("list", &tmp))? {

@@ -1,7 +1,7 @@
-//! Where a sandbox lives on disk: its directory under `sandboxes/`, the workspace its commands
-//! see, its `meta.json`, and the working directory a command starts in (recorded relative to the
-//! workspace). The sandbox's directory and its workspace are derived here from its validated
-//! name.
+//! Where a sandbox lives on disk: its task's directory `tasks/<task>/` when it holds it (the
+//! stable path), else parked under `sandboxes/<name>/`; the workspace its commands see, its
+//! `meta.json`, and the working directory a command starts in (recorded relative to the
+//! workspace). Both locations are derived here from its validated name.
 
 use std::fs;
 use std::io;
@@ -15,6 +15,7 @@ use super::fsutil::write_synced;
 use super::names::SandboxName;
 use super::LocalProvider;
 use crate::core::Millis;
+use crate::ids::TaskId;
 
 /// Version of `meta.json`.
 pub(super) const META_FORMAT: u32 = 1;
@@ -56,8 +57,29 @@ impl LocalProvider {
         path.is_dir().then_some(path)
     }
 
-    pub(super) fn sandbox_dir(&self, name: &SandboxName) -> PathBuf {
+    /// The directory of `task`'s current sandbox: `tasks/<task>`, a stable path.
+    pub(super) fn task_dir(&self, task: &TaskId) -> PathBuf {
+        self.root.join("tasks").join(task.as_str())
+    }
+
+    /// The directory a parked sandbox lives in.
+    pub(super) fn parked_dir(&self, name: &SandboxName) -> PathBuf {
         self.root.join("sandboxes").join(&name.name)
+    }
+
+    /// The name of the sandbox holding `task`'s directory, if any (`Err`: a directory without
+    /// a readable meta).
+    pub(super) fn holder(&self, task: &TaskId) -> Result<Option<SandboxMeta>, LocalError> {
+        read_meta_at(&self.task_dir(task).join("meta.json"))
+    }
+
+    /// Where sandbox `name` lives: its task's directory if that holds it, else its parked
+    /// directory (which may not exist: then the sandbox does not).
+    pub(super) fn sandbox_dir(&self, name: &SandboxName) -> PathBuf {
+        match self.holder(&name.task) {
+            Ok(Some(meta)) if meta.name == name.name => self.task_dir(&name.task),
+            _ => self.parked_dir(name),
+        }
     }
 
     pub(super) fn workspace_dir(&self, name: &SandboxName) -> PathBuf {
@@ -65,14 +87,7 @@ impl LocalProvider {
     }
 
     pub(super) fn read_meta(&self, name: &SandboxName) -> Result<Option<SandboxMeta>, LocalError> {
-        let path = self.sandbox_dir(name).join("meta.json");
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|source| LocalError::Meta { path, source }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(LocalError::io("read", path)(e)),
-        }
+        read_meta_at(&self.sandbox_dir(name).join("meta.json"))
     }
 
     /// Writes `meta.json` into `sandbox_dir` atomically (temporary file, fsync, rename).
@@ -90,6 +105,20 @@ impl LocalProvider {
             let _ = fs::remove_file(&tmp);
         }
         result
+    }
+}
+
+/// Reads a `meta.json` (`None`: there is none).
+pub(super) fn read_meta_at(path: &Path) -> Result<Option<SandboxMeta>, LocalError> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|source| LocalError::Meta {
+                path: path.to_path_buf(),
+                source,
+            }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(LocalError::io("read", path)(e)),
     }
 }
 

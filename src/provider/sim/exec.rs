@@ -6,7 +6,6 @@ use std::pin::pin;
 use tokio::sync::Notify;
 
 use super::program::{self, Flow, Shell, Step};
-use super::world::World;
 use super::{SimProvider, OP_EXEC};
 use crate::core::Millis;
 use crate::provider::{bound_output, ExecOutput, ExecRequest, ProviderError, MAX_OUTPUT_CHARS};
@@ -44,25 +43,16 @@ impl SimProvider {
             let cut = cut_short.then(|| w.rng.between(0, needed));
             (plan, cut)
         };
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection().or_else(|| plan.lost_answer()) {
-            // A timed-out exec never reached the sandbox: commands are not idempotent, and a
-            // command that ran unseen would make "files survive" impossible to check.
-            return Err(e);
-        }
+        // A timed-out exec never reached the sandbox: commands are not idempotent, and a
+        // command that ran unseen would make "files survive" impossible to check.
+        Self::answered(&plan).await?;
         let start = self.now();
         let timeout_end = start.saturating_add(req.timeout_ms);
         let (changed, command_no) = {
             let mut w = self.world();
             let w = &mut *w;
             let command_no = w.next_command;
-            let Some(sb) = w.live_sandbox(sandbox_id, start) else {
-                return Err(World::gone(
-                    OP_EXEC,
-                    sandbox_id,
-                    w.sandboxes.get(sandbox_id),
-                ));
-            };
+            let sb = w.live_or_gone(OP_EXEC, sandbox_id, start)?;
             let pulled = match cut {
                 Some(cut) if start.saturating_add(cut) < sb.deadline => {
                     sb.deadline = start.saturating_add(cut);
@@ -73,13 +63,7 @@ impl SimProvider {
             if pulled {
                 w.stats.fault("expire_mid_command");
             }
-            let Some(sb) = w.live_sandbox(sandbox_id, start) else {
-                return Err(World::gone(
-                    OP_EXEC,
-                    sandbox_id,
-                    w.sandboxes.get(sandbox_id),
-                ));
-            };
+            let sb = w.live_or_gone(OP_EXEC, sandbox_id, start)?;
             sb.running.insert(command_no, req.command.clone());
             let changed = sb.changed.clone();
             w.next_command += 1;
@@ -127,13 +111,7 @@ impl SimProvider {
             let sleep_until = {
                 let now = self.now().max(reached);
                 let mut w = self.world();
-                let Some(sb) = w.live_sandbox(sandbox_id, now) else {
-                    return Err(World::gone(
-                        OP_EXEC,
-                        sandbox_id,
-                        w.sandboxes.get(sandbox_id),
-                    ));
-                };
+                let sb = w.live_or_gone(OP_EXEC, sandbox_id, now)?;
                 loop {
                     let Some(step) = steps.get(next) else {
                         return Ok((shell, false));
@@ -154,13 +132,7 @@ impl SimProvider {
                 let (now, limit) = {
                     let now = self.now().max(reached);
                     let mut w = self.world();
-                    let Some(sb) = w.live_sandbox(sandbox_id, now) else {
-                        return Err(World::gone(
-                            OP_EXEC,
-                            sandbox_id,
-                            w.sandboxes.get(sandbox_id),
-                        ));
-                    };
+                    let sb = w.live_or_gone(OP_EXEC, sandbox_id, now)?;
                     // Registered while the world is locked, so no change can slip in between
                     // this check and the wait.
                     notified.as_mut().enable();
@@ -173,6 +145,9 @@ impl SimProvider {
                     (now, sleep_until.min(timeout_end).min(sb.deadline))
                 };
                 tokio::select! {
+                    // In order, not at random: tokio picks among ready branches with a
+                    // per-runtime random seed, which a simulation must not depend on.
+                    biased;
                     () = Self::pause(limit - now) => reached = limit,
                     () = notified => {}
                 }

@@ -28,7 +28,7 @@
 //!
 //! The rooms: `view` holds the read-only copies handed to checkers, `world` the state behind the
 //! mutex and the random draws, `ops` the platform operations and `exec` the running of a
-//! command; this module holds the [`SimProvider`] itself and its [`SandboxProvider`] face.
+//! command; this module holds the [`SimProvider`] itself and its [`SandboxProvider`](crate::provider::SandboxProvider) face.
 
 mod exec;
 mod faults;
@@ -44,13 +44,9 @@ use std::time::Duration;
 pub use faults::{SimFaults, SimFaultsError};
 pub use view::{SimEnd, SimSandbox, SimSnapshot, SimStats};
 
-use super::{
-    ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
-    SandboxSpec, SnapshotInfo,
-};
+use super::ProviderError;
 use crate::clock::Clock;
 use crate::core::Millis;
-use crate::ids::{SandboxId, SnapshotId, TaskId};
 use world::{Plan, SplitMix64, World};
 
 /// A snapshot's lifetime when no fault shortens it (Vercel's v2 default: 30 days).
@@ -99,6 +95,7 @@ impl SimProvider {
                 snapshotting: BTreeMap::new(),
                 next_sandbox: 0,
                 next_snapshot: 0,
+                next_order: 0,
                 next_command: 0,
                 stats: SimStats::default(),
             }),
@@ -214,6 +211,31 @@ impl SimProvider {
         self.world().plan(op)
     }
 
+    /// Plans a call of `op` and, in the same turn of the world, draws its own fault `pick`.
+    fn plan_and_draw(&self, op: &'static str, pick: fn(&SimFaults) -> f64) -> (Plan, bool) {
+        let mut w = self.world();
+        let plan = w.plan(op);
+        let drawn = w.chance(pick);
+        (plan, drawn)
+    }
+
+    /// Waits out `plan`'s latency, then fails the call if the plan rejects it (an answer the
+    /// plan loses is lost after the call took effect: the caller returns that last).
+    async fn admitted(plan: &Plan) -> Result<(), ProviderError> {
+        Self::pause(plan.wait_ms()).await;
+        plan.rejection().map_or(Ok(()), Err)
+    }
+
+    /// Waits out `plan`'s latency, then fails the call whole if the plan rejects it or loses
+    /// its answer: for calls with nothing to do before the answer is lost (reads, and an exec,
+    /// which must not run unseen).
+    async fn answered(plan: &Plan) -> Result<(), ProviderError> {
+        Self::pause(plan.wait_ms()).await;
+        plan.rejection()
+            .or_else(|| plan.lost_answer())
+            .map_or(Ok(()), Err)
+    }
+
     async fn pause(ms: u64) {
         if ms > 0 {
             tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -221,69 +243,17 @@ impl SimProvider {
     }
 }
 
-impl SandboxProvider for SimProvider {
-    fn name(&self) -> &'static str {
-        "sim"
-    }
-
-    fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
-        Box::pin(self.create(spec))
-    }
-
-    fn exec<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-        req: &'a ExecRequest,
-    ) -> ProviderFuture<'a, ExecOutput> {
-        Box::pin(SimProvider::exec(self, sandbox_id, req))
-    }
-
-    fn snapshot<'a>(
-        &'a self,
-        task_id: &'a TaskId,
-        sandbox_id: &'a SandboxId,
-        seq: u64,
-    ) -> ProviderFuture<'a, SnapshotInfo> {
-        Box::pin(SimProvider::snapshot(self, task_id, sandbox_id, seq))
-    }
-
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()> {
-        Box::pin(self.stop(sandbox_id))
-    }
-
-    fn extend_timeout<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-        duration_ms: u64,
-    ) -> ProviderFuture<'a, Millis> {
-        Box::pin(self.extend(sandbox_id, duration_ms))
-    }
-
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
-        Box::pin(self.delete_snapshot_op(snapshot_id))
-    }
-
-    fn probe_sandbox<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-    ) -> ProviderFuture<'a, Option<Millis>> {
-        Box::pin(self.probe(sandbox_id))
-    }
-
-    fn list_sandboxes<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        Box::pin(self.list_sandboxes_op(installation_id))
-    }
-
-    fn list_snapshots<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        Box::pin(self.list_snapshots_op(installation_id))
-    }
-}
+super::platform_provider!(SimProvider, "sim", {
+    create_sandbox: create,
+    exec: exec,
+    snapshot: snapshot,
+    stop_sandbox: stop,
+    extend_timeout: extend,
+    delete_snapshot: delete_snapshot_op,
+    probe_sandbox: probe,
+    list_sandboxes: list_sandboxes_op,
+    list_snapshots: list_snapshots_op,
+});
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
-use super::world::{SandboxState, SnapshotState, World};
+use super::world::{SandboxState, SnapshotState};
 use super::{
     SimEnd, SimProvider, DEFAULT_SNAPSHOT_EXPIRY_MS, MIN_TIMEOUT_MS, OP_CREATE, OP_DELETE,
     OP_EXTEND, OP_LIST_SANDBOXES, OP_LIST_SNAPSHOTS, OP_PROBE, OP_SNAPSHOT, OP_STOP,
@@ -49,16 +49,8 @@ impl Drop for SnapshottingGuard<'_> {
 
 impl SimProvider {
     pub(super) async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo, ProviderError> {
-        let (plan, lose) = {
-            let mut w = self.world();
-            let plan = w.plan(OP_CREATE);
-            let lose = w.chance(|f| f.lost_create);
-            (plan, lose)
-        };
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection() {
-            return Err(e);
-        }
+        let (plan, lose) = self.plan_and_draw(OP_CREATE, |f| f.lost_create);
+        Self::admitted(&plan).await?;
         let now = self.now();
         let mut w = self.world();
         let w = &mut *w;
@@ -114,6 +106,7 @@ impl SimProvider {
                     },
                 };
                 w.next_sandbox += 1;
+                w.next_order += 1;
                 let sb = SandboxState {
                     id: format!("sim-sbx-{:06}", w.next_sandbox),
                     name: spec.name.clone(),
@@ -122,6 +115,7 @@ impl SimProvider {
                     generation: spec.generation,
                     source_snapshot: spec.source_snapshot.as_deref().map(str::to_string),
                     created_at: now,
+                    order: w.next_order,
                     deadline: now.saturating_add(spec.timeout_ms),
                     ended: None,
                     files,
@@ -177,10 +171,7 @@ impl SimProvider {
             .rejection()
             .is_none()
             .then(|| SnapshottingGuard::new(self, sandbox_id));
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection() {
-            return Err(e);
-        }
+        Self::admitted(&plan).await?;
         let key = (task_id.to_string(), seq);
         let taken = self.world().snapshot_keys.contains_key(&key);
         if slow && !taken {
@@ -210,13 +201,7 @@ impl SimProvider {
             s.info()
         } else {
             let underway = w.snapshotting.get(sandbox_id).copied().unwrap_or(0);
-            let Some(sb) = w.live_sandbox(sandbox_id, now) else {
-                return Err(World::gone(
-                    OP_SNAPSHOT,
-                    sandbox_id,
-                    w.sandboxes.get(sandbox_id),
-                ));
-            };
+            let sb = w.live_or_gone(OP_SNAPSHOT, sandbox_id, now)?;
             if underway > 1 {
                 // Another snapshot of this sandbox is under way. (Its own faults were drawn for
                 // it; this call must not fail for good while that one may still succeed.)
@@ -262,6 +247,7 @@ impl SimProvider {
                 now.saturating_add(DEFAULT_SNAPSHOT_EXPIRY_MS)
             };
             w.next_snapshot += 1;
+            w.next_order += 1;
             let s = SnapshotState {
                 id: format!("sim-snap-{:06}", w.next_snapshot),
                 task_id: task_id.to_string(),
@@ -270,6 +256,7 @@ impl SimProvider {
                 sandbox_id: sandbox_id.to_string(),
                 files,
                 created_at: now,
+                order: w.next_order,
                 expires_at: Some(expires_at),
                 deleted: false,
             };
@@ -287,10 +274,7 @@ impl SimProvider {
 
     pub(super) async fn stop(&self, sandbox_id: &str) -> Result<(), ProviderError> {
         let plan = self.plan(OP_STOP);
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection() {
-            return Err(e);
-        }
+        Self::admitted(&plan).await?;
         let now = self.now();
         if let Some(sb) = self.world().live_sandbox(sandbox_id, now) {
             sb.end(SimEnd::Stopped, now);
@@ -304,10 +288,7 @@ impl SimProvider {
         duration_ms: u64,
     ) -> Result<Millis, ProviderError> {
         let plan = self.plan(OP_EXTEND);
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection() {
-            return Err(e);
-        }
+        Self::admitted(&plan).await?;
         let now = self.now();
         let mut w = self.world();
         let w = &mut *w;
@@ -319,13 +300,7 @@ impl SimProvider {
             ));
         }
         let max = w.max_lifetime_ms;
-        let Some(sb) = w.live_sandbox(sandbox_id, now) else {
-            return Err(World::gone(
-                OP_EXTEND,
-                sandbox_id,
-                w.sandboxes.get(sandbox_id),
-            ));
-        };
+        let sb = w.live_or_gone(OP_EXTEND, sandbox_id, now)?;
         let deadline = sb.deadline.saturating_add(duration_ms);
         if let Some(max) = max.filter(|max| deadline - sb.created_at > *max) {
             return Err(ProviderError::new(
@@ -343,16 +318,8 @@ impl SimProvider {
     }
 
     pub(super) async fn delete_snapshot_op(&self, snapshot_id: &str) -> Result<(), ProviderError> {
-        let (plan, fail) = {
-            let mut w = self.world();
-            let plan = w.plan(OP_DELETE);
-            let fail = w.chance(|f| f.delete_fail);
-            (plan, fail)
-        };
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection() {
-            return Err(e);
-        }
+        let (plan, fail) = self.plan_and_draw(OP_DELETE, |f| f.delete_fail);
+        Self::admitted(&plan).await?;
         let mut w = self.world();
         if fail {
             w.stats.fault("delete_fail");
@@ -373,11 +340,7 @@ impl SimProvider {
     }
 
     pub(super) async fn probe(&self, sandbox_id: &str) -> Result<Option<Millis>, ProviderError> {
-        let plan = self.plan(OP_PROBE);
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection().or_else(|| plan.lost_answer()) {
-            return Err(e);
-        }
+        Self::answered(&self.plan(OP_PROBE)).await?;
         let now = self.now();
         Ok(self
             .world()
@@ -389,11 +352,7 @@ impl SimProvider {
         &self,
         installation_id: &str,
     ) -> Result<Vec<ListedResource>, ProviderError> {
-        let plan = self.plan(OP_LIST_SANDBOXES);
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection().or_else(|| plan.lost_answer()) {
-            return Err(e);
-        }
+        Self::answered(&self.plan(OP_LIST_SANDBOXES)).await?;
         let now = self.now();
         let mut w = self.world();
         Ok(w.sandboxes
@@ -411,11 +370,7 @@ impl SimProvider {
         &self,
         installation_id: &str,
     ) -> Result<Vec<ListedResource>, ProviderError> {
-        let plan = self.plan(OP_LIST_SNAPSHOTS);
-        Self::pause(plan.wait_ms()).await;
-        if let Some(e) = plan.rejection().or_else(|| plan.lost_answer()) {
-            return Err(e);
-        }
+        Self::answered(&self.plan(OP_LIST_SNAPSHOTS)).await?;
         let now = self.now();
         let w = self.world();
         Ok(w.snapshots

@@ -9,7 +9,7 @@ use super::*;
 use crate::clock::TokioClock;
 use crate::core::FailureKind;
 use crate::ids::{SandboxId, SnapshotId, TaskId};
-use crate::provider::sandbox_name;
+use crate::provider::{sandbox_name, ExecRequest, SandboxProvider, SandboxSpec};
 
 const T0: Millis = 1_700_000_000_000;
 const INSTALLATION: &str = "inst-a";

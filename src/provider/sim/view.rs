@@ -36,6 +36,9 @@ pub struct SimSandbox {
     pub source_snapshot: Option<String>,
     /// When it was created.
     pub created_at: Millis,
+    /// Its place among every sandbox and snapshot the platform made (1 for the first): the
+    /// order of creations within one millisecond, which `created_at` cannot tell.
+    pub order: u64,
     /// When the platform stops it (moved by extensions and expiry faults).
     pub deadline: Millis,
     /// Whether it is still running.
@@ -65,6 +68,8 @@ pub struct SimSnapshot {
     pub files: BTreeMap<String, String>,
     /// When it was taken.
     pub created_at: Millis,
+    /// Its place among every sandbox and snapshot the platform made (see [`SimSandbox::order`]).
+    pub order: u64,
     /// When it expires (`None`: never).
     pub expires_at: Option<Millis>,
     /// Whether `delete_snapshot` removed it.

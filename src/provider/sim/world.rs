@@ -84,6 +84,8 @@ pub(super) struct SandboxState {
     pub(super) generation: u64,
     pub(super) source_snapshot: Option<String>,
     pub(super) created_at: Millis,
+    /// Its place in the platform's order of creations (see [`World::next_order`]).
+    pub(super) order: u64,
     pub(super) deadline: Millis,
     pub(super) ended: Option<(SimEnd, Millis)>,
     pub(super) files: BTreeMap<String, String>,
@@ -127,6 +129,7 @@ impl SandboxState {
             generation: self.generation,
             source_snapshot: self.source_snapshot.clone(),
             created_at: self.created_at,
+            order: self.order,
             deadline: self.deadline,
             alive: self.ended.is_none(),
             ended: self.ended,
@@ -146,6 +149,8 @@ pub(super) struct SnapshotState {
     pub(super) sandbox_id: String,
     pub(super) files: BTreeMap<String, String>,
     pub(super) created_at: Millis,
+    /// Its place in the platform's order of creations (see [`World::next_order`]).
+    pub(super) order: u64,
     pub(super) expires_at: Option<Millis>,
     pub(super) deleted: bool,
 }
@@ -171,6 +176,7 @@ impl SnapshotState {
             id: self.id.as_str().into(),
             size_bytes: self.size_bytes(),
             expires_at: self.expires_at,
+            omitted: Vec::new(),
         }
     }
 
@@ -183,6 +189,7 @@ impl SnapshotState {
             sandbox_id: self.sandbox_id.clone(),
             files: self.files.clone(),
             created_at: self.created_at,
+            order: self.order,
             expires_at: self.expires_at,
             deleted: self.deleted,
             expired: self.expired(now),
@@ -207,6 +214,9 @@ pub(super) struct World {
     pub(super) snapshotting: BTreeMap<String, u32>,
     pub(super) next_sandbox: u64,
     pub(super) next_snapshot: u64,
+    /// Sandboxes and snapshots made so far, together: the platform's total order of creations,
+    /// which tells apart two made in the same millisecond.
+    pub(super) next_order: u64,
     pub(super) next_command: u64,
     pub(super) stats: SimStats,
 }
@@ -255,6 +265,26 @@ impl World {
         self.sandboxes
             .get_mut(id)
             .and_then(|sb| if sb.settle(now) { Some(sb) } else { None })
+    }
+
+    /// The sandbox `id` if it is still running at `now`, or the `op` failure that says how it
+    /// is gone.
+    pub(super) fn live_or_gone(
+        &mut self,
+        op: &'static str,
+        id: &str,
+        now: Millis,
+    ) -> Result<&mut SandboxState, ProviderError> {
+        match self.sandboxes.get_mut(id) {
+            Some(sb) => {
+                if sb.settle(now) {
+                    Ok(sb)
+                } else {
+                    Err(World::gone(op, id, Some(sb)))
+                }
+            }
+            None => Err(World::gone(op, id, None)),
+        }
     }
 
     pub(super) fn gone(op: &'static str, id: &str, sb: Option<&SandboxState>) -> ProviderError {

@@ -335,7 +335,11 @@ pub async fn exec(
         });
     }
     let started = Instant::now();
-    let deadline = started + Duration::from_millis(req.timeout_ms);
+    // Checked: a timeout too large for the clock never wraps or panics; it means "no deadline
+    // this side of the far future".
+    let deadline = started
+        .checked_add(Duration::from_millis(req.timeout_ms))
+        .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 24 * 3600));
     let cmd = RunCommand {
         command: "bash".into(),
         args,

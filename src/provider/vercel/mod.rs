@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use self::auth::{AuthError, Credentials};
 use self::client::{
-    ClientBuildError, CreateSandbox, SandboxAndSession, Session, SessionStatus, Snapshot,
+    ClientBuildError, CreateSandbox, Sandbox, SandboxAndSession, Session, SessionStatus, Snapshot,
     SnapshotStatus, VercelClient,
 };
 use self::exec::ExecOptions;
@@ -50,8 +50,8 @@ use crate::config::TerminalConfig;
 use crate::core::{FailureKind, Millis};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{
-    ExecIo, ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture, SandboxInfo,
-    SandboxProvider, SandboxSpec, SnapshotInfo,
+    ExecIo, ExecOutput, ExecRequest, ListedResource, ProviderError, SandboxInfo, SandboxSpec,
+    SnapshotInfo,
 };
 
 pub use self::auth::AuthMode;
@@ -109,7 +109,7 @@ impl Default for ProviderOptions {
     }
 }
 
-/// Vercel Sandbox as a [`SandboxProvider`].
+/// Vercel Sandbox as a [`SandboxProvider`](crate::provider::SandboxProvider).
 #[derive(Debug)]
 pub struct VercelProvider {
     client: VercelClient,
@@ -330,6 +330,7 @@ impl VercelProvider {
                 id: snapshot.id.into(),
                 size_bytes: snapshot.size_bytes,
                 expires_at: snapshot.expires_at,
+                omitted: Vec::new(),
             }),
             SnapshotStatus::Failed => Err(ProviderError::new(
                 FailureKind::Permanent,
@@ -350,8 +351,9 @@ impl VercelProvider {
 
     async fn take_snapshot(
         &self,
-        task_id: &str,
-        session_id: &str,
+        task_id: &TaskId,
+        session_id: &SandboxId,
+        _seq: u64,
     ) -> Result<SnapshotInfo, ProviderError> {
         // A session is snapshotted at most once (the snapshot stops it), so "the snapshot of
         // this session" is the idempotency key: a repeat returns the first one.
@@ -385,6 +387,48 @@ impl VercelProvider {
         }
     }
 
+    async fn run(
+        &self,
+        sandbox_id: &SandboxId,
+        req: &ExecRequest,
+        io: ExecIo,
+    ) -> Result<ExecOutput, ProviderError> {
+        exec::exec(&self.client, sandbox_id, req, &self.options.exec, io).await
+    }
+
+    async fn stop(&self, sandbox_id: &SandboxId) -> Result<(), ProviderError> {
+        match self.client.stop_session(sandbox_id).await {
+            Ok(_) => {}
+            Err(e) if e.kind == FailureKind::SandboxGone => {}
+            Err(e) => return Err(e),
+        }
+        self.forget(sandbox_id);
+        Ok(())
+    }
+
+    async fn extend(
+        &self,
+        sandbox_id: &SandboxId,
+        duration_ms: u64,
+    ) -> Result<Millis, ProviderError> {
+        let session = self.client.extend_timeout(sandbox_id, duration_ms).await?;
+        session.deadline().ok_or_else(|| {
+            ProviderError::new(
+                FailureKind::Permanent,
+                "extend timeout",
+                format!("session {sandbox_id} reports no start time or timeout"),
+            )
+        })
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &SnapshotId) -> Result<(), ProviderError> {
+        match self.client.delete_snapshot(snapshot_id).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind == FailureKind::SnapshotGone => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn probe(&self, session_id: &str) -> Result<Option<Millis>, ProviderError> {
         match self.client.get_session(session_id).await {
             Ok(s) => Ok(match s.status {
@@ -396,10 +440,12 @@ impl VercelProvider {
         }
     }
 
-    async fn listed_sandboxes(
+    /// The sandboxes tagged with `installation_id` (the listing's filter, checked again on each
+    /// answer), each with the task it belongs to (its tag, or else its name).
+    async fn installation_sandboxes(
         &self,
         installation_id: &str,
-    ) -> Result<Vec<ListedResource>, ProviderError> {
+    ) -> Result<Vec<(Sandbox, Option<String>)>, ProviderError> {
         let sandboxes = self
             .client
             .list_all_sandboxes((TAG_INSTALLATION, installation_id))
@@ -407,15 +453,30 @@ impl VercelProvider {
         Ok(sandboxes
             .into_iter()
             .filter(|s| s.tags.get(TAG_INSTALLATION).map(String::as_str) == Some(installation_id))
-            .filter_map(|s| {
+            .map(|s| {
+                let task_id = s
+                    .tags
+                    .get(TAG_TASK)
+                    .cloned()
+                    .or_else(|| task_from_name(&s.name));
+                (s, task_id)
+            })
+            .collect())
+    }
+
+    async fn listed_sandboxes(
+        &self,
+        installation_id: &str,
+    ) -> Result<Vec<ListedResource>, ProviderError> {
+        Ok(self
+            .installation_sandboxes(installation_id)
+            .await?
+            .into_iter()
+            .filter_map(|(s, task_id)| {
                 let id = s.current_session_id?;
                 Some(ListedResource {
                     id,
-                    task_id: s
-                        .tags
-                        .get(TAG_TASK)
-                        .cloned()
-                        .or_else(|| task_from_name(&s.name)),
+                    task_id,
                     live: matches!(
                         s.status,
                         Some(SessionStatus::Pending | SessionStatus::Running)
@@ -429,21 +490,9 @@ impl VercelProvider {
         &self,
         installation_id: &str,
     ) -> Result<Vec<ListedResource>, ProviderError> {
-        let sandboxes = self
-            .client
-            .list_all_sandboxes((TAG_INSTALLATION, installation_id))
-            .await?;
         let mut seen = HashSet::new();
         let mut listed = Vec::new();
-        for sb in sandboxes
-            .iter()
-            .filter(|s| s.tags.get(TAG_INSTALLATION).map(String::as_str) == Some(installation_id))
-        {
-            let task_id = sb
-                .tags
-                .get(TAG_TASK)
-                .cloned()
-                .or_else(|| task_from_name(&sb.name));
+        for (sb, task_id) in self.installation_sandboxes(installation_id).await? {
             for snap in self.client.list_all_snapshots(&sb.name).await? {
                 if snap.status == SnapshotStatus::Deleted || !seen.insert(snap.id.clone()) {
                     continue;
@@ -465,107 +514,17 @@ pub fn task_from_name(name: &str) -> Option<String> {
     crate::provider::parse_sandbox_name(name).map(|(_, task, _)| task)
 }
 
-impl SandboxProvider for VercelProvider {
-    fn name(&self) -> &'static str {
-        "vercel_sandbox"
-    }
-
-    fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
-        Box::pin(self.create(spec))
-    }
-
-    fn exec<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-        req: &'a ExecRequest,
-    ) -> ProviderFuture<'a, ExecOutput> {
-        self.exec_live(sandbox_id, req, ExecIo::default())
-    }
-
-    fn exec_live<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-        req: &'a ExecRequest,
-        io: ExecIo,
-    ) -> ProviderFuture<'a, ExecOutput> {
-        Box::pin(exec::exec(
-            &self.client,
-            sandbox_id,
-            req,
-            &self.options.exec,
-            io,
-        ))
-    }
-
-    fn snapshot<'a>(
-        &'a self,
-        task_id: &'a TaskId,
-        sandbox_id: &'a SandboxId,
-        _seq: u64,
-    ) -> ProviderFuture<'a, SnapshotInfo> {
-        Box::pin(self.take_snapshot(task_id, sandbox_id))
-    }
-
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()> {
-        Box::pin(async move {
-            match self.client.stop_session(sandbox_id).await {
-                Ok(_) => {}
-                Err(e) if e.kind == FailureKind::SandboxGone => {}
-                Err(e) => return Err(e),
-            }
-            self.forget(sandbox_id);
-            Ok(())
-        })
-    }
-
-    fn extend_timeout<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-        duration_ms: u64,
-    ) -> ProviderFuture<'a, Millis> {
-        Box::pin(async move {
-            let session = self.client.extend_timeout(sandbox_id, duration_ms).await?;
-            session.deadline().ok_or_else(|| {
-                ProviderError::new(
-                    FailureKind::Permanent,
-                    "extend timeout",
-                    format!("session {sandbox_id} reports no start time or timeout"),
-                )
-            })
-        })
-    }
-
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
-        Box::pin(async move {
-            match self.client.delete_snapshot(snapshot_id).await {
-                Ok(_) => Ok(()),
-                Err(e) if e.kind == FailureKind::SnapshotGone => Ok(()),
-                Err(e) => Err(e),
-            }
-        })
-    }
-
-    fn probe_sandbox<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-    ) -> ProviderFuture<'a, Option<Millis>> {
-        Box::pin(self.probe(sandbox_id))
-    }
-
-    fn list_sandboxes<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        Box::pin(self.listed_sandboxes(installation_id))
-    }
-
-    fn list_snapshots<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        Box::pin(self.listed_snapshots(installation_id))
-    }
-}
+super::platform_provider!(VercelProvider, "vercel_sandbox", {
+    create_sandbox: create,
+    exec_live: run,
+    snapshot: take_snapshot,
+    stop_sandbox: stop,
+    extend_timeout: extend,
+    delete_snapshot: delete_snapshot,
+    probe_sandbox: probe,
+    list_sandboxes: listed_sandboxes,
+    list_snapshots: listed_snapshots,
+});
 
 #[cfg(test)]
 mod tests {

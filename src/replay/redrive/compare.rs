@@ -5,10 +5,12 @@ use crate::core::{Command, TaskState};
 use crate::replay::{diff, Divergence, DivergenceKind};
 use crate::store::JournalEntry;
 
-use super::call::{command_key, ProviderCall};
+use crate::provider::ReceivedCall;
+
+use super::call::command_key;
 use super::provider::ReplayState;
 
-fn call_json(c: &ProviderCall) -> serde_json::Value {
+fn call_json(c: &ReceivedCall) -> serde_json::Value {
     serde_json::to_value(c).unwrap_or(serde_json::Value::Null)
 }
 

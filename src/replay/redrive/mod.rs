@@ -17,9 +17,9 @@
 //! (a sandbox's generation, a request id, a snapshot's seq, an id); a call whose outcome never
 //! made it into the journal (the process died) is left unanswered, as it was.
 //!
-//! The rooms: `call` is where a call the engine makes ([`Call`](crate::provider::Call)) becomes a
-//! [`ProviderCall`], as the provider sees it, and a recorded outcome is paired with the call it
-//! answers; `plan` splits the journal into
+//! The rooms: `call` is where a recorded outcome is paired with the call it answers (a call the
+//! engine makes, [`Call`](crate::provider::Call), is compared as the provider receives it,
+//! [`ReceivedCall`](crate::provider::ReceivedCall)); `plan` splits the journal into
 //! sessions and lists the expected calls; `provider` is the [`ReplayProvider`] that answers
 //! them; `compare` finds the first divergence between the recording and the re-driven journal;
 //! `scratch` keeps the re-drive's throwaway data directories. This module runs the sessions.
@@ -49,7 +49,6 @@ use compare::{call_divergence, final_state_divergence, replies_of, reply_diverge
 use plan::{plan, Expected, Session};
 use scratch::{session_dir, Scratch};
 
-pub use call::ProviderCall;
 pub use provider::ReplayProvider;
 
 /// The outcome of re-driving one task.
@@ -123,11 +122,21 @@ pub enum RedriveError {
 /// Re-drives every task in `entries` (each task on its own, in the order they first appear).
 /// Runs on its own thread and virtual-time runtime, so it may be called from anywhere,
 /// including from inside another tokio runtime.
+///
+/// The engine journals a command with its secrets redacted ([`crate::redact`]), and a reply
+/// quoting the command quotes it so; a journal written before it did holds them in plaintext.
+/// Each task's recording is redacted the same way first ([`super::redact::redact_entries`],
+/// which a redacted journal passes unchanged), so both sides compare alike.
 pub fn redrive(entries: &[JournalEntry]) -> Result<Vec<RedriveReport>, RedriveError> {
     super::group_by_task(entries)
         .into_iter()
         .map(|(id, es)| {
             let es: Vec<JournalEntry> = es.into_iter().cloned().collect();
+            let (es, _) =
+                super::redact::redact_entries(&es).map_err(|e| RedriveError::Unsupported {
+                    task: id.clone(),
+                    why: format!("its journal cannot be redacted: {e}"),
+                })?;
             redrive_task(&id, es)
         })
         .collect()

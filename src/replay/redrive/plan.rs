@@ -3,16 +3,16 @@
 
 use crate::core::{Event, Millis, TaskSettings};
 use crate::ids::TaskId;
-use crate::provider::Call;
+use crate::provider::{Call, ReceivedCall};
 use crate::store::JournalEntry;
 
-use super::call::{command_key, outcome_key, Key, ProviderCall};
+use super::call::{command_key, outcome_key, Key};
 use super::RedriveError;
 
 /// A call the recording made, and the outcome it got (if the journal has one).
 #[derive(Debug, Clone)]
 pub(super) struct Expected {
-    pub(super) call: ProviderCall,
+    pub(super) call: ReceivedCall,
     pub(super) key: Key,
     /// Index of the entry that emitted the command.
     pub(super) entry: usize,
@@ -119,7 +119,7 @@ pub(super) fn plan(
                     command_key(c),
                 ) {
                     expected.push(Expected {
-                        call: ProviderCall::from(&call),
+                        call: call.received(),
                         key,
                         entry: i,
                         answer: None,

@@ -1,7 +1,7 @@
 //! The [`ReplayProvider`]: a sandbox provider that answers each call with the outcome the
 //! journal recorded for it, at the recorded time, and remembers the calls it received.
 //!
-//! Each [`SandboxProvider`] method builds its [`ProviderCall`] and turns the recorded outcome
+//! Each [`SandboxProvider`] method builds its [`ReceivedCall`] and turns the recorded outcome
 //! back into that method's answer: the outcome half of the mapping that `call` starts.
 
 use std::collections::BTreeSet;
@@ -11,11 +11,10 @@ use crate::clock::{Clock, TokioClock};
 use crate::core::{Event, Failure, FailureKind, Millis};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{
-    ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture, SandboxInfo,
-    SandboxProvider, SandboxSpec, SnapshotInfo,
+    Call, ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture, ReceivedCall,
+    SandboxInfo, SandboxProvider, SandboxSpec, SnapshotInfo,
 };
 
-use super::call::ProviderCall;
 use super::plan::Expected;
 
 /// A [`SandboxProvider`] that answers each call with the outcome the journal recorded for it,
@@ -29,7 +28,7 @@ pub struct ReplayProvider {
 pub(super) struct ReplayState {
     pub(super) expected: Vec<Expected>,
     pub(super) next: usize,
-    pub(super) received: Vec<ProviderCall>,
+    pub(super) received: Vec<ReceivedCall>,
     pub(super) mismatch: Option<usize>,
 }
 
@@ -59,7 +58,7 @@ impl ReplayProvider {
     }
 
     /// The calls received so far, in order.
-    pub fn calls_received(&self) -> Vec<ProviderCall> {
+    pub fn calls_received(&self) -> Vec<ReceivedCall> {
         self.state().received.clone()
     }
 
@@ -68,7 +67,7 @@ impl ReplayProvider {
         self.state().mismatch.is_some()
     }
 
-    fn take(&self, call: ProviderCall) -> Answer {
+    fn take(&self, call: ReceivedCall) -> Answer {
         let mut st = self.state();
         st.received.push(call.clone());
         if st.mismatch.is_some() {
@@ -93,7 +92,7 @@ impl ReplayProvider {
 
     async fn answer(
         &self,
-        call: ProviderCall,
+        call: ReceivedCall,
         operation: &'static str,
     ) -> Result<Event, ProviderError> {
         match self.take(call) {
@@ -158,13 +157,7 @@ impl SandboxProvider for ReplayProvider {
     }
 
     fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
-        let call = ProviderCall::CreateSandbox {
-            task_id: spec.task_id.clone(),
-            generation: spec.generation,
-            name: spec.name.clone(),
-            source_snapshot: spec.source_snapshot.clone(),
-            timeout_ms: spec.timeout_ms,
-        };
+        let call = Call::CreateSandbox { spec: spec.clone() };
         Box::pin(async move {
             match self.answer(call, "create sandbox").await? {
                 Event::SandboxReady {
@@ -188,10 +181,10 @@ impl SandboxProvider for ReplayProvider {
         sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput> {
-        let call = ProviderCall::Exec {
+        let call = Call::Exec {
+            request_id: (),
             sandbox_id: sandbox_id.clone(),
-            command: req.command.clone(),
-            timeout_ms: req.timeout_ms,
+            request: req.clone(),
         };
         Box::pin(async move {
             let started = self.clock.now_ms();
@@ -221,7 +214,7 @@ impl SandboxProvider for ReplayProvider {
         sandbox_id: &'a SandboxId,
         seq: u64,
     ) -> ProviderFuture<'a, SnapshotInfo> {
-        let call = ProviderCall::Snapshot {
+        let call = Call::Snapshot {
             task_id: task_id.clone(),
             sandbox_id: sandbox_id.clone(),
             seq,
@@ -232,11 +225,13 @@ impl SandboxProvider for ReplayProvider {
                     snapshot_id,
                     size_bytes,
                     expires_at,
+                    omitted,
                     ..
                 } => Ok(SnapshotInfo {
                     id: snapshot_id,
                     size_bytes,
                     expires_at,
+                    omitted,
                 }),
                 Event::SnapshotFailed { failure, .. } => Err(recorded_error(&failure)),
                 other => Err(wrong_outcome("take snapshot", &other)),
@@ -245,7 +240,7 @@ impl SandboxProvider for ReplayProvider {
     }
 
     fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()> {
-        let call = ProviderCall::StopSandbox {
+        let call = Call::StopSandbox {
             sandbox_id: sandbox_id.clone(),
         };
         Box::pin(async move {
@@ -262,7 +257,7 @@ impl SandboxProvider for ReplayProvider {
         sandbox_id: &'a SandboxId,
         duration_ms: u64,
     ) -> ProviderFuture<'a, Millis> {
-        let call = ProviderCall::ExtendTimeout {
+        let call = Call::ExtendTimeout {
             sandbox_id: sandbox_id.clone(),
             duration_ms,
         };
@@ -276,7 +271,7 @@ impl SandboxProvider for ReplayProvider {
     }
 
     fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
-        let call = ProviderCall::DeleteSnapshot {
+        let call = Call::DeleteSnapshot {
             snapshot_id: snapshot_id.clone(),
         };
         Box::pin(async move {
@@ -292,7 +287,7 @@ impl SandboxProvider for ReplayProvider {
         &'a self,
         sandbox_id: &'a SandboxId,
     ) -> ProviderFuture<'a, Option<Millis>> {
-        let call = ProviderCall::ProbeSandbox {
+        let call = Call::ProbeSandbox {
             sandbox_id: sandbox_id.clone(),
         };
         Box::pin(async move {

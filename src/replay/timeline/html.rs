@@ -47,12 +47,7 @@ pub fn render_html(timelines: &[Timeline]) -> String {
                     r.state_after
                 )
             };
-            let notes: Vec<&str> = r
-                .error
-                .iter()
-                .chain(r.retry.iter())
-                .map(String::as_str)
-                .collect();
+            let notes = r.notes();
             let _ = writeln!(
                 s,
                 "<tr><td class=\"num\">{}</td><td class=\"t\">{}</td><td>{state}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"err\">{}</td></tr>",

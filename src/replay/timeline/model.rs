@@ -55,6 +55,17 @@ pub struct Row {
     pub retry: Option<String>,
 }
 
+impl Row {
+    /// The row's notes, in the order both renderings show them: the failure, then the retry.
+    pub fn notes(&self) -> Vec<&str> {
+        self.error
+            .iter()
+            .chain(self.retry.iter())
+            .map(String::as_str)
+            .collect()
+    }
+}
+
 /// A stretch of time in one state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Band {
@@ -218,6 +229,7 @@ fn row(e: &JournalEntry, prev: Option<&Task>, in_state_ms: u64) -> Row {
                 reply:
                     Reply::Suspended {
                         snapshot_id: Some(id),
+                        ..
                     },
                 ..
             } => snapshots.push(id.to_string()),

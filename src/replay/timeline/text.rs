@@ -64,12 +64,7 @@ pub fn render_text(timelines: &[Timeline]) -> String {
             if cmd_text.is_empty() {
                 cmd_text.push('-');
             }
-            let notes: Vec<&str> = r
-                .error
-                .iter()
-                .chain(r.retry.iter())
-                .map(String::as_str)
-                .collect();
+            let notes = r.notes();
             let _ = writeln!(
                 s,
                 "{:>5}  {:<12}  {:<27}  {:>8}  {:<40}  {:<44}  {:<22}  {}",

@@ -348,6 +348,7 @@ impl Harness {
                     snapshot_id: format!("snap-{seq}").into(),
                     size_bytes: 10,
                     expires_at: None,
+                    omitted: Vec::new(),
                 },
                 Outcome::Transient => Event::SnapshotFailed {
                     seq,

@@ -127,6 +127,7 @@ fn a_run_requested_while_probing_a_dead_sandbox_restores_it_first() {
             snapshot_id: "snap-1".into(),
             size_bytes: 1,
             expires_at: None,
+            omitted: Vec::new(),
         },
         T0,
     );

@@ -75,13 +75,15 @@ fn suspended_task() -> Task {
             snapshot_id: "snap-1".into(),
             size_bytes: 1,
             expires_at: None,
+            omitted: Vec::new(),
         },
     );
     assert_eq!(tr.next.state, TaskState::Expired);
     assert!(tr.commands.contains(&Command::Reply {
         request_id: 2,
         reply: Reply::Suspended {
-            snapshot_id: Some("snap-1".into())
+            snapshot_id: Some("snap-1".into()),
+            omitted: Vec::new(),
         }
     }));
     tr.next
@@ -97,6 +99,7 @@ fn duplicate_snapshot_taken_is_absorbed() {
             snapshot_id: "snap-1".into(),
             size_bytes: 1,
             expires_at: None,
+            omitted: Vec::new(),
         },
     );
     assert_eq!(tr.next, t, "a second 'snapshot taken' changes nothing");
@@ -161,6 +164,7 @@ fn restore_falls_back_to_older_snapshot_only_when_gone() {
             snapshot_id: "snap-2".into(),
             size_bytes: 1,
             expires_at: None,
+            omitted: Vec::new(),
         },
     )
     .next;

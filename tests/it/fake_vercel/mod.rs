@@ -5,6 +5,7 @@
 //! share live here.
 
 mod commands;
+mod edge;
 mod faults;
 mod sandboxes;
 mod sdk;
@@ -98,6 +99,7 @@ impl Fake {
         let resp = self
             .http
             .post(self.admin("/faults"))
+            .bearer_auth(TOKEN)
             .json(&faults)
             .send()
             .await
@@ -114,6 +116,7 @@ impl Fake {
         json_of(
             self.http
                 .get(self.admin("/stats"))
+                .bearer_auth(TOKEN)
                 .send()
                 .await
                 .expect("send"),

@@ -80,8 +80,8 @@ async fn listing_returns_only_this_installations_resources() {
         .await
         .unwrap();
     env.run(&mine, "echo m > f").await;
-    env.provider.snapshot(&tid("mine"), &mine, 1).await.unwrap();
-    other.snapshot(&tid("theirs"), &theirs.id, 4).await.unwrap();
+    let mine_snap = env.provider.snapshot(&tid("mine"), &mine, 1).await.unwrap();
+    let theirs_snap = other.snapshot(&tid("theirs"), &theirs.id, 4).await.unwrap();
     let kept = env.create("kept", 1, None).await;
     env.clock.advance(10);
 
@@ -99,10 +99,10 @@ async fn listing_returns_only_this_installations_resources() {
     );
     let snapshots = env.provider.list_snapshots(INSTALLATION).await.unwrap();
     assert_eq!(snapshots.len(), 1);
-    assert_eq!(snapshots[0].id, "mine.s1");
+    assert_eq!(snapshots[0].id, mine_snap.id);
     let theirs = other.list_snapshots("inst-b").await.unwrap();
     assert_eq!(theirs.len(), 1);
-    assert_eq!(theirs[0].id, "theirs.s4");
+    assert_eq!(theirs[0].id, theirs_snap.id);
     assert!(theirs[0].live);
 }
 

@@ -1,11 +1,12 @@
 //! The local provider against real files and real processes, one concern a file: sandboxes and
 //! command semantics (cwd, exit codes, timeouts, output bounds) in `commands`, deadlines in
-//! `deadlines`, snapshots in `snapshots`, the archive extraction's refusals in `archives`, and
+//! `deadlines`, processes that try to outlive their sandbox in `escapes`, snapshots in `snapshots`, the archive extraction's refusals in `archives`, and
 //! ids, listing and sweeping in `listing`. The test environment they share lives here.
 
 mod archives;
 mod commands;
 mod deadlines;
+mod escapes;
 mod listing;
 mod snapshots;
 

@@ -1,8 +1,12 @@
 //! `taskbox serve` and the CLI as its client, end to end: real sockets, real processes (the
 //! built binary), each test in its own `TASKBOX_HOME`, every server killed at the end.
 
+mod gc;
 mod lifecycle;
+mod recovery;
 mod security;
+mod vercel;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};

@@ -137,6 +137,7 @@ fn lifecycle(id: &str, start: Millis) -> Vec<Owned> {
                 started_at: start + 30,
                 created_at: None,
                 expires_at: None,
+                omitted: Vec::new(),
             });
         },
     );
@@ -146,6 +147,7 @@ fn lifecycle(id: &str, start: Millis) -> Vec<Owned> {
             snapshot_id: format!("snap_{id}_1").into(),
             size_bytes: 4096,
             expires_at: Some(start + 1_000_000),
+            omitted: Vec::new(),
         },
         vec![],
         |t| {
@@ -198,6 +200,7 @@ fn assert_rows_mirror(store: &Store, task: &Task) {
             started_at: r.started_at,
             created_at: r.created_at,
             expires_at: r.expires_at,
+            omitted: Vec::new(),
         })
         .collect();
     assert_eq!(records, task.snapshots);

@@ -21,6 +21,7 @@ fn sandbox_and_snapshot_scenario() -> Vec<Owned> {
         started_at: 1_500,
         created_at: Some(1_600),
         expires_at: None,
+        omitted: Vec::new(),
     };
     s.step(Event::Recovered, vec![], |t| {
         t.state = TaskState::Running;

@@ -1,14 +1,16 @@
 //! Extraction: the compressed tar body unpacked into an empty directory under the rules in the
-//! [module docs](super), with symlinks created last and directory modes applied deepest first.
+//! [module docs](super), with symlinks created last (as leaves, targets verbatim) and directory
+//! modes applied deepest first.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
-use std::io::{self, BufRead, Read, Write};
+use std::io::{self, BufRead, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::tree::{os, show, Node, Tree};
+use super::write::{SPARSE_MAP, SPARSE_SIZE};
 use super::ArchiveError;
 
 /// Extracts the compressed tar body (what follows [`read_prefix`](super::read_prefix)) into
@@ -107,15 +109,34 @@ impl<'a> Extractor<'a> {
         }
         match kind {
             tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
+                let sparse = sparse_map(entry).map_err(&refuse)?;
                 let abs = self.abs(&path);
                 let mut file = fs::OpenOptions::new()
                     .write(true)
                     .create_new(true)
+                    .custom_flags(libc::O_NOFOLLOW)
                     .mode(0o600)
                     .open(&abs)
                     .map_err(ArchiveError::io("create", &abs))?;
-                copy_buffered(entry, &mut file, &mut self.buf)
-                    .map_err(ArchiveError::io("write", &abs))?;
+                match sparse {
+                    None => copy_buffered(entry, &mut file, &mut self.buf)
+                        .map_err(ArchiveError::io("write", &abs))?,
+                    Some((size, segments)) => {
+                        // Only the data segments are written; the rest stays a hole.
+                        for (offset, len) in segments {
+                            file.seek(SeekFrom::Start(offset))
+                                .map_err(ArchiveError::io("seek in", &abs))?;
+                            copy_buffered(
+                                &mut Read::by_ref(entry).take(len),
+                                &mut file,
+                                &mut self.buf,
+                            )
+                            .map_err(ArchiveError::io("write", &abs))?;
+                        }
+                        file.set_len(size)
+                            .map_err(ArchiveError::io("set the length of", &abs))?;
+                    }
+                }
                 // Set-id bits never survive a restore: an archive must not mint setuid binaries.
                 file.set_permissions(fs::Permissions::from_mode(mode & 0o777))
                     .map_err(ArchiveError::io("set the mode of", &abs))?;
@@ -140,16 +161,10 @@ impl<'a> Extractor<'a> {
                 if target.contains(&0) {
                     return Err(refuse("its target contains a NUL byte".into()));
                 }
-                if target[0] == b'/' {
-                    return Err(refuse(format!(
-                        "it is a symlink to the absolute path `{}`, outside the workspace",
-                        show(&target)
-                    )));
-                }
-                // Created only after all files and directories (see `finish`), so no later entry
-                // can be written through it.
-                self.tree
-                    .insert(path.clone(), Node::Symlink(target.clone()));
+                // Stored verbatim, wherever it points: it is created only after all files and
+                // directories (see `finish`), and no entry may be created below it, so nothing
+                // is ever written through it.
+                self.tree.insert(path.clone(), Node::Symlink);
                 self.symlinks.push((path, target));
             }
             tar::EntryType::Link => {
@@ -161,7 +176,7 @@ impl<'a> Extractor<'a> {
                     refuse(format!("its hard-link target `{}`: {r}", show(&target)))
                 })?;
                 let target_path = target_parts.join(&b'/');
-                if self.tree.get(&target_path) != Some(&Node::File) {
+                if self.tree.get(&target_path) != Some(Node::File) {
                     return Err(refuse(format!(
                         "it is a hard link to `{}`, which is not a regular file extracted before \
                          it",
@@ -195,7 +210,7 @@ impl<'a> Extractor<'a> {
             let parent = parts[..depth].join(&b'/');
             match self.tree.get(&parent) {
                 Some(Node::Dir) => {}
-                Some(Node::Symlink(_)) => {
+                Some(Node::Symlink) => {
                     return Err(Refusal::Rule(format!(
                         "it would be written through `{}`, a symlink",
                         show(&parent)
@@ -233,37 +248,13 @@ impl<'a> Extractor<'a> {
         }
     }
 
-    /// Creates the symlinks (after checking them all against the complete tree), then applies
-    /// directory modes and mtimes deepest first.
+    /// Creates the symlinks (leaves in directories this extraction made, so none is created
+    /// through another), then applies directory modes and mtimes deepest first.
     fn finish(self) -> Result<(), ArchiveError> {
-        for (path, target) in &self.symlinks {
-            self.tree
-                .check_symlink(path, target)
-                .map_err(|reason| ArchiveError::UnsafeEntry {
-                    entry: show(path),
-                    reason,
-                })?;
-        }
-        let root = fs::canonicalize(self.dest)
-            .map_err(ArchiveError::io("resolve", self.dest.to_path_buf()))?;
         for (path, target) in &self.symlinks {
             let abs = self.abs(path);
             std::os::unix::fs::symlink(os(target), &abs)
                 .map_err(ArchiveError::io("create symlink", &abs))?;
-        }
-        // Belt and braces: the model said every link stays inside; the file system must agree.
-        for (path, target) in &self.symlinks {
-            if let Ok(real) = fs::canonicalize(self.abs(path)) {
-                if !real.starts_with(&root) {
-                    return Err(ArchiveError::UnsafeEntry {
-                        entry: show(path),
-                        reason: format!(
-                            "its target `{}` resolves outside the workspace",
-                            show(target)
-                        ),
-                    });
-                }
-            }
         }
         let mut dirs = self.dirs;
         dirs.sort_by_key(|d| std::cmp::Reverse(d.path.iter().filter(|b| **b == b'/').count()));
@@ -313,6 +304,63 @@ fn entry_components(raw: &[u8]) -> Result<Vec<&[u8]>, &'static str> {
         }
     }
     Ok(parts)
+}
+
+/// A sparse file's length and its data segments `(offset, length)`.
+type SparseMap = (u64, Vec<(u64, u64)>);
+
+/// The sparse map of a regular entry, if its pax records carry one: the file's length and its
+/// data segments, which must be ordered, disjoint, inside the file and add up to the entry's
+/// stored size.
+fn sparse_map<R: Read>(entry: &mut tar::Entry<'_, R>) -> Result<Option<SparseMap>, String> {
+    let stored = entry.header().size().map_err(|e| e.to_string())?;
+    let Some(pax) = entry.pax_extensions().map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let (mut size, mut map) = (None, None);
+    for ext in pax {
+        let ext = ext.map_err(|e| e.to_string())?;
+        let value = || {
+            ext.value()
+                .map_err(|_| format!("its pax record `{}` is not UTF-8", show(ext.key_bytes())))
+        };
+        match ext.key_bytes() {
+            k if k == SPARSE_SIZE.as_bytes() => size = Some(value()?.to_string()),
+            k if k == SPARSE_MAP.as_bytes() => map = Some(value()?.to_string()),
+            _ => {}
+        }
+    }
+    let (size, map) = match (size, map) {
+        (None, None) => return Ok(None),
+        (Some(size), Some(map)) => (size, map),
+        _ => return Err("its sparse map is incomplete".into()),
+    };
+    let bad = || format!("its sparse map `{size}` / `{map}` is malformed");
+    let size: u64 = size.parse().map_err(|_| bad())?;
+    let numbers = if map.is_empty() {
+        Vec::new()
+    } else {
+        map.split(',')
+            .map(|n| n.parse::<u64>().map_err(|_| bad()))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    if numbers.len() % 2 != 0 {
+        return Err(bad());
+    }
+    let segments: Vec<(u64, u64)> = numbers.chunks(2).map(|p| (p[0], p[1])).collect();
+    let (mut end, mut total) = (0u64, 0u64);
+    for &(offset, len) in &segments {
+        let seg_end = offset.checked_add(len).ok_or_else(bad)?;
+        if offset < end || seg_end > size {
+            return Err(bad());
+        }
+        end = seg_end;
+        total = total.checked_add(len).ok_or_else(bad)?;
+    }
+    if total != stored {
+        return Err(bad());
+    }
+    Ok(Some((size, segments)))
 }
 
 fn copy_buffered<R: Read, W: Write>(from: &mut R, to: &mut W, buf: &mut [u8]) -> io::Result<()> {

@@ -11,8 +11,15 @@ use crate::core::Millis;
 /// The first bytes of every archive.
 pub const MAGIC: [u8; 8] = *b"TBXSNAP\0";
 
-/// The format version this code writes and reads.
-pub const VERSION: u32 = 1;
+/// The format version this code writes. Version 2 stores every symlink verbatim (version 1
+/// left out the ones pointing outside the workspace) and keeps the holes of sparse files
+/// (`TASKBOX.sparse.*` pax records before the entry); its header also names the
+/// generation, the sandbox instance and the operation's nonce, and the working directory.
+pub const VERSION: u32 = 2;
+
+/// The oldest format version this code still reads (version 1 bodies are a subset of
+/// version 2's, and its header lacks only the optional fields).
+pub const OLDEST_READABLE: u32 = 1;
 
 /// The largest JSON header accepted (it holds a few ids; anything bigger is not ours).
 pub const MAX_HEADER_LEN: u32 = 64 * 1024;
@@ -30,6 +37,21 @@ pub struct ArchiveHeader {
     pub created_at: Millis,
     /// The sandbox it was taken from.
     pub source_sandbox: String,
+    /// The generation of that sandbox (`None` in version 1 archives).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    /// The instance of that sandbox (unique per creation; `None` in version 1 archives): a
+    /// repeated snapshot call matches an archive only if it was taken from the same instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// The random nonce of the snapshot operation that wrote it, also in its file name, so
+    /// that no two operations ever share an archive (`None` in version 1 archives).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
+    /// The working directory of the next command, relative to the workspace (`None` in
+    /// version 1 archives: the root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
 }
 
 /// Writes the magic, the version and the header.
@@ -70,7 +92,7 @@ pub fn read_prefix<R: Read>(input: &mut R) -> Result<ArchiveHeader, ArchiveError
         return Err(ArchiveError::Truncated { part: "version" });
     }
     let version = u32::from_le_bytes(word);
-    if version != VERSION {
+    if !(OLDEST_READABLE..=VERSION).contains(&version) {
         return Err(ArchiveError::UnknownVersion {
             found: version,
             supported: VERSION,
@@ -120,20 +142,33 @@ mod tests {
             installation_id: "inst".into(),
             created_at: 42,
             source_sandbox: "taskbox-t1-g1".into(),
+            generation: Some(1),
+            instance: Some("i".into()),
+            nonce: Some("0123456789abcdef".into()),
+            cwd: None,
         };
         let mut buf = Vec::new();
         write_prefix(&mut buf, &header).unwrap();
         assert_eq!(read_prefix(&mut buf.as_slice()).unwrap(), header);
 
         let mut newer = buf.clone();
-        newer[8..12].copy_from_slice(&2u32.to_le_bytes());
+        newer[8..12].copy_from_slice(&3u32.to_le_bytes());
         assert!(matches!(
             read_prefix(&mut newer.as_slice()),
             Err(ArchiveError::UnknownVersion {
-                found: 2,
-                supported: 1
+                found: 3,
+                supported: 2
             })
         ));
+        // Version 1 is still read; its header has none of the optional fields.
+        let v1 = br#"{"task_id":"t1","seq":3,"installation_id":"inst","created_at":42,"source_sandbox":"taskbox-t1-g1"}"#;
+        let mut old = Vec::new();
+        old.extend_from_slice(&MAGIC);
+        old.extend_from_slice(&1u32.to_le_bytes());
+        old.extend_from_slice(&(v1.len() as u32).to_le_bytes());
+        old.extend_from_slice(v1);
+        let read = read_prefix(&mut old.as_slice()).unwrap();
+        assert_eq!((read.seq, read.generation, read.nonce), (3, None, None));
         assert!(matches!(
             read_prefix(&mut &b"PK\x03\x04rest"[..]),
             Err(ArchiveError::BadMagic { .. })

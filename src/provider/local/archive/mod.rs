@@ -1,37 +1,42 @@
 //! The local provider's snapshot archive: a versioned container around a zstd-compressed tar,
 //! and the extraction that refuses anything able to write outside the restored workspace.
 //!
-//! Layout of version 1 (all integers little-endian):
+//! Layout (all integers little-endian; versions 1 and 2 share it):
 //!
 //! ```text
 //! "TBXSNAP\0" | u32 version | u32 header length | header (JSON) | zstd frame of a tar stream
 //! ```
 //!
 //! The magic and the version come first so that a future taskbox can change everything after
-//! them, and an older one says "this archive is version N, I read version 1" instead of
-//! misreading it (the firecracker snapshot-format rule). The JSON header names the owning task
-//! and installation, which is how the reconciler lists snapshots without unpacking them.
+//! them, and an older one says "this archive is version N, I read versions 1 to M" instead of
+//! misreading it (the firecracker snapshot-format rule). The JSON header names the owning task,
+//! installation, generation, sandbox instance and the snapshot operation's nonce, which is how
+//! the reconciler lists snapshots without unpacking them and how a repeated snapshot call
+//! recognises its own archive (and nothing else). Version 2 (written now) differs from version
+//! 1 (still read) in what the body may hold: symlinks pointing anywhere, and sparse files.
 //!
 //! Packing streams: the directory walk and tar framing run on the calling thread and hand
 //! 256 KiB chunks to a compressor thread through a bounded channel, so memory stays bounded and
-//! walking and compressing overlap the way `tar | zstd` does. Symlinks are stored as symlinks,
-//! never followed; files with several links inside the workspace are stored once plus hard-link
-//! entries.
+//! walking and compressing overlap the way `tar | zstd` does. Symlinks are data: every one is
+//! stored verbatim (absolute, relative, dangling, pointing outside — a virtualenv's
+//! `bin/python -> /usr/bin/python3`, `node_modules/.bin/*`), never followed. Files with several
+//! links inside the workspace are stored once plus hard-link entries. A sparse file (fewer
+//! blocks allocated than its length) is stored as its data segments plus a map of them, and
+//! restored with its holes. An entry that cannot be read (permissions, a path longer than
+//! `PATH_MAX`) or cannot be stored (a socket, a fifo, a device) is left out and listed in
+//! [`PackStats::omitted`]; the rest of the workspace is still archived.
 //!
-//! Extraction trusts nothing in the archive. Every entry path must be relative without `..`;
-//! parents must be directories created by this extraction (never a symlink, so nothing is written
-//! through one); symlinks are created only after every file and directory, and only if their
-//! target — followed through the other symlinks of the archive — stays inside the workspace;
-//! hard links must point at a regular file extracted earlier; devices and fifos are refused. Any
-//! refusal fails the whole extraction, naming the entry; the caller extracts into a temporary
-//! directory and deletes it on failure, so nothing half-restored ever appears.
-//!
-//! The packer applies the same symlink rule and leaves out (with a warning) what the extractor
-//! would refuse — an absolute symlink such as a virtualenv's `bin/python -> /usr/bin/python3`,
-//! a socket — because an archive that cannot be restored would lose every file of the task.
+//! Extraction trusts nothing in the archive and never writes through a symlink. Every entry
+//! path must be relative without `..`; parents must be directories created by this extraction
+//! (an entry below a symlink of the archive is refused, wherever the symlink points); symlinks
+//! are created only after every file and directory, as leaves, so nothing is ever opened through
+//! one; a symlink's target is stored as given and never resolved by the extraction; hard links
+//! must point at a regular file extracted earlier; devices and fifos are refused. Any refusal
+//! fails the whole extraction, naming the entry; the caller extracts into a temporary directory
+//! and deletes it on failure, so nothing half-restored ever appears.
 //!
 //! The code is split by concern: `format` is the container (magic, version, header), `tree`
-//! the symlink rule shared by both directions, `write` the packer and `extract` the extractor.
+//! the extraction's model of what it created, `write` the packer and `extract` the extractor.
 
 mod extract;
 mod format;
@@ -39,7 +44,9 @@ mod tree;
 mod write;
 
 pub use self::extract::unpack_body;
-pub use self::format::{read_prefix, write_prefix, ArchiveHeader, MAGIC, MAX_HEADER_LEN, VERSION};
+pub use self::format::{
+    read_prefix, write_prefix, ArchiveHeader, MAGIC, MAX_HEADER_LEN, OLDEST_READABLE, VERSION,
+};
 pub use self::write::{pack, Omitted, PackStats, ZSTD_LEVEL};
 
 use std::io;
@@ -58,13 +65,13 @@ pub enum ArchiveError {
     },
     /// The format version is not one this taskbox reads.
     #[error(
-        "snapshot archive format version {found} is not supported (this taskbox reads version \
-         {supported}); restore it with the taskbox version that wrote it"
+        "snapshot archive format version {found} is not supported (this taskbox reads versions 1 \
+         to {supported}); restore it with the taskbox version that wrote it"
     )]
     UnknownVersion {
         /// The version in the file.
         found: u32,
-        /// The version this code reads.
+        /// The newest version this code reads.
         supported: u32,
     },
     /// The header length field is implausible.

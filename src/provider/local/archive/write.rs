@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::mpsc;
 
 use super::format::write_prefix;
-use super::tree::{os, show, Node, Tree};
+use super::tree::{os, show};
 use super::{ArchiveError, ArchiveHeader};
 
 /// The zstd level: the `zstd` command's default, fast enough to keep up with the walk.
@@ -21,6 +21,13 @@ const CHUNK_BYTES: usize = 256 * 1024;
 
 /// How many chunks may wait for the compressor (bounds memory to about 2 MiB).
 const CHUNKS_IN_FLIGHT: usize = 8;
+
+/// The longest path the file system calls accept, with its NUL.
+const PATH_MAX: usize = libc::PATH_MAX as usize;
+
+/// Room left for a restore's staging directory being longer than the workspace's own path
+/// (`tmp/create.<pid>.<n>.<name>` against `sandboxes/<name>`).
+const RESTORE_PATH_SLACK: usize = 128;
 
 /// Something the packer left out of an archive, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +43,7 @@ pub struct Omitted {
 pub struct PackStats {
     /// Entries written (directories, files, links).
     pub entries: u64,
-    /// Entries left out because a restore would refuse them.
+    /// Entries left out: unreadable ones, and sockets, fifos and devices.
     pub omitted: Vec<Omitted>,
 }
 
@@ -163,28 +170,41 @@ fn entry_header(meta: &fs::Metadata, kind: tar::EntryType, size: u64) -> tar::He
 
 /// Walks `workspace` (without following symlinks) into a tar stream written to `sink`.
 ///
-/// Only symlinks go into the tree model: resolving a target consults nothing else, so a
-/// directory or file entry would cost a map insert per path for nothing.
+/// What cannot be read is left out and listed, so that one unreadable entry never costs the
+/// rest of the workspace its snapshot; only a failure to write the archive itself (or to list
+/// the workspace's root) fails the walk.
 fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, ArchiveError> {
     let mut builder = tar::Builder::new(sink);
-    let mut tree = Tree::default();
     let mut stats = PackStats::default();
     let mut first_link: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
-    let mut symlinks: Vec<(Vec<u8>, Vec<u8>, fs::Metadata)> = Vec::new();
     let write = |e| ArchiveError::stream("write the snapshot archive")(e);
+    let omit = |stats: &mut PackStats, rel: &[u8], what: &str, e: &dyn std::fmt::Display| {
+        stats.omitted.push(Omitted {
+            path: show(rel),
+            reason: format!("cannot {what} it: {e}"),
+        });
+    };
 
     // Depth-first, children in name order: deterministic output, parents before children.
     let mut stack: Vec<Vec<u8>> = vec![Vec::new()];
     while let Some(dir) = stack.pop() {
         let dir_abs = workspace.join(os(&dir));
-        let mut entries = match fs::read_dir(&dir_abs) {
-            Ok(it) => it
-                .map(|e| e.map(|e| (e.file_name().into_vec(), e)))
+        let listed = fs::read_dir(&dir_abs).and_then(|it| {
+            it.map(|e| e.map(|e| (e.file_name().into_vec(), e)))
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(ArchiveError::io("list directory", &dir_abs))?,
+        });
+        let mut entries = match listed {
+            Ok(entries) => entries,
             // Vanished between listing its parent and now: nothing to keep.
             Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_empty() => continue,
-            Err(e) => return Err(ArchiveError::io("list directory", &dir_abs)(e)),
+            Err(e) if dir.is_empty() => {
+                return Err(ArchiveError::io("list directory", &dir_abs)(e))
+            }
+            Err(e) => {
+                // The directory's own entry is in the archive; its contents are not.
+                omit(&mut stats, &dir, "list the contents of", &e);
+                continue;
+            }
         };
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut subdirs = Vec::new();
@@ -195,11 +215,27 @@ fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, Archi
                 [dir.as_slice(), b"/", name.as_slice()].concat()
             };
             let abs = workspace.join(os(&rel));
+            if abs.as_os_str().len() + RESTORE_PATH_SLACK >= PATH_MAX {
+                // It could be neither read by path nor restored: leave it (and what is below
+                // it) out rather than write an archive that cannot be restored.
+                stats.omitted.push(Omitted {
+                    path: show(&rel),
+                    reason: format!(
+                        "its path is {} bytes long, too close to PATH_MAX ({PATH_MAX}) to be \
+                         restored",
+                        abs.as_os_str().len()
+                    ),
+                });
+                continue;
+            }
             // `DirEntry::metadata` does not follow symlinks.
             let meta = match entry.metadata() {
                 Ok(meta) => meta,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(ArchiveError::io("inspect", &abs)(e)),
+                Err(e) => {
+                    omit(&mut stats, &rel, "inspect", &e);
+                    continue;
+                }
             };
             let file_type = meta.file_type();
             if file_type.is_dir() {
@@ -223,33 +259,45 @@ fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, Archi
                 let file = match File::open(&abs) {
                     Ok(file) => file,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(ArchiveError::io("read", &abs)(e)),
+                    Err(e) => {
+                        omit(&mut stats, &rel, "read", &e);
+                        continue;
+                    }
                 };
-                let mut header = entry_header(&meta, tar::EntryType::Regular, meta.len());
-                let reader = ExactReader {
-                    file,
-                    remaining: meta.len(),
+                let archived = if is_sparse(&meta) {
+                    append_sparse(&mut builder, &meta, &rel, file)
+                } else {
+                    let mut header = entry_header(&meta, tar::EntryType::Regular, meta.len());
+                    let reader = ExactReader {
+                        file,
+                        remaining: meta.len(),
+                    };
+                    builder.append_data(&mut header, os(&rel), reader)
                 };
-                builder
-                    .append_data(&mut header, os(&rel), reader)
-                    .map_err(|e| {
-                        if e.kind() == io::ErrorKind::BrokenPipe {
-                            write(e)
-                        } else {
-                            ArchiveError::io("archive", &abs)(e)
-                        }
-                    })?;
+                archived.map_err(|e| {
+                    if e.kind() == io::ErrorKind::BrokenPipe {
+                        write(e)
+                    } else {
+                        ArchiveError::io("archive", &abs)(e)
+                    }
+                })?;
                 if meta.nlink() > 1 {
                     first_link.insert(inode, rel);
                 }
             } else if file_type.is_symlink() {
-                let target = fs::read_link(&abs)
-                    .map_err(ArchiveError::io("read symlink", &abs))?
-                    .into_os_string()
-                    .into_vec();
-                tree.insert(rel.clone(), Node::Symlink(target.clone()));
-                symlinks.push((rel, target, meta));
-                continue; // counted when written
+                // Verbatim, wherever it points: a symlink is data.
+                let target = match fs::read_link(&abs) {
+                    Ok(target) => target,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => {
+                        omit(&mut stats, &rel, "read the symlink", &e);
+                        continue;
+                    }
+                };
+                let mut header = entry_header(&meta, tar::EntryType::Symlink, 0);
+                builder
+                    .append_link(&mut header, os(&rel), &target)
+                    .map_err(write)?;
             } else {
                 stats.omitted.push(Omitted {
                     path: show(&rel),
@@ -261,24 +309,120 @@ fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, Archi
         }
         stack.extend(subdirs.into_iter().rev());
     }
-
-    // Symlinks last, judged against the whole tree exactly as the extractor will judge them.
-    for (rel, target, meta) in symlinks {
-        match tree.check_symlink(&rel, &target) {
-            Ok(()) => {
-                let mut header = entry_header(&meta, tar::EntryType::Symlink, 0);
-                builder
-                    .append_link(&mut header, os(&rel), os(&target))
-                    .map_err(write)?;
-                stats.entries += 1;
-            }
-            Err(reason) => stats.omitted.push(Omitted {
-                path: show(&rel),
-                reason: format!("a restore would refuse this symlink: {reason}"),
-            }),
-        }
-    }
     let sink = builder.into_inner().map_err(write)?;
     sink.finish().map_err(write)?;
     Ok(stats)
+}
+
+/// The pax record holding a sparse file's length.
+pub(super) const SPARSE_SIZE: &str = "TASKBOX.sparse.size";
+
+/// The pax record holding a sparse file's data segments: `offset,length,offset,length,...`.
+pub(super) const SPARSE_MAP: &str = "TASKBOX.sparse.map";
+
+/// Whether a regular file has fewer blocks allocated than its length needs (it has holes).
+fn is_sparse(meta: &fs::Metadata) -> bool {
+    meta.blocks().saturating_mul(512) < meta.len()
+}
+
+/// The data segments of `file` (`SEEK_DATA`/`SEEK_HOLE`), up to `len`.
+fn data_segments(file: &File, len: u64) -> io::Result<Vec<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let seek = |offset: u64, whence| -> io::Result<Option<u64>> {
+        let offset = libc::off_t::try_from(offset).map_err(io::Error::other)?;
+        // SAFETY: `fd` is an open descriptor owned by `file` for the duration of the call;
+        // lseek only moves its offset.
+        let r = unsafe { libc::lseek(fd, offset, whence) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            // ENXIO: no more data after `offset`.
+            return if e.raw_os_error() == Some(libc::ENXIO) {
+                Ok(None)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(Some(u64::try_from(r).map_err(io::Error::other)?))
+    };
+    let mut segments = Vec::new();
+    let mut at = 0;
+    while at < len {
+        let Some(start) = seek(at, libc::SEEK_DATA)? else {
+            break;
+        };
+        if start >= len {
+            break;
+        }
+        let end = seek(start, libc::SEEK_HOLE)?.unwrap_or(len).min(len);
+        segments.push((start, end - start));
+        at = end;
+    }
+    Ok(segments)
+}
+
+/// Appends a sparse file as its data segments behind a pax record of its map.
+fn append_sparse<W: Write>(
+    builder: &mut tar::Builder<W>,
+    meta: &fs::Metadata,
+    rel: &[u8],
+    mut file: File,
+) -> io::Result<()> {
+    let len = meta.len();
+    let segments = data_segments(&file, len)?;
+    let stored: u64 = segments.iter().map(|(_, l)| l).sum();
+    let map = segments
+        .iter()
+        .map(|(o, l)| format!("{o},{l}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let size = len.to_string();
+    builder
+        .append_pax_extensions([(SPARSE_SIZE, size.as_bytes()), (SPARSE_MAP, map.as_bytes())])?;
+    let mut header = entry_header(meta, tar::EntryType::Regular, stored);
+    let reader = SegmentReader {
+        file: &mut file,
+        segments: segments.into_iter(),
+        current: None,
+    };
+    builder.append_data(&mut header, os(rel), reader)
+}
+
+/// Reads the data segments of a file one after the other (exactly their lengths, failing if
+/// the file shrinks, as [`ExactReader`] does).
+struct SegmentReader<'a, I> {
+    file: &'a mut File,
+    segments: I,
+    current: Option<u64>,
+}
+
+impl<I: Iterator<Item = (u64, u64)>> Read for SegmentReader<'_, I> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::io::{Seek, SeekFrom};
+        loop {
+            match self.current {
+                Some(0) | None => match self.segments.next() {
+                    None => return Ok(0),
+                    Some((offset, len)) => {
+                        self.file.seek(SeekFrom::Start(offset))?;
+                        self.current = Some(len);
+                    }
+                },
+                Some(remaining) => {
+                    let want = buf
+                        .len()
+                        .min(usize::try_from(remaining).unwrap_or(usize::MAX));
+                    let n = self.file.read(&mut buf[..want])?;
+                    if n == 0 {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the file shrank while the snapshot was being taken",
+                        ));
+                    }
+                    self.current = Some(remaining - n as u64);
+                    return Ok(n);
+                }
+            }
+        }
+    }
 }

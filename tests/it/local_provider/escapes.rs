@@ -1,0 +1,97 @@
+//! Issue 12, item 16: processes that leave the sandbox's process group (`setsid`), clear their
+//! environment (`env -i`) or unset `TASKBOX_WORKSPACE` do not survive a suspend: each local
+//! sandbox's commands run in its own cgroup v2, killed whole on stop.
+
+use std::time::Duration;
+
+use taskbox::provider::local::cgroup;
+
+use crate::support::{stderr, stdout, Home};
+
+/// Whether `pid` is a live process (a zombie waiting for its parent counts as dead).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Whether a CI run on a machine with a writable cgroup v2 (where the test must not skip).
+fn must_run() -> bool {
+    let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"));
+    let cgroup2 = std::fs::read_to_string("/proc/self/mountinfo")
+        .is_ok_and(|m| m.lines().any(|l| l.contains(" - cgroup2 ")));
+    // SAFETY: geteuid(2) takes nothing and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    ci && cgroup2 && root
+}
+
+#[test]
+fn processes_that_leave_the_process_group_do_not_survive_suspend() {
+    if let Err(why) = cgroup::support() {
+        assert!(
+            !must_run(),
+            "CI runs as root on a machine with cgroup v2, but the sandbox cgroups are not available: {why}"
+        );
+        eprintln!("SKIPPED processes_that_leave_the_process_group_do_not_survive_suspend: {why}");
+        return;
+    }
+    let home = Home::new();
+    let pids = home.path().join("pids");
+    let pids_arg = pids.to_str().expect("utf-8 path");
+    // Three escapes: a new session, a new session with an empty environment, and a
+    // double-forked process without TASKBOX_WORKSPACE.
+    let script = format!(
+        "setsid bash -c 'echo $$ >> {pids_arg}; exec sleep 1000' >/dev/null 2>&1 & \
+         env -i /usr/bin/env setsid bash -c 'echo $$ >> {pids_arg}; exec sleep 1000' >/dev/null 2>&1 & \
+         (unset TASKBOX_WORKSPACE; bash -c 'echo $$ >> {pids_arg}; exec sleep 1000' >/dev/null 2>&1 &) ; \
+         for i in $(seq 100); do [ \"$(wc -l < {pids_arg} 2>/dev/null)\" = 3 ] && break; sleep 0.05; done; \
+         echo started"
+    );
+    let out = home.run(&["run", "-t", "escape", "--", &script]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("started"), "{}", stdout(&out));
+    let started: Vec<u32> = std::fs::read_to_string(&pids)
+        .expect("pid file")
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert_eq!(started.len(), 3, "{started:?}");
+    // The command has returned; its escapes live on until the sandbox stops.
+    assert!(started.iter().all(|p| alive(*p)), "{started:?}");
+    let out = home.run(&["suspend", "escape"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let mut left: Vec<u32> = started.clone();
+    for _ in 0..100 {
+        left.retain(|p| alive(*p));
+        if left.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for p in &left {
+        // SAFETY: kill(2) takes two integers; `p` is a process this test started. Cleanup only.
+        unsafe {
+            libc::kill(*p as libc::pid_t, libc::SIGKILL);
+        }
+    }
+    assert!(left.is_empty(), "processes survived the suspend: {left:?}");
+    // doctor says which isolation is in force.
+    let doctor = home.run(&["doctor", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&stdout(&doctor)).expect("doctor json");
+    let check = json["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "isolation"))
+        .cloned()
+        .expect("an isolation check");
+    assert_eq!(check["ok"], true, "{check}");
+    assert!(
+        check["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("cgroup v2")),
+        "{check}"
+    );
+}

@@ -1,0 +1,105 @@
+//! The server on the Vercel backend, against `taskbox fake-vercel` over a real socket: the
+//! server's timers keep files across a pause longer than the sandbox's lifetime, and a warm
+//! command costs one HTTP request.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::ServerHome;
+use crate::support::{ok, stderr, stdout, wait_for};
+use crate::vercel_engine::{spawn_fake, FakeProcess};
+
+/// A server home on the Vercel backend, served by a fake of its own.
+fn vercel_home() -> (ServerHome, FakeProcess) {
+    let mut h = ServerHome::new();
+    h.home.set_env("VERCEL_TOKEN", "tok");
+    h.home.set_env("VERCEL_TEAM_ID", "team_t");
+    h.home.set_env("VERCEL_PROJECT_ID", "prj_t");
+    let fake = spawn_fake(&h.home);
+    for (k, v) in [
+        ("terminal.backend", "vercel_sandbox"),
+        ("terminal.container_memory", "2048"),
+        ("terminal.vercel_api_url", fake.url.as_str()),
+    ] {
+        ok(&h.home.run(&["config", "set", k, v]));
+    }
+    (h, fake)
+}
+
+/// `METHOD /_admin/stats` on the fake (plain HTTP/1.1 over a TCP socket).
+fn admin_stats(fake: &FakeProcess, method: &str) -> Value {
+    let addr = fake
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/api")
+        .to_string();
+    let mut s = std::net::TcpStream::connect(&addr).expect("connect to the fake");
+    write!(
+        s,
+        "{method} /_admin/stats HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read");
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{answer}: {e}"))
+}
+
+#[test]
+fn files_survive_a_pause_longer_than_the_sandbox_lifetime_on_the_fake_vercel() {
+    let (h, _fake) = vercel_home();
+    for (k, v) in [
+        ("terminal.lifetime_seconds", "1"),
+        ("terminal.sandbox_timeout_seconds", "3"),
+        ("terminal.max_sandbox_lifetime_seconds", "3"),
+        ("terminal.checkpoint_margin_seconds", "1"),
+    ] {
+        ok(&h.home.run(&["config", "set", k, v]));
+    }
+    let start = std::time::Instant::now();
+    ok(&h.home.run(&["run", "-t", "p", "--", "echo kept > f"]));
+    let show = || -> Value {
+        serde_json::from_str(&stdout(&h.home.run(&["show", "p", "--json"]))).unwrap_or(Value::Null)
+    };
+    // Nobody runs a command now; the server snapshots the idle sandbox by itself.
+    let expired = wait_for(Duration::from_secs(30), || {
+        (show()["task"]["state"] == "expired").then_some(())
+    });
+    assert!(expired.is_some(), "the idle sandbox was never snapshotted");
+    // The pause outlasts the sandbox's platform lifetime (3 s) too: the fake has timed the
+    // session out by now.
+    wait_for(Duration::from_secs(10), || {
+        (start.elapsed() > Duration::from_secs(4)).then_some(())
+    })
+    .expect("time passes");
+    let o = h.home.run(&["run", "-t", "p", "--", "cat f"]);
+    assert_eq!(ok(&o), "kept\n", "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("recreated from snapshot"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// Through the CLI and the server, a command in a warm sandbox is one request to the platform:
+/// no gc listing, no session probe, no snapshot listing per command.
+#[test]
+fn a_warm_command_through_the_server_is_one_request() {
+    let (h, fake) = vercel_home();
+    ok(&h.home.run(&["run", "-t", "w", "--", "echo warm"]));
+    h.wait_for_server();
+    // The server's start-up reconcile may still be listing: let it finish first.
+    std::thread::sleep(Duration::from_millis(500));
+    admin_stats(&fake, "DELETE");
+    for i in 0..5 {
+        assert_eq!(
+            ok(&h.home.run(&["run", "-t", "w", "--", &format!("echo {i}")])),
+            format!("{i}\n")
+        );
+    }
+    let stats = admin_stats(&fake, "GET");
+    assert_eq!(stats["total"], 5, "requests per warm command: {stats}");
+    assert_eq!(stats["requests"]["run_command"], 5, "{stats}");
+}
