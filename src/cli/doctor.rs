@@ -22,7 +22,7 @@ pub struct Check {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hint: Option<String>,
     /// Works, but with something missing the detail names (printed `!`; does not fail doctor).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub warning: bool,
 }
 

@@ -18,7 +18,10 @@ fn plant_orphan(data: &Path, live: &str) -> PathBuf {
     let dir = sandboxes.join(&name);
     std::fs::create_dir_all(dir.join("workspace")).expect("orphan dir");
     let mut meta: Value = serde_json::from_str(
-        &std::fs::read_to_string(sandboxes.join(live).join("meta.json")).expect("meta.json"),
+        // A task's live sandbox sits at its task's stable path; a parked one under `sandboxes/`.
+        &std::fs::read_to_string(data.join("local/tasks/a/meta.json"))
+            .or_else(|_| std::fs::read_to_string(sandboxes.join(live).join("meta.json")))
+            .expect("meta.json"),
     )
     .expect("meta is JSON");
     meta["name"] = name.clone().into();
