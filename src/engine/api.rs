@@ -209,7 +209,8 @@ impl Orchestrator {
         command: &str,
         timeout: Option<Duration>,
     ) -> Result<RunResult, EngineError> {
-        self.run_live(task, command, timeout, ExecIo::default()).await
+        self.run_live(task, command, timeout, ExecIo::default())
+            .await
     }
 
     /// [`Orchestrator::run`] with the command's live side: its output is sent to `io.output`
