@@ -7,6 +7,7 @@ mod chaos;
 mod doctor;
 #[cfg(feature = "fake")]
 mod fake;
+mod live;
 mod output;
 mod replay;
 #[cfg(feature = "server")]
@@ -20,6 +21,7 @@ use clap::{Args, Parser, Subcommand};
 
 use taskbox::config::Config;
 use taskbox::engine::{Orchestrator, Paths, TaskView};
+use taskbox::provider::{Canceller, ExecIo};
 use taskbox::store::{Store, StoreError};
 use taskbox::TaskId;
 
@@ -483,24 +485,59 @@ async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     if let Some(t) = args.timeout {
         Config::check_flag("terminal.timeout", "--timeout", t).map_err(Failure::from_config)?;
     }
-    let res = match route(paths)? {
-        Route::InProcess => {
-            let orch = open(paths).await?;
-            let timeout = args.timeout.map(Duration::from_secs);
-            let res = orch.run(&task, &command, timeout).await;
-            orch.shutdown().await;
-            res.map_err(Failure::from_engine)?
-        }
-        #[cfg(feature = "server")]
-        Route::Server(client, mode) => {
-            let timeout = args.timeout;
-            server::call(&client, mode, |c| {
-                let (task, command) = (task.clone(), command.clone());
-                async move { c.run(&task, &command, timeout).await }
-            })
-            .await?
+    // Output streams to our stdout and stderr as it is produced; `--json` prints the result
+    // (with the bounded capture) instead.
+    let (output_tx, output_rx) = match args.json {
+        true => (None, None),
+        false => {
+            let (tx, rx) = live::output_channel();
+            (Some(tx), Some(rx))
         }
     };
+    let (canceller, cancel_rx) = Canceller::new();
+    let io = ExecIo {
+        output: output_tx,
+        stdin: live::stdin_source(),
+        cancel: Some(cancel_rx),
+    };
+    let mut signals = live::Signals::catch()?;
+    let run = async {
+        match route(paths)? {
+            Route::InProcess => {
+                let orch = open(paths).await?;
+                let timeout = args.timeout.map(Duration::from_secs);
+                let res = orch.run_live(&task, &command, timeout, io).await;
+                orch.shutdown().await;
+                res.map_err(Failure::from_engine)
+            }
+            #[cfg(feature = "server")]
+            Route::Server(client, mode) => {
+                let timeout = args.timeout;
+                // Shared so that a retry after starting a server gets the same live side
+                // (the client takes its parts only once a server answered).
+                let io = std::sync::Arc::new(tokio::sync::Mutex::new(io));
+                server::call(&client, mode, |c| {
+                    let (task, command, io) = (task.clone(), command.clone(), io.clone());
+                    async move {
+                        let mut io = io.lock().await;
+                        c.run_live(&task, &command, timeout, &mut io).await
+                    }
+                })
+                .await
+            }
+        }
+    };
+    let (res, cancelled) = live::drive(run, output_rx, &canceller, &mut signals).await;
+    let Some(res) = res else {
+        // Cancelled, and the run did not come back: exit now, as a shell would. (Through the
+        // server nothing is lost: the server finishes the cancel. In-process, the command was
+        // signalled and is SIGKILLed 3 s later; the journal recovers whatever was in flight.)
+        // `exit`, not a return: the runtime may be blocked waiting for a task lock.
+        let signal = cancelled.expect("only a cancel gives up on the run");
+        let _ = std::io::stdout().flush();
+        std::process::exit(signal.exit_code());
+    };
+    let res = res?;
     // Once, on the first run of a store that is new while archives of another installation
     // exist (the database was removed or moved aside).
     if let Some(note) = taskbox::provider::local::foreign::take_note(&paths.data_dir.join("local"))
@@ -514,11 +551,10 @@ async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
         print_json(&v)?;
     } else {
         output::print_notices(&res.notices);
-        let mut out = std::io::stdout().lock();
-        output::write_ignoring_broken_pipe(&mut out, res.stdout.as_bytes())?;
-        let _ = out.flush();
-        let mut err = std::io::stderr().lock();
-        let _ = err.write_all(res.stderr.as_bytes());
+    }
+    if let Some(signal) = cancelled {
+        // As a shell reports a command its signal ended: 130, 143, 129.
+        return Ok(ExitCode::from(signal.exit_code() as u8));
     }
     if res.timed_out {
         let secs = args

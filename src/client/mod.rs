@@ -15,6 +15,7 @@
 // socket to answer: the client's own job, like a provider's.
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 pub mod autostart;
+pub mod body;
 mod watch;
 pub mod wire;
 
@@ -29,9 +30,11 @@ use serde::Serialize;
 
 use crate::engine::{GcReport, ResumeResult, RunResult, SuspendResult};
 use crate::ids::TaskId;
+use crate::provider::live::cancel_requested;
+use crate::provider::{CancelSignal, ExecIo};
 pub use watch::Watch;
 pub use wire::{ApiError, Health, WatchEvent, SOCKET_FILE};
-use wire::{GcRequest, RunRequest, API_PREFIX};
+use wire::{CancelRequest, GcRequest, RunEvent, RunRequest, API_PREFIX};
 
 /// What can go wrong talking to a server.
 #[derive(Debug, thiserror::Error)]
@@ -132,12 +135,153 @@ impl Client {
         command: &str,
         timeout_secs: Option<u64>,
     ) -> Result<RunResult, ClientError> {
+        self.run_live(task, command, timeout_secs, &mut ExecIo::default())
+            .await
+    }
+
+    /// Runs `command` with its live side, as [`crate::engine::Orchestrator::run_live`] does
+    /// in-process: output chunks go to `io.output` as the server streams them, `io.stdin` is
+    /// uploaded to the run as it is read, and a cancel through `io.cancel` is posted to the
+    /// run's cancel endpoint. The parts of `io` are taken only once the server answers, so after
+    /// [`ClientError::NoServer`] the same `io` can be used again.
+    pub async fn run_live(
+        &self,
+        task: &TaskId,
+        command: &str,
+        timeout_secs: Option<u64>,
+        io: &mut ExecIo,
+    ) -> Result<RunResult, ClientError> {
+        let proto = |what: String| ClientError::Protocol {
+            socket: self.socket.clone(),
+            what,
+        };
         let body = RunRequest {
             command: command.to_string(),
             timeout_secs,
+            stdin: io.stdin.is_some(),
         };
-        self.call(Method::POST, &format!("/tasks/{task}/run"), Some(&body))
-            .await
+        let (status, mut body, driver) = self
+            .send(Method::POST, &format!("/tasks/{task}/run"), Some(&body))
+            .await?;
+        // The connection is driven until this returns, however it returns.
+        let _driver = AbortOnDrop(driver);
+        if status != StatusCode::OK {
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|e| proto(format!("cut its answer short: {e}")))?
+                .to_bytes();
+            return Err(self.api_error(status, &bytes));
+        }
+        let output = io.output.take();
+        let mut stdin = io.stdin.take();
+        let mut cancel = io.cancel.take();
+        let mut run_id: Option<String> = None;
+        let mut pending: Option<CancelSignal> = None;
+        let mut uploads = tokio::task::JoinSet::new();
+        let mut line = Vec::new();
+        loop {
+            let frame = tokio::select! {
+                frame = body.frame() => frame,
+                signal = cancel_requested(&mut cancel), if pending.is_none() => {
+                    pending = Some(signal);
+                    if let Some(run) = &run_id {
+                        uploads.spawn(self.clone().cancel_run(run.clone(), signal));
+                    }
+                    continue;
+                }
+            };
+            let data = match frame {
+                None => return Err(proto("ended its answer before the command's result".into())),
+                Some(Err(e)) => return Err(proto(format!("cut its answer short: {e}"))),
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => data,
+                    Err(_) => continue,
+                },
+            };
+            line.extend_from_slice(&data);
+            while let Some(end) = line.iter().position(|b| *b == b'\n') {
+                let rest = line.split_off(end + 1);
+                let text = std::mem::replace(&mut line, rest);
+                if text.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let event: RunEvent = serde_json::from_slice(&text)
+                    .map_err(|e| proto(format!("answered with an unexpected line: {e}")))?;
+                match event {
+                    RunEvent::Started { run } => {
+                        if let Some(rx) = stdin.take() {
+                            uploads.spawn(self.clone().upload_stdin(run.clone(), rx));
+                        }
+                        if let Some(signal) = pending {
+                            uploads.spawn(self.clone().cancel_run(run.clone(), signal));
+                        }
+                        run_id = Some(run);
+                    }
+                    RunEvent::Result(result) => {
+                        uploads.abort_all();
+                        return Ok(result);
+                    }
+                    RunEvent::Error(e) => {
+                        uploads.abort_all();
+                        return Err(ClientError::Api(e));
+                    }
+                    out @ RunEvent::Output { .. } => {
+                        if let (Some(tx), Some(chunk)) = (&output, out.into_chunk()) {
+                            let _ = tx.send(chunk).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Streams `stdin` to the run (`POST /v1/runs/{run}/stdin`) on a connection of its own;
+    /// the end of `stdin` is the end of the body, which the server passes on as end of file.
+    async fn upload_stdin(self, run: String, mut stdin: tokio::sync::mpsc::Receiver<Vec<u8>>) {
+        let (tx, body) = body::ChannelBody::new(16);
+        let forward = async move {
+            while let Some(data) = stdin.recv().await {
+                if tx.send(Bytes::from(data)).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let send = async {
+            let stream = self.connect().await.ok()?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .ok()?;
+            let driver = tokio::spawn(conn);
+            let req = Request::builder()
+                .method(Method::POST)
+                .uri(format!("{API_PREFIX}/runs/{run}/stdin"))
+                .header(hyper::header::HOST, "taskbox")
+                .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
+                .body(body)
+                .ok()?;
+            let resp = sender.send_request(req).await.ok();
+            driver.abort();
+            resp
+        };
+        let (_, resp) = tokio::join!(forward, send);
+        if let Some(resp) = resp.filter(|r| r.status() != StatusCode::OK) {
+            tracing::debug!(status = %resp.status(), "the server refused the command's stdin");
+        }
+    }
+
+    /// Asks the server to cancel the run with `signal`.
+    async fn cancel_run(self, run: String, signal: CancelSignal) {
+        let res: Result<serde_json::Value, _> = self
+            .call(
+                Method::POST,
+                &format!("/runs/{run}/cancel"),
+                Some(&CancelRequest { signal }),
+            )
+            .await;
+        if let Err(e) = res {
+            tracing::debug!(error = %e, "could not cancel the run");
+        }
     }
 
     /// Suspends the task; see [`crate::engine::Orchestrator::suspend`].
@@ -323,5 +467,14 @@ pub fn check_owner_is(path: &Path, owner: u32, me: u32) -> Result<(), ClientErro
             owner,
             me,
         })
+    }
+}
+
+/// Aborts the task driving a connection when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<Result<(), hyper::Error>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -4,6 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::core::{Millis, Notice};
+use crate::engine::RunResult;
+use crate::provider::{CancelSignal, OutputChunk, OutputStream};
 
 /// The API's version prefix: every path starts with it.
 pub const API_PREFIX: &str = "/v1";
@@ -19,6 +21,82 @@ pub struct RunRequest {
     /// Per-command timeout in seconds (default: the server's `terminal.timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
+    /// The caller will send the command's stdin (`POST /v1/runs/{run}/stdin`); without it
+    /// the command's stdin is empty and nothing waits for one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdin: bool,
+}
+
+/// One line of `POST /v1/tasks/{task}/run`'s NDJSON answer: `started` first, then `output`
+/// chunks as the command writes them, then one `result` or `error`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum RunEvent {
+    /// The run was accepted; `run` names it for `/v1/runs/{run}/cancel` and `/stdin`.
+    Started {
+        /// The run's id on this server.
+        run: String,
+    },
+    /// A chunk of output, exactly as written: `text` when it is UTF-8, else `base64`.
+    Output {
+        /// `stdout` or `stderr`.
+        stream: OutputStream,
+        /// The chunk, when it is UTF-8.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text: Option<String>,
+        /// The chunk's bytes in base64, when it is not UTF-8.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        base64: Option<String>,
+    },
+    /// The command ran: the result, as `taskbox run --json` prints it.
+    Result(RunResult),
+    /// The command could not be run: the error object of any other endpoint.
+    Error(ApiError),
+}
+
+impl RunEvent {
+    /// The line for a chunk of output.
+    pub fn output(chunk: OutputChunk) -> RunEvent {
+        use base64::Engine as _;
+        match String::from_utf8(chunk.data) {
+            Ok(text) => RunEvent::Output {
+                stream: chunk.stream,
+                text: Some(text),
+                base64: None,
+            },
+            Err(e) => RunEvent::Output {
+                stream: chunk.stream,
+                text: None,
+                base64: Some(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())),
+            },
+        }
+    }
+
+    /// The chunk an `output` line carries (`None` for other lines or bad base64).
+    pub fn into_chunk(self) -> Option<OutputChunk> {
+        use base64::Engine as _;
+        let RunEvent::Output {
+            stream,
+            text,
+            base64,
+        } = self
+        else {
+            return None;
+        };
+        let data = match (text, base64) {
+            (Some(t), _) => t.into_bytes(),
+            (None, Some(b)) => base64::engine::general_purpose::STANDARD.decode(b).ok()?,
+            (None, None) => Vec::new(),
+        };
+        Some(OutputChunk { stream, data })
+    }
+}
+
+/// `POST /v1/runs/{run}/cancel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelRequest {
+    /// `INT`, `TERM` or `HUP`: sent to the command's process group (never the sandbox).
+    pub signal: CancelSignal,
 }
 
 /// `POST /v1/tasks/{task}/remove`.

@@ -20,7 +20,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::core::{FailureReason, Reply, Task, TaskSettings};
 use crate::ids::TaskId;
-use crate::provider::{ExecOutput, SandboxProvider};
+use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
 use crate::retry::Jitter;
 use crate::store::Store;
 
@@ -104,6 +104,7 @@ impl OrchestratorBuilder {
             tasks: HashMap::new(),
             waiters: Default::default(),
             outputs: HashMap::new(),
+            live: HashMap::new(),
             typed_commands: HashMap::new(),
             timers: HashMap::new(),
             inflight: 0,
@@ -212,6 +213,42 @@ impl Orchestrator {
         command: &str,
         timeout: Option<Duration>,
     ) -> Result<RunResult, EngineError> {
+        self.run_live(task, command, timeout, ExecIo::default())
+            .await
+    }
+
+    /// [`Orchestrator::run`] with the command's live side: its output is sent to `io.output`
+    /// as it is produced (stdout and stderr chunks in the order they were read; every chunk is
+    /// sent before this returns), `io.stdin` is its stdin, and a cancel through `io.cancel`
+    /// signals the command (never the sandbox) — its result is then whatever it exited with.
+    /// None of this is journaled; the result carries the bounded capture as `run` does.
+    ///
+    /// Read `io.output` while the command runs: a full channel makes the command's writes wait,
+    /// as a full pipe would (on the local backend, a reader that takes nothing for 10 s after
+    /// the command ended is given up, so it cannot hold the result).
+    ///
+    /// ```no_run
+    /// # async fn demo(orch: taskbox::engine::Orchestrator) -> Result<(), taskbox::engine::EngineError> {
+    /// use taskbox::provider::{ExecIo, OutputChunk, live::OUTPUT_CHANNEL_CHUNKS};
+    /// let task = taskbox::TaskId::new("demo")?;
+    /// let (tx, mut rx) = tokio::sync::mpsc::channel::<OutputChunk>(OUTPUT_CHANNEL_CHUNKS);
+    /// let printer = tokio::spawn(async move {
+    ///     while let Some(chunk) = rx.recv().await {
+    ///         println!("{:?}: {}", chunk.stream, String::from_utf8_lossy(&chunk.data));
+    ///     }
+    /// });
+    /// let io = ExecIo { output: Some(tx), ..ExecIo::default() };
+    /// let res = orch.run_live(&task, "for i in 1 2 3; do echo $i; sleep 1; done", None, io).await?;
+    /// printer.await.ok();
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_live(
+        &self,
+        task: &TaskId,
+        command: &str,
+        timeout: Option<Duration>,
+        io: ExecIo,
+    ) -> Result<RunResult, EngineError> {
         // Saturating: a huge timeout must never wrap into a tiny one.
         let timeout_ms = timeout.map_or(self.inner.settings.command_timeout_ms, |d| {
             u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -222,6 +259,7 @@ impl Orchestrator {
                 ApiRequest::Run {
                     command: command.to_string(),
                     timeout_ms,
+                    io,
                 },
             )
             .await?;
@@ -234,18 +272,9 @@ impl Orchestrator {
                 let out = answer.output.unwrap_or(ExecOutput {
                     exit_code,
                     timed_out,
-                    stdout: String::new(),
-                    stderr: String::new(),
-                    duration_ms: 0,
+                    ..ExecOutput::default()
                 });
-                Ok(RunResult {
-                    exit_code,
-                    timed_out,
-                    stdout: out.stdout,
-                    stderr: out.stderr,
-                    duration_ms: out.duration_ms,
-                    notices,
-                })
+                Ok(RunResult::from_output(out, notices))
             }
             other => Err(unexpected(task, other)),
         }

@@ -16,13 +16,18 @@ use crate::core::{
     step, Command, Event, FailureReason, Millis, Reply, Task, TaskSettings, TaskState, TimerKind,
 };
 use crate::ids::TaskId;
-use crate::provider::{ExecOutput, SandboxProvider};
+use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
 use crate::retry::Jitter;
 use crate::store::{Store, TransitionRecord};
 
 /// A caller's request, as the API sends it to the loop.
 pub(super) enum ApiRequest {
-    Run { command: String, timeout_ms: u64 },
+    Run {
+        command: String,
+        timeout_ms: u64,
+        /// The command's live side (output, stdin, cancel); never journaled.
+        io: ExecIo,
+    },
     Suspend,
     Resume,
 }
@@ -96,6 +101,8 @@ pub(super) struct EventLoop {
     /// deterministic order (simulations reproduce bit for bit).
     pub(super) waiters: std::collections::BTreeMap<(String, u64), Responder>,
     pub(super) outputs: HashMap<(String, u64), ExecOutput>,
+    /// The live side of each run request until it is answered (kept out of the journal).
+    pub(super) live: HashMap<(String, u64), ExecIo>,
     /// Commands as typed, by request, where they differ from the journaled (redacted) ones.
     pub(super) typed_commands: HashMap<(String, u64), String>,
     pub(super) timers: HashMap<(String, TimerKind), JoinHandle<()>>,
@@ -227,7 +234,9 @@ impl EventLoop {
             ApiRequest::Run {
                 command,
                 timeout_ms,
+                io,
             } => {
+                self.live.insert((task.clone(), request_id), io);
                 // The journal (and so the task record, `show`, error messages) gets the command
                 // with its secrets redacted; the sandbox runs it as typed. A journaled command
                 // is never run again (recovery fails the requests it finds), so the one typed
@@ -248,6 +257,7 @@ impl EventLoop {
         };
         self.waiters.insert((task.clone(), request_id), respond);
         if let Err(e) = self.apply(&task, event) {
+            self.live.remove(&(task.clone(), request_id));
             self.typed_commands.remove(&(task.clone(), request_id));
             if let Some(w) = self.waiters.remove(&(task, request_id)) {
                 let _ = w.send(Err(e));
@@ -581,6 +591,7 @@ impl EventLoop {
             | Event::ResumeRequested { request_id } => *request_id,
             _ => return,
         };
+        self.live.remove(&(s.task.clone(), request_id));
         self.typed_commands.remove(&(s.task.clone(), request_id));
         if let Some(w) = self.waiters.remove(&(s.task.clone(), request_id)) {
             let _ = w.send(Err(err));

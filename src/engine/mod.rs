@@ -43,4 +43,6 @@ pub use gc::{GcItem, GcReport};
 #[cfg(feature = "server")]
 pub(crate) use lock::try_flock;
 pub use paths::{store_file, Paths, STORE_FILE};
-pub use results::{RemoveResult, ResumeResult, RunResult, StateChange, SuspendResult, TaskView};
+pub use results::{
+    Encoding, RemoveResult, ResumeResult, RunResult, StateChange, SuspendResult, TaskView,
+};

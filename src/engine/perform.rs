@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::event_loop::{Answer, EventLoop, Msg};
 use crate::core::{Command, Millis, Reply, RequestId, TimerKind};
 use crate::ids::TaskId;
-use crate::provider::Call;
+use crate::provider::{Call, ExecIo};
 
 impl EventLoop {
     /// Performs one command of a transition that is durable.
@@ -39,7 +39,11 @@ impl EventLoop {
                         request.command = typed.clone();
                     }
                 }
-                self.spawn_call(id, call);
+                let io = match &cmd {
+                    Command::RunCommand { request_id, .. } => self.live_io(id, *request_id),
+                    _ => ExecIo::default(),
+                };
+                self.spawn_call(id, call, io);
             }
         }
     }
@@ -62,9 +66,23 @@ impl EventLoop {
         self.timers.insert(key, handle);
     }
 
+    /// The live side of an attempt to run `request_id`'s command: its caller's output and
+    /// cancel, and its stdin if no earlier attempt took it.
+    fn live_io(&mut self, id: &str, request_id: RequestId) -> ExecIo {
+        match self.live.get_mut(&(id.to_string(), request_id)) {
+            Some(live) => ExecIo {
+                output: live.output.clone(),
+                stdin: live.stdin.take(),
+                cancel: live.cancel.clone(),
+            },
+            None => ExecIo::default(),
+        }
+    }
+
     /// Answers the caller waiting for `request_id`, with the command's output if it ran.
     fn reply(&mut self, id: &str, request_id: RequestId, reply: Reply) {
         let key = (id.to_string(), request_id);
+        self.live.remove(&key);
         let output = self.outputs.remove(&key);
         self.typed_commands.remove(&key);
         if let Some(w) = self.waiters.remove(&key) {
@@ -73,7 +91,7 @@ impl EventLoop {
     }
 
     /// Runs one provider call in its own future, which only sends its outcome back to the loop.
-    fn spawn_call(&mut self, task: &str, call: Call) {
+    fn spawn_call(&mut self, task: &str, call: Call, io: ExecIo) {
         self.inflight += 1;
         let p = self.provider.clone();
         // Bounded creation concurrency keeps a burst of tasks under the provider's rate limits.
@@ -86,7 +104,7 @@ impl EventLoop {
                     Some(creates) => Some(creates.acquire_owned().await),
                     None => None,
                 };
-                call.perform(&*p).await
+                call.perform_live(&*p, io).await
             };
             let _ = tx.send(Msg::Outcome {
                 task,

@@ -3,6 +3,8 @@
 //! [`TaskView`] of one task for `taskbox show`.
 
 use crate::ids::{SandboxId, SnapshotId};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use super::EngineError;
@@ -10,21 +12,88 @@ use crate::core::{Millis, Notice, Task, TaskState};
 use crate::store::{JournalEntry, SandboxRow, SnapshotRow, Store, TaskMarks};
 
 /// The result of a command that ran.
+///
+/// Its output is the bounded capture (the first 40 % and the last 60 % of 50,000 characters per
+/// stream). Output that is valid UTF-8 is in `stdout`/`stderr` as text; output that is not is
+/// there as base64 of its bytes, with `stdout_encoding`/`stderr_encoding` set to `base64`
+/// ([`RunResult::stdout_bytes`] gives the bytes either way). `--json` prints this object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunResult {
     /// Exit code (124 when the timeout killed it).
     pub exit_code: i32,
     /// Whether the timeout killed it.
     pub timed_out: bool,
-    /// Captured stdout (bounded).
+    /// Captured stdout (bounded): text, or base64 when `stdout_encoding` says so.
     pub stdout: String,
-    /// Captured stderr (bounded).
+    /// `base64` when stdout was not UTF-8; absent for text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_encoding: Option<Encoding>,
+    /// Whether the capture of stdout dropped its middle.
+    #[serde(default)]
+    pub stdout_truncated: bool,
+    /// Captured stderr (bounded): text, or base64 when `stderr_encoding` says so.
     pub stderr: String,
+    /// `base64` when stderr was not UTF-8; absent for text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_encoding: Option<Encoding>,
+    /// Whether the capture of stderr dropped its middle.
+    #[serde(default)]
+    pub stderr_truncated: bool,
     /// Wall time of the command.
     pub duration_ms: u64,
     /// What the caller should know: the sandbox was recreated (live processes are gone), from
     /// which snapshot, files lost...
     pub notices: Vec<Notice>,
+}
+
+/// How a captured stream that is not text is carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// Standard base64 (with padding) of the bytes.
+    Base64,
+}
+
+impl RunResult {
+    /// The result of a command that ran, from the provider's output.
+    pub fn from_output(out: crate::provider::ExecOutput, notices: Vec<Notice>) -> RunResult {
+        let carry = |text: String, bytes: Option<Vec<u8>>| match bytes {
+            Some(b) => (BASE64.encode(b), Some(Encoding::Base64)),
+            None => (text, None),
+        };
+        let (stdout, stdout_encoding) = carry(out.stdout, out.stdout_bytes);
+        let (stderr, stderr_encoding) = carry(out.stderr, out.stderr_bytes);
+        RunResult {
+            exit_code: out.exit_code,
+            timed_out: out.timed_out,
+            stdout,
+            stdout_encoding,
+            stdout_truncated: out.stdout_truncated,
+            stderr,
+            stderr_encoding,
+            stderr_truncated: out.stderr_truncated,
+            duration_ms: out.duration_ms,
+            notices,
+        }
+    }
+
+    /// The captured stdout's bytes (decoded when carried as base64).
+    pub fn stdout_bytes(&self) -> Vec<u8> {
+        decode(&self.stdout, self.stdout_encoding)
+    }
+
+    /// The captured stderr's bytes (decoded when carried as base64).
+    pub fn stderr_bytes(&self) -> Vec<u8> {
+        decode(&self.stderr, self.stderr_encoding)
+    }
+}
+
+fn decode(s: &str, encoding: Option<Encoding>) -> Vec<u8> {
+    match encoding {
+        None => s.as_bytes().to_vec(),
+        // Made by `from_output`; a peer that sent bad base64 gets its text back as is.
+        Some(Encoding::Base64) => BASE64.decode(s).unwrap_or_else(|_| s.as_bytes().to_vec()),
+    }
 }
 
 /// The result of a suspend.

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::core::{Command, Event, RequestId};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 
-use super::{sandbox_name, ExecOutput, ExecRequest, SandboxProvider, SandboxSpec};
+use super::{sandbox_name, ExecIo, ExecOutput, ExecRequest, SandboxProvider, SandboxSpec};
 
 /// One provider operation, built from the [`Command`] that asks for it (see
 /// [`Call::from_command`]) and performed against any [`SandboxProvider`] ([`Call::perform`]).
@@ -203,6 +203,16 @@ impl Call {
     /// ran. Every failure becomes its operation's failure event, classified where it arose
     /// ([`ProviderError::to_failure`](super::ProviderError::to_failure)).
     pub async fn perform(&self, p: &dyn SandboxProvider) -> (Event, Option<ExecOutput>) {
+        self.perform_live(p, ExecIo::default()).await
+    }
+
+    /// [`Call::perform`], with the live side of a command (`io`, used by an exec only; see
+    /// [`SandboxProvider::exec_live`]). The live side changes nothing the core sees.
+    pub async fn perform_live(
+        &self,
+        p: &dyn SandboxProvider,
+        io: ExecIo,
+    ) -> (Event, Option<ExecOutput>) {
         let event = match self {
             Call::CreateSandbox { spec } => match p.create_sandbox(spec).await {
                 Ok(info) => Event::SandboxReady {
@@ -221,7 +231,7 @@ impl Call {
                 sandbox_id,
                 request,
             } => {
-                return match p.exec(sandbox_id, request).await {
+                return match p.exec_live(sandbox_id, request, io).await {
                     Ok(out) => (
                         Event::CommandExited {
                             request_id: *request_id,

@@ -7,7 +7,7 @@
 //! implementation makes it a [`SandboxProvider`].
 
 use super::{
-    ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
+    ExecIo, ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
     SandboxSpec, SnapshotInfo,
 };
 use crate::core::Millis;
@@ -37,6 +37,17 @@ pub trait Decorator: Send + Sync {
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput> {
         self.inner().exec(sandbox_id, req)
+    }
+
+    /// See [`SandboxProvider::exec_live`]. A decorator that overrides [`Decorator::exec`]
+    /// overrides this too (the engine runs commands through it).
+    fn exec_live<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+        req: &'a ExecRequest,
+        io: ExecIo,
+    ) -> ProviderFuture<'a, ExecOutput> {
+        self.inner().exec_live(sandbox_id, req, io)
     }
 
     /// See [`SandboxProvider::snapshot`].
@@ -118,6 +129,15 @@ impl<T: Decorator> SandboxProvider for T {
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput> {
         Decorator::exec(self, sandbox_id, req)
+    }
+
+    fn exec_live<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+        req: &'a ExecRequest,
+        io: ExecIo,
+    ) -> ProviderFuture<'a, ExecOutput> {
+        Decorator::exec_live(self, sandbox_id, req, io)
     }
 
     fn snapshot<'a>(

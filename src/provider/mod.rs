@@ -11,6 +11,7 @@
 
 mod call;
 mod decorator;
+pub mod live;
 // Providers are where processes and waiting on the platform live: `local` spawns `bash` and
 // polls its processes, `sim` sleeps its latencies on (paused) tokio time, `vercel` waits out
 // retry-afters and long polls.
@@ -23,6 +24,7 @@ pub mod vercel;
 
 pub use call::{Call, ReceivedCall};
 pub use decorator::Decorator;
+pub use live::{CancelSignal, Canceller, ExecIo, OutputChunk, OutputStream};
 
 use std::future::Future;
 use std::pin::Pin;
@@ -190,7 +192,7 @@ pub struct ExecRequest {
 }
 
 /// A finished command.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecOutput {
     /// Exit code; 124 when the timeout killed it.
     pub exit_code: i32,
@@ -202,6 +204,19 @@ pub struct ExecOutput {
     pub stderr: String,
     /// Wall time.
     pub duration_ms: u64,
+    /// The captured stdout's bytes when they are not UTF-8 (bounded by bytes, see
+    /// [`live::bound_bytes`]); `stdout` is then their lossy text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_bytes: Option<Vec<u8>>,
+    /// The captured stderr's bytes when they are not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_bytes: Option<Vec<u8>>,
+    /// Whether the capture of stdout dropped its middle.
+    #[serde(default)]
+    pub stdout_truncated: bool,
+    /// Whether the capture of stderr dropped its middle.
+    #[serde(default)]
+    pub stderr_truncated: bool,
 }
 
 /// A snapshot as the provider reports it.
@@ -246,6 +261,35 @@ pub trait SandboxProvider: Send + Sync {
         sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
     ) -> ProviderFuture<'a, ExecOutput>;
+
+    /// [`SandboxProvider::exec`] with its live side: output forwarded to `io.output` as it is
+    /// produced, `io.stdin` as the command's stdin, and `io.cancel` signalling the command (its
+    /// process group, never the sandbox; what the command then exits with is its result). The
+    /// result still carries the bounded capture. Platforms without a live side need not
+    /// override: the default runs [`SandboxProvider::exec`] and forwards the captured output
+    /// once it has run (stdin stays empty, a cancel is not seen).
+    fn exec_live<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+        req: &'a ExecRequest,
+        io: ExecIo,
+    ) -> ProviderFuture<'a, ExecOutput> {
+        Box::pin(async move {
+            let out = self.exec(sandbox_id, req).await?;
+            if let Some(tx) = io.output {
+                for (stream, text) in [
+                    (OutputStream::Stdout, &out.stdout),
+                    (OutputStream::Stderr, &out.stderr),
+                ] {
+                    if !text.is_empty() {
+                        let data = text.as_bytes().to_vec();
+                        let _ = tx.send(OutputChunk { stream, data }).await;
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
 
     /// Snapshots the sandbox's filesystem and stops it. Idempotent by (`task_id`, `seq`).
     fn snapshot<'a>(
@@ -319,11 +363,53 @@ impl PlatformError for ProviderError {
 /// the trait's arguments, failing with a [`PlatformError`]: each trait method boxes the named
 /// method's future and names the operation in its error, so the glue is written once instead
 /// of once per platform. `sweep_temporaries` and `keeps_files_after_deadline` keep the trait's
-/// defaults unless named.
+/// defaults unless named. A platform with a live side names its exec as `exec_live: f` (`f`
+/// takes the [`ExecIo`] too); one without as `exec: f`, and gets the trait's default `exec_live`.
 macro_rules! platform_provider {
+    // `exec: f` — a platform without a live side: `f(sandbox_id, req)`, and the trait's default
+    // `exec_live` (the capture forwarded once the command ran).
+    (@exec $ty:ty, exec, $exec:ident) => {
+        fn exec<'a>(
+            &'a self,
+            sandbox_id: &'a $crate::ids::SandboxId,
+            req: &'a $crate::provider::ExecRequest,
+        ) -> $crate::provider::ProviderFuture<'a, $crate::provider::ExecOutput> {
+            Box::pin(async move {
+                let answer = <$ty>::$exec(self, sandbox_id, req).await;
+                answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "run command"))
+            })
+        }
+    };
+    // `exec_live: f` — a platform with a live side: `f(sandbox_id, req, io)` serves both
+    // `exec` (with no live side) and `exec_live`.
+    (@exec $ty:ty, exec_live, $exec:ident) => {
+        fn exec<'a>(
+            &'a self,
+            sandbox_id: &'a $crate::ids::SandboxId,
+            req: &'a $crate::provider::ExecRequest,
+        ) -> $crate::provider::ProviderFuture<'a, $crate::provider::ExecOutput> {
+            $crate::provider::SandboxProvider::exec_live(
+                self,
+                sandbox_id,
+                req,
+                $crate::provider::ExecIo::default(),
+            )
+        }
+        fn exec_live<'a>(
+            &'a self,
+            sandbox_id: &'a $crate::ids::SandboxId,
+            req: &'a $crate::provider::ExecRequest,
+            io: $crate::provider::ExecIo,
+        ) -> $crate::provider::ProviderFuture<'a, $crate::provider::ExecOutput> {
+            Box::pin(async move {
+                let answer = <$ty>::$exec(self, sandbox_id, req, io).await;
+                answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "run command"))
+            })
+        }
+    };
     ($ty:ty, $name:literal, {
         create_sandbox: $create:ident,
-        exec: $exec:ident,
+        $exec_kind:ident: $exec:ident,
         snapshot: $snapshot:ident,
         stop_sandbox: $stop:ident,
         extend_timeout: $extend:ident,
@@ -347,16 +433,7 @@ macro_rules! platform_provider {
                     answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "create sandbox"))
                 })
             }
-            fn exec<'a>(
-                &'a self,
-                sandbox_id: &'a $crate::ids::SandboxId,
-                req: &'a $crate::provider::ExecRequest,
-            ) -> $crate::provider::ProviderFuture<'a, $crate::provider::ExecOutput> {
-                Box::pin(async move {
-                    let answer = <$ty>::$exec(self, sandbox_id, req).await;
-                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "run command"))
-                })
-            }
+            $crate::provider::platform_provider!(@exec $ty, $exec_kind, $exec);
             fn snapshot<'a>(
                 &'a self,
                 task_id: &'a $crate::ids::TaskId,

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use super::idle::Activity;
-use crate::client::wire::{ApiError, GcRequest, Health, LiveTask, RunRequest, API_PREFIX};
+use crate::client::wire::{ApiError, GcRequest, Health, LiveTask, API_PREFIX};
 use crate::core::Millis;
 use crate::engine::{EngineError, Orchestrator};
 use crate::ids::TaskId;
@@ -28,6 +28,8 @@ pub(super) struct AppState {
     pub(super) info: Arc<Info>,
     /// Asks the server to stop (`POST /v1/shutdown`).
     pub(super) stop: Arc<tokio::sync::Notify>,
+    /// Runs in progress (for their cancel and stdin endpoints).
+    pub(super) runs: Arc<super::runs::Runs>,
     /// Turns true when the server stops accepting requests (ends the watch streams).
     pub(super) closing: tokio::sync::watch::Receiver<bool>,
 }
@@ -48,7 +50,9 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/tasks", get(tasks))
         .route("/tasks/{task}", get(show))
-        .route("/tasks/{task}/run", post(run))
+        .route("/tasks/{task}/run", post(super::runs::run))
+        .route("/runs/{run}/cancel", post(super::runs::cancel))
+        .route("/runs/{run}/stdin", post(super::runs::stdin))
         .route("/tasks/{task}/suspend", post(suspend))
         .route("/tasks/{task}/resume", post(resume))
         .route("/tasks/{task}/watch", get(super::watch::watch))
@@ -68,7 +72,7 @@ pub(super) fn router(state: AppState) -> Router {
 }
 
 /// An error answer: a status and an [`ApiError`] body.
-pub(super) struct Failure(StatusCode, Box<ApiError>);
+pub(super) struct Failure(StatusCode, pub(super) Box<ApiError>);
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
@@ -179,34 +183,6 @@ async fn health(State(st): State<AppState>) -> Answer<Health> {
         requests_in_flight: st.activity.in_flight(),
         live_tasks,
     }))
-}
-
-async fn run(
-    State(st): State<AppState>,
-    Path(task): Path<String>,
-    bytes: Bytes,
-) -> Answer<crate::engine::RunResult> {
-    let _busy = st.activity.begin();
-    let task = task_id(&task)?;
-    let req: RunRequest = serde_json::from_slice(&bytes).map_err(|e| {
-        failure(
-            StatusCode::BAD_REQUEST,
-            ApiError::new("bad_request", format!("the request body is not valid: {e}"))
-                .hint(r#"send {"command": "…", "timeout_secs": N}"#),
-        )
-    })?;
-    // The same bounds as terminal.timeout, from the config's table.
-    if let Some(t) = req.timeout_secs {
-        crate::config::Config::check_flag("terminal.timeout", "timeout_secs", t).map_err(|e| {
-            let hint = e.hint();
-            let mut err = ApiError::new("config", e.to_string());
-            err.hint = hint;
-            failure(StatusCode::BAD_REQUEST, err)
-        })?;
-    }
-    let timeout = req.timeout_secs.map(std::time::Duration::from_secs);
-    let res = st.orch.run(&task, &req.command, timeout).await;
-    res.map(Json).map_err(engine_failure)
 }
 
 async fn suspend(

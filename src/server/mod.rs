@@ -14,6 +14,7 @@
 //! snapshots) before it exits, so that no live sandbox outlives its engine.
 
 mod http;
+mod runs;
 mod watch;
 // The idle clock: when the last request ended, and a periodic look at the loaded tasks.
 #[allow(clippy::disallowed_methods)]
@@ -202,6 +203,7 @@ impl Server {
             .map(|a| a.to_string());
         let (closing_tx, closing) = tokio::sync::watch::channel(false);
         let state = http::AppState {
+            runs: Default::default(),
             orch: orch.clone(),
             activity: activity.clone(),
             info: Arc::new(http::Info {
@@ -230,6 +232,10 @@ impl Server {
                 token,
                 http::require_token,
             ));
+            // Output chunks of a run are small writes that must leave at once (no Nagle delay).
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             servers.push(tokio::spawn(
                 axum::serve(listener, guarded)
                     .with_graceful_shutdown(closed(closing.clone()))

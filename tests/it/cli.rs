@@ -236,12 +236,19 @@ fn sigkill_mid_snapshot_loses_nothing() {
 #[test]
 fn bounded_output_keeps_head_and_tail() {
     let home = Home::new();
-    let o = home.run(&["run", "-t", "big", "--", "seq 1 200000"]);
-    let out = ok(&o);
+    // The capture (`--json`, the library's result) is bounded...
+    let o = home.run(&["run", "-t", "big", "--json", "--", "seq 1 200000"]);
+    let v: serde_json::Value = serde_json::from_str(&ok(&o)).expect("JSON");
+    let out = v["stdout"].as_str().expect("text");
     assert!(out.starts_with("1\n2\n"), "head kept");
     assert!(out.trim_end().ends_with("200000"), "tail kept");
     assert!(out.contains("output truncated"), "cut noted");
     assert!(out.len() < 60_000, "bounded: {}", out.len());
+    assert_eq!(v["stdout_truncated"], true);
+    // ...the live output is all of it.
+    let o = home.run(&["run", "-t", "big", "--", "seq 1 200000"]);
+    let expected: String = (1..=200_000).map(|i| format!("{i}\n")).collect();
+    assert!(ok(&o) == expected, "every line, in order");
 }
 
 #[test]

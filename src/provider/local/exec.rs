@@ -1,6 +1,7 @@
 //! Running a command: `bash -c` in its own process group in the sandbox's workspace, watched
-//! for its timeout, the sandbox's deadline and a stop, with the working directory it ended in
-//! recorded for the next command.
+//! for its timeout, the sandbox's deadline, a stop and a cancel, with the working directory it
+//! ended in recorded for the next command. Its output is forwarded as it is read, and its stdin
+//! fed from the caller's, when the exec has a live side ([`ExecIo`]).
 
 use std::ffi::OsString;
 use std::fs;
@@ -10,23 +11,30 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tokio::io::AsyncWriteExt;
+
 use super::error::LocalError;
-use super::kill::{kill_group, GroupGuard};
+use super::kill::{kill_group, signal_group, GroupGuard};
 use super::names::SandboxName;
-use super::output::Pump;
+use super::output::{Captured, Pump};
 use super::workspace::{relative_cwd, resolve_cwd};
 use super::{LocalProvider, Slot};
-use crate::provider::{ExecOutput, ExecRequest};
+use crate::provider::live::cancel_requested;
+use crate::provider::{ExecIo, ExecOutput, ExecRequest, OutputStream};
 
 /// How often a running command checks the sandbox deadline. The deadline lives on the injected
 /// clock (which may be virtual), so it is polled rather than turned into a timer.
 const DEADLINE_POLL: Duration = Duration::from_millis(50);
+
+/// How long a cancelled command has to exit on the caller's signal before its group is killed.
+const CANCEL_GRACE: Duration = Duration::from_secs(3);
 
 impl LocalProvider {
     pub(super) async fn exec_command(
         &self,
         sandbox_id: &str,
         req: &ExecRequest,
+        io: ExecIo,
     ) -> Result<ExecOutput, LocalError> {
         let name = SandboxName::parse(sandbox_id)?;
         if req.command.contains('\0') {
@@ -54,6 +62,13 @@ impl LocalProvider {
             // Subscribed under the lock: a discard after this point is seen by this command.
             (meta, slot.stopped.subscribe(), workspace, run_dir)
         };
+        // Cancelled before it started (while its sandbox was made ready): it never runs.
+        if let Some(signal) = io.cancelled() {
+            return Ok(ExecOutput {
+                exit_code: signal.exit_code(),
+                ..ExecOutput::default()
+            });
+        }
         let cwd = resolve_cwd(&workspace, &meta.cwd);
         let cwd_file = run_dir.join(format!("cwd.{}", self.unique()));
         let script = wrap_command(&req.command, &cwd_file);
@@ -63,7 +78,11 @@ impl LocalProvider {
             .arg("-c")
             .arg(script)
             .current_dir(&cwd)
-            .stdin(Stdio::null())
+            .stdin(if io.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .env("TASKBOX_TASK_ID", meta.task_id.as_str())
@@ -104,11 +123,17 @@ impl LocalProvider {
         };
         let pgid = child.id().expect("a child that was just spawned has a pid");
         let mut group = GroupGuard { pgid: Some(pgid) };
-        let stdout = Pump::start(child.stdout.take());
-        let stderr = Pump::start(child.stderr.take());
+        let stdout = Pump::start(child.stdout.take(), OutputStream::Stdout, io.output.clone());
+        let stderr = Pump::start(child.stderr.take(), OutputStream::Stderr, io.output);
+        let feeder = feed_stdin(child.stdin.take(), io.stdin);
+        let mut cancel = io.cancel;
 
         let command_timeout = tokio::time::sleep(Duration::from_millis(req.timeout_ms));
         tokio::pin!(command_timeout);
+        // Armed by a cancel: the group is killed if the signal did not end it by then.
+        let escalate = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(escalate);
+        let mut cancelled = None;
         let mut tick = tokio::time::interval(DEADLINE_POLL);
         let mut exited = None;
         let outcome = loop {
@@ -124,8 +149,23 @@ impl LocalProvider {
                         break Outcome::Expired;
                     }
                 }
+                signal = cancel_requested(&mut cancel), if cancelled.is_none() => {
+                    // Not reaped (the wait above has not returned): the group id is still ours.
+                    signal_group(pgid, signal.number());
+                    cancelled = Some(signal);
+                    escalate.as_mut().reset(tokio::time::Instant::now() + CANCEL_GRACE);
+                }
+                () = &mut escalate, if cancelled.is_some() => {
+                    tracing::debug!(sandbox = %name.name, "a cancelled command outlived its grace; killed");
+                    kill_group(pgid);
+                    cancelled = None;
+                    cancel = None;
+                }
             }
         };
+        if let Some(feeder) = feeder {
+            feeder.abort();
+        }
         if outcome != Outcome::Exited && child.id().is_some() {
             // Not reaped yet, so the group id cannot have been reused: safe to kill.
             kill_group(pgid);
@@ -162,13 +202,7 @@ impl LocalProvider {
                 &name,
                 "it was stopped while the command was running (the command was killed)",
             )),
-            Outcome::TimedOut => Ok(ExecOutput {
-                exit_code: 124,
-                timed_out: true,
-                stdout,
-                stderr,
-                duration_ms,
-            }),
+            Outcome::TimedOut => Ok(output(124, true, stdout, stderr, duration_ms)),
             Outcome::Exited => {
                 // Killed by a stop that raced with its exit: the sandbox is gone all the same.
                 if stopped.has_changed().unwrap_or(true) {
@@ -185,13 +219,13 @@ impl LocalProvider {
                             "could not record the command's working directory");
                     }
                 }
-                Ok(ExecOutput {
-                    exit_code: exit_code(status),
-                    timed_out: false,
+                Ok(output(
+                    exit_code(status),
+                    false,
                     stdout,
                     stderr,
                     duration_ms,
-                })
+                ))
             }
         }
     }
@@ -214,6 +248,43 @@ impl LocalProvider {
         }
         meta.cwd = rel;
         self.write_meta(&self.sandbox_dir(name), &meta)
+    }
+}
+
+/// Writes the caller's stdin into the command's, on its own task; the end of the caller's is
+/// the end of the command's (the pipe is closed). A command that stops reading ends the feed.
+fn feed_stdin(
+    pipe: Option<tokio::process::ChildStdin>,
+    source: Option<tokio::sync::mpsc::Receiver<Vec<u8>>>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let (mut pipe, mut source) = (pipe?, source?);
+    Some(tokio::spawn(async move {
+        while let Some(data) = source.recv().await {
+            if pipe.write_all(&data).await.is_err() {
+                return;
+            }
+        }
+        let _ = pipe.shutdown().await;
+    }))
+}
+
+fn output(
+    exit_code: i32,
+    timed_out: bool,
+    stdout: Captured,
+    stderr: Captured,
+    duration_ms: u64,
+) -> ExecOutput {
+    ExecOutput {
+        exit_code,
+        timed_out,
+        stdout: stdout.text,
+        stderr: stderr.text,
+        duration_ms,
+        stdout_bytes: stdout.bytes,
+        stderr_bytes: stderr.bytes,
+        stdout_truncated: stdout.truncated,
+        stderr_truncated: stderr.truncated,
     }
 }
 

@@ -18,6 +18,18 @@ impl Drop for GroupGuard {
     }
 }
 
+/// Sends `signal` to the command's process group (a cancel passing on the caller's signal).
+/// Callers only pass a group whose leader is not reaped yet, as for [`kill_group`].
+pub(super) fn signal_group(pgid: u32, signal: i32) {
+    if let Ok(pgid) = libc::pid_t::try_from(pgid) {
+        // SAFETY: killpg(2) takes two integers and touches no memory of ours, so it has no
+        // memory-safety preconditions. `pgid` is an unreaped spawned child's pid (never 0).
+        unsafe {
+            libc::killpg(pgid, signal);
+        }
+    }
+}
+
 pub(super) fn kill_group(pgid: u32) {
     if let Ok(pgid) = libc::pid_t::try_from(pgid) {
         // SIGKILL: a command that ignores SIGTERM must not outlive its timeout.

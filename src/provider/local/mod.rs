@@ -201,7 +201,7 @@ impl LocalProvider {
 
 super::platform_provider!(LocalProvider, "local", {
     create_sandbox: create,
-    exec: exec_command,
+    exec_live: exec_command,
     snapshot: snapshot_sandbox,
     stop_sandbox: stop,
     extend_timeout: extend,

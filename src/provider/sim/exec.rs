@@ -91,6 +91,9 @@ impl SimProvider {
             stdout: bound_output(&shell.stdout, MAX_OUTPUT_CHARS),
             stderr: bound_output(&shell.stderr, MAX_OUTPUT_CHARS),
             duration_ms: end.saturating_sub(start),
+            stdout_truncated: shell.stdout.chars().count() > MAX_OUTPUT_CHARS,
+            stderr_truncated: shell.stderr.chars().count() > MAX_OUTPUT_CHARS,
+            ..ExecOutput::default()
         })
     }
 

@@ -8,21 +8,47 @@
 //! survives transport errors) waits for its exit, after which `GET …/logs` replays the output
 //! from the start. This loop is the provider's only internal retry: the command is already
 //! running, so waiting for it is not a repeat of anything.
+//!
+//! The live side ([`ExecIo`]): each log chunk of the stream is forwarded as it arrives (after a
+//! recovery, the part of the `/logs` replay beyond what was forwarded); a cancel posts the
+//! caller's signal to the command's kill endpoint (then SIGKILL after a grace), never touching
+//! the session. The API has no stdin for commands, so stdin is *uploaded, then redirected*: it
+//! is read to its end, written to a hidden file in the sandbox's working directory
+//! (`/vercel/sandbox/.taskbox-stdin-…`, with `fs/write`), and the command runs with its stdin
+//! opened on that file, which is removed before the command itself starts.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::client::{NdjsonStream, RunCommand, StreamEvent, VercelClient};
 use crate::core::FailureKind;
-use crate::provider::{bound_output, ExecOutput, ExecRequest, ProviderError};
+use crate::provider::live::cancel_requested;
+use crate::provider::{
+    bound_output, ExecIo, ExecOutput, ExecRequest, OutputChunk, OutputStream, ProviderError,
+};
 
 /// The exit code reported when taskbox's timeout killed the command (as `timeout(1)` does).
 pub const TIMEOUT_EXIT_CODE: i32 = 124;
 
 /// SIGTERM: what a timed-out command receives.
 const SIGTERM: i32 = 15;
+
+/// SIGKILL: what a cancelled command that outlived its grace receives.
+const SIGKILL: i32 = 9;
+
+/// How long a cancelled command has to exit on the caller's signal before it is killed.
+const CANCEL_GRACE: Duration = Duration::from_secs(3);
+
+/// Most stdin uploaded for one command (it is read whole before the command starts).
+pub const MAX_STDIN_BYTES: usize = 64 * 1024 * 1024;
+
+/// The script that opens the uploaded stdin (`$1`) on fd 0, removes the file, and replaces
+/// itself with `bash -c` of the command (`$0`), so the command sees neither.
+const STDIN_REDIRECT: &str = r#"exec 0<"$1" && rm -f -- "$1" && exec bash -c "$0""#;
 
 /// Tuning of command execution.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +127,11 @@ impl BoundedText {
         }
     }
 
+    /// Whether the text seen so far is longer than what is kept.
+    pub fn truncated(&self) -> bool {
+        self.total > self.max
+    }
+
     /// The bounded text.
     pub fn finish(self) -> String {
         match self.head {
@@ -132,6 +163,125 @@ impl Captured {
             stderr: BoundedText::new(max),
         }
     }
+
+    fn into_output(self, exit_code: i32, timed_out: bool, started: Instant) -> ExecOutput {
+        ExecOutput {
+            exit_code,
+            timed_out,
+            stdout_truncated: self.stdout.truncated(),
+            stderr_truncated: self.stderr.truncated(),
+            stdout: self.stdout.finish(),
+            stderr: self.stderr.finish(),
+            duration_ms: started.elapsed().as_millis() as u64,
+            ..ExecOutput::default()
+        }
+    }
+}
+
+/// Forwards log chunks to the caller as they arrive, counting what was forwarded per stream so
+/// that a replay from the start forwards only the rest.
+struct Live {
+    tx: Option<mpsc::Sender<OutputChunk>>,
+    /// Bytes forwarded (or skipped by a replay) of stdout and stderr.
+    sent: [usize; 2],
+}
+
+impl Live {
+    fn index(stream: OutputStream) -> usize {
+        match stream {
+            OutputStream::Stdout => 0,
+            OutputStream::Stderr => 1,
+        }
+    }
+
+    /// Forwards `data`, which starts at byte `at` of its stream, from the first byte not yet
+    /// forwarded.
+    async fn forward(&mut self, stream: OutputStream, at: usize, data: &str) {
+        let i = Self::index(stream);
+        let end = at + data.len();
+        if end <= self.sent[i] {
+            return;
+        }
+        let from = self.sent[i].saturating_sub(at);
+        self.sent[i] = end;
+        if let Some(tx) = &self.tx {
+            let chunk = OutputChunk {
+                stream,
+                data: data.as_bytes()[from..].to_vec(),
+            };
+            if tx.send(chunk).await.is_err() {
+                self.tx = None;
+            }
+        }
+    }
+
+    /// Forwards the next chunk of the live stream.
+    async fn push(&mut self, stream: OutputStream, data: &str) {
+        let at = self.sent[Self::index(stream)];
+        self.forward(stream, at, data).await;
+    }
+}
+
+/// Reads the caller's stdin to its end (bounded), for the upload.
+async fn read_stdin(rx: &mut mpsc::Receiver<Vec<u8>>) -> Result<Vec<u8>, ProviderError> {
+    let mut data = Vec::new();
+    while let Some(chunk) = rx.recv().await {
+        data.extend_from_slice(&chunk);
+        if data.len() > MAX_STDIN_BYTES {
+            return Err(ProviderError::new(
+                FailureKind::Invalid,
+                "run command",
+                format!(
+                    "stdin is larger than {} MiB: the Vercel backend uploads a command's stdin whole before running it",
+                    MAX_STDIN_BYTES / (1024 * 1024)
+                ),
+            ));
+        }
+    }
+    Ok(data)
+}
+
+/// Where commands start (no `cwd` is sent): the upload's relative name resolves against it.
+const SANDBOX_ROOT: &str = "/vercel/sandbox";
+
+/// A file name (relative to [`SANDBOX_ROOT`]) no other command's upload uses.
+fn stdin_file() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        ".taskbox-stdin-{}-{nanos}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Waits for a cancel, then sends its signal to the command once its id is known (and SIGKILL
+/// after [`CANCEL_GRACE`]). Never returns: it runs beside the command until the exec is done.
+async fn cancel_when_asked(
+    client: &VercelClient,
+    session_id: &str,
+    cancel: &mut Option<watch::Receiver<Option<crate::provider::CancelSignal>>>,
+    mut cmd_id: watch::Receiver<Option<String>>,
+) {
+    let signal = cancel_requested(cancel).await;
+    let id = loop {
+        if let Some(id) = cmd_id.borrow_and_update().clone() {
+            break id;
+        }
+        if cmd_id.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    if let Err(e) = client.kill_command(session_id, &id, signal.number()).await {
+        tracing::warn!(session_id, cmd_id = %id, error = %e, "could not cancel a command");
+    }
+    tokio::time::sleep(CANCEL_GRACE).await;
+    if let Err(e) = client.kill_command(session_id, &id, SIGKILL).await {
+        tracing::debug!(session_id, cmd_id = %id, error = %e, "could not kill a cancelled command");
+    }
+    std::future::pending::<()>().await;
 }
 
 /// How the stream phase ended.
@@ -145,13 +295,45 @@ enum StreamEnd {
     SandboxGone(String),
 }
 
-/// Runs `req` in `session_id`.
+/// Runs `req` in `session_id`, with its live side `io` (see the module docs).
 pub async fn exec(
     client: &VercelClient,
     session_id: &str,
     req: &ExecRequest,
     opts: &ExecOptions,
+    io: ExecIo,
 ) -> Result<ExecOutput, ProviderError> {
+    let ExecIo {
+        output,
+        stdin,
+        mut cancel,
+    } = io;
+    let mut args = vec!["-c".to_string(), req.command.clone()];
+    if let Some(mut rx) = stdin {
+        let data = tokio::select! {
+            data = read_stdin(&mut rx) => data?,
+            signal = cancel_requested(&mut cancel) => {
+                return Ok(ExecOutput { exit_code: signal.exit_code(), ..ExecOutput::default() });
+            }
+        };
+        if !data.is_empty() {
+            let file = stdin_file();
+            let path = format!("{SANDBOX_ROOT}/{file}");
+            client.write_files(session_id, &[(&path, &data)]).await?;
+            args = vec![
+                "-c".to_string(),
+                STDIN_REDIRECT.to_string(),
+                req.command.clone(),
+                file,
+            ];
+        }
+    }
+    if let Some(signal) = cancel.as_ref().and_then(|c| *c.borrow()) {
+        return Ok(ExecOutput {
+            exit_code: signal.exit_code(),
+            ..ExecOutput::default()
+        });
+    }
     let started = Instant::now();
     // Checked: a timeout too large for the clock never wraps or panics; it means "no deadline
     // this side of the far future".
@@ -160,7 +342,7 @@ pub async fn exec(
         .unwrap_or_else(|| started + Duration::from_secs(100 * 365 * 24 * 3600));
     let cmd = RunCommand {
         command: "bash".into(),
-        args: vec!["-c".into(), req.command.clone()],
+        args,
         cwd: None,
         env: BTreeMap::new(),
         sudo: false,
@@ -170,9 +352,14 @@ pub async fn exec(
         ),
     };
     let mut out = Captured::new(opts.max_output_chars);
+    let mut live = Live {
+        tx: output,
+        sent: [0, 0],
+    };
     let mut cmd_id: Option<String> = None;
+    let (id_tx, id_rx) = watch::channel(None);
 
-    let waited = tokio::time::timeout_at(deadline, async {
+    let run = tokio::time::timeout_at(deadline, async {
         // A refused run request (the session is stopped: 410) never started the command.
         let mut stream = client
             .run_command_streaming(session_id, &cmd)
@@ -181,7 +368,7 @@ pub async fn exec(
                 FailureKind::SandboxGone => e.before_start(),
                 _ => e,
             })?;
-        match consume(&mut stream, &mut out, &mut cmd_id).await {
+        match consume(&mut stream, &mut out, &mut live, &mut cmd_id, &id_tx).await {
             StreamEnd::Exited(code) => Ok((code, false)),
             StreamEnd::SandboxGone(why) => Err(ProviderError::sandbox_gone(
                 "run command",
@@ -200,23 +387,20 @@ pub async fn exec(
                 Ok((code, true))
             }
         }
-    })
-    .await;
+    });
+    let waited = tokio::select! {
+        waited = run => waited,
+        () = cancel_when_asked(client, session_id, &mut cancel, id_rx) => unreachable!("it never returns"),
+    };
 
     match waited {
         Ok(Ok((code, recovered))) => {
             if recovered {
                 if let Some(id) = &cmd_id {
-                    replay_logs(client, session_id, id, opts, &mut out).await;
+                    replay_logs(client, session_id, id, opts, &mut out, &mut live).await;
                 }
             }
-            Ok(ExecOutput {
-                exit_code: code,
-                timed_out: false,
-                stdout: out.stdout.finish(),
-                stderr: out.stderr.finish(),
-                duration_ms: started.elapsed().as_millis() as u64,
-            })
+            Ok(out.into_output(code, false, started))
         }
         Ok(Err(e)) => Err(e),
         Err(_elapsed) => {
@@ -230,13 +414,7 @@ pub async fn exec(
                     }
                 }
             }
-            Ok(ExecOutput {
-                exit_code: TIMEOUT_EXIT_CODE,
-                timed_out: true,
-                stdout: out.stdout.finish(),
-                stderr: out.stderr.finish(),
-                duration_ms: started.elapsed().as_millis() as u64,
-            })
+            Ok(out.into_output(TIMEOUT_EXIT_CODE, true, started))
         }
     }
 }
@@ -246,20 +424,29 @@ pub async fn exec(
 async fn consume(
     stream: &mut NdjsonStream,
     out: &mut Captured,
+    live: &mut Live,
     cmd_id: &mut Option<String>,
+    id_tx: &watch::Sender<Option<String>>,
 ) -> StreamEnd {
     let why = loop {
         match stream.next().await {
             Ok(Some(StreamEvent::Command(c))) => {
                 if cmd_id.is_none() {
                     *cmd_id = Some(c.id.clone());
+                    id_tx.send_replace(Some(c.id.clone()));
                 }
                 if let Some(code) = c.exit_code {
                     return StreamEnd::Exited(code);
                 }
             }
-            Ok(Some(StreamEvent::Stdout(d))) => out.stdout.push(&d),
-            Ok(Some(StreamEvent::Stderr(d))) => out.stderr.push(&d),
+            Ok(Some(StreamEvent::Stdout(d))) => {
+                out.stdout.push(&d);
+                live.push(OutputStream::Stdout, &d).await;
+            }
+            Ok(Some(StreamEvent::Stderr(d))) => {
+                out.stderr.push(&d);
+                live.push(OutputStream::Stderr, &d).await;
+            }
             Ok(Some(StreamEvent::Error { code, message })) if code == "sandbox_stopped" => {
                 return StreamEnd::SandboxGone(format!("{code}: {message}"))
             }
@@ -310,22 +497,33 @@ async fn long_poll(
 
 /// Replaces the captured output with the full replay from `/logs`. The replay starts from the
 /// beginning, so it is used only when read to its end; otherwise what the stream delivered (a
-/// prefix of the same output) is kept.
+/// prefix of the same output) is kept. The live output gets the part of the replay beyond what
+/// it was already sent.
 async fn replay_logs(
     client: &VercelClient,
     session_id: &str,
     cmd_id: &str,
     opts: &ExecOptions,
     out: &mut Captured,
+    live: &mut Live,
 ) {
     for attempt in 1..=3 {
         let fetched = tokio::time::timeout(opts.logs_timeout, async {
             let mut stream = client.command_logs(session_id, cmd_id).await?;
             let mut fresh = Captured::new(opts.max_output_chars);
+            let mut at = [0usize; 2];
             loop {
                 match stream.next().await {
-                    Ok(Some(StreamEvent::Stdout(d))) => fresh.stdout.push(&d),
-                    Ok(Some(StreamEvent::Stderr(d))) => fresh.stderr.push(&d),
+                    Ok(Some(StreamEvent::Stdout(d))) => {
+                        fresh.stdout.push(&d);
+                        live.forward(OutputStream::Stdout, at[0], &d).await;
+                        at[0] += d.len();
+                    }
+                    Ok(Some(StreamEvent::Stderr(d))) => {
+                        fresh.stderr.push(&d);
+                        live.forward(OutputStream::Stderr, at[1], &d).await;
+                        at[1] += d.len();
+                    }
                     Ok(Some(StreamEvent::Command(_))) => {}
                     Ok(Some(StreamEvent::Error { code, message })) => {
                         return Err(ProviderError::transient(

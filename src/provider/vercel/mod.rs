@@ -50,7 +50,8 @@ use crate::config::TerminalConfig;
 use crate::core::{FailureKind, Millis};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{
-    ExecOutput, ExecRequest, ListedResource, ProviderError, SandboxInfo, SandboxSpec, SnapshotInfo,
+    ExecIo, ExecOutput, ExecRequest, ListedResource, ProviderError, SandboxInfo, SandboxSpec,
+    SnapshotInfo,
 };
 
 pub use self::auth::AuthMode;
@@ -390,8 +391,9 @@ impl VercelProvider {
         &self,
         sandbox_id: &SandboxId,
         req: &ExecRequest,
+        io: ExecIo,
     ) -> Result<ExecOutput, ProviderError> {
-        exec::exec(&self.client, sandbox_id, req, &self.options.exec).await
+        exec::exec(&self.client, sandbox_id, req, &self.options.exec, io).await
     }
 
     async fn stop(&self, sandbox_id: &SandboxId) -> Result<(), ProviderError> {
@@ -514,7 +516,7 @@ pub fn task_from_name(name: &str) -> Option<String> {
 
 super::platform_provider!(VercelProvider, "vercel_sandbox", {
     create_sandbox: create,
-    exec: run,
+    exec_live: run,
     snapshot: take_snapshot,
     stop_sandbox: stop,
     extend_timeout: extend,

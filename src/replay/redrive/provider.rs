@@ -215,6 +215,7 @@ impl SandboxProvider for ReplayProvider {
                     stdout: String::new(),
                     stderr: String::new(),
                     duration_ms: self.clock.now_ms().saturating_sub(started),
+                    ..ExecOutput::default()
                 }),
                 Event::CommandFailed { failure, .. } => Err(recorded_error(&failure)),
                 Event::CommandNotStarted { failure, .. } => {

@@ -198,3 +198,33 @@ async fn commands_in_different_sandboxes_run_concurrently() {
     assert_eq!((out_a.exit_code, out_a.stdout.as_str()), (0, "seen\n"));
     assert_eq!(out_b.exit_code, 0);
 }
+
+/// A live reader that takes nothing cannot hold a command past its timeout: the command's
+/// writes wait (as on a full pipe), its timeout kills it, and once the stuck reader has taken
+/// nothing for a while the result comes back with the whole capture.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_live_reader_does_not_hold_the_result() {
+    let env = Env::new();
+    let id = env.create("stuck", 1, None).await;
+    let (tx, _never_read) = tokio::sync::mpsc::channel(1);
+    let io = taskbox::provider::ExecIo {
+        output: Some(tx),
+        ..Default::default()
+    };
+    let req = taskbox::provider::ExecRequest {
+        command: "head -c 10000000 /dev/zero; echo done".to_string(),
+        timeout_ms: 1_000,
+    };
+    let started = std::time::Instant::now();
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        env.provider.exec_live(&id, &req, io),
+    )
+    .await
+    .expect("the result came back")
+    .expect("exec");
+    assert!(out.timed_out, "{out:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    // The sandbox serves the next command.
+    assert_eq!(env.run(&id, "echo next").await.stdout, "next\n");
+}

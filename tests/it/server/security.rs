@@ -106,7 +106,12 @@ fn tcp_needs_the_bearer_token_and_never_shows_it() {
 
     let (code, body) = http(&addr, "POST", "/v1/tasks/x/run", Some(token), run);
     assert_eq!(code, 200, "{body}");
-    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    // The NDJSON stream (chunked) ends with the result.
+    let result = body
+        .lines()
+        .find(|l| l.starts_with(r#"{"type":"result""#))
+        .unwrap_or_else(|| panic!("no result line in {body}"));
+    let v: serde_json::Value = serde_json::from_str(result).expect("JSON");
     assert_eq!(v["exit_code"], 0);
     let (code, body) = http(&addr, "GET", "/v1/tasks/x", Some(token), "");
     assert_eq!(code, 200, "{body}");

@@ -16,7 +16,9 @@ use taskbox::provider::vercel::doctor;
 use taskbox::provider::vercel::exec::ExecOptions;
 use taskbox::provider::vercel::settings::VercelSettings;
 use taskbox::provider::vercel::{ProviderOptions, VercelProvider};
-use taskbox::provider::{sandbox_name, ExecRequest, SandboxProvider, SandboxSpec};
+use taskbox::provider::{
+    sandbox_name, ExecIo, ExecRequest, OutputStream, SandboxProvider, SandboxSpec,
+};
 
 use super::{empty_dir, env_of, vercel_config, SECRET_TOKEN};
 use crate::support::{sbx, tid};
@@ -351,20 +353,27 @@ async fn a_stream_cut_mid_command_still_gets_exit_code_and_output() {
                 ..Faults::default()
             })
             .unwrap();
-        let out = w
-            .provider
-            .exec(
-                &sb.id,
-                &run(
-                    "echo before; echo e1 >&2; sleep 1; echo after; exit 7",
-                    20_000,
-                ),
-            )
-            .await
-            .unwrap();
+        // The live output gets what the stream delivered, then the rest of the `/logs` replay:
+        // every byte once.
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+        let io = ExecIo {
+            output: Some(tx),
+            ..ExecIo::default()
+        };
+        let req = run(
+            "echo before; echo e1 >&2; sleep 1; echo after; exit 7",
+            20_000,
+        );
+        let out = w.provider.exec_live(&sb.id, &req, io).await.unwrap();
         assert_eq!((out.exit_code, out.timed_out), (7, false), "{mode:?}");
         assert_eq!(out.stdout, "before\nafter\n", "{mode:?}");
         assert_eq!(out.stderr, "e1\n", "{mode:?}");
+        let mut live = [Vec::new(), Vec::new()];
+        while let Ok(chunk) = rx.try_recv() {
+            live[(chunk.stream == OutputStream::Stderr) as usize].extend(chunk.data);
+        }
+        assert_eq!(live[0], b"before\nafter\n", "{mode:?}");
+        assert_eq!(live[1], b"e1\n", "{mode:?}");
         let stats = w.fake.stats();
         assert!(stats.injected.cut_streams >= 1, "{stats:?}");
         assert!(stats.requests_to(Endpoint::GetCommand) >= 1, "{stats:?}");
