@@ -284,8 +284,9 @@ fn sandbox_of(s: &Setup, task: &str) -> Value {
 /// and leaves the sandbox and its files as they were.
 fn a_signal_cancels_the_command_not_the_sandbox(s: &Setup, signal: i32, code: i32) {
     let task = format!("sig{signal}");
-    // Unique per signal, so parallel tests cannot be mistaken for this one.
-    let marker = format!("6{signal}.4{signal}7");
+    // Unique per signal and per test process, so neither parallel tests nor a leftover of an
+    // earlier run can be mistaken for this one.
+    let marker = format!("6{signal}.4{}{signal}7", std::process::id());
     ok(&s.run(&["run", "-t", &task, "--", "echo before > kept.txt"]));
     let sandbox = sandbox_of(s, &task);
     let mut cmd = s.cmd();
@@ -392,7 +393,7 @@ fn a_sigkilled_cli_leaves_the_command_to_the_server_and_its_timeout() {
     let s = Setup::through_server();
     ok(&s.run(&["run", "-t", "orphan", "--", "echo before > kept.txt"]));
     let sandbox = sandbox_of(&s, "orphan");
-    let marker = "73.917";
+    let marker = &format!("73.9{}17", std::process::id());
     let mut cmd = s.cmd();
     cmd.args([
         "run",
