@@ -5,6 +5,7 @@ use std::io;
 use std::path::PathBuf;
 
 use super::archive::ArchiveError;
+use super::cas::CasError;
 use super::names::SandboxName;
 use crate::core::FailureKind;
 use crate::ids::TaskIdError;
@@ -94,6 +95,17 @@ pub enum LocalError {
         #[source]
         source: ArchiveError,
     },
+    /// The snapshot's contents could not be stored, read or restored (content store).
+    #[error("snapshot `{snapshot}` (manifest `{path}`)")]
+    Content {
+        /// The snapshot id.
+        snapshot: String,
+        /// The manifest file.
+        path: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: CasError,
+    },
     /// The archive under a snapshot's name holds another task's or sequence's files.
     #[error("archive `{path}` of snapshot `{snapshot}` holds task `{found_task}` snapshot {found_seq}, not what its name says")]
     ArchiveMismatch {
@@ -180,6 +192,12 @@ impl LocalError {
             LocalError::Archive { source, .. } => match source.io_error() {
                 Some(e) => io_kind(e),
                 None => FailureKind::Permanent,
+            },
+            // Only content definitely not there is "snapshot gone"; corrupt content keeps the
+            // snapshot (a permanent failure of this restore).
+            LocalError::Content { source, .. } => match source {
+                CasError::ContentMissing { .. } => FailureKind::SnapshotGone,
+                other => other.io_error().map_or(FailureKind::Permanent, io_kind),
             },
             LocalError::Io { source, .. } | LocalError::Spawn { source, .. } => io_kind(source),
             LocalError::ArchiveMismatch { .. } | LocalError::Meta { .. } => FailureKind::Permanent,

@@ -217,8 +217,9 @@ impl LocalProvider {
                 let archive = self.snapshot_path(snap);
                 let snap = snap.clone();
                 let workspace = workspace.clone();
+                let cas = self.cas.clone();
                 let header = run_blocking("restore a snapshot", move || {
-                    restore(&snap, &archive, &workspace)
+                    restore(&cas, &snap, &archive, &workspace)
                 })
                 .await?;
                 header.cwd.unwrap_or_default()

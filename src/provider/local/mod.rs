@@ -17,7 +17,11 @@
 //! tasks/<task id>/run/                  per-command state files (the cwd a command ended in)
 //! sandboxes/<sandbox name>/...          the same, for a sandbox parked out of its task's
 //!                                       directory by a newer generation it did not know of
-//! snapshots/<task id>/<seq>.<nonce>.tbx snapshot archives (see `archive` and `snapshot`)
+//! snapshots/<task id>/<seq>.<nonce>.tbx snapshot manifests (older ones: whole archives; see
+//!                                       `archive` and `snapshot`)
+//! cas/                                  the contents they refer to, stored once by hash and
+//!                                       shared by every task (see `cas`)
+//! tasks/<task id>/index                 what the restore wrote (the change detection's index)
 //! tmp/                                  sandboxes being created and sandboxes being removed
 //! lost+found/                           a task directory found without meta.json, kept aside
 //! ```
@@ -65,6 +69,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod archive;
+pub mod cas;
 pub mod cgroup;
 pub mod doctor;
 mod error;
@@ -118,6 +123,8 @@ pub struct LocalProvider {
     /// Temporary paths that operations of this process are using (never swept).
     in_flight: Arc<Mutex<HashSet<PathBuf>>>,
     counter: AtomicU64,
+    /// The content store every snapshot of this root shares (`cas/`).
+    cas: cas::Cas,
 }
 
 impl std::fmt::Debug for LocalProvider {
@@ -151,7 +158,22 @@ impl LocalProvider {
         if let Err(e) = foreign::on_open(&root, &installation_id) {
             tracing::warn!(error = %e, "could not check for archives of another installation");
         }
+        let cas = cas::Cas::open(root.join("cas")).map_err(|e| match e {
+            cas::CasError::Io {
+                operation,
+                path,
+                source,
+            } => LocalError::Io {
+                operation,
+                path,
+                source,
+            },
+            other => LocalError::io("open the content store in", &root)(std::io::Error::other(
+                other.to_string(),
+            )),
+        })?;
         Ok(LocalProvider {
+            cas,
             root,
             installation_id,
             clock,

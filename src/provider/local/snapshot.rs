@@ -16,7 +16,8 @@ use std::fs;
 use std::io::{self, BufReader};
 use std::path::{Path, PathBuf};
 
-use super::archive::{self, ArchiveHeader, PackStats};
+use super::archive::{self, ArchiveHeader};
+use super::cas::{Cas, Index, Manifest, PackedStats};
 use super::error::LocalError;
 use super::fsutil::{ignore_not_found, sync_dir};
 use super::lifecycle::check_owner;
@@ -147,10 +148,11 @@ impl LocalProvider {
             .to_path_buf();
         let (tmp, in_flight) = self.temp_path(&dir, &format!("{seq}.{ARCHIVE_EXT}."), ".tmp");
         let workspace = self.workspace_dir(&name);
-        let (snap2, path2) = (snap.clone(), path.clone());
-        let written = run_blocking("write a snapshot archive", move || {
+        let index = sandbox_dir.join(INDEX_FILE);
+        let (snap2, path2, cas) = (snap.clone(), path.clone(), self.cas.clone());
+        let written = run_blocking("write a snapshot", move || {
             let _in_flight = in_flight;
-            write_archive(&snap2, &workspace, &header, &path2, &tmp)
+            write_snapshot(&cas, &snap2, &workspace, &index, &header, &path2, &tmp)
         })
         .await;
         let (size_bytes, stats) = match written {
@@ -167,6 +169,7 @@ impl LocalProvider {
         }
         self.discard(&name, &slot).await?;
         tracing::debug!(snapshot = %snap.id(), size_bytes, entries = stats.entries,
+            files_read = stats.files_read, objects_written = stats.objects_written,
             "local snapshot taken");
         Ok(SnapshotInfo {
             id: snap.id().into(),
@@ -286,15 +289,34 @@ fn check_header(snap: &SnapshotRef, path: &Path, header: &ArchiveHeader) -> Resu
     Ok(())
 }
 
-/// Writes the archive to `tmp`, fsyncs it, renames it to `path` and fsyncs the directory.
-/// Returns its size.
-fn write_archive(
+/// The file next to a sandbox's workspace that holds its index (see [`cas`](super::cas)).
+pub(super) const INDEX_FILE: &str = "index";
+
+/// The largest manifest read (a manifest of a million entries is about 100 MB).
+const MAX_MANIFEST_BYTES: u64 = 1 << 30;
+
+/// Packs `workspace` into the content store (reusing what its index says is unchanged) and
+/// writes the manifest archive to `tmp`, fsyncs it, renames it to `path` and fsyncs the
+/// directory: the snapshot exists only once all of it is durable. Returns the bytes it added
+/// (the manifest and the new contents).
+fn write_snapshot(
+    cas: &Cas,
     snap: &SnapshotRef,
     workspace: &Path,
+    index: &Path,
     header: &ArchiveHeader,
     path: &Path,
     tmp: &Path,
-) -> Result<(u64, PackStats), LocalError> {
+) -> Result<(u64, PackedStats), LocalError> {
+    let content = |source| LocalError::Content {
+        snapshot: snap.id(),
+        path: path.to_path_buf(),
+        source,
+    };
+    // Held until the manifest is in place: gc cannot sweep what this snapshot stores or reuses.
+    let _lock = cas.lock(false).map_err(content)?;
+    let index = Index::read(index);
+    let (manifest, stats) = cas.pack(workspace, index.as_ref()).map_err(content)?;
     let dir = path.parent().expect("an archive path has a parent");
     let create = || {
         fs::create_dir_all(dir)?;
@@ -308,12 +330,24 @@ fn write_archive(
         .or_else(|_| create())
         .map_err(LocalError::io("create", tmp))?;
     let result = (|| {
-        let (file, stats) =
-            archive::pack(workspace, header, file).map_err(|source| LocalError::Archive {
-                snapshot: snap.id(),
-                path: path.to_path_buf(),
-                source,
-            })?;
+        let archive_err = |source| LocalError::Archive {
+            snapshot: snap.id(),
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = io::BufWriter::new(file);
+        archive::write_prefix_version(&mut file, header, archive::VERSION).map_err(archive_err)?;
+        let body = manifest.encode();
+        let mut encoder = zstd::Encoder::new(file, 3).map_err(LocalError::io("write", tmp))?;
+        encoder
+            .include_checksum(true)
+            .map_err(LocalError::io("write", tmp))?;
+        io::Write::write_all(&mut encoder, &body).map_err(LocalError::io("write", tmp))?;
+        let file = encoder
+            .finish()
+            .map_err(LocalError::io("write", tmp))?
+            .into_inner()
+            .map_err(|e| LocalError::io("write", tmp)(e.into_error()))?;
         file.sync_all().map_err(LocalError::io("fsync", tmp))?;
         let size = file
             .metadata()
@@ -322,7 +356,7 @@ fn write_archive(
         drop(file);
         fs::rename(tmp, path).map_err(LocalError::io("move into place", path))?;
         sync_dir(dir)?;
-        Ok((size, stats))
+        Ok((size + stats.bytes_written, stats))
     })();
     if result.is_err() {
         let _ = fs::remove_file(tmp);
@@ -330,9 +364,31 @@ fn write_archive(
     result
 }
 
-/// Unpacks the archive of `snap` into `workspace` (which must not exist yet). Returns its
-/// header (which carries the working directory to resume in).
+/// Reads the manifest body of a version 3 archive (what follows its prefix).
+pub(super) fn read_manifest<R: io::Read>(reader: R) -> Result<Manifest, super::cas::CasError> {
+    use super::cas::CasError;
+    let mut decoder = zstd::Decoder::new(reader)
+        .map_err(|e| CasError::manifest(format!("it does not decompress: {e}")))?;
+    let mut body = Vec::new();
+    io::Read::read_to_end(
+        &mut io::Read::take(&mut decoder, MAX_MANIFEST_BYTES + 1),
+        &mut body,
+    )
+    .map_err(|e| CasError::manifest(format!("it does not decompress: {e}")))?;
+    if body.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(CasError::manifest(format!(
+            "it is larger than {MAX_MANIFEST_BYTES} bytes"
+        )));
+    }
+    Manifest::decode(&body)
+}
+
+/// Restores the snapshot `snap` into `workspace` (which must not exist yet): a version 3
+/// manifest from the content store (leaving the workspace's index next to it), an older tar
+/// archive by extraction. Returns its header (which carries the working directory to resume
+/// in).
 pub(super) fn restore(
+    cas: &Cas,
     snap: &SnapshotRef,
     path: &Path,
     workspace: &Path,
@@ -353,9 +409,96 @@ pub(super) fn restore(
         source,
     };
     let mut reader = BufReader::with_capacity(256 * 1024, file);
-    let header = archive::read_prefix(&mut reader).map_err(archive_err)?;
+    let (version, header) = archive::read_prefix_versioned(&mut reader).map_err(archive_err)?;
     check_header(snap, path, &header)?;
+    if version < archive::VERSION {
+        fs::create_dir(workspace).map_err(LocalError::io("create directory", workspace))?;
+        archive::unpack_body(reader, workspace).map_err(archive_err)?;
+        return Ok(header);
+    }
+    let content = |source| LocalError::Content {
+        snapshot: snap.id(),
+        path: path.to_path_buf(),
+        source,
+    };
+    let manifest = read_manifest(reader).map_err(content)?;
+    let _lock = cas.lock(false).map_err(content)?;
     fs::create_dir(workspace).map_err(LocalError::io("create directory", workspace))?;
-    archive::unpack_body(reader, workspace).map_err(archive_err)?;
+    let index = cas.restore(&manifest, workspace).map_err(content)?;
+    if let Some(dir) = workspace.parent() {
+        if let Err(e) = Index::write(&dir.join(INDEX_FILE), &index) {
+            tracing::warn!(error = %e, "could not write the workspace index; the next \
+                snapshot reads every file");
+        }
+    }
     Ok(header)
+}
+
+impl LocalProvider {
+    /// Deletes the contents no snapshot manifest and no sandbox's index refers to (mark, then
+    /// sweep, under the content store's exclusive lock; see [`cas`](super::cas)). Manifests of
+    /// every installation under this root count. A manifest that cannot be read stops the gc
+    /// before anything is deleted.
+    pub fn gc_content(&self) -> Result<super::cas::GcStats, LocalError> {
+        let snapshots = self.root.join("snapshots");
+        let root = self.root.clone();
+        let cas_err = |path: PathBuf| {
+            move |source| LocalError::Content {
+                snapshot: "(content gc)".into(),
+                path,
+                source,
+            }
+        };
+        self.cas
+            .gc(|live| {
+                let list = |dir: &Path| -> Result<Vec<PathBuf>, super::cas::CasError> {
+                    match fs::read_dir(dir) {
+                        Ok(entries) => Ok(entries.flatten().map(|e| e.path()).collect()),
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+                        Err(e) => Err(super::cas::CasError::io("list", dir)(e)),
+                    }
+                };
+                for task_dir in list(&snapshots)? {
+                    for path in list(&task_dir)? {
+                        let is_archive = path
+                            .extension()
+                            .is_some_and(|ext| ext == std::ffi::OsStr::new(ARCHIVE_EXT));
+                        if !is_archive {
+                            continue; // temporaries: their content is not referred to yet
+                        }
+                        let file = fs::File::open(&path)
+                            .map_err(super::cas::CasError::io("open", &path))?;
+                        let mut reader = BufReader::new(file);
+                        let (version, _) = archive::read_prefix_versioned(&mut reader)
+                            .map_err(|e| {
+                                super::cas::CasError::manifest(format!(
+                                    "`{}`: {e}; content gc stopped",
+                                    path.display()
+                                ))
+                            })?;
+                        if version < archive::VERSION {
+                            continue; // a whole archive refers to nothing
+                        }
+                        let manifest = read_manifest(reader).map_err(|e| {
+                            super::cas::CasError::manifest(format!(
+                                "`{}`: {e}; content gc stopped",
+                                path.display()
+                            ))
+                        })?;
+                        live.extend(manifest.hashes().copied());
+                    }
+                }
+                // The indexes of live sandboxes and of restores being assembled: what they
+                // reuse stays.
+                for place in ["tasks", "sandboxes", "tmp"] {
+                    for dir in list(&root.join(place))? {
+                        if let Some(index) = Index::read(&dir.join(INDEX_FILE)) {
+                            live.extend(index.manifest.hashes().copied());
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .map_err(cas_err(self.cas.dir().to_path_buf()))
+    }
 }

@@ -48,7 +48,7 @@ fn dir(path: &str) -> Raw<'_> {
 
 /// Writes a hand-made archive as snapshot `<task>.s1` of `env`.
 fn plant_archive(env: &Env, task: &str, entries: &[Raw<'_>]) {
-    plant_archive_version(env, task, entries, archive::VERSION);
+    plant_archive_version(env, task, entries, archive::TAR_VERSION);
 }
 
 /// Writes a hand-made archive of format `version` as snapshot `<task>.s1` of `env`.

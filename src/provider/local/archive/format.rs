@@ -11,11 +11,17 @@ use crate::core::Millis;
 /// The first bytes of every archive.
 pub const MAGIC: [u8; 8] = *b"TBXSNAP\0";
 
-/// The format version this code writes. Version 2 stores every symlink verbatim (version 1
-/// left out the ones pointing outside the workspace) and keeps the holes of sparse files
-/// (`TASKBOX.sparse.*` pax records before the entry); its header also names the
-/// generation, the sandbox instance and the operation's nonce, and the working directory.
-pub const VERSION: u32 = 2;
+/// The format version snapshots are written in. Version 3's body is a manifest pointing into
+/// the content-addressed store ([`cas`](crate::provider::local::cas)) instead of a tar of the
+/// whole workspace; versions 1 and 2 (tar bodies) are still read.
+pub const VERSION: u32 = 3;
+
+/// The newest version whose body is a zstd-compressed tar ([`pack`](super::pack) writes it).
+/// Version 2 stores every symlink verbatim (version 1 left out the ones pointing outside the
+/// workspace) and keeps the holes of sparse files (`TASKBOX.sparse.*` pax records before the
+/// entry); its header also names the generation, the sandbox instance and the operation's
+/// nonce, and the working directory.
+pub const TAR_VERSION: u32 = 2;
 
 /// The oldest format version this code still reads (version 1 bodies are a subset of
 /// version 2's, and its header lacks only the optional fields).
@@ -54,8 +60,17 @@ pub struct ArchiveHeader {
     pub cwd: Option<String>,
 }
 
-/// Writes the magic, the version and the header.
+/// Writes the magic, the tar body's version ([`TAR_VERSION`]) and the header.
 pub fn write_prefix<W: Write>(out: &mut W, header: &ArchiveHeader) -> Result<(), ArchiveError> {
+    write_prefix_version(out, header, TAR_VERSION)
+}
+
+/// Writes the magic, `version` and the header.
+pub fn write_prefix_version<W: Write>(
+    out: &mut W,
+    header: &ArchiveHeader,
+    version: u32,
+) -> Result<(), ArchiveError> {
     let json = serde_json::to_vec(header).map_err(ArchiveError::Header)?;
     let len = u32::try_from(json.len())
         .ok()
@@ -67,7 +82,7 @@ pub fn write_prefix<W: Write>(out: &mut W, header: &ArchiveHeader) -> Result<(),
     let write = ArchiveError::stream("write the snapshot archive header");
     let mut prefix = Vec::with_capacity(16 + json.len());
     prefix.extend_from_slice(&MAGIC);
-    prefix.extend_from_slice(&VERSION.to_le_bytes());
+    prefix.extend_from_slice(&version.to_le_bytes());
     prefix.extend_from_slice(&len.to_le_bytes());
     prefix.extend_from_slice(&json);
     out.write_all(&prefix).map_err(write)
@@ -76,6 +91,13 @@ pub fn write_prefix<W: Write>(out: &mut W, header: &ArchiveHeader) -> Result<(),
 /// Reads and checks the magic, the version and the header, leaving `input` at the compressed
 /// body.
 pub fn read_prefix<R: Read>(input: &mut R) -> Result<ArchiveHeader, ArchiveError> {
+    read_prefix_versioned(input).map(|(_, header)| header)
+}
+
+/// [`read_prefix`], also answering the format version (which says what the body is).
+pub fn read_prefix_versioned<R: Read>(
+    input: &mut R,
+) -> Result<(u32, ArchiveHeader), ArchiveError> {
     let mut magic = [0u8; 8];
     let n = read_full(input, &mut magic)?;
     if n < magic.len() || magic != MAGIC {
@@ -114,7 +136,8 @@ pub fn read_prefix<R: Read>(input: &mut R) -> Result<ArchiveHeader, ArchiveError
     if read_full(input, &mut json)? < json.len() {
         return Err(ArchiveError::Truncated { part: "header" });
     }
-    serde_json::from_slice(&json).map_err(ArchiveError::Header)
+    let header = serde_json::from_slice(&json).map_err(ArchiveError::Header)?;
+    Ok((version, header))
 }
 
 /// Reads until `buf` is full or the input ends; returns how much was read.
@@ -152,12 +175,12 @@ mod tests {
         assert_eq!(read_prefix(&mut buf.as_slice()).unwrap(), header);
 
         let mut newer = buf.clone();
-        newer[8..12].copy_from_slice(&3u32.to_le_bytes());
+        newer[8..12].copy_from_slice(&4u32.to_le_bytes());
         assert!(matches!(
             read_prefix(&mut newer.as_slice()),
             Err(ArchiveError::UnknownVersion {
-                found: 3,
-                supported: 2
+                found: 4,
+                supported: 3
             })
         ));
         // Version 1 is still read; its header has none of the optional fields.

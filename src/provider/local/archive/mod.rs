@@ -1,11 +1,16 @@
 //! The local provider's snapshot archive: a versioned container around a zstd-compressed tar,
 //! and the extraction that refuses anything able to write outside the restored workspace.
 //!
-//! Layout (all integers little-endian; versions 1 and 2 share it):
+//! Layout (all integers little-endian; every version shares it):
 //!
 //! ```text
-//! "TBXSNAP\0" | u32 version | u32 header length | header (JSON) | zstd frame of a tar stream
+//! "TBXSNAP\0" | u32 version | u32 header length | header (JSON) | zstd frame of the body
 //! ```
+//!
+//! The body of versions 1 and 2 is a tar stream of the whole workspace (still read; [`pack`]
+//! still writes version 2); the body of version 3, written now, is a snapshot manifest whose
+//! contents live in the installation's content-addressed store (see
+//! [`cas`](crate::provider::local::cas)). What follows describes the tar bodies.
 //!
 //! The magic and the version come first so that a future taskbox can change everything after
 //! them, and an older one says "this archive is version N, I read versions 1 to M" instead of
@@ -45,7 +50,8 @@ mod write;
 
 pub use self::extract::unpack_body;
 pub use self::format::{
-    read_prefix, write_prefix, ArchiveHeader, MAGIC, MAX_HEADER_LEN, OLDEST_READABLE, VERSION,
+    read_prefix, read_prefix_versioned, write_prefix, write_prefix_version, ArchiveHeader, MAGIC,
+    MAX_HEADER_LEN, OLDEST_READABLE, TAR_VERSION, VERSION,
 };
 pub use self::write::{pack, Omitted, PackStats, ZSTD_LEVEL};
 

@@ -1,0 +1,450 @@
+//! The workspace walk into a manifest: entries in depth-first name order (symlinks verbatim,
+//! hard links once, sparse files by their data segments), the contents of every file not
+//! matched by the index read on two threads, hashed, and stored unless already present.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use super::manifest::{Chunk, Entry, EntryKind, FileStat, Manifest};
+use super::object::{compressor, make_durable, Hash, Put, CHUNK};
+use super::restore::Index;
+use super::{show, Cas, CasError};
+use crate::provider::local::archive::Omitted;
+
+/// The longest path the file system calls accept, with its NUL.
+const PATH_MAX: usize = libc::PATH_MAX as usize;
+
+/// Room left for a restore's staging directory being longer than the workspace's own path.
+const RESTORE_PATH_SLACK: usize = 128;
+
+/// Threads reading, hashing and compressing file contents.
+const WORKERS: usize = 2;
+
+/// What [`Cas::pack`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PackedStats {
+    /// Entries in the manifest.
+    pub entries: u64,
+    /// Regular files whose contents were read (the others matched the index).
+    pub files_read: u64,
+    /// Bytes of file data read.
+    pub bytes_read: u64,
+    /// Objects newly written to the store.
+    pub objects_written: u64,
+    /// Bytes those objects take on disk.
+    pub bytes_written: u64,
+    /// Entries left out: unreadable ones, and sockets, fifos and devices.
+    pub omitted: Vec<Omitted>,
+}
+
+fn nanos(secs: i64, nsec: i64) -> i64 {
+    secs.saturating_mul(1_000_000_000).saturating_add(nsec)
+}
+
+/// A file whose contents must be read.
+struct Job {
+    entry: usize,
+    abs: std::path::PathBuf,
+    ino: u64,
+    sparse: bool,
+}
+
+/// What reading one file gave.
+enum Read {
+    Done {
+        size: u64,
+        stat: FileStat,
+        mtime_ns: i64,
+        chunks: Vec<Chunk>,
+        bytes: u64,
+    },
+    Omit(String),
+}
+
+impl Cas {
+    /// Walks `workspace` into a manifest, storing every content not in the store yet. Files
+    /// that match `index` (same size, mtime, ctime, device and inode, not racy) and whose
+    /// chunks are all present keep their chunks without being read. The caller holds the
+    /// store's lock shared; the new objects are durable when this returns.
+    pub fn pack(
+        &self,
+        workspace: &Path,
+        index: Option<&Index>,
+    ) -> Result<(Manifest, PackedStats), CasError> {
+        let mut stats = PackedStats::default();
+        let mut entries: Vec<Entry> = Vec::new();
+        let mut jobs: Vec<Job> = Vec::new();
+        let known: HashMap<&[u8], &Entry> = index
+            .map(|i| {
+                i.manifest
+                    .entries
+                    .iter()
+                    .filter(|e| matches!(e.kind, EntryKind::File { .. }))
+                    .map(|e| (e.path.as_slice(), e))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut present: HashSet<Hash> = HashSet::new();
+        let mut first_link: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
+        let omit = |stats: &mut PackedStats, rel: &[u8], what: &str, e: &dyn std::fmt::Display| {
+            stats.omitted.push(Omitted {
+                path: show(rel),
+                reason: format!("cannot {what} it: {e}"),
+            });
+        };
+
+        let mut stack: Vec<Vec<u8>> = vec![Vec::new()];
+        while let Some(dir) = stack.pop() {
+            let dir_abs = workspace.join(super::restore::os(&dir));
+            let listed = fs::read_dir(&dir_abs).and_then(|it| {
+                it.map(|e| e.map(|e| (e.file_name().into_vec(), e)))
+                    .collect::<Result<Vec<_>, _>>()
+            });
+            let mut listed = match listed {
+                Ok(listed) => listed,
+                Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_empty() => continue,
+                Err(e) if dir.is_empty() => {
+                    return Err(CasError::io("list directory", &dir_abs)(e))
+                }
+                Err(e) => {
+                    omit(&mut stats, &dir, "list the contents of", &e);
+                    continue;
+                }
+            };
+            listed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            let mut subdirs = Vec::new();
+            for (name, dirent) in listed {
+                let rel = if dir.is_empty() {
+                    name
+                } else {
+                    [dir.as_slice(), b"/", name.as_slice()].concat()
+                };
+                let abs = workspace.join(super::restore::os(&rel));
+                if abs.as_os_str().len() + RESTORE_PATH_SLACK >= PATH_MAX {
+                    stats.omitted.push(Omitted {
+                        path: show(&rel),
+                        reason: format!(
+                            "its path is {} bytes long, too close to PATH_MAX ({PATH_MAX}) to be \
+                             restored",
+                            abs.as_os_str().len()
+                        ),
+                    });
+                    continue;
+                }
+                let meta = match dirent.metadata() {
+                    Ok(meta) => meta,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => {
+                        omit(&mut stats, &rel, "inspect", &e);
+                        continue;
+                    }
+                };
+                let mode = meta.mode() & 0o7777;
+                let mtime_ns = nanos(meta.mtime(), meta.mtime_nsec());
+                let ft = meta.file_type();
+                let kind = if ft.is_dir() {
+                    subdirs.push(rel.clone());
+                    EntryKind::Dir
+                } else if ft.is_symlink() {
+                    match fs::read_link(&abs) {
+                        Ok(target) => EntryKind::Symlink {
+                            target: target.into_os_string().into_vec(),
+                        },
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                        Err(e) => {
+                            omit(&mut stats, &rel, "read the symlink", &e);
+                            continue;
+                        }
+                    }
+                } else if ft.is_file() {
+                    let inode = (meta.dev(), meta.ino());
+                    if meta.nlink() > 1 {
+                        if let Some(first) = first_link.get(&inode) {
+                            entries.push(Entry {
+                                path: rel,
+                                mode,
+                                mtime_ns,
+                                kind: EntryKind::HardLink {
+                                    target: first.clone(),
+                                },
+                            });
+                            continue;
+                        }
+                        first_link.insert(inode, rel.clone());
+                    }
+                    let stat = FileStat {
+                        dev: meta.dev(),
+                        ino: meta.ino(),
+                        ctime_ns: nanos(meta.ctime(), meta.ctime_nsec()),
+                    };
+                    let reuse = index.and_then(|index| {
+                        let old = known.get(rel.as_slice())?;
+                        let EntryKind::File {
+                            size,
+                            stat: old_stat,
+                            chunks,
+                        } = &old.kind
+                        else {
+                            return None;
+                        };
+                        let same = *size == meta.len()
+                            && old.mtime_ns == mtime_ns
+                            && *old_stat == stat
+                            && stat.ctime_ns < index.written_ns;
+                        if !same {
+                            return None;
+                        }
+                        for c in chunks {
+                            if !present.contains(&c.hash) {
+                                if fs::symlink_metadata(self.object_path(&c.hash)).is_err() {
+                                    return None;
+                                }
+                                present.insert(c.hash);
+                            }
+                        }
+                        Some(chunks.clone())
+                    });
+                    match reuse {
+                        Some(chunks) => EntryKind::File {
+                            size: meta.len(),
+                            stat,
+                            chunks,
+                        },
+                        None => {
+                            jobs.push(Job {
+                                entry: entries.len(),
+                                abs,
+                                ino: meta.ino(),
+                                sparse: meta.blocks().saturating_mul(512) < meta.len(),
+                            });
+                            EntryKind::File {
+                                size: meta.len(),
+                                stat,
+                                chunks: Vec::new(),
+                            }
+                        }
+                    }
+                } else {
+                    stats.omitted.push(Omitted {
+                        path: show(&rel),
+                        reason: "sockets, fifos and devices are not kept in snapshots".into(),
+                    });
+                    continue;
+                };
+                entries.push(Entry {
+                    path: rel,
+                    mode,
+                    mtime_ns,
+                    kind,
+                });
+            }
+            stack.extend(subdirs.into_iter().rev());
+        }
+
+        // Read, hash and store the contents on two threads.
+        let next = AtomicUsize::new(0);
+        let written: Mutex<Vec<Hash>> = Mutex::new(Vec::new());
+        let results: Vec<Result<Vec<(usize, Read)>, CasError>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..WORKERS.min(jobs.len()))
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        let mut compressor = compressor()
+                            .map_err(CasError::io("start compressing in", self.dir()))?;
+                        let mut buf = vec![0u8; CHUNK as usize];
+                        let mut mine = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(job) = jobs.get(i) else { break };
+                            let read =
+                                self.read_file(job, &mut buf, &mut compressor, &mut mine)?;
+                            done.push((job.entry, read));
+                        }
+                        written
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .extend(mine);
+                        Ok(done)
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| {
+                    w.join().unwrap_or_else(|_| {
+                        Err(CasError::io("read the workspace", workspace)(io::Error::other(
+                            "a reader thread panicked",
+                        )))
+                    })
+                })
+                .collect()
+        });
+        let mut omitted_files: HashSet<usize> = HashSet::new();
+        for result in results {
+            for (i, read) in result? {
+                match read {
+                    Read::Done {
+                        size,
+                        stat,
+                        mtime_ns,
+                        chunks,
+                        bytes,
+                    } => {
+                        stats.files_read += 1;
+                        stats.bytes_read += bytes;
+                        entries[i].mtime_ns = mtime_ns;
+                        entries[i].kind = EntryKind::File {
+                            size,
+                            stat,
+                            chunks,
+                        };
+                    }
+                    Read::Omit(reason) => {
+                        stats.omitted.push(Omitted {
+                            path: show(&entries[i].path),
+                            reason,
+                        });
+                        omitted_files.insert(i);
+                    }
+                }
+            }
+        }
+        if !omitted_files.is_empty() {
+            // A hard link to a file left out keeps nothing to link to: the first such link
+            // becomes the file's stand-in would need its contents, so it is left out too.
+            let gone: HashSet<Vec<u8>> = omitted_files
+                .iter()
+                .map(|i| entries[*i].path.clone())
+                .collect();
+            let mut index = 0;
+            entries.retain(|e| {
+                let keep = !omitted_files.contains(&index)
+                    && !matches!(&e.kind, EntryKind::HardLink { target } if gone.contains(target));
+                index += 1;
+                keep
+            });
+        }
+        let written = written.into_inner().unwrap_or_else(|p| p.into_inner());
+        make_durable(self, &written)?;
+        stats.objects_written = written.len() as u64;
+        stats.bytes_written = written
+            .iter()
+            .filter_map(|h| fs::metadata(self.object_path(h)).ok())
+            .map(|m| m.len())
+            .sum();
+        stats.entries = entries.len() as u64;
+        Ok((Manifest { entries }, stats))
+    }
+
+    /// Reads one file's data segments in chunks, storing each chunk.
+    fn read_file(
+        &self,
+        job: &Job,
+        buf: &mut [u8],
+        compressor: &mut zstd::bulk::Compressor<'_>,
+        written: &mut Vec<Hash>,
+    ) -> Result<Read, CasError> {
+        let file = match File::options()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&job.abs)
+        {
+            Ok(file) => file,
+            Err(e) => return Ok(Read::Omit(format!("cannot read it: {e}"))),
+        };
+        let meta = match file.metadata() {
+            Ok(meta) if meta.is_file() && meta.ino() == job.ino => meta,
+            Ok(_) => return Ok(Read::Omit("it was replaced while being read".into())),
+            Err(e) => return Ok(Read::Omit(format!("cannot inspect it: {e}"))),
+        };
+        let size = meta.len();
+        let segments = if job.sparse {
+            match data_segments(&file, size) {
+                Ok(segments) => segments,
+                Err(e) => return Ok(Read::Omit(format!("cannot map its holes: {e}"))),
+            }
+        } else {
+            vec![(0, size)]
+        };
+        let mut chunks = Vec::new();
+        let mut bytes = 0;
+        for (start, len) in segments {
+            let mut at = start;
+            let end = start + len;
+            while at < end {
+                let want = (end - at).min(CHUNK) as usize;
+                let data = &mut buf[..want];
+                if let Err(e) = file.read_exact_at(data, at) {
+                    return Ok(Read::Omit(if e.kind() == io::ErrorKind::UnexpectedEof {
+                        "it shrank while the snapshot was being taken".into()
+                    } else {
+                        format!("cannot read it: {e}")
+                    }));
+                }
+                let hash = Hash::of(data);
+                if let Put::Written(_) = self.put(&hash, data, compressor)? {
+                    written.push(hash);
+                }
+                chunks.push(Chunk {
+                    offset: at,
+                    len: want as u32,
+                    hash,
+                });
+                bytes += want as u64;
+                at += want as u64;
+            }
+        }
+        Ok(Read::Done {
+            size,
+            stat: FileStat {
+                dev: meta.dev(),
+                ino: meta.ino(),
+                ctime_ns: nanos(meta.ctime(), meta.ctime_nsec()),
+            },
+            mtime_ns: nanos(meta.mtime(), meta.mtime_nsec()),
+            chunks,
+            bytes,
+        })
+    }
+}
+
+/// The data segments of `file` (`SEEK_DATA`/`SEEK_HOLE`), up to `len`.
+fn data_segments(file: &File, len: u64) -> io::Result<Vec<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    let seek = |offset: u64, whence| -> io::Result<Option<u64>> {
+        let offset = libc::off_t::try_from(offset).map_err(io::Error::other)?;
+        // SAFETY: `fd` is an open descriptor owned by `file` for the duration of the call;
+        // lseek only moves its offset.
+        let r = unsafe { libc::lseek(fd, offset, whence) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return if e.raw_os_error() == Some(libc::ENXIO) {
+                Ok(None)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(Some(u64::try_from(r).map_err(io::Error::other)?))
+    };
+    let mut segments = Vec::new();
+    let mut at = 0;
+    while at < len {
+        let Some(start) = seek(at, libc::SEEK_DATA)? else {
+            break;
+        };
+        if start >= len {
+            break;
+        }
+        let end = seek(start, libc::SEEK_HOLE)?.unwrap_or(len).min(len);
+        segments.push((start, end - start));
+        at = end;
+    }
+    Ok(segments)
+}
