@@ -297,8 +297,8 @@ const MAX_MANIFEST_BYTES: u64 = 1 << 30;
 
 /// Packs `workspace` into the content store (reusing what its index says is unchanged) and
 /// writes the manifest archive to `tmp`, fsyncs it, renames it to `path` and fsyncs the
-/// directory: the snapshot exists only once all of it is durable. Returns the bytes it added
-/// (the manifest and the new contents).
+/// directory: the snapshot exists only once all of it is durable. Returns the manifest's size
+/// (what a repeated call finds; the new contents are in the stats).
 fn write_snapshot(
     cas: &Cas,
     snap: &SnapshotRef,
@@ -356,7 +356,7 @@ fn write_snapshot(
         drop(file);
         fs::rename(tmp, path).map_err(LocalError::io("move into place", path))?;
         sync_dir(dir)?;
-        Ok((size + stats.bytes_written, stats))
+        Ok((size, stats))
     })();
     if result.is_err() {
         let _ = fs::remove_file(tmp);
@@ -469,13 +469,17 @@ impl LocalProvider {
                         let file = fs::File::open(&path)
                             .map_err(super::cas::CasError::io("open", &path))?;
                         let mut reader = BufReader::new(file);
-                        let (version, _) = archive::read_prefix_versioned(&mut reader)
-                            .map_err(|e| {
-                                super::cas::CasError::manifest(format!(
+                        let (version, _) = match archive::read_prefix_versioned(&mut reader) {
+                            Ok(read) => read,
+                            // Not ours at all: it refers to nothing of ours.
+                            Err(archive::ArchiveError::BadMagic { .. }) => continue,
+                            Err(e) => {
+                                return Err(super::cas::CasError::manifest(format!(
                                     "`{}`: {e}; content gc stopped",
                                     path.display()
-                                ))
-                            })?;
+                                )))
+                            }
+                        };
                         if version < archive::VERSION {
                             continue; // a whole archive refers to nothing
                         }

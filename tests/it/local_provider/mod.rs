@@ -4,6 +4,7 @@
 //! ids, listing and sweeping in `listing`. The test environment they share lives here.
 
 mod archives;
+mod cas;
 mod commands;
 mod deadlines;
 mod escapes;
