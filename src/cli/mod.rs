@@ -104,6 +104,9 @@ enum Cmd {
     Replay(replay::ReplayArgs),
     /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
     Export(replay::ExportArgs),
+    /// Write a task's local snapshot (its latest complete one, or SNAPSHOT) as a plain
+    /// zstd-compressed tarball on stdout: `taskbox export-snapshot TASK > files.tar.zst`.
+    ExportSnapshot(ExportSnapshotArgs),
     /// Measure taskbox's overhead against baselines run side by side (see the README).
     #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
@@ -161,6 +164,14 @@ struct JsonArg {
     /// Print JSON on stdout.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ExportSnapshotArgs {
+    /// The task.
+    task: String,
+    /// The snapshot: its id or its sequence number (default: the latest complete one).
+    snapshot: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -290,7 +301,7 @@ impl Cmd {
             #[cfg(feature = "bench")]
             Cmd::Bench(a) => a.json(),
             Cmd::Replay(a) => a.json(),
-            Cmd::Export(_) => false,
+            Cmd::Export(_) | Cmd::ExportSnapshot(_) => false,
         }
     }
 }
@@ -303,7 +314,11 @@ fn engine_in_process(cmd: &Cmd, paths: &Paths) -> bool {
         Cmd::Run(_) | Cmd::Suspend(_) | Cmd::Resume(_) | Cmd::Gc(_) => {
             !matches!(route(paths), Ok(Route::Server(..)))
         }
-        Cmd::Tasks(_) | Cmd::Show(_) | Cmd::Config(_) | Cmd::Export(_) => false,
+        Cmd::Tasks(_)
+        | Cmd::Show(_)
+        | Cmd::Config(_)
+        | Cmd::Export(_)
+        | Cmd::ExportSnapshot(_) => false,
         #[cfg(feature = "server")]
         Cmd::Status(_) | Cmd::Watch(_) => false,
         _ => true,
@@ -435,6 +450,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Config(cmd) => config_cmd(cmd, paths),
+        Cmd::ExportSnapshot(args) => export_snapshot(paths, &args),
         #[cfg(feature = "bench")]
         Cmd::Bench(args) => bench::run(args),
         Cmd::Doctor(args) => doctor::run(paths, args).await,
@@ -698,6 +714,79 @@ fn no_task(paths: &Paths, task: &TaskId) -> Failure {
         task: task.to_string(),
         suggestion: taskbox::engine::closest(task.as_str(), names.iter().map(String::as_str)),
     })
+}
+
+/// `taskbox export-snapshot`: a task's local snapshot as a plain tarball on stdout.
+fn export_snapshot(paths: &Paths, args: &ExportSnapshotArgs) -> Result<ExitCode, Failure> {
+    use taskbox::core::SnapshotStatus;
+    let task = task_id(&args.task)?;
+    let view = match existing_store(paths).map_err(|e| Failure::from_engine(e.into()))? {
+        Some(store) => {
+            TaskView::load(&store, task.as_str(), 0, None).map_err(Failure::from_engine)?
+        }
+        None => None,
+    };
+    let Some(view) = view else {
+        return Err(no_task(paths, &task));
+    };
+    if let Some(backend) = view.marks.backend.as_deref().filter(|b| *b != "local") {
+        return Err(Failure::new(format!(
+            "task `{task}` keeps its snapshots on the `{backend}` backend; export-snapshot reads \
+             local snapshots only"
+        ))
+        .code("invalid"));
+    }
+    let complete: Vec<_> = view
+        .task
+        .snapshots
+        .iter()
+        .filter(|s| s.status == SnapshotStatus::Complete)
+        .filter_map(|s| s.id.as_ref().map(|id| (s.seq, id.clone())))
+        .collect();
+    let chosen = match &args.snapshot {
+        None => complete.iter().max_by_key(|(seq, _)| *seq),
+        Some(want) => complete
+            .iter()
+            .find(|(seq, id)| id.as_str() == want || seq.to_string() == *want),
+    };
+    let Some((_, id)) = chosen else {
+        let listed: Vec<String> = complete
+            .iter()
+            .map(|(seq, id)| format!("{seq} ({id})"))
+            .collect();
+        return Err(match &args.snapshot {
+            None => Failure::new(format!("task `{task}` has no complete snapshot to export"))
+                .hint(format!("`taskbox suspend {task}` takes one")),
+            Some(want) => Failure::new(format!(
+                "task `{task}` has no complete snapshot `{}`",
+                want.escape_debug()
+            ))
+            .hint(if listed.is_empty() {
+                "it has no complete snapshot".to_string()
+            } else {
+                format!("its complete snapshots: {}", listed.join(", "))
+            }),
+        }
+        .code("snapshot_not_found"));
+    };
+    let stdout = std::io::stdout();
+    if std::io::IsTerminal::is_terminal(&stdout) {
+        return Err(Failure::new("refusing to write a tarball to a terminal")
+            .hint(format!("redirect it: `taskbox export-snapshot {task} > files.tar.zst`")));
+    }
+    let out = std::io::BufWriter::with_capacity(256 * 1024, stdout.lock());
+    let out = taskbox::provider::local::export_snapshot(&paths.data_dir.join("local"), id, out)
+        .map_err(|e| {
+            let code = match e.kind() {
+                taskbox::core::FailureKind::SnapshotGone => "snapshot_not_found",
+                _ => "error",
+            };
+            Failure::new(e.into_provider("export a snapshot").to_string()).code(code)
+        })?;
+    let _ = out
+        .into_inner()
+        .map_err(|e| Failure::new(format!("cannot write the tarball: {}", e.error())))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn task_id(s: &str) -> Result<TaskId, Failure> {

@@ -246,3 +246,67 @@ fn doctor_lists_adopts_and_ignores_the_archives_of_a_removed_store() {
     assert!(archives("p").contains(&old_p[0]));
     assert!(archives("q").contains(&old_q[0]));
 }
+
+/// `taskbox export-snapshot TASK [SNAP]` writes a plain zstd-compressed tarball of a snapshot
+/// (the latest by default, or the one named), symlinks verbatim, holes as zeros; an unknown
+/// snapshot is a clear error naming the ones there are.
+#[test]
+fn export_snapshot_writes_a_plain_tarball() {
+    let home = Home::new();
+    ok(&home.run(&[
+        "run",
+        "-t",
+        "ex",
+        "--",
+        "mkdir d; echo one > d/f; ln -s /etc/passwd out; ln d/f hard; truncate -s 3M sparse",
+    ]));
+    ok(&home.run(&["suspend", "ex"]));
+    ok(&home.run(&["run", "-t", "ex", "--", "echo two > d/f"]));
+    ok(&home.run(&["suspend", "ex"]));
+    let read = |args: &[&str]| -> Vec<(String, tar::EntryType, Vec<u8>, Option<String>)> {
+        let out = home.run(args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let tar = zstd::decode_all(out.stdout.as_slice()).expect("a zstd stream");
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let mut entries = Vec::new();
+        for e in archive.entries().unwrap() {
+            let mut e = e.unwrap();
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+            let link = e
+                .link_name()
+                .unwrap()
+                .map(|l| l.to_string_lossy().to_string());
+            entries.push((
+                e.path().unwrap().to_string_lossy().to_string(),
+                e.header().entry_type(),
+                data,
+                link,
+            ));
+        }
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries
+    };
+    let latest = read(&["export-snapshot", "ex"]);
+    let names: Vec<&str> = latest.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(names, ["d", "d/f", "hard", "out", "sparse"]);
+    let by = |name: &str| latest.iter().find(|e| e.0 == name).unwrap().clone();
+    // `d` sorts first, so `d/f`'s inode was met first through `hard`: one of the two is a link.
+    let (f, hard) = (by("d/f"), by("hard"));
+    assert!(f.2 == b"two\n" || hard.2 == b"two\n", "{f:?} {hard:?}");
+    assert_eq!(by("out").3.as_deref(), Some("/etc/passwd"));
+    assert_eq!(by("sparse").2, vec![0u8; 3 << 20]);
+    let first = read(&["export-snapshot", "ex", "1"]);
+    let f1 = first.iter().find(|e| e.0 == "d/f" || e.0 == "hard").unwrap();
+    assert!(
+        first.iter().any(|e| e.2 == b"one\n"),
+        "snapshot 1 holds the first contents: {f1:?}"
+    );
+    let out = home.run(&["export-snapshot", "ex", "7"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        stderr(&out).contains("no complete snapshot `7`") && stderr(&out).contains("ex.s2"),
+        "{}",
+        stderr(&out)
+    );
+}

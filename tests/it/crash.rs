@@ -216,6 +216,22 @@ fn kill_rounds(home: &Home, vercel: bool, seed: u64, rounds: u32) {
         }
         // Reconcile: afterwards no orphaned sandbox is left.
         ok(&home.run(&["gc"]));
+        if !vercel {
+            // Every complete snapshot is still whole after the kill and the content gc: each
+            // one's every content is there and hashes right (export-snapshot reads them all).
+            for snap in show(home, task)["task"]["snapshots"].as_array().expect("snapshots") {
+                if snap["status"] != "complete" {
+                    continue;
+                }
+                let id = snap["id"].as_str().expect("a complete snapshot has an id");
+                let out = home.run(&["export-snapshot", task, id]);
+                assert!(
+                    out.status.success() && !out.stdout.is_empty(),
+                    "round {round}: snapshot {id} is not whole: {}",
+                    crate::support::stderr(&out)
+                );
+            }
+        }
         let orphans = orphans_after_gc(home, task, vercel);
         assert!(
             orphans.is_empty(),

@@ -85,6 +85,7 @@ mod temp;
 mod workspace;
 
 pub use self::error::LocalError;
+pub use self::snapshot::export_snapshot;
 
 use std::collections::{HashMap, HashSet};
 use std::fs;

@@ -506,3 +506,72 @@ impl LocalProvider {
             .map_err(cas_err(self.cas.dir().to_path_buf()))
     }
 }
+
+/// Writes local snapshot `snapshot_id` of the installation rooted at `root` (`<data>/local`)
+/// to `out` as a plain zstd-compressed tarball: a version 3 manifest with its contents from the
+/// store (every chunk's hash verified), an older archive re-packed from a temporary
+/// extraction (so its sparse files come out as plain files). Reads only; takes the store's lock
+/// shared.
+pub fn export_snapshot<W: io::Write>(
+    root: &Path,
+    snapshot_id: &str,
+    out: W,
+) -> Result<W, LocalError> {
+    let snap = SnapshotRef::parse(snapshot_id)?;
+    let path = root
+        .join("snapshots")
+        .join(snap.task.as_str())
+        .join(snap.file_name(ARCHIVE_EXT));
+    let file = match fs::File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(LocalError::SnapshotGone {
+                snapshot: snap.id(),
+                path,
+            })
+        }
+        Err(e) => return Err(LocalError::io("open", &path)(e)),
+    };
+    let archive_err = |source| LocalError::Archive {
+        snapshot: snap.id(),
+        path: path.clone(),
+        source,
+    };
+    let content = |source| LocalError::Content {
+        snapshot: snap.id(),
+        path: path.clone(),
+        source,
+    };
+    let mut reader = BufReader::new(file);
+    let (version, header) = archive::read_prefix_versioned(&mut reader).map_err(archive_err)?;
+    check_header(&snap, &path, &header)?;
+    let write = |e| LocalError::io("write the tarball to", "standard output")(e);
+    let mut encoder = zstd::Encoder::new(out, 3).map_err(write)?;
+    if version >= archive::VERSION {
+        let manifest = read_manifest(reader).map_err(content)?;
+        let cas = Cas::open(root.join("cas")).map_err(content)?;
+        let _lock = cas.lock(false).map_err(content)?;
+        super::cas::export_tar(&cas, &manifest, &mut encoder).map_err(content)?;
+    } else {
+        let tmp = root.join("tmp").join(format!(
+            "export.{}.{}",
+            std::process::id(),
+            random_nonce()?
+        ));
+        let workspace = tmp.join("workspace");
+        fs::create_dir_all(&tmp).map_err(LocalError::io("create directory", &tmp))?;
+        let result = (|| {
+            fs::create_dir(&workspace).map_err(LocalError::io("create directory", &workspace))?;
+            archive::unpack_body(reader, &workspace).map_err(archive_err)?;
+            let mut builder = tar::Builder::new(&mut encoder);
+            builder.follow_symlinks(false);
+            builder
+                .append_dir_all(".", &workspace)
+                .and_then(|()| builder.finish())
+                .map_err(write)
+        })();
+        let _ = super::fsutil::remove_tree(&tmp);
+        result?;
+    }
+    encoder.finish().map_err(write)
+}
