@@ -28,10 +28,21 @@ pub struct TreeSpec {
     pub blobs: usize,
     /// Size of each blob.
     pub blob_bytes: usize,
+    /// Files of a Python virtualenv (`.venv/lib/python3.12/site-packages/**`: sources and
+    /// byte-compiled caches, plus `bin/python` symlinks to the system's interpreter).
+    #[serde(default)]
+    pub venv_files: usize,
+    /// Size of one large file ([`LARGE_FILE`]: a database-like mix of rows and binary pages);
+    /// 0 for none.
+    #[serde(default)]
+    pub large_bytes: usize,
 }
 
+/// The large file's path in the workspace.
+pub const LARGE_FILE: &str = "data/app.db";
+
 impl TreeSpec {
-    /// About 7 MB in 1,000 files: for `--quick`.
+    /// About 10 MB in 1,200 files: for `--quick`.
     pub fn quick() -> TreeSpec {
         TreeSpec {
             source_files: 200,
@@ -40,10 +51,12 @@ impl TreeSpec {
             log_bytes: 1 << 20,
             blobs: 2,
             blob_bytes: 1 << 20,
+            venv_files: 200,
+            large_bytes: 3 << 20,
         }
     }
 
-    /// About 60 MB in 9,500 files.
+    /// About 90 MB in 10,500 files.
     pub fn standard() -> TreeSpec {
         TreeSpec {
             source_files: 1_500,
@@ -52,19 +65,33 @@ impl TreeSpec {
             log_bytes: 5 << 20,
             blobs: 16,
             blob_bytes: 1 << 20,
+            venv_files: 1_000,
+            large_bytes: 30 << 20,
         }
     }
 
-    /// About 185 MB in 23,000 files: for `--full`.
+    /// About 320 MB in 17,000 files, one of them 200 MB: for `--full`.
     pub fn full() -> TreeSpec {
         TreeSpec {
             source_files: 3_000,
-            module_files: 20_000,
-            logs: 10,
+            module_files: 10_000,
+            logs: 4,
             log_bytes: 5 << 20,
-            blobs: 60,
+            blobs: 20,
             blob_bytes: 1 << 20,
+            venv_files: 4_000,
+            large_bytes: 200 << 20,
         }
+    }
+
+    /// How many regular files the tree has.
+    pub fn file_count(&self) -> usize {
+        1 + self.source_files
+            + self.module_files
+            + self.logs
+            + self.blobs
+            + self.venv_files
+            + usize::from(self.large_bytes > 0)
     }
 }
 
@@ -328,6 +355,60 @@ pub fn generate_workspace(root: &Path, spec: &TreeSpec, seed: u64) -> io::Result
         blob(&mut rng, spec.blob_bytes, &mut w.buf);
         w.file(&format!("assets/blob{i}.bin"))?;
     }
+
+    // A virtualenv: packages of sources with their byte-compiled caches, and the interpreter
+    // symlinks every venv has.
+    if spec.venv_files > 0 {
+        w.dir(".venv/bin")?;
+        std::os::unix::fs::symlink("/usr/bin/python3", root.join(".venv/bin/python"))?;
+        std::os::unix::fs::symlink("python", root.join(".venv/bin/python3"))?;
+    }
+    let mut written = 0usize;
+    let mut pkg = 0usize;
+    while written < spec.venv_files {
+        let base = format!(".venv/lib/python3.12/site-packages/pypkg{pkg}");
+        w.dir(&format!("{base}/__pycache__"))?;
+        let files = rng.range(4, 16).min(spec.venv_files - written);
+        for f in 0..files {
+            if f % 2 == 0 {
+                let size = rng.range(500, 12_000);
+                code(&mut rng, size, &mut w.buf);
+                w.file(&format!("{base}/mod{f}.py"))?;
+            } else {
+                // A .pyc: a header, then marshalled code (half text, half binary).
+                let size = rng.range(300, 4000);
+                code(&mut rng, size, &mut w.buf);
+                let len = w.buf.len();
+                blob(&mut rng, len + len / 2, &mut w.buf);
+                w.file(&format!("{base}/__pycache__/mod{f}.cpython-312.pyc"))?;
+            }
+        }
+        written += files;
+        pkg += 1;
+    }
+
+    // One large file: 64 KiB pages, alternately rows of text and binary.
+    if spec.large_bytes > 0 {
+        w.dir("data")?;
+        let mut f = fs::File::create(root.join(LARGE_FILE))?;
+        let mut page = Vec::with_capacity(64 * 1024);
+        let mut left = spec.large_bytes;
+        let mut n = 0usize;
+        while left > 0 {
+            page.clear();
+            let size = left.min(64 * 1024);
+            if n % 2 == 0 {
+                log(&mut rng, size, &mut page);
+            } else {
+                blob(&mut rng, size, &mut page);
+            }
+            f.write_all(&page)?;
+            left -= size;
+            n += 1;
+        }
+        w.stats.files += 1;
+        w.stats.bytes += spec.large_bytes as u64;
+    }
     Ok(w.stats)
 }
 
@@ -347,9 +428,7 @@ mod tests {
         let sa = generate_workspace(&a, &spec, 7).unwrap();
         let sb = generate_workspace(&b, &spec, 7).unwrap();
         assert_eq!(sa, sb);
-        // package.json + sources + modules + logs + blobs.
-        let expected = 1 + spec.source_files + spec.module_files + spec.logs + spec.blobs;
-        assert_eq!(sa.files, expected as u64);
+        assert_eq!(sa.files, spec.file_count() as u64);
         assert_eq!(
             fs::read(find(&a, "file0.")).unwrap(),
             fs::read(find(&b, "file0.")).unwrap()

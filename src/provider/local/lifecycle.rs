@@ -92,7 +92,7 @@ impl LocalProvider {
         let dir = self.sandbox_dir(name);
         let cgroup = cgroup::recorded(&dir, &name.name);
         let (trash, in_flight) =
-            self.temp_path(&self.root.join("tmp"), "trash.", &format!(".{}", name.name));
+            self.temp_path(&self.root.join("trash"), "trash.", &format!(".{}", name.name));
         // Out of its place first: from this instant the sandbox is gone, even if removing its
         // files is slow or a crash interrupts it (the sweep finishes the job).
         let existed = match fs::rename(&dir, &trash) {
@@ -103,15 +103,35 @@ impl LocalProvider {
         // Processes are matched by the sandbox name in their environment.
         let sandbox = name.name.clone();
         run_blocking("remove the sandbox", move || {
-            let _in_flight = in_flight;
             if let Some(cg) = &cgroup {
                 cgroup::kill_all(cg);
             }
             kill_leftovers(&sandbox);
             if existed {
-                if let Err(e) = remove_tree(&trash) {
-                    tracing::warn!(sandbox = %sandbox, path = %trash.display(), error = %e,
-                        "could not remove a discarded sandbox's files; the sweep will retry");
+                // Its files go in the background: the sandbox is gone already (renamed out of
+                // its place, its processes killed), and unlinking a big workspace must not be
+                // what a snapshot or a stop waits for. A crash leaves the tree under `trash/`
+                // for the sweep (it is named after this process).
+                let remove = move || {
+                    let _in_flight = in_flight;
+                    if let Err(e) = remove_tree(&trash) {
+                        tracing::warn!(sandbox = %sandbox, path = %trash.display(), error = %e,
+                            "could not remove a discarded sandbox's files; the sweep will retry");
+                    }
+                };
+                let shared = std::sync::Arc::new(std::sync::Mutex::new(Some(remove)));
+                let in_thread = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("taskbox-trash".into())
+                    .spawn(move || {
+                        if let Some(remove) = super::lock(&in_thread).take() {
+                            remove();
+                        }
+                    });
+                if spawned.is_err() {
+                    if let Some(remove) = super::lock(&shared).take() {
+                        remove();
+                    }
                 }
             }
             Ok(())

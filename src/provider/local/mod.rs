@@ -22,7 +22,9 @@
 //! cas/                                  the contents they refer to, stored once by hash and
 //!                                       shared by every task (see `cas`)
 //! tasks/<task id>/index                 what the restore wrote (the change detection's index)
-//! tmp/                                  sandboxes being created and sandboxes being removed
+//! tmp/                                  sandboxes being created
+//! trash/                                discarded sandboxes' files being removed (in the
+//!                                       background, so a snapshot or a stop does not wait)
 //! lost+found/                           a task directory found without meta.json, kept aside
 //! ```
 //!
@@ -35,7 +37,8 @@
 //!
 //! Crash safety comes from renames: a sandbox is assembled (restored, meta written) under `tmp/`
 //! and renamed into `tasks/<task>/` whole, so a half-restored workspace never carries a
-//! sandbox's name; a discarded sandbox is renamed out before its files are removed; an
+//! sandbox's name; a discarded sandbox is renamed out (to `trash/`) before its files are
+//! removed; an
 //! archive is written to a temporary file, fsynced, renamed into place and its directory
 //! fsynced. What a crash leaves in `tmp/` or as `*.tmp` is removed by
 //! [`LocalProvider::sweep_temporaries`].
@@ -149,7 +152,7 @@ impl LocalProvider {
         installation_id: String,
         clock: Arc<dyn Clock>,
     ) -> Result<LocalProvider, LocalError> {
-        for dir in ["tasks", "sandboxes", "snapshots", "tmp"] {
+        for dir in ["tasks", "sandboxes", "snapshots", "tmp", "trash"] {
             let path = root.join(dir);
             fs::create_dir_all(&path).map_err(LocalError::io("create directory", &path))?;
         }

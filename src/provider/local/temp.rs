@@ -48,10 +48,12 @@ impl LocalProvider {
         // its sandbox's again as it starts.
         super::cgroup::remove_empty();
         let mut stale = Vec::new();
-        let tmp = self.root.join("tmp");
-        for entry in fs::read_dir(&tmp).map_err(LocalError::io("list", &tmp))? {
-            let entry = entry.map_err(LocalError::io("list", &tmp))?;
-            stale.push(entry.path());
+        for place in ["tmp", "trash"] {
+            let dir = self.root.join(place);
+            for entry in fs::read_dir(&dir).map_err(LocalError::io("list", &dir))? {
+                let entry = entry.map_err(LocalError::io("list", &dir))?;
+                stale.push(entry.path());
+            }
         }
         let snapshots = self.root.join("snapshots");
         for task_dir in fs::read_dir(&snapshots).map_err(LocalError::io("list", &snapshots))? {
