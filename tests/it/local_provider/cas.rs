@@ -601,23 +601,23 @@ async fn corrupt_content_fails_the_restore_and_missing_content_is_gone() {
         .join("snapshots/c")
         .join(format!("1.{}.tbx", s1.id.rsplit('.').next().unwrap()));
     assert!(manifest_file.exists());
-    let objects = |root: &Path| -> Vec<PathBuf> {
-        let mut v = Vec::new();
-        for fan in fs::read_dir(root.join("cas/objects")).unwrap() {
-            for o in fs::read_dir(fan.unwrap().path()).unwrap() {
-                v.push(o.unwrap().path());
-            }
-        }
-        v.sort();
-        v
-    };
-    let all = objects(&env.root());
-    assert_eq!(all.len(), 2, "one object per file: {all:?}");
-    // Flip a byte of the larger object (the blob; stored raw).
-    let blob = all.iter().max_by_key(|p| fs::metadata(p).unwrap().len()).unwrap().clone();
+    let cas = Cas::open(env.root().join("cas")).unwrap();
+    assert_eq!(cas.catalog().unwrap().len(), 2, "one chunk per file");
+    // One pack (two threads, but the small file may land in either): flip a byte inside the
+    // blob's stored bytes (random data, stored raw), which is most of the packs' bytes.
+    let packs: Vec<PathBuf> = fs::read_dir(env.root().join("cas/packs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pack"))
+        .collect();
+    let blob = packs
+        .iter()
+        .max_by_key(|p| fs::metadata(p).unwrap().len())
+        .unwrap()
+        .clone();
     let mut bytes = fs::read(&blob).unwrap();
     let n = bytes.len();
-    bytes[n - 10] ^= 0x40;
+    bytes[n - 100] ^= 0x40;
     fs::write(&blob, &bytes).unwrap();
     let msg = assert_kind(
         env.try_create("c", 2, Some(s1.id.as_str()), 60_000).await,
@@ -627,7 +627,9 @@ async fn corrupt_content_fails_the_restore_and_missing_content_is_gone() {
     assert!(manifest_file.exists(), "the snapshot record is kept");
     assert!(env.tmp_entries().is_empty(), "nothing half-restored left");
     // Missing: definitely gone.
-    fs::remove_file(&blob).unwrap();
+    for pack in &packs {
+        fs::remove_file(pack).unwrap();
+    }
     let msg = assert_kind(
         env.try_create("c", 2, Some(s1.id.as_str()), 60_000).await,
         FailureKind::SnapshotGone,
@@ -640,17 +642,15 @@ async fn content_gc_sweeps_only_what_no_snapshot_refers_to() {
     let env = Env::new();
     let task = taskbox::ids::TaskId::new("g").unwrap();
     let sb = env.create("g", 1, None).await;
-    env.run(&sb, "echo shared > shared; echo first > only-first").await;
+    // The chunk that dies is most of its pack's bytes, whichever pack it shares: swept either
+    // way (a pack mostly live is kept whole until it is mostly dead).
+    env.run(&sb, "echo shared > shared; head -c 100000 /dev/urandom > only-first")
+        .await;
     let s1 = env.provider.snapshot(&task, &sb, 1).await.unwrap();
     let sb = env.create("g", 2, Some(s1.id.as_str())).await;
     env.run(&sb, "rm only-first; echo second > only-second").await;
     let s2 = env.provider.snapshot(&task, &sb, 2).await.unwrap();
-    let count = |root: &Path| {
-        fs::read_dir(root.join("cas/objects"))
-            .unwrap()
-            .map(|f| fs::read_dir(f.unwrap().path()).unwrap().count())
-            .sum::<usize>()
-    };
+    let count = |root: &Path| Cas::open(root.join("cas")).unwrap().catalog().unwrap().len();
     assert_eq!(count(&env.root()), 3);
     // Nothing is swept while both are retained.
     assert_eq!(env.provider.gc_content().unwrap().swept, 0);

@@ -13,6 +13,8 @@ pub fn export_tar<W: Write>(cas: &Cas, manifest: &Manifest, out: W) -> Result<W,
     let mut builder = tar::Builder::new(out);
     let mut decompressor = zstd::bulk::Decompressor::new()
         .map_err(CasError::io("start decompressing from", cas.dir()))?;
+    let catalog = cas.catalog()?;
+    let mut files = std::collections::HashMap::new();
     for e in &manifest.entries {
         let mut header = tar::Header::new_gnu();
         header.set_mode(e.mode & 0o7777);
@@ -30,6 +32,8 @@ pub fn export_tar<W: Write>(cas: &Cas, manifest: &Manifest, out: W) -> Result<W,
                 header.set_size(*size);
                 let mut reader = ChunkReader {
                     cas,
+                    catalog: &catalog,
+                    files: &mut files,
                     path: &e.path,
                     size: *size,
                     at: 0,
@@ -66,6 +70,8 @@ pub fn export_tar<W: Write>(cas: &Cas, manifest: &Manifest, out: W) -> Result<W,
 /// A file's bytes from its chunks, zeros where it has holes.
 struct ChunkReader<'a, 'd> {
     cas: &'a Cas,
+    catalog: &'a super::Catalog,
+    files: &'a mut std::collections::HashMap<u32, std::fs::File>,
     path: &'a [u8],
     size: u64,
     at: u64,
@@ -100,12 +106,14 @@ impl Read for ChunkReader<'_, '_> {
         let chunk = self.chunks[self.next];
         self.next += 1;
         if let Err(e) = self.cas.get(
+            self.catalog,
             &chunk.hash,
             chunk.len as usize,
             self.path,
             &mut self.buf,
             &mut self.raw,
             self.decompressor,
+            self.files,
         ) {
             let message = e.to_string();
             self.error = Some(e);

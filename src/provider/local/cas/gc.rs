@@ -1,31 +1,39 @@
-//! Content gc: mark what the manifests and indexes refer to, sweep the rest (see the module
-//! docs for why a concurrent snapshot's content is never swept).
+//! Content gc: mark what the manifests and indexes refer to, then sweep the packs (see the
+//! module docs for why a concurrent snapshot's content is never swept).
+//!
+//! A pack none of whose chunks is marked is deleted (its index first, so a crash leaves an
+//! uncommitted pack, which the next gc removes). A pack with some chunks marked is kept while
+//! at least half of its bytes are live; below that its live chunks are copied into a new pack,
+//! committed (durable) before the old one is deleted, so a crash at any point leaves every live
+//! chunk in at least one committed pack. Packs without an index (a crashed or failed writer) and
+//! index temporaries are removed: no writer is running, since writers hold the lock shared.
 
 use std::collections::HashSet;
 use std::fs;
 use std::io;
 
-use super::object::Hash;
+use super::object::{read_stored, sync_path, Hash, PackWriter};
 use super::{Cas, CasError};
 
 /// What a content gc did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GcStats {
-    /// Objects some manifest or index refers to.
+    /// Chunks some manifest or index refers to.
     pub marked: u64,
-    /// Objects removed.
+    /// Chunks removed.
     pub swept: u64,
-    /// Bytes those took.
+    /// Bytes of packs removed (less the bytes repacked).
     pub bytes_swept: u64,
-    /// Temporaries of crashed writers removed.
+    /// Packs rewritten with their live chunks only.
+    pub repacked: u64,
+    /// Uncommitted packs and temporaries of crashed writers removed.
     pub temporaries: u64,
 }
 
 impl Cas {
     /// Takes the store's lock exclusively, calls `mark` for every hash still referred to
     /// (it reads every manifest and index; an error stops the gc before anything is removed),
-    /// then removes every object not marked and every temporary left by a writer (none is
-    /// running: they hold the lock shared).
+    /// then sweeps (see the module docs).
     pub fn gc(
         &self,
         mark: impl FnOnce(&mut HashSet<Hash>) -> Result<(), CasError>,
@@ -33,46 +41,70 @@ impl Cas {
         let _lock = self.lock(true)?;
         let mut live = HashSet::new();
         mark(&mut live)?;
+        let catalog = self.catalog()?;
         let mut stats = GcStats {
             marked: live.len() as u64,
             ..GcStats::default()
         };
-        let objects = self.dir().join("objects");
-        for fan in fs::read_dir(&objects).map_err(CasError::io("list", &objects))? {
-            let fan = fan.map_err(CasError::io("list", &objects))?;
-            let dir = fan.path();
-            let entries = match fs::read_dir(&dir) {
-                Ok(entries) => entries,
-                Err(e) if e.kind() == io::ErrorKind::NotADirectory => continue,
-                Err(e) => return Err(CasError::io("list", &dir)(e)),
-            };
-            for entry in entries {
-                let entry = entry.map_err(CasError::io("list", &dir))?;
-                let name = entry.file_name();
-                let Some(name) = name.to_str() else { continue };
-                let doomed = if name.ends_with(".tmp") {
-                    stats.temporaries += 1;
-                    true
-                } else if let Some(hash) = Hash::from_hex(name) {
-                    if live.contains(&hash) {
-                        false
-                    } else {
-                        stats.swept += 1;
-                        stats.bytes_swept += entry.metadata().map(|m| m.len()).unwrap_or(0);
-                        true
-                    }
+        let dir = self.packs_dir();
+        let remove = |path: &std::path::Path| match fs::remove_file(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(CasError::io("remove", path)(e)),
+        };
+        // Uncommitted packs and temporaries.
+        let committed: HashSet<&str> = catalog.packs().iter().map(String::as_str).collect();
+        for entry in fs::read_dir(&dir).map_err(CasError::io("list", &dir))? {
+            let entry = entry.map_err(CasError::io("list", &dir))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let stale = name.ends_with(".tmp")
+                || name
+                    .strip_suffix(".pack")
+                    .is_some_and(|stem| !committed.contains(stem));
+            if stale {
+                remove(&entry.path())?;
+                stats.temporaries += 1;
+            }
+        }
+        let mut buf = Vec::new();
+        let mut changed = false;
+        for (i, name) in catalog.packs().iter().enumerate() {
+            let pack = dir.join(format!("{name}.pack"));
+            let idx = dir.join(format!("{name}.idx"));
+            let (mut live_bytes, mut dead_bytes, mut dead) = (0u64, 0u64, 0u64);
+            let mut keep = Vec::new();
+            for (hash, loc) in catalog.entries_of(i) {
+                if live.contains(hash) {
+                    live_bytes += u64::from(loc.stored());
+                    keep.push((*hash, *loc));
                 } else {
-                    false // not ours: leave it
-                };
-                if doomed {
-                    let path = entry.path();
-                    match fs::remove_file(&path) {
-                        Ok(()) => {}
-                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                        Err(e) => return Err(CasError::io("remove", &path)(e)),
-                    }
+                    dead_bytes += u64::from(loc.stored());
+                    dead += 1;
                 }
             }
+            if dead == 0 || (!keep.is_empty() && live_bytes >= dead_bytes) {
+                continue;
+            }
+            if !keep.is_empty() {
+                let mut writer = PackWriter::create(self)?;
+                for (hash, loc) in &keep {
+                    let (codec, raw_len) = read_stored(self, &catalog, loc, &mut buf)?;
+                    writer.append_stored(hash, codec, &buf, raw_len)?;
+                }
+                writer.commit()?;
+                sync_path(&dir)?;
+                stats.repacked += 1;
+            }
+            // The index first: from then on the pack is uncommitted.
+            remove(&idx)?;
+            remove(&pack)?;
+            stats.swept += dead;
+            stats.bytes_swept += dead_bytes;
+            changed = true;
+        }
+        if changed {
+            sync_path(&dir)?;
         }
         Ok(stats)
     }

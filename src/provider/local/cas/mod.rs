@@ -6,10 +6,16 @@
 //! installation (`<root>/cas/`):
 //!
 //! ```text
-//! cas/objects/<2 hex>/<64 hex>     one chunk: "TBXC" | u8 version | u8 codec | body
-//! cas/objects/<2 hex>/*.tmp        a chunk being written (temp + rename; swept by gc)
+//! cas/packs/<pid>-<random>.pack    chunks appended by one writer thread of one snapshot
+//! cas/packs/<pid>-<random>.idx     its index (hash → offset): the pack's commit
 //! cas/lock                         the gc lock (see "gc" below)
 //! ```
+//!
+//! Chunks are stored in *packs*, as git and restic do, rather than a file each: a workspace of
+//! 17,000 small files would otherwise cost 17,000 files created, renamed and fsynced per first
+//! snapshot, where a pack costs one fsync (and a snapshot writes one pack per thread). A pack is
+//! committed by its index, written after the pack is fsynced; the catalog of the store is the
+//! union of the committed indexes.
 //!
 //! **Hash.** BLAKE3 of the chunk's raw bytes (the `blake3` crate: SIMD, the standard in
 //! content-addressed tools of the last years), hex in the object's name. Every read recomputes
@@ -37,24 +43,24 @@
 //! entry whose ctime is not older than the index itself is "racy" (a write within the same
 //! timestamp tick would not change it) and is read again.
 //!
-//! **Durability.** Chunks are written to a temporary name and renamed into place; before the
-//! manifest that refers to them becomes visible they are made durable (each one fsynced when
-//! there are few, one `syncfs` when there are many), and the manifest is written as the archive
-//! always was: temporary file, fsync, rename, fsync of its directory. A crash leaves either the
-//! previous manifests or the new one, never a partial one, and never a manifest whose chunks are
-//! not on disk.
+//! **Durability.** Before the manifest that refers to them becomes visible, the snapshot's
+//! packs are fsynced and committed (index written, fsynced, renamed; the directory fsynced), and
+//! the manifest is written as the archive always was: temporary file, fsync, rename, fsync of
+//! its directory. A crash leaves either the previous manifests or the new one, never a partial
+//! one, and never a manifest whose chunks are not durably committed.
 //!
 //! **gc** deletes the chunks no manifest and no index refers to: under an exclusive `flock` of
 //! `cas/lock`, it reads every manifest under `snapshots/` (whatever its installation) and every
-//! sandbox's index (*mark*), then removes every object not marked (*sweep*), and the temporaries
-//! left by crashed writers. Snapshots and restores hold the same lock *shared* for their whole
+//! sandbox's index (*mark*), then deletes the packs with no marked chunk, rewrites the packs
+//! that are mostly dead with their marked chunks only (the new pack committed before the old
+//! one is deleted), and removes uncommitted packs left by crashed writers (*sweep*). Snapshots and restores hold the same lock *shared* for their whole
 //! run, so a chunk written (or found and reused) by a snapshot whose manifest is not yet visible
 //! can never be swept: gc waits for it, and marks its manifest once it is there. A manifest that
 //! cannot be read stops the sweep (nothing is deleted: gc cannot know what it refers to). A
-//! SIGKILL during gc leaves marked chunks untouched, because only unmarked ones are ever
-//! removed; the OS releases the lock of a killed process.
+//! SIGKILL during gc leaves every marked chunk in a committed pack; the OS releases the lock
+//! of a killed process.
 //!
-//! The code is split by concern: `object` (chunks: hash, codec, read and write), `manifest`
+//! The code is split by concern: `object` (chunks: hash, codec, packs, catalog), `manifest`
 //! (the entries and their binary encoding), `pack` (the workspace walk into a manifest),
 //! `restore` (a manifest materialised), `gc` and `export` (a manifest as a plain tarball).
 
@@ -68,7 +74,7 @@ mod restore;
 pub use self::export::export_tar;
 pub use self::gc::GcStats;
 pub use self::manifest::{Chunk, Entry, EntryKind, FileStat, Manifest};
-pub use self::object::{Hash, CHUNK};
+pub use self::object::{Catalog, Hash, CHUNK};
 pub use self::pack::PackedStats;
 pub use self::restore::Index;
 
@@ -80,7 +86,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum CasError {
     /// A chunk a manifest refers to is not in the store: the snapshot's contents are gone.
-    #[error("content {hash} (of `{entry}`) is missing from the snapshot store `{path}`")]
+    #[error("content {hash} (of `{entry}`) is missing from the snapshot store (`{path}`)")]
     ContentMissing {
         /// The chunk's hash.
         hash: String,
@@ -99,7 +105,7 @@ pub enum CasError {
         hash: String,
         /// The entry that needs it.
         entry: String,
-        /// The object file.
+        /// The pack (or pack index) file.
         path: PathBuf,
         /// What is wrong with it.
         reason: String,
@@ -169,20 +175,14 @@ impl Cas {
     /// Opens (creating if needed) the store under `dir`.
     pub fn open(dir: impl Into<PathBuf>) -> Result<Cas, CasError> {
         let dir = dir.into();
-        let objects = dir.join("objects");
-        fs::create_dir_all(&objects).map_err(CasError::io("create directory", &objects))?;
+        let packs = dir.join("packs");
+        fs::create_dir_all(&packs).map_err(CasError::io("create directory", &packs))?;
         Ok(Cas { dir })
     }
 
     /// The store's directory.
     pub fn dir(&self) -> &Path {
         &self.dir
-    }
-
-    /// Where the object of `hash` lives.
-    pub fn object_path(&self, hash: &Hash) -> PathBuf {
-        let hex = hash.to_hex();
-        self.dir.join("objects").join(&hex[..2]).join(&hex)
     }
 
     /// Takes the gc lock shared (snapshots, restores) or exclusive (gc); released on drop.

@@ -1,24 +1,25 @@
-//! Chunks: their hash, their on-disk codec, and writing and reading them.
+//! Chunks: their hash, their codec, and the packs they are stored in.
 //!
-//! An object file is `"TBXC" | u8 version (1) | u8 codec | body`, codec 0 = the raw bytes,
-//! 1 = one zstd frame of them.
+//! A pack is `"TBXPACK\0" | u32 version (1) | records`, a record `32-byte hash | u8 codec |
+//! u32 stored length | u32 raw length | body` (codec 0 = the raw bytes, 1 = one zstd frame of
+//! them). Its index `<name>.idx` (`"TBXPIDX\0" | u32 version | entries of hash, u64 body
+//! offset, u32 stored length, u8 codec`) is written, fsynced and renamed into place only after
+//! the pack is fsynced: a pack without its index is not committed and holds nothing anyone
+//! refers to.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
 use super::{Cas, CasError};
 
 /// Chunk size: files are cut at multiples of this offset inside each data segment.
 pub const CHUNK: u64 = 1 << 20;
 
-const OBJECT_MAGIC: [u8; 4] = *b"TBXC";
-const OBJECT_VERSION: u8 = 1;
 const CODEC_RAW: u8 = 0;
 const CODEC_ZSTD: u8 = 1;
-const PREFIX_LEN: usize = 6;
 
 /// zstd level of chunks: the fastest, as `zstd -1`.
 const LEVEL: i32 = 1;
@@ -62,131 +63,193 @@ impl Hash {
     }
 }
 
-/// Distinguishes the temporaries of one process's writers.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// What [`Cas::put`] did.
+/// Where a chunk is: which pack, where its record's body starts, how it is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Put {
-    /// The object was already there.
-    Present,
-    /// The object was written (this many bytes on disk); it still needs to be made durable.
-    Written(u64),
+pub(super) struct Location {
+    /// Index into [`Catalog::packs`].
+    pack: u32,
+    /// Offset of the stored body in the pack.
+    offset: u64,
+    /// Length of the stored body.
+    stored: u32,
+    codec: u8,
+}
+
+/// Every committed chunk of the store: the packs whose index is in place, and where each hash
+/// is. Read at the start of a snapshot, a restore or a gc (under the store's lock).
+#[derive(Debug, Default)]
+pub struct Catalog {
+    packs: Vec<String>,
+    map: HashMap<Hash, Location>,
+}
+
+impl Catalog {
+    /// Whether `hash` is stored.
+    pub fn contains(&self, hash: &Hash) -> bool {
+        self.map.contains_key(hash)
+    }
+
+    /// How many chunks are stored.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The committed packs' names.
+    pub(super) fn packs(&self) -> &[String] {
+        &self.packs
+    }
+
+    /// The chunks of pack `i` (its name's position in [`Catalog::packs`]).
+    pub(super) fn entries_of(&self, i: usize) -> impl Iterator<Item = (&Hash, &Location)> {
+        self.map.iter().filter(move |(_, l)| l.pack as usize == i)
+    }
+}
+
+impl Location {
+    pub(super) fn stored(&self) -> u32 {
+        self.stored
+    }
+}
+
+const PACK_MAGIC: [u8; 8] = *b"TBXPACK\0";
+const IDX_MAGIC: [u8; 8] = *b"TBXPIDX\0";
+const PACK_VERSION: u32 = 1;
+/// hash | codec | stored length | raw length
+const RECORD_HEADER: usize = 32 + 1 + 4 + 4;
+/// hash | offset | stored | codec
+const IDX_ENTRY: usize = 32 + 8 + 4 + 1;
+
+/// A 64-bit random name (16 hex digits) from `/dev/urandom`.
+pub(super) fn random_name() -> io::Result<String> {
+    let mut bytes = [0u8; 8];
+    fs::File::open("/dev/urandom").and_then(|mut f| io::Read::read_exact(&mut f, &mut bytes))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 impl Cas {
-    /// Stores `data` under `hash` unless an object of that name is already there. The object
-    /// is written to a temporary name and renamed, so a crash never leaves a partial object
-    /// under a real name. The caller holds the lock shared.
-    pub(super) fn put(
-        &self,
-        hash: &Hash,
-        data: &[u8],
-        compressor: &mut zstd::bulk::Compressor<'_>,
-    ) -> Result<Put, CasError> {
-        let path = self.object_path(hash);
-        if fs::symlink_metadata(&path).is_ok() {
-            return Ok(Put::Present);
-        }
-        let dir = path.parent().expect("an object path has a parent");
-        let compressed = compressor
-            .compress(data)
-            .map_err(CasError::io("compress content for", &path))?;
-        let (codec, body) = if compressed.len() as u64 * 100 < data.len() as u64 * 97 {
-            (CODEC_ZSTD, compressed.as_slice())
-        } else {
-            (CODEC_RAW, data)
-        };
-        let tmp = dir.join(format!(
-            "{}.{}.{}.tmp",
-            &hash.to_hex()[..16],
-            std::process::id(),
-            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let open = || {
-            fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&tmp)
-        };
-        let mut file = match open() {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::create_dir_all(dir).map_err(CasError::io("create directory", dir))?;
-                open().map_err(CasError::io("create", &tmp))?
+    /// Reads every committed pack index (a pack whose `.idx` is not there yet is a writer's,
+    /// or a crashed writer's, and holds nothing anyone refers to).
+    pub fn catalog(&self) -> Result<Catalog, CasError> {
+        let dir = self.packs_dir();
+        let mut catalog = Catalog::default();
+        let mut names: Vec<String> = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(CasError::io("list", &dir))? {
+            let entry = entry.map_err(CasError::io("list", &dir))?;
+            if let Some(name) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".idx"))
+            {
+                names.push(name.to_string());
             }
-            Err(e) => return Err(CasError::io("create", &tmp)(e)),
-        };
-        let written = (|| {
-            file.write_all(&[
-                OBJECT_MAGIC[0],
-                OBJECT_MAGIC[1],
-                OBJECT_MAGIC[2],
-                OBJECT_MAGIC[3],
-                OBJECT_VERSION,
-                codec,
-            ])?;
-            file.write_all(body)?;
-            drop(file);
-            fs::rename(&tmp, &path)
-        })();
-        if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
-            return Err(CasError::io("write content", &path)(e));
         }
-        Ok(Put::Written((PREFIX_LEN + body.len()) as u64))
+        names.sort();
+        for name in names {
+            let path = dir.join(format!("{name}.idx"));
+            let data = fs::read(&path).map_err(CasError::io("read", &path))?;
+            let bad = |reason: &str| CasError::ContentCorrupt {
+                hash: String::new(),
+                entry: String::new(),
+                path: path.clone(),
+                reason: format!("the pack index {reason}"),
+            };
+            if data.len() < 12 || data[..8] != IDX_MAGIC {
+                return Err(bad("does not start with its magic"));
+            }
+            if data[8..12] != PACK_VERSION.to_le_bytes() {
+                return Err(bad("is of a format version this taskbox does not read"));
+            }
+            let body = &data[12..];
+            if body.len() % IDX_ENTRY != 0 {
+                return Err(bad("is truncated"));
+            }
+            let pack = catalog.packs.len() as u32;
+            for e in body.chunks(IDX_ENTRY) {
+                let mut hash = [0u8; 32];
+                hash.copy_from_slice(&e[..32]);
+                let offset = u64::from_le_bytes(e[32..40].try_into().expect("8 bytes"));
+                let stored = u32::from_le_bytes(e[40..44].try_into().expect("4 bytes"));
+                catalog.map.entry(Hash(hash)).or_insert(Location {
+                    pack,
+                    offset,
+                    stored,
+                    codec: e[44],
+                });
+            }
+            catalog.packs.push(name);
+        }
+        Ok(catalog)
     }
 
-    /// Reads the chunk `hash` (of `len` bytes) into `out` (cleared first), verifying its hash.
-    /// `entry` names the file that needs it, for the error.
+    pub(super) fn packs_dir(&self) -> PathBuf {
+        self.dir().join("packs")
+    }
+
+    /// Reads the chunk `hash` (of `len` bytes) into `out`, verifying its hash. `entry` names
+    /// the file that needs it, for the error; `files` caches open packs.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn get(
         &self,
+        catalog: &Catalog,
         hash: &Hash,
         len: usize,
         entry: &[u8],
         out: &mut Vec<u8>,
         raw: &mut Vec<u8>,
         decompressor: &mut zstd::bulk::Decompressor<'_>,
+        files: &mut HashMap<u32, fs::File>,
     ) -> Result<(), CasError> {
-        let path = self.object_path(hash);
+        let missing = |path: PathBuf| CasError::ContentMissing {
+            hash: hash.to_hex(),
+            entry: super::show(entry),
+            path,
+        };
+        let Some(loc) = catalog.map.get(hash) else {
+            return Err(missing(self.packs_dir()));
+        };
+        let path = self
+            .packs_dir()
+            .join(format!("{}.pack", catalog.packs[loc.pack as usize]));
         let corrupt = |reason: String| CasError::ContentCorrupt {
             hash: hash.to_hex(),
             entry: super::show(entry),
             path: path.clone(),
             reason,
         };
-        raw.clear();
-        match fs::File::open(&path) {
-            Ok(mut file) => {
-                io::Read::read_to_end(&mut file, raw).map_err(CasError::io("read", &path))?
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(CasError::ContentMissing {
-                    hash: hash.to_hex(),
-                    entry: super::show(entry),
-                    path,
-                })
-            }
-            Err(e) => return Err(CasError::io("open", &path)(e)),
+        let file = match files.entry(loc.pack) {
+            std::collections::hash_map::Entry::Occupied(f) => f.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => match fs::File::open(&path) {
+                Ok(f) => v.insert(f),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(missing(path)),
+                Err(e) => return Err(CasError::io("open", &path)(e)),
+            },
         };
-        if raw.len() < PREFIX_LEN || raw[..4] != OBJECT_MAGIC {
-            return Err(corrupt("it does not start with the object magic".into()));
+        raw.clear();
+        raw.resize(RECORD_HEADER + loc.stored as usize, 0);
+        let record_start = loc.offset - RECORD_HEADER as u64;
+        file.read_exact_at(raw, record_start).map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                corrupt("the pack ends before the chunk does".into())
+            } else {
+                CasError::io("read", &path)(e)
+            }
+        })?;
+        if raw[..32] != hash.0 {
+            return Err(corrupt("the pack holds another chunk at its place".into()));
         }
-        if raw[4] != OBJECT_VERSION {
-            return Err(corrupt(format!(
-                "object format version {} is not supported (this taskbox reads version \
-                 {OBJECT_VERSION})",
-                raw[4]
-            )));
-        }
+        let body = &raw[RECORD_HEADER..];
         out.clear();
-        match raw[5] {
-            CODEC_RAW => out.extend_from_slice(&raw[PREFIX_LEN..]),
+        match loc.codec {
+            CODEC_RAW => out.extend_from_slice(body),
             CODEC_ZSTD => {
                 out.reserve(len);
                 decompressor
-                    .decompress_to_buffer(&raw[PREFIX_LEN..], out)
+                    .decompress_to_buffer(body, out)
                     .map_err(|e| corrupt(format!("it does not decompress ({e})")))?;
             }
             other => return Err(corrupt(format!("unknown codec {other}"))),
@@ -204,47 +267,167 @@ impl Cas {
     }
 }
 
+/// A pack being written by one thread of one snapshot (or by a gc's repack): chunk records
+/// appended to `<name>.pack`; committed by [`PackWriter::commit`] (fsync, then the index
+/// written, fsynced and renamed into place).
+pub(super) struct PackWriter {
+    name: String,
+    path: PathBuf,
+    file: io::BufWriter<fs::File>,
+    offset: u64,
+    entries: Vec<(Hash, u64, u32, u8)>,
+    /// Bytes written (the pack's size).
+    pub(super) bytes: u64,
+}
+
+impl PackWriter {
+    pub(super) fn create(cas: &Cas) -> Result<PackWriter, CasError> {
+        let dir = cas.packs_dir();
+        let name = format!(
+            "{}-{}",
+            std::process::id(),
+            random_name().map_err(CasError::io("read random bytes for", &dir))?
+        );
+        let path = dir.join(format!("{name}.pack"));
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(CasError::io("create", &path))?;
+        let mut file = io::BufWriter::with_capacity(1 << 20, file);
+        file.write_all(&PACK_MAGIC)
+            .and_then(|()| file.write_all(&PACK_VERSION.to_le_bytes()))
+            .map_err(CasError::io("write", &path))?;
+        Ok(PackWriter {
+            name,
+            path,
+            file,
+            offset: 12,
+            entries: Vec::new(),
+            bytes: 12,
+        })
+    }
+
+    /// Appends `data` (compressed unless that saves under 3 %); its hash is `hash`.
+    pub(super) fn append(
+        &mut self,
+        hash: &Hash,
+        data: &[u8],
+        compressor: &mut zstd::bulk::Compressor<'_>,
+    ) -> Result<(), CasError> {
+        let compressed = compressor
+            .compress(data)
+            .map_err(CasError::io("compress content for", &self.path))?;
+        let (codec, body) = if compressed.len() as u64 * 100 < data.len() as u64 * 97 {
+            (CODEC_ZSTD, compressed.as_slice())
+        } else {
+            (CODEC_RAW, data)
+        };
+        self.append_stored(hash, codec, body, data.len() as u32)
+    }
+
+    /// Appends a chunk already in its stored form (a gc's repack).
+    pub(super) fn append_stored(
+        &mut self,
+        hash: &Hash,
+        codec: u8,
+        body: &[u8],
+        raw_len: u32,
+    ) -> Result<(), CasError> {
+        let mut header = [0u8; RECORD_HEADER];
+        header[..32].copy_from_slice(&hash.0);
+        header[32] = codec;
+        header[33..37].copy_from_slice(&(body.len() as u32).to_le_bytes());
+        header[37..41].copy_from_slice(&raw_len.to_le_bytes());
+        self.file
+            .write_all(&header)
+            .and_then(|()| self.file.write_all(body))
+            .map_err(CasError::io("write", &self.path))?;
+        let offset = self.offset + RECORD_HEADER as u64;
+        self.entries
+            .push((*hash, offset, body.len() as u32, codec));
+        self.offset = offset + body.len() as u64;
+        self.bytes = self.offset;
+        Ok(())
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Chunks appended.
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Makes the pack durable and commits it: fsync the pack, write its index to a temporary
+    /// file, fsync it, rename it into place. The caller fsyncs the packs directory once for all
+    /// the packs it commits. An empty pack is removed instead.
+    pub(super) fn commit(self) -> Result<u64, CasError> {
+        let file = self
+            .file
+            .into_inner()
+            .map_err(|e| CasError::io("write", &self.path)(e.into_error()))?;
+        if self.entries.is_empty() {
+            drop(file);
+            fs::remove_file(&self.path).map_err(CasError::io("remove", &self.path))?;
+            return Ok(0);
+        }
+        file.sync_all().map_err(CasError::io("fsync", &self.path))?;
+        let dir = self.path.parent().expect("a pack has a parent");
+        let idx = dir.join(format!("{}.idx", self.name));
+        let tmp = dir.join(format!("{}.idx.tmp", self.name));
+        let mut data = Vec::with_capacity(12 + self.entries.len() * IDX_ENTRY);
+        data.extend_from_slice(&IDX_MAGIC);
+        data.extend_from_slice(&PACK_VERSION.to_le_bytes());
+        for (hash, offset, stored, codec) in &self.entries {
+            data.extend_from_slice(&hash.0);
+            data.extend_from_slice(&offset.to_le_bytes());
+            data.extend_from_slice(&stored.to_le_bytes());
+            data.push(*codec);
+        }
+        let mut f = fs::File::create(&tmp).map_err(CasError::io("create", &tmp))?;
+        f.write_all(&data)
+            .and_then(|()| f.sync_all())
+            .map_err(CasError::io("write", &tmp))?;
+        fs::rename(&tmp, &idx).map_err(CasError::io("move into place", &idx))?;
+        Ok(self.bytes)
+    }
+
+    /// Removes an uncommitted pack (a failed snapshot).
+    pub(super) fn abandon(self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Reads a stored chunk's body as it is in its pack (for a gc's repack).
+pub(super) fn read_stored(
+    cas: &Cas,
+    catalog: &Catalog,
+    loc: &Location,
+    out: &mut Vec<u8>,
+) -> Result<(u8, u32), CasError> {
+    let path = cas
+        .packs_dir()
+        .join(format!("{}.pack", catalog.packs[loc.pack as usize]));
+    let file = fs::File::open(&path).map_err(CasError::io("open", &path))?;
+    out.clear();
+    out.resize(RECORD_HEADER + loc.stored as usize, 0);
+    file.read_exact_at(out, loc.offset - RECORD_HEADER as u64)
+        .map_err(CasError::io("read", &path))?;
+    let raw_len = u32::from_le_bytes(out[37..41].try_into().expect("4 bytes"));
+    out.drain(..RECORD_HEADER);
+    Ok((loc.codec, raw_len))
+}
+
 /// A new zstd compressor at the chunk level.
 pub(super) fn compressor() -> io::Result<zstd::bulk::Compressor<'static>> {
     zstd::bulk::Compressor::new(LEVEL)
 }
 
-/// Makes the objects `written` durable: each fsynced (with its directory) when there are few,
-/// one `syncfs` of the store's file system when there are many.
-pub(super) fn make_durable(cas: &Cas, written: &[Hash]) -> Result<(), CasError> {
-    const FEW: usize = 64;
-    if written.is_empty() {
-        return Ok(());
-    }
-    if written.len() <= FEW {
-        let mut dirs = std::collections::BTreeSet::new();
-        for hash in written {
-            let path = cas.object_path(hash);
-            fs::File::open(&path)
-                .and_then(|f| f.sync_all())
-                .map_err(CasError::io("fsync", &path))?;
-            dirs.insert(path.parent().expect("an object has a parent").to_path_buf());
-        }
-        for dir in dirs {
-            sync_path(&dir)?;
-        }
-        return Ok(());
-    }
-    let dir = cas.dir().join("objects");
-    let handle = fs::File::open(&dir).map_err(CasError::io("open", &dir))?;
-    use std::os::fd::AsRawFd;
-    // SAFETY: `syncfs` takes a descriptor and touches no memory of ours; `handle` stays open for
-    // the whole call.
-    let rc = unsafe { libc::syncfs(handle.as_raw_fd()) };
-    if rc != 0 {
-        return Err(CasError::io("sync the file system of", &dir)(
-            io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
-}
-
-fn sync_path(dir: &Path) -> Result<(), CasError> {
+/// fsyncs a directory (a rename in it becomes durable).
+pub(super) fn sync_path(dir: &Path) -> Result<(), CasError> {
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(CasError::io("fsync directory", dir))

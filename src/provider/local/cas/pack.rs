@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::manifest::{Chunk, Entry, EntryKind, FileStat, Manifest};
-use super::object::{compressor, make_durable, Hash, Put, CHUNK};
+use super::object::{compressor, sync_path, Hash, PackWriter, CHUNK};
 use super::restore::Index;
 use super::{show, Cas, CasError};
 use crate::provider::local::archive::Omitted;
@@ -35,9 +35,9 @@ pub struct PackedStats {
     pub files_read: u64,
     /// Bytes of file data read.
     pub bytes_read: u64,
-    /// Objects newly written to the store.
+    /// Chunks newly written to the store.
     pub objects_written: u64,
-    /// Bytes those objects take on disk.
+    /// Bytes of the packs they were written to.
     pub bytes_written: u64,
     /// Entries left out: unreadable ones, and sockets, fifos and devices.
     pub omitted: Vec<Omitted>,
@@ -71,7 +71,7 @@ impl Cas {
     /// Walks `workspace` into a manifest, storing every content not in the store yet. Files
     /// that match `index` (same size, mtime, ctime, device and inode, not racy) and whose
     /// chunks are all present keep their chunks without being read. The caller holds the
-    /// store's lock shared; the new objects are durable when this returns.
+    /// store's lock shared; the new chunks are durable when this returns.
     pub fn pack(
         &self,
         workspace: &Path,
@@ -90,7 +90,7 @@ impl Cas {
                     .collect()
             })
             .unwrap_or_default();
-        let mut present: HashSet<Hash> = HashSet::new();
+        let catalog = self.catalog()?;
         let mut first_link: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
         let omit = |stats: &mut PackedStats, rel: &[u8], what: &str, e: &dyn std::fmt::Display| {
             stats.omitted.push(Omitted {
@@ -200,15 +200,11 @@ impl Cas {
                         if !same {
                             return None;
                         }
-                        for c in chunks {
-                            if !present.contains(&c.hash) {
-                                if fs::symlink_metadata(self.object_path(&c.hash)).is_err() {
-                                    return None;
-                                }
-                                present.insert(c.hash);
-                            }
-                        }
-                        Some(chunks.clone())
+                        // Reused only while every chunk is still stored.
+                        chunks
+                            .iter()
+                            .all(|c| catalog.contains(&c.hash))
+                            .then(|| chunks.clone())
                     });
                     match reuse {
                         Some(chunks) => EntryKind::File {
@@ -247,29 +243,43 @@ impl Cas {
             stack.extend(subdirs.into_iter().rev());
         }
 
-        // Read, hash and store the contents on two threads.
+        // Read, hash and store the contents on two threads, each into a pack of its own.
         let next = AtomicUsize::new(0);
-        let written: Mutex<Vec<Hash>> = Mutex::new(Vec::new());
+        let claimed: Mutex<HashSet<Hash>> = Mutex::new(HashSet::new());
+        let workers_n = WORKERS.min(jobs.len());
+        let mut writers = Vec::new();
+        for _ in 0..workers_n {
+            writers.push(Mutex::new(Some(PackWriter::create(self)?)));
+        }
         let results: Vec<Result<Vec<(usize, Read)>, CasError>> = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..WORKERS.min(jobs.len()))
-                .map(|_| {
-                    scope.spawn(|| {
+            let workers: Vec<_> = writers
+                .iter()
+                .map(|writer| {
+                    let (next, claimed, catalog, jobs) = (&next, &claimed, &catalog, &jobs);
+                    scope.spawn(move || {
+                        let mut guard = writer.lock().unwrap_or_else(|p| p.into_inner());
+                        let pack = guard.as_mut().expect("a writer per worker");
                         let mut done = Vec::new();
                         let mut compressor = compressor()
                             .map_err(CasError::io("start compressing in", self.dir()))?;
                         let mut buf = vec![0u8; CHUNK as usize];
-                        let mut mine = Vec::new();
+                        let mut store = |hash: &Hash, data: &[u8]| -> Result<(), CasError> {
+                            if catalog.contains(hash)
+                                || !claimed
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .insert(*hash)
+                            {
+                                return Ok(());
+                            }
+                            pack.append(hash, data, &mut compressor)
+                        };
                         loop {
                             let i = next.fetch_add(1, Ordering::Relaxed);
                             let Some(job) = jobs.get(i) else { break };
-                            let read =
-                                self.read_file(job, &mut buf, &mut compressor, &mut mine)?;
+                            let read = read_file(job, &mut buf, &mut store)?;
                             done.push((job.entry, read));
                         }
-                        written
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .extend(mine);
                         Ok(done)
                     })
                 })
@@ -285,9 +295,35 @@ impl Cas {
                 })
                 .collect()
         });
+        let writers: Vec<PackWriter> = writers
+            .into_iter()
+            .filter_map(|w| w.into_inner().unwrap_or_else(|p| p.into_inner()))
+            .collect();
+        if let Some(e) = results.iter().find_map(|r| r.as_ref().err()) {
+            let message = e.to_string();
+            for w in writers {
+                w.abandon();
+            }
+            return Err(results
+                .into_iter()
+                .find_map(Result::err)
+                .unwrap_or_else(|| CasError::manifest(message)));
+        }
+        // Commit the packs: each fsynced and indexed, then the directory once.
+        let mut committed = false;
+        for w in writers {
+            if !w.is_empty() {
+                stats.objects_written += w.len() as u64;
+                committed = true;
+            }
+            stats.bytes_written += w.commit()?;
+        }
+        if committed {
+            sync_path(&self.packs_dir())?;
+        }
         let mut omitted_files: HashSet<usize> = HashSet::new();
         for result in results {
-            for (i, read) in result? {
+            for (i, read) in result.expect("errors returned above") {
                 match read {
                     Read::Done {
                         size,
@@ -330,26 +366,19 @@ impl Cas {
                 keep
             });
         }
-        let written = written.into_inner().unwrap_or_else(|p| p.into_inner());
-        make_durable(self, &written)?;
-        stats.objects_written = written.len() as u64;
-        stats.bytes_written = written
-            .iter()
-            .filter_map(|h| fs::metadata(self.object_path(h)).ok())
-            .map(|m| m.len())
-            .sum();
         stats.entries = entries.len() as u64;
         Ok((Manifest { entries }, stats))
     }
 
-    /// Reads one file's data segments in chunks, storing each chunk.
-    fn read_file(
-        &self,
-        job: &Job,
-        buf: &mut [u8],
-        compressor: &mut zstd::bulk::Compressor<'_>,
-        written: &mut Vec<Hash>,
-    ) -> Result<Read, CasError> {
+}
+
+/// Reads one file's data segments in chunks, handing each to `store`.
+fn read_file(
+    job: &Job,
+    buf: &mut [u8],
+    store: &mut impl FnMut(&Hash, &[u8]) -> Result<(), CasError>,
+) -> Result<Read, CasError> {
+    {
         let file = match File::options()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
@@ -388,9 +417,7 @@ impl Cas {
                     }));
                 }
                 let hash = Hash::of(data);
-                if let Put::Written(_) = self.put(&hash, data, compressor)? {
-                    written.push(hash);
-                }
+                store(&hash, data)?;
                 chunks.push(Chunk {
                     offset: at,
                     len: want as u32,

@@ -192,6 +192,7 @@ impl Cas {
             }
         }
 
+        let catalog = self.catalog()?;
         // Directories, writable while they are filled.
         let abs = |p: &[u8]| dest.join(os(p));
         for e in &manifest.entries {
@@ -244,6 +245,7 @@ impl Cas {
                             Vec::with_capacity(CHUNK as usize),
                             Vec::with_capacity(CHUNK as usize),
                         );
+                        let mut files = HashMap::new();
                         while !failed.load(Ordering::Relaxed) {
                             let Some(job) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) else {
                                 break;
@@ -252,9 +254,13 @@ impl Cas {
                                 manifest,
                                 job,
                                 dest,
-                                &mut out,
-                                &mut raw,
-                                &mut decompressor,
+                                Buffers {
+                                    catalog: &catalog,
+                                    out: &mut out,
+                                    raw: &mut raw,
+                                    decompressor: &mut decompressor,
+                                    files: &mut files,
+                                },
                             );
                             if r.is_err() {
                                 failed.store(true, Ordering::Relaxed);
@@ -352,10 +358,15 @@ impl Cas {
         manifest: &Manifest,
         job: &Job,
         dest: &Path,
-        out: &mut Vec<u8>,
-        raw: &mut Vec<u8>,
-        decompressor: &mut zstd::bulk::Decompressor<'_>,
+        b: Buffers<'_, '_>,
     ) -> Result<(), CasError> {
+        let Buffers {
+            catalog,
+            out,
+            raw,
+            decompressor,
+            files,
+        } = b;
         let e = &manifest.entries[job.entry];
         let EntryKind::File { size, chunks, .. } = &e.kind else {
             return Ok(());
@@ -371,7 +382,16 @@ impl Cas {
                 .map_err(CasError::io("open", &path))?
         };
         for Chunk { offset, len, hash } in &chunks[job.chunks.clone()] {
-            self.get(hash, *len as usize, &e.path, out, raw, decompressor)?;
+            self.get(
+                catalog,
+                hash,
+                *len as usize,
+                &e.path,
+                out,
+                raw,
+                decompressor,
+                files,
+            )?;
             if job.whole && *offset == 0 && out.len() as u64 == *size {
                 (&file)
                     .write_all(out)
@@ -391,6 +411,15 @@ impl Cas {
         }
         Ok(())
     }
+}
+
+/// A writer thread's reusable state.
+struct Buffers<'a, 'd> {
+    catalog: &'a super::Catalog,
+    out: &'a mut Vec<u8>,
+    raw: &'a mut Vec<u8>,
+    decompressor: &'a mut zstd::bulk::Decompressor<'d>,
+    files: &'a mut HashMap<u32, File>,
 }
 
 fn create(path: &PathBuf) -> Result<File, CasError> {
