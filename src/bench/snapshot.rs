@@ -167,7 +167,9 @@ fn append_large(ws: &Path) -> Result<(), BenchError> {
     let mut chunk = Vec::with_capacity(1 << 20);
     let mut x = 0x1234_5678_9abc_def1u64;
     while chunk.len() < 1 << 20 {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         chunk.extend_from_slice(format!("{x:016x} appended row\n").as_bytes());
     }
     chunk.truncate(1 << 20);
@@ -175,7 +177,10 @@ fn append_large(ws: &Path) -> Result<(), BenchError> {
         .append(true)
         .open(&path)
         .and_then(|mut f| f.write_all(&chunk))
-        .map_err(BenchError::io(BENCH, format!("append to {}", path.display())))
+        .map_err(BenchError::io(
+            BENCH,
+            format!("append to {}", path.display()),
+        ))
 }
 
 /// Rewrites every hundredth regular file below `ws` (in name order), 1 % of the files.
@@ -258,10 +263,7 @@ impl Bench<'_> {
     }
 }
 
-async fn open<'a>(
-    dir: &'a Path,
-    tree: &TreeSpec,
-) -> Result<(Bench<'a>, TreeStats), BenchError> {
+async fn open<'a>(dir: &'a Path, tree: &TreeSpec) -> Result<(Bench<'a>, TreeStats), BenchError> {
     let provider = LocalProvider::new(dir.join("local"), "bench".into(), Arc::new(SystemClock))
         .map_err(|e| BenchError::failed(BENCH, format!("open the local provider: {e}")))?;
     let sb = provider
@@ -332,7 +334,10 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
             }
             let _ = snap;
             r.archive_bytes = std::fs::metadata(&archive)
-                .map_err(BenchError::io(BENCH, format!("inspect {}", archive.display())))?
+                .map_err(BenchError::io(
+                    BENCH,
+                    format!("inspect {}", archive.display()),
+                ))?
                 .len() as f64;
             r.first.subject.push(s_first);
             r.first.baseline.push(b_first);

@@ -32,7 +32,7 @@ pub struct TreeSpec {
     /// byte-compiled caches, plus `bin/python` symlinks to the system's interpreter).
     #[serde(default)]
     pub venv_files: usize,
-    /// Size of one large file ([`LARGE_FILE`]: a database-like mix of rows and binary pages);
+    /// Size of one large file (`data/app.db`: a database-like mix of rows and binary pages);
     /// 0 for none.
     #[serde(default)]
     pub large_bytes: usize,

@@ -314,11 +314,9 @@ fn engine_in_process(cmd: &Cmd, paths: &Paths) -> bool {
         Cmd::Run(_) | Cmd::Suspend(_) | Cmd::Resume(_) | Cmd::Gc(_) => {
             !matches!(route(paths), Ok(Route::Server(..)))
         }
-        Cmd::Tasks(_)
-        | Cmd::Show(_)
-        | Cmd::Config(_)
-        | Cmd::Export(_)
-        | Cmd::ExportSnapshot(_) => false,
+        Cmd::Tasks(_) | Cmd::Show(_) | Cmd::Config(_) | Cmd::Export(_) | Cmd::ExportSnapshot(_) => {
+            false
+        }
         #[cfg(feature = "server")]
         Cmd::Status(_) | Cmd::Watch(_) => false,
         _ => true,
@@ -771,8 +769,11 @@ fn export_snapshot(paths: &Paths, args: &ExportSnapshotArgs) -> Result<ExitCode,
     };
     let stdout = std::io::stdout();
     if std::io::IsTerminal::is_terminal(&stdout) {
-        return Err(Failure::new("refusing to write a tarball to a terminal")
-            .hint(format!("redirect it: `taskbox export-snapshot {task} > files.tar.zst`")));
+        return Err(
+            Failure::new("refusing to write a tarball to a terminal").hint(format!(
+                "redirect it: `taskbox export-snapshot {task} > files.tar.zst`"
+            )),
+        );
     }
     let out = std::io::BufWriter::with_capacity(256 * 1024, stdout.lock());
     let out = taskbox::provider::local::export_snapshot(&paths.data_dir.join("local"), id, out)

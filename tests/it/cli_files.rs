@@ -297,7 +297,10 @@ fn export_snapshot_writes_a_plain_tarball() {
     assert_eq!(by("out").3.as_deref(), Some("/etc/passwd"));
     assert_eq!(by("sparse").2, vec![0u8; 3 << 20]);
     let first = read(&["export-snapshot", "ex", "1"]);
-    let f1 = first.iter().find(|e| e.0 == "d/f" || e.0 == "hard").unwrap();
+    let f1 = first
+        .iter()
+        .find(|e| e.0 == "d/f" || e.0 == "hard")
+        .unwrap();
     assert!(
         first.iter().any(|e| e.2 == b"one\n"),
         "snapshot 1 holds the first contents: {f1:?}"

@@ -219,7 +219,10 @@ fn kill_rounds(home: &Home, vercel: bool, seed: u64, rounds: u32) {
         if !vercel {
             // Every complete snapshot is still whole after the kill and the content gc: each
             // one's every content is there and hashes right (export-snapshot reads them all).
-            for snap in show(home, task)["task"]["snapshots"].as_array().expect("snapshots") {
+            for snap in show(home, task)["task"]["snapshots"]
+                .as_array()
+                .expect("snapshots")
+            {
                 if snap["status"] != "complete" {
                     continue;
                 }

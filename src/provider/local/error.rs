@@ -102,9 +102,9 @@ pub enum LocalError {
         snapshot: String,
         /// The manifest file.
         path: PathBuf,
-        /// What went wrong.
+        /// What went wrong (boxed: it is large and rare).
         #[source]
-        source: CasError,
+        source: Box<CasError>,
     },
     /// The archive under a snapshot's name holds another task's or sequence's files.
     #[error("archive `{path}` of snapshot `{snapshot}` holds task `{found_task}` snapshot {found_seq}, not what its name says")]
@@ -195,7 +195,7 @@ impl LocalError {
             },
             // Only content definitely not there is "snapshot gone"; corrupt content keeps the
             // snapshot (a permanent failure of this restore).
-            LocalError::Content { source, .. } => match source {
+            LocalError::Content { source, .. } => match &**source {
                 CasError::ContentMissing { .. } => FailureKind::SnapshotGone,
                 other => other.io_error().map_or(FailureKind::Permanent, io_kind),
             },

@@ -91,8 +91,11 @@ impl LocalProvider {
         slot.stopped.send_modify(|n| *n += 1);
         let dir = self.sandbox_dir(name);
         let cgroup = cgroup::recorded(&dir, &name.name);
-        let (trash, in_flight) =
-            self.temp_path(&self.root.join("trash"), "trash.", &format!(".{}", name.name));
+        let (trash, in_flight) = self.temp_path(
+            &self.root.join("trash"),
+            "trash.",
+            &format!(".{}", name.name),
+        );
         // Out of its place first: from this instant the sandbox is gone, even if removing its
         // files is slow or a crash interrupts it (the sweep finishes the job).
         let existed = match fs::rename(&dir, &trash) {

@@ -311,7 +311,7 @@ fn write_snapshot(
     let content = |source| LocalError::Content {
         snapshot: snap.id(),
         path: path.to_path_buf(),
-        source,
+        source: Box::new(source),
     };
     // Held until the manifest is in place: gc cannot sweep what this snapshot stores or reuses.
     let _lock = cas.lock(false).map_err(content)?;
@@ -419,7 +419,7 @@ pub(super) fn restore(
     let content = |source| LocalError::Content {
         snapshot: snap.id(),
         path: path.to_path_buf(),
-        source,
+        source: Box::new(source),
     };
     let manifest = read_manifest(reader).map_err(content)?;
     let _lock = cas.lock(false).map_err(content)?;
@@ -446,7 +446,7 @@ impl LocalProvider {
             move |source| LocalError::Content {
                 snapshot: "(content gc)".into(),
                 path,
-                source,
+                source: Box::new(source),
             }
         };
         self.cas
@@ -540,7 +540,7 @@ pub fn export_snapshot<W: io::Write>(
     let content = |source| LocalError::Content {
         snapshot: snap.id(),
         path: path.clone(),
-        source,
+        source: Box::new(source),
     };
     let mut reader = BufReader::new(file);
     let (version, header) = archive::read_prefix_versioned(&mut reader).map_err(archive_err)?;
@@ -553,11 +553,9 @@ pub fn export_snapshot<W: io::Write>(
         let _lock = cas.lock(false).map_err(content)?;
         super::cas::export_tar(&cas, &manifest, &mut encoder).map_err(content)?;
     } else {
-        let tmp = root.join("tmp").join(format!(
-            "export.{}.{}",
-            std::process::id(),
-            random_nonce()?
-        ));
+        let tmp =
+            root.join("tmp")
+                .join(format!("export.{}.{}", std::process::id(), random_nonce()?));
         let workspace = tmp.join("workspace");
         fs::create_dir_all(&tmp).map_err(LocalError::io("create directory", &tmp))?;
         let result = (|| {

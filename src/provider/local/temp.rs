@@ -92,8 +92,12 @@ impl LocalProvider {
         // Contents no snapshot refers to any more (deleted snapshots, crashed writers).
         let gc = self.gc_content()?;
         if gc.swept + gc.temporaries > 0 {
-            tracing::debug!(swept = gc.swept, bytes = gc.bytes_swept,
-                temporaries = gc.temporaries, "content gc");
+            tracing::debug!(
+                swept = gc.swept,
+                bytes = gc.bytes_swept,
+                temporaries = gc.temporaries,
+                "content gc"
+            );
         }
         Ok(removed + gc.temporaries as usize)
     }

@@ -120,9 +120,7 @@ fn assert_same(expected: &BTreeMap<Vec<u8>, Node>, got: &BTreeMap<Vec<u8>, Node>
         match (node, other) {
             (
                 Node::File {
-                    sparse: true,
-                    data,
-                    ..
+                    sparse: true, data, ..
                 },
                 Node::File {
                     sparse: restored_sparse,
@@ -201,7 +199,10 @@ enum Op {
 enum Data {
     Small(Vec<u8>),
     /// A file larger than a chunk, from a seed.
-    Big { len: u32, seed: u8 },
+    Big {
+        len: u32,
+        seed: u8,
+    },
 }
 
 const TARGETS: &[&[u8]] = &[
@@ -320,7 +321,10 @@ fn build(root: &Path, ops: &[Op]) {
     }
     // Directory modes and mtimes last, deepest first.
     for (dir, mode) in dir_modes.iter().rev() {
-        fs::File::open(dir).unwrap().set_modified(next_mtime()).unwrap();
+        fs::File::open(dir)
+            .unwrap()
+            .set_modified(next_mtime())
+            .unwrap();
         fs::set_permissions(dir, fs::Permissions::from_mode(*mode)).unwrap();
     }
 }
@@ -333,13 +337,27 @@ fn tree() -> impl Strategy<Value = Vec<Op>> {
 #[derive(Debug, Clone)]
 enum Edit {
     /// Rewrite a file with other bytes.
-    Rewrite { file: usize, data: Data },
+    Rewrite {
+        file: usize,
+        data: Data,
+    },
     /// Same length and mtime, other bytes: only the ctime says it changed.
-    Sneaky { file: usize, byte: u8 },
+    Sneaky {
+        file: usize,
+        byte: u8,
+    },
     /// Append bytes.
-    Append { file: usize, len: u16 },
-    Remove { file: usize },
-    Chmod { file: usize, mode: u32 },
+    Append {
+        file: usize,
+        len: u16,
+    },
+    Remove {
+        file: usize,
+    },
+    Chmod {
+        file: usize,
+        mode: u32,
+    },
     Add(Op),
 }
 
@@ -394,7 +412,10 @@ fn apply(root: &Path, edit: &Edit) {
                 use std::os::unix::fs::FileExt;
                 let f = fs::File::options().write(true).open(&p).unwrap();
                 let mut b = [0u8];
-                fs::File::open(&p).unwrap().read_exact_at(&mut b, 0).unwrap();
+                fs::File::open(&p)
+                    .unwrap()
+                    .read_exact_at(&mut b, 0)
+                    .unwrap();
                 f.write_all_at(&[b[0] ^ byte.max(&1)], 0).unwrap();
                 f.set_modified(meta.modified().unwrap()).unwrap();
                 fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
@@ -569,12 +590,22 @@ fn hostile_manifests_are_refused() {
         vec![entry(b"/etc/evil", file())],
         vec![entry(b"a/./b", file())],
         vec![
-            entry(b"l", EntryKind::Symlink { target: b"/tmp".to_vec() }),
+            entry(
+                b"l",
+                EntryKind::Symlink {
+                    target: b"/tmp".to_vec(),
+                },
+            ),
             entry(b"l/evil", file()),
         ],
         vec![entry(b"nodir/evil", file())],
         vec![entry(b"f", file()), entry(b"f", file())],
-        vec![entry(b"h", EntryKind::HardLink { target: b"/etc/passwd".to_vec() })],
+        vec![entry(
+            b"h",
+            EntryKind::HardLink {
+                target: b"/etc/passwd".to_vec(),
+            },
+        )],
     ];
     for (i, entries) in cases.into_iter().enumerate() {
         let dest = dir.path().join(format!("d{i}"));
@@ -582,7 +613,11 @@ fn hostile_manifests_are_refused() {
             Err(CasError::UnsafeEntry { .. }) => {}
             other => panic!("case {i}: expected a refusal, got {other:?}"),
         }
-        assert_eq!(fs::read_dir(&dest).unwrap().count(), 0, "case {i}: nothing created");
+        assert_eq!(
+            fs::read_dir(&dest).unwrap().count(),
+            0,
+            "case {i}: nothing created"
+        );
     }
 }
 
@@ -593,9 +628,16 @@ fn hostile_manifests_are_refused() {
 async fn corrupt_content_fails_the_restore_and_missing_content_is_gone() {
     let env = Env::new();
     let sb = env.create("c", 1, None).await;
-    env.run(&sb, "echo precious > keep.txt; head -c 300000 /dev/urandom > blob")
-        .await;
-    let s1 = env.provider.snapshot(&taskbox::ids::TaskId::new("c").unwrap(), &sb, 1).await.unwrap();
+    env.run(
+        &sb,
+        "echo precious > keep.txt; head -c 300000 /dev/urandom > blob",
+    )
+    .await;
+    let s1 = env
+        .provider
+        .snapshot(&taskbox::ids::TaskId::new("c").unwrap(), &sb, 1)
+        .await
+        .unwrap();
     let manifest_file = env
         .root()
         .join("snapshots/c")
@@ -644,13 +686,23 @@ async fn content_gc_sweeps_only_what_no_snapshot_refers_to() {
     let sb = env.create("g", 1, None).await;
     // The chunk that dies is most of its pack's bytes, whichever pack it shares: swept either
     // way (a pack mostly live is kept whole until it is mostly dead).
-    env.run(&sb, "echo shared > shared; head -c 100000 /dev/urandom > only-first")
-        .await;
+    env.run(
+        &sb,
+        "echo shared > shared; head -c 100000 /dev/urandom > only-first",
+    )
+    .await;
     let s1 = env.provider.snapshot(&task, &sb, 1).await.unwrap();
     let sb = env.create("g", 2, Some(s1.id.as_str())).await;
-    env.run(&sb, "rm only-first; echo second > only-second").await;
+    env.run(&sb, "rm only-first; echo second > only-second")
+        .await;
     let s2 = env.provider.snapshot(&task, &sb, 2).await.unwrap();
-    let count = |root: &Path| Cas::open(root.join("cas")).unwrap().catalog().unwrap().len();
+    let count = |root: &Path| {
+        Cas::open(root.join("cas"))
+            .unwrap()
+            .catalog()
+            .unwrap()
+            .len()
+    };
     assert_eq!(count(&env.root()), 3);
     // Nothing is swept while both are retained.
     assert_eq!(env.provider.gc_content().unwrap().swept, 0);

@@ -95,9 +95,7 @@ pub fn read_prefix<R: Read>(input: &mut R) -> Result<ArchiveHeader, ArchiveError
 }
 
 /// [`read_prefix`], also answering the format version (which says what the body is).
-pub fn read_prefix_versioned<R: Read>(
-    input: &mut R,
-) -> Result<(u32, ArchiveHeader), ArchiveError> {
+pub fn read_prefix_versioned<R: Read>(input: &mut R) -> Result<(u32, ArchiveHeader), ArchiveError> {
     let mut magic = [0u8; 8];
     let n = read_full(input, &mut magic)?;
     if n < magic.len() || magic != MAGIC {

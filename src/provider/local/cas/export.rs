@@ -98,7 +98,9 @@ impl Read for ChunkReader<'_, '_> {
         }
         let hole_end = self.chunks.get(self.next).map_or(self.size, |c| c.offset);
         if self.at < hole_end {
-            let n = out.len().min(usize::try_from(hole_end - self.at).unwrap_or(usize::MAX));
+            let n = out
+                .len()
+                .min(usize::try_from(hole_end - self.at).unwrap_or(usize::MAX));
             out[..n].fill(0);
             self.at += n as u64;
             return Ok(n);

@@ -196,11 +196,13 @@ impl Manifest {
 
     /// Every chunk hash the manifest refers to.
     pub fn hashes(&self) -> impl Iterator<Item = &Hash> {
-        self.entries.iter().flat_map(|e| match &e.kind {
-            EntryKind::File { chunks, .. } => chunks.as_slice(),
-            _ => &[],
-        })
-        .map(|c| &c.hash)
+        self.entries
+            .iter()
+            .flat_map(|e| match &e.kind {
+                EntryKind::File { chunks, .. } => chunks.as_slice(),
+                _ => &[],
+            })
+            .map(|c| &c.hash)
     }
 }
 

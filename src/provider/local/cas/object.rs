@@ -345,8 +345,7 @@ impl PackWriter {
             .and_then(|()| self.file.write_all(body))
             .map_err(CasError::io("write", &self.path))?;
         let offset = self.offset + RECORD_HEADER as u64;
-        self.entries
-            .push((*hash, offset, body.len() as u32, codec));
+        self.entries.push((*hash, offset, body.len() as u32, codec));
         self.offset = offset + body.len() as u64;
         self.bytes = self.offset;
         Ok(())

@@ -288,9 +288,9 @@ impl Cas {
                 .into_iter()
                 .map(|w| {
                     w.join().unwrap_or_else(|_| {
-                        Err(CasError::io("read the workspace", workspace)(io::Error::other(
-                            "a reader thread panicked",
-                        )))
+                        Err(CasError::io("read the workspace", workspace)(
+                            io::Error::other("a reader thread panicked"),
+                        ))
                     })
                 })
                 .collect()
@@ -335,11 +335,7 @@ impl Cas {
                         stats.files_read += 1;
                         stats.bytes_read += bytes;
                         entries[i].mtime_ns = mtime_ns;
-                        entries[i].kind = EntryKind::File {
-                            size,
-                            stat,
-                            chunks,
-                        };
+                        entries[i].kind = EntryKind::File { size, stat, chunks };
                     }
                     Read::Omit(reason) => {
                         stats.omitted.push(Omitted {
@@ -369,7 +365,6 @@ impl Cas {
         stats.entries = entries.len() as u64;
         Ok((Manifest { entries }, stats))
     }
-
 }
 
 /// Reads one file's data segments in chunks, handing each to `store`.

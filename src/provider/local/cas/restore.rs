@@ -334,8 +334,7 @@ impl Cas {
         for e in &mut index.entries {
             if let EntryKind::File { stat, .. } = &mut e.kind {
                 let path = dest.join(os(&e.path));
-                let meta =
-                    fs::symlink_metadata(&path).map_err(CasError::io("inspect", &path))?;
+                let meta = fs::symlink_metadata(&path).map_err(CasError::io("inspect", &path))?;
                 *stat = FileStat {
                     dev: meta.dev(),
                     ino: meta.ino(),
@@ -402,7 +401,10 @@ impl Cas {
             }
         }
         if job.whole {
-            let len = file.metadata().map_err(CasError::io("inspect", &path))?.len();
+            let len = file
+                .metadata()
+                .map_err(CasError::io("inspect", &path))?
+                .len();
             if len != *size {
                 file.set_len(*size)
                     .map_err(CasError::io("set the length of", &path))?;
