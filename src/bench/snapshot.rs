@@ -236,7 +236,9 @@ impl Bench<'_> {
         })
     }
 
-    /// Takes the next snapshot; its id and seconds.
+    /// Takes the next snapshot; its id and seconds. Then waits until the stopped sandbox's
+    /// files are removed (in the background, under `trash/`), so that removal does not slow
+    /// the next timed operation down: a resume comes long after a suspend.
     async fn snapshot(&mut self) -> Result<(SnapshotId, f64), BenchError> {
         self.seq += 1;
         let t = Instant::now();
@@ -245,7 +247,22 @@ impl Bench<'_> {
             .snapshot(&task(), &self.sandbox, self.seq)
             .await
             .map_err(provider_err("take the snapshot"))?;
-        Ok((info.id, t.elapsed().as_secs_f64()))
+        let took = t.elapsed().as_secs_f64();
+        let trash = self.provider.root().join("trash");
+        let waited = Instant::now();
+        while std::fs::read_dir(&trash)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false)
+        {
+            if waited.elapsed() > std::time::Duration::from_secs(300) {
+                return Err(BenchError::failed(
+                    BENCH,
+                    "a stopped sandbox's files were not removed within 300 s",
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Ok((info.id, took))
     }
 
     /// Restores `snap` into the next sandbox; seconds.
