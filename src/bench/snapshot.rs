@@ -22,7 +22,7 @@ use crate::clock::SystemClock;
 use crate::ids::{SnapshotId, TaskId};
 use crate::provider::local::archive::{self, ArchiveHeader};
 use crate::provider::local::LocalProvider;
-use crate::provider::{sandbox_name, ProviderError, SandboxProvider, SandboxSpec};
+use crate::provider::{ProviderError, SandboxProvider, SandboxSpec};
 
 const BENCH: &str = "snapshot";
 
@@ -36,14 +36,7 @@ fn task() -> TaskId {
 }
 
 fn spec(generation: u64, source_snapshot: Option<SnapshotId>) -> SandboxSpec {
-    SandboxSpec {
-        task_id: task(),
-        generation,
-        name: sandbox_name("bench", TASK, generation),
-        source_snapshot,
-        timeout_ms: 3_600_000,
-        installation_id: "bench".into(),
-    }
+    SandboxSpec::new("bench", &task(), generation, source_snapshot, 3_600_000)
 }
 
 fn provider_err(action: &str) -> impl FnOnce(ProviderError) -> BenchError + '_ {
@@ -288,14 +281,11 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         super::fmt_num(mb(r.tree.bytes as f64))
     );
     Ok(vec![
-        Measurement::new(
+        at_most_baseline(
             "snapshot.create",
             "LocalProvider::snapshot: archive (zstd -3 tar), fsync, stop the sandbox",
-            Quantity::new(r.snap.subject_median(), "s"),
-            format!("`{PACK}`"),
-            Quantity::new(r.snap.baseline_median(), "s"),
-            None,
-            Target::RatioAtMost { ratio: 1.0 },
+            &r.snap,
+            PACK,
             rounds,
             vec![
                 tree_note.clone(),
@@ -305,25 +295,19 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
                 ),
             ],
         ),
-        Measurement::new(
+        at_most_baseline(
             "snapshot.archive",
             "the snapshot's archive alone: archive::pack (tar walk + zstd -3 on a second thread), fsync",
-            Quantity::new(r.archive.subject_median(), "s"),
-            format!("`{PACK}`"),
-            Quantity::new(r.archive.baseline_median(), "s"),
-            None,
-            Target::RatioAtMost { ratio: 1.0 },
+            &r.archive,
+            PACK,
             rounds,
             vec!["the part of snapshot.create that is taskbox's own code".into()],
         ),
-        Measurement::new(
+        at_most_baseline(
             "snapshot.restore",
             "LocalProvider::create_sandbox from the snapshot (verified extraction)",
-            Quantity::new(r.restore.subject_median(), "s"),
-            format!("`{UNPACK}`"),
-            Quantity::new(r.restore.baseline_median(), "s"),
-            None,
-            Target::RatioAtMost { ratio: 1.0 },
+            &r.restore,
+            UNPACK,
             rounds,
             vec![tree_note],
         ),
@@ -343,4 +327,26 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             )],
         ),
     ])
+}
+
+/// A row of seconds whose target is to take no longer than the shell pipeline `baseline`.
+fn at_most_baseline(
+    name: &str,
+    subject_is: &str,
+    p: &Paired,
+    baseline: &str,
+    rounds: usize,
+    notes: Vec<String>,
+) -> Measurement {
+    Measurement::new(
+        name,
+        subject_is,
+        Quantity::new(p.subject_median(), "s"),
+        format!("`{baseline}`"),
+        Quantity::new(p.baseline_median(), "s"),
+        None,
+        Target::RatioAtMost { ratio: 1.0 },
+        rounds,
+        notes,
+    )
 }
