@@ -19,10 +19,10 @@ use super::stats::{median, Paired};
 use super::workspace::{generate_workspace, TreeSpec, TreeStats};
 use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
 use crate::clock::SystemClock;
-use crate::ids::{SnapshotId, TaskId};
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::local::archive::{self, ArchiveHeader};
 use crate::provider::local::LocalProvider;
-use crate::provider::{ProviderError, SandboxProvider, SandboxSpec};
+use crate::provider::{ProviderError, SandboxInfo, SandboxProvider, SandboxSpec, SnapshotInfo};
 
 const BENCH: &str = "snapshot";
 
@@ -137,6 +137,35 @@ fn pack_only(ws: &Path, out: &Path) -> Result<f64, BenchError> {
     Ok(t.elapsed().as_secs_f64())
 }
 
+/// Takes a snapshot of `sandbox` through the provider: the seconds it took, and the snapshot.
+async fn timed_snapshot(
+    provider: &LocalProvider,
+    sandbox: &SandboxId,
+    seq: u64,
+) -> Result<(f64, SnapshotInfo), BenchError> {
+    let t = Instant::now();
+    let info = provider
+        .snapshot(&task(), sandbox, seq)
+        .await
+        .map_err(provider_err("take the snapshot"))?;
+    Ok((t.elapsed().as_secs_f64(), info))
+}
+
+/// Restores `snapshot` into the task's sandbox number `generation` through the provider: the
+/// seconds it took, and the sandbox.
+async fn timed_restore(
+    provider: &LocalProvider,
+    generation: u64,
+    snapshot: &SnapshotId,
+) -> Result<(f64, SandboxInfo), BenchError> {
+    let t = Instant::now();
+    let sb = provider
+        .create_sandbox(&spec(generation, Some(snapshot.clone())))
+        .await
+        .map_err(provider_err("restore the snapshot"))?;
+    Ok((t.elapsed().as_secs_f64(), sb))
+}
+
 fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -188,41 +217,25 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
             if round % 2 == 0 {
                 b_snap = pack(&ws)?;
                 a_pack = pack_only(&ws, &packed)?;
-                let t = Instant::now();
-                let info = provider
-                    .snapshot(&task(), &sb_id, seq)
-                    .await
-                    .map_err(provider_err("take the snapshot"))?;
-                s_snap = t.elapsed().as_secs_f64();
+                let (took, info) = timed_snapshot(&provider, &sb_id, seq).await?;
+                s_snap = took;
                 r.subject_bytes.push(info.size_bytes as f64);
                 snap_id = info.id;
                 generation += 1;
-                let t = Instant::now();
-                let sb = provider
-                    .create_sandbox(&spec(generation, Some(snap_id.clone())))
-                    .await
-                    .map_err(provider_err("restore the snapshot"))?;
-                s_restore = t.elapsed().as_secs_f64();
+                let (took, sb) = timed_restore(&provider, generation, &snap_id).await?;
+                s_restore = took;
                 sb_id = sb.id;
                 b_restore = unpack()?;
             } else {
-                let t = Instant::now();
-                let info = provider
-                    .snapshot(&task(), &sb_id, seq)
-                    .await
-                    .map_err(provider_err("take the snapshot"))?;
-                s_snap = t.elapsed().as_secs_f64();
+                let (took, info) = timed_snapshot(&provider, &sb_id, seq).await?;
+                s_snap = took;
                 r.subject_bytes.push(info.size_bytes as f64);
                 snap_id = info.id;
                 // The baseline archive of the previous round holds the same tree.
                 b_restore = unpack()?;
                 generation += 1;
-                let t = Instant::now();
-                let sb = provider
-                    .create_sandbox(&spec(generation, Some(snap_id.clone())))
-                    .await
-                    .map_err(provider_err("restore the snapshot"))?;
-                s_restore = t.elapsed().as_secs_f64();
+                let (took, sb) = timed_restore(&provider, generation, &snap_id).await?;
+                s_restore = took;
                 sb_id = sb.id;
                 let ws = workspace(&sb_id)?;
                 a_pack = pack_only(&ws, &packed)?;
