@@ -203,7 +203,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
         match truth.get_session(&sb.id).await {
             Ok(s) => sandboxes.push(PlatformSandbox {
                 id: sb.id.to_string(),
-                task_id: e.task_id.clone(),
+                task_id: e.task_id.to_string(),
                 generation: Some(sb.generation),
                 source_snapshot: s.source_snapshot_id.clone(),
                 created_at: s.created_at.or(s.requested_at).unwrap_or(sb.created_at),

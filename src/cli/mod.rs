@@ -695,8 +695,8 @@ fn no_task(paths: &Paths, task: &TaskId) -> Failure {
         .and_then(|s| s.task_ids().ok())
         .unwrap_or_default();
     Failure::from_engine(taskbox::engine::EngineError::NoTask {
-        task: task.to_string(),
-        suggestion: taskbox::engine::closest(task.as_str(), names.iter().map(String::as_str)),
+        task: task.clone(),
+        suggestion: taskbox::engine::closest(task.as_str(), names.iter().map(TaskId::as_str)),
     })
 }
 

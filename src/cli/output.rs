@@ -273,7 +273,7 @@ fn snapshot_summary(t: &Task) -> String {
 }
 
 /// The tasks `taskbox rm` removed.
-pub type Removed = std::collections::HashSet<String>;
+pub type Removed = std::collections::HashSet<taskbox::TaskId>;
 
 /// The state `tasks` shows (`removed` for a removed task): a sandbox past its platform deadline is not `running` whatever the
 /// store last recorded (nothing drove the task when the deadline came; the platform has stopped

@@ -62,7 +62,7 @@ impl TaskLocks {
         }
         let path = self.dir.join(format!("{id}.lock"));
         let lock_err = |source| EngineError::Lock {
-            task: id.clone(),
+            task: task.clone(),
             path: path.clone(),
             source,
         };
@@ -81,7 +81,7 @@ impl TaskLocks {
                 None => {
                     if waited >= self.wait {
                         return Err(EngineError::Busy {
-                            task: id.clone(),
+                            task: task.clone(),
                             path: path.clone(),
                             waited_secs: waited.as_secs(),
                         });
