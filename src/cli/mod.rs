@@ -420,7 +420,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Show(args) => {
             let task = task_id(&args.task)?;
             let view = match existing_store(paths).map_err(|e| Failure::from_engine(e.into()))? {
-                Some(store) => TaskView::load(&store, task.as_str(), args.journal, None)
+                Some(store) => TaskView::load(&store, &task, args.journal, None)
                     .map_err(Failure::from_engine)?,
                 None => None,
             };

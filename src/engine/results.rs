@@ -166,7 +166,7 @@ impl TaskView {
     /// `live` replaces the stored task when an event loop holds a newer one in memory.
     pub fn load(
         store: &Store,
-        id: &str,
+        id: &TaskId,
         journal_entries: usize,
         live: Option<Task>,
     ) -> Result<Option<TaskView>, EngineError> {
