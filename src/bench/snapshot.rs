@@ -26,7 +26,7 @@ use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
 use crate::clock::SystemClock;
 use crate::ids::{SnapshotId, TaskId};
 use crate::provider::local::LocalProvider;
-use crate::provider::{sandbox_name, ProviderError, SandboxProvider, SandboxSpec};
+use crate::provider::{ProviderError, SandboxProvider, SandboxSpec};
 
 const BENCH: &str = "snapshot";
 
@@ -40,14 +40,7 @@ fn task() -> TaskId {
 }
 
 fn spec(generation: u64, source_snapshot: Option<SnapshotId>) -> SandboxSpec {
-    SandboxSpec {
-        task_id: task(),
-        generation,
-        name: sandbox_name("bench", TASK, generation),
-        source_snapshot,
-        timeout_ms: 3_600_000,
-        installation_id: "bench".into(),
-    }
+    SandboxSpec::new("bench", &task(), generation, source_snapshot, 3_600_000)
 }
 
 fn provider_err(action: &str) -> impl FnOnce(ProviderError) -> BenchError + '_ {

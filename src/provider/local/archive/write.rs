@@ -325,8 +325,9 @@ fn is_sparse(meta: &fs::Metadata) -> bool {
     meta.blocks().saturating_mul(512) < meta.len()
 }
 
-/// The data segments of `file` (`SEEK_DATA`/`SEEK_HOLE`), up to `len`.
-fn data_segments(file: &File, len: u64) -> io::Result<Vec<(u64, u64)>> {
+/// The data segments of `file` (`SEEK_DATA`/`SEEK_HOLE`), up to `len` (the one copy: the
+/// content store's walk uses it too).
+pub(crate) fn data_segments(file: &File, len: u64) -> io::Result<Vec<(u64, u64)>> {
     use std::os::fd::AsRawFd;
     let fd = file.as_raw_fd();
     let seek = |offset: u64, whence| -> io::Result<Option<u64>> {

@@ -74,6 +74,7 @@ mod restore;
 pub use self::export::export_tar;
 pub use self::gc::GcStats;
 pub use self::manifest::{Chunk, Entry, EntryKind, FileStat, Manifest};
+pub(crate) use self::object::random_name;
 pub use self::object::{Catalog, Hash, CHUNK};
 pub use self::pack::PackedStats;
 pub use self::restore::Index;

@@ -124,8 +124,9 @@ const RECORD_HEADER: usize = 32 + 1 + 4 + 4;
 /// hash | offset | stored | codec
 const IDX_ENTRY: usize = 32 + 8 + 4 + 1;
 
-/// A 64-bit random name (16 hex digits) from `/dev/urandom`.
-pub(super) fn random_name() -> io::Result<String> {
+/// 64 random bits from `/dev/urandom`, as 16 lowercase hex digits (snapshot nonces and pack
+/// names).
+pub(crate) fn random_name() -> io::Result<String> {
     let mut bytes = [0u8; 8];
     fs::File::open("/dev/urandom").and_then(|mut f| io::Read::read_exact(&mut f, &mut bytes))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())

@@ -15,7 +15,7 @@ use super::manifest::{Chunk, Entry, EntryKind, FileStat, Manifest};
 use super::object::{compressor, sync_path, Hash, PackWriter, CHUNK};
 use super::restore::Index;
 use super::{show, Cas, CasError};
-use crate::provider::local::archive::Omitted;
+use crate::provider::local::archive::{data_segments, Omitted};
 
 /// The longest path the file system calls accept, with its NUL.
 const PATH_MAX: usize = libc::PATH_MAX as usize;
@@ -434,39 +434,4 @@ fn read_file(
             bytes,
         })
     }
-}
-
-/// The data segments of `file` (`SEEK_DATA`/`SEEK_HOLE`), up to `len`.
-fn data_segments(file: &File, len: u64) -> io::Result<Vec<(u64, u64)>> {
-    use std::os::fd::AsRawFd;
-    let fd = file.as_raw_fd();
-    let seek = |offset: u64, whence| -> io::Result<Option<u64>> {
-        let offset = libc::off_t::try_from(offset).map_err(io::Error::other)?;
-        // SAFETY: `fd` is an open descriptor owned by `file` for the duration of the call;
-        // lseek only moves its offset.
-        let r = unsafe { libc::lseek(fd, offset, whence) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return if e.raw_os_error() == Some(libc::ENXIO) {
-                Ok(None)
-            } else {
-                Err(e)
-            };
-        }
-        Ok(Some(u64::try_from(r).map_err(io::Error::other)?))
-    };
-    let mut segments = Vec::new();
-    let mut at = 0;
-    while at < len {
-        let Some(start) = seek(at, libc::SEEK_DATA)? else {
-            break;
-        };
-        if start >= len {
-            break;
-        }
-        let end = seek(start, libc::SEEK_HOLE)?.unwrap_or(len).min(len);
-        segments.push((start, end - start));
-        at = end;
-    }
-    Ok(segments)
 }
