@@ -234,11 +234,15 @@ fn every_file(dir: &std::path::Path, out: &mut Vec<(std::path::PathBuf, Vec<u8>)
         let ft = entry.file_type().expect("file type");
         if ft.is_dir() {
             // The sandbox's files and their snapshots are the user's data (the command wrote
-            // the secret into tok.txt).
-            if path
-                .file_name()
-                .is_some_and(|n| n == "sandboxes" || n == "workspace" || n == "snapshots")
-            {
+            // the secret into tok.txt): the workspaces, a stopped one's files being removed
+            // (`trash`), the snapshot manifests and the content store they refer to (`cas`).
+            if path.file_name().is_some_and(|n| {
+                n == "sandboxes"
+                    || n == "workspace"
+                    || n == "snapshots"
+                    || n == "cas"
+                    || n == "trash"
+            }) {
                 continue;
             }
             every_file(&path, out);
