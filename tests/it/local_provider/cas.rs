@@ -746,3 +746,42 @@ fn gc_waits_for_a_snapshot_in_progress() {
     assert_eq!(stats.swept, 1, "unreferenced once the writer is done");
     assert_eq!(fs::read(dest.join("f")).unwrap(), b"in flight");
 }
+
+/// A damaged pack index neither blocks new snapshots nor lets gc delete its pack, and the
+/// restore that needs its chunks fails as corrupt (the snapshot kept), not as "gone".
+#[test]
+fn an_unreadable_pack_index_is_kept_and_never_taken_for_missing_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let cas = Cas::open(dir.path().join("cas")).unwrap();
+    let ws = dir.path().join("ws");
+    fs::create_dir(&ws).unwrap();
+    fs::write(ws.join("f"), "precious").unwrap();
+    let (m1, _) = cas.pack(&ws, None).unwrap();
+    let idx: Vec<PathBuf> = fs::read_dir(dir.path().join("cas/packs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "idx"))
+        .collect();
+    assert_eq!(idx.len(), 1);
+    let mut bytes = fs::read(&idx[0]).unwrap();
+    bytes.pop();
+    fs::write(&idx[0], &bytes).unwrap();
+    match restore_into(&cas, &m1, &dir.path().join("r1")) {
+        Err(CasError::ContentCorrupt { reason, .. }) => {
+            assert!(reason.contains("unreadable"), "{reason}")
+        }
+        other => panic!("expected corrupt, got {other:?}"),
+    }
+    // Snapshots still work (the content is stored again), and gc keeps the damaged pack.
+    fs::write(ws.join("g"), "more").unwrap();
+    let (m2, _) = cas.pack(&ws, None).unwrap();
+    let stats = cas.gc(|live| {
+        live.extend(m2.hashes().copied());
+        Ok(())
+    });
+    assert!(stats.is_ok(), "{stats:?}");
+    let pack = idx[0].with_extension("pack");
+    assert!(pack.exists(), "the pack of an unreadable index is kept");
+    restore_into(&cas, &m2, &dir.path().join("r2")).unwrap();
+    assert_eq!(fs::read(dir.path().join("r2/f")).unwrap(), b"precious");
+}

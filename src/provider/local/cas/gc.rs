@@ -53,7 +53,13 @@ impl Cas {
             Err(e) => Err(CasError::io("remove", path)(e)),
         };
         // Uncommitted packs and temporaries.
-        let committed: HashSet<&str> = catalog.packs().iter().map(String::as_str).collect();
+        // A pack whose index is unreadable counts as committed: what it holds is unknown.
+        let committed: HashSet<&str> = catalog
+            .packs()
+            .iter()
+            .map(String::as_str)
+            .chain(catalog.unreadable())
+            .collect();
         for entry in fs::read_dir(&dir).map_err(CasError::io("list", &dir))? {
             let entry = entry.map_err(CasError::io("list", &dir))?;
             let name = entry.file_name();

@@ -81,6 +81,9 @@ pub(super) struct Location {
 pub struct Catalog {
     packs: Vec<String>,
     map: HashMap<Hash, Location>,
+    /// Packs whose index could not be read, and why: their chunks are unknown, so a chunk not
+    /// found is not "definitely missing" while there are any, and gc keeps these packs.
+    unreadable: Vec<(String, String)>,
 }
 
 impl Catalog {
@@ -102,6 +105,11 @@ impl Catalog {
     /// The committed packs' names.
     pub(super) fn packs(&self) -> &[String] {
         &self.packs
+    }
+
+    /// The packs whose index is there but unreadable.
+    pub(super) fn unreadable(&self) -> impl Iterator<Item = &str> {
+        self.unreadable.iter().map(|(name, _)| name.as_str())
     }
 
     /// The chunks of pack `i` (its name's position in [`Catalog::packs`]).
@@ -153,22 +161,24 @@ impl Cas {
         for name in names {
             let path = dir.join(format!("{name}.idx"));
             let data = fs::read(&path).map_err(CasError::io("read", &path))?;
-            let bad = |reason: &str| CasError::ContentCorrupt {
-                hash: String::new(),
-                entry: String::new(),
-                path: path.clone(),
-                reason: format!("the pack index {reason}"),
+            let problem = if data.len() < 12 || data[..8] != IDX_MAGIC {
+                Some("it does not start with its magic")
+            } else if data[8..12] != PACK_VERSION.to_le_bytes() {
+                Some("it is of a format version this taskbox does not read")
+            } else if (data.len() - 12) % IDX_ENTRY != 0 {
+                Some("it is truncated")
+            } else {
+                None
             };
-            if data.len() < 12 || data[..8] != IDX_MAGIC {
-                return Err(bad("does not start with its magic"));
-            }
-            if data[8..12] != PACK_VERSION.to_le_bytes() {
-                return Err(bad("is of a format version this taskbox does not read"));
+            if let Some(problem) = problem {
+                tracing::warn!(path = %path.display(), problem,
+                    "unreadable pack index: its chunks are unknown (kept; restores that need them fail)");
+                catalog
+                    .unreadable
+                    .push((name, format!("`{}`: {problem}", path.display())));
+                continue;
             }
             let body = &data[12..];
-            if body.len() % IDX_ENTRY != 0 {
-                return Err(bad("is truncated"));
-            }
             let pack = catalog.packs.len() as u32;
             for e in body.chunks(IDX_ENTRY) {
                 let mut hash = [0u8; 32];
@@ -211,6 +221,17 @@ impl Cas {
             path,
         };
         let Some(loc) = catalog.map.get(hash) else {
+            // Definitely missing only if every index could be read.
+            if let Some((_, why)) = catalog.unreadable.first() {
+                return Err(CasError::ContentCorrupt {
+                    hash: hash.to_hex(),
+                    entry: super::show(entry),
+                    path: self.packs_dir(),
+                    reason: format!(
+                        "it is in no readable pack index, and one is unreadable ({why})"
+                    ),
+                });
+            }
             return Err(missing(self.packs_dir()));
         };
         let path = self
