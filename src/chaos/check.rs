@@ -363,7 +363,8 @@ pub fn snapshots_kept(
                 SnapshotStatus::Pending
                 | SnapshotStatus::Failed
                 | SnapshotStatus::Deleting
-                | SnapshotStatus::Deleted => {}
+                | SnapshotStatus::Deleted
+                | SnapshotStatus::Released => {}
             }
         }
     }
@@ -505,7 +506,7 @@ fn task_journal(
                     Reply::Ran { notices, .. }
                     | Reply::Resumed { notices, .. }
                     | Reply::Failed { notices, .. } => lost(notices),
-                    Reply::Suspended { .. } => 0,
+                    Reply::Suspended { .. } | Reply::Forked { .. } => 0,
                 },
                 _ => 0,
             })
