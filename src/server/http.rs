@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use super::idle::Activity;
 use crate::client::wire::{ApiError, GcRequest, Health, LiveTask, API_PREFIX};
-use crate::core::Millis;
+use crate::core::{FailureReason, Millis};
 use crate::engine::{EngineError, Orchestrator};
 use crate::ids::TaskId;
 
@@ -114,9 +114,16 @@ fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
 pub(super) fn engine_failure(err: EngineError) -> Failure {
     let status = match &err {
         EngineError::TaskId(_) => StatusCode::BAD_REQUEST,
-        EngineError::Request { .. } | EngineError::Provider { .. } => StatusCode::BAD_GATEWAY,
+        // A fork's refusals are about the request, not the provider.
+        EngineError::Request { reason, .. } => match **reason {
+            FailureReason::UnknownSnapshot { .. } => StatusCode::NOT_FOUND,
+            FailureReason::NothingToFork { .. } => StatusCode::CONFLICT,
+            _ => StatusCode::BAD_GATEWAY,
+        },
+        EngineError::Provider { .. } => StatusCode::BAD_GATEWAY,
         EngineError::Busy { .. }
         | EngineError::WrongBackend { .. }
+        | EngineError::TaskExists { .. }
         | EngineError::InFlight { .. } => StatusCode::CONFLICT,
         EngineError::NoTask { .. } => StatusCode::NOT_FOUND,
         EngineError::Removed { .. } => StatusCode::GONE,
