@@ -420,3 +420,74 @@ async fn local_fork_shares_the_archive_and_the_files_diverge() {
     assert_eq!(out.stdout, "v2\n");
     orch.shutdown().await;
 }
+
+/// `taskbox fork`, `show`, `tasks --tree` and the errors, end to end: a one-shot engine and
+/// through an auto-started server (the CLI as its client, `POST /v1/tasks/{task}/fork`).
+#[test]
+fn cli_fork_in_process_and_through_a_server() {
+    use crate::support::{ok, stderr, stdout, Home};
+    let json = |s: &str| -> serde_json::Value {
+        serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+    };
+    let local = Home::new();
+    let served = crate::server::ServerHome::new();
+    for home in [&local, &served.home] {
+        ok(&home.run(&["run", "-t", "demo", "--", "echo a > f"]));
+        let v = json(&ok(&home.run(&["fork", "demo", "demo-alt", "--json"])));
+        assert_eq!((v["task"].as_str(), v["parent"].as_str()), (Some("demo-alt"), Some("demo")));
+        assert_eq!(v["parent_seq"], 1, "{v}");
+        assert_eq!(ok(&home.run(&["run", "-t", "demo-alt", "--", "cat f"])), "a\n");
+        ok(&home.run(&["run", "-t", "demo", "--", "echo b > f"]));
+        ok(&home.run(&["suspend", "demo"]));
+        let o = home.run(&["fork", "demo", "demo-old", "--snapshot", "demo.s1"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stderr(&o).contains("forked demo-old from demo.s1"), "{}", stderr(&o));
+        assert_eq!(ok(&home.run(&["run", "-t", "demo-old", "--", "cat f"])), "a\n");
+        assert_eq!(ok(&home.run(&["run", "-t", "demo", "--", "cat f"])), "b\n");
+
+        let show = ok(&home.run(&["show", "demo-alt"]));
+        assert!(show.contains("forked from: demo at snapshot demo.s1"), "{show}");
+        let show = json(&ok(&home.run(&["show", "demo-old", "--json"])));
+        assert_eq!(show["task"]["lineage"]["parent"], "demo", "{show}");
+        assert!(show["task"]["lineage"]["forked_at"].is_string(), "{show}");
+        let tree = ok(&home.run(&["tasks", "--tree"]));
+        assert!(tree.starts_with("demo  "), "{tree}");
+        assert!(tree.contains("\n└─ demo-alt  ") && tree.contains("\n└─ demo-old  "), "{tree}");
+        let tree = json(&ok(&home.run(&["tasks", "--tree", "--json"])));
+        assert_eq!(tree.as_array().map(Vec::len), Some(1), "{tree}");
+        assert_eq!(tree[0]["forks"].as_array().map(Vec::len), Some(2), "{tree}");
+        let flat = json(&ok(&home.run(&["tasks", "--json"])));
+        let alt = flat
+            .as_array()
+            .and_then(|a| a.iter().find(|t| t["task"] == "demo-alt"))
+            .cloned()
+            .expect("demo-alt listed");
+        assert_eq!(alt["parent"], "demo", "{alt}");
+        assert_eq!(alt["forked_from"]["seq"], 1, "{alt}");
+
+        // Errors: exit 125, a stable code and a hint under --json.
+        for (args, code) in [
+            (&["fork", "nope", "x1", "--json"][..], "no_such_task"),
+            (&["fork", "demo", "demo-alt", "--json"], "task_exists"),
+            (&["fork", "demo", "x2", "--snapshot", "demo.s99", "--json"], "unknown_snapshot"),
+            (&["fork", "demo", "../x", "--json"], "invalid_task_id"),
+            // The same code as the server's for a bad id anywhere (it was `error` here).
+            (&["run", "-t", "../x", "--json", "--", "true"], "invalid_task_id"),
+        ] {
+            let o = home.run(args);
+            assert_eq!(o.status.code(), Some(125), "{args:?}: {}", stderr(&o));
+            let e = json(&stdout(&o));
+            assert_eq!(e["code"], code, "{args:?}: {e}");
+            assert!(e["hint"].is_string(), "{args:?}: {e}");
+        }
+        let o = home.run(&["fork", "demo", "x2", "--snapshot", "demo.s99"]);
+        assert!(stderr(&o).contains("demo.s99") && stderr(&o).contains("retained"), "{}", stderr(&o));
+        // The journals replay as recorded, forks included.
+        for t in ["demo", "demo-alt", "demo-old"] {
+            ok(&home.run(&["replay", t]));
+        }
+        if std::ptr::eq(home, &served.home) {
+            ok(&home.run(&["serve", "--stop"]));
+        }
+    }
+}

@@ -377,6 +377,32 @@ pub enum ForkFrom {
     },
 }
 
+impl ForkFrom {
+    /// Reads the snapshot a fork of `task` names: `latest`; `<task>.s<seq>` or `s<seq>` (the
+    /// task's snapshot by sequence number, as `taskbox show` numbers them); anything else is a
+    /// provider snapshot id.
+    pub fn parse(task: &TaskId, s: &str) -> ForkFrom {
+        let seq = |rest: &str| {
+            (!rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| rest.parse::<u64>().ok())
+                .flatten()
+        };
+        if s == "latest" {
+            return ForkFrom::Latest;
+        }
+        let short = s
+            .strip_prefix(task.as_str())
+            .and_then(|r| r.strip_prefix(".s"))
+            .or_else(|| s.strip_prefix('s'));
+        match short.and_then(seq) {
+            Some(seq) => ForkFrom::Seq { seq },
+            None => ForkFrom::Id {
+                snapshot_id: SnapshotId::from(s),
+            },
+        }
+    }
+}
+
 impl fmt::Display for ForkFrom {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
