@@ -491,3 +491,49 @@ fn cli_fork_in_process_and_through_a_server() {
         }
     }
 }
+
+/// The Vercel backend against the fake: the fork is a create from the parent's snapshot id
+/// (`source: {type: "snapshot"}`) at the fork's first command, the snapshot shared, and the
+/// parent's retention releases it while the fork retains it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vercel_fork_creates_from_the_parents_snapshot_id() {
+    use crate::vercel_engine::{open as open_vercel, start_fake, vercel_config};
+    let dir = tempfile::tempdir().expect("dir");
+    let fake = start_fake(dir.path(), taskbox::fake::Faults::default()).await;
+    let mut cfg = vercel_config(&fake.base_url());
+    cfg.terminal.keep_snapshots = 1;
+    let orch = open_vercel(&dir.path().join("data"), &fake, &cfg).await;
+    let (p, c) = (id("vdemo"), id("vdemo-alt"));
+    orch.run(&p, "echo one > f", None).await.expect("run");
+    let fork = orch.fork(&p, &c, ForkFrom::Latest).await.expect("fork");
+    let out = orch.run(&c, "cat f; echo two > f", None).await.expect("run");
+    assert_eq!(out.stdout, "one\n");
+    let view = orch.show(&c, 0).await.expect("show").expect("child");
+    let sb = view.task.sandbox.as_ref().expect("the fork has a sandbox of its own");
+    assert_eq!(sb.source_snapshot.as_ref(), Some(&fork.snapshot_id));
+    // The parent's next snapshot retires its record; the fork still holds the snapshot.
+    assert_eq!(orch.run(&p, "cat f", None).await.expect("run").stdout, "one\n");
+    orch.suspend(&p).await.expect("suspend");
+    let listed = || async {
+        orch.provider()
+            .list_snapshots(orch.installation_id())
+            .await
+            .expect("list")
+            .into_iter()
+            .filter(|s| s.live)
+            .map(|s| s.id)
+            .collect::<Vec<_>>()
+    };
+    assert!(listed().await.contains(&fork.snapshot_id.to_string()));
+    let report = orch.gc(false).await.expect("gc");
+    assert!(report.snapshots_deleted.is_empty(), "{report:?}");
+    // The fork's own snapshot: it was the last holder, so the shared one is deleted now.
+    orch.suspend(&c).await.expect("suspend");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while listed().await.contains(&fork.snapshot_id.to_string()) {
+        assert!(std::time::Instant::now() < deadline, "the shared snapshot was not deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(orch.run(&c, "cat f", None).await.expect("run").stdout, "two\n");
+    orch.shutdown().await;
+}
