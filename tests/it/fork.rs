@@ -486,6 +486,10 @@ fn cli_fork_in_process_and_through_a_server() {
         for t in ["demo", "demo-alt", "demo-old"] {
             ok(&home.run(&["replay", t]));
         }
+        // The re-drive drives one task alone, which a fork is not: refused, saying so.
+        let o = home.run(&["replay", "demo-alt", "--redrive"]);
+        assert!(!o.status.success());
+        assert!(stderr(&o).contains("involves another task"), "{}", stderr(&o));
         if std::ptr::eq(home, &served.home) {
             ok(&home.run(&["serve", "--stop"]));
         }
