@@ -119,7 +119,11 @@ impl OrchestratorBuilder {
             inner: Arc::new(Inner {
                 tx,
                 changes,
-                locks: TaskLocks::new(self.data_dir.join("locks"), self.lock_wait),
+                locks: TaskLocks::new(
+                    self.data_dir.join("locks"),
+                    self.lock_wait,
+                    self.clock.is_virtual(),
+                ),
                 settings,
                 installation_id,
                 provider,
