@@ -541,3 +541,48 @@ async fn vercel_fork_creates_from_the_parents_snapshot_id() {
     assert_eq!(orch.run(&c, "cat f", None).await.expect("run").stdout, "two\n");
     orch.shutdown().await;
 }
+
+/// The chaos checker's fork invariants hold on a real fork's journal and platform records, and
+/// fail when the platform record says the shared snapshot was deleted while still retained
+/// (the checks can fail: with the engine's release guard removed, `taskbox chaos` reports
+/// `deleted-while-referenced` on most seeds).
+#[test]
+fn the_chaos_fork_checks_hold_on_a_real_fork_and_catch_a_deleted_source() {
+    use taskbox::chaos::check::{self, Invariant, PlatformSnapshot};
+    paused_runtime().block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(TokioClock::starting_at(START_MS));
+        let sim = Arc::new(SimProvider::new(8, SimFaults::none(), clock.clone()));
+        let orch = open(dir.path(), &sim, &clock, 1).await;
+        orch.run(&id("a"), "write f 1", None).await.expect("run");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let fork = orch.fork(&id("a"), &id("b"), ForkFrom::Latest).await.expect("fork");
+        orch.run(&id("b"), "cat f", None).await.expect("run");
+        orch.shutdown().await;
+        let store = taskbox::store::Store::open(&dir.path().join("taskbox.db")).expect("store");
+        let mut entries = store.journal("a").expect("journal");
+        entries.extend(store.journal("b").expect("journal"));
+        entries.sort_by_key(|e| e.seq);
+        let snapshots: Vec<PlatformSnapshot> = sim.snapshots().iter().map(Into::into).collect();
+        let none = std::collections::BTreeMap::new();
+        assert!(check::forks(&entries, &snapshots, &none).is_empty());
+        assert!(check::deleted_while_referenced(&entries, &none).is_empty());
+        let forked_at = entries
+            .iter()
+            .find(|e| e.event.name() == "forked")
+            .map(|e| e.at)
+            .expect("forked entry");
+        let deleted: std::collections::BTreeMap<String, u64> =
+            [(fork.snapshot_id.to_string(), forked_at - 1)].into();
+        let v = check::forks(&entries, &snapshots, &deleted);
+        assert!(v.iter().any(|v| v.invariant == Invariant::ForkSource), "{v:?}");
+        // Deleted as the fork was made: the fork (and the parent) retained it then.
+        let deleted: std::collections::BTreeMap<String, u64> =
+            [(fork.snapshot_id.to_string(), forked_at)].into();
+        let v = check::deleted_while_referenced(&entries, &deleted);
+        assert!(
+            v.iter().any(|v| v.invariant == Invariant::DeletedWhileReferenced),
+            "{v:?}"
+        );
+    })
+}
