@@ -371,13 +371,18 @@ pub fn forks(
             out.push(Violation::new(
                 Invariant::ForkSource,
                 Some(&e.task_id),
-                format!("forked from {parent}'s snapshot seq {} with no id", snapshot.seq),
+                format!(
+                    "forked from {parent}'s snapshot seq {} with no id",
+                    snapshot.seq
+                ),
             ));
             continue;
         };
         let why = match snapshots.iter().find(|s| s.id == id) {
             None => Some("the platform never had it".to_string()),
-            Some(s) if s.created_at > e.at => Some(format!("it was taken later, at {}", s.created_at)),
+            Some(s) if s.created_at > e.at => {
+                Some(format!("it was taken later, at {}", s.created_at))
+            }
             Some(s) if s.expires_at.is_some_and(|x| x <= e.at) => {
                 Some("it had expired".to_string())
             }

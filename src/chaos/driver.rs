@@ -477,7 +477,11 @@ pub(super) fn check_all(
             .and_then(|t| t.lineage.as_ref())
             .map(|l| l.snapshot.as_str());
         violations.extend(check::restores_of(
-            &adopted, snapshots, &retired_at, id, inherited,
+            &adopted,
+            snapshots,
+            &retired_at,
+            id,
+            inherited,
         ));
     }
     violations.extend(check::forks(&rec.entries, snapshots, deleted_at));

@@ -350,7 +350,12 @@ pub fn tasks_tree_json(tasks: &[Task], now: Millis, removed: &Removed) -> serde_
         v
     }
     let (roots, forks) = forest(tasks);
-    serde_json::Value::Array(roots.iter().map(|t| node(t, &forks, now, removed)).collect())
+    serde_json::Value::Array(
+        roots
+            .iter()
+            .map(|t| node(t, &forks, now, removed))
+            .collect(),
+    )
 }
 
 /// `tasks --tree`: forks indented under the task they were forked from, with the snapshot.

@@ -13,8 +13,8 @@ use tokio::task::JoinHandle;
 use super::event_loop::{Answer, ApiRequest, EventLoop, Msg, QueryFn};
 use super::lock::TaskLocks;
 use super::{
-    store_file, EngineError, ForkResult, RemoveResult, ResumeResult, RunResult, StateChange, SuspendResult,
-    TaskView,
+    store_file, EngineError, ForkResult, RemoveResult, ResumeResult, RunResult, StateChange,
+    SuspendResult, TaskView,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;

@@ -32,7 +32,10 @@ pub(super) enum ApiRequest {
     Suspend,
     Resume,
     /// Fork the task into the new task `child`.
-    Fork { child: TaskId, from: ForkFrom },
+    Fork {
+        child: TaskId,
+        from: ForkFrom,
+    },
 }
 
 /// The loop's answer to a request: the core's reply, and a command's captured output.
@@ -329,7 +332,8 @@ impl EventLoop {
 
     /// Refuses `child` as the name of a new task when a task has (or had) that name.
     fn check_new_task(&self, child: &TaskId) -> Result<(), EngineError> {
-        if self.tasks.contains_key(child.as_str()) || self.store.task_marks(child.as_str())?.is_some()
+        if self.tasks.contains_key(child.as_str())
+            || self.store.task_marks(child.as_str())?.is_some()
         {
             return Err(EngineError::TaskExists {
                 task: child.clone(),

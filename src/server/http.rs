@@ -237,9 +237,12 @@ async fn fork(
         ));
     }
     let child = task_id(&req.child)?;
-    let from = req.snapshot.as_deref().map_or(crate::core::ForkFrom::Latest, |s| {
-        crate::core::ForkFrom::parse(&task, s)
-    });
+    let from = req
+        .snapshot
+        .as_deref()
+        .map_or(crate::core::ForkFrom::Latest, |s| {
+            crate::core::ForkFrom::parse(&task, s)
+        });
     st.orch
         .fork(&task, &child, from)
         .await

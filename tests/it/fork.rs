@@ -217,10 +217,17 @@ fn a_fork_starts_expired_from_the_parents_snapshot_and_the_last_holder_deletes_i
         orch.run(&p, "write f one", None).await.expect("run");
         // The parent is live: the fork snapshots it first.
         let fork = orch.fork(&p, &c, ForkFrom::Latest).await.expect("fork");
-        assert_eq!((fork.task.as_str(), fork.parent.as_str()), ("demo-alt", "demo"));
+        assert_eq!(
+            (fork.task.as_str(), fork.parent.as_str()),
+            ("demo-alt", "demo")
+        );
         assert_eq!(fork.parent_seq, 1);
         let parent = orch.show(&p, 0).await.expect("show").expect("parent");
-        assert_eq!(parent.task.state, TaskState::Expired, "the snapshot stopped it");
+        assert_eq!(
+            parent.task.state,
+            TaskState::Expired,
+            "the snapshot stopped it"
+        );
         let child = orch.show(&c, 0).await.expect("show").expect("child");
         assert_eq!(child.task.state, TaskState::Expired);
         let lineage = child.task.lineage.clone().expect("lineage");
@@ -232,9 +239,15 @@ fn a_fork_starts_expired_from_the_parents_snapshot_and_the_last_holder_deletes_i
             "the child's restore source is the parent's snapshot"
         );
         // Both run on from the same files, each in a sandbox of its own.
-        assert_eq!(orch.run(&c, "cat f", None).await.expect("run").stdout, "one");
+        assert_eq!(
+            orch.run(&c, "cat f", None).await.expect("run").stdout,
+            "one"
+        );
         orch.run(&c, "write f two", None).await.expect("run");
-        assert_eq!(orch.run(&p, "cat f", None).await.expect("run").stdout, "one");
+        assert_eq!(
+            orch.run(&p, "cat f", None).await.expect("run").stdout,
+            "one"
+        );
         // The parent keeps one snapshot: its next one retires the shared record, which another
         // task retains, so it is released, not deleted.
         orch.suspend(&p).await.expect("suspend");
@@ -261,10 +274,16 @@ fn a_fork_starts_expired_from_the_parents_snapshot_and_the_last_holder_deletes_i
         // The child's own snapshot retires its inherited record: no task retains it any more.
         orch.suspend(&c).await.expect("suspend");
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(!on_platform(&fork.snapshot_id), "the last holder deleted it");
+        assert!(
+            !on_platform(&fork.snapshot_id),
+            "the last holder deleted it"
+        );
         let child = orch.show(&c, 0).await.expect("show").expect("child");
         assert_eq!(child.task.snapshots[0].status, SnapshotStatus::Deleted);
-        assert_eq!(orch.run(&c, "cat f", None).await.expect("run").stdout, "two");
+        assert_eq!(
+            orch.run(&c, "cat f", None).await.expect("run").stdout,
+            "two"
+        );
         orch.shutdown().await;
     })
 }
@@ -285,7 +304,10 @@ fn removing_the_parent_keeps_the_snapshot_a_fork_retains() {
         assert!(rm.snapshots_deleted.is_empty(), "{rm:?}");
         assert_eq!(rm.snapshots_kept, vec![fork.snapshot_id.to_string()]);
         orch.gc(false).await.expect("gc");
-        assert_eq!(orch.run(&c, "cat f", None).await.expect("run").stdout, "base");
+        assert_eq!(
+            orch.run(&c, "cat f", None).await.expect("run").stdout,
+            "base"
+        );
         orch.shutdown().await;
     })
 }
@@ -311,7 +333,10 @@ fn fork_errors_name_the_problem_and_create_nothing() {
             .expect("fork s1");
         assert_eq!(old.parent_seq, 1);
         assert_eq!(
-            orch.run(&id("demo-old"), "cat f", None).await.expect("run").stdout,
+            orch.run(&id("demo-old"), "cat f", None)
+                .await
+                .expect("run")
+                .stdout,
             "one"
         );
         let by_id = orch
@@ -344,9 +369,7 @@ fn fork_errors_name_the_problem_and_create_nothing() {
         orch.resume(&id("demo-old")).await.expect("resume");
         let fresh = id("fresh");
         orch.run(&fresh, "write g 1", None).await.expect("run");
-        let nothing = orch
-            .fork(&fresh, &id("x3"), ForkFrom::Seq { seq: 1 })
-            .await;
+        let nothing = orch.fork(&fresh, &id("x3"), ForkFrom::Seq { seq: 1 }).await;
         assert_eq!(code(nothing).0, "unknown_snapshot");
         for t in ["x1", "x2", "x3"] {
             assert!(
@@ -363,8 +386,16 @@ fn fork_errors_name_the_problem_and_create_nothing() {
             .collect();
         // demo-old, demo-id and the unknown snapshot; a child name in use and a fork into
         // itself are refused before anything is journaled.
-        assert_eq!(forks.len(), 3, "every fork request demo served is journaled");
-        let child = orch.show(&id("demo-old"), 100).await.expect("show").expect("task");
+        assert_eq!(
+            forks.len(),
+            3,
+            "every fork request demo served is journaled"
+        );
+        let child = orch
+            .show(&id("demo-old"), 100)
+            .await
+            .expect("show")
+            .expect("task");
         let names: Vec<_> = child.journal.iter().map(|e| e.event.name()).collect();
         assert_eq!(&names[..2], &["settings_changed", "forked"]);
         orch.shutdown().await;
@@ -385,9 +416,13 @@ async fn local_fork_shares_the_archive_and_the_files_diverge() {
         .await
         .expect("open");
     let (p, c) = (id("demo"), id("demo-alt"));
-    orch.run(&p, "mkdir -p src && echo v1 > src/a.txt && ln -s src/a.txt link", None)
-        .await
-        .expect("run");
+    orch.run(
+        &p,
+        "mkdir -p src && echo v1 > src/a.txt && ln -s src/a.txt link",
+        None,
+    )
+    .await
+    .expect("run");
     let fork = orch.fork(&p, &c, ForkFrom::Latest).await.expect("fork");
     let archives = |task: &str| -> Vec<String> {
         std::fs::read_dir(dir.path().join("local").join("snapshots").join(task))
@@ -399,7 +434,10 @@ async fn local_fork_shares_the_archive_and_the_files_diverge() {
             .unwrap_or_default()
     };
     assert_eq!(archives("demo").len(), 1);
-    assert!(archives("demo-alt").is_empty(), "nothing copied for the fork");
+    assert!(
+        archives("demo-alt").is_empty(),
+        "nothing copied for the fork"
+    );
     let out = orch
         .run(&c, "cat link; readlink link; echo v2 > src/a.txt", None)
         .await
@@ -414,7 +452,13 @@ async fn local_fork_shares_the_archive_and_the_files_diverge() {
         .into_iter()
         .filter(|n| fork.snapshot_id.ends_with(n.trim_end_matches(".tbx")))
         .count();
-    assert_eq!(shared_file, 1, "{:?} {}", archives("demo"), fork.snapshot_id);
+    assert_eq!(
+        shared_file,
+        1,
+        "{:?} {}",
+        archives("demo"),
+        fork.snapshot_id
+    );
     orch.suspend(&c).await.expect("suspend");
     let out = orch.run(&c, "cat src/a.txt", None).await.expect("run");
     assert_eq!(out.stdout, "v2\n");
@@ -434,25 +478,44 @@ fn cli_fork_in_process_and_through_a_server() {
     for home in [&local, &served.home] {
         ok(&home.run(&["run", "-t", "demo", "--", "echo a > f"]));
         let v = json(&ok(&home.run(&["fork", "demo", "demo-alt", "--json"])));
-        assert_eq!((v["task"].as_str(), v["parent"].as_str()), (Some("demo-alt"), Some("demo")));
+        assert_eq!(
+            (v["task"].as_str(), v["parent"].as_str()),
+            (Some("demo-alt"), Some("demo"))
+        );
         assert_eq!(v["parent_seq"], 1, "{v}");
-        assert_eq!(ok(&home.run(&["run", "-t", "demo-alt", "--", "cat f"])), "a\n");
+        assert_eq!(
+            ok(&home.run(&["run", "-t", "demo-alt", "--", "cat f"])),
+            "a\n"
+        );
         ok(&home.run(&["run", "-t", "demo", "--", "echo b > f"]));
         ok(&home.run(&["suspend", "demo"]));
         let o = home.run(&["fork", "demo", "demo-old", "--snapshot", "demo.s1"]);
         assert!(o.status.success(), "{}", stderr(&o));
-        assert!(stderr(&o).contains("forked demo-old from demo.s1"), "{}", stderr(&o));
-        assert_eq!(ok(&home.run(&["run", "-t", "demo-old", "--", "cat f"])), "a\n");
+        assert!(
+            stderr(&o).contains("forked demo-old from demo.s1"),
+            "{}",
+            stderr(&o)
+        );
+        assert_eq!(
+            ok(&home.run(&["run", "-t", "demo-old", "--", "cat f"])),
+            "a\n"
+        );
         assert_eq!(ok(&home.run(&["run", "-t", "demo", "--", "cat f"])), "b\n");
 
         let show = ok(&home.run(&["show", "demo-alt"]));
-        assert!(show.contains("forked from: demo at snapshot demo.s1"), "{show}");
+        assert!(
+            show.contains("forked from: demo at snapshot demo.s1"),
+            "{show}"
+        );
         let show = json(&ok(&home.run(&["show", "demo-old", "--json"])));
         assert_eq!(show["task"]["lineage"]["parent"], "demo", "{show}");
         assert!(show["task"]["lineage"]["forked_at"].is_string(), "{show}");
         let tree = ok(&home.run(&["tasks", "--tree"]));
         assert!(tree.starts_with("demo  "), "{tree}");
-        assert!(tree.contains("\n└─ demo-alt  ") && tree.contains("\n└─ demo-old  "), "{tree}");
+        assert!(
+            tree.contains("\n└─ demo-alt  ") && tree.contains("\n└─ demo-old  "),
+            "{tree}"
+        );
         let tree = json(&ok(&home.run(&["tasks", "--tree", "--json"])));
         assert_eq!(tree.as_array().map(Vec::len), Some(1), "{tree}");
         assert_eq!(tree[0]["forks"].as_array().map(Vec::len), Some(2), "{tree}");
@@ -469,10 +532,16 @@ fn cli_fork_in_process_and_through_a_server() {
         for (args, code) in [
             (&["fork", "nope", "x1", "--json"][..], "no_such_task"),
             (&["fork", "demo", "demo-alt", "--json"], "task_exists"),
-            (&["fork", "demo", "x2", "--snapshot", "demo.s99", "--json"], "unknown_snapshot"),
+            (
+                &["fork", "demo", "x2", "--snapshot", "demo.s99", "--json"],
+                "unknown_snapshot",
+            ),
             (&["fork", "demo", "../x", "--json"], "invalid_task_id"),
             // The same code as the server's for a bad id anywhere (it was `error` here).
-            (&["run", "-t", "../x", "--json", "--", "true"], "invalid_task_id"),
+            (
+                &["run", "-t", "../x", "--json", "--", "true"],
+                "invalid_task_id",
+            ),
         ] {
             let o = home.run(args);
             assert_eq!(o.status.code(), Some(125), "{args:?}: {}", stderr(&o));
@@ -481,7 +550,11 @@ fn cli_fork_in_process_and_through_a_server() {
             assert!(e["hint"].is_string(), "{args:?}: {e}");
         }
         let o = home.run(&["fork", "demo", "x2", "--snapshot", "demo.s99"]);
-        assert!(stderr(&o).contains("demo.s99") && stderr(&o).contains("retained"), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("demo.s99") && stderr(&o).contains("retained"),
+            "{}",
+            stderr(&o)
+        );
         // The journals replay as recorded, forks included.
         for t in ["demo", "demo-alt", "demo-old"] {
             ok(&home.run(&["replay", t]));
@@ -489,7 +562,11 @@ fn cli_fork_in_process_and_through_a_server() {
         // The re-drive drives one task alone, which a fork is not: refused, saying so.
         let o = home.run(&["replay", "demo-alt", "--redrive"]);
         assert!(!o.status.success());
-        assert!(stderr(&o).contains("involves another task"), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("involves another task"),
+            "{}",
+            stderr(&o)
+        );
         if std::ptr::eq(home, &served.home) {
             ok(&home.run(&["serve", "--stop"]));
         }
@@ -510,13 +587,23 @@ async fn vercel_fork_creates_from_the_parents_snapshot_id() {
     let (p, c) = (id("vdemo"), id("vdemo-alt"));
     orch.run(&p, "echo one > f", None).await.expect("run");
     let fork = orch.fork(&p, &c, ForkFrom::Latest).await.expect("fork");
-    let out = orch.run(&c, "cat f; echo two > f", None).await.expect("run");
+    let out = orch
+        .run(&c, "cat f; echo two > f", None)
+        .await
+        .expect("run");
     assert_eq!(out.stdout, "one\n");
     let view = orch.show(&c, 0).await.expect("show").expect("child");
-    let sb = view.task.sandbox.as_ref().expect("the fork has a sandbox of its own");
+    let sb = view
+        .task
+        .sandbox
+        .as_ref()
+        .expect("the fork has a sandbox of its own");
     assert_eq!(sb.source_snapshot.as_ref(), Some(&fork.snapshot_id));
     // The parent's next snapshot retires its record; the fork still holds the snapshot.
-    assert_eq!(orch.run(&p, "cat f", None).await.expect("run").stdout, "one\n");
+    assert_eq!(
+        orch.run(&p, "cat f", None).await.expect("run").stdout,
+        "one\n"
+    );
     orch.suspend(&p).await.expect("suspend");
     let listed = || async {
         orch.provider()
@@ -535,10 +622,16 @@ async fn vercel_fork_creates_from_the_parents_snapshot_id() {
     orch.suspend(&c).await.expect("suspend");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while listed().await.contains(&fork.snapshot_id.to_string()) {
-        assert!(std::time::Instant::now() < deadline, "the shared snapshot was not deleted");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the shared snapshot was not deleted"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(orch.run(&c, "cat f", None).await.expect("run").stdout, "two\n");
+    assert_eq!(
+        orch.run(&c, "cat f", None).await.expect("run").stdout,
+        "two\n"
+    );
     orch.shutdown().await;
 }
 
@@ -556,7 +649,10 @@ fn the_chaos_fork_checks_hold_on_a_real_fork_and_catch_a_deleted_source() {
         let orch = open(dir.path(), &sim, &clock, 1).await;
         orch.run(&id("a"), "write f 1", None).await.expect("run");
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let fork = orch.fork(&id("a"), &id("b"), ForkFrom::Latest).await.expect("fork");
+        let fork = orch
+            .fork(&id("a"), &id("b"), ForkFrom::Latest)
+            .await
+            .expect("fork");
         orch.run(&id("b"), "cat f", None).await.expect("run");
         orch.shutdown().await;
         let store = taskbox::store::Store::open(&dir.path().join("taskbox.db")).expect("store");
@@ -575,13 +671,17 @@ fn the_chaos_fork_checks_hold_on_a_real_fork_and_catch_a_deleted_source() {
         let deleted: std::collections::BTreeMap<String, u64> =
             [(fork.snapshot_id.to_string(), forked_at - 1)].into();
         let v = check::forks(&entries, &snapshots, &deleted);
-        assert!(v.iter().any(|v| v.invariant == Invariant::ForkSource), "{v:?}");
+        assert!(
+            v.iter().any(|v| v.invariant == Invariant::ForkSource),
+            "{v:?}"
+        );
         // Deleted as the fork was made: the fork (and the parent) retained it then.
         let deleted: std::collections::BTreeMap<String, u64> =
             [(fork.snapshot_id.to_string(), forked_at)].into();
         let v = check::deleted_while_referenced(&entries, &deleted);
         assert!(
-            v.iter().any(|v| v.invariant == Invariant::DeletedWhileReferenced),
+            v.iter()
+                .any(|v| v.invariant == Invariant::DeletedWhileReferenced),
             "{v:?}"
         );
     })

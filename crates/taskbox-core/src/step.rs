@@ -985,7 +985,9 @@ impl Cx {
         let found = match from {
             ForkFrom::Latest => usable_ones.next_back(),
             ForkFrom::Seq { seq } => usable_ones.find(|s| s.seq == *seq),
-            ForkFrom::Id { snapshot_id } => usable_ones.find(|s| s.id.as_ref() == Some(snapshot_id)),
+            ForkFrom::Id { snapshot_id } => {
+                usable_ones.find(|s| s.id.as_ref() == Some(snapshot_id))
+            }
         };
         if let Some(rec) = found {
             return Ok(rec.clone());
