@@ -686,3 +686,51 @@ fn the_chaos_fork_checks_hold_on_a_real_fork_and_catch_a_deleted_source() {
         );
     })
 }
+
+/// The core refuses a fork of a task that keeps no snapshots, even one with an old complete
+/// snapshot from before persistence was switched off (its files are no longer the task's).
+#[test]
+fn a_task_that_keeps_no_snapshots_has_nothing_to_fork() {
+    use taskbox::core::{step, Event, FailureReason, Reply, Task, TaskSettings};
+    let mut t = Task::new(id("np"), TaskSettings::default(), START_MS);
+    t.state = TaskState::Expired;
+    t.snapshots.push(taskbox::core::SnapshotRecord {
+        seq: 1,
+        id: Some(crate::support::snap("np.s1.x")),
+        status: SnapshotStatus::Complete,
+        size_bytes: 1,
+        sandbox_id: crate::support::sbx("sb"),
+        started_at: START_MS,
+        created_at: Some(START_MS),
+        expires_at: None,
+        omitted: Vec::new(),
+    });
+    let fork = |t: &Task| {
+        let tr = step(
+            t,
+            Event::ForkRequested {
+                request_id: 1,
+                child: id("np-alt"),
+                from: ForkFrom::Latest,
+            },
+            START_MS + 1,
+        )
+        .expect("step");
+        tr.commands
+            .into_iter()
+            .find_map(|c| match c {
+                taskbox::core::Command::Reply { reply, .. } => Some(reply),
+                _ => None,
+            })
+            .expect("a reply")
+    };
+    assert!(matches!(fork(&t), Reply::Forked { .. }));
+    t.settings.persistent = false;
+    match fork(&t) {
+        Reply::Failed { reason, .. } => {
+            assert_eq!(reason, FailureReason::NothingToFork { persistent: false });
+            assert_eq!(reason.code(), "nothing_to_fork");
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -975,6 +975,12 @@ impl Cx {
     /// The snapshot a fork starts from, or why there is none. Only a complete snapshot that has
     /// not expired qualifies (a restore needs it to exist).
     fn fork_source(&self, from: &ForkFrom) -> Result<SnapshotRecord, FailureReason> {
+        // A task that keeps no snapshots has none to give (an old one may linger from before
+        // persistence was switched off, but its files are not the task's any more), and a fork
+        // made under the same settings would start fresh: refuse rather than mislead.
+        if !self.t.settings.persistent {
+            return Err(FailureReason::NothingToFork { persistent: false });
+        }
         let now = self.now;
         let usable = |s: &&SnapshotRecord| {
             s.status == SnapshotStatus::Complete
