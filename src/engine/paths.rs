@@ -67,7 +67,11 @@ mod tests {
     use super::*;
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]
@@ -76,7 +80,10 @@ mod tests {
         assert_eq!(p.config_file, PathBuf::from("/h/config.toml"));
         assert_eq!(p.data_dir, PathBuf::from("/d"));
         let p = Paths::from_env(env(&[("HOME", "/u"), ("TASKBOX_DATA_DIR", "/d")]));
-        assert_eq!(p.config_file, PathBuf::from("/u/.config/taskbox/config.toml"));
+        assert_eq!(
+            p.config_file,
+            PathBuf::from("/u/.config/taskbox/config.toml")
+        );
         assert_eq!(p.data_dir, PathBuf::from("/d"));
         // Blank counts as unset.
         let p = Paths::from_env(env(&[("TASKBOX_HOME", "/h"), ("TASKBOX_DATA_DIR", "")]));
