@@ -29,6 +29,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--command", default="echo ok")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--poll-wait", type=float, default=None,
+                    help="override the handle's wait inside poll() (seconds; 0 answers at once, "
+                    "as Hermes's own handles do)")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="hermes-taskbox-bench-")
@@ -42,6 +45,10 @@ def main() -> int:
     from tools.environments.local import LocalEnvironment  # type: ignore
 
     from hermes_taskbox import TaskboxProvider
+    from hermes_taskbox import environment as taskbox_environment
+
+    if args.poll_wait is not None:
+        taskbox_environment.POLL_WAIT_SECS = args.poll_wait
 
     load_before = os.getloadavg()
     local = LocalEnvironment(cwd=workdir, timeout=60)
@@ -72,6 +79,7 @@ def main() -> int:
     p90 = {k: statistics.quantiles(v, n=10)[-1] for k, v in times.items()}
     figures = {
         "command": args.command,
+        "poll_wait_s": taskbox_environment.POLL_WAIT_SECS,
         "rounds": args.rounds,
         "local_median_ms": round(med["local"], 2),
         "taskbox_median_ms": round(med["taskbox"], 2),
