@@ -195,6 +195,8 @@ class TaskboxRun:
             if self._cancel_wanted:
                 return 128 + 15
             self._client.ensure_server()
+            if self._cancel_wanted:  # cancelled while a server was starting: never start it
+                return 128 + 15
             events = self._client.run(
                 self._task, self._command, self._timeout_secs, stdin=self._stdin is not None
             )
