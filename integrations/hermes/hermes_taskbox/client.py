@@ -23,6 +23,8 @@ from .settings import Settings, missing_binary_message
 START_WAIT = 60.0
 #: The server's log in the data dir (the CLI appends to the same file).
 LOG_FILE = "serve.log"
+#: The lock a server holds on its data dir for as long as it runs.
+SERVE_LOCK = "serve.lock"
 #: Environment variables that are taskbox's, passed to a server this plugin starts even where
 #: Hermes's own subprocess scrubbing would drop them.
 _TASKBOX_ENV_PREFIXES = ("TASKBOX_",)
@@ -274,18 +276,27 @@ class Client:
             env = self._server_env()
             child: Optional[subprocess.Popen] = None
             last_exit = None
+            log_start = 0
             started = time.monotonic()
             while True:
                 if child is None:
+                    log_start = _size(log_path)
                     child = self._spawn(env, log_path, start_error)
                 if self.answers():
                     return child.pid
                 code = child.poll()
                 if code is not None:
-                    # Most likely a server that is still stopping holds serve.lock: start another
-                    # once it is gone.
                     last_exit = code
                     child = None
+                    if not _held(data_dir / SERVE_LOCK):
+                        # No stopping server holds the data dir: it failed by itself (a bad
+                        # config, an unusable data dir). Say why, from its log, at once.
+                        raise start_error(
+                            f"`taskbox serve` exited with code {code}: "
+                            + (_tail(log_path, log_start) or "(nothing in its log)")
+                        )
+                    # A server that is still stopping holds serve.lock: start another once it
+                    # is gone.
                 if time.monotonic() - started > START_WAIT:
                     if child is not None:
                         child.kill()
@@ -346,6 +357,39 @@ class Client:
         except (OSError, subprocess.TimeoutExpired):
             return None
         return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _size(path) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _tail(path, start: int, limit: int = 2000) -> str:
+    """What a server wrote to its log from ``start`` on (its last ``limit`` bytes), one line."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(lines)[-limit:]
+
+
+def _held(lock_path) -> bool:
+    """Whether a process holds the ``flock`` on ``lock_path`` (a server owning the data dir)."""
+    try:
+        with open(lock_path, "a") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
 
 
 def error_from_object(obj: Dict[str, Any]) -> TaskboxError:

@@ -208,3 +208,17 @@ def test_a_recreated_sandbox_is_told_to_the_agent(home, provider):
     assert "processes started earlier are gone" in result["output"]
     # Hermes still found its cwd marker behind the note.
     assert env.cwd.endswith("/workspace")
+
+
+def test_a_server_that_cannot_start_fails_the_command_at_once_with_its_reason(home, provider):
+    # taskbox's own config is broken: the server it would start refuses it.
+    (home.root / "config.toml").write_text("[terminal]\ntimeout = -3\n")
+    started = time.monotonic()
+    env = provider.create_environment(cwd="", timeout=60, task_id="broken")
+    result = env.execute("echo never")
+    elapsed = time.monotonic() - started
+    assert result["returncode"] == 125
+    assert "cannot start a taskbox server" in result["output"]
+    assert "config file" in result["output"] and "is not valid" in result["output"], result["output"]
+    assert "serve.log" in result["output"]
+    assert elapsed < 30, f"a server that cannot start took {elapsed:.0f} s to report"
