@@ -11,6 +11,7 @@ cancels that one run (``POST /v1/runs/{run}/cancel``), never the sandbox.
 from __future__ import annotations
 
 import base64
+import itertools
 import logging
 import os
 import shlex
@@ -205,15 +206,7 @@ class TaskboxRun:
             first = None
         if first is None:
             raise TaskboxError("connection", "the taskbox server ended the run's stream before it started")
-        pending = [first]
-        while True:
-            event = pending.pop() if pending else next(events, None)
-            if event is None:
-                raise TaskboxError(
-                    "connection",
-                    "the taskbox server ended the run's stream before its result (did it stop?)",
-                    "`taskbox status` says whether a server runs; the command may have run",
-                )
+        for event in itertools.chain([first], events):
             kind = event.get("type")
             if kind == "started":
                 with self._lock:
@@ -237,6 +230,11 @@ class TaskboxRun:
                 return int(event.get("exit_code", EXIT_TASKBOX_ERROR))
             elif kind == "error":
                 raise error_from_object(event)
+        raise TaskboxError(
+            "connection",
+            "the taskbox server ended the run's stream before its result (did it stop?)",
+            "`taskbox status` says whether a server runs; the command may have run",
+        )
 
     def _feed_stdin(self, run: str) -> None:
         try:
