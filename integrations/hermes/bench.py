@@ -22,6 +22,24 @@ import tempfile
 import time
 
 
+def fsync_ms(directory: str, n: int = 20) -> float:
+    """The median time of a small write's fsync in ``directory`` (taskbox's journal commits wait
+    for one each; a command makes two)."""
+    path = os.path.join(directory, "fsync-probe")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    times = []
+    try:
+        for _ in range(n):
+            os.write(fd, b"x" * 128)
+            t0 = time.perf_counter()
+            os.fsync(fd)
+            times.append((time.perf_counter() - t0) * 1000)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return statistics.median(times)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--taskbox", required=True, help="the taskbox binary (a release build)")
@@ -50,6 +68,7 @@ def main() -> int:
     if args.poll_wait is not None:
         taskbox_environment.POLL_WAIT_SECS = args.poll_wait
 
+    fsync_before = fsync_ms(tmp)
     load_before = os.getloadavg()
     local = LocalEnvironment(cwd=workdir, timeout=60)
     taskbox = TaskboxProvider(config={}).create_environment(cwd="", timeout=60, task_id="bench")
@@ -71,6 +90,7 @@ def main() -> int:
     finally:
         wall = time.monotonic() - started
         load_after = os.getloadavg()
+        fsync_after = fsync_ms(tmp)
         taskbox.cleanup()
         local.cleanup()
         subprocess.run([os.environ["TASKBOX_BIN"], "serve", "--stop"], capture_output=True)
@@ -89,6 +109,7 @@ def main() -> int:
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in load_after],
         "wall_s": round(wall, 1),
+        "fsync_ms": [round(fsync_before, 2), round(fsync_after, 2)],
     }
     if args.json:
         print(json.dumps(figures))
@@ -98,7 +119,8 @@ def main() -> int:
             f"  Hermes LocalEnvironment  median {figures['local_median_ms']} ms (p90 {figures['local_p90_ms']})\n"
             f"  taskbox environment      median {figures['taskbox_median_ms']} ms (p90 {figures['taskbox_p90_ms']})\n"
             f"  added by taskbox         {figures['added_ms']:+} ms\n"
-            f"  load {figures['load_before'][0]} -> {figures['load_after'][0]}, {figures['wall_s']} s"
+            f"  load {figures['load_before'][0]} -> {figures['load_after'][0]}, {figures['wall_s']} s, "
+            f"fsync {figures['fsync_ms'][0]} / {figures['fsync_ms'][1]} ms (before / after)"
         )
     return 0
 
