@@ -222,3 +222,32 @@ def test_a_server_that_cannot_start_fails_the_command_at_once_with_its_reason(ho
     assert "config file" in result["output"] and "is not valid" in result["output"], result["output"]
     assert "serve.log" in result["output"]
     assert elapsed < 30, f"a server that cannot start took {elapsed:.0f} s to report"
+
+
+def test_racing_starters_start_one_server(home, provider):
+    # Hermes threads and a CLI, all finding no server at once: one server starts (the CLI's
+    # autostart.lock serializes them) and every command runs.
+    import subprocess
+
+    results = {}
+
+    def hermes(i):
+        env = provider.create_environment(cwd="", timeout=60, task_id=f"race-{i}")
+        results[i] = env.execute(f"echo {i}")
+
+    threads = [threading.Thread(target=hermes, args=(i,)) for i in range(5)]
+    cli = subprocess.Popen(
+        [home.bin, "run", "-t", "race-cli", "--", "echo", "cli"], env=home.env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    out, err = cli.communicate(timeout=120)
+    assert cli.returncode == 0 and out == "cli\n", err
+    assert {i: r["output"] for i, r in results.items()} == {i: f"{i}\n" for i in range(5)}
+    log = (home.data_dir / "serve.log").read_text()
+    assert log.count("serving socket=") == 1, log
+    # ... and no starter spawned a server that lost the data dir to another.
+    assert "error" not in log.lower(), log
