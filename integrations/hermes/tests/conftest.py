@@ -67,8 +67,10 @@ def home(tmp_path: Path, taskbox_bin: str, monkeypatch: pytest.MonkeyPatch):
     root = tmp_path / "taskbox"
     root.mkdir()
     h = Home(root, taskbox_bin)
-    # A server left behind by a test killed midway exits by itself once idle.
+    # A server left behind by a test killed midway exits by itself once idle: its sandboxes
+    # are snapshotted after a minute idle, then it exits a minute later.
     h.taskbox("config", "set", "terminal.server_idle_exit_seconds", "60")
+    h.taskbox("config", "set", "terminal.lifetime_seconds", "60")
     monkeypatch.setenv("TASKBOX_HOME", str(root))
     monkeypatch.setenv("TASKBOX_BIN", taskbox_bin)
     monkeypatch.delenv("TASKBOX_DATA_DIR", raising=False)
