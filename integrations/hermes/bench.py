@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -94,6 +95,7 @@ def main() -> int:
         taskbox.cleanup()
         local.cleanup()
         subprocess.run([os.environ["TASKBOX_BIN"], "serve", "--stop"], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
     med = {k: statistics.median(v) for k, v in times.items()}
     p90 = {k: statistics.quantiles(v, n=10)[-1] for k, v in times.items()}
