@@ -21,6 +21,7 @@ mod engine;
 mod fake_vercel;
 mod hermes;
 mod hostile;
+mod layering;
 mod live;
 mod local_provider;
 mod replay;
