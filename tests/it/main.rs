@@ -20,6 +20,7 @@ mod crash;
 mod engine;
 mod fake_vercel;
 mod fork;
+mod hermes;
 mod hostile;
 mod layering;
 mod live;
