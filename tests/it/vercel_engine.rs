@@ -22,7 +22,7 @@ use taskbox::TaskId;
 use crate::support::tid;
 use crate::support::{ok, stderr, Home};
 
-fn vercel_config(url: &str) -> Config {
+pub(crate) fn vercel_config(url: &str) -> Config {
     let mut c = Config::default();
     c.terminal.backend = Backend::VercelSandbox;
     c.terminal.container_cpu = 1;
@@ -42,7 +42,7 @@ fn provider(fake: &FakeServer, cfg: &Config) -> Arc<VercelProvider> {
     Arc::new(VercelProvider::new(client, settings))
 }
 
-async fn start_fake(dir: &std::path::Path, faults: Faults) -> FakeServer {
+pub(crate) async fn start_fake(dir: &std::path::Path, faults: Faults) -> FakeServer {
     let mut opts = FakeOptions::new(dir.join("fake"));
     opts.faults = faults;
     opts.snapshot_settle_ms = 50;
@@ -54,7 +54,7 @@ async fn start_fake(dir: &std::path::Path, faults: Faults) -> FakeServer {
         .expect("fake starts")
 }
 
-async fn open(dir: &std::path::Path, fake: &FakeServer, cfg: &Config) -> Orchestrator {
+pub(crate) async fn open(dir: &std::path::Path, fake: &FakeServer, cfg: &Config) -> Orchestrator {
     Orchestrator::builder(dir.to_path_buf(), cfg.clone())
         .provider(provider(fake, cfg))
         .reconcile_on_start(false)
