@@ -53,6 +53,11 @@ pub(crate) struct Settings {
     pub snapshot_settle_ms: u64,
     /// Snapshot expiry when none is given (0: never).
     pub default_snapshot_expiration_ms: u64,
+    /// The working directory image-based (v3) sessions report and start commands in; legacy
+    /// runtimes use `/vercel/sandbox`. Which directory Vercel's images use is not documented
+    /// (the reference only says to read it from the session), so the fake defaults to the same
+    /// and tests choose another to prove a client reads it.
+    pub image_cwd: String,
 }
 
 /// Work that time alone made due.
@@ -153,6 +158,7 @@ mod fixtures {
 
     pub(super) fn settings() -> Settings {
         Settings {
+            image_cwd: WORKSPACE_ROOT.to_string(),
             limits: Limits {
                 max_timeout_ms: 2_700_000,
                 max_total_timeout_ms: 3_000_000,

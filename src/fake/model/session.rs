@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{admits, Archived, ListQuery, World, WORKSPACE_ROOT};
+use super::{admits, Archived, ListQuery, World};
 use crate::core::Millis;
 use crate::fake::validate::{human_ms, MB_PER_VCPU};
 use crate::fake::wire::{ApiError, SessionView};
@@ -55,6 +55,8 @@ pub(crate) struct SessionRec {
     pub sandbox_name: String,
     pub project_id: String,
     pub runtime: Option<String>,
+    /// The working directory it reports and starts commands in.
+    pub cwd: String,
     pub vcpus: u32,
     pub timeout_ms: u64,
     pub env: BTreeMap<String, String>,
@@ -260,7 +262,7 @@ impl World {
             source_snapshot_id: s.source_snapshot_id.clone(),
             snapshotted_at: s.snapshotted_at,
             created_at: s.requested_at,
-            cwd: WORKSPACE_ROOT.to_string(),
+            cwd: s.cwd.clone(),
             updated_at: derived,
         }
     }

@@ -118,6 +118,9 @@ pub struct VercelProvider {
     /// Session id → sandbox name, for sessions this process created or found. Only a shortcut
     /// for finding a session's snapshots; after a restart the names are found by tag.
     names: Mutex<HashMap<String, String>>,
+    /// Session id → its working directory, as the session reports it (image-based sandboxes
+    /// need not use `/vercel/sandbox`); read again after a restart.
+    cwds: Mutex<HashMap<String, String>>,
 }
 
 impl VercelProvider {
@@ -128,6 +131,7 @@ impl VercelProvider {
             settings,
             options: ProviderOptions::default(),
             names: Mutex::new(HashMap::new()),
+            cwds: Mutex::new(HashMap::new()),
         }
     }
 
@@ -171,11 +175,38 @@ impl VercelProvider {
         self.names.lock().ok()?.get(session_id).cloned()
     }
 
-    /// Forgets a session that is over, so the map holds live sessions only.
+    /// Forgets a session that is over, so the maps hold live sessions only.
     fn forget(&self, session_id: &str) {
         if let Ok(mut names) = self.names.lock() {
             names.remove(session_id);
         }
+        if let Ok(mut cwds) = self.cwds.lock() {
+            cwds.remove(session_id);
+        }
+    }
+
+    fn remember_cwd(&self, session: &Session) {
+        if let (Some(cwd), Ok(mut cwds)) = (&session.cwd, self.cwds.lock()) {
+            cwds.insert(session.id.clone(), cwd.clone());
+        }
+    }
+
+    /// The session's working directory: remembered from its create, else read from the session
+    /// (after a restart), else the legacy runtimes' documented `/vercel/sandbox`.
+    async fn session_cwd(&self, session_id: &str) -> Result<String, ProviderError> {
+        if let Some(cwd) = self
+            .cwds
+            .lock()
+            .ok()
+            .and_then(|c| c.get(session_id).cloned())
+        {
+            return Ok(cwd);
+        }
+        let session = self.client.get_session(session_id).await?;
+        self.remember_cwd(&session);
+        Ok(session
+            .cwd
+            .unwrap_or_else(|| exec::LEGACY_SANDBOX_ROOT.to_string()))
     }
 
     /// Decides what to do with a sandbox already holding `spec.name`: reuse its session, or
@@ -241,7 +272,8 @@ impl VercelProvider {
             None => {
                 let request = CreateSandbox {
                     name: spec.name.clone(),
-                    runtime: self.settings.runtime.as_str().to_string(),
+                    base: self.settings.base.clone(),
+                    persistent: self.settings.persistent,
                     vcpus: self.settings.vcpus,
                     timeout_ms: spec.timeout_ms,
                     tags: BTreeMap::from([
@@ -276,6 +308,7 @@ impl VercelProvider {
             .wait_until_running(session, self.options.start_timeout)
             .await?;
         self.remember(&session.id, &spec.name);
+        self.remember_cwd(&session);
         let deadline = session
             .deadline()
             .unwrap_or_else(|| self.client.clock().now_ms().saturating_add(spec.timeout_ms));
@@ -393,7 +426,20 @@ impl VercelProvider {
         req: &ExecRequest,
         io: ExecIo,
     ) -> Result<ExecOutput, ProviderError> {
-        exec::exec(&self.client, sandbox_id, req, &self.options.exec, io).await
+        // The working directory is needed only to place an uploaded stdin file.
+        let cwd = match io.stdin {
+            Some(_) => Some(self.session_cwd(sandbox_id).await?),
+            None => None,
+        };
+        exec::exec(
+            &self.client,
+            sandbox_id,
+            req,
+            &self.options.exec,
+            io,
+            cwd.as_deref(),
+        )
+        .await
     }
 
     async fn stop(&self, sandbox_id: &SandboxId) -> Result<(), ProviderError> {

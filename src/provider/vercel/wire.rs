@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::settings::SandboxBase;
 use crate::core::Millis;
 
 /// A session's status.
@@ -247,9 +248,12 @@ pub struct SnapshotAndSession {
 pub struct CreateSandbox {
     /// The name (idempotency key).
     pub name: String,
-    /// Runtime image; ignored (never sent) when `source_snapshot` is set, because the API
-    /// refuses the pair (hermes-agent #74753 lost every restore to it).
-    pub runtime: String,
+    /// Image (v3) or runtime (v2) to create from; decides the endpoint. Neither is sent when
+    /// `source_snapshot` is set, because the API refuses the pair (hermes-agent #74753 lost
+    /// every restore to it).
+    pub base: SandboxBase,
+    /// Whether the platform snapshots the sandbox itself when it stops (`persistent: true`).
+    pub persistent: bool,
     /// vCPUs.
     pub vcpus: u32,
     /// Lifetime, ms.

@@ -142,9 +142,24 @@ async fn validation_errors_are_400_with_the_service_wording() {
             assert!(msg.starts_with("Invalid request: "), "{msg}");
             assert!(msg.contains(wording), "{body}: {msg}");
         }
+        let v3_cases = [
+            (
+                json!({"projectId": "p", "runtime": "node24"}),
+                "Invalid request: should NOT have additional property `runtime`.",
+            ),
+            (
+                json!({"projectId": "p", "image": "ghcr.io/me/custom:1"}),
+                "Invalid request: `image` \"ghcr.io/me/custom:1\" is not an image taskbox fake-vercel knows",
+            ),
+        ];
+        for (body, wording) in v3_cases {
+            let msg = expect_error(fake.post("/v3/sandboxes", body.clone()).await, 400, "bad_request")
+                .await;
+            assert!(msg.starts_with(wording), "{body}: {msg}");
+        }
         let stats = fake.server.stats();
-        assert_eq!(stats.requests_to(Endpoint::CreateSandbox), 6);
-        assert_eq!(stats.responses_from(Endpoint::CreateSandbox, 400), 6);
+        assert_eq!(stats.requests_to(Endpoint::CreateSandbox), 8);
+        assert_eq!(stats.responses_from(Endpoint::CreateSandbox, 400), 8);
     })
     .await;
 }
