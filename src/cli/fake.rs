@@ -40,6 +40,10 @@ pub struct FakeArgs {
     /// /vercel/sandbox; default /vercel/sandbox).
     #[arg(long)]
     image_cwd: Option<String>,
+    /// A persistent sandbox also snapshots itself when it times out (unverified on the real
+    /// service: only a stop is documented to snapshot).
+    #[arg(long)]
+    snapshot_on_timeout: bool,
     /// Seed of the generator that picks failing requests.
     #[arg(long, default_value_t = 1)]
     fault_seed: u64,
@@ -78,6 +82,7 @@ pub async fn run(args: FakeArgs, default_data_dir: PathBuf) -> Result<ExitCode, 
     if let Some(v) = args.snapshot_settle_ms {
         opts.snapshot_settle_ms = v;
     }
+    opts.snapshot_on_timeout = args.snapshot_on_timeout;
     if let Some(v) = args.image_cwd {
         opts.image_cwd = v;
     }

@@ -116,6 +116,11 @@ pub struct FakeOptions {
     /// `/vercel/sandbox`, like the legacy runtimes; it must lie under it, the only directory
     /// the fake maps).
     pub image_cwd: String,
+    /// Whether a persistent sandbox snapshots itself when its session times out, as it does
+    /// when stopped (default `false`). **Unverified**: Vercel's changelog says a persistent
+    /// sandbox snapshots when it stops; that a timeout counts is not confirmed by the SDK or
+    /// the docs, so it is off unless a test asks for it.
+    pub snapshot_on_timeout: bool,
     /// The clock for timestamps, timeouts and expiries.
     pub clock: Arc<dyn Clock>,
 }
@@ -135,6 +140,7 @@ impl FakeOptions {
             default_snapshot_expiration_ms: 30 * 86_400_000,
             region: "iad1".to_string(),
             image_cwd: model::WORKSPACE_ROOT.to_string(),
+            snapshot_on_timeout: false,
             clock: Arc::new(SystemClock),
         }
     }
@@ -314,6 +320,7 @@ impl FakeServer {
                 snapshot_settle_ms: opts.snapshot_settle_ms,
                 default_snapshot_expiration_ms: opts.default_snapshot_expiration_ms,
                 image_cwd: opts.image_cwd.clone(),
+                snapshot_on_timeout: opts.snapshot_on_timeout,
             },
             nonce.clone(),
         );

@@ -235,9 +235,15 @@ impl Drop for FakeProcess {
 
 /// Starts `taskbox fake-vercel` as a process of its own (killed when dropped).
 pub fn spawn_fake(home: &Home) -> FakeProcess {
+    spawn_fake_with(home, &[])
+}
+
+/// [`spawn_fake`] with more `fake-vercel` flags.
+pub fn spawn_fake_with(home: &Home, flags: &[&str]) -> FakeProcess {
     let mut child = home
         .cmd()
         .args(["fake-vercel", "--listen", "127.0.0.1:0"])
+        .args(flags)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

@@ -237,9 +237,7 @@ impl World {
             .is_some_and(|s| s.phase == Phase::Live);
         let stop = live.then(|| {
             // Deleting discards the session: no auto-snapshot.
-            let mut work = self.mark_stopping(&sb.current_session_id, now);
-            work.auto_snapshot = None;
-            work
+            self.mark_stopping(&sb.current_session_id, now, false)
         });
         self.sandboxes.remove(name);
         Ok((view, stop))

@@ -158,15 +158,19 @@ impl World {
             Status::Snapshotting => return Err(ApiError::sandbox_snapshotting(id)),
             Status::Pending | Status::Running => {}
         }
-        Ok(StopPlan::Stop(self.mark_stopping(id, now)))
+        Ok(StopPlan::Stop(self.mark_stopping(id, now, true)))
     }
 
-    pub(super) fn mark_stopping(&mut self, id: &str, now: Millis) -> StopWork {
-        let persistent = self
-            .sessions
-            .get(id)
-            .and_then(|s| self.sandboxes.get(&s.sandbox_name))
-            .is_some_and(|sb| sb.persistent);
+    /// Marks a session stopping; a persistent sandbox's stop writes a snapshot when
+    /// `may_snapshot` (always for a stop; for a timeout as [`Settings::snapshot_on_timeout`]
+    /// says).
+    pub(super) fn mark_stopping(&mut self, id: &str, now: Millis, may_snapshot: bool) -> StopWork {
+        let persistent = may_snapshot
+            && self
+                .sessions
+                .get(id)
+                .and_then(|s| self.sandboxes.get(&s.sandbox_name))
+                .is_some_and(|sb| sb.persistent);
         let auto_snapshot = persistent.then(|| self.next("snap_").1);
         if let Some(s) = self.sessions.get_mut(id) {
             s.phase = Phase::Stopping;

@@ -477,13 +477,50 @@ impl VercelProvider {
 
     async fn probe(&self, session_id: &str) -> Result<Option<Millis>, ProviderError> {
         match self.client.get_session(session_id).await {
-            Ok(s) => Ok(match s.status {
-                SessionStatus::Pending | SessionStatus::Running => s.deadline(),
-                _ => None,
-            }),
+            Ok(s) => match s.status {
+                SessionStatus::Pending | SessionStatus::Running => Ok(s.deadline()),
+                // A persistent sandbox snapshots itself as it stops: wait for that snapshot
+                // rather than give the sandbox up without it (the probe is retried). A session
+                // `snapshotting` was snapshotted by a call (taskbox's own snapshot, recorded as
+                // such), so it counts as stopped.
+                SessionStatus::Stopping if self.settings.persistent => {
+                    Err(ProviderError::transient(
+                        "probe sandbox",
+                        format!(
+                            "session {session_id} is {:?}; waiting for it to stop",
+                            s.status
+                        ),
+                        None,
+                    ))
+                }
+                _ => Ok(None),
+            },
             Err(e) if e.kind == FailureKind::SandboxGone => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// The snapshot a persistent sandbox took of `session_id` as it stopped (found among its
+    /// sandbox's snapshots by its source session — the sandbox's current snapshot). taskbox
+    /// never resumes the sandbox: it creates the next generation from that snapshot like from
+    /// any other, so every session it drives is one it created.
+    async fn find_platform_snapshot(
+        &self,
+        task_id: &TaskId,
+        session_id: &SandboxId,
+    ) -> Result<Option<crate::core::PlatformSnapshot>, ProviderError> {
+        if !self.settings.persistent {
+            return Ok(None);
+        }
+        Ok(self
+            .find_snapshot_of(task_id, session_id)
+            .await?
+            .filter(|s| s.status == SnapshotStatus::Created)
+            .map(|s| crate::core::PlatformSnapshot {
+                snapshot_id: s.id.into(),
+                size_bytes: s.size_bytes,
+                expires_at: s.expires_at,
+            }))
     }
 
     /// The sandboxes tagged with `installation_id` (the listing's filter, checked again on each
@@ -570,6 +607,7 @@ super::platform_provider!(VercelProvider, "vercel_sandbox", {
     probe_sandbox: probe,
     list_sandboxes: listed_sandboxes,
     list_snapshots: listed_snapshots,
+    platform_snapshot: find_platform_snapshot,
 });
 
 #[cfg(test)]

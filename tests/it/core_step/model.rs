@@ -400,6 +400,7 @@ impl Harness {
                 Outcome::SandboxGone => Event::SandboxProbed {
                     sandbox_id,
                     alive: None,
+                    platform_snapshot: None,
                 },
                 Outcome::Ok | Outcome::SnapshotGone => {
                     let alive = self
@@ -407,7 +408,11 @@ impl Harness {
                         .get(sandbox_id.as_str())
                         .copied()
                         .filter(|d| *d > now);
-                    Event::SandboxProbed { sandbox_id, alive }
+                    Event::SandboxProbed {
+                        sandbox_id,
+                        alive,
+                        platform_snapshot: None,
+                    }
                 }
             },
             Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
