@@ -243,6 +243,17 @@ pub struct SnapshotAndSession {
     pub session: Option<Session>,
 }
 
+/// What `stop session` returns: the stopped session and, for a persistent sandbox, the
+/// snapshot the platform took of it as it stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct StopAnswer {
+    /// The session.
+    pub session: Session,
+    /// The platform's snapshot of it (persistent sandboxes).
+    #[serde(default)]
+    pub snapshot: Option<Snapshot>,
+}
+
 /// A sandbox to create.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreateSandbox {
