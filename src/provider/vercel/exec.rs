@@ -298,7 +298,7 @@ enum StreamEnd {
 
 /// Runs `req` in `session_id`, with its live side `io` (see the module docs). `cwd` is the
 /// session's working directory, as the session reports it, where a stdin upload is placed
-/// (`None`: [`LEGACY_SANDBOX_ROOT`]).
+/// (`None`: `/vercel/sandbox`, the legacy runtimes' directory).
 pub async fn exec(
     client: &VercelClient,
     session_id: &str,
