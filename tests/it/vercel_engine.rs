@@ -422,5 +422,8 @@ async fn gc_before_the_probe_keeps_the_platforms_snapshot_for_the_task_to_adopt(
     let view = orch.show(&task, 0).await.expect("show").expect("the task");
     let latest = view.task.latest_complete().expect("a snapshot").clone();
     assert_eq!(latest.id.as_deref(), Some(platform.as_str()));
-    assert_eq!(latest.taken_by, Some(taskbox::core::SnapshotTaker::Platform));
+    assert_eq!(
+        latest.taken_by,
+        Some(taskbox::core::SnapshotTaker::Platform)
+    );
 }

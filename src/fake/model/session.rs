@@ -162,7 +162,7 @@ impl World {
     }
 
     /// Marks a session stopping; a persistent sandbox's stop writes a snapshot when
-    /// `may_snapshot` (always for a stop; for a timeout as [`Settings::snapshot_on_timeout`]
+    /// `may_snapshot` (always for a stop; for a timeout as [`super::Settings::snapshot_on_timeout`]
     /// says).
     pub(super) fn mark_stopping(&mut self, id: &str, now: Millis, may_snapshot: bool) -> StopWork {
         let persistent = may_snapshot
@@ -303,10 +303,18 @@ impl World {
 mod tests {
     use super::*;
     use crate::fake::model::fixtures::{archived, booted, settings};
+    use crate::fake::model::Settings;
 
     #[test]
     fn a_session_boots_runs_and_times_out() {
-        let mut w = World::new(settings(), "t".into());
+        // A timeout that snapshots (`snapshot_on_timeout`, unverified on the service).
+        let mut w = World::new(
+            Settings {
+                snapshot_on_timeout: true,
+                ..settings()
+            },
+            "t".into(),
+        );
         let id = booted(
             &mut w,
             r#"{"projectId":"p","name":"a","timeout":1000}"#,
@@ -321,7 +329,7 @@ mod tests {
         assert!(w.tick(2099).stops.is_empty());
         let due = w.tick(2100);
         assert_eq!(due.stops.len(), 1);
-        // Persistent by default: the timeout auto-snapshots.
+        // Persistent by default: the timeout auto-snapshots (as asked).
         let snap = due.stops[0]
             .auto_snapshot
             .clone()
@@ -334,6 +342,32 @@ mod tests {
             w.tick(5000).stops.is_empty(),
             "a stopped session is not stopped twice"
         );
+    }
+
+    #[test]
+    fn a_timeout_snapshots_only_when_asked_but_a_stop_does() {
+        let mut w = World::new(settings(), "t".into());
+        let id = booted(
+            &mut w,
+            r#"{"projectId":"p","name":"a","timeout":1000}"#,
+            1000,
+        );
+        let due = w.tick(2100);
+        assert_eq!(due.stops.len(), 1);
+        assert_eq!(
+            due.stops[0].auto_snapshot, None,
+            "a timeout does not snapshot"
+        );
+        let id2 = booted(
+            &mut w,
+            r#"{"projectId":"p","name":"b","timeout":60000}"#,
+            3000,
+        );
+        match w.begin_stop(&id2, 3100).unwrap() {
+            StopPlan::Stop(work) => assert!(work.auto_snapshot.is_some(), "a stop snapshots"),
+            StopPlan::AlreadyStopped => panic!("the session was running"),
+        }
+        let _ = id;
     }
 
     #[test]
