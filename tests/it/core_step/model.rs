@@ -2,8 +2,9 @@
 //!
 //! The property test plays an executor that holds the commands `step` emitted and answers them
 //! in a random order with random outcomes (success, transient error, sandbox gone, snapshot
-//! gone, permanent error, a platform stop with its own snapshot), interleaved with caller requests, timers, clock jumps and crashes
-//! (the task is serialized and read back, and everything in flight is lost). A tiny reference
+//! gone, permanent error, a platform stop with its own snapshot), interleaved with caller
+//! requests, timers, clock jumps and crashes (the task is serialized and read back, and
+//! everything in flight is lost). A tiny reference
 //! model tracks which snapshot is the latest *confirmed* one; after every step the invariants
 //! are checked, above all: **every restore uses the latest confirmed snapshot, and a task that
 //! has none never restores anything.**
