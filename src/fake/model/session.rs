@@ -302,7 +302,7 @@ impl World {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake::model::fixtures::{archived, booted, settings};
+    use crate::fake::model::fixtures::{archived, booted, booted_world, settings};
     use crate::fake::model::Settings;
 
     #[test]
@@ -346,12 +346,7 @@ mod tests {
 
     #[test]
     fn a_timeout_snapshots_only_when_asked_but_a_stop_does() {
-        let mut w = World::new(settings(), "t".into());
-        let id = booted(
-            &mut w,
-            r#"{"projectId":"p","name":"a","timeout":1000}"#,
-            1000,
-        );
+        let (mut w, id) = booted_world(r#"{"projectId":"p","name":"a","timeout":1000}"#, 1000);
         let due = w.tick(2100);
         assert_eq!(due.stops.len(), 1);
         assert_eq!(
@@ -372,12 +367,7 @@ mod tests {
 
     #[test]
     fn extend_is_capped_by_the_plan() {
-        let mut w = World::new(settings(), "t".into());
-        let id = booted(
-            &mut w,
-            r#"{"projectId":"p","name":"a","timeout":2700000}"#,
-            0,
-        );
+        let (mut w, id) = booted_world(r#"{"projectId":"p","name":"a","timeout":2700000}"#, 0);
         w.extend(&id, 300_000, 200).unwrap();
         assert_eq!(w.session(&id).unwrap().timeout_ms, 3_000_000);
         let e = w.extend(&id, 60_000, 300).unwrap_err();
@@ -387,12 +377,7 @@ mod tests {
 
     #[test]
     fn stop_is_idempotent_and_422_while_snapshotting() {
-        let mut w = World::new(settings(), "t".into());
-        let id = booted(
-            &mut w,
-            r#"{"projectId":"p","name":"a","persistent":false}"#,
-            0,
-        );
+        let (mut w, id) = booted_world(r#"{"projectId":"p","name":"a","persistent":false}"#, 0);
         let StopPlan::Stop(work) = w.begin_stop(&id, 200).unwrap() else {
             panic!("expected a stop");
         };
