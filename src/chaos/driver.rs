@@ -27,6 +27,10 @@ use crate::TaskId;
 /// Salt that keeps the jitter's stream apart from the platform's.
 const JITTER_SALT: u64 = 0x0017_7E50_0000_0001;
 
+/// What happens on the platform while the engine is dead (between a crash and the restart).
+pub(super) type WhileDead =
+    Arc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+
 /// The engine of a seed, which crashes and restarts: the current orchestrator and its epoch.
 pub(super) struct Driver {
     seed: u64,
@@ -45,6 +49,7 @@ pub(super) struct Driver {
     crashes: AtomicU64,
     pending_crashes: Mutex<Vec<JoinHandle<()>>>,
     errors: Mutex<Vec<String>>,
+    while_dead: Mutex<Option<WhileDead>>,
 }
 
 impl Driver {
@@ -69,6 +74,7 @@ impl Driver {
             crashes: AtomicU64::new(0),
             pending_crashes: Mutex::new(Vec::new()),
             errors: Mutex::new(Vec::new()),
+            while_dead: Mutex::new(None),
         }))
     }
 
@@ -89,6 +95,11 @@ impl Driver {
             .reconcile_on_start(epoch > 0)
             .open()
             .await
+    }
+
+    /// Sets what the platform does while the engine is dead after each crash.
+    pub(super) fn set_while_dead(&self, hook: WhileDead) {
+        *self.while_dead.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
     }
 
     pub(super) fn current(&self) -> (u64, Orchestrator) {
@@ -128,6 +139,14 @@ impl Driver {
             orch.abort().await;
             drop(orch);
             d.crashes.fetch_add(1, Ordering::Relaxed);
+            let hook = d
+                .while_dead
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if let Some(hook) = hook {
+                hook().await;
+            }
             let reopened = Self::open_engine(
                 d.seed,
                 &d.data_dir,

@@ -737,10 +737,21 @@ fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Failure> {
             for k in taskbox::config::KEYS {
                 note_env_override(k.name);
             }
+            note_runtime_deprecation(&cfg);
         }
         ConfigCmd::Path => println!("{}", path.display()),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says on stderr when a legacy Vercel runtime is set (file or `TERMINAL_VERCEL_RUNTIME`): it
+/// still wins over `terminal.vercel_image`, but is deprecated.
+fn note_runtime_deprecation(cfg: &Config) {
+    use taskbox::provider::vercel::settings;
+    let env = |k: &str| std::env::var(k).ok();
+    if let Ok(Some((runtime, origin))) = settings::check_runtime(&cfg.terminal, &env) {
+        eprintln!("note: {}", settings::runtime_deprecation(runtime, origin));
+    }
 }
 
 /// Says on stderr when an environment variable overrides the file's value of `key`, so the

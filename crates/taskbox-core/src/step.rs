@@ -471,12 +471,25 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
 
         // ---- reconciliation ----
         // running (probing) ---- probed ----> running (requests served) | expired | idle
-        (Running | Snapshotting, Event::SandboxProbed { sandbox_id, alive })
-            if cx.holds(&sandbox_id) =>
-        {
+        // A sandbox gone with a snapshot the platform took of it as it stopped: that snapshot
+        // becomes the task's latest (reason `platform`) before the sandbox is given up.
+        (
+            Running | Snapshotting,
+            Event::SandboxProbed {
+                sandbox_id,
+                alive,
+                platform_snapshot,
+            },
+        ) if cx.holds(&sandbox_id) => {
             match alive {
                 Some(deadline) => cx.sandbox_lives_until(deadline),
-                None if task.state == Running => cx.sandbox_gone(),
+                None if task.state == Running => {
+                    if let Some(found) = platform_snapshot {
+                        cx.adopt_platform_snapshot(found);
+                    }
+                    cx.sandbox_gone();
+                    cx.prune_snapshots();
+                }
                 // While snapshotting, the snapshot call's answer decides.
                 None => {}
             }
@@ -789,12 +802,48 @@ impl Cx {
             created_at: None,
             expires_at: None,
             omitted: Vec::new(),
+            taken_by: None,
         });
         self.t.snapshot_reason = Some(reason);
         self.t.state = TaskState::Snapshotting;
         self.t.attempts = 1;
         self.t.retry_at = None;
         self.cmds.push(Command::TakeSnapshot { sandbox_id, seq });
+    }
+
+    /// Records the snapshot the platform took of the live sandbox as it stopped, as a complete
+    /// snapshot of the task (under the same retention as taskbox's own): it holds the files as
+    /// they were last written, so nothing is behind it. Ignored unless the task is persistent
+    /// (then the reconciler deletes it as retained by no task) or it is already known.
+    fn adopt_platform_snapshot(&mut self, found: PlatformSnapshot) {
+        if !self.t.settings.persistent
+            || self
+                .t
+                .snapshots
+                .iter()
+                .any(|s| s.id.as_ref() == Some(&found.snapshot_id))
+        {
+            return;
+        }
+        let Some(sandbox) = self.t.sandbox.as_mut() else {
+            return;
+        };
+        // Nothing ran after this snapshot: the restore from it is not behind.
+        sandbox.used = false;
+        let sandbox_id = sandbox.id.clone();
+        let seq = self.t.snapshots.last().map_or(1, |s| s.seq + 1);
+        self.t.snapshots.push(SnapshotRecord {
+            seq,
+            id: Some(found.snapshot_id),
+            status: SnapshotStatus::Complete,
+            size_bytes: found.size_bytes,
+            sandbox_id,
+            started_at: self.now,
+            created_at: Some(self.now),
+            expires_at: found.expires_at,
+            omitted: Vec::new(),
+            taken_by: Some(SnapshotTaker::Platform),
+        });
     }
 
     /// Re-issues the operation in flight (after a retry delay or a restart).

@@ -288,6 +288,30 @@ pub struct SnapshotRecord {
     /// What the provider could not keep in it (`path: reason`), e.g. unreadable files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub omitted: Vec<String>,
+    /// Set when the platform took it, not taskbox: a persistent sandbox's own snapshot when it
+    /// stopped while no engine watched ([`Event::SandboxProbed`]'s `platform_snapshot`).
+    /// Absent for taskbox's own snapshots (and in journals written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_by: Option<SnapshotTaker>,
+}
+
+/// Who took a snapshot that taskbox did not ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotTaker {
+    /// The platform (reason `platform`): a persistent sandbox snapshots itself when it stops.
+    Platform,
+}
+
+/// A snapshot the platform took of a sandbox by itself, found when taskbox next looked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlatformSnapshot {
+    /// The provider's snapshot id.
+    pub snapshot_id: SnapshotId,
+    /// Its size.
+    pub size_bytes: u64,
+    /// When the provider will expire it (`None`: never).
+    pub expires_at: Option<Millis>,
 }
 
 /// The task's live sandbox.
@@ -791,6 +815,11 @@ pub enum Event {
         sandbox_id: SandboxId,
         /// Whether it is still running; with its deadline when it is.
         alive: Option<Millis>,
+        /// When it is not: the snapshot the platform took of it as it stopped (a persistent
+        /// Vercel sandbox), which then holds its files. Absent otherwise, and in journals
+        /// written before it existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        platform_snapshot: Option<PlatformSnapshot>,
     },
     /// `ProbeSandbox` got no answer: whether the sandbox lives is unknown.
     ProbeFailed {
