@@ -44,7 +44,7 @@ impl LocalProvider {
             });
         }
         let slot = self.slot(&name);
-        let (meta, mut stopped, workspace, run_dir) = {
+        let (meta, mut stopped, sandbox_dir, workspace, run_dir) = {
             let _guard = slot.lock.lock().await;
             // Gone (or past its deadline) before the command starts: it provably never ran.
             let meta = self.live_meta(&name, &slot).await.map_err(|e| match e {
@@ -61,7 +61,7 @@ impl LocalProvider {
             }
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
             // Subscribed under the lock: a discard after this point is seen by this command.
-            (meta, slot.stopped.subscribe(), workspace, run_dir)
+            (meta, slot.stopped.subscribe(), dir, workspace, run_dir)
         };
         // Cancelled before it started (while its sandbox was made ready): it never runs.
         if let Some(signal) = io.cancelled() {
@@ -74,7 +74,6 @@ impl LocalProvider {
         let cwd_file = run_dir.join(format!("cwd.{}", self.unique()));
         // The sandbox's cgroup, which no process leaves, so a stop kills everything the sandbox
         // ever started (see `cgroup`): the script joins it before anything else.
-        let sandbox_dir = self.sandbox_dir(&name);
         let cgroup = super::cgroup::prepare(&sandbox_dir, &name.name);
         let script = wrap_command(&req.command, &cwd_file, cgroup.as_ref());
 
