@@ -8,17 +8,17 @@
 //! mount from `/proc/self/mountinfo`), named `taskbox-<sandbox name>-<hash of the sandbox's
 //! directory>` (two data dirs may hold sandboxes of one name), and its path is recorded in the
 //! sandbox's directory (`cgroup`) so that another taskbox process stopping the sandbox finds it.
-//! It lives from the sandbox's first command until the sandbox stops ([`kill_all`] removes it);
-//! the sweep ([`remove_empty`]) removes empty ones, which the next command makes again.
+//! It lives from the sandbox's first command until the sandbox stops (`kill_all` removes it);
+//! the sweep (`remove_empty`) removes empty ones, which the next command makes again.
 //!
-//! A command joins in its own shell, as the first thing its `bash -c` script does ([`Join::script`]:
+//! A command joins in its own shell, as the first thing its `bash -c` script does (`Join::script`:
 //! `echo 0 > <cgroup>/cgroup.procs`, making the cgroup again if a sweep just removed it), not
 //! in the forked child before `exec`: a `pre_exec` hook makes the standard library fork the
 //! whole server instead of `posix_spawn`'s `vfork`, which costs a warm command a fifth of a
 //! millisecond and more. Nothing of the caller's runs before the join (bash reads only the
 //! server's own `BASH_ENV`, if it has one, before), so every process the command starts is in
 //! the cgroup; a join that fails runs nothing and the exec fails
-//! ([`Join::failed`]). Where no writable cgroup v2 hierarchy is available (not Linux, cgroup v1
+//! (`Join::failed`). Where no writable cgroup v2 hierarchy is available (not Linux, cgroup v1
 //! only, no delegation to this user), [`support`] says why, `taskbox doctor` reports it, and
 //! only the environment sweep of `kill::kill_leftovers` (which those escapes evade) remains.
 
