@@ -47,12 +47,11 @@ impl LocalProvider {
         let (meta, mut stopped, sandbox_dir, workspace, run_dir) = {
             let _guard = slot.lock.lock().await;
             // Gone (or past its deadline) before the command starts: it provably never ran.
-            let meta = self.live_meta(&name, &slot).await.map_err(|e| match e {
+            // Located under the lock: a create of a newer generation may park this sandbox.
+            let (dir, meta) = self.live_located(&name, &slot).await.map_err(|e| match e {
                 LocalError::SandboxGone { .. } => LocalError::NotStarted(Box::new(e)),
                 e => e,
             })?;
-            // Resolved under the lock: a create of a newer generation may park this sandbox.
-            let dir = self.sandbox_dir(&name);
             let (workspace, run_dir) = (dir.join("workspace"), dir.join("run"));
             // A command may have deleted the workspace itself; a VM's root would still exist.
             // (Under the lock: after a discard this would leave a nameless sandbox behind.)
@@ -72,10 +71,14 @@ impl LocalProvider {
         }
         let cwd = resolve_cwd(&workspace, &meta.cwd);
         let cwd_file = run_dir.join(format!("cwd.{}", self.unique()));
+        // The pipe the command's exit trap reports its working directory through (opened by
+        // path, `/proc/<pid>/fd/<n>`: no descriptor of the command's is taken for it, and
+        // nothing it starts inherits one). Without `/proc` the trap writes `cwd_file` instead.
+        let report = ReportPipe::open(&name)?;
         // The sandbox's cgroup, which no process leaves, so a stop kills everything the sandbox
         // ever started (see `cgroup`): the script joins it before anything else.
         let cgroup = super::cgroup::prepare(&sandbox_dir, &name.name);
-        let script = wrap_command(&req.command, &cwd_file, cgroup.as_ref());
+        let script = wrap_command(&req.command, &report.path, &cwd_file, cgroup.as_ref());
 
         // No `pre_exec` hook: the standard library then spawns with `posix_spawn` (a `vfork`),
         // not by forking this whole process.
@@ -172,8 +175,18 @@ impl LocalProvider {
         let stdout = stdout.finish().await;
         let stderr = stderr.finish().await;
         let duration_ms = started.elapsed().as_millis() as u64;
-        let reported_cwd = fs::read(&cwd_file).ok();
-        let _ = fs::remove_file(&cwd_file);
+        // The trap wrote before the shell exited, so what it reported is in the pipe by now.
+        let reported_cwd = match report.take() {
+            Some(reported) => Some(reported),
+            // Reported through the file (no `/proc`), or a failed cgroup join (before the trap).
+            None => {
+                let reported = fs::read(&cwd_file).ok();
+                if reported.is_some() {
+                    let _ = fs::remove_file(&cwd_file);
+                }
+                reported
+            }
+        };
 
         match outcome {
             Outcome::Expired => {
@@ -249,6 +262,75 @@ impl LocalProvider {
     }
 }
 
+/// The read end of the pipe a command's exit trap writes its working directory to, and the
+/// path the trap opens it by (`/proc/<this process>/fd/<n>`: opening a pipe's end there for
+/// writing gives a new write end of the same pipe). Only the read end is kept, so once the
+/// shell has exited the pipe holds what its trap wrote, and the read cannot block.
+struct ReportPipe {
+    reader: std::io::PipeReader,
+    path: std::path::PathBuf,
+}
+
+impl ReportPipe {
+    fn open(name: &SandboxName) -> Result<ReportPipe, LocalError> {
+        use std::os::fd::AsRawFd;
+        let (reader, writer) = std::io::pipe().map_err(|source| LocalError::Spawn {
+            sandbox: name.name.clone(),
+            source,
+        })?;
+        drop(writer);
+        // Non-blocking: a process the command left behind could have opened the pipe too
+        // and hold it open; what is in the pipe is read, nothing is waited for.
+        set_nonblocking(&reader).map_err(|source| LocalError::Spawn {
+            sandbox: name.name.clone(),
+            source,
+        })?;
+        let path = std::path::PathBuf::from(format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            reader.as_raw_fd()
+        ));
+        Ok(ReportPipe { reader, path })
+    }
+
+    /// What the trap wrote (`None`: nothing — no `/proc`, or the shell ended without its
+    /// trap). The last line counts: the trap writes just before the shell exits.
+    fn take(mut self) -> Option<Vec<u8>> {
+        use std::io::Read;
+        let mut all = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match self.reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => all.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break, // `WouldBlock`: all that was written is read
+            }
+        }
+        if all.is_empty() {
+            return None;
+        }
+        let body = all.strip_suffix(b"\n").unwrap_or(&all);
+        let last = body.rsplit(|&b| b == b'\n').next().unwrap_or(body);
+        Some(last.to_vec())
+    }
+}
+
+fn set_nonblocking(fd: &impl std::os::fd::AsRawFd) -> std::io::Result<()> {
+    let fd = fd.as_raw_fd();
+    // SAFETY: `fd` is an open descriptor owned by the caller for the duration of the calls;
+    // F_GETFL/F_SETFL only read and set its status flags.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Writes the caller's stdin into the command's, on its own task; the end of the caller's is
 /// the end of the command's (the pipe is closed). A command that stops reading ends the feed.
 fn feed_stdin(
@@ -305,14 +387,16 @@ fn exit_code(status: ExitStatus) -> i32 {
 
 /// The script `bash -c` runs: the user's command, preceded (on the same line, so its line
 /// numbers are unchanged) by the join of the sandbox's cgroup ([`Join::script`], when there is
-/// one) and an EXIT trap that writes the final working directory to `cwd_file`
-/// and exits with the command's own status. The trap also runs on `exit N`; it writes nothing to
+/// one) and an EXIT trap that writes the final working directory to `report` (the report
+/// pipe's path; `cwd_file` when that cannot be opened) and exits with the command's own status. The trap also runs on `exit N`; it writes nothing to
 /// the command's stdout or stderr. (Subshells do not inherit the trap, so only the command's own
 /// shell reports.)
-fn wrap_command(command: &str, cwd_file: &Path, cgroup: Option<&Join>) -> OsString {
+fn wrap_command(command: &str, report: &Path, cwd_file: &Path, cgroup: Option<&Join>) -> OsString {
     // `builtin` in case the command defined functions of these names; `>|` in case it set
     // noclobber; `|| true` in case it set errexit and its directory was deleted meanwhile.
     let mut trap_body = b"__taskbox_status=$?; { builtin pwd -P >| ".to_vec();
+    trap_body.extend_from_slice(&crate::shell::quote_bytes(report.as_os_str().as_bytes()));
+    trap_body.extend_from_slice(b"; } 2>/dev/null || { builtin pwd -P >| ");
     trap_body.extend_from_slice(&crate::shell::quote_bytes(cwd_file.as_os_str().as_bytes()));
     trap_body.extend_from_slice(b"; } 2>/dev/null || true; builtin exit $__taskbox_status");
     let mut script = cgroup.map(|c| c.script(cwd_file)).unwrap_or_default();
@@ -321,4 +405,63 @@ fn wrap_command(command: &str, cwd_file: &Path, cgroup: Option<&Join>) -> OsStri
     script.extend_from_slice(b" EXIT; ");
     script.extend_from_slice(command.as_bytes());
     OsString::from_vec(script)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `wrap_command`'s script in `dir` with `report` as the report path.
+    fn run_wrapped(dir: &Path, report: &Path, cwd_file: &Path, command: &str) -> i32 {
+        let script = wrap_command(command, report, cwd_file, None);
+        #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+        let status = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("bash runs");
+        exit_code(status)
+    }
+
+    #[test]
+    fn the_trap_reports_through_the_pipe_and_falls_back_to_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().canonicalize().unwrap();
+        fs::create_dir(ws.join("sub")).unwrap();
+        let cwd_file = ws.join("cwd.report");
+        let name = SandboxName::parse("taskbox-t-g1-insta").unwrap();
+
+        // Through the pipe, even when the command took over low descriptors; nothing in the file.
+        let pipe = ReportPipe::open(&name).unwrap();
+        let code = run_wrapped(
+            &ws,
+            &pipe.path,
+            &cwd_file,
+            "exec 3>f3 4>f4 9>f9; cd sub; exit 4",
+        );
+        assert_eq!(code, 4);
+        assert_eq!(pipe.take().unwrap(), ws.join("sub").as_os_str().as_bytes());
+        assert!(!cwd_file.exists());
+        for f in ["f3", "f4", "f9"] {
+            assert_eq!(
+                fs::read(ws.join(f)).unwrap(),
+                b"",
+                "{f} is the command's own"
+            );
+        }
+
+        // No pipe to open (no `/proc`): the file instead.
+        let pipe = ReportPipe::open(&name).unwrap();
+        let code = run_wrapped(&ws, &ws.join("no/such/proc"), &cwd_file, "cd sub");
+        assert_eq!(code, 0);
+        assert_eq!(pipe.take(), None);
+        assert_eq!(
+            fs::read(&cwd_file).unwrap(),
+            format!("{}\n", ws.join("sub").display()).into_bytes()
+        );
+    }
 }

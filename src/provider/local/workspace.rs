@@ -87,10 +87,21 @@ impl LocalProvider {
     }
 
     pub(super) fn read_meta(&self, name: &SandboxName) -> Result<Option<SandboxMeta>, LocalError> {
-        // As `sandbox_dir` decides, without reading the holder's meta twice.
+        Ok(self.locate(name)?.map(|(_, meta)| meta))
+    }
+
+    /// The sandbox's directory (as [`sandbox_dir`](Self::sandbox_dir) decides) and its meta,
+    /// reading the holder's meta once (`None`: the sandbox does not exist).
+    pub(super) fn locate(
+        &self,
+        name: &SandboxName,
+    ) -> Result<Option<(PathBuf, SandboxMeta)>, LocalError> {
         match self.holder(&name.task) {
-            Ok(Some(meta)) if meta.name == name.name => Ok(Some(meta)),
-            _ => read_meta_at(&self.parked_dir(name).join("meta.json")),
+            Ok(Some(meta)) if meta.name == name.name => Ok(Some((self.task_dir(&name.task), meta))),
+            _ => {
+                let dir = self.parked_dir(name);
+                Ok(read_meta_at(&dir.join("meta.json"))?.map(|meta| (dir, meta)))
+            }
         }
     }
 
