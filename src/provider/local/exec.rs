@@ -267,30 +267,37 @@ impl LocalProvider {
 /// writing gives a new write end of the same pipe). Only the read end is kept, so once the
 /// shell has exited the pipe holds what its trap wrote, and the read cannot block.
 struct ReportPipe {
-    reader: std::io::PipeReader,
+    reader: fs::File,
     path: std::path::PathBuf,
 }
 
 impl ReportPipe {
     fn open(name: &SandboxName) -> Result<ReportPipe, LocalError> {
-        use std::os::fd::AsRawFd;
-        let (reader, writer) = std::io::pipe().map_err(|source| LocalError::Spawn {
-            sandbox: name.name.clone(),
-            source,
-        })?;
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let mut fds = [0 as libc::c_int; 2];
+        // Non-blocking: a process the command left behind could have opened the pipe too and
+        // hold it open; what is in the pipe is read, nothing is waited for. Close-on-exec: no
+        // child inherits either end.
+        // SAFETY: `fds` is a valid array of two descriptors for `pipe2` to fill.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(LocalError::Spawn {
+                sandbox: name.name.clone(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `pipe2` succeeded, so both are open descriptors that nothing else owns.
+        let (reader, writer) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         drop(writer);
-        // Non-blocking: a process the command left behind could have opened the pipe too
-        // and hold it open; what is in the pipe is read, nothing is waited for.
-        set_nonblocking(&reader).map_err(|source| LocalError::Spawn {
-            sandbox: name.name.clone(),
-            source,
-        })?;
         let path = std::path::PathBuf::from(format!(
             "/proc/{}/fd/{}",
             std::process::id(),
             reader.as_raw_fd()
         ));
-        Ok(ReportPipe { reader, path })
+        Ok(ReportPipe {
+            reader: fs::File::from(reader),
+            path,
+        })
     }
 
     /// What the trap wrote (`None`: nothing — no `/proc`, or the shell ended without its
@@ -314,21 +321,6 @@ impl ReportPipe {
         let last = body.rsplit(|&b| b == b'\n').next().unwrap_or(body);
         Some(last.to_vec())
     }
-}
-
-fn set_nonblocking(fd: &impl std::os::fd::AsRawFd) -> std::io::Result<()> {
-    let fd = fd.as_raw_fd();
-    // SAFETY: `fd` is an open descriptor owned by the caller for the duration of the calls;
-    // F_GETFL/F_SETFL only read and set its status flags.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: as above.
-    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Writes the caller's stdin into the command's, on its own task; the end of the caller's is
