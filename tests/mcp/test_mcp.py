@@ -212,6 +212,27 @@ def test_a_hung_command_is_killed_at_its_timeout(home):
     run(go)
 
 
+def test_a_cancelled_call_stops_its_command(home):
+    async def go():
+        async with session(home) as s:
+            await ok(s, "run_command", task="t7", command="true")
+            start = time.monotonic()
+            # The SDK sends `notifications/cancelled` for a call its caller gave up on.
+            with anyio.move_on_after(2):
+                await call(
+                    s,
+                    "run_command",
+                    task="t7",
+                    command="trap 'echo term > got.txt; exit 0' TERM; sleep 600 & wait",
+                )
+            # A task runs one command at a time: this one waits for the cancelled one to end.
+            r = await ok(s, "run_command", task="t7", command="cat got.txt")
+            assert r.structured_content["stdout"] == "term\n", text(r)
+            assert time.monotonic() - start < 60
+
+    run(go)
+
+
 def test_read_and_write_files_within_the_workspace(home):
     async def go():
         async with session(home) as s:
