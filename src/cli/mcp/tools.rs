@@ -79,7 +79,7 @@ struct RunArgs {
 #[schemars(crate = "rmcp::schemars")]
 #[serde(deny_unknown_fields)]
 struct TaskArgs {
-    /// The task.
+    /// The task's name.
     task: String,
 }
 
@@ -88,7 +88,7 @@ struct TaskArgs {
 #[schemars(crate = "rmcp::schemars")]
 #[serde(deny_unknown_fields)]
 struct ShowArgs {
-    /// The task.
+    /// The task's name.
     task: String,
     /// How many of the latest journal entries to include (default 10).
     #[serde(default)]
@@ -106,7 +106,7 @@ struct NoArgs {}
 #[schemars(crate = "rmcp::schemars")]
 #[serde(deny_unknown_fields)]
 struct ReadArgs {
-    /// The task.
+    /// The task's name.
     task: String,
     /// The file: relative to the task's workspace root, or absolute inside it.
     path: String,
@@ -137,8 +137,7 @@ enum ContentEncoding {
 struct WriteArgs {
     /// The task. Its sandbox is created on first use.
     task: String,
-    /// The file: relative to the task's workspace root, or absolute inside it. Missing
-    /// directories are created.
+    /// The file: relative to the task's workspace root, or absolute inside it (missing directories are created).
     path: String,
     /// The file's whole new content.
     content: String,
@@ -147,12 +146,19 @@ struct WriteArgs {
     encoding: ContentEncoding,
 }
 
+/// A tool whose input schema is `T`'s (its fields' doc comments describe them; the struct's own
+/// title and doc, which name Rust types, are left out).
 fn tool<T: JsonSchema + 'static>(name: &'static str, description: &'static str) -> Tool {
-    Tool::new(
-        name,
-        description,
-        rmcp::handler::server::common::schema_for_type::<T>(),
-    )
+    let mut schema = rmcp::handler::server::common::schema_for_type::<T>()
+        .as_ref()
+        .clone();
+    schema.remove("title");
+    schema.remove("description");
+    if schema.get("properties").is_none() {
+        // `list_tasks`: clients expect `properties` even when there are none.
+        schema.insert("properties".into(), serde_json::json!({}));
+    }
+    Tool::new(name, description, Arc::new(schema))
 }
 
 /// Every tool, with its schema and a one-line description an agent can act on.
@@ -300,7 +306,13 @@ impl Taskbox {
     async fn run_command(&self, a: RunArgs, ct: Cancelled) -> Answer {
         let task = task_id(&a.task)?;
         let res = self.run(&task, a.command, a.timeout, None, ct).await?;
-        let notes = notes(&res, a.timeout);
+        let mut notes = notes(&res, a.timeout);
+        // Once, on the first run of a store that is new while archives of another installation
+        // exist (as `taskbox run` says).
+        let local = self.paths.data_dir.join("local");
+        if let Some(note) = taskbox::provider::local::foreign::take_note(&local) {
+            notes.push(note);
+        }
         let mut text = if res.timed_out {
             format!("exit code: {} (timed out)\n", res.exit_code)
         } else {
