@@ -162,6 +162,9 @@ fn tool<T: JsonSchema + 'static>(name: &'static str, description: &'static str) 
 }
 
 /// Every tool, with its schema and a one-line description an agent can act on.
+///
+/// `fork_task` (issue 13) is not here yet: the engine has no fork on this branch's main; it
+/// belongs here once `Orchestrator::fork` and its server endpoint exist.
 fn tools() -> Vec<Tool> {
     let read_only = || ToolAnnotations::new().read_only(true);
     vec![
