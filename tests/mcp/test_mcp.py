@@ -43,6 +43,10 @@ class Home:
         self.path = str(path)
         self.mode = mode
         self.env = {"TASKBOX_HOME": self.path, "TASKBOX_SERVER": mode, "RUST_LOG": "warn"}
+        # Should a test be killed before it stops its server, the server does not linger: it
+        # snapshots an idle sandbox after a minute and exits 10 s after that.
+        with open(os.path.join(self.path, "config.toml"), "w") as f:
+            f.write("[terminal]\nlifetime_seconds = 60\nserver_idle_exit_seconds = 10\n")
 
     def taskbox(self, *args, check=True):
         env = dict(os.environ, **self.env)
