@@ -339,8 +339,15 @@ def test_http_needs_a_token_and_serves_with_one(home_never, tmp_path):
     assert out.returncode == 125, out
     assert "bearer token" in out.stderr, out.stderr
 
-    token = "t0k3n-" + "x" * 32
     token_file = tmp_path / "token"
+    token_file.write_text("  \n")
+    out = subprocess.run(
+        [BIN, "mcp", "--http", "127.0.0.1:0", "--token-file", str(token_file)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 125 and "empty" in out.stderr, out
+
+    token = "t0k3n-" + "x" * 32
     token_file.write_text(token + "\n")
     proc = subprocess.Popen(
         [BIN, "mcp", "--http", "127.0.0.1:0", "--token-file", str(token_file)],
