@@ -122,3 +122,57 @@ fn corrupt_rows_are_typed_errors_naming_task_and_column() {
         "{err:?}"
     );
 }
+
+/// Ids are typed when they leave the store: a row whose task id is not a valid task id (edited
+/// by hand into a path) is reported corrupt, naming the column, and never handed out as a task.
+#[test]
+fn a_row_whose_task_id_is_not_a_task_id_is_corrupt() {
+    let (_dir, path) = temp_db();
+    let mut store = Store::open(&path).expect("open");
+    for step in lifecycle("a", 1_000) {
+        store.commit(&step.rec()).expect("commit");
+    }
+    let conn = raw(&path);
+    conn.pragma_update(None, "foreign_keys", false)
+        .expect("edit rows by hand");
+    conn.execute("UPDATE snapshots SET task_id = '../evil'", [])
+        .expect("corrupt the snapshot rows");
+    let err = store.snapshots(None).expect_err("a path for a task id");
+    assert!(
+        matches!(&err, StoreError::Corrupt { task_id, column: "snapshots.task_id", .. }
+            if task_id == "../evil"),
+        "{err:?}"
+    );
+    conn.execute("UPDATE sandboxes SET task_id = '../evil'", [])
+        .expect("corrupt the sandbox rows");
+    let err = store.sandboxes(None).expect_err("a path for a task id");
+    assert!(
+        matches!(
+            &err,
+            StoreError::Corrupt {
+                column: "sandboxes.task_id",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // (`tasks.id` has a CHECK of its own; the journal's column has none.)
+    conn.execute_batch(
+        "DROP TRIGGER journal_no_update;
+         UPDATE journal SET task_id = '../evil' WHERE task_seq = 2;",
+    )
+    .expect("corrupt the journal");
+    let err = store.journal("../evil").expect_err("a path for a task id");
+    assert!(
+        matches!(
+            &err,
+            StoreError::Corrupt {
+                column: "journal.task_id",
+                seq: Some(_),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("../evil"), "{err}");
+}
