@@ -440,8 +440,9 @@ impl Taskbox {
         let store = super::super::existing_store(&self.paths)
             .map_err(|e| Failure::from_engine(e.into()))?;
         let view = match store {
-            Some(store) => TaskView::load(&store, task.as_str(), journal, None)
-                .map_err(Failure::from_engine)?,
+            Some(store) => {
+                TaskView::load(&store, task, journal, None).map_err(Failure::from_engine)?
+            }
             None => None,
         };
         view.ok_or_else(|| super::super::no_task(&self.paths, task))
