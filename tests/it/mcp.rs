@@ -8,13 +8,11 @@
 //! except under `CI=true`, where it fails: CI must run it.
 
 use std::fs::File;
-use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use crate::support::{lock, under_ci};
+use crate::support::{lock, run_bounded, under_ci};
 
 /// How long pytest may take (every test in it is bounded by itself, too).
 const PYTEST_LIMIT: Duration = Duration::from_secs(600);
@@ -123,7 +121,8 @@ fn the_official_python_sdk_drives_taskbox_mcp() {
             return;
         }
     };
-    let mut child = Command::new(&python)
+    let mut pytest = Command::new(&python);
+    pytest
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-x"])
         .arg(repo().join("tests/mcp"))
         .env("TASKBOX_BIN", env!("CARGO_BIN_EXE_taskbox"))
@@ -131,61 +130,10 @@ fn the_official_python_sdk_drives_taskbox_mcp() {
         .env_remove("TASKBOX_SERVER")
         .env_remove("VERCEL_TOKEN")
         .env_remove("VERCEL_OIDC_TOKEN")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own group, so that a hang is killed with everything pytest started.
-        .process_group(0)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run pytest in {}: {e}", python.display()));
-    let pgid = child.id() as i32;
-    // Killed with its group on every path out of here, a panic included.
-    struct KillGroup(i32);
-    impl Drop for KillGroup {
-        fn drop(&mut self) {
-            // SAFETY: `kill` takes two integers and touches no memory; a group that has
-            // already exited makes it fail with ESRCH, which is ignored.
-            unsafe {
-                libc::kill(-self.0, libc::SIGKILL);
-            }
-        }
-    }
-    let _kill = KillGroup(pgid);
-    let mut stdout = child.stdout.take().expect("piped");
-    let mut stderr = child.stderr.take().expect("piped");
-    let out_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for pytest") {
-            break Some(status);
-        }
-        if started.elapsed() > PYTEST_LIMIT {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    if status.is_none() {
-        // SAFETY: as in `KillGroup`.
-        unsafe {
-            libc::kill(-pgid, libc::SIGKILL);
-        }
-        let _ = child.wait();
-    }
-    let out = out_reader.join().unwrap_or_default();
-    let err = err_reader.join().unwrap_or_default();
-    let Some(status) = status else {
-        panic!("pytest tests/mcp took more than {PYTEST_LIMIT:?}:\n{out}\n{err}");
-    };
-    assert!(status.success(), "pytest tests/mcp failed:\n{out}\n{err}");
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    // In a process group of its own, killed whole on every path out (a timeout, a panic).
+    let (ok, out) =
+        run_bounded(pytest, PYTEST_LIMIT, "pytest tests/mcp").unwrap_or_else(|e| panic!("{e}"));
+    assert!(ok, "pytest tests/mcp failed:\n{out}");
     eprint!("{out}");
 }
