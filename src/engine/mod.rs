@@ -44,5 +44,6 @@ pub use gc::{GcItem, GcReport};
 pub(crate) use lock::try_flock;
 pub use paths::{store_file, Paths, DATA_DIR_ENV, STORE_FILE};
 pub use results::{
-    Encoding, RemoveResult, ResumeResult, RunResult, StateChange, SuspendResult, TaskView,
+    Encoding, ForkResult, RemoveResult, ResumeResult, RunResult, StateChange, SuspendResult,
+    TaskView,
 };
