@@ -29,6 +29,7 @@ TOOLS = {
     "run_command",
     "suspend_task",
     "resume_task",
+    "fork_task",
     "list_tasks",
     "show_task",
     "read_file",
@@ -165,6 +166,27 @@ def test_resume_list_show_and_the_timeline_resource(home):
             assert [str(x.uri) for x in resources] == ["taskbox://tasks/t2/timeline"]
             body = (await s.read_resource("taskbox://tasks/t2/timeline")).contents[0].text
             assert "snapshot" in body and "t2" in body, body
+
+    run(go)
+
+
+def test_fork_starts_a_new_task_from_the_files_of_another(home):
+    async def go():
+        async with session(home) as s:
+            await ok(s, "write_file", task="p1", path="plan.txt", content="v1\n")
+            r = await ok(s, "fork_task", task="p1", new_task="c1")
+            assert r.structured_content["task"] == "c1" and r.structured_content["parent"] == "p1"
+            r = await ok(s, "run_command", task="c1", command="cat plan.txt; echo v2 > plan.txt")
+            assert r.structured_content["stdout"] == "v1\n"
+            r = await ok(s, "read_file", task="p1", path="plan.txt")
+            assert r.structured_content["content"] == "v1\n"
+            r = await ok(s, "read_file", task="c1", path="plan.txt")
+            assert r.structured_content["content"] == "v2\n"
+
+            r = await call(s, "fork_task", task="p1", new_task="c1")
+            assert r.is_error and "c1" in text(r), text(r)
+            r = await call(s, "fork_task", task="nosuch", new_task="c2")
+            assert r.is_error and "nosuch" in text(r), text(r)
 
     run(go)
 

@@ -24,7 +24,8 @@ use clap::Args;
 use rmcp::ServiceExt as _;
 
 use taskbox::config::{Config, ServerMode};
-use taskbox::engine::{Orchestrator, Paths, ResumeResult, RunResult, SuspendResult};
+use taskbox::core::ForkFrom;
+use taskbox::engine::{ForkResult, Orchestrator, Paths, ResumeResult, RunResult, SuspendResult};
 use taskbox::provider::ExecIo;
 use taskbox::TaskId;
 
@@ -116,6 +117,31 @@ impl Engine {
                 server::call(client, *mode, |c| {
                     let task = task.clone();
                     async move { c.resume(&task).await }
+                })
+                .await
+            }
+        }
+    }
+
+    /// Forks `task` into `child` from `snapshot` (`None`: the latest), as `taskbox fork` does.
+    async fn fork(
+        &self,
+        task: &TaskId,
+        child: &TaskId,
+        snapshot: Option<&str>,
+    ) -> Result<ForkResult, Failure> {
+        match self {
+            Engine::InProcess(orch) => {
+                let from = snapshot.map_or(ForkFrom::Latest, |s| ForkFrom::parse(task, s));
+                orch.fork(task, child, from)
+                    .await
+                    .map_err(Failure::from_engine)
+            }
+            Engine::Server(client, mode) => {
+                server::call(client, *mode, |c| {
+                    let (task, child) = (task.clone(), child.clone());
+                    let snapshot = snapshot.map(str::to_string);
+                    async move { c.fork(&task, &child, snapshot.as_deref()).await }
                 })
                 .await
             }

@@ -95,6 +95,20 @@ struct ShowArgs {
     journal: Option<usize>,
 }
 
+/// `fork_task`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(deny_unknown_fields)]
+struct ForkArgs {
+    /// The task to fork.
+    task: String,
+    /// The new task's name (it must not exist yet).
+    new_task: String,
+    /// Fork from this snapshot instead of the latest: `TASK.sN` as show_task numbers them, or a snapshot id.
+    #[serde(default)]
+    snapshot: Option<String>,
+}
+
 /// `list_tasks` takes no arguments.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[schemars(crate = "rmcp::schemars")]
@@ -162,9 +176,6 @@ fn tool<T: JsonSchema + 'static>(name: &'static str, description: &'static str) 
 }
 
 /// Every tool, with its schema and a one-line description an agent can act on.
-///
-/// `fork_task` (issue 13) is not here yet: the engine has no fork on this branch's main; it
-/// belongs here once `Orchestrator::fork` and its server endpoint exist.
 fn tools() -> Vec<Tool> {
     let read_only = || ToolAnnotations::new().read_only(true);
     vec![
@@ -186,6 +197,12 @@ fn tools() -> Vec<Tool> {
             "Bring the task's sandbox back now, restoring its latest snapshot, without running a command.",
         )
         .annotate(ToolAnnotations::new().destructive(false).idempotent(true)),
+        tool::<ForkArgs>(
+            "fork_task",
+            "Start a new task from a snapshot of this one (the latest by default, taken now if the task \
+             is live): the new task's first command restores those files; the two then diverge.",
+        )
+        .annotate(ToolAnnotations::new().destructive(false)),
         tool::<NoArgs>(
             "list_tasks",
             "List every task with its state, live sandbox and latest snapshot.",
@@ -388,6 +405,26 @@ impl Taskbox {
         ))
     }
 
+    async fn fork_task(&self, a: ForkArgs) -> Answer {
+        let task = task_id(&a.task)?;
+        let child = task_id(&a.new_task)?;
+        let res = self
+            .engine
+            .fork(&task, &child, a.snapshot.as_deref())
+            .await?;
+        let taken = res
+            .taken_at
+            .map(|at| format!(", taken {}", taskbox::clock::format_ms(at)))
+            .unwrap_or_default();
+        let text = format!(
+            "forked {} from {}.s{} (snapshot {}{taken}): its first command restores those files",
+            res.task, res.parent, res.parent_seq, res.snapshot_id
+        );
+        let value = serde_json::to_value(&res)
+            .map_err(|e| Failure::new(format!("cannot encode the result: {e}")))?;
+        Ok(success(text, value))
+    }
+
     fn list_tasks(&self) -> Answer {
         // Read-only, as `taskbox tasks`: straight from the store, no provider.
         let store_err = |e: taskbox::store::StoreError| Failure::from_engine(e.into());
@@ -569,6 +606,10 @@ impl Taskbox {
             },
             "resume_task" => match args(name, raw) {
                 Ok(a) => self.resume_task(a).await,
+                Err(f) => Err(f),
+            },
+            "fork_task" => match args(name, raw) {
+                Ok(a) => self.fork_task(a).await,
                 Err(f) => Err(f),
             },
             "list_tasks" => args::<NoArgs>(name, raw).and_then(|_| self.list_tasks()),
