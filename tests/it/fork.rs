@@ -704,6 +704,7 @@ fn a_task_that_keeps_no_snapshots_has_nothing_to_fork() {
         created_at: Some(START_MS),
         expires_at: None,
         omitted: Vec::new(),
+        taken_by: None,
     });
     let fork = |t: &Task| {
         let tr = step(
