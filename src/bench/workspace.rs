@@ -290,7 +290,7 @@ pub fn generate_workspace(root: &Path, spec: &TreeSpec, seed: u64) -> io::Result
     let mut written = 0usize;
     let mut pkg = 0usize;
     while written < spec.module_files {
-        let scope = if pkg % 7 == 0 {
+        let scope = if pkg.is_multiple_of(7) {
             format!("@scope{}/", pkg % 13)
         } else {
             String::new()

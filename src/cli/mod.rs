@@ -8,6 +8,8 @@ mod doctor;
 #[cfg(feature = "fake")]
 mod fake;
 mod live;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod output;
 mod replay;
 #[cfg(feature = "server")]
@@ -105,6 +107,13 @@ enum Cmd {
     /// per change), until the server stops.
     #[cfg(feature = "server")]
     Watch(TaskArgs),
+    /// Serve taskbox to MCP clients (coding agents): tools to run commands in a task's sandbox,
+    /// suspend and resume it, list and show tasks, read and write its files.
+    ///
+    /// Speaks MCP over stdio (the client starts `taskbox mcp`), or streamable HTTP at
+    /// http://ADDR/mcp with --http ADDR --token-file FILE.
+    #[cfg(feature = "mcp")]
+    Mcp(mcp::McpArgs),
     /// Check a task's journal against today's code (exit 1 on a divergence); show its timeline.
     Replay(replay::ReplayArgs),
     /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
@@ -314,6 +323,8 @@ impl Cmd {
             Cmd::Watch(a) => a.json,
             #[cfg(feature = "server")]
             Cmd::Serve(_) => false,
+            #[cfg(feature = "mcp")]
+            Cmd::Mcp(_) => false,
             #[cfg(feature = "chaos")]
             Cmd::Chaos(a) => a.json(),
             #[cfg(feature = "fake")]
@@ -479,6 +490,8 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Serve(args) => server::serve(args, paths).await,
         #[cfg(feature = "server")]
         Cmd::Status(args) => server::status(paths, args.json).await,
+        #[cfg(feature = "mcp")]
+        Cmd::Mcp(args) => mcp::run(args, paths).await,
         #[cfg(feature = "server")]
         Cmd::Watch(args) => server::watch(paths, &task_id(&args.task)?, args.json).await,
         Cmd::Gc(args) => {

@@ -108,6 +108,25 @@ impl Failure {
         }
     }
 
+    /// The failure as an MCP tool's error result: the text an agent reads (`error:`, `caused
+    /// by:`, `note:`, `hint:` lines, as the CLI prints them) and the `--json` error object, both
+    /// redacted.
+    #[cfg(feature = "mcp")]
+    pub fn tool_error(&self) -> (String, serde_json::Value) {
+        let r = self.redacted();
+        let mut text = format!("error: {}", r.message);
+        for c in &r.causes {
+            text.push_str(&format!("\ncaused by: {c}"));
+        }
+        for n in &r.notices {
+            text.push_str(&format!("\nnote: {}", notice_text(n)));
+        }
+        if let Some(h) = &r.hint {
+            text.push_str(&format!("\nhint: {h}"));
+        }
+        (text, r.json())
+    }
+
     /// The `--json` error object: the same shape as the server's errors (docs/api.md).
     fn json(&self) -> serde_json::Value {
         let mut v = serde_json::json!({

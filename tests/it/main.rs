@@ -25,6 +25,7 @@ mod hostile;
 mod layering;
 mod live;
 mod local_provider;
+mod mcp;
 mod replay;
 mod server;
 mod sim;
