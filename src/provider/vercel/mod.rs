@@ -367,6 +367,7 @@ impl VercelProvider {
                 size_bytes: snapshot.size_bytes,
                 expires_at: snapshot.expires_at,
                 omitted: Vec::new(),
+                usage: None,
             }),
             SnapshotStatus::Failed => Err(ProviderError::new(
                 FailureKind::Permanent,
@@ -392,7 +393,9 @@ impl VercelProvider {
         _seq: u64,
     ) -> Result<SnapshotInfo, ProviderError> {
         // A session is snapshotted at most once (the snapshot stops it), so "the snapshot of
-        // this session" is the idempotency key: a repeat returns the first one.
+        // this session" is the idempotency key: a repeat returns the first one (without the
+        // session's usage, which only the create's answer carries: the ledger then counts the
+        // session as unreported rather than spend a request on it).
         if let Some(found) = self.find_snapshot_of(task_id, session_id).await? {
             return Self::snapshot_info(found);
         }
@@ -403,7 +406,9 @@ impl VercelProvider {
         {
             Ok(taken) => {
                 self.forget(session_id);
-                Self::snapshot_info(taken.snapshot)
+                let mut info = Self::snapshot_info(taken.snapshot)?;
+                info.usage = taken.session.as_ref().and_then(wire::Session::usage);
+                Ok(info)
             }
             Err(e) => {
                 // A snapshot whose answer was lost has stopped the session, so the retry sees
