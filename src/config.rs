@@ -594,8 +594,7 @@ impl Config {
     /// Vercel memory/cpu pairing) are checked when the backend is used and by `taskbox doctor`.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
         let k = Key::find(key)?;
-        (k.set)(self, value)
-            .map_err(|expected| k.invalid(value, expected, ValueSource::Set))
+        (k.set)(self, value).map_err(|expected| k.invalid(value, expected, ValueSource::Set))
     }
 
     /// Checks every value as `set` would: a file edited by hand (or a config built in code)

@@ -131,9 +131,7 @@ fn totals(rows: &[(TaskId, Ledger, Option<String>)]) -> BTreeMap<String, Ledger>
             .or_default()
             .push(l);
     }
-    by.into_iter()
-        .map(|(b, ls)| (b, Ledger::sum(ls)))
-        .collect()
+    by.into_iter().map(|(b, ls)| (b, Ledger::sum(ls))).collect()
 }
 
 fn print_ledger(l: &Ledger, backend: Option<&str>, prices: &Prices) {
@@ -158,7 +156,10 @@ fn print_ledger(l: &Ledger, backend: Option<&str>, prices: &Prices) {
         human_bytes(l.snapshot_bytes_kept()),
         l.snapshots_kept.len()
     );
-    println!("  snapshot storage   {:.9} GB-months", l.snapshot_gb_months());
+    println!(
+        "  snapshot storage   {:.9} GB-months",
+        l.snapshot_gb_months()
+    );
     if priced {
         let e = l.estimate(prices);
         println!(

@@ -66,8 +66,7 @@ pub fn parse_since(text: &str) -> Result<u64, SinceError> {
     if n == 0 {
         return Err(bad("it is zero"));
     }
-    n.checked_mul(unit_ms)
-        .ok_or_else(|| bad("it is too long"))
+    n.checked_mul(unit_ms).ok_or_else(|| bad("it is too long"))
 }
 
 /// A `--since` that does not read as a duration.

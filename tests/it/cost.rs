@@ -24,9 +24,7 @@ fn store(home: &Home) -> Store {
 }
 
 fn f(v: &Value, key: &str) -> f64 {
-    v[key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("{key} in {v}"))
+    v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"))
 }
 
 /// Vercel: the usage the fake reports as the snapshot stops the session travels in the journal
@@ -83,7 +81,11 @@ fn vercel_cost_comes_from_the_reported_session_usage_in_the_journal() {
     assert!((cpu2 - 10.0 * f(est, "active_cpu")).abs() < 1e-9, "{v2}");
     let bad = home.run(&["config", "set", "cost.active_cpu_hour_usd", "--", "-1"]);
     assert_eq!(bad.status.code(), Some(125));
-    assert!(stderr(&bad).contains("cost.active_cpu_hour_usd"), "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).contains("cost.active_cpu_hour_usd"),
+        "{}",
+        stderr(&bad)
+    );
 
     // `show` and `tasks --json` carry the same totals.
     let show = json(&home.run(&["show", "demo", "--json"]));
@@ -135,7 +137,10 @@ fn local_cost_is_in_resource_units_and_since_windows_it() {
     assert_eq!(recent["since"], "1s", "{recent}");
     assert_eq!(r["creations"], 0, "{recent}");
     assert_eq!(r["sandbox_seconds"], 0, "{recent}");
-    assert_eq!(r["snapshots_kept"], 1, "the snapshot is still kept: {recent}");
+    assert_eq!(
+        r["snapshots_kept"], 1,
+        "the snapshot is still kept: {recent}"
+    );
     // All time still has everything.
     let all = json(&home.run(&["cost", "demo", "--since", "1w", "--json"]));
     assert_eq!(all["tasks"][0]["creations"], 1, "{all}");
@@ -155,7 +160,15 @@ fn since_is_a_number_and_a_unit_and_bad_input_says_how_to_write_it() {
     assert_eq!(parse_since("45s"), Ok(45_000));
     assert_eq!(parse_since("2w"), Ok(14 * 86_400_000));
     for bad in [
-        "", "7", "d", "7x", "0d", "-1d", "1.5h", "7 d", "99999999999999999999d",
+        "",
+        "7",
+        "d",
+        "7x",
+        "0d",
+        "-1d",
+        "1.5h",
+        "7 d",
+        "99999999999999999999d",
         "999999999999999w",
     ] {
         assert!(parse_since(bad).is_err(), "{bad:?} must be refused");
@@ -190,7 +203,10 @@ fn a_forks_shared_snapshot_counts_to_each_holder_and_once_in_the_total() {
     let child = ledger_of(&s.journal("demo-alt").expect("journal"), window);
     assert_eq!(parent.creations, 1);
     assert_eq!(child.creations, 0, "a fork's costs are its own");
-    assert_eq!(parent.snapshots_kept, child.snapshots_kept, "the same snapshot");
+    assert_eq!(
+        parent.snapshots_kept, child.snapshots_kept,
+        "the same snapshot"
+    );
     assert!(child.snapshot_gb_months() > 0.0);
     let total = Ledger::sum([&parent, &child]);
     assert_eq!(total.snapshot_bytes_kept(), parent.snapshot_bytes_kept());

@@ -115,9 +115,7 @@ impl LedgerBuilder {
         let w = self.window;
         match event {
             Event::SandboxReady { .. } if w.contains(at) => self.ledger.creations += 1,
-            Event::SnapshotTaken {
-                usage: Some(u), ..
-            } if w.contains(at) => {
+            Event::SnapshotTaken { usage: Some(u), .. } if w.contains(at) => {
                 let l = &mut self.ledger;
                 l.sessions_reported += 1;
                 l.active_cpu_ms = l.active_cpu_ms.saturating_add(u.active_cpu_ms.unwrap_or(0));
@@ -141,7 +139,12 @@ impl LedgerBuilder {
         let retained: BTreeMap<&SnapshotId, u64> = after
             .snapshots
             .iter()
-            .filter(|s| matches!(s.status, SnapshotStatus::Complete | SnapshotStatus::Deleting))
+            .filter(|s| {
+                matches!(
+                    s.status,
+                    SnapshotStatus::Complete | SnapshotStatus::Deleting
+                )
+            })
             .filter_map(|s| s.id.as_ref().map(|id| (id, s.size_bytes)))
             .collect();
         let dropped: Vec<SnapshotId> = self
