@@ -21,7 +21,9 @@
 //! and wait up to 10 s for it instead of failing ([`StoreError::Busy`] after that).
 //!
 //! Throughput: a commit costs one disk sync, which dominates; [`Store::commit_batch`] puts many
-//! transitions behind one sync. Statements are prepared once per connection (`prepare_cached`),
+//! transitions behind one sync, and [`Store::commit_batch_with`]`(…, `[`Sync::WithNext`]`)`
+//! lets a batch that performs nothing on a provider (the engine's answers: a command's result)
+//! ride on the next commit's sync. Statements are prepared once per connection (`prepare_cached`),
 //! and a transition that changes neither the task's snapshots nor its sandbox writes only the
 //! task row and the journal row.
 
@@ -54,6 +56,20 @@ pub struct TransitionRecord<'a> {
     pub task_after: &'a Task,
     /// The commands the transition emitted.
     pub commands: &'a [Command],
+}
+
+/// When a commit reaches the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sync {
+    /// Synced before the commit returns (`synchronous = FULL`): it survives a power loss. What
+    /// the engine's write-ahead needs before it performs a provider call.
+    Now,
+    /// Written to the WAL before the commit returns — every reader sees it and it survives a
+    /// crash of any process — but synced by the next [`Sync::Now`] commit (or checkpoint) of the
+    /// file, not before (`synchronous = NORMAL` for this transaction). The WAL is appended in
+    /// order and each frame's checksum chains to the one before, so a power loss can lose it
+    /// (and whatever else is not synced yet) but never a later, synced commit without it.
+    WithNext,
 }
 
 /// One row of the journal, decoded.
@@ -162,6 +178,9 @@ pub struct Store {
     conn: Connection,
     path: PathBuf,
     installation_id: String,
+    /// The connection was left at `synchronous = NORMAL` (setting FULL back after a
+    /// [`Sync::WithNext`] commit failed): every write sets FULL again before it writes.
+    not_full: bool,
 }
 
 /// The columns `query_journal` decodes, in its order.
@@ -193,6 +212,7 @@ impl Store {
             conn,
             path: path.to_path_buf(),
             installation_id,
+            not_full: false,
         })
     }
 
@@ -303,6 +323,7 @@ impl Store {
     /// Records `backend` as the task's, unless one is recorded already; returns the recorded
     /// one (`None`: no such task).
     pub fn claim_backend(&mut self, id: &str, backend: &str) -> Result<Option<String>, StoreError> {
+        self.full_sync(Some(id))?;
         let op = "recording a task's backend";
         self.conn
             .prepare_cached("UPDATE tasks SET backend = ?2 WHERE id = ?1 AND backend IS NULL")
@@ -318,6 +339,7 @@ impl Store {
         at: Millis,
         kept_snapshots: bool,
     ) -> Result<(), StoreError> {
+        self.full_sync(Some(id))?;
         let op = "marking a task removed";
         self.conn
             .prepare_cached("UPDATE tasks SET removed_at = ?2, kept_snapshots = ?3 WHERE id = ?1")
@@ -341,9 +363,48 @@ impl Store {
     /// transaction and one disk sync. Returns their journal `seq`s in the same order. All or
     /// nothing: if one record fails, none is written.
     pub fn commit_batch(&mut self, recs: &[TransitionRecord<'_>]) -> Result<Vec<u64>, StoreError> {
+        self.commit_batch_with(recs, Sync::Now)
+    }
+
+    /// [`Store::commit_batch`], reaching the disk as `sync` says. A [`Sync::Now`] commit, and
+    /// every other write, is made at `synchronous = FULL` whatever came before.
+    pub fn commit_batch_with(
+        &mut self,
+        recs: &[TransitionRecord<'_>],
+        sync: Sync,
+    ) -> Result<Vec<u64>, StoreError> {
         if recs.is_empty() {
             return Ok(Vec::new());
         }
+        let first_task = Some(recs[0].task_after.id.as_str());
+        if sync == Sync::Now {
+            self.full_sync(first_task)?;
+            return self.commit_records(recs);
+        }
+        self.set_synchronous("NORMAL", first_task)?;
+        self.not_full = true;
+        let result = self.commit_records(recs);
+        // Not an error of the commit: if this fails, the next write sets FULL before writing.
+        let _ = self.full_sync(first_task);
+        result
+    }
+
+    /// Sets `synchronous = FULL` again if a [`Sync::WithNext`] commit could not.
+    fn full_sync(&mut self, task: Option<&str>) -> Result<(), StoreError> {
+        if self.not_full {
+            self.set_synchronous("FULL", task)?;
+            self.not_full = false;
+        }
+        Ok(())
+    }
+
+    fn set_synchronous(&self, mode: &str, task: Option<&str>) -> Result<(), StoreError> {
+        self.conn
+            .pragma_update(None, "synchronous", mode)
+            .map_err(|e| StoreError::sql(&self.path, "choosing when a commit syncs", task, e))
+    }
+
+    fn commit_records(&mut self, recs: &[TransitionRecord<'_>]) -> Result<Vec<u64>, StoreError> {
         let path = self.path.as_path();
         let first_task = Some(recs[0].task_after.id.as_str());
         let tx = self

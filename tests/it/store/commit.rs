@@ -236,3 +236,55 @@ fn the_journal_refuses_update_and_delete() {
     }
     assert_eq!(store.journal("a").expect("journal"), before);
 }
+
+/// A batch committed with `Sync::WithNext` (the engine's answers: a command's result) is
+/// committed like any other — every other connection sees it at once, a reopened store has it,
+/// the journal stays in order — and the synced commits after it go on as before.
+#[test]
+fn a_commit_that_syncs_with_the_next_is_committed_at_once_and_in_order() {
+    use taskbox::store::Sync;
+    let (_dir, path) = temp_db();
+    let steps = lifecycle("d", 1_000);
+    let (first, rest) = steps.split_at(steps.len() / 2);
+    {
+        let mut store = Store::open(&path).expect("open");
+        for (i, step) in first.iter().enumerate() {
+            let sync = if i % 2 == 0 {
+                Sync::Now
+            } else {
+                Sync::WithNext
+            };
+            store
+                .commit_batch_with(&[step.rec()], sync)
+                .expect("commit");
+            let seen: i64 = raw(&path)
+                .query_row(
+                    "SELECT count(*) FROM journal WHERE task_id = 'd'",
+                    [],
+                    |r| r.get(0),
+                )
+                .expect("count");
+            assert_eq!(
+                seen,
+                i as i64 + 1,
+                "another connection sees commit {i} at once"
+            );
+        }
+        for step in rest {
+            store
+                .commit(&step.rec())
+                .expect("a synced commit after a deferred one");
+        }
+    }
+    let store = Store::open(&path).expect("reopen");
+    let journal = store.journal("d").expect("journal");
+    assert_eq!(journal.len(), steps.len());
+    assert!(journal
+        .windows(2)
+        .all(|w| w[0].task_seq + 1 == w[1].task_seq));
+    assert_eq!(
+        store.load_task("d").expect("load"),
+        Some(steps.last().expect("steps").task.clone())
+    );
+    store.integrity_check().expect("intact");
+}
