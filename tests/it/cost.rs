@@ -220,3 +220,107 @@ fn a_forks_shared_snapshot_counts_to_each_holder_and_once_in_the_total() {
         "{v}"
     );
 }
+
+/// The fold's arithmetic on a journal written by hand: sandbox time from the entry that made the
+/// sandbox the task's to the one that ended it, the reported usage in vCPU-hours, memory
+/// GB-hours and transfer, storage in GB-months, the estimate at the published prices, and a
+/// window that clips sandbox time and leaves out a creation before it.
+#[test]
+fn the_ledger_folds_a_journal_into_units_and_prices() {
+    use taskbox::core::{
+        Event, SandboxRecord, SessionUsage, SnapshotRecord, SnapshotStatus, Task, TaskSettings,
+    };
+    const H: u64 = 3_600_000;
+    let t0 = 1_000;
+    let idle = Task::new(crate::support::tid("t"), TaskSettings::default(), t0);
+    let mut live = idle.clone();
+    live.sandbox = Some(SandboxRecord {
+        id: crate::support::sbx("sbx_1"),
+        name: "n".into(),
+        generation: 1,
+        created_at: t0,
+        deadline: t0 + 5 * H,
+        source_snapshot: None,
+        used: true,
+    });
+    let mut kept = idle.clone();
+    kept.snapshots.push(SnapshotRecord {
+        seq: 1,
+        id: Some(crate::support::snap("snap_1")),
+        status: SnapshotStatus::Complete,
+        size_bytes: 1_000_000_000,
+        sandbox_id: crate::support::sbx("sbx_1"),
+        started_at: t0 + H,
+        created_at: Some(t0 + H),
+        expires_at: None,
+        omitted: Vec::new(),
+        taken_by: None,
+    });
+    let ready = Event::SandboxReady {
+        generation: 1,
+        sandbox_id: crate::support::sbx("sbx_1"),
+        name: "n".into(),
+        deadline: t0 + 5 * H,
+    };
+    let taken = Event::SnapshotTaken {
+        seq: 1,
+        snapshot_id: crate::support::snap("snap_1"),
+        size_bytes: 1_000_000_000,
+        expires_at: None,
+        omitted: Vec::new(),
+        usage: Some(SessionUsage {
+            started_at: t0,
+            stopped_at: Some(t0 + H),
+            vcpus: 2,
+            memory_mb: 4096,
+            active_cpu_ms: Some(H / 2),
+            transfer_bytes: Some(2_000_000_000),
+        }),
+    };
+    let entries = [(t0, &ready, &live), (t0 + H, &taken, &kept)];
+    let month = 30 * 24 * H;
+    let l = Ledger::of(Window::until(t0 + H + month), entries);
+    assert_eq!(l.creations, 1);
+    assert_eq!(l.sandbox_ms, H);
+    assert_eq!(l.sessions_reported, 1);
+    assert!((l.vcpu_hours() - 0.5).abs() < 1e-12);
+    assert!(
+        (l.memory_gb_hours() - 4.0).abs() < 1e-12,
+        "4096 MB for an hour"
+    );
+    assert!((l.transfer_gb() - 2.0).abs() < 1e-12);
+    assert!(
+        (l.snapshot_gb_months() - 1.0).abs() < 1e-12,
+        "1 GB for 30 days"
+    );
+    assert_eq!(l.snapshot_bytes_kept(), 1_000_000_000);
+    let e = l.estimate(&Prices::default());
+    let expect = 0.5 * 0.128 + 4.0 * 0.0212 + 0.6e-6 + 2.0 * 0.15 + 0.08;
+    assert!((e.total - expect).abs() < 1e-12, "{e:?}");
+
+    // From half an hour in: half the sandbox time, no creation, the usage reported in the
+    // window, storage from the snapshot on.
+    let w = Window {
+        from: t0 + H / 2,
+        until: t0 + H + month,
+    };
+    let l = Ledger::of(w, entries);
+    assert_eq!(l.creations, 0);
+    assert_eq!(l.sandbox_ms, H / 2);
+    assert_eq!(l.sessions_reported, 1);
+    assert!((l.snapshot_gb_months() - 1.0).abs() < 1e-12);
+    // Ending before the snapshot: none of it.
+    let l = Ledger::of(
+        Window {
+            from: 0,
+            until: t0 + H / 2,
+        },
+        entries,
+    );
+    assert_eq!(
+        (l.creations, l.sandbox_ms, l.sessions_reported),
+        (1, H / 2, 0)
+    );
+    assert_eq!(l.snapshot_gb_months(), 0.0);
+    assert!(l.snapshots_kept.is_empty());
+}

@@ -110,9 +110,14 @@ impl LedgerBuilder {
         }
     }
 
-    /// Applies one journal entry: at `at`, `event` left the task as `after`.
+    /// Applies one journal entry: at `at`, `event` left the task as `after`. Entries must come
+    /// oldest first; one after the window's end is ignored.
     pub fn apply(&mut self, at: Millis, event: &Event, after: &Task) {
         let w = self.window;
+        // The ledger is of the task as it stood at the window's end: later entries are not in it.
+        if at > w.until {
+            return;
+        }
         match event {
             Event::SandboxReady { .. } if w.contains(at) => self.ledger.creations += 1,
             Event::SnapshotTaken { usage: Some(u), .. } if w.contains(at) => {
