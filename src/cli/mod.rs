@@ -4,6 +4,7 @@
 mod bench;
 #[cfg(feature = "chaos")]
 mod chaos;
+mod cost;
 mod doctor;
 #[cfg(feature = "fake")]
 mod fake;
@@ -81,6 +82,9 @@ enum Cmd {
     Tasks(TasksArgs),
     /// Show a task: state, sandbox, snapshots and recent journal.
     Show(ShowArgs),
+    /// What tasks used, from their journals: sandbox time, creations, snapshot storage, and on
+    /// Vercel active CPU, memory and an estimate at list price (`cost.*` keys).
+    Cost(cost::CostArgs),
     /// Read and change the configuration (Hermes-style `terminal.*` keys).
     #[command(subcommand)]
     Config(ConfigCmd),
@@ -314,6 +318,7 @@ impl Cmd {
             Cmd::Tasks(a) => a.json,
             Cmd::Doctor(a) => a.json,
             Cmd::Show(a) => a.json,
+            Cmd::Cost(a) => a.json,
             Cmd::Config(ConfigCmd::Show(a)) => a.json,
             Cmd::Config(_) => false,
             Cmd::Gc(a) => a.json,
@@ -345,7 +350,7 @@ fn engine_in_process(cmd: &Cmd, paths: &Paths) -> bool {
         Cmd::Run(_) | Cmd::Suspend(_) | Cmd::Resume(_) | Cmd::Gc(_) | Cmd::Fork(_) => {
             !matches!(route(paths), Ok(Route::Server(..)))
         }
-        Cmd::Tasks(_) | Cmd::Show(_) | Cmd::Config(_) | Cmd::Export(_) => false,
+        Cmd::Tasks(_) | Cmd::Show(_) | Cmd::Cost(_) | Cmd::Config(_) | Cmd::Export(_) => false,
         #[cfg(feature = "server")]
         Cmd::Status(_) | Cmd::Watch(_) => false,
         _ => true,
@@ -440,7 +445,8 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Tasks(args) => {
             // Read-only: straight from the store, with no provider (and so no credentials).
             let store_err = |e: StoreError| Failure::from_engine(e.into());
-            let (tasks, removed) = match existing_store(paths).map_err(store_err)? {
+            let store = existing_store(paths).map_err(store_err)?;
+            let (tasks, removed) = match &store {
                 Some(store) => (
                     store.load_tasks().map_err(store_err)?,
                     store
@@ -453,9 +459,36 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
                 None => (Vec::new(), output::Removed::new()),
             };
             let now = taskbox::clock::Clock::now_ms(&taskbox::clock::SystemClock);
+            // `--json` carries each task's cost totals (all time), read from its journal.
+            let costs = |tasks: &[taskbox::core::Task]| -> Result<_, Failure> {
+                let mut costs = std::collections::BTreeMap::new();
+                if let Some(store) = &store {
+                    let prices = Config::load(&paths.config_file)
+                        .map_err(Failure::from_config)?
+                        .prices();
+                    let window = taskbox::engine::cost::window(None, now);
+                    for t in tasks {
+                        let (l, b) = taskbox::engine::cost::task_ledger(store, &t.id, window)
+                            .map_err(Failure::from_engine)?;
+                        costs.insert(
+                            t.id.to_string(),
+                            taskbox::engine::cost::ledger_json(&l, b.as_deref(), &prices),
+                        );
+                    }
+                }
+                Ok(costs)
+            };
             match (args.json, args.tree) {
-                (true, false) => print_json(&output::tasks_json(&tasks, now, &removed))?,
-                (true, true) => print_json(&output::tasks_tree_json(&tasks, now, &removed))?,
+                (true, false) => {
+                    let mut v = output::tasks_json(&tasks, now, &removed);
+                    output::add_costs(&mut v, &costs(&tasks)?);
+                    print_json(&v)?
+                }
+                (true, true) => {
+                    let mut v = output::tasks_tree_json(&tasks, now, &removed);
+                    output::add_costs(&mut v, &costs(&tasks)?);
+                    print_json(&v)?
+                }
                 (false, false) => output::print_tasks(&tasks, now, &removed)?,
                 (false, true) => output::print_tasks_tree(&tasks, now, &removed)?,
             }
@@ -463,21 +496,38 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Show(args) => {
             let task = task_id(&args.task)?;
-            let view = match existing_store(paths).map_err(|e| Failure::from_engine(e.into()))? {
-                Some(store) => TaskView::load(&store, &task, args.journal, None)
+            let store = existing_store(paths).map_err(|e| Failure::from_engine(e.into()))?;
+            let view = match &store {
+                Some(store) => TaskView::load(store, &task, args.journal, None)
                     .map_err(Failure::from_engine)?,
                 None => None,
             };
-            let Some(view) = view else {
+            let (Some(view), Some(store)) = (view, store) else {
                 return Err(no_task(paths, &task));
             };
+            // The task's cost totals (all time), from its journal, as `taskbox cost TASK`.
+            let now = taskbox::clock::Clock::now_ms(&taskbox::clock::SystemClock);
+            let prices = Config::load(&paths.config_file)
+                .map_err(Failure::from_config)?
+                .prices();
+            let (ledger, backend) = taskbox::engine::cost::task_ledger(
+                &store,
+                &task,
+                taskbox::engine::cost::window(None, now),
+            )
+            .map_err(Failure::from_engine)?;
+            let cost = taskbox::engine::cost::ledger_json(&ledger, backend.as_deref(), &prices);
             if args.json {
-                print_json(&output::view_json(&view)?)?;
+                let mut v = output::view_json(&view)?;
+                v["cost"] = cost;
+                print_json(&v)?;
             } else {
                 output::print_view(&view)?;
+                println!("{}", output::cost_line(&cost));
             }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Cost(args) => cost::run(args, paths),
         Cmd::Config(cmd) => config_cmd(cmd, paths),
         #[cfg(feature = "bench")]
         Cmd::Bench(args) => bench::run(args),

@@ -16,6 +16,7 @@ mod cli;
 mod cli_files;
 mod cli_input;
 mod core_step;
+mod cost;
 mod crash;
 mod engine;
 mod fake_vercel;

@@ -150,6 +150,7 @@ fn lifecycle(id: &str, start: Millis) -> Vec<Owned> {
             size_bytes: 4096,
             expires_at: Some(start + 1_000_000),
             omitted: Vec::new(),
+            usage: None,
         },
         vec![],
         |t| {
