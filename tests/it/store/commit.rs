@@ -12,7 +12,7 @@ fn create_and_reopen_keeps_installation_id_and_tasks() {
     let first_id;
     {
         let mut store = Store::open(&path).expect("open creates the file and its parents");
-        assert_eq!(store.path(), path);
+        assert_eq!(store.path(), Some(path.as_path()));
         first_id = store.installation_id().to_string();
         assert_eq!(first_id.len(), 32, "128 bits as hex: {first_id}");
         assert!(first_id
