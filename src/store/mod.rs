@@ -17,6 +17,8 @@
 //! the SQLite path stays a direct call: no allocation or dynamic dispatch per commit.
 
 mod error;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod schema;
 mod sqlite;
 
@@ -27,6 +29,8 @@ use serde::{Deserialize, Serialize};
 use crate::core::{Command, Event, Millis, SnapshotStatus, Task, TaskState};
 
 pub use error::StoreError;
+#[cfg(feature = "postgres")]
+pub use postgres::{PgStore, PgTarget};
 pub use sqlite::SqliteStore;
 
 /// One transition to commit: the event that caused it, the task before (its state) and after,
@@ -204,11 +208,36 @@ pub trait Backend {
     fn snapshots(&self, task_id: Option<&str>) -> Result<Vec<SnapshotRow>, StoreError>;
 }
 
+/// `location` (a `terminal.store` value) as it may be shown: a URL's password replaced by `***`.
+pub fn redact_location(location: &str) -> String {
+    #[cfg(feature = "postgres")]
+    {
+        postgres::redact_url(location)
+    }
+    #[cfg(not(feature = "postgres"))]
+    {
+        sqlite_free_redact(location)
+    }
+}
+
+/// The redaction without the PostgreSQL module: everything between `://` and the last `@` of
+/// the authority is dropped.
+#[cfg(not(feature = "postgres"))]
+fn sqlite_free_redact(location: &str) -> String {
+    match (location.find("://"), location.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}***{}", &location[..s + 3], &location[at..]),
+        _ => location.to_string(),
+    }
+}
+
 /// The store the engine holds: one of the [`Backend`] implementations.
 #[derive(Debug)]
 pub enum Store {
     /// The embedded SQLite file.
     Sqlite(SqliteStore),
+    /// A PostgreSQL database, shared by a fleet.
+    #[cfg(feature = "postgres")]
+    Postgres(PgStore),
 }
 
 /// Runs `$e` with `$s` bound to whichever store `$self` holds.
@@ -216,6 +245,8 @@ macro_rules! each {
     ($self:expr, $s:ident => $e:expr) => {
         match $self {
             Store::Sqlite($s) => $e,
+            #[cfg(feature = "postgres")]
+            Store::Postgres($s) => $e,
         }
     };
 }
@@ -232,10 +263,60 @@ impl Store {
         SqliteStore::open_existing(path).map(Store::Sqlite)
     }
 
+    /// Opens the store `location` names: a `postgres://` URL, or the SQLite file at `default`
+    /// when it is `None` (`terminal.store` unset). `create` says whether a missing SQLite file
+    /// may be created ([`Store::open`]) or is refused ([`Store::open_existing`]).
+    pub fn open_location(
+        location: Option<&str>,
+        default: &Path,
+        create: bool,
+    ) -> Result<Store, StoreError> {
+        match location {
+            None => {
+                if create {
+                    Store::open(default)
+                } else {
+                    Store::open_existing(default)
+                }
+            }
+            Some(url) => Store::connect(url),
+        }
+    }
+
+    /// Connects to the PostgreSQL store at `url` and brings its schema up to date.
+    pub fn connect(url: &str) -> Result<Store, StoreError> {
+        #[cfg(feature = "postgres")]
+        {
+            let target = PgTarget::parse(url)?;
+            PgStore::open(&target).map(Store::Postgres)
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            Err(StoreError::BadTarget {
+                target: redact_location(url),
+                reason: "this taskbox was built without the `postgres` feature; rebuild with \
+                         it or leave `terminal.store` unset for the SQLite file"
+                    .to_string(),
+            })
+        }
+    }
+
     /// The store file, for an SQLite store.
     pub fn path(&self) -> Option<&Path> {
         match self {
             Store::Sqlite(s) => Some(s.path()),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => None,
+        }
+    }
+
+    /// Where the store is, for messages: the file's path, or the URL with its password
+    /// replaced.
+    pub fn location(&self) -> String {
+        match self {
+            Store::Sqlite(s) => s.path().display().to_string(),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => s.target().redacted().to_string(),
         }
     }
 }

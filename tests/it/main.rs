@@ -22,6 +22,7 @@ mod fake_vercel;
 mod hostile;
 mod live;
 mod local_provider;
+mod pg;
 mod replay;
 mod server;
 mod sim;
