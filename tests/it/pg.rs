@@ -30,19 +30,65 @@ fn server() -> &'static Result<Server, String> {
     })
 }
 
+/// A cluster of its own for a test that stops and starts it (`None`: PostgreSQL is missing
+/// outside CI, or `TASKBOX_TEST_POSTGRES_URL` points elsewhere and no cluster can be started).
+pub fn private_server() -> Option<Server> {
+    match start_cluster() {
+        Ok(s) => Some(s),
+        Err(why) => {
+            assert!(!under_ci(), "the PostgreSQL tests cannot run under CI: {why}");
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
 /// A running server: its admin URL, and the cluster when this process started it.
 pub struct Server {
     admin_url: String,
     cluster: Option<Cluster>,
 }
 
-/// A cluster this process started.
+impl Server {
+    /// The cluster, when this process started it.
+    pub fn cluster(&self) -> Option<&Cluster> {
+        self.cluster.as_ref()
+    }
+
+    /// A fresh database on this server.
+    pub fn database(&self) -> Db {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "tb_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        execute(&self.admin_url, &format!("CREATE DATABASE {name}")).expect("create database");
+        let url = match self.admin_url.rfind('/') {
+            Some(i) => format!("{}/{name}", &self.admin_url[..i]),
+            None => panic!("admin URL without a database: {}", self.admin_url),
+        };
+        Db { url }
+    }
+}
+
+/// A cluster this process started. Dropping it stops it and removes its directory (the
+/// watcher does the same if this process ends first).
 pub struct Cluster {
-    pub bin: PathBuf,
-    pub data: PathBuf,
-    pub port: u16,
+    bin: PathBuf,
+    data: PathBuf,
+    port: u16,
     /// Runs commands as the cluster's owner.
     as_owner: Option<&'static str>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.pg_ctl(&["-m", "immediate", "-w", "stop"]);
+        if let Some(dir) = self.data.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 impl Cluster {
@@ -213,6 +259,8 @@ fn start_cluster() -> Result<Server, String> {
             });
         }
         last = std::fs::read_to_string(&log).unwrap_or_default();
+        // Not started: keep the directory for the next port (the watcher removes it).
+        std::mem::forget(cluster);
     }
     Err(format!("postgres did not start: {last}"))
 }
@@ -220,37 +268,19 @@ fn start_cluster() -> Result<Server, String> {
 /// A database of its own for one test.
 pub struct Db {
     pub url: String,
-    pub name: String,
 }
 
 /// A fresh database on the test server, or `None` (printing why) when PostgreSQL is missing
 /// outside CI. Panics under CI when it is missing.
 pub fn database() -> Option<Db> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let server = match server() {
-        Ok(s) => s,
+    match server() {
+        Ok(s) => Some(s.database()),
         Err(why) => {
             assert!(!under_ci(), "the PostgreSQL tests cannot run under CI: {why}");
             eprintln!("skipped: {why}");
-            return None;
+            None
         }
-    };
-    let name = format!(
-        "tb_{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
-    execute(&server.admin_url, &format!("CREATE DATABASE {name}")).expect("create database");
-    let url = match server.admin_url.rfind('/') {
-        Some(i) => format!("{}/{name}", &server.admin_url[..i]),
-        None => panic!("admin URL without a database: {}", server.admin_url),
-    };
-    Some(Db { url, name })
-}
-
-/// The cluster this process started (`None` with `TASKBOX_TEST_POSTGRES_URL`).
-pub fn cluster() -> Option<&'static Cluster> {
-    server().as_ref().ok().and_then(|s| s.cluster.as_ref())
+    }
 }
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -11,6 +11,7 @@
 mod commit;
 mod concurrency;
 mod integrity;
+mod reconnect;
 mod rows;
 
 use std::path::{Path, PathBuf};
