@@ -208,26 +208,9 @@ pub trait Backend {
     fn snapshots(&self, task_id: Option<&str>) -> Result<Vec<SnapshotRow>, StoreError>;
 }
 
-/// `location` (a `terminal.store` value) as it may be shown: a URL's password replaced by `***`.
+/// `location` (a `terminal.store` value) as it may be shown: a URL's password replaced.
 pub fn redact_location(location: &str) -> String {
-    #[cfg(feature = "postgres")]
-    {
-        postgres::redact_url(location)
-    }
-    #[cfg(not(feature = "postgres"))]
-    {
-        sqlite_free_redact(location)
-    }
-}
-
-/// The redaction without the PostgreSQL module: everything between `://` and the last `@` of
-/// the authority is dropped.
-#[cfg(not(feature = "postgres"))]
-fn sqlite_free_redact(location: &str) -> String {
-    match (location.find("://"), location.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}***{}", &location[..s + 3], &location[at..]),
-        _ => location.to_string(),
-    }
+    crate::redact::redact(location)
 }
 
 /// The store the engine holds: one of the [`Backend`] implementations.

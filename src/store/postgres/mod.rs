@@ -26,7 +26,7 @@
 //! for. Statements are not retried behind the caller's back.
 //!
 //! **Secrets.** The URL is kept parsed ([`PgTarget`]); only its redacted form (password
-//! replaced by `***`) is ever put in an error or a log line.
+//! replaced by `[redacted]`) is ever put in an error or a log line.
 
 mod schema;
 mod target;
@@ -46,7 +46,7 @@ use super::{
 };
 use crate::core::{Millis, Task, TaskState};
 
-pub use target::{redact_url, PgTarget};
+pub use target::PgTarget;
 
 /// How long connecting may take when the URL does not say (`connect_timeout`).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -44,7 +44,7 @@ impl PgTarget {
         Ok(PgTarget { config, redacted })
     }
 
-    /// The URL with its password replaced by `***`: the only form that is ever shown.
+    /// The URL with its password replaced by `[redacted]`: the only form that is ever shown.
     pub fn redacted(&self) -> &str {
         &self.redacted
     }
@@ -68,7 +68,7 @@ pub fn is_postgres_url(s: &str) -> bool {
     lower.starts_with("postgres://") || lower.starts_with("postgresql://")
 }
 
-/// `url` with the password of its user info and any `password=` option replaced by `***`.
+/// `url` with the password of its user info and any `password=` option replaced by `[redacted]`.
 pub fn redact_url(url: &str) -> String {
     let (scheme, rest) = match url.find("://") {
         Some(i) => (&url[..i + 3], &url[i + 3..]),
@@ -81,7 +81,7 @@ pub fn redact_url(url: &str) -> String {
         Some(at) => {
             let (userinfo, host) = authority.split_at(at);
             match userinfo.find(':') {
-                Some(colon) => format!("{}:***{host}", &userinfo[..colon]),
+                Some(colon) => format!("{}:{}{host}", &userinfo[..colon], crate::redact::REDACTED),
                 None => authority.to_string(),
             }
         }
@@ -93,7 +93,9 @@ pub fn redact_url(url: &str) -> String {
             let query: Vec<String> = query
                 .split('&')
                 .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => {
+                        format!("{k}={}", crate::redact::REDACTED)
+                    }
                     _ => kv.to_string(),
                 })
                 .collect();
@@ -112,11 +114,11 @@ mod tests {
     fn passwords_are_replaced_wherever_they_are_written() {
         assert_eq!(
             redact_url("postgres://tb:s3cret@db:5432/taskbox"),
-            "postgres://tb:***@db:5432/taskbox"
+            "postgres://tb:[redacted]@db:5432/taskbox"
         );
         assert_eq!(
             redact_url("postgresql://tb:p@ss@word@db/x?password=hunter2&sslmode=disable"),
-            "postgresql://tb:***@db/x?password=***&sslmode=disable"
+            "postgresql://tb:[redacted]@db/x?password=[redacted]&sslmode=disable"
         );
         assert_eq!(
             redact_url("postgres://tb@db/taskbox"),
