@@ -92,7 +92,11 @@ pub async fn serve(args: ServeArgs, paths: &Paths) -> Result<ExitCode, Failure> 
         .map_err(Failure::from_config)?;
     if let Some(store) = &args.store {
         config
-            .set_from("terminal.store", store, taskbox::config::ValueSource::Flag("--store"))
+            .set_from(
+                "terminal.store",
+                store,
+                taskbox::config::ValueSource::Flag("--store"),
+            )
             .map_err(Failure::from_config)?;
     }
     let store = match config.terminal.store.url() {

@@ -223,6 +223,34 @@ pub enum StoreError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 
+    /// Another server took the task's lease over: this one may no longer write it (its commit
+    /// carried a stale fencing token and was refused; nothing of it was written).
+    #[error(
+        "task `{task_id}` moved to another server{}: this server's lease on it was taken over, \
+         so its transition was not committed",
+        owner.as_deref().filter(|o| !o.is_empty()).map(|o| format!(" (`{o}`)")).unwrap_or_default()
+    )]
+    LeaseLost {
+        /// The task.
+        task_id: String,
+        /// The server that holds the lease now, if any does.
+        owner: Option<String>,
+    },
+
+    /// Another live server holds the task's lease.
+    #[error(
+        "task `{task_id}` is driven by another server (`{owner}`, its lease runs for \
+         {expires_in_ms} ms more); send the request to that server"
+    )]
+    LeaseHeld {
+        /// The task.
+        task_id: String,
+        /// The server that holds it.
+        owner: String,
+        /// How long its lease runs unless renewed.
+        expires_in_ms: u64,
+    },
+
     /// The configured store is not one this build can open.
     #[error("invalid store `{target}`: {reason}")]
     BadTarget {
@@ -306,8 +334,7 @@ impl StoreError {
                 ))
             }
             StoreError::Postgres {
-                retryable: true,
-                ..
+                retryable: true, ..
             } => Some(
                 "the PostgreSQL server did not answer or is restarting; run the command again \
                  once it is back: nothing committed is lost, and a task whose commit was cut \
@@ -322,7 +349,11 @@ impl StoreError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            StoreError::Busy { .. } | StoreError::Postgres { retryable: true, .. }
+            StoreError::Busy { .. }
+                | StoreError::Postgres {
+                    retryable: true,
+                    ..
+                }
         )
     }
 

@@ -30,7 +30,7 @@ use crate::core::{Command, Event, Millis, SnapshotStatus, Task, TaskState};
 
 pub use error::StoreError;
 #[cfg(feature = "postgres")]
-pub use postgres::{PgStore, PgTarget};
+pub use postgres::{Fences, Lease, PgStore, PgTarget};
 pub use sqlite::SqliteStore;
 
 /// One transition to commit: the event that caused it, the task before (its state) and after,
@@ -175,8 +175,12 @@ pub trait Backend {
     fn claim_backend(&mut self, id: &str, backend: &str) -> Result<Option<String>, StoreError>;
 
     /// Marks the task removed at `at` (`taskbox rm`); its record and journal stay.
-    fn mark_removed(&mut self, id: &str, at: Millis, kept_snapshots: bool)
-        -> Result<(), StoreError>;
+    fn mark_removed(
+        &mut self,
+        id: &str,
+        at: Millis,
+        kept_snapshots: bool,
+    ) -> Result<(), StoreError>;
 
     /// Commits one transition in one transaction: the task row, a journal row, and the
     /// snapshot and sandbox rows. Returns the journal `seq`.
@@ -356,7 +360,11 @@ impl Store {
         each!(self, s => Backend::journal(s, task_id))
     }
     /// See [`Backend::journal_tail`].
-    pub fn journal_tail(&self, task_id: &str, limit: usize) -> Result<Vec<JournalEntry>, StoreError> {
+    pub fn journal_tail(
+        &self,
+        task_id: &str,
+        limit: usize,
+    ) -> Result<Vec<JournalEntry>, StoreError> {
         each!(self, s => Backend::journal_tail(s, task_id, limit))
     }
     /// See [`Backend::integrity_check`].

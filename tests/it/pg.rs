@@ -36,7 +36,10 @@ pub fn private_server() -> Option<Server> {
     match start_cluster() {
         Ok(s) => Some(s),
         Err(why) => {
-            assert!(!under_ci(), "the PostgreSQL tests cannot run under CI: {why}");
+            assert!(
+                !under_ci(),
+                "the PostgreSQL tests cannot run under CI: {why}"
+            );
             eprintln!("skipped: {why}");
             None
         }
@@ -276,7 +279,10 @@ pub fn database() -> Option<Db> {
     match server() {
         Ok(s) => Some(s.database()),
         Err(why) => {
-            assert!(!under_ci(), "the PostgreSQL tests cannot run under CI: {why}");
+            assert!(
+                !under_ci(),
+                "the PostgreSQL tests cannot run under CI: {why}"
+            );
             eprintln!("skipped: {why}");
             None
         }

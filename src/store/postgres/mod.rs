@@ -59,10 +59,33 @@ const JOURNAL_COLUMNS: &str = "seq, task_id, task_seq, at, event, state_before, 
 const COMMIT_SQL: &str = "SELECT taskbox_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
                           $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)";
 
+/// The fenced commit: `taskbox_commit_fenced`, the lease's token first.
+const COMMIT_FENCED_SQL: &str = "SELECT taskbox_commit_fenced($24, $1, $2, $3, $4, $5, $6, $7, \
+                                 $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, \
+                                 $20, $21, $22, $23)";
+
+/// A task's lease, as this server holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The task.
+    pub task_id: String,
+    /// This server's name in the `leases` table.
+    pub owner: String,
+    /// The fencing token: greater than that of every earlier owner.
+    pub token: i64,
+}
+
+/// The fencing tokens this server's commits carry, by task. Shared by the stores of one server
+/// (the one that renews leases and the event loop's), so a commit always carries the token of
+/// the lease as last acquired.
+pub type Fences = Arc<Mutex<std::collections::HashMap<String, i64>>>;
+
 /// An open PostgreSQL store. Like the SQLite store, give each thread its own.
 pub struct PgStore {
     target: PgTarget,
     installation_id: String,
+    /// Tasks whose commits are fenced, and their tokens (see [`PgStore::acquire_lease`]).
+    fences: Fences,
     /// The connection, replaced when found closed.
     session: Mutex<Option<Arc<Session>>>,
     /// Drives the connection; `None` only while dropping.
@@ -82,6 +105,7 @@ impl std::fmt::Debug for PgStore {
 struct Session {
     client: Client,
     commit: Statement,
+    commit_fenced: Statement,
 }
 
 /// Why a call failed on the connection's side.
@@ -126,6 +150,12 @@ struct PgRecord {
 }
 
 impl PgRecord {
+    fn params_fenced<'a>(&'a self, token: &'a i64) -> Vec<&'a (dyn ToSql + Sync)> {
+        let mut p = self.params().to_vec();
+        p.push(token);
+        p
+    }
+
     fn params(&self) -> [&(dyn ToSql + Sync); 23] {
         [
             &self.id,
@@ -174,6 +204,7 @@ impl PgStore {
         let mut store = PgStore {
             target: target.clone(),
             installation_id: String::new(),
+            fences: Fences::default(),
             session: Mutex::new(None),
             rt: Some(rt),
         };
@@ -195,6 +226,151 @@ impl PgStore {
         &self.target
     }
 
+    /// The fencing tokens this store's commits carry; give the same to every store of one
+    /// server ([`PgStore::share_fences`]).
+    pub fn fences(&self) -> Fences {
+        self.fences.clone()
+    }
+
+    /// Makes this store's commits carry the tokens of `fences` (another store's of this server).
+    pub fn share_fences(&mut self, fences: Fences) {
+        self.fences = fences;
+    }
+
+    /// Takes (or renews, when `owner` holds it already) the task's lease for `ttl`, measured on
+    /// the database's clock. A new owner gets a token greater than every earlier one; from
+    /// then on this store's commits of the task are fenced by it. Refused with
+    /// [`StoreError::LeaseHeld`] while another owner's lease is fresh.
+    pub fn acquire_lease(
+        &self,
+        task_id: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let rows = self.query(
+            "taking a task's lease",
+            Some(task_id),
+            "WITH taken AS (
+                 INSERT INTO leases AS l (task_id, owner, token, expires_at)
+                 VALUES ($1, $2, nextval('lease_tokens'),
+                         now() + CAST($3 AS BIGINT) * interval '1 millisecond')
+                 ON CONFLICT (task_id) DO UPDATE
+                     SET owner = excluded.owner,
+                         token = CASE WHEN l.owner = excluded.owner THEN l.token
+                                      ELSE excluded.token END,
+                         expires_at = excluded.expires_at
+                     WHERE l.owner = excluded.owner OR l.expires_at < now()
+                 RETURNING token)
+             SELECT token, NULL::TEXT, NULL::BIGINT FROM taken
+             UNION ALL
+             SELECT NULL, owner,
+                    CAST(GREATEST(0, EXTRACT(EPOCH FROM expires_at - now()) * 1000) AS BIGINT)
+             FROM leases WHERE task_id = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+                .to_string(),
+            vec![
+                Box::new(task_id.to_string()),
+                Box::new(owner.to_string()),
+                Box::new(ttl_ms),
+            ],
+        )?;
+        let row = rows.first().ok_or_else(|| StoreError::LeaseLost {
+            task_id: task_id.to_string(),
+            owner: None,
+        })?;
+        let cx = self.cx(Some(task_id));
+        match cx.get::<Option<i64>>(row, 0, "leases.token")? {
+            Some(token) => {
+                self.fences
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(task_id.to_string(), token);
+                Ok(Lease {
+                    task_id: task_id.to_string(),
+                    owner: owner.to_string(),
+                    token,
+                })
+            }
+            None => Err(StoreError::LeaseHeld {
+                task_id: task_id.to_string(),
+                owner: cx.get(row, 1, "leases.owner")?,
+                expires_in_ms: cx.opt_uint(row, 2, "leases.expires_at")?.unwrap_or(0),
+            }),
+        }
+    }
+
+    /// Extends `lease` by `ttl` from now; [`StoreError::LeaseLost`] when another owner took it
+    /// (its token changed), and then this store's commits of the task stay refused.
+    pub fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<(), StoreError> {
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let rows = self.query(
+            "renewing a task's lease",
+            Some(&lease.task_id),
+            "UPDATE leases SET expires_at = now() + CAST($3 AS BIGINT) * interval '1 millisecond'
+             WHERE task_id = $1 AND token = $2 RETURNING token"
+                .to_string(),
+            vec![
+                Box::new(lease.task_id.clone()),
+                Box::new(lease.token),
+                Box::new(ttl_ms),
+            ],
+        )?;
+        if rows.is_empty() {
+            let owner = self
+                .query(
+                    "reading a task's lease",
+                    Some(&lease.task_id),
+                    "SELECT owner FROM leases WHERE task_id = $1".to_string(),
+                    vec![Box::new(lease.task_id.clone())],
+                )?
+                .first()
+                .and_then(|r| r.try_get::<_, String>(0).ok());
+            return Err(StoreError::LeaseLost {
+                task_id: lease.task_id.clone(),
+                owner,
+            });
+        }
+        Ok(())
+    }
+
+    /// Lets the lease go (a server stopping cleanly): another server may take the task at
+    /// once. The token stays with the row, so the next owner's is still greater.
+    pub fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.query(
+            "releasing a task's lease",
+            Some(&lease.task_id),
+            "UPDATE leases SET expires_at = now() - interval '1 millisecond'
+             WHERE task_id = $1 AND token = $2"
+                .to_string(),
+            vec![Box::new(lease.task_id.clone()), Box::new(lease.token)],
+        )?;
+        Ok(())
+    }
+
+    /// Tries to become the one holder of the installation-wide job `name` (gc, the reaper): a
+    /// session-level advisory lock, held by this store's connection until [`PgStore::release_job`]
+    /// or until the connection ends (a dead server's lock goes with it).
+    pub fn try_job(&self, name: &str) -> Result<bool, StoreError> {
+        let rows = self.query(
+            "taking a job's advisory lock",
+            None,
+            "SELECT pg_try_advisory_lock(hashtextextended('taskbox job ' || $1, 0))".to_string(),
+            vec![Box::new(name.to_string())],
+        )?;
+        Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+    }
+
+    /// Lets go of the job `name` taken by [`PgStore::try_job`].
+    pub fn release_job(&self, name: &str) -> Result<(), StoreError> {
+        self.query(
+            "releasing a job's advisory lock",
+            None,
+            "SELECT pg_advisory_unlock(hashtextextended('taskbox job ' || $1, 0))".to_string(),
+            vec![Box::new(name.to_string())],
+        )?;
+        Ok(())
+    }
+
     fn config(&self) -> tokio_postgres::Config {
         let mut config = self.target.config.clone();
         if config.get_connect_timeout().is_none() {
@@ -204,10 +380,7 @@ impl PgStore {
     }
 
     /// Runs `fut` on the store's runtime and waits for it (`None`: the runtime is gone).
-    fn block<T: Send + 'static>(
-        &self,
-        fut: impl Future<Output = T> + Send + 'static,
-    ) -> Option<T> {
+    fn block<T: Send + 'static>(&self, fut: impl Future<Output = T> + Send + 'static) -> Option<T> {
         let rt = self.rt.as_ref()?;
         let (tx, rx) = mpsc::sync_channel(1);
         rt.spawn(async move {
@@ -223,7 +396,12 @@ impl PgStore {
         e: tokio_postgres::Error,
     ) -> StoreError {
         // A closed connection or an I/O error may heal by itself; an SQL error will not.
-        let retryable = e.is_closed() || e.as_db_error().is_none_or(|db| is_transient(db.code()));
+        let retryable = e.is_closed()
+            || match e.as_db_error() {
+                Some(db) => is_transient(db.code()),
+                // Connecting or talking to the server failed (an I/O error or a timeout).
+                None => std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>()),
+            };
         StoreError::Postgres {
             target: self.target.redacted().to_string(),
             operation,
@@ -263,7 +441,12 @@ impl PgStore {
                     let _ = conn.await;
                 });
                 let commit = client.prepare(COMMIT_SQL).await?;
-                Ok::<_, tokio_postgres::Error>(Session { client, commit })
+                let commit_fenced = client.prepare(COMMIT_FENCED_SQL).await?;
+                Ok::<_, tokio_postgres::Error>(Session {
+                    client,
+                    commit,
+                    commit_fenced,
+                })
             })
             .ok_or_else(|| self.gone(operation, task_id))?
             .map_err(|e| self.error(operation, task_id, e))?;
@@ -515,8 +698,11 @@ async fn migrate(config: &tokio_postgres::Config, redacted: &str) -> Result<(), 
         for (index, sql) in schema::MIGRATIONS.iter().enumerate() {
             let version = index as i64 + 1;
             let tx = client.transaction().await?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&schema::MIGRATION_LOCK])
-                .await?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1)",
+                &[&schema::MIGRATION_LOCK],
+            )
+            .await?;
             let current: i64 = tx
                 .query_opt("SELECT version FROM taskbox_schema", &[])
                 .await?
@@ -605,7 +791,12 @@ impl Backend for PgStore {
             Vec::new(),
         )?;
         rows.iter()
-            .map(|r| Ok((self.cx(None).get(r, 0, "tasks.id")?, self.decode_marks(r, 1)?)))
+            .map(|r| {
+                Ok((
+                    self.cx(None).get(r, 0, "tasks.id")?,
+                    self.decode_marks(r, 1)?,
+                ))
+            })
             .collect()
     }
 
@@ -653,14 +844,26 @@ impl Backend for PgStore {
             .collect::<Result<Vec<_>, _>>()?;
         let first_task = recs[0].task_after.id.as_str().to_string();
         let states: Vec<TaskState> = recs.iter().map(|r| r.state_before).collect();
+        let tokens: Vec<Option<i64>> = {
+            let fences = self.fences.lock().unwrap_or_else(|p| p.into_inner());
+            bound.iter().map(|r| fences.get(&r.id).copied()).collect()
+        };
         self.call(
             "committing a transition",
             Some(&first_task),
             move |s| async move {
                 s.client.batch_execute("BEGIN").await?;
                 let mut seqs = Vec::with_capacity(bound.len());
-                for (rec, expected) in bound.iter().zip(states) {
-                    match s.client.query_one(&s.commit, &rec.params()).await {
+                for ((rec, expected), token) in bound.iter().zip(states).zip(tokens) {
+                    let answer = match &token {
+                        Some(t) => {
+                            s.client
+                                .query_one(&s.commit_fenced, &rec.params_fenced(t))
+                                .await
+                        }
+                        None => s.client.query_one(&s.commit, &rec.params()).await,
+                    };
+                    match answer {
                         Ok(row) => seqs.push(row.get::<_, i64>(0) as u64),
                         Err(e) => {
                             // Best effort: a broken connection rolls back by itself.
@@ -821,6 +1024,10 @@ fn refused(task_id: &str, expected: TaskState, e: tokio_postgres::Error) -> Fail
             task_id: task_id.to_string(),
             expected,
             stored: stored.to_string(),
+        }),
+        Some(("TB003", owner)) => Fail::Store(StoreError::LeaseLost {
+            task_id: task_id.to_string(),
+            owner: Some(owner.to_string()).filter(|o| !o.is_empty()),
         }),
         Some(("TB002", owner)) => Fail::Store(StoreError::SandboxOwned {
             task_id: task_id.to_string(),

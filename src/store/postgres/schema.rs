@@ -173,6 +173,54 @@ pub(super) const MIGRATIONS: &[&str] = &[
     END
     $$;
     "#,
+    // 2: leases. A server of a fleet owns a task while its lease row is fresh; the token grows
+    // with each new owner (one sequence for all tasks), and a fenced commit is refused (TB003)
+    // unless the lease still carries the committer's token. Expiry is the database's clock, so
+    // the servers' clocks do not matter.
+    r#"
+    CREATE SEQUENCE lease_tokens;
+    CREATE TABLE leases (
+        task_id    TEXT COLLATE "C" PRIMARY KEY,
+        owner      TEXT NOT NULL,
+        token      BIGINT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+    );
+
+    -- Refuses (TB003, message: the owner now, detail: its token) unless the task's lease has
+    -- p_token. The row is locked for share until the commit ends, so a takeover waits for it
+    -- (and a commit after a takeover sees the new token).
+    CREATE FUNCTION taskbox_fence(p_id TEXT, p_token BIGINT) RETURNS VOID LANGUAGE plpgsql AS $$
+    DECLARE
+        v_owner TEXT;
+        v_token BIGINT;
+    BEGIN
+        SELECT owner, token INTO v_owner, v_token FROM leases WHERE task_id = p_id FOR SHARE;
+        IF NOT FOUND OR v_token <> p_token THEN
+            RAISE EXCEPTION USING ERRCODE = 'TB003', MESSAGE = COALESCE(v_owner, ''),
+                DETAIL = COALESCE(CAST(v_token AS TEXT), '');
+        END IF;
+    END
+    $$;
+
+    CREATE FUNCTION taskbox_commit_fenced(
+        p_token BIGINT,
+        p_id TEXT, p_state_before TEXT, p_state TEXT, p_data TEXT, p_created_at BIGINT,
+        p_at BIGINT, p_event_name TEXT, p_event TEXT, p_commands TEXT,
+        p_snap_seq BIGINT[], p_snap_provider TEXT[], p_snap_status TEXT[], p_snap_size BIGINT[],
+        p_snap_sandbox TEXT[], p_snap_started BIGINT[], p_snap_created BIGINT[],
+        p_snap_expires BIGINT[],
+        p_sb_id TEXT, p_sb_name TEXT, p_sb_generation BIGINT, p_sb_created BIGINT,
+        p_sb_deadline BIGINT, p_sb_source TEXT
+    ) RETURNS BIGINT LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM taskbox_fence(p_id, p_token);
+        RETURN taskbox_commit(p_id, p_state_before, p_state, p_data, p_created_at, p_at,
+            p_event_name, p_event, p_commands, p_snap_seq, p_snap_provider, p_snap_status,
+            p_snap_size, p_snap_sandbox, p_snap_started, p_snap_created, p_snap_expires,
+            p_sb_id, p_sb_name, p_sb_generation, p_sb_created, p_sb_deadline, p_sb_source);
+    END
+    $$;
+    "#,
 ];
 
 /// The schema version this build writes.

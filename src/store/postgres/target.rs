@@ -37,8 +37,7 @@ impl PgTarget {
         if config.get_hosts().is_empty() {
             return Err(StoreError::BadTarget {
                 target: redacted,
-                reason: "the URL names no host (write `postgres://user@host/database`)"
-                    .to_string(),
+                reason: "the URL names no host (write `postgres://user@host/database`)".to_string(),
             });
         }
         Ok(PgTarget { config, redacted })

@@ -17,7 +17,9 @@ fn a_server_on_a_postgres_store_keeps_its_tasks_there() {
     let mut server = h.spawn_serve(&["--store", &url]);
     h.wait_for_server();
     assert_eq!(
-        ok(&h.home.run(&["run", "-t", "pg1", "--", "echo kept > f; cat f"])),
+        ok(&h
+            .home
+            .run(&["run", "-t", "pg1", "--", "echo kept > f; cat f"])),
         "kept\n"
     );
     ok(&h.home.run(&["serve", "--stop"]));
@@ -39,7 +41,10 @@ fn a_server_on_a_postgres_store_keeps_its_tasks_there() {
     h.home.set_env("TASKBOX_STORE", &url);
     let mut again = h.spawn_serve(&[]);
     h.wait_for_server();
-    assert_eq!(ok(&h.home.run(&["run", "-t", "pg1", "--", "cat f"])), "kept\n");
+    assert_eq!(
+        ok(&h.home.run(&["run", "-t", "pg1", "--", "cat f"])),
+        "kept\n"
+    );
     ok(&h.home.run(&["serve", "--stop"]));
     let _ = again.wait();
     let replay = h.home.run(&["replay", "--all"]);

@@ -11,6 +11,7 @@
 mod commit;
 mod concurrency;
 mod integrity;
+mod lease;
 mod reconnect;
 mod rows;
 
@@ -233,7 +234,9 @@ impl TestDb {
     /// Runs raw SQL beside the store; the error's text.
     fn exec(&self, sql: &str) -> Result<(), String> {
         match self.kind {
-            Kind::Sqlite => raw(&self.path).execute_batch(sql).map_err(|e| e.to_string()),
+            Kind::Sqlite => raw(&self.path)
+                .execute_batch(sql)
+                .map_err(|e| e.to_string()),
             Kind::Postgres => crate::pg::execute(self.url(), sql),
         }
     }
@@ -295,8 +298,6 @@ fn temp_db() -> (tempfile::TempDir, PathBuf) {
 fn raw(path: &Path) -> Connection {
     Connection::open(path).expect("raw connection")
 }
-
-
 
 /// The snapshot rows are exactly the task's records, and the one `running` sandbox row (if any)
 /// is the task's sandbox.

@@ -17,14 +17,20 @@ fn a_restarted_postgres_is_reconnected_and_nothing_committed_is_lost() {
     let url = db.url.replacen("taskbox@", "taskbox:s3cret-pw@", 1);
     let mut store = Store::connect(&url).expect("connect");
     assert!(!format!("{store:?}").contains("s3cret-pw"));
-    assert!(store.location().contains("taskbox:[redacted]@"), "{}", store.location());
+    assert!(
+        store.location().contains("taskbox:[redacted]@"),
+        "{}",
+        store.location()
+    );
     let steps = lifecycle("a", 1_000);
     for step in &steps[..2] {
         store.commit(&step.rec()).expect("commit");
     }
 
     cluster.stop();
-    let err = store.commit(&steps[2].rec()).expect_err("the server is down");
+    let err = store
+        .commit(&steps[2].rec())
+        .expect_err("the server is down");
     assert!(err.is_retryable(), "{err:?}");
     let shown = format!("{err} {err:?} {}", err.hint().unwrap_or_default());
     assert!(!shown.contains("s3cret-pw"), "{shown}");
