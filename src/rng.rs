@@ -1,5 +1,6 @@
 //! The seeded generator (splitmix64) that the tooling draws from: the chaos runner's workload and
-//! crash points, the seeded retry jitter, the benchmark's generated workspace. Deterministic, no
+//! crash points, the seeded retry jitter, the fake server's seeded faults, the benchmark's
+//! generated workspace. Deterministic, no
 //! dependency: a seed names a stream exactly, on every platform and in every version of taskbox,
 //! which is what makes a chaos seed or a benchmark tree reproducible.
 //!

@@ -25,7 +25,7 @@ use crate::clock::TokioClock;
 use crate::config::Config;
 use crate::engine::Orchestrator;
 use crate::provider::sim::{SimFaults, SimProvider};
-use crate::provider::{sandbox_name, ExecRequest, SandboxProvider, SandboxSpec};
+use crate::provider::{ExecRequest, SandboxProvider, SandboxSpec};
 use crate::retry::Jitter;
 use crate::store::Store;
 use crate::TaskId;
@@ -297,13 +297,8 @@ async fn direct(tasks: usize, start_rss_kib: u64) -> Result<ScaleRun, BenchError
             let fail = |e: crate::provider::ProviderError| {
                 BenchError::failed(BENCH, format!("{task}: {e}"))
             };
-            let spec = |generation, source_snapshot| SandboxSpec {
-                task_id: task.clone(),
-                generation,
-                name: sandbox_name("bench", &task, generation),
-                source_snapshot,
-                timeout_ms: 300_000,
-                installation_id: "bench".into(),
+            let spec = |generation, source_snapshot| {
+                SandboxSpec::new("bench", &task, generation, source_snapshot, 300_000)
             };
             let exec = |command: String| ExecRequest {
                 command,

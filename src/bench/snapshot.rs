@@ -19,10 +19,10 @@ use super::stats::{median, Paired};
 use super::workspace::{generate_workspace, TreeSpec, TreeStats};
 use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
 use crate::clock::SystemClock;
-use crate::ids::{SnapshotId, TaskId};
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::local::archive::{self, ArchiveHeader};
 use crate::provider::local::LocalProvider;
-use crate::provider::{sandbox_name, ProviderError, SandboxProvider, SandboxSpec};
+use crate::provider::{ProviderError, SandboxInfo, SandboxProvider, SandboxSpec, SnapshotInfo};
 
 const BENCH: &str = "snapshot";
 
@@ -36,14 +36,7 @@ fn task() -> TaskId {
 }
 
 fn spec(generation: u64, source_snapshot: Option<SnapshotId>) -> SandboxSpec {
-    SandboxSpec {
-        task_id: task(),
-        generation,
-        name: sandbox_name("bench", TASK, generation),
-        source_snapshot,
-        timeout_ms: 3_600_000,
-        installation_id: "bench".into(),
-    }
+    SandboxSpec::new("bench", &task(), generation, source_snapshot, 3_600_000)
 }
 
 fn provider_err(action: &str) -> impl FnOnce(ProviderError) -> BenchError + '_ {
@@ -144,6 +137,35 @@ fn pack_only(ws: &Path, out: &Path) -> Result<f64, BenchError> {
     Ok(t.elapsed().as_secs_f64())
 }
 
+/// Takes a snapshot of `sandbox` through the provider: the seconds it took, and the snapshot.
+async fn timed_snapshot(
+    provider: &LocalProvider,
+    sandbox: &SandboxId,
+    seq: u64,
+) -> Result<(f64, SnapshotInfo), BenchError> {
+    let t = Instant::now();
+    let info = provider
+        .snapshot(&task(), sandbox, seq)
+        .await
+        .map_err(provider_err("take the snapshot"))?;
+    Ok((t.elapsed().as_secs_f64(), info))
+}
+
+/// Restores `snapshot` into the task's sandbox number `generation` through the provider: the
+/// seconds it took, and the sandbox.
+async fn timed_restore(
+    provider: &LocalProvider,
+    generation: u64,
+    snapshot: &SnapshotId,
+) -> Result<(f64, SandboxInfo), BenchError> {
+    let t = Instant::now();
+    let sb = provider
+        .create_sandbox(&spec(generation, Some(snapshot.clone())))
+        .await
+        .map_err(provider_err("restore the snapshot"))?;
+    Ok((t.elapsed().as_secs_f64(), sb))
+}
+
 fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -195,41 +217,25 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
             if round % 2 == 0 {
                 b_snap = pack(&ws)?;
                 a_pack = pack_only(&ws, &packed)?;
-                let t = Instant::now();
-                let info = provider
-                    .snapshot(&task(), &sb_id, seq)
-                    .await
-                    .map_err(provider_err("take the snapshot"))?;
-                s_snap = t.elapsed().as_secs_f64();
+                let (took, info) = timed_snapshot(&provider, &sb_id, seq).await?;
+                s_snap = took;
                 r.subject_bytes.push(info.size_bytes as f64);
                 snap_id = info.id;
                 generation += 1;
-                let t = Instant::now();
-                let sb = provider
-                    .create_sandbox(&spec(generation, Some(snap_id.clone())))
-                    .await
-                    .map_err(provider_err("restore the snapshot"))?;
-                s_restore = t.elapsed().as_secs_f64();
+                let (took, sb) = timed_restore(&provider, generation, &snap_id).await?;
+                s_restore = took;
                 sb_id = sb.id;
                 b_restore = unpack()?;
             } else {
-                let t = Instant::now();
-                let info = provider
-                    .snapshot(&task(), &sb_id, seq)
-                    .await
-                    .map_err(provider_err("take the snapshot"))?;
-                s_snap = t.elapsed().as_secs_f64();
+                let (took, info) = timed_snapshot(&provider, &sb_id, seq).await?;
+                s_snap = took;
                 r.subject_bytes.push(info.size_bytes as f64);
                 snap_id = info.id;
                 // The baseline archive of the previous round holds the same tree.
                 b_restore = unpack()?;
                 generation += 1;
-                let t = Instant::now();
-                let sb = provider
-                    .create_sandbox(&spec(generation, Some(snap_id.clone())))
-                    .await
-                    .map_err(provider_err("restore the snapshot"))?;
-                s_restore = t.elapsed().as_secs_f64();
+                let (took, sb) = timed_restore(&provider, generation, &snap_id).await?;
+                s_restore = took;
                 sb_id = sb.id;
                 let ws = workspace(&sb_id)?;
                 a_pack = pack_only(&ws, &packed)?;
@@ -288,14 +294,11 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         super::fmt_num(mb(r.tree.bytes as f64))
     );
     Ok(vec![
-        Measurement::new(
+        at_most_baseline(
             "snapshot.create",
             "LocalProvider::snapshot: archive (zstd -3 tar), fsync, stop the sandbox",
-            Quantity::new(r.snap.subject_median(), "s"),
-            format!("`{PACK}`"),
-            Quantity::new(r.snap.baseline_median(), "s"),
-            None,
-            Target::RatioAtMost { ratio: 1.0 },
+            &r.snap,
+            PACK,
             rounds,
             vec![
                 tree_note.clone(),
@@ -305,25 +308,19 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
                 ),
             ],
         ),
-        Measurement::new(
+        at_most_baseline(
             "snapshot.archive",
             "the snapshot's archive alone: archive::pack (tar walk + zstd -3 on a second thread), fsync",
-            Quantity::new(r.archive.subject_median(), "s"),
-            format!("`{PACK}`"),
-            Quantity::new(r.archive.baseline_median(), "s"),
-            None,
-            Target::RatioAtMost { ratio: 1.0 },
+            &r.archive,
+            PACK,
             rounds,
             vec!["the part of snapshot.create that is taskbox's own code".into()],
         ),
-        Measurement::new(
+        at_most_baseline(
             "snapshot.restore",
             "LocalProvider::create_sandbox from the snapshot (verified extraction)",
-            Quantity::new(r.restore.subject_median(), "s"),
-            format!("`{UNPACK}`"),
-            Quantity::new(r.restore.baseline_median(), "s"),
-            None,
-            Target::RatioAtMost { ratio: 1.0 },
+            &r.restore,
+            UNPACK,
             rounds,
             vec![tree_note],
         ),
@@ -343,4 +340,26 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             )],
         ),
     ])
+}
+
+/// A row of seconds whose target is to take no longer than the shell pipeline `baseline`.
+fn at_most_baseline(
+    name: &str,
+    subject_is: &str,
+    p: &Paired,
+    baseline: &str,
+    rounds: usize,
+    notes: Vec<String>,
+) -> Measurement {
+    Measurement::new(
+        name,
+        subject_is,
+        Quantity::new(p.subject_median(), "s"),
+        format!("`{baseline}`"),
+        Quantity::new(p.baseline_median(), "s"),
+        None,
+        Target::RatioAtMost { ratio: 1.0 },
+        rounds,
+        notes,
+    )
 }

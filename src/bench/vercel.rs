@@ -26,7 +26,7 @@ use crate::config::{Backend, Config};
 use crate::engine::Orchestrator;
 use crate::fake::{FakeOptions, FakeServer, Stats};
 use crate::provider::vercel::VercelProvider;
-use crate::provider::{sandbox_name, ExecRequest, ProviderError, SandboxProvider, SandboxSpec};
+use crate::provider::{ExecRequest, ProviderError, SandboxProvider, SandboxSpec};
 use crate::TaskId;
 
 const BENCH: &str = "vercel";
@@ -141,13 +141,8 @@ async fn measure(
         for l in 0..lifecycles {
             let task = TaskId::new(&format!("bench-life-{l}"))
                 .map_err(|e| BenchError::failed(BENCH, e.to_string()))?;
-            let spec = |generation, source_snapshot| SandboxSpec {
-                task_id: task.clone(),
-                generation,
-                name: sandbox_name("bench", &task, generation),
-                source_snapshot,
-                timeout_ms: 300_000,
-                installation_id: "bench".into(),
+            let spec = |generation, source_snapshot| {
+                SandboxSpec::new("bench", &task, generation, source_snapshot, 300_000)
             };
             let exec = |command: &str| ExecRequest {
                 command: command.into(),

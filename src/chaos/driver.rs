@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use super::check::{self, Invariant, JournalCounts, PlatformSandbox, PlatformSnapshot, Violation};
 use super::workload::{Op, TaskPlan};
-use super::ChaosError;
+use super::{ChaosError, RunCounts};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::core::{Millis, Task};
@@ -190,6 +190,27 @@ pub(super) struct Tally {
     pub(super) ok: u64,
     pub(super) failed: u64,
     pub(super) interrupted: u64,
+}
+
+impl Tally {
+    /// A seed's counts: what the workers saw, with the faults injected, the calls the platform
+    /// received and what the journal shows.
+    pub(super) fn counts(
+        &self,
+        faults: BTreeMap<String, u64>,
+        provider_calls: u64,
+        journal: JournalCounts,
+    ) -> RunCounts {
+        RunCounts {
+            steps: self.steps,
+            requests_ok: self.ok,
+            requests_failed: self.failed,
+            requests_interrupted: self.interrupted,
+            faults,
+            provider_calls,
+            journal,
+        }
+    }
 }
 
 // A `Wait` step sleeps on the runtime's clock (virtual in a simulated seed): idling is part of

@@ -23,7 +23,7 @@ use super::check::{PlatformSandbox, PlatformSnapshot};
 use super::driver::{self, Driver};
 use super::witness::Witness;
 use super::workload::{self, Flavor};
-use super::{ChaosError, ChaosOptions, RunCounts, SeedReport};
+use super::{ChaosError, ChaosOptions, SeedReport};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Backend, Config};
 use crate::core::Millis;
@@ -203,7 +203,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
         match truth.get_session(&sb.id).await {
             Ok(s) => sandboxes.push(PlatformSandbox {
                 id: sb.id.to_string(),
-                task_id: e.task_id.clone(),
+                task_id: e.task_id.to_string(),
                 generation: Some(sb.generation),
                 source_snapshot: s.source_snapshot_id.clone(),
                 created_at: s.created_at.or(s.requested_at).unwrap_or(sb.created_at),
@@ -343,15 +343,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
     Ok(SeedReport {
         seed,
         tasks: opts.tasks,
-        counts: RunCounts {
-            steps: tally.steps,
-            requests_ok: tally.ok,
-            requests_failed: tally.failed,
-            requests_interrupted: tally.interrupted,
-            faults,
-            provider_calls: stats.total,
-            journal: checked.counts,
-        },
+        counts: tally.counts(faults, stats.total, checked.counts),
         snapshots_expired: checked.expired,
         stale_sandboxes: 0,
         violations,

@@ -690,15 +690,7 @@ async fn seed_run(
     Ok(SeedReport {
         seed,
         tasks: opts.tasks,
-        counts: RunCounts {
-            steps: tally.steps,
-            requests_ok: tally.ok,
-            requests_failed: tally.failed,
-            requests_interrupted: tally.interrupted,
-            faults,
-            provider_calls: stats.calls.values().sum(),
-            journal: checked.counts,
-        },
+        counts: tally.counts(faults, stats.calls.values().sum(), checked.counts),
         snapshots_expired: checked.expired,
         stale_sandboxes: checked.stale,
         violations,

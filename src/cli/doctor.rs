@@ -302,8 +302,9 @@ fn archives_check(paths: &Paths, args: &DoctorArgs) -> Option<Check> {
             Ok(ids) => ids,
             Err(e) => return Some(fail("list this store's tasks", &e)),
         };
-        let (fresh, clash): (Vec<_>, Vec<_>) =
-            found.into_iter().partition(|t| !known.contains(&t.task_id));
+        let (fresh, clash): (Vec<_>, Vec<_>) = found
+            .into_iter()
+            .partition(|t| !known.iter().any(|k| k.as_str() == t.task_id));
         let adopted = match foreign::adopt(&root, &fresh) {
             Ok(adopted) => adopted,
             Err(e) => return Some(fail("record the adoptions", &e)),

@@ -420,7 +420,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Show(args) => {
             let task = task_id(&args.task)?;
             let view = match existing_store(paths).map_err(|e| Failure::from_engine(e.into()))? {
-                Some(store) => TaskView::load(&store, task.as_str(), args.journal, None)
+                Some(store) => TaskView::load(&store, &task, args.journal, None)
                     .map_err(Failure::from_engine)?,
                 None => None,
             };
@@ -695,8 +695,8 @@ fn no_task(paths: &Paths, task: &TaskId) -> Failure {
         .and_then(|s| s.task_ids().ok())
         .unwrap_or_default();
     Failure::from_engine(taskbox::engine::EngineError::NoTask {
-        task: task.to_string(),
-        suggestion: taskbox::engine::closest(task.as_str(), names.iter().map(String::as_str)),
+        task: task.clone(),
+        suggestion: taskbox::engine::closest(task.as_str(), names.iter().map(TaskId::as_str)),
     })
 }
 

@@ -8,7 +8,7 @@ use serde::Serialize;
 use taskbox::clock::format_ms;
 use taskbox::config::ConfigError;
 use taskbox::core::{Millis, Notice, SnapshotStatus, Task};
-use taskbox::engine::{EngineError, GcReport, TaskView};
+use taskbox::engine::{EngineError, GcItem, GcReport, TaskView};
 
 use super::EXIT_TASKBOX_ERROR;
 
@@ -273,7 +273,7 @@ fn snapshot_summary(t: &Task) -> String {
 }
 
 /// The tasks `taskbox rm` removed.
-pub type Removed = std::collections::HashSet<String>;
+pub type Removed = std::collections::HashSet<taskbox::TaskId>;
 
 /// The state `tasks` shows (`removed` for a removed task): a sandbox past its platform deadline is not `running` whatever the
 /// store last recorded (nothing drove the task when the deadline came; the platform has stopped
@@ -462,31 +462,22 @@ pub fn print_gc(r: &GcReport) -> Result<(), Failure> {
         }
     };
     let mut s = String::new();
-    for i in &r.sandboxes_stopped {
+    let mut line = |what: String, i: &GcItem| {
         s.push_str(&format!(
-            "{} sandbox {} (task {}): {}\n",
-            verb("stopped", "would stop"),
+            "{what} {} (task {}): {}\n",
             i.id,
             i.task_id.as_deref().unwrap_or("?"),
             i.reason
-        ));
+        ))
+    };
+    for i in &r.sandboxes_stopped {
+        line(format!("{} sandbox", verb("stopped", "would stop")), i);
     }
     for i in &r.snapshots_deleted {
-        s.push_str(&format!(
-            "{} snapshot {} (task {}): {}\n",
-            verb("deleted", "would delete"),
-            i.id,
-            i.task_id.as_deref().unwrap_or("?"),
-            i.reason
-        ));
+        line(format!("{} snapshot", verb("deleted", "would delete")), i);
     }
     for i in &r.skipped {
-        s.push_str(&format!(
-            "skipped {} (task {}): {}\n",
-            i.id,
-            i.task_id.as_deref().unwrap_or("?"),
-            i.reason
-        ));
+        line("skipped".to_string(), i);
     }
     if r.temporaries_removed > 0 {
         s.push_str(&format!(

@@ -299,7 +299,10 @@ fn verdict_text(verdict: &Verdict, redrives: &[redriving::Report], redrove: bool
             )),
             Some(d) => divergence_text(&mut s, d, t.entries, Some(t.replayed)),
         }
-        if let Some(r) = redrives.iter().find(|r| redriving::task_id(r) == t.task_id) {
+        if let Some(r) = redrives
+            .iter()
+            .find(|r| redriving::task_id(r) == t.task_id.as_str())
+        {
             redriving::text(&mut s, r, t.entries);
         } else if redrove && t.divergence.is_some() {
             s.push_str(&format!(
@@ -413,18 +416,18 @@ fn store_entries(store: &Store, task: Option<&str>) -> Result<Vec<JournalEntry>,
                     "a task id is 1 to 64 letters, digits, `-` or `_`, starting with a letter or digit",
                 )
             })?;
-            vec![id.as_str().to_string()]
+            vec![id]
         }
         None => store.task_ids().map_err(store_err)?,
     };
     let mut entries = Vec::new();
     for id in &ids {
-        let journal = store.journal(id).map_err(store_err)?;
+        let journal = store.journal(id.as_str()).map_err(store_err)?;
         if journal.is_empty() && task.is_some() {
             let names = store.task_ids().map_err(store_err)?;
             return Err(Failure::from_engine(taskbox::engine::EngineError::NoTask {
                 task: id.clone(),
-                suggestion: taskbox::engine::closest(id, names.iter().map(String::as_str)),
+                suggestion: taskbox::engine::closest(id.as_str(), names.iter().map(TaskId::as_str)),
             }));
         }
         entries.extend(journal);

@@ -328,7 +328,7 @@ impl Orchestrator {
         self.inner
             .tx
             .send(Msg::Remove {
-                task: task.as_str().to_string(),
+                task: task.clone(),
                 keep_snapshots,
                 respond: tx,
             })
@@ -336,27 +336,21 @@ impl Orchestrator {
         let plan = rx.await.map_err(|_| EngineError::Stopped)??;
         let p = &self.inner.provider;
         let mut res = RemoveResult {
-            task: task.as_str().to_string(),
+            task: task.clone(),
             sandbox_stopped: None,
             snapshots_deleted: Vec::new(),
             snapshots_kept: plan.kept,
             errors: Vec::new(),
         };
         if let Some(sb) = plan.sandbox {
-            match p
-                .stop_sandbox(&crate::ids::SandboxId::from(sb.clone()))
-                .await
-            {
+            match p.stop_sandbox(&sb).await {
                 Ok(()) => res.sandbox_stopped = Some(sb),
                 Err(e) if e.kind == crate::core::FailureKind::SandboxGone => {}
                 Err(e) => res.errors.push(format!("stop sandbox {sb}: {e}")),
             }
         }
         for snap in plan.delete {
-            match p
-                .delete_snapshot(&crate::ids::SnapshotId::from(snap.clone()))
-                .await
-            {
+            match p.delete_snapshot(&snap).await {
                 Ok(()) => res.snapshots_deleted.push(snap),
                 Err(e) if e.kind == crate::core::FailureKind::SnapshotGone => {
                     res.snapshots_deleted.push(snap)
@@ -387,7 +381,7 @@ impl Orchestrator {
         task: &TaskId,
         journal_entries: usize,
     ) -> Result<Option<TaskView>, EngineError> {
-        let id = task.as_str().to_string();
+        let id = task.clone();
         self.query(move |lp| {
             let live = lp.tasks.get(&id).cloned();
             TaskView::load(&lp.store, &id, journal_entries, live)
@@ -405,7 +399,7 @@ impl Orchestrator {
         self.inner
             .tx
             .send(Msg::Load {
-                task: task.as_str().to_string(),
+                task: task.clone(),
                 done: tx,
             })
             .map_err(|_| EngineError::Stopped)?;
@@ -435,7 +429,7 @@ impl Orchestrator {
         &self,
         task: &TaskId,
     ) -> Result<Option<(Task, broadcast::Receiver<StateChange>)>, EngineError> {
-        let id = task.as_str().to_string();
+        let id = task.clone();
         self.query(move |lp| {
             let rx = lp.changes.subscribe();
             let current = match lp.tasks.get(&id) {
@@ -485,7 +479,7 @@ impl Orchestrator {
         self.inner
             .tx
             .send(Msg::Request {
-                task: task.as_str().to_string(),
+                task: task.clone(),
                 req,
                 respond: tx,
             })
@@ -498,7 +492,7 @@ impl Orchestrator {
         } = answer.reply
         {
             return Err(EngineError::Request {
-                task: task.as_str().to_string(),
+                task: task.clone(),
                 reason: Box::new(reason),
                 attempts,
                 notices,
@@ -525,7 +519,7 @@ impl Orchestrator {
 
 fn unexpected(task: &TaskId, reply: Reply) -> EngineError {
     EngineError::Request {
-        task: task.as_str().to_string(),
+        task: task.clone(),
         reason: Box::new(FailureReason::UnexpectedReply {
             reply: format!("{reply:?}"),
         }),

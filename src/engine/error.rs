@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use crate::core::{FailureReason, Notice, StepError};
-use crate::ids::TaskIdError;
+use crate::ids::{TaskId, TaskIdError};
 use crate::store::StoreError;
 
 /// An engine failure, with the task it concerns.
@@ -25,7 +25,7 @@ pub enum EngineError {
     #[error("task {task}: {reason}")]
     Request {
         /// The task.
-        task: String,
+        task: TaskId,
         /// Why, with the last real error (its wording, code and hint are made there). Boxed to
         /// keep `EngineError` small.
         reason: Box<FailureReason>,
@@ -48,7 +48,7 @@ pub enum EngineError {
     #[error("task {task} is busy: another taskbox process has driven it for over {waited_secs} s (lock {path})")]
     Busy {
         /// The task.
-        task: String,
+        task: TaskId,
         /// The lock file.
         path: PathBuf,
         /// How long we waited.
@@ -58,7 +58,7 @@ pub enum EngineError {
     #[error("cannot lock task {task} ({path})")]
     Lock {
         /// The task.
-        task: String,
+        task: TaskId,
         /// The lock file.
         path: PathBuf,
         /// The cause.
@@ -72,7 +72,7 @@ pub enum EngineError {
     #[error("task {task} has an operation in flight (state {state}); it cannot be removed now")]
     InFlight {
         /// The task.
-        task: String,
+        task: TaskId,
         /// Its state.
         state: String,
     },
@@ -80,7 +80,7 @@ pub enum EngineError {
     #[error("no task named `{task}`")]
     NoTask {
         /// The name given.
-        task: String,
+        task: TaskId,
         /// The closest existing task name, if one is close.
         suggestion: Option<String>,
     },
@@ -90,7 +90,7 @@ pub enum EngineError {
     )]
     WrongBackend {
         /// The task.
-        task: String,
+        task: TaskId,
         /// The backend that holds its sandboxes and snapshots.
         task_backend: String,
         /// The backend configured now.
@@ -100,7 +100,7 @@ pub enum EngineError {
     #[error("task {task} was removed at {removed_at}")]
     Removed {
         /// The task.
-        task: String,
+        task: TaskId,
         /// When (RFC 3339).
         removed_at: String,
     },

@@ -15,7 +15,7 @@ use crate::clock::Clock;
 use crate::core::{
     step, Command, Event, FailureReason, Millis, Reply, Task, TaskSettings, TaskState, TimerKind,
 };
-use crate::ids::TaskId;
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
 use crate::retry::Jitter;
 use crate::store::{Store, TransitionRecord};
@@ -47,23 +47,23 @@ type Responder = oneshot::Sender<Result<Answer, EngineError>>;
 /// Everything that reaches the loop: requests, provider outcomes, timers, queries, shutdown.
 pub(super) enum Msg {
     Request {
-        task: String,
+        task: TaskId,
         req: ApiRequest,
         respond: oneshot::Sender<Result<Answer, EngineError>>,
     },
     Outcome {
-        task: String,
+        task: TaskId,
         event: Event,
         output: Option<ExecOutput>,
     },
     Timer {
-        task: String,
+        task: TaskId,
         timer: TimerKind,
     },
     Query(QueryFn),
     /// Load a task now (recovering it), so its timers run without waiting for a request.
     Load {
-        task: String,
+        task: TaskId,
         done: oneshot::Sender<Result<(), EngineError>>,
     },
     Shutdown {
@@ -72,7 +72,7 @@ pub(super) enum Msg {
     /// `taskbox rm`: mark the task removed and unload it; the answer says what to stop and
     /// delete (the API performs those calls).
     Remove {
-        task: String,
+        task: TaskId,
         keep_snapshots: bool,
         respond: oneshot::Sender<Result<RemovalPlan, EngineError>>,
     },
@@ -81,11 +81,11 @@ pub(super) enum Msg {
 /// What removing a task leaves the API to do on the provider, once the removal is durable.
 pub(super) struct RemovalPlan {
     /// The live sandbox to stop.
-    pub(super) sandbox: Option<String>,
+    pub(super) sandbox: Option<SandboxId>,
     /// The snapshots to delete.
-    pub(super) delete: Vec<String>,
+    pub(super) delete: Vec<SnapshotId>,
     /// The snapshots kept (`--keep-snapshots`).
-    pub(super) kept: Vec<String>,
+    pub(super) kept: Vec<SnapshotId>,
 }
 
 /// The one owner of every loaded task and the store; see the [module docs](self).
@@ -96,16 +96,16 @@ pub(super) struct EventLoop {
     pub(super) jitter: Jitter,
     pub(super) settings: TaskSettings,
     pub(super) installation_id: String,
-    pub(super) tasks: HashMap<String, Task>,
+    pub(super) tasks: HashMap<TaskId, Task>,
     /// Callers waiting for an answer. Ordered, so that when the loop stops they are woken in a
     /// deterministic order (simulations reproduce bit for bit).
-    pub(super) waiters: std::collections::BTreeMap<(String, u64), Responder>,
-    pub(super) outputs: HashMap<(String, u64), ExecOutput>,
+    pub(super) waiters: std::collections::BTreeMap<(TaskId, u64), Responder>,
+    pub(super) outputs: HashMap<(TaskId, u64), ExecOutput>,
     /// The live side of each run request until it is answered (kept out of the journal).
-    pub(super) live: HashMap<(String, u64), ExecIo>,
+    pub(super) live: HashMap<(TaskId, u64), ExecIo>,
     /// Commands as typed, by request, where they differ from the journaled (redacted) ones.
-    pub(super) typed_commands: HashMap<(String, u64), String>,
-    pub(super) timers: HashMap<(String, TimerKind), JoinHandle<()>>,
+    pub(super) typed_commands: HashMap<(TaskId, u64), String>,
+    pub(super) timers: HashMap<(TaskId, TimerKind), JoinHandle<()>>,
     pub(super) inflight: usize,
     pub(super) creates: Arc<Semaphore>,
     pub(super) tx: mpsc::UnboundedSender<Msg>,
@@ -121,7 +121,7 @@ const MAX_BATCH_MESSAGES: usize = 512;
 /// A transition waiting for the group commit: applied to the in-memory task already, its
 /// commands held back until it is durable.
 pub(super) struct Staged {
-    task: String,
+    task: TaskId,
     at: Millis,
     event: Event,
     state_before: TaskState,
@@ -219,7 +219,7 @@ impl EventLoop {
 
     fn on_request(
         &mut self,
-        task: String,
+        task: TaskId,
         req: ApiRequest,
         respond: oneshot::Sender<Result<Answer, EngineError>>,
     ) {
@@ -270,28 +270,27 @@ impl EventLoop {
     /// [`EngineError::NoTask`] with the closest existing name), or brings its settings up to
     /// date and applies [`Event::Loaded`], for the core to recover whatever a previous process
     /// left in flight (and to hold requests while it probes the sandbox).
-    fn ensure_loaded(&mut self, id: &str, create: bool) -> Result<(), EngineError> {
+    fn ensure_loaded(&mut self, id: &TaskId, create: bool) -> Result<(), EngineError> {
         if self.tasks.contains_key(id) {
             return Ok(());
         }
-        let task_id = TaskId::new(id)?;
         self.check_marks(id)?;
         match self.store.load_task(id)? {
             None if !create => {
                 let names = self.store.task_ids()?;
                 return Err(EngineError::NoTask {
-                    task: id.to_string(),
-                    suggestion: super::closest(id, names.iter().map(String::as_str)),
+                    task: id.clone(),
+                    suggestion: super::closest(id, names.iter().map(TaskId::as_str)),
                 });
             }
             None => {
                 let now = self.clock.now_ms();
-                let task = Task::new(task_id, self.settings.clone(), now);
+                let task = Task::new(id.clone(), self.settings.clone(), now);
                 let event = Event::SettingsChanged {
                     settings: self.settings.clone(),
                 };
                 self.staged.push(Staged {
-                    task: id.to_string(),
+                    task: id.clone(),
                     at: now,
                     event,
                     state_before: task.state,
@@ -299,11 +298,11 @@ impl EventLoop {
                     task_after: task.clone(),
                     commands: Vec::new(),
                 });
-                self.tasks.insert(id.to_string(), task);
+                self.tasks.insert(id.clone(), task);
             }
             Some(task) => {
                 let stale_settings = task.settings != self.settings;
-                self.tasks.insert(id.to_string(), task);
+                self.tasks.insert(id.clone(), task);
                 if stale_settings {
                     let settings = self.settings.clone();
                     self.apply(id, Event::SettingsChanged { settings })?;
@@ -317,13 +316,13 @@ impl EventLoop {
     /// Refuses a task `taskbox rm` removed, and one whose sandboxes and snapshots belong to
     /// another backend than this engine's (a task recorded before backends were recorded is
     /// claimed by this one).
-    fn check_marks(&mut self, id: &str) -> Result<(), EngineError> {
+    fn check_marks(&mut self, id: &TaskId) -> Result<(), EngineError> {
         let Some(marks) = self.store.task_marks(id)? else {
             return Ok(());
         };
         if let Some(at) = marks.removed_at {
             return Err(EngineError::Removed {
-                task: id.to_string(),
+                task: id.clone(),
                 removed_at: crate::clock::format_ms(at),
             });
         }
@@ -337,7 +336,7 @@ impl EventLoop {
         };
         if recorded != current {
             return Err(EngineError::WrongBackend {
-                task: id.to_string(),
+                task: id.clone(),
                 task_backend: recorded,
                 current: current.to_string(),
             });
@@ -348,13 +347,12 @@ impl EventLoop {
     /// `taskbox rm`: refuses a task with an operation in flight; otherwise marks it removed in
     /// the store (durable before any provider call), unloads it and cancels its timers, and
     /// says what is left to stop and delete. The journal stays, for replay.
-    fn remove(&mut self, id: &str, keep_snapshots: bool) -> Result<RemovalPlan, EngineError> {
-        TaskId::new(id)?;
+    fn remove(&mut self, id: &TaskId, keep_snapshots: bool) -> Result<RemovalPlan, EngineError> {
         if self.store.task_marks(id)?.is_none() {
             let names = self.store.task_ids()?;
             return Err(EngineError::NoTask {
-                task: id.to_string(),
-                suggestion: super::closest(id, names.iter().map(String::as_str)),
+                task: id.clone(),
+                suggestion: super::closest(id, names.iter().map(TaskId::as_str)),
             });
         }
         self.check_marks(id)?;
@@ -364,7 +362,7 @@ impl EventLoop {
                 Some(t) => t,
                 None => {
                     return Err(EngineError::NoTask {
-                        task: id.to_string(),
+                        task: id.clone(),
                         suggestion: None,
                     })
                 }
@@ -372,11 +370,11 @@ impl EventLoop {
         };
         if task.state.is_transient() || task.running.is_some() || !task.queue.is_empty() {
             return Err(EngineError::InFlight {
-                task: id.to_string(),
+                task: id.clone(),
                 state: task.state.to_string(),
             });
         }
-        let snapshots: Vec<String> = task.retained_snapshot_ids().map(str::to_string).collect();
+        let snapshots: Vec<SnapshotId> = task.retained_snapshot_ids().cloned().collect();
         let now = self.clock.now_ms();
         self.store.mark_removed(id, now, keep_snapshots)?;
         self.tasks.remove(id);
@@ -397,7 +395,7 @@ impl EventLoop {
             (snapshots, Vec::new())
         };
         Ok(RemovalPlan {
-            sandbox: task.sandbox.map(|s| s.id.to_string()),
+            sandbox: task.sandbox.map(|s| s.id),
             delete,
             kept,
         })
@@ -405,7 +403,7 @@ impl EventLoop {
 
     /// One event: step, and stage the transition for the next [`EventLoop::flush`], which
     /// commits it and then performs its commands.
-    fn apply(&mut self, id: &str, event: Event) -> Result<(), EngineError> {
+    fn apply(&mut self, id: &TaskId, event: Event) -> Result<(), EngineError> {
         let now = self.clock.now_ms();
         let Some(task) = self.tasks.get(id) else {
             debug!(task = %id, event = event.name(), "event for a task not loaded here; ignored");
@@ -414,9 +412,9 @@ impl EventLoop {
         let span = info_span!("event", task_id = %id, state = %task.state, event = event.name());
         let _guard = span.enter();
         let tr = step(task, event.clone(), now)?;
-        let before = self.tasks.insert(id.to_string(), tr.next.clone());
+        let before = self.tasks.insert(id.clone(), tr.next.clone());
         self.staged.push(Staged {
-            task: id.to_string(),
+            task: id.clone(),
             at: now,
             event,
             state_before: before.as_ref().map_or(tr.next.state, |t| t.state),
@@ -454,7 +452,7 @@ impl EventLoop {
             }
             return;
         }
-        let mut failed: HashMap<String, String> = HashMap::new();
+        let mut failed: HashMap<TaskId, String> = HashMap::new();
         for s in staged {
             if let Some(message) = failed.get(&s.task) {
                 let message = format!("an earlier transition could not be journaled: {message}");

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{EngineError, Orchestrator};
-use crate::ids::{SandboxId, SnapshotId};
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 /// One resource `gc` acted on (or would have).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,7 +57,7 @@ impl Orchestrator {
         let mut tasks = self.tasks().await?;
         // A removed task (`taskbox rm`) holds no sandbox, and no snapshot unless it kept them:
         // what its removal could not stop or delete is an orphan here.
-        let removed: std::collections::HashMap<String, bool> = self
+        let removed: std::collections::HashMap<TaskId, bool> = self
             .query(|lp| Ok(lp.store.removed_tasks()?))
             .await?
             .into_iter()
@@ -83,6 +83,7 @@ impl Orchestrator {
         let retained: std::collections::HashSet<&str> = tasks
             .iter()
             .flat_map(|t| t.retained_snapshot_ids())
+            .map(SnapshotId::as_str)
             .collect();
         let mut report = GcReport {
             dry_run,

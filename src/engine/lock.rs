@@ -39,7 +39,7 @@ const WARN_AFTER: Duration = Duration::from_millis(500);
 /// The task locks one orchestrator holds, and where and how long to wait for them.
 pub(super) struct TaskLocks {
     /// Held locks by task id; dropping one releases it.
-    held: Mutex<HashMap<String, Held>>,
+    held: Mutex<HashMap<TaskId, Held>>,
     dir: PathBuf,
     wait: Duration,
 }
@@ -56,13 +56,13 @@ impl TaskLocks {
 
     /// Takes the task's lock (once per orchestrator), waiting for another process to let go.
     pub(super) async fn acquire(&self, task: &TaskId) -> Result<(), EngineError> {
-        let id = task.as_str().to_string();
-        if self.held.lock().expect("locks mutex").contains_key(&id) {
+        let id = task;
+        if self.held.lock().expect("locks mutex").contains_key(id) {
             return Ok(());
         }
         let path = self.dir.join(format!("{id}.lock"));
         let lock_err = |source| EngineError::Lock {
-            task: id.clone(),
+            task: task.clone(),
             path: path.clone(),
             source,
         };
@@ -81,7 +81,7 @@ impl TaskLocks {
                 None => {
                     if waited >= self.wait {
                         return Err(EngineError::Busy {
-                            task: id.clone(),
+                            task: task.clone(),
                             path: path.clone(),
                             waited_secs: waited.as_secs(),
                         });
@@ -97,7 +97,10 @@ impl TaskLocks {
                 }
             }
         };
-        self.held.lock().expect("locks mutex").insert(id, held);
+        self.held
+            .lock()
+            .expect("locks mutex")
+            .insert(id.clone(), held);
         Ok(())
     }
 

@@ -35,7 +35,7 @@ impl EventLoop {
                     ..
                 } = &mut call
                 {
-                    if let Some(typed) = self.typed_commands.get(&(id.to_string(), *request_id)) {
+                    if let Some(typed) = self.typed_commands.get(&(id.clone(), *request_id)) {
                         request.command = typed.clone();
                     }
                 }
@@ -48,17 +48,17 @@ impl EventLoop {
         }
     }
 
-    fn schedule_timer(&mut self, id: &str, timer: TimerKind, at: Millis, now: Millis) {
+    fn schedule_timer(&mut self, id: &TaskId, timer: TimerKind, at: Millis, now: Millis) {
         let mut delay = at.saturating_sub(now);
         if timer == TimerKind::Retry {
             delay = self.jitter.apply(delay);
         }
-        let key = (id.to_string(), timer);
+        let key = (id.clone(), timer);
         if let Some(old) = self.timers.remove(&key) {
             old.abort();
         }
         let tx = self.tx.clone();
-        let task = id.to_string();
+        let task = id.clone();
         let handle = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(delay)).await;
             let _ = tx.send(Msg::Timer { task, timer });
@@ -68,8 +68,8 @@ impl EventLoop {
 
     /// The live side of an attempt to run `request_id`'s command: its caller's output and
     /// cancel, and its stdin if no earlier attempt took it.
-    fn live_io(&mut self, id: &str, request_id: RequestId) -> ExecIo {
-        match self.live.get_mut(&(id.to_string(), request_id)) {
+    fn live_io(&mut self, id: &TaskId, request_id: RequestId) -> ExecIo {
+        match self.live.get_mut(&(id.clone(), request_id)) {
             Some(live) => ExecIo {
                 output: live.output.clone(),
                 stdin: live.stdin.take(),
@@ -80,8 +80,8 @@ impl EventLoop {
     }
 
     /// Answers the caller waiting for `request_id`, with the command's output if it ran.
-    fn reply(&mut self, id: &str, request_id: RequestId, reply: Reply) {
-        let key = (id.to_string(), request_id);
+    fn reply(&mut self, id: &TaskId, request_id: RequestId, reply: Reply) {
+        let key = (id.clone(), request_id);
         self.live.remove(&key);
         let output = self.outputs.remove(&key);
         self.typed_commands.remove(&key);
@@ -91,13 +91,13 @@ impl EventLoop {
     }
 
     /// Runs one provider call in its own future, which only sends its outcome back to the loop.
-    fn spawn_call(&mut self, task: &str, call: Call, io: ExecIo) {
+    fn spawn_call(&mut self, task: &TaskId, call: Call, io: ExecIo) {
         self.inflight += 1;
         let p = self.provider.clone();
         // Bounded creation concurrency keeps a burst of tasks under the provider's rate limits.
         let creates = matches!(call, Call::CreateSandbox { .. }).then(|| self.creates.clone());
         let tx = self.tx.clone();
-        let task = task.to_string();
+        let task = task.clone();
         tokio::spawn(async move {
             let (event, output) = {
                 let _permit = match creates {

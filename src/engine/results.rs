@@ -2,7 +2,7 @@
 //! [`SuspendResult`], [`ResumeResult`]), the [`StateChange`]s broadcast to watchers, and the
 //! [`TaskView`] of one task for `taskbox show`.
 
-use crate::ids::{SandboxId, SnapshotId};
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -120,13 +120,13 @@ pub struct ResumeResult {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoveResult {
     /// The task.
-    pub task: String,
+    pub task: TaskId,
     /// The live sandbox stopped.
-    pub sandbox_stopped: Option<String>,
+    pub sandbox_stopped: Option<SandboxId>,
     /// The snapshots deleted.
-    pub snapshots_deleted: Vec<String>,
+    pub snapshots_deleted: Vec<SnapshotId>,
     /// The snapshots kept (`--keep-snapshots`).
-    pub snapshots_kept: Vec<String>,
+    pub snapshots_kept: Vec<SnapshotId>,
     /// Provider calls that failed (the task is removed all the same).
     pub errors: Vec<String>,
 }
@@ -135,7 +135,7 @@ pub struct RemoveResult {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StateChange {
     /// The task.
-    pub task_id: String,
+    pub task_id: TaskId,
     /// State before.
     pub from: TaskState,
     /// State after.
@@ -166,7 +166,7 @@ impl TaskView {
     /// `live` replaces the stored task when an event loop holds a newer one in memory.
     pub fn load(
         store: &Store,
-        id: &str,
+        id: &TaskId,
         journal_entries: usize,
         live: Option<Task>,
     ) -> Result<Option<TaskView>, EngineError> {

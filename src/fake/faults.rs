@@ -2,8 +2,8 @@
 //!
 //! [`Faults`] is plain data (set from options at start and replaced at runtime with
 //! `POST /_admin/faults`); [`FaultState`] applies it request by request. Which requests fail is
-//! drawn from a seeded xorshift generator, so the same seed and the same request sequence fail the
-//! same way every run.
+//! drawn from the seeded generator ([`crate::rng`]), so the same seed and the same request
+//! sequence fail the same way every run.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -12,6 +12,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use super::endpoint::Endpoint;
+use crate::rng::SplitMix64;
 
 /// The fault configuration. Every field off (the default) means a well-behaved service.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -289,36 +290,6 @@ impl fmt::Display for DropMode {
     }
 }
 
-/// A tiny xorshift64* generator: enough randomness for fault draws, and reproducible.
-#[derive(Debug, Clone)]
-pub(crate) struct XorShift(u64);
-
-impl XorShift {
-    /// A generator for `seed` (any value; 0 is remapped, xorshift needs a non-zero state).
-    pub(crate) fn new(seed: u64) -> Self {
-        // splitmix64 spreads nearby seeds (1, 2, 3...) over the state space.
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        XorShift(if z == 0 { 0x2545_F491_4F6C_DD1D } else { z })
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub(crate) fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// What the fault layer decided for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -334,7 +305,7 @@ pub(crate) enum Verdict {
 #[derive(Debug, Clone)]
 pub(crate) struct FaultState {
     faults: Faults,
-    rng: XorShift,
+    rng: SplitMix64,
     rate_limit_left: u32,
     drop_create_left: u32,
 }
@@ -342,7 +313,7 @@ pub(crate) struct FaultState {
 impl FaultState {
     pub(crate) fn new(faults: Faults) -> Self {
         FaultState {
-            rng: XorShift::new(faults.seed),
+            rng: SplitMix64::new(faults.seed),
             rate_limit_left: faults.rate_limit.as_ref().map_or(0, |r| r.count),
             drop_create_left: faults.drop_create.as_ref().map_or(0, |d| d.count),
             faults,
@@ -387,7 +358,7 @@ impl FaultState {
             .or_else(|| self.faults.error_rate.get("*"))
             .copied()
             .unwrap_or(0.0);
-        if rate > 0.0 && self.rng.next_f64() < rate {
+        if rate > 0.0 && self.rng.chance(rate) {
             return Verdict::Error {
                 status: self.faults.error_status,
             };

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::core::{Command, Event, RequestId};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 
-use super::{sandbox_name, ExecIo, ExecOutput, ExecRequest, SandboxProvider, SandboxSpec};
+use super::{ExecIo, ExecOutput, ExecRequest, SandboxProvider, SandboxSpec};
 
 /// One provider operation, built from the [`Command`] that asks for it (see
 /// [`Call::from_command`]) and performed against any [`SandboxProvider`] ([`Call::perform`]).
@@ -151,14 +151,13 @@ impl Call {
                 source_snapshot,
                 timeout_ms,
             } => Call::CreateSandbox {
-                spec: SandboxSpec {
-                    task_id: task_id.clone(),
-                    generation: *generation,
-                    name: sandbox_name(installation_id, task_id, *generation),
-                    source_snapshot: source_snapshot.clone(),
-                    timeout_ms: *timeout_ms,
-                    installation_id: installation_id.to_string(),
-                },
+                spec: SandboxSpec::new(
+                    installation_id,
+                    task_id,
+                    *generation,
+                    source_snapshot.clone(),
+                    *timeout_ms,
+                ),
             },
             Command::RunCommand {
                 request_id,
@@ -323,6 +322,7 @@ impl Call {
 mod tests {
     use super::*;
     use crate::core::{Failure, FailureKind, Millis, TimerKind};
+    use crate::provider::sandbox_name;
     use crate::provider::{
         ListedResource, ProviderError, ProviderFuture, SandboxInfo, SnapshotInfo,
     };

@@ -126,6 +126,27 @@ pub struct SandboxSpec {
     pub installation_id: String,
 }
 
+impl SandboxSpec {
+    /// The spec of `task_id`'s sandbox number `generation` for `installation_id`, named by
+    /// [`sandbox_name`].
+    pub fn new(
+        installation_id: &str,
+        task_id: &TaskId,
+        generation: u64,
+        source_snapshot: Option<SnapshotId>,
+        timeout_ms: u64,
+    ) -> SandboxSpec {
+        SandboxSpec {
+            task_id: task_id.clone(),
+            generation,
+            name: sandbox_name(installation_id, task_id, generation),
+            source_snapshot,
+            timeout_ms,
+            installation_id: installation_id.to_string(),
+        }
+    }
+}
+
 /// The sandbox name for a task's `generation`: deterministic, so a create is safe to repeat,
 /// and scoped by the installation (the first 8 characters of its id), so two installations
 /// sharing a platform account never claim each other's sandboxes for equal task ids:

@@ -172,7 +172,7 @@ pub fn write_journal(
         installation_id: installation_id.to_string(),
         tasks: super::group_by_task(&entries)
             .into_iter()
-            .map(|(id, _)| id)
+            .map(|(id, _)| id.to_string())
             .collect(),
         entries: entries.len(),
         redacted_values,

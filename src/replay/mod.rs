@@ -59,7 +59,7 @@ impl Verdict {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TaskVerdict {
     /// The task.
-    pub task_id: String,
+    pub task_id: TaskId,
     /// Journal entries given for it.
     pub entries: usize,
     /// Entries that replayed exactly before the first divergence (all of them when clean).
@@ -96,7 +96,7 @@ pub enum DivergenceKind {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Divergence {
     /// The task.
-    pub task_id: String,
+    pub task_id: TaskId,
     /// The entry's sequence number within the task (1, 2, 3…). For a [`DivergenceKind::Sequence`]
     /// divergence, the first number that is missing or out of place; `seq`, `at` and `event`
     /// then describe the entry found in its place.
@@ -182,8 +182,8 @@ pub fn verify(entries: &[JournalEntry]) -> Verdict {
 
 /// Splits entries by task, keeping each task's entries in the order given and the tasks in the
 /// order they first appear.
-pub fn group_by_task(entries: &[JournalEntry]) -> Vec<(String, Vec<&JournalEntry>)> {
-    let mut groups: Vec<(String, Vec<&JournalEntry>)> = Vec::new();
+pub fn group_by_task(entries: &[JournalEntry]) -> Vec<(TaskId, Vec<&JournalEntry>)> {
+    let mut groups: Vec<(TaskId, Vec<&JournalEntry>)> = Vec::new();
     for e in entries {
         match groups.iter_mut().find(|(id, _)| *id == e.task_id) {
             Some((_, es)) => es.push(e),
@@ -193,9 +193,9 @@ pub fn group_by_task(entries: &[JournalEntry]) -> Vec<(String, Vec<&JournalEntry
     groups
 }
 
-fn verify_task(task_id: &str, entries: &[&JournalEntry]) -> TaskVerdict {
+fn verify_task(task_id: &TaskId, entries: &[&JournalEntry]) -> TaskVerdict {
     let mut verdict = TaskVerdict {
-        task_id: task_id.to_string(),
+        task_id: task_id.clone(),
         entries: entries.len(),
         replayed: 0,
         final_state: None,

@@ -275,7 +275,7 @@ async fn show(
                 .collect();
             Err(engine_failure(EngineError::NoTask {
                 suggestion: crate::engine::closest(task.as_str(), names.iter().map(String::as_str)),
-                task: task.to_string(),
+                task,
             }))
         }
         Err(e) => Err(engine_failure(e)),

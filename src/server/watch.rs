@@ -48,7 +48,7 @@ fn state_of(t: &Task) -> WatchEvent {
 
 fn transition(c: &StateChange) -> WatchEvent {
     WatchEvent::Transition {
-        task: c.task_id.clone(),
+        task: c.task_id.to_string(),
         from: c.from.as_str().to_string(),
         to: c.to.as_str().to_string(),
         event: c.event.to_string(),

@@ -27,6 +27,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::core::{Command, Event, Millis, SnapshotStatus, Task, TaskState};
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 pub use error::StoreError;
 #[cfg(feature = "postgres")]
@@ -55,7 +56,7 @@ pub struct JournalEntry {
     /// Global, strictly increasing commit order across all tasks.
     pub seq: u64,
     /// The task.
-    pub task_id: String,
+    pub task_id: TaskId,
     /// 1, 2, 3… within the task.
     pub task_seq: u64,
     /// When the transition happened.
@@ -107,11 +108,11 @@ pub struct TaskMarks {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxRow {
     /// The provider's handle.
-    pub provider_id: String,
+    pub provider_id: SandboxId,
     /// The sandbox's stable name.
     pub name: String,
     /// The task it belongs to.
-    pub task_id: String,
+    pub task_id: TaskId,
     /// Which creation of the task's sandbox it is.
     pub generation: u64,
     /// When it became ready.
@@ -119,7 +120,7 @@ pub struct SandboxRow {
     /// Its platform deadline as last recorded.
     pub deadline: Millis,
     /// The snapshot it was restored from.
-    pub source_snapshot: Option<String>,
+    pub source_snapshot: Option<SnapshotId>,
     /// Whether the task still holds it.
     pub status: SandboxStatus,
     /// When the first transition without it was committed.
@@ -130,17 +131,17 @@ pub struct SandboxRow {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotRow {
     /// The task.
-    pub task_id: String,
+    pub task_id: TaskId,
     /// Per-task snapshot sequence number.
     pub seq: u64,
     /// The provider's snapshot id, once known.
-    pub provider_id: Option<String>,
+    pub provider_id: Option<SnapshotId>,
     /// Where it stands.
     pub status: SnapshotStatus,
     /// Size reported by the provider.
     pub size_bytes: u64,
     /// The sandbox it was taken of.
-    pub sandbox_id: String,
+    pub sandbox_id: SandboxId,
     /// When the attempt started.
     pub started_at: Millis,
     /// When the provider confirmed it.
@@ -162,13 +163,13 @@ pub trait Backend {
     fn load_tasks(&self) -> Result<Vec<Task>, StoreError>;
 
     /// The ids of every task, ordered.
-    fn task_ids(&self) -> Result<Vec<String>, StoreError>;
+    fn task_ids(&self) -> Result<Vec<TaskId>, StoreError>;
 
     /// What the store knows of a task beyond the core's record (`None`: no such task).
     fn task_marks(&self, id: &str) -> Result<Option<TaskMarks>, StoreError>;
 
     /// The marks of every removed task, by id.
-    fn removed_tasks(&self) -> Result<Vec<(String, TaskMarks)>, StoreError>;
+    fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError>;
 
     /// Records `backend` as the task's, unless one is recorded already; returns the recorded
     /// one (`None`: no such task).
@@ -323,7 +324,7 @@ impl Store {
         each!(self, s => Backend::load_tasks(s))
     }
     /// See [`Backend::task_ids`].
-    pub fn task_ids(&self) -> Result<Vec<String>, StoreError> {
+    pub fn task_ids(&self) -> Result<Vec<TaskId>, StoreError> {
         each!(self, s => Backend::task_ids(s))
     }
     /// See [`Backend::task_marks`].
@@ -331,7 +332,7 @@ impl Store {
         each!(self, s => Backend::task_marks(s, id))
     }
     /// See [`Backend::removed_tasks`].
-    pub fn removed_tasks(&self) -> Result<Vec<(String, TaskMarks)>, StoreError> {
+    pub fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {
         each!(self, s => Backend::removed_tasks(s))
     }
     /// See [`Backend::claim_backend`].

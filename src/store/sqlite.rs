@@ -37,6 +37,7 @@ use super::{
     Backend, JournalEntry, SandboxRow, SandboxStatus, SnapshotRow, TaskMarks, TransitionRecord,
 };
 use crate::core::{Millis, Task, TaskState};
+use crate::ids::TaskId;
 
 /// An open SQLite store file. Not `Sync`: give each thread its own store (they may share the
 /// file).
@@ -119,17 +120,11 @@ impl SqliteStore {
     }
 
     /// The ids of every task, ordered.
-    pub fn task_ids(&self) -> Result<Vec<String>, StoreError> {
-        let op = "listing task ids";
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT id FROM tasks ORDER BY id")
-            .map_err(|e| self.sql(op, None, e))?;
-        let ids = stmt
-            .query_map([], |r| r.get(0))
-            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<String>>>())
-            .map_err(|e| self.sql(op, None, e))?;
-        Ok(ids)
+    pub fn task_ids(&self) -> Result<Vec<TaskId>, StoreError> {
+        let sql = "SELECT id FROM tasks ORDER BY id";
+        self.query_rows("listing task ids", sql, &[], None, |row| {
+            self.row_context(row, "tasks.id", 0)?.task()
+        })
     }
 
     /// What the store knows of a task beyond the core's record (`None`: no such task).
@@ -151,29 +146,20 @@ impl SqliteStore {
     }
 
     /// The marks of every removed task, by id.
-    pub fn removed_tasks(&self) -> Result<Vec<(String, TaskMarks)>, StoreError> {
-        let op = "listing removed tasks";
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT id, backend, removed_at, kept_snapshots FROM tasks
-                 WHERE removed_at IS NOT NULL ORDER BY id",
-            )
-            .map_err(|e| self.sql(op, None, e))?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    TaskMarks {
-                        backend: r.get(1)?,
-                        removed_at: r.get(2)?,
-                        kept_snapshots: r.get::<_, Option<bool>>(3)?.unwrap_or(false),
-                    },
-                ))
-            })
-            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-            .map_err(|e| self.sql(op, None, e))?;
-        Ok(rows)
+    pub fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {
+        let sql = "SELECT id, backend, removed_at, kept_snapshots FROM tasks
+                   WHERE removed_at IS NOT NULL ORDER BY id";
+        self.query_rows("listing removed tasks", sql, &[], None, |row| {
+            let cx = self.row_context(row, "tasks.id", 0)?;
+            let marks = TaskMarks {
+                backend: cx.get(row, 1, "tasks.backend")?,
+                removed_at: cx.get(row, 2, "tasks.removed_at")?,
+                kept_snapshots: cx
+                    .get::<Option<bool>>(row, 3, "tasks.kept_snapshots")?
+                    .unwrap_or(false),
+            };
+            Ok((cx.task()?, marks))
+        })
     }
 
     /// Records `backend` as the task's, unless one is recorded already; returns the recorded
@@ -322,13 +308,15 @@ impl SqliteStore {
                 }
             };
             Ok(SandboxRow {
-                provider_id: cx.get(row, 0, "sandboxes.provider_id")?,
+                provider_id: cx.get::<String>(row, 0, "sandboxes.provider_id")?.into(),
                 name: cx.get(row, 1, "sandboxes.name")?,
-                task_id: cx.task_id.clone(),
+                task_id: cx.task()?,
                 generation: cx.get(row, 3, "sandboxes.generation")?,
                 created_at: cx.get(row, 4, "sandboxes.created_at")?,
                 deadline: cx.get(row, 5, "sandboxes.deadline")?,
-                source_snapshot: cx.get(row, 6, "sandboxes.source_snapshot")?,
+                source_snapshot: cx
+                    .get::<Option<String>>(row, 6, "sandboxes.source_snapshot")?
+                    .map(Into::into),
                 status,
                 released_at: cx.get(row, 8, "sandboxes.released_at")?,
             })
@@ -346,12 +334,14 @@ impl SqliteStore {
             let seq: u64 = cx.get(row, 1, "snapshots.seq")?;
             cx.seq = Some(seq);
             Ok(SnapshotRow {
-                task_id: cx.task_id.clone(),
+                task_id: cx.task()?,
                 seq,
-                provider_id: cx.get(row, 2, "snapshots.provider_id")?,
+                provider_id: cx
+                    .get::<Option<String>>(row, 2, "snapshots.provider_id")?
+                    .map(Into::into),
                 status: cx.name(row, 3, "snapshots.status")?,
                 size_bytes: cx.get(row, 4, "snapshots.size_bytes")?,
-                sandbox_id: cx.get(row, 5, "snapshots.sandbox_id")?,
+                sandbox_id: cx.get::<String>(row, 5, "snapshots.sandbox_id")?.into(),
                 started_at: cx.get(row, 6, "snapshots.started_at")?,
                 created_at: cx.get(row, 7, "snapshots.created_at")?,
                 expires_at: cx.get(row, 8, "snapshots.expires_at")?,
@@ -378,6 +368,7 @@ impl SqliteStore {
         let mut cx = RowContext {
             path: &self.path,
             task_id: "?".to_string(),
+            task_column: task_id_column,
             seq: None,
         };
         cx.task_id = cx.get(row, task_id_index, task_id_column)?;
@@ -422,7 +413,7 @@ impl SqliteStore {
             cx.seq = Some(seq);
             Ok(JournalEntry {
                 seq,
-                task_id: cx.task_id.clone(),
+                task_id: cx.task()?,
                 task_seq: cx.get(row, 2, "journal.task_seq")?,
                 at: cx.get(row, 3, "journal.at")?,
                 event: cx.json(row, 4, "journal.event")?,
@@ -465,13 +456,13 @@ impl Backend for SqliteStore {
     fn load_tasks(&self) -> Result<Vec<Task>, StoreError> {
         SqliteStore::load_tasks(self)
     }
-    fn task_ids(&self) -> Result<Vec<String>, StoreError> {
+    fn task_ids(&self) -> Result<Vec<TaskId>, StoreError> {
         SqliteStore::task_ids(self)
     }
     fn task_marks(&self, id: &str) -> Result<Option<TaskMarks>, StoreError> {
         SqliteStore::task_marks(self, id)
     }
-    fn removed_tasks(&self) -> Result<Vec<(String, TaskMarks)>, StoreError> {
+    fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {
         SqliteStore::removed_tasks(self)
     }
     fn claim_backend(&mut self, id: &str, backend: &str) -> Result<Option<String>, StoreError> {
@@ -748,7 +739,10 @@ fn sync_sandboxes(
 /// Where a decoded value comes from, for [`StoreError::Corrupt`].
 struct RowContext<'a> {
     path: &'a Path,
+    /// The row's task id as stored (validated by [`RowContext::task`]).
     task_id: String,
+    /// The column it was read from.
+    task_column: &'static str,
     seq: Option<u64>,
 }
 
@@ -778,6 +772,11 @@ impl RowContext<'_> {
     ) -> Result<T, StoreError> {
         row.get(index)
             .map_err(|e| self.corrupt(column, e.to_string(), None))
+    }
+
+    /// The row's task id, validated (an id that is not one is corrupt: ids become paths).
+    fn task(&self) -> Result<TaskId, StoreError> {
+        TaskId::new(&self.task_id).map_err(|e| self.corrupt(self.task_column, e.to_string(), None))
     }
 
     /// A JSON column.

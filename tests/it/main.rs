@@ -20,6 +20,7 @@ mod crash;
 mod engine;
 mod fake_vercel;
 mod hostile;
+mod layering;
 mod live;
 mod local_provider;
 mod pg;

@@ -9,7 +9,7 @@
 use std::mem;
 
 use super::types::*;
-use crate::ids::{SnapshotId, TaskId};
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::reason::FailureReason;
 
 /// The outcome of one step: the task after the event, and the effects to perform — in order,
@@ -474,8 +474,8 @@ impl Cx {
         self.t.running.as_ref().map(|r| r.request_id) == Some(request_id)
     }
 
-    fn holds(&self, sandbox_id: &str) -> bool {
-        self.t.sandbox.as_ref().map(|s| s.id.as_str()) == Some(sandbox_id)
+    fn holds(&self, sandbox_id: &SandboxId) -> bool {
+        self.t.sandbox.as_ref().map(|s| &s.id) == Some(sandbox_id)
     }
 
     /// The sequence number of the snapshot being taken, if any.
@@ -1081,9 +1081,9 @@ impl Cx {
         }
     }
 
-    fn mark_deleted(&mut self, snapshot_id: &str, status: SnapshotStatus) {
+    fn mark_deleted(&mut self, snapshot_id: &SnapshotId, status: SnapshotStatus) {
         for s in &mut self.t.snapshots {
-            if s.id.as_deref() == Some(snapshot_id) && s.status == SnapshotStatus::Deleting {
+            if s.id.as_ref() == Some(snapshot_id) && s.status == SnapshotStatus::Deleting {
                 s.status = status;
             }
         }

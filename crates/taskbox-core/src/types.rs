@@ -507,10 +507,10 @@ impl Task {
     }
 
     /// Snapshots retained on the provider (complete, or superseded but not yet deleted).
-    pub fn retained_snapshot_ids(&self) -> impl Iterator<Item = &str> {
+    pub fn retained_snapshot_ids(&self) -> impl Iterator<Item = &SnapshotId> {
         self.snapshots.iter().filter_map(|s| match s.status {
             SnapshotStatus::Complete | SnapshotStatus::Deleting | SnapshotStatus::Pending => {
-                s.id.as_deref()
+                s.id.as_ref()
             }
             _ => None,
         })

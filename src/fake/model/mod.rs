@@ -191,4 +191,11 @@ mod fixtures {
             other => panic!("expected a new sandbox, got {other:?}"),
         }
     }
+
+    /// A new world with one sandbox, created from `body` at `now` and booted; and its session id.
+    pub(super) fn booted_world(body: &str, now: Millis) -> (World, String) {
+        let mut world = World::new(settings(), "t".into());
+        let id = booted(&mut world, body, now);
+        (world, id)
+    }
 }

@@ -324,7 +324,7 @@ impl World {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake::model::fixtures::{archived, booted, create, settings};
+    use crate::fake::model::fixtures::{archived, booted, booted_world, create, settings};
 
     #[test]
     fn a_second_create_with_the_name_finds_the_first() {
@@ -344,8 +344,7 @@ mod tests {
 
     #[test]
     fn resume_boots_from_the_current_snapshot() {
-        let mut w = World::new(settings(), "t".into());
-        let id = booted(&mut w, r#"{"projectId":"p","name":"a"}"#, 0);
+        let (mut w, id) = booted_world(r#"{"projectId":"p","name":"a"}"#, 0);
         assert_eq!(w.plan_resume("a", None, 200).unwrap(), ResumePlan::Current);
         let snap = w.begin_snapshot(&id, 200).unwrap();
         assert_eq!(w.plan_resume("a", None, 250).unwrap(), ResumePlan::Wait);

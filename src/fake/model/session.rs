@@ -296,16 +296,11 @@ impl World {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake::model::fixtures::{archived, booted, settings};
+    use crate::fake::model::fixtures::{archived, booted, booted_world};
 
     #[test]
     fn a_session_boots_runs_and_times_out() {
-        let mut w = World::new(settings(), "t".into());
-        let id = booted(
-            &mut w,
-            r#"{"projectId":"p","name":"a","timeout":1000}"#,
-            1000,
-        );
+        let (mut w, id) = booted_world(r#"{"projectId":"p","name":"a","timeout":1000}"#, 1000);
         assert_eq!(w.access(&id, 1050), Ok(Access::BootingUntil(1100)));
         assert_eq!(
             w.session_view(w.session(&id).unwrap(), 1050).status,
@@ -332,12 +327,7 @@ mod tests {
 
     #[test]
     fn extend_is_capped_by_the_plan() {
-        let mut w = World::new(settings(), "t".into());
-        let id = booted(
-            &mut w,
-            r#"{"projectId":"p","name":"a","timeout":2700000}"#,
-            0,
-        );
+        let (mut w, id) = booted_world(r#"{"projectId":"p","name":"a","timeout":2700000}"#, 0);
         w.extend(&id, 300_000, 200).unwrap();
         assert_eq!(w.session(&id).unwrap().timeout_ms, 3_000_000);
         let e = w.extend(&id, 60_000, 300).unwrap_err();
@@ -347,12 +337,7 @@ mod tests {
 
     #[test]
     fn stop_is_idempotent_and_422_while_snapshotting() {
-        let mut w = World::new(settings(), "t".into());
-        let id = booted(
-            &mut w,
-            r#"{"projectId":"p","name":"a","persistent":false}"#,
-            0,
-        );
+        let (mut w, id) = booted_world(r#"{"projectId":"p","name":"a","persistent":false}"#, 0);
         let StopPlan::Stop(work) = w.begin_stop(&id, 200).unwrap() else {
             panic!("expected a stop");
         };

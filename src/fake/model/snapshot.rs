@@ -253,17 +253,11 @@ impl World {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::fake::model::fixtures::{archived, booted, create, settings};
+    use crate::fake::model::fixtures::{archived, booted, booted_world, create};
 
     #[test]
     fn snapshot_settles_then_stops_and_restores() {
-        let mut w = World::new(settings(), "t".into());
-        let id = booted(
-            &mut w,
-            r#"{"projectId":"p","name":"a","persistent":false}"#,
-            0,
-        );
+        let (mut w, id) = booted_world(r#"{"projectId":"p","name":"a","persistent":false}"#, 0);
         let snap = w.begin_snapshot(&id, 200).unwrap();
         assert_eq!(w.access(&id, 200).unwrap_err().code, "sandbox_snapshotting");
         w.finish_snapshot(&id, &snap, archived("a"), Some(0), 300);
@@ -296,8 +290,7 @@ mod tests {
 
     #[test]
     fn snapshots_expire_from_last_use_or_by_admin() {
-        let mut w = World::new(settings(), "t".into());
-        let id = booted(&mut w, r#"{"projectId":"p","name":"a"}"#, 0);
+        let (mut w, id) = booted_world(r#"{"projectId":"p","name":"a"}"#, 0);
         let snap = w.begin_snapshot(&id, 200).unwrap();
         w.finish_snapshot(&id, &snap, archived("a"), Some(10_000), 200);
         assert_eq!(

@@ -11,16 +11,15 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, BufReader};
+use std::io;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::archive;
 use super::error::LocalError;
 use super::fsutil::write_synced;
 use super::names::SnapshotRef;
-use super::snapshot::ARCHIVE_EXT;
+use super::snapshot::{archives, Unreadable};
 use crate::core::Millis;
 use crate::ids::TaskId;
 
@@ -59,62 +58,31 @@ struct Note {
 /// each with its newest archive, in task order.
 pub fn scan(root: &Path, installation_id: &str) -> Result<Vec<ForeignTask>, LocalError> {
     let ignored = ignored(root)?;
-    let dir = root.join("snapshots");
     let mut found: BTreeMap<(String, String), ForeignTask> = BTreeMap::new();
-    let task_dirs = match fs::read_dir(&dir) {
-        Ok(it) => it,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(LocalError::io("list", &dir)(e)),
-    };
-    for task_dir in task_dirs {
-        let task_dir = task_dir.map_err(LocalError::io("list", &dir))?;
-        let Some(task) = task_dir
-            .file_name()
-            .to_str()
-            .and_then(|n| TaskId::new(n).ok())
-        else {
-            continue;
+    archives(root, Unreadable::Skip, |task, snap, header| {
+        let Ok(header) = header else {
+            return;
         };
-        let Ok(files) = fs::read_dir(task_dir.path()) else {
-            continue;
-        };
-        for file in files.flatten() {
-            let Some(snap) = file
-                .file_name()
-                .to_str()
-                .and_then(|n| SnapshotRef::from_file_name(&task, n, ARCHIVE_EXT))
-            else {
-                continue;
-            };
-            let Ok(header) = fs::File::open(file.path())
-                .map_err(|e| e.to_string())
-                .and_then(|f| {
-                    archive::read_prefix(&mut BufReader::new(f)).map_err(|e| e.to_string())
-                })
-            else {
-                continue;
-            };
-            if header.installation_id == installation_id
-                || ignored.contains(&header.installation_id)
-                || header.task_id != task.as_str()
-            {
-                continue;
-            }
-            let key = (task.to_string(), header.installation_id.clone());
-            let entry = found.entry(key).or_insert_with(|| ForeignTask {
-                task_id: task.to_string(),
-                installation_id: header.installation_id.clone(),
-                snapshot_id: snap.id(),
-                created_at: header.created_at,
-                archives: 0,
-            });
-            entry.archives += 1;
-            if header.created_at >= entry.created_at {
-                entry.created_at = header.created_at;
-                entry.snapshot_id = snap.id();
-            }
+        if header.installation_id == installation_id
+            || ignored.contains(&header.installation_id)
+            || header.task_id != task.as_str()
+        {
+            return;
         }
-    }
+        let key = (task.to_string(), header.installation_id.clone());
+        let entry = found.entry(key).or_insert_with(|| ForeignTask {
+            task_id: task.to_string(),
+            installation_id: header.installation_id.clone(),
+            snapshot_id: snap.id(),
+            created_at: header.created_at,
+            archives: 0,
+        });
+        entry.archives += 1;
+        if header.created_at >= entry.created_at {
+            entry.created_at = header.created_at;
+            entry.snapshot_id = snap.id();
+        }
+    })?;
     Ok(found.into_values().collect())
 }
 

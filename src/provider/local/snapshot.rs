@@ -198,54 +198,91 @@ impl LocalProvider {
         &self,
         installation_id: &str,
     ) -> Result<Vec<ListedResource>, LocalError> {
-        let dir = self.root.join("snapshots");
         let mut found = Vec::new();
-        for task_dir in fs::read_dir(&dir).map_err(LocalError::io("list", &dir))? {
-            let task_dir = task_dir.map_err(LocalError::io("list", &dir))?;
-            let Some(task) = task_dir
-                .file_name()
-                .to_str()
-                .and_then(|n| TaskId::new(n).ok())
-            else {
-                continue;
-            };
-            let path = task_dir.path();
-            let entries = match fs::read_dir(&path) {
-                Ok(entries) => entries,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(LocalError::io("list", &path)(e)),
-            };
-            for file in entries {
-                let file = file.map_err(LocalError::io("list", &path))?;
-                let Some(snap) = file
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| SnapshotRef::from_file_name(&task, n, ARCHIVE_EXT))
-                else {
-                    continue; // temporaries and strangers
-                };
-                let header = fs::File::open(file.path())
-                    .map_err(|e| e.to_string())
-                    .and_then(|f| {
-                        archive::read_prefix(&mut BufReader::new(f)).map_err(|e| e.to_string())
-                    });
-                match header {
-                    Ok(header) if header.installation_id == installation_id => {
-                        found.push(ListedResource {
-                            id: snap.id(),
-                            task_id: Some(header.task_id),
-                            live: true,
-                        })
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(snapshot = %snap.id(), error = %e,
-                        "unreadable snapshot archive; not listed"),
+        // Strict: gc must not take a listing it could not read for one without those snapshots.
+        archives(
+            &self.root,
+            Unreadable::Fail,
+            |_, snap, header| match header {
+                Ok(header) if header.installation_id == installation_id => {
+                    found.push(ListedResource {
+                        id: snap.id(),
+                        task_id: Some(header.task_id),
+                        live: true,
+                    })
                 }
-            }
-        }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(snapshot = %snap.id(), error = %e,
+                "unreadable snapshot archive; not listed"),
+            },
+        )?;
         found.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(found)
     }
+}
+
+/// What [`archives`] does with a directory or entry it cannot read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unreadable {
+    /// Pass over it (and a missing `snapshots/` is no archives): for advice, such as the note
+    /// about another installation's archives.
+    Skip,
+    /// Fail with the error: for the reconciler's listing.
+    Fail,
+}
+
+/// Walks `<root>/snapshots/<task>/`: calls `visit` with each archive's task, name and header
+/// (or why the header could not be read), in directory order. Task directories whose names are
+/// not task ids, temporaries and other files are passed over.
+pub(super) fn archives(
+    root: &Path,
+    unreadable: Unreadable,
+    mut visit: impl FnMut(&TaskId, SnapshotRef, Result<ArchiveHeader, String>),
+) -> Result<(), LocalError> {
+    let lenient = unreadable == Unreadable::Skip;
+    let dir = root.join("snapshots");
+    let task_dirs = match fs::read_dir(&dir) {
+        Ok(it) => it,
+        Err(e) if lenient && e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(LocalError::io("list", &dir)(e)),
+    };
+    for task_dir in task_dirs {
+        let task_dir = task_dir.map_err(LocalError::io("list", &dir))?;
+        let Some(task) = task_dir
+            .file_name()
+            .to_str()
+            .and_then(|n| TaskId::new(n).ok())
+        else {
+            continue;
+        };
+        let path = task_dir.path();
+        let entries = match fs::read_dir(&path) {
+            Ok(entries) => entries,
+            Err(e) if lenient || e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(LocalError::io("list", &path)(e)),
+        };
+        for file in entries {
+            let file = match file {
+                Ok(file) => file,
+                Err(_) if lenient => continue,
+                Err(e) => return Err(LocalError::io("list", &path)(e)),
+            };
+            let Some(snap) = file
+                .file_name()
+                .to_str()
+                .and_then(|n| SnapshotRef::from_file_name(&task, n, ARCHIVE_EXT))
+            else {
+                continue; // temporaries and strangers
+            };
+            let header = fs::File::open(file.path())
+                .map_err(|e| e.to_string())
+                .and_then(|f| {
+                    archive::read_prefix(&mut BufReader::new(f)).map_err(|e| e.to_string())
+                });
+            visit(&task, snap, header);
+        }
+    }
+    Ok(())
 }
 
 /// The header and size of the archive at `path`, if it exists.

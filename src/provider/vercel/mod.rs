@@ -292,13 +292,16 @@ impl VercelProvider {
     /// has been snapshotted. Should no sandbox claim it, every sandbox of the task is searched.
     async fn candidate_names(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         session_id: &str,
     ) -> Result<Vec<String>, ProviderError> {
         if let Some(name) = self.remembered(session_id) {
             return Ok(vec![name]);
         }
-        let sandboxes = self.client.list_all_sandboxes((TAG_TASK, task_id)).await?;
+        let sandboxes = self
+            .client
+            .list_all_sandboxes((TAG_TASK, task_id.as_str()))
+            .await?;
         let (current, others): (Vec<_>, Vec<_>) = sandboxes
             .into_iter()
             .partition(|s| s.current_session_id.as_deref() == Some(session_id));
@@ -309,7 +312,7 @@ impl VercelProvider {
     /// The snapshot already taken of `session_id`, if any.
     async fn find_snapshot_of(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         session_id: &str,
     ) -> Result<Option<Snapshot>, ProviderError> {
         for name in self.candidate_names(task_id, session_id).await? {

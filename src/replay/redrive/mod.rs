@@ -55,7 +55,7 @@ pub use provider::ReplayProvider;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RedriveReport {
     /// The task.
-    pub task_id: String,
+    pub task_id: TaskId,
     /// Orchestrator sessions run (one per process the journal shows).
     pub sessions: usize,
     /// Provider calls in the recording.
@@ -75,7 +75,7 @@ pub enum RedriveError {
     #[error("task {task}: cannot re-drive the journal: {why}")]
     Unsupported {
         /// The task.
-        task: String,
+        task: TaskId,
         /// Why, naming the entries involved.
         why: String,
     },
@@ -83,7 +83,7 @@ pub enum RedriveError {
     #[error("task {task}: the re-driven engine failed")]
     Engine {
         /// The task.
-        task: String,
+        task: TaskId,
         /// The cause (boxed: engine errors are large, and this one is rare).
         #[source]
         source: Box<EngineError>,
@@ -92,7 +92,7 @@ pub enum RedriveError {
     #[error("task {task}: cannot read the re-driven journal")]
     Store {
         /// The task.
-        task: String,
+        task: TaskId,
         /// The cause (boxed, like the engine's).
         #[source]
         source: Box<StoreError>,
@@ -113,7 +113,7 @@ pub enum RedriveError {
     #[error("task {task}: the re-drive panicked: {message}")]
     Panicked {
         /// The task.
-        task: String,
+        task: TaskId,
         /// The panic message.
         message: String,
     },
@@ -142,11 +142,11 @@ pub fn redrive(entries: &[JournalEntry]) -> Result<Vec<RedriveReport>, RedriveEr
         .collect()
 }
 
-fn redrive_task(task_id: &str, entries: Vec<JournalEntry>) -> Result<RedriveReport, RedriveError> {
-    let task = TaskId::new(task_id).map_err(|e| RedriveError::Unsupported {
-        task: task_id.to_string(),
-        why: e.to_string(),
-    })?;
+fn redrive_task(
+    task_id: &TaskId,
+    entries: Vec<JournalEntry>,
+) -> Result<RedriveReport, RedriveError> {
+    let task = task_id.clone();
     let scratch = Scratch::new()?;
     let root = scratch.path.clone();
     let scratch_err = |source| RedriveError::Scratch {
@@ -158,13 +158,13 @@ fn redrive_task(task_id: &str, entries: Vec<JournalEntry>) -> Result<RedriveRepo
     let first_dir = session_dir(&root, 0).map_err(scratch_err)?;
     let installation_id = Store::open(&first_dir.join(STORE_FILE))
         .map_err(|source| RedriveError::Store {
-            task: task_id.to_string(),
+            task: task_id.clone(),
             source: Box::new(source),
         })?
         .installation_id()
         .to_string();
     let (sessions, expected) = plan(&installation_id, task_id, &entries)?;
-    let task_name = task_id.to_string();
+    let task_name = task_id.clone();
     let joined = std::thread::scope(|s| {
         s.spawn(|| {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -190,7 +190,7 @@ fn redrive_task(task_id: &str, entries: Vec<JournalEntry>) -> Result<RedriveRepo
 
 /// The engine's settings come from a [`Config`] (and `late_checkpoint` from the provider, set
 /// on the [`ReplayProvider`]); this is the config that yields `settings`.
-fn config_for(task: &str, settings: &TaskSettings) -> Result<Config, RedriveError> {
+fn config_for(task: &TaskId, settings: &TaskSettings) -> Result<Config, RedriveError> {
     let secs = |ms: u64| ms / 1000;
     let mut c = Config::default();
     let t = &mut c.terminal;
@@ -205,7 +205,7 @@ fn config_for(task: &str, settings: &TaskSettings) -> Result<Config, RedriveErro
     yields.late_checkpoint = settings.late_checkpoint;
     if yields != *settings {
         return Err(RedriveError::Unsupported {
-            task: task.to_string(),
+            task: task.clone(),
             why: format!(
                 "its settings cannot be expressed as a taskbox configuration, so the engine \
                  cannot be started with them: {settings:?}"
@@ -233,7 +233,7 @@ async fn drive(
     expected: Vec<Expected>,
     root: PathBuf,
 ) -> Result<RedriveReport, RedriveError> {
-    let task_id = task.as_str().to_string();
+    let task_id = task.clone();
     let engine_err = |source| RedriveError::Engine {
         task: task_id.clone(),
         source: Box::new(source),

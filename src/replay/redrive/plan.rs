@@ -39,14 +39,13 @@ fn is_load_marker(e: &JournalEntry) -> bool {
 /// Splits the journal into sessions and pairs each recorded call with its outcome.
 pub(super) fn plan(
     installation_id: &str,
-    task_id: &str,
+    task_id: &TaskId,
     entries: &[JournalEntry],
 ) -> Result<(Vec<Session>, Vec<Expected>), RedriveError> {
     let unsupported = |why: String| RedriveError::Unsupported {
-        task: task_id.to_string(),
+        task: task_id.clone(),
         why,
     };
-    let task_id = &TaskId::new(task_id).map_err(|e| unsupported(e.to_string()))?;
     let Some(first) = entries.first() else {
         return Err(unsupported("the journal is empty".into()));
     };

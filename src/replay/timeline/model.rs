@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::core::{
     Command, Event, FailureKind, Millis, Reply, SnapshotReason, Task, TaskState, TimerKind,
 };
+use crate::ids::TaskId;
 use crate::replay::diff::shorten;
 use crate::store::JournalEntry;
 
@@ -17,7 +18,7 @@ use super::summary::{clock_time, command_summary, event_summary, fmt_bytes, fmt_
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Timeline {
     /// The task.
-    pub task_id: String,
+    pub task_id: TaskId,
     /// The first entry's time.
     pub start: Millis,
     /// The last entry's time.
@@ -150,7 +151,7 @@ pub fn build(entries: &[JournalEntry]) -> Vec<Timeline> {
         .collect()
 }
 
-fn build_task(task_id: String, entries: &[&JournalEntry]) -> Timeline {
+fn build_task(task_id: TaskId, entries: &[&JournalEntry]) -> Timeline {
     let start = entries.first().map_or(0, |e| e.at);
     let end = entries.last().map_or(start, |e| e.at).max(start);
     let mut tl = Timeline {

@@ -45,6 +45,7 @@ use super::{
     TransitionRecord,
 };
 use crate::core::{Millis, Task, TaskState};
+use crate::ids::TaskId;
 
 pub use target::PgTarget;
 
@@ -521,6 +522,7 @@ impl PgStore {
         RowContext {
             target: self.target.redacted(),
             task_id: task_id.unwrap_or("?").to_string(),
+            task_column: "tasks.id",
             seq: None,
         }
     }
@@ -554,12 +556,12 @@ impl PgStore {
         rows.iter()
             .map(|row| {
                 let mut cx = self.cx(None);
-                cx.task_id = cx.get(row, 1, "journal.task_id")?;
+                cx.read_task(row, 1, "journal.task_id")?;
                 let seq: u64 = cx.uint(row, 0, "journal.seq")?;
                 cx.seq = Some(seq);
                 Ok(JournalEntry {
                     seq,
-                    task_id: cx.task_id.clone(),
+                    task_id: cx.task()?,
                     task_seq: cx.uint(row, 2, "journal.task_seq")?,
                     at: cx.uint(row, 3, "journal.at")?,
                     event: cx.json(row, 4, "journal.event")?,
@@ -759,7 +761,7 @@ impl Backend for PgStore {
         rows.iter().map(|r| self.decode_task(r)).collect()
     }
 
-    fn task_ids(&self) -> Result<Vec<String>, StoreError> {
+    fn task_ids(&self) -> Result<Vec<TaskId>, StoreError> {
         let rows = self.query(
             "listing task ids",
             None,
@@ -767,7 +769,11 @@ impl Backend for PgStore {
             Vec::new(),
         )?;
         rows.iter()
-            .map(|r| self.cx(None).get(r, 0, "tasks.id"))
+            .map(|r| {
+                let mut cx = self.cx(None);
+                cx.read_task(r, 0, "tasks.id")?;
+                cx.task()
+            })
             .collect()
     }
 
@@ -781,7 +787,7 @@ impl Backend for PgStore {
         rows.first().map(|r| self.decode_marks(r, 0)).transpose()
     }
 
-    fn removed_tasks(&self) -> Result<Vec<(String, TaskMarks)>, StoreError> {
+    fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {
         let rows = self.query(
             "listing removed tasks",
             None,
@@ -792,10 +798,9 @@ impl Backend for PgStore {
         )?;
         rows.iter()
             .map(|r| {
-                Ok((
-                    self.cx(None).get(r, 0, "tasks.id")?,
-                    self.decode_marks(r, 1)?,
-                ))
+                let mut cx = self.cx(None);
+                cx.read_task(r, 0, "tasks.id")?;
+                Ok((cx.task()?, self.decode_marks(r, 1)?))
             })
             .collect()
     }
@@ -956,7 +961,7 @@ impl Backend for PgStore {
         rows.iter()
             .map(|row| {
                 let mut cx = self.cx(None);
-                cx.task_id = cx.get(row, 2, "sandboxes.task_id")?;
+                cx.read_task(row, 2, "sandboxes.task_id")?;
                 let status: String = cx.get(row, 7, "sandboxes.status")?;
                 let status = match status.as_str() {
                     "running" => SandboxStatus::Running,
@@ -970,13 +975,15 @@ impl Backend for PgStore {
                     }
                 };
                 Ok(SandboxRow {
-                    provider_id: cx.get(row, 0, "sandboxes.provider_id")?,
+                    provider_id: cx.get::<String>(row, 0, "sandboxes.provider_id")?.into(),
                     name: cx.get(row, 1, "sandboxes.name")?,
-                    task_id: cx.task_id.clone(),
+                    task_id: cx.task()?,
                     generation: cx.uint(row, 3, "sandboxes.generation")?,
                     created_at: cx.uint(row, 4, "sandboxes.created_at")?,
                     deadline: cx.uint(row, 5, "sandboxes.deadline")?,
-                    source_snapshot: cx.get(row, 6, "sandboxes.source_snapshot")?,
+                    source_snapshot: cx
+                        .get::<Option<String>>(row, 6, "sandboxes.source_snapshot")?
+                        .map(Into::into),
                     status,
                     released_at: cx.opt_uint(row, 8, "sandboxes.released_at")?,
                 })
@@ -998,16 +1005,18 @@ impl Backend for PgStore {
         rows.iter()
             .map(|row| {
                 let mut cx = self.cx(None);
-                cx.task_id = cx.get(row, 0, "snapshots.task_id")?;
+                cx.read_task(row, 0, "snapshots.task_id")?;
                 let seq = cx.uint(row, 1, "snapshots.seq")?;
                 cx.seq = Some(seq);
                 Ok(SnapshotRow {
-                    task_id: cx.task_id.clone(),
+                    task_id: cx.task()?,
                     seq,
-                    provider_id: cx.get(row, 2, "snapshots.provider_id")?,
+                    provider_id: cx
+                        .get::<Option<String>>(row, 2, "snapshots.provider_id")?
+                        .map(Into::into),
                     status: cx.name(row, 3, "snapshots.status")?,
                     size_bytes: cx.uint(row, 4, "snapshots.size_bytes")?,
-                    sandbox_id: cx.get(row, 5, "snapshots.sandbox_id")?,
+                    sandbox_id: cx.get::<String>(row, 5, "snapshots.sandbox_id")?.into(),
                     started_at: cx.uint(row, 6, "snapshots.started_at")?,
                     created_at: cx.opt_uint(row, 7, "snapshots.created_at")?,
                     expires_at: cx.opt_uint(row, 8, "snapshots.expires_at")?,
@@ -1046,7 +1055,10 @@ fn refused(task_id: &str, expected: TaskState, e: tokio_postgres::Error) -> Fail
 /// Where a decoded value comes from, for [`StoreError::Corrupt`].
 struct RowContext<'a> {
     target: &'a str,
+    /// The row's task id as stored (validated by [`RowContext::task`]).
     task_id: String,
+    /// The column it was read from.
+    task_column: &'static str,
     seq: Option<u64>,
 }
 
@@ -1075,6 +1087,23 @@ impl RowContext<'_> {
     ) -> Result<T, StoreError> {
         row.try_get(index)
             .map_err(|e| self.corrupt(column, e.to_string(), None))
+    }
+
+    /// Reads the row's task id from `column` (at `index`), to name it in later errors.
+    fn read_task(
+        &mut self,
+        row: &Row,
+        index: usize,
+        column: &'static str,
+    ) -> Result<(), StoreError> {
+        self.task_column = column;
+        self.task_id = self.get(row, index, column)?;
+        Ok(())
+    }
+
+    /// The row's task id, validated (an id that is not one is corrupt: ids become paths).
+    fn task(&self) -> Result<TaskId, StoreError> {
+        TaskId::new(&self.task_id).map_err(|e| self.corrupt(self.task_column, e.to_string(), None))
     }
 
     /// A BIGINT that must not be negative.

@@ -126,3 +126,66 @@ fn corrupt_rows_are_typed_errors_naming_task_and_column(db) {
     );
 }
 }
+
+on_both_stores! {
+/// Ids are typed when they leave the store: a row whose task id is not a valid task id (edited
+/// by hand into a path) is reported corrupt, naming the column, and never handed out as a task.
+fn a_row_whose_task_id_is_not_a_task_id_is_corrupt(db) {
+    let mut store = db.open();
+    for step in lifecycle("a", 1_000) {
+        store.commit(&step.rec()).expect("commit");
+    }
+    // Edit rows by hand: without the foreign keys (SQLite: per connection; PostgreSQL: the
+    // constraints dropped) and the journal's trigger.
+    let (prelude, drop_trigger) = match db.kind {
+        Kind::Sqlite => ("PRAGMA foreign_keys = OFF;", "DROP TRIGGER journal_no_update;"),
+        Kind::Postgres => (
+            "ALTER TABLE snapshots DROP CONSTRAINT IF EXISTS snapshots_task_id_fkey;
+             ALTER TABLE sandboxes DROP CONSTRAINT IF EXISTS sandboxes_task_id_fkey;
+             ALTER TABLE journal DROP CONSTRAINT IF EXISTS journal_task_id_fkey;",
+            "DROP TRIGGER journal_no_update ON journal;",
+        ),
+    };
+    db.exec(&format!(
+        "{prelude} UPDATE snapshots SET task_id = '../evil'"
+    ))
+    .expect("corrupt the snapshot rows");
+    let err = store.snapshots(None).expect_err("a path for a task id");
+    assert!(
+        matches!(&err, StoreError::Corrupt { task_id, column: "snapshots.task_id", .. }
+            if task_id == "../evil"),
+        "{err:?}"
+    );
+    db.exec(&format!("{prelude} UPDATE sandboxes SET task_id = '../evil'"))
+        .expect("corrupt the sandbox rows");
+    let err = store.sandboxes(None).expect_err("a path for a task id");
+    assert!(
+        matches!(
+            &err,
+            StoreError::Corrupt {
+                column: "sandboxes.task_id",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // (`tasks.id` has a CHECK of its own; the journal's column has none.)
+    db.exec(&format!(
+        "{prelude} {drop_trigger} UPDATE journal SET task_id = '../evil' WHERE task_seq = 2;"
+    ))
+    .expect("corrupt the journal");
+    let err = store.journal("../evil").expect_err("a path for a task id");
+    assert!(
+        matches!(
+            &err,
+            StoreError::Corrupt {
+                column: "journal.task_id",
+                seq: Some(_),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("../evil"), "{err}");
+}
+}

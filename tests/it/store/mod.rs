@@ -307,10 +307,10 @@ fn assert_rows_mirror(store: &Store, task: &Task) {
         .iter()
         .map(|r| SnapshotRecord {
             seq: r.seq,
-            id: r.provider_id.clone().map(Into::into),
+            id: r.provider_id.clone(),
             status: r.status,
             size_bytes: r.size_bytes,
-            sandbox_id: r.sandbox_id.clone().into(),
+            sandbox_id: r.sandbox_id.clone(),
             started_at: r.started_at,
             created_at: r.created_at,
             expires_at: r.expires_at,
@@ -324,12 +324,12 @@ fn assert_rows_mirror(store: &Store, task: &Task) {
         .into_iter()
         .filter(|r| r.status == SandboxStatus::Running)
         .map(|r| SandboxRecord {
-            id: r.provider_id.into(),
+            id: r.provider_id,
             name: r.name,
             generation: r.generation,
             created_at: r.created_at,
             deadline: r.deadline,
-            source_snapshot: r.source_snapshot.map(Into::into),
+            source_snapshot: r.source_snapshot,
             used: false,
         })
         .collect();

@@ -88,11 +88,15 @@ fn snapshot_and_sandbox_rows_follow_the_task(db) {
     assert_eq!(
         snaps
             .iter()
-            .map(|r| (r.seq, r.status, r.provider_id.clone().unwrap_or_default()))
+            .map(|r| (
+                r.seq,
+                r.status,
+                r.provider_id.as_deref().unwrap_or_default()
+            ))
             .collect::<Vec<_>>(),
         [
-            (2, SnapshotStatus::Deleting, "snap_2".to_string()),
-            (3, SnapshotStatus::Complete, "snap_3".to_string()),
+            (2, SnapshotStatus::Deleting, "snap_2"),
+            (3, SnapshotStatus::Complete, "snap_3"),
         ]
     );
     let rows = store.sandboxes(Some("t")).expect("sandboxes");

@@ -1,6 +1,6 @@
 //! Command endpoints: run (detached or streamed), get (optionally long-polling), logs and kill.
 
-use reqwest::Method;
+use reqwest::{Method, RequestBuilder};
 use serde_json::Value;
 
 use super::{VercelClient, CALL_TIMEOUT, COMMAND_LOGS, GET_COMMAND, KILL_COMMAND, RUN_COMMAND};
@@ -9,6 +9,14 @@ use crate::provider::vercel::wire::{Command, CommandBody, RunCommand};
 use crate::provider::ProviderError;
 
 impl VercelClient {
+    /// A request to `…/sessions/{session_id}/cmd` followed by `rest` (a command id, then an
+    /// action).
+    fn command_request(&self, method: Method, session_id: &str, rest: &[&str]) -> RequestBuilder {
+        let mut path = vec!["v2", "sandboxes", "sessions", session_id, "cmd"];
+        path.extend_from_slice(rest);
+        self.request(method, &path)
+    }
+
     fn command_body(cmd: &RunCommand, wait: bool) -> Value {
         let mut body = serde_json::json!({
             "command": cmd.command,
@@ -36,10 +44,7 @@ impl VercelClient {
         cmd: &RunCommand,
     ) -> Result<Command, ProviderError> {
         let rb = self
-            .request(
-                Method::POST,
-                &["v2", "sandboxes", "sessions", session_id, "cmd"],
-            )
+            .command_request(Method::POST, session_id, &[])
             .timeout(CALL_TIMEOUT);
         let rb = Self::body(rb, &Self::command_body(cmd, false));
         let body: CommandBody = self.json(RUN_COMMAND, rb).await?;
@@ -53,10 +58,7 @@ impl VercelClient {
         session_id: &str,
         cmd: &RunCommand,
     ) -> Result<NdjsonStream, ProviderError> {
-        let rb = self.request(
-            Method::POST,
-            &["v2", "sandboxes", "sessions", session_id, "cmd"],
-        );
+        let rb = self.command_request(Method::POST, session_id, &[]);
         let rb = Self::body(rb, &Self::command_body(cmd, true));
         let response = self.send(RUN_COMMAND, rb).await?;
         Ok(NdjsonStream::new(response))
@@ -70,10 +72,7 @@ impl VercelClient {
         cmd_id: &str,
         wait: bool,
     ) -> Result<Command, ProviderError> {
-        let mut rb = self.request(
-            Method::GET,
-            &["v2", "sandboxes", "sessions", session_id, "cmd", cmd_id],
-        );
+        let mut rb = self.command_request(Method::GET, session_id, &[cmd_id]);
         if wait {
             rb = rb.query(&[("wait", "true")]);
         } else {
@@ -89,18 +88,7 @@ impl VercelClient {
         session_id: &str,
         cmd_id: &str,
     ) -> Result<NdjsonStream, ProviderError> {
-        let rb = self.request(
-            Method::GET,
-            &[
-                "v2",
-                "sandboxes",
-                "sessions",
-                session_id,
-                "cmd",
-                cmd_id,
-                "logs",
-            ],
-        );
+        let rb = self.command_request(Method::GET, session_id, &[cmd_id, "logs"]);
         let response = self.send(COMMAND_LOGS, rb).await?;
         Ok(NdjsonStream::new(response))
     }
@@ -113,18 +101,7 @@ impl VercelClient {
         signal: i32,
     ) -> Result<Command, ProviderError> {
         let rb = self
-            .request(
-                Method::POST,
-                &[
-                    "v2",
-                    "sandboxes",
-                    "sessions",
-                    session_id,
-                    "cmd",
-                    cmd_id,
-                    "kill",
-                ],
-            )
+            .command_request(Method::POST, session_id, &[cmd_id, "kill"])
             .timeout(CALL_TIMEOUT);
         let rb = Self::body(rb, &serde_json::json!({"signal": signal}));
         let body: CommandBody = self.json(KILL_COMMAND, rb).await?;
