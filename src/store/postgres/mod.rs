@@ -423,6 +423,8 @@ impl PgStore {
     }
 
     /// The open connection, connecting first if there is none or it was closed.
+    // The store is the one module allowed to connect to PostgreSQL (clippy.toml).
+    #[allow(clippy::disallowed_methods)]
     fn session(
         &self,
         operation: &'static str,
@@ -675,6 +677,8 @@ fn is_transient(code: &tokio_postgres::error::SqlState) -> bool {
 }
 
 /// Applies the missing migrations, each in its own transaction under the migration lock.
+// The store is the one module allowed to connect to PostgreSQL (clippy.toml).
+#[allow(clippy::disallowed_methods)]
 async fn migrate(config: &tokio_postgres::Config, redacted: &str) -> Result<(), Fail> {
     let (mut client, conn) = config.connect(NoTls).await?;
     let driver = tokio::spawn(async move {
