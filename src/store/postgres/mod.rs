@@ -14,9 +14,10 @@
 //! answer on a plain channel. The caller's thread blocks for the round trips exactly as it
 //! blocks for SQLite's disk sync.
 //!
-//! **Durability.** A commit returns once PostgreSQL's `COMMIT` returned (with the server's
-//! default `synchronous_commit = on`, after its WAL flush). A batch is one transaction: `BEGIN`,
-//! one `taskbox_commit` call per transition, `COMMIT`.
+//! **Durability.** A commit returns once PostgreSQL committed (with the server's default
+//! `synchronous_commit = on`, after its WAL flush). One transition is one statement, a
+//! transaction of its own (one round trip); a batch is one transaction: `BEGIN`, one
+//! `taskbox_commit` call per transition, `COMMIT`.
 //!
 //! **Connection loss.** A call made while the connection is closed first reconnects (the
 //! server's `connect_timeout`, 5 s unless the URL says otherwise); a statement cut by a lost
@@ -861,7 +862,11 @@ impl Backend for PgStore {
             "committing a transition",
             Some(&first_task),
             move |s| async move {
-                s.client.batch_execute("BEGIN").await?;
+                // One record: its one statement is a transaction of its own (one round trip).
+                let single = bound.len() == 1;
+                if !single {
+                    s.client.batch_execute("BEGIN").await?;
+                }
                 let mut seqs = Vec::with_capacity(bound.len());
                 for ((rec, expected), token) in bound.iter().zip(states).zip(tokens) {
                     let answer = match &token {
@@ -876,12 +881,16 @@ impl Backend for PgStore {
                         Ok(row) => seqs.push(row.get::<_, i64>(0) as u64),
                         Err(e) => {
                             // Best effort: a broken connection rolls back by itself.
-                            let _ = s.client.batch_execute("ROLLBACK").await;
+                            if !single {
+                                let _ = s.client.batch_execute("ROLLBACK").await;
+                            }
                             return Err(refused(&rec.id, expected, e));
                         }
                     }
                 }
-                s.client.batch_execute("COMMIT").await?;
+                if !single {
+                    s.client.batch_execute("COMMIT").await?;
+                }
                 Ok(seqs)
             },
         )
