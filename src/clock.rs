@@ -8,6 +8,12 @@ use crate::core::Millis;
 pub trait Clock: Send + Sync + 'static {
     /// Milliseconds since the UNIX epoch.
     fn now_ms(&self) -> Millis;
+
+    /// Whether this is the virtual clock of a simulation ([`TokioClock`]): waits in real time
+    /// (a task lock held for a moment) must then keep the order of events as well as the time.
+    fn is_virtual(&self) -> bool {
+        false
+    }
 }
 
 /// The wall clock.
@@ -58,6 +64,10 @@ impl TokioClock {
 impl Clock for TokioClock {
     fn now_ms(&self) -> Millis {
         self.origin_ms + self.origin.elapsed().as_millis() as Millis
+    }
+
+    fn is_virtual(&self) -> bool {
+        true
     }
 }
 

@@ -134,6 +134,10 @@ pub const MAX_KEEP_SNAPSHOTS: u32 = 1_000;
 /// The longest an auto-started server may idle before it exits (30 days).
 pub const MAX_SERVER_IDLE_SECONDS: u64 = 30 * 24 * 60 * 60;
 
+/// `terminal.vercel_image`'s default: Vercel's managed universal image (the SDK's default since
+/// `@vercel/sandbox` 3.0).
+pub const DEFAULT_VERCEL_IMAGE: &str = "vercel/sandbox/universal";
+
 /// The sandbox backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -290,8 +294,11 @@ terminal_keys! {
         "complete snapshots kept per task (1 to 1000)";
     max_concurrent_creates: u32 = 8, parse |v| between_u32(v, 1, MAX_CONCURRENT_CREATES),
         env None, "sandbox creations in flight at once (1 to 2000)";
-    vercel_runtime: String = "node24".into(), parse runtime, env Some("TERMINAL_VERCEL_RUNTIME"),
-        "node24 | node22 | python3.13";
+    vercel_image: String = DEFAULT_VERCEL_IMAGE.into(), parse image,
+        env Some("TERMINAL_VERCEL_IMAGE"),
+        "image for new Vercel sandboxes (created through POST /v3/sandboxes), e.g. vercel/sandbox/universal";
+    vercel_runtime: Option<String> = None, parse runtime, env Some("TERMINAL_VERCEL_RUNTIME"),
+        "deprecated legacy runtime (node24 | node22 | python3.13, through POST /v2/sandboxes); when set it wins over vercel_image; `none` unsets";
     container_cpu: u32 = 1, parse |v| between_u32(v, 1, 8), env None,
         "vCPUs: 1 or an even number up to 8";
     container_memory: u32 = 5120, parse |v| between_u32(v, 1, 16_384), env None,
@@ -398,6 +405,12 @@ impl Render for StoreSetting {
     }
 }
 
+impl Render for Option<String> {
+    fn render(&self) -> String {
+        self.clone().unwrap_or_else(|| "none".into())
+    }
+}
+
 impl Render for Option<u32> {
     fn render(&self) -> String {
         self.map(|d| d.to_string()).unwrap_or_else(|| "none".into())
@@ -465,13 +478,28 @@ fn between_u32(value: &str, min: u32, max: u32) -> Result<u32, String> {
     Ok(u32::try_from(v).expect("bounded by a u32"))
 }
 
-/// Any name: which runtimes exist is the platform's to say (the Vercel backend and `taskbox
-/// doctor` check it).
-fn runtime(value: &str) -> Result<String, String> {
+/// Any name, or `none` to unset: which runtimes exist is the platform's to say (the Vercel
+/// backend and `taskbox doctor` check it).
+fn runtime(value: &str) -> Result<Option<String>, String> {
     match value.trim() {
-        "" => Err("one of: node24, node22, python3.13".into()),
-        v => Ok(v.to_string()),
+        "" => {
+            Err("one of: node24, node22, python3.13, or none to use terminal.vercel_image".into())
+        }
+        "none" | "unset" => Ok(None),
+        v => Ok(Some(v.to_string())),
     }
+}
+
+/// An image reference: any non-empty name without whitespace (managed `vercel/sandbox/...`
+/// images and custom ones alike; which exist is the platform's to say).
+fn image(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    if v.is_empty() || v.chars().any(char::is_whitespace) {
+        return Err(format!(
+            "an image name without spaces, such as {DEFAULT_VERCEL_IMAGE} or vercel/sandbox/node:24"
+        ));
+    }
+    Ok(v.to_string())
 }
 
 fn disk(value: &str) -> Result<Option<u32>, String> {

@@ -110,6 +110,7 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
         Command::ProbeSandbox { sandbox_id } => Event::SandboxProbed {
             sandbox_id: sandbox_id.clone(),
             alive: Some(now + 300_000),
+            platform_snapshot: None,
         },
         Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
     })

@@ -22,6 +22,13 @@
 //!   previous one ended in ([`journal`]).
 //! - **journal-replays**: folding the journal's events through the core reproduces every entry
 //!   (`crate::replay::verify`, called by the chaos runner).
+//! - **fork-source**: a fork's restore source — its parent's snapshot — existed on the platform
+//!   (taken, not deleted, not expired) when the fork was made ([`forks`]).
+//! - **deleted-while-referenced**: the platform never deleted a snapshot while some task
+//!   retained it (a complete or pending record in the task's journal as of the deletion):
+//!   forks share their parent's snapshots, and a snapshot is deleted only by its last holder
+//!   ([`deleted_while_referenced`]). The chaos workload removes no task (a removed task's
+//!   journal still shows what it retained).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -124,6 +131,10 @@ pub enum Invariant {
     Settles,
     /// The engine returned an error no correct engine returns (a store conflict, ...).
     EngineError,
+    /// A fork's restore source did not exist when the fork was made.
+    ForkSource,
+    /// The platform deleted a snapshot that a task still retained.
+    DeletedWhileReferenced,
 }
 
 impl Invariant {
@@ -139,6 +150,8 @@ impl Invariant {
             Invariant::JournalReplays => "journal-replays",
             Invariant::Settles => "settles",
             Invariant::EngineError => "engine-error",
+            Invariant::ForkSource => "fork-source",
+            Invariant::DeletedWhileReferenced => "deleted-while-referenced",
         }
     }
 }
@@ -225,7 +238,24 @@ pub fn restores(
     retired_at: &BTreeMap<String, Millis>,
     task: &str,
 ) -> Vec<Violation> {
-    let snaps: Vec<&PlatformSnapshot> = snapshots.iter().filter(|s| s.task_id == task).collect();
+    restores_of(sandboxes, snapshots, retired_at, task, None)
+}
+
+/// [`restores`] for a task that may be a fork: `inherited` is the parent's snapshot it started
+/// from (its lineage), a candidate beside the task's own. Give it the task's own retirement
+/// times ([`retired_at_for`]): a parent retiring a shared snapshot does not retire it for the
+/// fork.
+pub fn restores_of(
+    sandboxes: &[PlatformSandbox],
+    snapshots: &[PlatformSnapshot],
+    retired_at: &BTreeMap<String, Millis>,
+    task: &str,
+    inherited: Option<&str>,
+) -> Vec<Violation> {
+    let snaps: Vec<&PlatformSnapshot> = snapshots
+        .iter()
+        .filter(|s| s.task_id == task || Some(s.id.as_str()) == inherited)
+        .collect();
     let key = |s: &&PlatformSnapshot| (s.created_at, s.order, s.id.clone());
     let mut out = Vec::new();
     for sb in sandboxes.iter().filter(|s| s.task_id == task) {
@@ -299,6 +329,121 @@ pub fn retired_at(
     out
 }
 
+/// [`retired_at`] as one task sees it: the platform's deletions, and the time the task's own
+/// journal first shows it retiring a snapshot (`deleting`, `deleted`, or `released` to a task
+/// that shares it). Another task retiring a shared snapshot does not retire it for this one.
+pub fn retired_at_for(
+    entries: &[JournalEntry],
+    deleted_at: &BTreeMap<String, Millis>,
+    task: &str,
+) -> BTreeMap<String, Millis> {
+    let mut out = deleted_at.clone();
+    for e in entries.iter().filter(|e| e.task_id == task) {
+        for s in &e.task_after.snapshots {
+            if matches!(
+                s.status,
+                SnapshotStatus::Deleting | SnapshotStatus::Deleted | SnapshotStatus::Released
+            ) {
+                if let Some(id) = &s.id {
+                    let at = out.entry(id.to_string()).or_insert(e.at);
+                    *at = (*at).min(e.at);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// **fork-source**: every fork's restore source (the parent's snapshot its `forked` entry
+/// names) existed on the platform when the fork was made: taken by then, not deleted
+/// (`deleted_at`, the platform's record) and not expired.
+pub fn forks(
+    entries: &[JournalEntry],
+    snapshots: &[PlatformSnapshot],
+    deleted_at: &BTreeMap<String, Millis>,
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for e in entries {
+        let Event::Forked { parent, snapshot } = &e.event else {
+            continue;
+        };
+        let Some(id) = snapshot.id.as_deref() else {
+            out.push(Violation::new(
+                Invariant::ForkSource,
+                Some(&e.task_id),
+                format!(
+                    "forked from {parent}'s snapshot seq {} with no id",
+                    snapshot.seq
+                ),
+            ));
+            continue;
+        };
+        let why = match snapshots.iter().find(|s| s.id == id) {
+            None => Some("the platform never had it".to_string()),
+            Some(s) if s.created_at > e.at => {
+                Some(format!("it was taken later, at {}", s.created_at))
+            }
+            Some(s) if s.expires_at.is_some_and(|x| x <= e.at) => {
+                Some("it had expired".to_string())
+            }
+            Some(_) => deleted_at
+                .get(id)
+                .filter(|d| **d < e.at)
+                .map(|d| format!("the platform deleted it at {d}")),
+        };
+        if let Some(why) = why {
+            out.push(Violation::new(
+                Invariant::ForkSource,
+                Some(&e.task_id),
+                format!(
+                    "forked at {} from {parent}'s snapshot {id} (seq {}), but {why}",
+                    e.at, snapshot.seq
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// **deleted-while-referenced**: for every snapshot the platform deleted (at `deleted_at`), no
+/// task retained it then — its last journal entry at or before the deletion holds no complete
+/// or pending record of it.
+pub fn deleted_while_referenced(
+    entries: &[JournalEntry],
+    deleted_at: &BTreeMap<String, Millis>,
+) -> Vec<Violation> {
+    let mut by_task: BTreeMap<&str, Vec<&JournalEntry>> = BTreeMap::new();
+    for e in entries {
+        by_task.entry(e.task_id.as_str()).or_default().push(e);
+    }
+    let mut out = Vec::new();
+    for (id, &at) in deleted_at {
+        for (task, list) in &by_task {
+            let Some(last) = list.iter().rev().find(|e| e.at <= at) else {
+                continue;
+            };
+            let held = last.task_after.snapshots.iter().find(|s| {
+                s.id.as_deref() == Some(id.as_str())
+                    && matches!(s.status, SnapshotStatus::Complete | SnapshotStatus::Pending)
+            });
+            if let Some(rec) = held {
+                out.push(Violation::new(
+                    Invariant::DeletedWhileReferenced,
+                    Some(task),
+                    format!(
+                        "the platform deleted snapshot {id} at {at} while the task retained it \
+                         (seq {}, {}, as of journal entry {})",
+                        rec.seq,
+                        rec.status.as_str(),
+                        last.task_seq
+                    ),
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// The ids of the sandboxes the tasks adopted: every sandbox a journal entry shows a task
 /// holding.
 pub fn adopted_sandboxes(entries: &[JournalEntry]) -> BTreeSet<String> {
@@ -363,7 +508,8 @@ pub fn snapshots_kept(
                 SnapshotStatus::Pending
                 | SnapshotStatus::Failed
                 | SnapshotStatus::Deleting
-                | SnapshotStatus::Deleted => {}
+                | SnapshotStatus::Deleted
+                | SnapshotStatus::Released => {}
             }
         }
     }
@@ -505,7 +651,7 @@ fn task_journal(
                     Reply::Ran { notices, .. }
                     | Reply::Resumed { notices, .. }
                     | Reply::Failed { notices, .. } => lost(notices),
-                    Reply::Suspended { .. } => 0,
+                    Reply::Suspended { .. } | Reply::Forked { .. } => 0,
                 },
                 _ => 0,
             })

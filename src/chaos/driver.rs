@@ -16,7 +16,7 @@ use super::workload::{Op, TaskPlan};
 use super::{ChaosError, RunCounts};
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::core::{Millis, Task};
+use crate::core::{ForkFrom, Millis, Task};
 use crate::engine::{EngineError, Orchestrator};
 use crate::provider::SandboxProvider;
 use crate::retry::Jitter;
@@ -26,6 +26,10 @@ use crate::TaskId;
 
 /// Salt that keeps the jitter's stream apart from the platform's.
 const JITTER_SALT: u64 = 0x0017_7E50_0000_0001;
+
+/// What happens on the platform while the engine is dead (between a crash and the restart).
+pub(super) type WhileDead =
+    Arc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
 
 /// The engine of a seed, which crashes and restarts: the current orchestrator and its epoch.
 pub(super) struct Driver {
@@ -45,6 +49,7 @@ pub(super) struct Driver {
     crashes: AtomicU64,
     pending_crashes: Mutex<Vec<JoinHandle<()>>>,
     errors: Mutex<Vec<String>>,
+    while_dead: Mutex<Option<WhileDead>>,
 }
 
 impl Driver {
@@ -69,6 +74,7 @@ impl Driver {
             crashes: AtomicU64::new(0),
             pending_crashes: Mutex::new(Vec::new()),
             errors: Mutex::new(Vec::new()),
+            while_dead: Mutex::new(None),
         }))
     }
 
@@ -89,6 +95,11 @@ impl Driver {
             .reconcile_on_start(epoch > 0)
             .open()
             .await
+    }
+
+    /// Sets what the platform does while the engine is dead after each crash.
+    pub(super) fn set_while_dead(&self, hook: WhileDead) {
+        *self.while_dead.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
     }
 
     pub(super) fn current(&self) -> (u64, Orchestrator) {
@@ -128,6 +139,14 @@ impl Driver {
             orch.abort().await;
             drop(orch);
             d.crashes.fetch_add(1, Ordering::Relaxed);
+            let hook = d
+                .while_dead
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if let Some(hook) = hook {
+                hook().await;
+            }
             let reopened = Self::open_engine(
                 d.seed,
                 &d.data_dir,
@@ -238,6 +257,17 @@ async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
             Op::Run { command } => orch.run(&task, command, None).await.map(drop),
             Op::Suspend => orch.suspend(&task).await.map(drop),
             Op::Resume => orch.resume(&task).await.map(drop),
+            Op::Fork { child, seq } => match TaskId::new(child) {
+                Ok(child) => {
+                    let from = seq.map_or(ForkFrom::Latest, |seq| ForkFrom::Seq { seq });
+                    match orch.fork(&task, &child, from).await {
+                        // The fork's first command restores the parent's snapshot.
+                        Ok(_) => orch.run(&child, "cat f0", None).await.map(drop),
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => Err(e.into()),
+            },
             Op::Wait { ms } => {
                 tokio::time::sleep(Duration::from_millis(*ms)).await;
                 Ok(())
@@ -334,7 +364,19 @@ pub(super) async fn settle(
     tokio::time::sleep(settle).await;
     let (_, orch) = d.current();
     let mut finals = Vec::new();
-    for id in task_ids {
+    // The workload's tasks and the forks made of them.
+    let mut ids: Vec<String> = task_ids.to_vec();
+    match orch.tasks().await {
+        Ok(tasks) => {
+            for t in tasks {
+                if !ids.iter().any(|i| i == t.id.as_str()) {
+                    ids.push(t.id.to_string());
+                }
+            }
+        }
+        Err(e) => d.error(format!("cannot list the tasks to settle: {e}")),
+    }
+    for id in &ids {
         let orch = orch.clone();
         let id = id.clone();
         finals.push(tokio::spawn(async move {
@@ -433,15 +475,36 @@ pub(super) fn check_all(
     deleted_at: &BTreeMap<String, Millis>,
 ) -> Checked {
     let mut violations = Vec::new();
-    let retired_at = check::retired_at(&rec.entries, deleted_at);
     let adopted_ids = check::adopted_sandboxes(&rec.entries);
     let (adopted, stale): (Vec<_>, Vec<_>) = sandboxes
         .iter()
         .cloned()
         .partition(|s| adopted_ids.contains(&s.id));
-    for id in task_ids {
-        violations.extend(check::restores(&adopted, snapshots, &retired_at, id));
+    // The workload's tasks and the forks made of them.
+    let mut ids: Vec<&str> = task_ids.iter().map(String::as_str).collect();
+    for t in &rec.tasks {
+        if !ids.contains(&t.id.as_str()) {
+            ids.push(t.id.as_str());
+        }
     }
+    for id in ids {
+        let retired_at = check::retired_at_for(&rec.entries, deleted_at, id);
+        let inherited = rec
+            .tasks
+            .iter()
+            .find(|t| t.id.as_str() == id)
+            .and_then(|t| t.lineage.as_ref())
+            .map(|l| l.snapshot.as_str());
+        violations.extend(check::restores_of(
+            &adopted,
+            snapshots,
+            &retired_at,
+            id,
+            inherited,
+        ));
+    }
+    violations.extend(check::forks(&rec.entries, snapshots, deleted_at));
+    violations.extend(check::deleted_while_referenced(&rec.entries, deleted_at));
     let (expired, kept) = check::snapshots_kept(&rec.tasks, snapshots);
     violations.extend(kept);
     violations.extend(check::sandboxes_after_reconcile(&rec.tasks, live));

@@ -7,7 +7,10 @@
 //! workload, where the engine crashes, and what a fault driver does every few hundred
 //! milliseconds while the workload runs — arm a burst of 429s with `Retry-After`, lose the
 //! answer of the next create, cut command streams, expire a live sandbox (mid-command, often),
-//! expire a snapshot. Then faults go off, every task runs one last command, `gc` reconciles, and
+//! expire a snapshot. While the engine is down after a crash, the platform stops a live
+//! sandbox now and then (the stop endpoint, which snapshots a persistent sandbox): the restarted
+//! engine must find that snapshot and restore the newest files from it (the restore check sees
+//! the platform's snapshot as the newest candidate). Then faults go off, every task runs one last command, `gc` reconciles, and
 //! the same checks as on the simulator compare the journal with what the server reports.
 //!
 //! Real time is not reproducible: a seed names the fault plan, not the interleaving, so these
@@ -86,6 +89,12 @@ pub(super) fn run_seed(
 #[derive(Default)]
 struct Injected {
     expired_sessions: AtomicU64,
+    /// Sandboxes the platform stopped while the engine was dead.
+    platform_stops: AtomicU64,
+    /// The snapshots those stops took, by id: their task and when the stop answered (the
+    /// checker needs them even when gc deleted them later, so that a restore that ignored
+    /// one is caught).
+    platform_snapshots: Mutex<BTreeMap<String, (String, Millis, String)>>,
     /// The snapshots it expired, with the time it asked (the server expires them during the
     /// call, within milliseconds).
     expired_snapshots: Mutex<BTreeMap<String, Millis>>,
@@ -180,6 +189,48 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
         stop.clone(),
         injected.clone(),
     ));
+    {
+        // While the engine is dead after a crash, the platform stops one of the live
+        // sandboxes, at even odds per crash (drawn from the plan's stream).
+        let vercel = vercel.clone();
+        let injected = injected.clone();
+        let installation = d.current().1.installation_id().to_string();
+        let odds = Arc::new(Mutex::new(SplitMix64::new(seed ^ PLAN_SALT).fork().fork()));
+        d.set_while_dead(Arc::new(move || {
+            let (vercel, injected, installation, odds) = (
+                vercel.clone(),
+                injected.clone(),
+                installation.clone(),
+                odds.clone(),
+            );
+            Box::pin(async move {
+                let pick = {
+                    let mut r = odds.lock().unwrap_or_else(|p| p.into_inner());
+                    r.chance(0.5).then(|| r.between(0, 1_000))
+                };
+                let Some(pick) = pick else { return };
+                let Ok(listed) = vercel.list_sandboxes(&installation).await else {
+                    return;
+                };
+                let live: Vec<_> = listed.into_iter().filter(|s| s.live).collect();
+                if live.is_empty() {
+                    return;
+                }
+                let victim = &live[(pick % live.len() as u64) as usize];
+                if let Ok(answer) = vercel.client().stop_session(&victim.id).await {
+                    injected.platform_stops.fetch_add(1, Ordering::Relaxed);
+                    if let (Some(snap), Some(task)) = (answer.snapshot, victim.task_id.clone()) {
+                        let at = SystemClock.now_ms();
+                        injected
+                            .platform_snapshots
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(snap.id, (task, at, victim.id.clone()));
+                    }
+                }
+            })
+        }));
+    }
     let (tally, mut violations) = driver::run_workload(&d, plans, WORKLOAD_BOUND).await;
     stop.store(true, Ordering::Relaxed);
     let _ = fault_driver.await;
@@ -254,14 +305,32 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
             }
         }
     }
-    // When the store saw each snapshot confirmed: an upper bound of its creation, for the ones
-    // the server no longer reports.
-    let confirmed: BTreeMap<&str, Millis> = rec
+    // The snapshots the platform took when it stopped a sandbox while the engine was dead —
+    // of a sandbox its task held (one whose create was still in flight held none of its files).
+    let platform_taken: BTreeMap<String, (String, Millis)> = injected
+        .platform_snapshots
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter(|(_, (_, _, session))| seen.contains(session.as_str()))
+        .map(|(id, (task, at, _))| (id.clone(), (task.clone(), *at)))
+        .collect();
+    for (id, (task, _)) in &platform_taken {
+        snapshot_ids
+            .entry(id.clone())
+            .or_insert_with(|| task.clone());
+    }
+    // When the store saw each snapshot confirmed (or the platform's stop answered with it): an
+    // upper bound of its creation, for the ones the server no longer reports.
+    let mut confirmed: BTreeMap<&str, Millis> = rec
         .tasks
         .iter()
         .flat_map(|t| &t.snapshots)
         .filter_map(|s| Some((s.id.as_deref()?, s.created_at?)))
         .collect();
+    for (id, (_, at)) in &platform_taken {
+        confirmed.entry(id.as_str()).or_insert(*at);
+    }
     let expired_by_us = injected
         .expired_snapshots
         .lock()
@@ -270,6 +339,14 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
     let mut snapshots = Vec::new();
     for (id, task_id) in snapshot_ids {
         match truth.get_snapshot(&id).await {
+            // The platform's snapshot of a session no task ever held (its create was in flight
+            // when the platform stopped it, and the create was made again): it holds no file a
+            // task wrote, so it is no restore candidate.
+            Ok(s)
+                if !confirmed.contains_key(id.as_str())
+                    && s.source_session_id
+                        .as_deref()
+                        .is_some_and(|session| !seen.contains(session)) => {}
             Ok(s) => snapshots.push(PlatformSnapshot {
                 created_at: s
                     .created_at
@@ -336,6 +413,10 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
         injected.expired_sessions.load(Ordering::Relaxed),
     );
     count("snapshot_gone", expired_by_us.len() as u64);
+    count(
+        "platform_stop_while_dead",
+        injected.platform_stops.load(Ordering::Relaxed),
+    );
     count("crash", crashes);
     if let Ok(fake) = Arc::try_unwrap(fake) {
         let _ = fake.shutdown().await;

@@ -48,7 +48,7 @@ pub use check::{Invariant, JournalCounts, Violation};
 use check::{PlatformSandbox, PlatformSnapshot};
 use driver::Driver;
 #[doc(hidden)]
-pub use planted::{OldestRestore, PlantedBug, UnknownPlantedBug};
+pub use planted::{IgnorePlatformSnapshot, OldestRestore, PlantedBug, UnknownPlantedBug};
 
 /// Virtual time at which every seed starts (2023-11-14T22:13:20Z).
 const START_MS: u64 = 1_700_000_000_000;

@@ -24,6 +24,10 @@ use crate::provider::{
 pub enum PlantedBug {
     /// Every restore uses the task's oldest snapshot instead of the one the engine chose.
     OldestRestore,
+    /// The snapshot a persistent sandbox took of itself as the platform stopped it is never
+    /// found: the engine restores an older one (HTTP runs, where the platform stops sandboxes
+    /// while the engine is dead).
+    IgnorePlatformSnapshot,
 }
 
 impl PlantedBug {
@@ -31,6 +35,7 @@ impl PlantedBug {
     pub fn as_str(self) -> &'static str {
         match self {
             PlantedBug::OldestRestore => "oldest-restore",
+            PlantedBug::IgnorePlatformSnapshot => "ignore-platform-snapshot",
         }
     }
 
@@ -38,6 +43,7 @@ impl PlantedBug {
     pub fn wrap(self, inner: Arc<dyn SandboxProvider>) -> Arc<dyn SandboxProvider> {
         match self {
             PlantedBug::OldestRestore => Arc::new(OldestRestore::new(inner)),
+            PlantedBug::IgnorePlatformSnapshot => Arc::new(IgnorePlatformSnapshot { inner }),
         }
     }
 }
@@ -50,7 +56,7 @@ impl fmt::Display for PlantedBug {
 
 /// An unknown `--planted-bug` name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown planted bug `{0}`; known: oldest-restore")]
+#[error("unknown planted bug `{0}`; known: oldest-restore, ignore-platform-snapshot")]
 pub struct UnknownPlantedBug(pub String);
 
 impl FromStr for PlantedBug {
@@ -59,6 +65,7 @@ impl FromStr for PlantedBug {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "oldest-restore" => Ok(PlantedBug::OldestRestore),
+            "ignore-platform-snapshot" => Ok(PlantedBug::IgnorePlatformSnapshot),
             other => Err(UnknownPlantedBug(other.to_string())),
         }
     }
@@ -133,5 +140,26 @@ impl Decorator for OldestRestore {
             }
             Ok(())
         })
+    }
+}
+
+/// A provider decorator that never finds the platform's own snapshot of a stopped sandbox: the
+/// "files back from the platform's snapshot" safety net switched off.
+#[doc(hidden)]
+pub struct IgnorePlatformSnapshot {
+    inner: Arc<dyn SandboxProvider>,
+}
+
+impl Decorator for IgnorePlatformSnapshot {
+    fn inner(&self) -> &dyn SandboxProvider {
+        &*self.inner
+    }
+
+    fn platform_snapshot<'a>(
+        &'a self,
+        _task_id: &'a TaskId,
+        _sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<crate::core::PlatformSnapshot>> {
+        Box::pin(async { Ok(None) })
     }
 }

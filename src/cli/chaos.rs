@@ -45,7 +45,7 @@ pub struct ChaosArgs {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
-    /// Plant a known bug, to show that the checker catches it (`oldest-restore`).
+    /// Plant a known bug, to show that the checker catches it (`oldest-restore`, `ignore-platform-snapshot`).
     #[arg(long, hide = true)]
     planted_bug: Option<String>,
 }

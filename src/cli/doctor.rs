@@ -65,7 +65,7 @@ impl From<taskbox::provider::vercel::doctor::Check> for Check {
             ok: c.ok,
             detail: c.detail,
             hint: c.hint,
-            warning: false,
+            warning: c.warning,
         }
     }
 }

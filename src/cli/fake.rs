@@ -36,6 +36,14 @@ pub struct FakeArgs {
     /// How long a snapshotted session answers 422 before it is `stopped`, ms.
     #[arg(long)]
     snapshot_settle_ms: Option<u64>,
+    /// The working directory image-based (v3) sessions report and run commands in (under
+    /// /vercel/sandbox; default /vercel/sandbox).
+    #[arg(long)]
+    image_cwd: Option<String>,
+    /// A persistent sandbox also snapshots itself when it times out (unverified on the real
+    /// service: only a stop is documented to snapshot).
+    #[arg(long)]
+    snapshot_on_timeout: bool,
     /// Seed of the generator that picks failing requests.
     #[arg(long, default_value_t = 1)]
     fault_seed: u64,
@@ -73,6 +81,10 @@ pub async fn run(args: FakeArgs, default_data_dir: PathBuf) -> Result<ExitCode, 
     }
     if let Some(v) = args.snapshot_settle_ms {
         opts.snapshot_settle_ms = v;
+    }
+    opts.snapshot_on_timeout = args.snapshot_on_timeout;
+    if let Some(v) = args.image_cwd {
+        opts.image_cwd = v;
     }
     let mut faults = Faults {
         seed: args.fault_seed,

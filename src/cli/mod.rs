@@ -20,6 +20,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use taskbox::config::Config;
+use taskbox::core::ForkFrom;
 use taskbox::engine::{Orchestrator, Paths, TaskView};
 use taskbox::provider::{Canceller, ExecIo};
 use taskbox::store::{Store, StoreError};
@@ -67,11 +68,15 @@ enum Cmd {
     Suspend(TaskArgs),
     /// Restore a task's latest snapshot into a live sandbox now, without running anything.
     Resume(TaskArgs),
+    /// Make a new task from one of a task's snapshots (the latest by default; a live task is
+    /// snapshotted first). The new task starts expired: its first command restores the
+    /// snapshot into a sandbox of its own. Nothing is copied; the snapshot is shared.
+    Fork(ForkArgs),
     /// Remove a task: stop its sandbox, delete its snapshots (unless --keep-snapshots) and mark
     /// it removed. Its journal is kept for `taskbox replay`; its name is not reused.
     Rm(RmArgs),
     /// List every task with its state.
-    Tasks(JsonArg),
+    Tasks(TasksArgs),
     /// Show a task: state, sandbox, snapshots and recent journal.
     Show(ShowArgs),
     /// Read and change the configuration (Hermes-style `terminal.*` keys).
@@ -140,6 +145,31 @@ struct TaskArgs {
     /// The task.
     task: String,
     /// Print JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ForkArgs {
+    /// The task to fork.
+    task: String,
+    /// The new task's name.
+    new_task: String,
+    /// Fork from this snapshot instead of the latest: `TASK.sN` (as `taskbox show` numbers
+    /// them) or a provider snapshot id.
+    #[arg(long)]
+    snapshot: Option<String>,
+    /// Print JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct TasksArgs {
+    /// Show forks under the task they were forked from.
+    #[arg(long)]
+    tree: bool,
+    /// Print JSON on stdout (with --tree: each task's forks nested under `forks`).
     #[arg(long)]
     json: bool,
 }
@@ -271,6 +301,7 @@ impl Cmd {
             Cmd::Run(a) => a.json,
             Cmd::Suspend(a) | Cmd::Resume(a) => a.json,
             Cmd::Rm(a) => a.json,
+            Cmd::Fork(a) => a.json,
             Cmd::Tasks(a) => a.json,
             Cmd::Doctor(a) => a.json,
             Cmd::Show(a) => a.json,
@@ -300,7 +331,7 @@ impl Cmd {
 fn engine_in_process(cmd: &Cmd, paths: &Paths) -> bool {
     match cmd {
         #[cfg(feature = "server")]
-        Cmd::Run(_) | Cmd::Suspend(_) | Cmd::Resume(_) | Cmd::Gc(_) => {
+        Cmd::Run(_) | Cmd::Suspend(_) | Cmd::Resume(_) | Cmd::Gc(_) | Cmd::Fork(_) => {
             !matches!(route(paths), Ok(Route::Server(..)))
         }
         Cmd::Tasks(_) | Cmd::Show(_) | Cmd::Config(_) | Cmd::Export(_) => false,
@@ -394,6 +425,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Rm(args) => rm(args, paths).await,
+        Cmd::Fork(args) => fork(args, paths).await,
         Cmd::Tasks(args) => {
             // Read-only: straight from the store, with no provider (and so no credentials).
             let store_err = |e: StoreError| Failure::from_engine(e.into());
@@ -410,10 +442,11 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
                 None => (Vec::new(), output::Removed::new()),
             };
             let now = taskbox::clock::Clock::now_ms(&taskbox::clock::SystemClock);
-            if args.json {
-                print_json(&output::tasks_json(&tasks, now, &removed))?;
-            } else {
-                output::print_tasks(&tasks, now, &removed)?;
+            match (args.json, args.tree) {
+                (true, false) => print_json(&output::tasks_json(&tasks, now, &removed))?,
+                (true, true) => print_json(&output::tasks_tree_json(&tasks, now, &removed))?,
+                (false, false) => output::print_tasks(&tasks, now, &removed)?,
+                (false, true) => output::print_tasks_tree(&tasks, now, &removed)?,
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -568,6 +601,44 @@ async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     Ok(ExitCode::from(res.exit_code.clamp(0, 255) as u8))
 }
 
+async fn fork(args: ForkArgs, paths: &Paths) -> Result<ExitCode, Failure> {
+    let task = task_id(&args.task)?;
+    let child = task_id(&args.new_task)?;
+    let from = args
+        .snapshot
+        .as_deref()
+        .map_or(ForkFrom::Latest, |s| ForkFrom::parse(&task, s));
+    let res = match route(paths)? {
+        Route::InProcess => {
+            let orch = open(paths).await?;
+            let res = orch.fork(&task, &child, from).await;
+            orch.shutdown().await;
+            res.map_err(Failure::from_engine)?
+        }
+        #[cfg(feature = "server")]
+        Route::Server(client, mode) => {
+            server::call(&client, mode, |c| {
+                let (task, child, snapshot) = (task.clone(), child.clone(), args.snapshot.clone());
+                async move { c.fork(&task, &child, snapshot.as_deref()).await }
+            })
+            .await?
+        }
+    };
+    if args.json {
+        print_json(&res)?;
+    } else {
+        let taken = res
+            .taken_at
+            .map(|at| format!(", taken {}", taskbox::clock::format_ms(at)))
+            .unwrap_or_default();
+        eprintln!(
+            "forked {} from {}.s{} (snapshot {}{taken}): `taskbox run --task {} -- CMD` restores it",
+            res.task, res.parent, res.parent_seq, res.snapshot_id, res.task
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn rm(args: RmArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     let task = task_id(&args.task)?;
     let keep = args.keep_snapshots;
@@ -666,10 +737,21 @@ fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Failure> {
             for k in taskbox::config::KEYS {
                 note_env_override(k.name);
             }
+            note_runtime_deprecation(&cfg);
         }
         ConfigCmd::Path => println!("{}", path.display()),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says on stderr when a legacy Vercel runtime is set (file or `TERMINAL_VERCEL_RUNTIME`): it
+/// still wins over `terminal.vercel_image`, but is deprecated.
+fn note_runtime_deprecation(cfg: &Config) {
+    use taskbox::provider::vercel::settings;
+    let env = |k: &str| std::env::var(k).ok();
+    if let Ok(Some((runtime, origin))) = settings::check_runtime(&cfg.terminal, &env) {
+        eprintln!("note: {}", settings::runtime_deprecation(runtime, origin));
+    }
 }
 
 /// Says on stderr when an environment variable overrides the file's value of `key`, so the
@@ -701,11 +783,8 @@ fn no_task(paths: &Paths, task: &TaskId) -> Failure {
 }
 
 fn task_id(s: &str) -> Result<TaskId, Failure> {
-    TaskId::new(s).map_err(|e| {
-        Failure::new(e.to_string()).hint(
-            "a task id is 1 to 64 letters, digits, `-` or `_`, starting with a letter or digit",
-        )
-    })
+    // The engine's error, so the code (`invalid_task_id`) and hint are the server's too.
+    TaskId::new(s).map_err(|e| Failure::from_engine(e.into()))
 }
 
 /// Opens the store for a command that only reads it: `None` when this home has no store yet,

@@ -1,5 +1,6 @@
 //! Printing: human tables on stdout, JSON for scripts, and cargo-style failures on stderr.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -290,25 +291,109 @@ pub fn shown_state(t: &Task, now: Millis, removed: &Removed) -> (&'static str, b
 }
 
 pub fn tasks_json(tasks: &[Task], now: Millis, removed: &Removed) -> serde_json::Value {
+    serde_json::Value::Array(tasks.iter().map(|t| task_json(t, now, removed)).collect())
+}
+
+fn task_json(t: &Task, now: Millis, removed: &Removed) -> serde_json::Value {
+    let (state, passed) = shown_state(t, now, removed);
+    serde_json::json!({
+        "task": t.id,
+        "state": state,
+        "recorded_state": t.state,
+        "deadline_passed": passed,
+        "sandbox": t.sandbox.as_ref().map(|s| &s.id),
+        "deadline": t.sandbox.as_ref().map(|s| format_ms(s.deadline)),
+        "latest_snapshot": t.latest_complete().and_then(|s| s.id.as_deref()),
+        "snapshots": t.snapshots.iter().filter(|s| s.status == SnapshotStatus::Complete).count(),
+        "last_activity": format_ms(t.last_activity),
+        "parent": t.lineage.as_ref().map(|l| &l.parent),
+        "forked_from": t.lineage.as_ref().map(|l| serde_json::json!({
+            "task": l.parent,
+            "seq": l.parent_seq,
+            "snapshot_id": l.snapshot,
+            "at": format_ms(l.forked_at),
+        })),
+    })
+}
+
+/// The tasks as a forest: each task once, its forks under it (a fork whose parent is not in
+/// the store is a root). Roots and forks in store order.
+fn forest(tasks: &[Task]) -> (Vec<&Task>, BTreeMap<&str, Vec<&Task>>) {
+    let known: BTreeSet<&str> = tasks.iter().map(|t| t.id.as_str()).collect();
+    let mut roots = Vec::new();
+    let mut forks: BTreeMap<&str, Vec<&Task>> = BTreeMap::new();
+    for t in tasks {
+        match t.lineage.as_ref().map(|l| l.parent.as_str()) {
+            Some(p) if known.contains(p) && p != t.id.as_str() => {
+                forks.entry(p).or_default().push(t)
+            }
+            _ => roots.push(t),
+        }
+    }
+    (roots, forks)
+}
+
+/// `tasks --tree --json`: each root task's row with its forks nested under `forks`.
+pub fn tasks_tree_json(tasks: &[Task], now: Millis, removed: &Removed) -> serde_json::Value {
+    fn node(
+        t: &Task,
+        forks: &BTreeMap<&str, Vec<&Task>>,
+        now: Millis,
+        removed: &Removed,
+    ) -> serde_json::Value {
+        let mut v = task_json(t, now, removed);
+        let children: Vec<_> = forks
+            .get(t.id.as_str())
+            .map(|c| c.iter().map(|c| node(c, forks, now, removed)).collect())
+            .unwrap_or_default();
+        v["forks"] = serde_json::Value::Array(children);
+        v
+    }
+    let (roots, forks) = forest(tasks);
     serde_json::Value::Array(
-        tasks
+        roots
             .iter()
-            .map(|t| {
-                let (state, passed) = shown_state(t, now, removed);
-                serde_json::json!({
-                    "task": t.id,
-                    "state": state,
-                    "recorded_state": t.state,
-                    "deadline_passed": passed,
-                    "sandbox": t.sandbox.as_ref().map(|s| &s.id),
-                    "deadline": t.sandbox.as_ref().map(|s| format_ms(s.deadline)),
-                    "latest_snapshot": t.latest_complete().and_then(|s| s.id.as_deref()),
-                    "snapshots": t.snapshots.iter().filter(|s| s.status == SnapshotStatus::Complete).count(),
-                    "last_activity": format_ms(t.last_activity),
-                })
-            })
+            .map(|t| node(t, &forks, now, removed))
             .collect(),
     )
+}
+
+/// `tasks --tree`: forks indented under the task they were forked from, with the snapshot.
+pub fn print_tasks_tree(tasks: &[Task], now: Millis, removed: &Removed) -> Result<(), Failure> {
+    fn line(
+        s: &mut String,
+        t: &Task,
+        depth: usize,
+        forks: &BTreeMap<&str, Vec<&Task>>,
+        now: Millis,
+        removed: &Removed,
+    ) {
+        let (state, _) = shown_state(t, now, removed);
+        let indent = if depth == 0 {
+            String::new()
+        } else {
+            format!("{}└─ ", "   ".repeat(depth - 1))
+        };
+        let from = t
+            .lineage
+            .as_ref()
+            .map(|l| format!("  (from {}.s{} {})", l.parent, l.parent_seq, l.snapshot))
+            .unwrap_or_default();
+        s.push_str(&format!("{indent}{}  {state}{from}\n", t.id));
+        for c in forks.get(t.id.as_str()).into_iter().flatten() {
+            line(s, c, depth + 1, forks, now, removed);
+        }
+    }
+    if tasks.is_empty() {
+        eprintln!("no tasks yet: `taskbox run --task NAME -- CMD` creates one");
+        return Ok(());
+    }
+    let (roots, forks) = forest(tasks);
+    let mut s = String::new();
+    for t in roots {
+        line(&mut s, t, 0, &forks, now, removed);
+    }
+    write_ignoring_broken_pipe(&mut std::io::stdout().lock(), s.as_bytes())
 }
 
 pub fn print_tasks(tasks: &[Task], now: Millis, removed: &Removed) -> Result<(), Failure> {
@@ -358,6 +443,7 @@ const TIME_FIELDS: &[&str] = &[
     "created_at",
     "deadline",
     "expires_at",
+    "forked_at",
     "last_activity",
     "released_at",
     "removed_at",
@@ -410,6 +496,16 @@ pub fn print_view(v: &TaskView) -> Result<(), Failure> {
         s.push_str(&format!("backend:     {b}\n"));
     }
     s.push_str(&format!("persistent:  {}\n", t.settings.persistent));
+    if let Some(l) = &t.lineage {
+        s.push_str(&format!(
+            "forked from: {} at snapshot {}.s{} ({}), {}\n",
+            l.parent,
+            l.parent,
+            l.parent_seq,
+            l.snapshot,
+            format_ms(l.forked_at)
+        ));
+    }
     match &t.sandbox {
         Some(sb) => s.push_str(&format!(
             "sandbox:     {} (generation {}, expires {})\n",

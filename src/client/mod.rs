@@ -296,6 +296,22 @@ impl Client {
             .await
     }
 
+    /// Forks the task into `child`; see [`crate::engine::Orchestrator::fork`]. `snapshot` as
+    /// [`crate::core::ForkFrom::parse`] reads it (`None`: the latest).
+    pub async fn fork(
+        &self,
+        task: &TaskId,
+        child: &TaskId,
+        snapshot: Option<&str>,
+    ) -> Result<crate::engine::ForkResult, ClientError> {
+        let body = wire::ForkRequest {
+            child: child.to_string(),
+            snapshot: snapshot.map(str::to_string),
+        };
+        self.call(Method::POST, &format!("/tasks/{task}/fork"), Some(&body))
+            .await
+    }
+
     /// Removes the task; see [`crate::engine::Orchestrator::remove`].
     pub async fn remove(
         &self,

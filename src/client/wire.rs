@@ -107,6 +107,16 @@ pub struct RemoveRequest {
     pub keep_snapshots: bool,
 }
 
+/// `POST /v1/tasks/{task}/fork`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkRequest {
+    /// The new task.
+    pub child: String,
+    /// Which snapshot: `<task>.s<seq>`, `s<seq>`, a provider id, or absent (`latest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+}
+
 /// `POST /v1/gc`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GcRequest {

@@ -13,12 +13,12 @@ use tokio::task::JoinHandle;
 use super::event_loop::{Answer, ApiRequest, EventLoop, Msg, QueryFn};
 use super::lock::TaskLocks;
 use super::{
-    store_file, EngineError, RemoveResult, ResumeResult, RunResult, StateChange, SuspendResult,
-    TaskView,
+    store_file, EngineError, ForkResult, RemoveResult, ResumeResult, RunResult, StateChange,
+    SuspendResult, TaskView,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::core::{FailureReason, Reply, Task, TaskSettings};
+use crate::core::{FailureReason, ForkFrom, Reply, SnapshotRecord, Task, TaskSettings};
 use crate::ids::TaskId;
 use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
 use crate::retry::Jitter;
@@ -123,7 +123,11 @@ impl OrchestratorBuilder {
             inner: Arc::new(Inner {
                 tx,
                 changes,
-                locks: TaskLocks::new(self.data_dir.join("locks"), self.lock_wait),
+                locks: TaskLocks::new(
+                    self.data_dir.join("locks"),
+                    self.lock_wait,
+                    self.clock.is_virtual(),
+                ),
                 settings,
                 installation_id,
                 provider,
@@ -311,6 +315,61 @@ impl Orchestrator {
                 notices,
             }),
             other => Err(unexpected(task, other)),
+        }
+    }
+
+    /// `taskbox fork`: makes the new task `child` from one of `parent`'s snapshots — the latest
+    /// ([`ForkFrom::Latest`]; a live parent is snapshotted first, which stops its sandbox as a
+    /// suspend does, so the fork has its files as they are now), or a complete one it retains
+    /// ([`ForkFrom::Seq`], [`ForkFrom::Id`]). The child starts `expired` with that snapshot as
+    /// its restore source: its first command restores it into a sandbox of its own. Nothing is
+    /// copied: parent and child share the provider's snapshot, and it is deleted only when no
+    /// task retains it. The parent's request is journaled (it answers which snapshot), and so
+    /// is the child's lineage ([`Task::lineage`]).
+    ///
+    /// Errors: no task `parent` ([`EngineError::NoTask`]), `child` exists or existed
+    /// ([`EngineError::TaskExists`]), no such snapshot (`unknown_snapshot`), nothing to fork
+    /// (`nothing_to_fork`), or the snapshot of a live parent failed.
+    pub async fn fork(
+        &self,
+        parent: &TaskId,
+        child: &TaskId,
+        from: ForkFrom,
+    ) -> Result<ForkResult, EngineError> {
+        if parent == child {
+            return Err(EngineError::TaskExists {
+                task: child.clone(),
+            });
+        }
+        // The child's lock first: no other process may make or drive it meanwhile.
+        self.inner.locks.acquire(child).await?;
+        let answer = self
+            .request(
+                parent,
+                ApiRequest::Fork {
+                    child: child.clone(),
+                    from,
+                },
+            )
+            .await?;
+        match answer.reply {
+            Reply::Forked {
+                child,
+                snapshot:
+                    SnapshotRecord {
+                        id: Some(snapshot_id),
+                        seq,
+                        created_at,
+                        ..
+                    },
+            } => Ok(ForkResult {
+                task: child.to_string(),
+                parent: parent.to_string(),
+                snapshot_id,
+                parent_seq: seq,
+                taken_at: created_at,
+            }),
+            other => Err(unexpected(parent, other)),
         }
     }
 

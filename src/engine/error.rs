@@ -96,6 +96,13 @@ pub enum EngineError {
         /// The backend configured now.
         current: String,
     },
+    /// A fork named a new task that already exists (or existed: a removed task's name is not
+    /// reused).
+    #[error("task {task} already exists; a fork makes a new task")]
+    TaskExists {
+        /// The name given.
+        task: TaskId,
+    },
     /// The task was removed with `taskbox rm`.
     #[error("task {task} was removed at {removed_at}")]
     Removed {
@@ -123,6 +130,7 @@ impl EngineError {
             EngineError::NoTask { .. } => "no_such_task",
             EngineError::WrongBackend { .. } => "wrong_backend",
             EngineError::Removed { .. } => "task_removed",
+            EngineError::TaskExists { .. } => "task_exists",
         }
     }
 
@@ -151,6 +159,9 @@ impl EngineError {
             ),
             EngineError::WrongBackend { task, task_backend, current } => Some(format!(
                 "switch back with `taskbox config set terminal.backend {task_backend}` to drive it, or `taskbox rm {task}` under {task_backend} and start anew under {current}"
+            )),
+            EngineError::TaskExists { task } => Some(format!(
+                "pick a name no task has (`taskbox tasks` lists them), e.g. `{task}-2`"
             )),
             EngineError::Removed { .. } => Some(
                 "a removed task's name is not reused (its journal is kept for `taskbox replay`); run the work under a new task name".into(),

@@ -13,7 +13,8 @@ use tracing::{debug, info_span, warn};
 use super::{EngineError, StateChange};
 use crate::clock::Clock;
 use crate::core::{
-    step, Command, Event, FailureReason, Millis, Reply, Task, TaskSettings, TaskState, TimerKind,
+    step, Command, Event, FailureReason, ForkFrom, Millis, Reply, SnapshotRecord, SnapshotStatus,
+    Task, TaskSettings, TaskState, TimerKind,
 };
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
@@ -30,6 +31,11 @@ pub(super) enum ApiRequest {
     },
     Suspend,
     Resume,
+    /// Fork the task into the new task `child`.
+    Fork {
+        child: TaskId,
+        from: ForkFrom,
+    },
 }
 
 /// The loop's answer to a request: the core's reply, and a command's captured output.
@@ -229,6 +235,12 @@ impl EventLoop {
             let _ = respond.send(Err(e));
             return;
         }
+        if let ApiRequest::Fork { child, .. } = &req {
+            if let Err(e) = self.check_new_task(child) {
+                let _ = respond.send(Err(e));
+                return;
+            }
+        }
         let request_id = self.tasks[&task].last_request_id + 1;
         let event = match req {
             ApiRequest::Run {
@@ -254,6 +266,11 @@ impl EventLoop {
             }
             ApiRequest::Suspend => Event::SuspendRequested { request_id },
             ApiRequest::Resume => Event::ResumeRequested { request_id },
+            ApiRequest::Fork { child, from } => Event::ForkRequested {
+                request_id,
+                child,
+                from,
+            },
         };
         self.waiters.insert((task.clone(), request_id), respond);
         if let Err(e) = self.apply(&task, event) {
@@ -311,6 +328,86 @@ impl EventLoop {
             }
         }
         Ok(())
+    }
+
+    /// Refuses `child` as the name of a new task when a task has (or had) that name.
+    fn check_new_task(&self, child: &TaskId) -> Result<(), EngineError> {
+        if self.tasks.contains_key(child.as_str())
+            || self.store.task_marks(child.as_str())?.is_some()
+        {
+            return Err(EngineError::TaskExists {
+                task: child.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Creates the task `child`, forked from `parent`'s `snapshot` (the parent's answer to a
+    /// fork request, durable already): its creation and [`Event::Forked`] are staged, so the
+    /// child is committed before any later transition's command is performed — in particular
+    /// before a delete of that snapshot could ask who retains it.
+    pub(super) fn create_fork(
+        &mut self,
+        parent: &TaskId,
+        child: &TaskId,
+        snapshot: SnapshotRecord,
+    ) -> Result<(), EngineError> {
+        self.check_new_task(child)?;
+        let now = self.clock.now_ms();
+        let task = Task::new(child.clone(), self.settings.clone(), now);
+        self.staged.push(Staged {
+            task: child.clone(),
+            at: now,
+            event: Event::SettingsChanged {
+                settings: self.settings.clone(),
+            },
+            state_before: task.state,
+            task_before: None,
+            task_after: task.clone(),
+            commands: Vec::new(),
+        });
+        self.tasks.insert(child.clone(), task);
+        let forked = Event::Forked {
+            parent: parent.clone(),
+            snapshot,
+        };
+        if let Err(e) = self.apply(child, forked) {
+            // Nothing of it is committed yet: forget it whole.
+            self.tasks.remove(child);
+            self.staged.retain(|s| &s.task != child);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The tasks other than `except` that retain the provider snapshot `snapshot_id`: loaded
+    /// tasks as they are in memory (ahead of the store by the transitions staged since the last
+    /// commit), the others as the store has them.
+    pub(super) fn snapshot_holders(
+        &self,
+        snapshot_id: &str,
+        except: &str,
+    ) -> Result<Vec<String>, EngineError> {
+        let retains = |t: &Task| {
+            t.snapshots.iter().any(|s| {
+                s.id.as_deref() == Some(snapshot_id)
+                    && matches!(s.status, SnapshotStatus::Complete | SnapshotStatus::Pending)
+            })
+        };
+        let mut holders: Vec<String> = self
+            .store
+            .snapshot_holders(snapshot_id)?
+            .into_iter()
+            .filter(|t| t != except && !self.tasks.contains_key(t.as_str()))
+            .collect();
+        holders.extend(
+            self.tasks
+                .values()
+                .filter(|t| t.id.as_str() != except && retains(t))
+                .map(|t| t.id.to_string()),
+        );
+        holders.sort();
+        Ok(holders)
     }
 
     /// Refuses a task `taskbox rm` removed, and one whose sandboxes and snapshots belong to
@@ -392,7 +489,19 @@ impl EventLoop {
         let (delete, kept) = if keep_snapshots {
             (Vec::new(), snapshots)
         } else {
-            (snapshots, Vec::new())
+            // A snapshot a fork (or the task this one was forked from) retains stays: deleting
+            // it is the last holder's to do. The removal is durable already, so this task no
+            // longer counts as one.
+            let mut delete = Vec::new();
+            let mut kept = Vec::new();
+            for snap in snapshots {
+                if self.snapshot_holders(&snap, id)?.is_empty() {
+                    delete.push(snap);
+                } else {
+                    kept.push(snap);
+                }
+            }
+            (delete, kept)
         };
         Ok(RemovalPlan {
             sandbox: task.sandbox.map(|s| s.id),
@@ -536,7 +645,8 @@ impl EventLoop {
         let own = match &s.event {
             Event::RunRequested { request_id, .. }
             | Event::SuspendRequested { request_id }
-            | Event::ResumeRequested { request_id } => Some(*request_id),
+            | Event::ResumeRequested { request_id }
+            | Event::ForkRequested { request_id, .. } => Some(*request_id),
             _ => None,
         };
         let mut err = Some(err);
@@ -586,7 +696,8 @@ impl EventLoop {
         let request_id = match &s.event {
             Event::RunRequested { request_id, .. }
             | Event::SuspendRequested { request_id }
-            | Event::ResumeRequested { request_id } => *request_id,
+            | Event::ResumeRequested { request_id }
+            | Event::ForkRequested { request_id, .. } => *request_id,
             _ => return,
         };
         self.live.remove(&(s.task.clone(), request_id));

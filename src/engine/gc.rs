@@ -76,6 +76,14 @@ impl Orchestrator {
             .filter(|t| t.state.is_transient())
             .map(|t| t.id.as_str())
             .collect();
+        // A persistent task still holding a sandbox may yet adopt the snapshot the platform
+        // took of that sandbox as it stopped (its next probe finds it): none of its unretained
+        // snapshots is deleted until it holds no sandbox.
+        let may_adopt: std::collections::HashSet<&str> = tasks
+            .iter()
+            .filter(|t| t.sandbox.is_some() && t.settings.persistent)
+            .map(|t| t.id.as_str())
+            .collect();
         let held: std::collections::HashSet<&str> = tasks
             .iter()
             .filter_map(|t| t.sandbox.as_ref().map(|s| s.id.as_str()))
@@ -105,6 +113,17 @@ impl Orchestrator {
             if is_busy(&r.task_id) {
                 report.skipped.push(GcItem {
                     reason: "its task has an operation in flight".into(),
+                    id: r.id,
+                    task_id: r.task_id,
+                });
+                continue;
+            }
+            if kind == Orphan::Snapshot
+                && r.task_id.as_deref().is_some_and(|t| may_adopt.contains(t))
+            {
+                report.skipped.push(GcItem {
+                    reason: "its task holds a sandbox whose platform snapshot it may still adopt"
+                        .into(),
                     id: r.id,
                     task_id: r.task_id,
                 });
@@ -146,7 +165,7 @@ impl Orchestrator {
 }
 
 /// What kind of orphan a listed resource is, for [`Orchestrator::gc`].
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Orphan {
     Sandbox,
     Snapshot,

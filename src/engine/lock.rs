@@ -42,15 +42,20 @@ pub(super) struct TaskLocks {
     held: Mutex<HashMap<TaskId, Held>>,
     dir: PathBuf,
     wait: Duration,
+    /// Wait for a held lock on the calling thread itself (see [`TaskLocks::acquire`]).
+    hold_runtime: bool,
 }
 
 impl TaskLocks {
     /// Locks under `dir`, waiting up to `wait` for another process to let go of one.
-    pub(super) fn new(dir: PathBuf, wait: Duration) -> TaskLocks {
+    /// `hold_runtime`: the engine runs on a virtual clock (a simulation), where a wait must
+    /// stop every other task of the runtime too.
+    pub(super) fn new(dir: PathBuf, wait: Duration, hold_runtime: bool) -> TaskLocks {
         TaskLocks {
             held: Mutex::new(HashMap::new()),
             dir,
             wait,
+            hold_runtime,
         }
     }
 
@@ -90,9 +95,20 @@ impl TaskLocks {
                         tracing::info!(task = %id, "waiting for another taskbox process driving this task");
                         warned = true;
                     }
-                    // Blocks a blocking-pool thread, never the runtime, for one poll interval.
-                    #[allow(clippy::disallowed_methods)]
-                    let _ = tokio::task::spawn_blocking(|| std::thread::sleep(POLL)).await;
+                    // Blocks a blocking-pool thread, never the runtime, for one poll interval —
+                    // except in a simulation (a virtual clock, one runtime thread): there the
+                    // other tasks must not run on while this one waits either, or requests of
+                    // the same virtual instant reach the engine (and the simulated platform's
+                    // seeded draws) in another order than without the wait, and the same seed
+                    // would not give the same run. The wait is for a moment (a forking child
+                    // holding a copy of the lock's descriptor), or a real bug.
+                    if self.hold_runtime {
+                        #[allow(clippy::disallowed_methods)]
+                        std::thread::sleep(POLL);
+                    } else {
+                        #[allow(clippy::disallowed_methods)]
+                        let _ = tokio::task::spawn_blocking(|| std::thread::sleep(POLL)).await;
+                    }
                     waited += POLL;
                 }
             }

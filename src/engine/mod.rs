@@ -42,7 +42,8 @@ pub use error::{closest, EngineError};
 pub use gc::{GcItem, GcReport};
 #[cfg(feature = "server")]
 pub(crate) use lock::try_flock;
-pub use paths::{store_file, Paths, STORE_FILE};
+pub use paths::{store_file, Paths, DATA_DIR_ENV, STORE_FILE};
 pub use results::{
-    Encoding, RemoveResult, ResumeResult, RunResult, StateChange, SuspendResult, TaskView,
+    Encoding, ForkResult, RemoveResult, ResumeResult, RunResult, StateChange, SuspendResult,
+    TaskView,
 };

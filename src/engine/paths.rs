@@ -11,6 +11,9 @@ pub fn store_file(data_dir: &Path) -> PathBuf {
     data_dir.join(STORE_FILE)
 }
 
+/// The environment variable that names the data dir itself (see [`Paths::from_env`]).
+pub const DATA_DIR_ENV: &str = "TASKBOX_DATA_DIR";
+
 /// Where taskbox keeps its config and data.
 #[derive(Debug, Clone)]
 pub struct Paths {
@@ -23,18 +26,26 @@ pub struct Paths {
 impl Paths {
     /// `TASKBOX_HOME` (config at `$TASKBOX_HOME/config.toml`, data in `$TASKBOX_HOME/data`), or
     /// the XDG dirs (`$XDG_CONFIG_HOME/taskbox/config.toml`, `$XDG_DATA_HOME/taskbox`).
+    /// `TASKBOX_DATA_DIR`, when set, names the data dir itself (the config file stays where the
+    /// rest says): how a program that keeps its tasks apart (the Hermes plugin's `data_dir`)
+    /// points the CLI and the server it starts at one data dir.
     pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Paths {
         let non_empty = |k: &str| env(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-        if let Some(home) = non_empty("TASKBOX_HOME") {
-            return Paths::under(&home);
+        let mut paths = if let Some(home) = non_empty("TASKBOX_HOME") {
+            Paths::under(&home)
+        } else {
+            let home = non_empty("HOME").unwrap_or_else(|| PathBuf::from("."));
+            let config = non_empty("XDG_CONFIG_HOME").unwrap_or_else(|| home.join(".config"));
+            let data = non_empty("XDG_DATA_HOME").unwrap_or_else(|| home.join(".local/share"));
+            Paths {
+                config_file: config.join("taskbox").join("config.toml"),
+                data_dir: data.join("taskbox"),
+            }
+        };
+        if let Some(data_dir) = non_empty(DATA_DIR_ENV) {
+            paths.data_dir = data_dir;
         }
-        let home = non_empty("HOME").unwrap_or_else(|| PathBuf::from("."));
-        let config = non_empty("XDG_CONFIG_HOME").unwrap_or_else(|| home.join(".config"));
-        let data = non_empty("XDG_DATA_HOME").unwrap_or_else(|| home.join(".local/share"));
-        Paths {
-            config_file: config.join("taskbox").join("config.toml"),
-            data_dir: data.join("taskbox"),
-        }
+        paths
     }
 
     /// The SQLite store in the data dir.
@@ -48,5 +59,34 @@ impl Paths {
             config_file: home.join("config.toml"),
             data_dir: home.join("data"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn data_dir_env_names_the_data_dir_and_keeps_the_config_file() {
+        let p = Paths::from_env(env(&[("TASKBOX_HOME", "/h"), ("TASKBOX_DATA_DIR", "/d")]));
+        assert_eq!(p.config_file, PathBuf::from("/h/config.toml"));
+        assert_eq!(p.data_dir, PathBuf::from("/d"));
+        let p = Paths::from_env(env(&[("HOME", "/u"), ("TASKBOX_DATA_DIR", "/d")]));
+        assert_eq!(
+            p.config_file,
+            PathBuf::from("/u/.config/taskbox/config.toml")
+        );
+        assert_eq!(p.data_dir, PathBuf::from("/d"));
+        // Blank counts as unset.
+        let p = Paths::from_env(env(&[("TASKBOX_HOME", "/h"), ("TASKBOX_DATA_DIR", "")]));
+        assert_eq!(p.data_dir, PathBuf::from("/h/data"));
     }
 }

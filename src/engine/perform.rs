@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use super::event_loop::{Answer, EventLoop, Msg};
-use crate::core::{Command, Millis, Reply, RequestId, TimerKind};
-use crate::ids::TaskId;
+use crate::core::{Command, Event, Failure, Millis, Reply, RequestId, TimerKind};
+use crate::ids::{SnapshotId, TaskId};
 use crate::provider::{Call, ExecIo};
 
 impl EventLoop {
@@ -19,6 +19,7 @@ impl EventLoop {
         match cmd {
             Command::ScheduleTimer { timer, at } => self.schedule_timer(id, timer, at, now),
             Command::Reply { request_id, reply } => self.reply(id, request_id, reply),
+            Command::DeleteSnapshot { ref snapshot_id } if self.released(id, snapshot_id) => {}
             Command::CreateSandbox { .. }
             | Command::RunCommand { .. }
             | Command::TakeSnapshot { .. }
@@ -46,6 +47,37 @@ impl EventLoop {
                 self.spawn_call(id, call, io);
             }
         }
+    }
+
+    /// Whether `task`'s delete of `snapshot_id` is a release instead: another task retains the
+    /// same provider snapshot (a fork shares its parent's), so it stays, and the task learns so
+    /// as the call's outcome ([`Event::SnapshotReleased`]). A snapshot is deleted only when no
+    /// task retains it. When the store cannot say, the delete is answered as failed (the
+    /// record stays `deleting` and is retried), never performed blind.
+    fn released(&mut self, task: &TaskId, snapshot_id: &SnapshotId) -> bool {
+        let event = match self.snapshot_holders(snapshot_id, task.as_str()) {
+            Ok(holders) => match holders.into_iter().next() {
+                None => return false,
+                Some(holder) => Event::SnapshotReleased {
+                    snapshot_id: snapshot_id.clone(),
+                    held_by: TaskId::new(&holder).expect("stored task ids are valid"),
+                },
+            },
+            Err(e) => Event::DeleteFailed {
+                snapshot_id: snapshot_id.clone(),
+                failure: Failure::transient(
+                    format!("cannot tell whether another task retains the snapshot: {e}"),
+                    None,
+                ),
+            },
+        };
+        self.inflight += 1;
+        let _ = self.tx.send(Msg::Outcome {
+            task: task.clone(),
+            event,
+            output: None,
+        });
+        true
     }
 
     fn schedule_timer(&mut self, id: &TaskId, timer: TimerKind, at: Millis, now: Millis) {
@@ -85,8 +117,16 @@ impl EventLoop {
         self.live.remove(&key);
         let output = self.outputs.remove(&key);
         self.typed_commands.remove(&key);
+        // A fork's source is named: the child is made now, before anything else can retire
+        // that snapshot.
+        let made = match &reply {
+            Reply::Forked { child, snapshot } => self.create_fork(id, child, snapshot.clone()),
+            _ => Ok(()),
+        };
         if let Some(w) = self.waiters.remove(&key) {
-            let _ = w.send(Ok(Answer { reply, output }));
+            let _ = w.send(made.map(|()| Answer { reply, output }));
+        } else if let Err(e) = made {
+            tracing::warn!(task = %id, error = %e, "could not create a fork");
         }
     }
 

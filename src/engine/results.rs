@@ -106,6 +106,21 @@ pub struct SuspendResult {
     pub omitted: Vec<String>,
 }
 
+/// The result of a fork: the new task and where it starts from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkResult {
+    /// The new task (state `expired`: its first command restores `snapshot_id`).
+    pub task: String,
+    /// The task it was forked from.
+    pub parent: String,
+    /// The parent's snapshot it starts from (shared with the parent, not copied).
+    pub snapshot_id: SnapshotId,
+    /// That snapshot's sequence number in the parent (`<parent>.s<seq>`).
+    pub parent_seq: u64,
+    /// When the snapshot was taken (ms since the epoch).
+    pub taken_at: Option<Millis>,
+}
+
 /// The result of a resume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResumeResult {

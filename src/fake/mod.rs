@@ -112,6 +112,15 @@ pub struct FakeOptions {
     pub default_snapshot_expiration_ms: u64,
     /// The region sessions report (default `iad1`).
     pub region: String,
+    /// The working directory image-based (v3) sessions report and run commands in (default
+    /// `/vercel/sandbox`, like the legacy runtimes; it must lie under it, the only directory
+    /// the fake maps).
+    pub image_cwd: String,
+    /// Whether a persistent sandbox snapshots itself when its session times out, as it does
+    /// when stopped (default `false`). **Unverified**: Vercel's changelog says a persistent
+    /// sandbox snapshots when it stops; that a timeout counts is not confirmed by the SDK or
+    /// the docs, so it is off unless a test asks for it.
+    pub snapshot_on_timeout: bool,
     /// The clock for timestamps, timeouts and expiries.
     pub clock: Arc<dyn Clock>,
 }
@@ -130,6 +139,8 @@ impl FakeOptions {
             snapshot_settle_ms: 500,
             default_snapshot_expiration_ms: 30 * 86_400_000,
             region: "iad1".to_string(),
+            image_cwd: model::WORKSPACE_ROOT.to_string(),
+            snapshot_on_timeout: false,
             clock: Arc::new(SystemClock),
         }
     }
@@ -260,6 +271,16 @@ impl FakeServer {
         if opts.max_vcpus == 0 {
             return Err(FakeError::Options("max_vcpus must be at least 1".into()));
         }
+        let image_cwd = files::normalize(&opts.image_cwd);
+        if !(image_cwd == model::WORKSPACE_ROOT
+            || image_cwd.starts_with(&format!("{}/", model::WORKSPACE_ROOT)))
+        {
+            return Err(FakeError::Options(format!(
+                "image_cwd {} is not under {}, the only directory the fake maps onto the host",
+                opts.image_cwd,
+                model::WORKSPACE_ROOT
+            )));
+        }
         let addr = listener.local_addr().map_err(FakeError::Serve)?;
         let homes_dir = opts.data_dir.join("homes");
         tokio::fs::create_dir_all(&homes_dir)
@@ -298,6 +319,8 @@ impl FakeServer {
                 boot_delay_ms: opts.boot_delay_ms,
                 snapshot_settle_ms: opts.snapshot_settle_ms,
                 default_snapshot_expiration_ms: opts.default_snapshot_expiration_ms,
+                image_cwd: opts.image_cwd.clone(),
+                snapshot_on_timeout: opts.snapshot_on_timeout,
             },
             nonce.clone(),
         );

@@ -66,6 +66,19 @@ pub(crate) enum CreateApi {
 /// The image a v3 create without `image` or snapshot gets.
 pub(crate) const DEFAULT_IMAGE: &str = "vercel/sandbox/universal:latest";
 
+/// The managed images the fake knows (those the SDK names; `universal` also without its
+/// `:latest` tag). The service also runs custom images, which the fake, with no registry to
+/// pull from, refuses with its own wording (the service's for an unknown image is not
+/// documented).
+pub(crate) const MANAGED_IMAGES: [&str; 6] = [
+    "vercel/sandbox/universal",
+    DEFAULT_IMAGE,
+    "vercel/sandbox/node:22",
+    "vercel/sandbox/node:24",
+    "vercel/sandbox/node:26",
+    "vercel/sandbox/python:3.14",
+];
+
 /// A checked create body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CreateRequest {
@@ -254,13 +267,22 @@ pub(crate) fn create_request(
         CreateApi::V2 if image.is_some() => return Err(ApiError::invalid(
             "`image` is only accepted by POST /v3/sandboxes; POST /v2/sandboxes takes a `runtime`.",
         )),
+        // The service's wording, as reported (vercel-sandbox-late-2026.md).
         CreateApi::V3 if map.get("runtime").is_some_and(|r| !r.is_null()) => {
             return Err(ApiError::invalid(
-                "`runtime` is not accepted by POST /v3/sandboxes; give an `image`, or create \
-                 with a `runtime` through POST /v2/sandboxes.",
+                "should NOT have additional property `runtime`.",
             ))
         }
         _ => {}
+    }
+    if let Some(image) = &image {
+        if !MANAGED_IMAGES.contains(&image.as_str()) {
+            return Err(ApiError::invalid(format!(
+                "`image` {image:?} is not an image taskbox fake-vercel knows; it runs only \
+                 Vercel's managed images: {}.",
+                MANAGED_IMAGES.join(", ")
+            )));
+        }
     }
     let image = match (api, &source_snapshot) {
         (CreateApi::V3, None) => Some(image.unwrap_or_else(|| DEFAULT_IMAGE.to_string())),
@@ -474,10 +496,26 @@ mod tests {
         let r =
             v3(r#"{"projectId":"p","source":{"type":"snapshot","snapshotId":"snap_1"}}"#).unwrap();
         assert_eq!((r.runtime, r.image), (None, None));
-        assert!(v3(r#"{"projectId":"p","runtime":"node24"}"#)
-            .unwrap_err()
-            .message
-            .contains("/v2/"));
+        assert_eq!(
+            v3(r#"{"projectId":"p","runtime":"node24"}"#)
+                .unwrap_err()
+                .message,
+            "Invalid request: should NOT have additional property `runtime`."
+        );
+        for image in MANAGED_IMAGES {
+            let r = v3(&format!(r#"{{"projectId":"p","image":"{image}"}}"#)).unwrap();
+            assert_eq!(r.image.as_deref(), Some(image));
+        }
+        let unknown = v3(r#"{"projectId":"p","image":"ghcr.io/me/mine:1"}"#).unwrap_err();
+        assert_eq!(unknown.status, 400);
+        assert!(
+            unknown
+                .message
+                .contains("\"ghcr.io/me/mine:1\" is not an image")
+                && unknown.message.contains("vercel/sandbox/universal"),
+            "{}",
+            unknown.message
+        );
         assert!(create(r#"{"projectId":"p","image":"x"}"#)
             .unwrap_err()
             .message

@@ -69,8 +69,11 @@ pub enum Call<R = RequestId> {
         /// The snapshot.
         snapshot_id: SnapshotId,
     },
-    /// [`Command::ProbeSandbox`]: `probe_sandbox`.
+    /// [`Command::ProbeSandbox`]: `probe_sandbox`, then, when the sandbox is not running,
+    /// `platform_snapshot`.
     ProbeSandbox {
+        /// The task it belongs to.
+        task_id: TaskId,
         /// The sandbox.
         sandbox_id: SandboxId,
     },
@@ -129,7 +132,11 @@ impl<R> Call<R> {
             Call::DeleteSnapshot { snapshot_id } => Call::DeleteSnapshot {
                 snapshot_id: snapshot_id.clone(),
             },
-            Call::ProbeSandbox { sandbox_id } => Call::ProbeSandbox {
+            Call::ProbeSandbox {
+                task_id,
+                sandbox_id,
+            } => Call::ProbeSandbox {
+                task_id: task_id.clone(),
                 sandbox_id: sandbox_id.clone(),
             },
         }
@@ -191,6 +198,7 @@ impl Call {
                 snapshot_id: snapshot_id.clone(),
             },
             Command::ProbeSandbox { sandbox_id } => Call::ProbeSandbox {
+                task_id: task_id.clone(),
                 sandbox_id: sandbox_id.clone(),
             },
             Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
@@ -303,16 +311,31 @@ impl Call {
                     failure: e.to_failure(),
                 },
             },
-            Call::ProbeSandbox { sandbox_id } => match p.probe_sandbox(sandbox_id).await {
-                Ok(alive) => Event::SandboxProbed {
-                    sandbox_id: sandbox_id.clone(),
-                    alive,
-                },
-                Err(e) => Event::ProbeFailed {
-                    sandbox_id: sandbox_id.clone(),
-                    failure: e.to_failure(),
-                },
-            },
+            Call::ProbeSandbox {
+                task_id,
+                sandbox_id,
+            } => {
+                let probed = match p.probe_sandbox(sandbox_id).await {
+                    Ok(Some(deadline)) => Ok((Some(deadline), None)),
+                    // Not running: did the platform keep its files in a snapshot of its own?
+                    Ok(None) => p
+                        .platform_snapshot(task_id, sandbox_id)
+                        .await
+                        .map(|found| (None, found)),
+                    Err(e) => Err(e),
+                };
+                match probed {
+                    Ok((alive, platform_snapshot)) => Event::SandboxProbed {
+                        sandbox_id: sandbox_id.clone(),
+                        alive,
+                        platform_snapshot,
+                    },
+                    Err(e) => Event::ProbeFailed {
+                        sandbox_id: sandbox_id.clone(),
+                        failure: e.to_failure(),
+                    },
+                }
+            }
         };
         (event, None)
     }

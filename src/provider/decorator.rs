@@ -10,7 +10,7 @@ use super::{
     ExecIo, ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
     SandboxSpec, SnapshotInfo,
 };
-use crate::core::Millis;
+use crate::core::{Millis, PlatformSnapshot};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 /// A [`SandboxProvider`] that forwards every operation to [`Decorator::inner`] unless it
@@ -85,6 +85,15 @@ pub trait Decorator: Send + Sync {
         sandbox_id: &'a SandboxId,
     ) -> ProviderFuture<'a, Option<Millis>> {
         self.inner().probe_sandbox(sandbox_id)
+    }
+
+    /// See [`SandboxProvider::platform_snapshot`].
+    fn platform_snapshot<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<PlatformSnapshot>> {
+        self.inner().platform_snapshot(task_id, sandbox_id)
     }
 
     /// See [`SandboxProvider::list_sandboxes`].
@@ -170,6 +179,14 @@ impl<T: Decorator> SandboxProvider for T {
         sandbox_id: &'a SandboxId,
     ) -> ProviderFuture<'a, Option<Millis>> {
         Decorator::probe_sandbox(self, sandbox_id)
+    }
+
+    fn platform_snapshot<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<PlatformSnapshot>> {
+        Decorator::platform_snapshot(self, task_id, sandbox_id)
     }
 
     fn list_sandboxes<'a>(

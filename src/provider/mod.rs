@@ -337,6 +337,18 @@ pub trait SandboxProvider: Send + Sync {
     fn probe_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId)
         -> ProviderFuture<'a, Option<Millis>>;
 
+    /// After [`Self::probe_sandbox`] found `task_id`'s sandbox not running: the complete
+    /// snapshot the platform took of it by itself as it stopped, if the platform does that
+    /// (a persistent Vercel sandbox); it then holds the sandbox's files. The default: none.
+    fn platform_snapshot<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<crate::core::PlatformSnapshot>> {
+        let _ = (task_id, sandbox_id);
+        Box::pin(async { Ok(None) })
+    }
+
     /// This installation's sandboxes (found by tag), for the reconciler.
     fn list_sandboxes<'a>(
         &'a self,
@@ -439,6 +451,7 @@ macro_rules! platform_provider {
         list_sandboxes: $list_sandboxes:ident,
         list_snapshots: $list_snapshots:ident,
         $(sweep_temporaries: $sweep:ident,)?
+        $(platform_snapshot: $platform_snapshot:ident,)?
         $(keeps_files_after_deadline: $keeps:literal,)?
     }) => {
         impl $crate::provider::SandboxProvider for $ty {
@@ -526,6 +539,18 @@ macro_rules! platform_provider {
                 Box::pin(async move {
                     let answer = <$ty>::$sweep(self).await;
                     answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "sweep temporaries"))
+                })
+            }
+            )?
+            $(
+            fn platform_snapshot<'a>(
+                &'a self,
+                task_id: &'a $crate::ids::TaskId,
+                sandbox_id: &'a $crate::ids::SandboxId,
+            ) -> $crate::provider::ProviderFuture<'a, Option<$crate::core::PlatformSnapshot>> {
+                Box::pin(async move {
+                    let answer = <$ty>::$platform_snapshot(self, task_id, sandbox_id).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "find platform snapshot"))
                 })
             }
             )?

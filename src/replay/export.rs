@@ -24,8 +24,11 @@ use crate::store::JournalEntry;
 pub const FORMAT: &str = "taskbox-journal";
 /// The version this build writes and the newest it reads. Version 2: a failed reply carries a
 /// typed `reason` (`{"code": …}`) instead of an `error` string; version 1 files still read (the
-/// string becomes `FailureReason::Recorded`).
-pub const VERSION: u32 = 2;
+/// string becomes `FailureReason::Recorded`). Version 3: forks — the events `fork_requested`,
+/// `forked` and `snapshot_released`, the reply `forked`, the snapshot status `released`, the
+/// snapshot reason `fork` and a task's `lineage`; version 1 and 2 files still read unchanged
+/// (they hold none of these, and `lineage` is absent from a task that is not a fork).
+pub const VERSION: u32 = 3;
 
 /// The first line of an exported journal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

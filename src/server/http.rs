@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use super::idle::Activity;
 use crate::client::wire::{ApiError, GcRequest, Health, LiveTask, API_PREFIX};
-use crate::core::Millis;
+use crate::core::{FailureReason, Millis};
 use crate::engine::{EngineError, Orchestrator};
 use crate::ids::TaskId;
 
@@ -57,6 +57,7 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/tasks/{task}/resume", post(resume))
         .route("/tasks/{task}/watch", get(super::watch::watch))
         .route("/tasks/{task}/remove", post(remove))
+        .route("/tasks/{task}/fork", post(fork))
         .route("/gc", post(gc))
         .route("/shutdown", post(shutdown));
     Router::new()
@@ -114,9 +115,16 @@ fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
 pub(super) fn engine_failure(err: EngineError) -> Failure {
     let status = match &err {
         EngineError::TaskId(_) => StatusCode::BAD_REQUEST,
-        EngineError::Request { .. } | EngineError::Provider { .. } => StatusCode::BAD_GATEWAY,
+        // A fork's refusals are about the request, not the provider.
+        EngineError::Request { reason, .. } => match **reason {
+            FailureReason::UnknownSnapshot { .. } => StatusCode::NOT_FOUND,
+            FailureReason::NothingToFork { .. } => StatusCode::CONFLICT,
+            _ => StatusCode::BAD_GATEWAY,
+        },
+        EngineError::Provider { .. } => StatusCode::BAD_GATEWAY,
         EngineError::Busy { .. }
         | EngineError::WrongBackend { .. }
+        | EngineError::TaskExists { .. }
         | EngineError::InFlight { .. } => StatusCode::CONFLICT,
         EngineError::NoTask { .. } => StatusCode::NOT_FOUND,
         EngineError::Removed { .. } => StatusCode::GONE,
@@ -208,6 +216,35 @@ async fn remove(
     let req: crate::client::wire::RemoveRequest = body(&bytes)?;
     st.orch
         .remove(&task, req.keep_snapshots)
+        .await
+        .map(Json)
+        .map_err(engine_failure)
+}
+
+async fn fork(
+    State(st): State<AppState>,
+    Path(task): Path<String>,
+    bytes: Bytes,
+) -> Answer<crate::engine::ForkResult> {
+    let _busy = st.activity.begin();
+    let task = task_id(&task)?;
+    let req: crate::client::wire::ForkRequest = body(&bytes)?;
+    if req.child.is_empty() {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            ApiError::new("bad_request", "the request body names no `child` task")
+                .hint("send {\"child\": \"NEW-TASK\"} (and \"snapshot\": \"TASK.sN\" for an older snapshot)"),
+        ));
+    }
+    let child = task_id(&req.child)?;
+    let from = req
+        .snapshot
+        .as_deref()
+        .map_or(crate::core::ForkFrom::Latest, |s| {
+            crate::core::ForkFrom::parse(&task, s)
+        });
+    st.orch
+        .fork(&task, &child, from)
         .await
         .map(Json)
         .map_err(engine_failure)

@@ -168,6 +168,12 @@ pub trait Backend {
     /// What the store knows of a task beyond the core's record (`None`: no such task).
     fn task_marks(&self, id: &str) -> Result<Option<TaskMarks>, StoreError>;
 
+    /// The tasks that retain the provider snapshot `provider_id` (a record of it `complete` or
+    /// `pending`), ordered by id: a fork shares its parent's snapshot, and a snapshot is deleted
+    /// only when no task retains it. A removed task retains its snapshots only when
+    /// `taskbox rm --keep-snapshots` kept them.
+    fn snapshot_holders(&self, provider_id: &str) -> Result<Vec<String>, StoreError>;
+
     /// The marks of every removed task, by id.
     fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError>;
 
@@ -333,6 +339,10 @@ impl Store {
     /// See [`Backend::task_marks`].
     pub fn task_marks(&self, id: &str) -> Result<Option<TaskMarks>, StoreError> {
         each!(self, s => Backend::task_marks(s, id))
+    }
+    /// See [`Backend::snapshot_holders`].
+    pub fn snapshot_holders(&self, provider_id: &str) -> Result<Vec<String>, StoreError> {
+        each!(self, s => Backend::snapshot_holders(s, provider_id))
     }
     /// See [`Backend::removed_tasks`].
     pub fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {

@@ -145,6 +145,28 @@ impl SqliteStore {
             .map_err(|e| self.sql(op, Some(id), e))
     }
 
+    /// The tasks that retain the provider snapshot `provider_id` (a record of it `complete` or
+    /// `pending`), ordered by id: a fork shares its parent's snapshot, and a snapshot is deleted
+    /// only when no task retains it. A removed task retains its snapshots only when
+    /// `taskbox rm --keep-snapshots` kept them.
+    pub fn snapshot_holders(&self, provider_id: &str) -> Result<Vec<String>, StoreError> {
+        let op = "finding the tasks that retain a snapshot";
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT DISTINCT s.task_id FROM snapshots s JOIN tasks t ON t.id = s.task_id
+                 WHERE s.provider_id = ?1 AND s.status IN ('complete', 'pending')
+                   AND (t.removed_at IS NULL OR t.kept_snapshots = 1)
+                 ORDER BY s.task_id",
+            )
+            .map_err(|e| self.sql(op, None, e))?;
+        let rows = stmt
+            .query_map([provider_id], |r| r.get::<_, String>(0))
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.sql(op, None, e))?;
+        Ok(rows)
+    }
+
     /// The marks of every removed task, by id.
     pub fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {
         let sql = "SELECT id, backend, removed_at, kept_snapshots FROM tasks
@@ -461,6 +483,9 @@ impl Backend for SqliteStore {
     }
     fn task_marks(&self, id: &str) -> Result<Option<TaskMarks>, StoreError> {
         SqliteStore::task_marks(self, id)
+    }
+    fn snapshot_holders(&self, provider_id: &str) -> Result<Vec<String>, StoreError> {
+        SqliteStore::snapshot_holders(self, provider_id)
     }
     fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {
         SqliteStore::removed_tasks(self)

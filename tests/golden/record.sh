@@ -128,5 +128,21 @@ kill "$fake_pid"
 fake_pid=""
 export_to vercel
 
+echo "== fork: a live task forked (snapshotted first) and an older snapshot forked; each fork"
+echo "   restores into a sandbox of its own; with one snapshot kept, the parent's retention"
+echo "   releases the shared snapshot and the fork, its last holder, deletes it"
+home fork
+tb config set terminal.keep_snapshots 1
+tb run -t demo -- 'echo one > f.txt'
+tb fork demo demo-alt
+tb run -t demo-alt -- 'cat f.txt; echo two > f.txt'
+tb run -t demo -- 'echo three > f.txt'
+tb suspend demo
+tb fork demo demo-new --snapshot demo.s2
+tb run -t demo-new -- 'cat f.txt'
+tb suspend demo-alt
+tb run -t demo-alt -- 'cat f.txt'
+export_to fork
+
 echo "recorded:"
 for f in "$here"/*.jsonl; do echo "  $(basename "$f"): $(($(wc -l <"$f") - 1)) entries"; done

@@ -646,6 +646,45 @@ fn the_simulator_answers_422_to_a_second_snapshot_under_way() {
     });
 }
 
+/// Over HTTP, the platform stops a live sandbox while the engine is dead after a crash (a
+/// persistent sandbox snapshots itself as it stops): the restarted engine restores the newest
+/// files from the platform's snapshot. Clean as it is; with the platform's snapshot ignored
+/// (a planted bug), the restore check catches the older restore.
+#[test]
+fn over_http_files_come_back_from_the_platforms_snapshot_after_an_engine_death() {
+    let (mut opts, _work) = options(11, 3, 3);
+    opts.http = true;
+    opts.jobs = 1;
+    opts.faults = ChaosFaults::none();
+    opts.faults.crash = 0.5;
+    let report = chaos::run(&opts, &no_progress).expect("http chaos run");
+    assert_eq!(report.totals.violations, 0, "{:#?}", report.violating_seeds);
+    let stops = report
+        .totals
+        .counts
+        .faults
+        .get("platform_stop_while_dead")
+        .copied()
+        .unwrap_or(0);
+    assert!(stops > 0, "{:?}", report.totals.counts.faults);
+
+    opts.planted_bug = Some(PlantedBug::IgnorePlatformSnapshot);
+    let report = chaos::run(&opts, &no_progress).expect("http chaos run");
+    assert!(
+        report.violating_seeds.iter().any(|s| s
+            .violations
+            .iter()
+            .any(|v| v.invariant == Invariant::RestoredLatest)),
+        "ignoring the platform's snapshot went unnoticed: {:?}",
+        report.totals
+    );
+    for s in &report.violating_seeds {
+        if let Some(h) = &s.home {
+            let _ = std::fs::remove_dir_all(h);
+        }
+    }
+}
+
 /// The same faults one level down: the real Vercel client against an in-process fake Vercel
 /// server, real sockets and real time (a few seconds per seed). Clean without a planted bug,
 /// caught with one.

@@ -165,6 +165,37 @@ fn config_get_set_show_round_trip() {
 }
 
 #[test]
+fn config_show_notes_a_set_runtime_as_deprecated_and_the_default_sets_none() {
+    let mut home = Home::new();
+    let o = home.run(&["config", "show"]);
+    let shown = ok(&o);
+    assert!(shown.contains("terminal.vercel_runtime = none"), "{shown}");
+    assert!(
+        shown.contains("terminal.vercel_image = vercel/sandbox/universal"),
+        "{shown}"
+    );
+    assert!(!stderr(&o).contains("deprecated"), "{}", stderr(&o));
+    ok(&home.run(&["config", "set", "terminal.vercel_runtime", "node22"]));
+    let o = home.run(&["config", "show"]);
+    ok(&o);
+    assert!(
+        stderr(&o).contains("note: terminal.vercel_runtime = node22 is deprecated")
+            && stderr(&o).contains("taskbox config set terminal.vercel_runtime none"),
+        "{}",
+        stderr(&o)
+    );
+    ok(&home.run(&["config", "set", "terminal.vercel_runtime", "none"]));
+    home.set_env("TERMINAL_VERCEL_RUNTIME", "python3.13");
+    let o = home.run(&["config", "show"]);
+    assert!(
+        stderr(&o).contains("TERMINAL_VERCEL_RUNTIME = python3.13 is deprecated")
+            && stderr(&o).contains("unset TERMINAL_VERCEL_RUNTIME"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
 fn non_persistent_tasks_start_fresh_after_suspend() {
     let home = Home::new();
     ok(&home.run(&["config", "set", "terminal.container_persistent", "false"]));

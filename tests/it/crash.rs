@@ -78,6 +78,102 @@ fn sigkill_at_random_points_never_loses_files_on_the_vercel_backend() {
     kill_rounds(&home, true, 0x5EED_0001, 16);
 }
 
+/// The persistent-sandbox safety net: the engine dies (a one-shot CLI engine killed mid-command)
+/// while the sandbox holds files newer than taskbox's last snapshot; then the platform stops
+/// the sandbox — by a stop (documented to snapshot a persistent sandbox) and by its timeout
+/// (the fake's `--snapshot-on-timeout`, unverified on the real service). The next command's
+/// recovery probe finds the platform's snapshot, journals it (reason `platform`) and restores
+/// the newest files from it.
+#[test]
+fn an_engine_dead_through_a_platform_stop_gets_the_files_back_from_the_platforms_snapshot() {
+    for by_timeout in [false, true] {
+        let mut home = Home::new();
+        home.set_env("VERCEL_TOKEN", "tok");
+        home.set_env("VERCEL_TEAM_ID", "team_t");
+        home.set_env("VERCEL_PROJECT_ID", "prj_t");
+        let flags: &[&str] = if by_timeout {
+            &["--snapshot-on-timeout"]
+        } else {
+            &[]
+        };
+        let fake = crate::vercel_engine::spawn_fake_with(&home, flags);
+        for (k, v) in [
+            ("terminal.backend", "vercel_sandbox"),
+            ("terminal.container_memory", "2048"),
+            ("terminal.vercel_api_url", fake.url.as_str()),
+            // One-shot engines: nothing watches the sandbox between commands.
+            ("terminal.server", "never"),
+        ] {
+            ok(&home.run(&["config", "set", k, v]));
+        }
+        let task = "safety";
+        ok(&home.run(&["run", "-t", task, "--", "echo v1 > f"]));
+        ok(&home.run(&["suspend", task]));
+        ok(&home.run(&["run", "-t", task, "--", "echo v2 > f"]));
+        // The engine dies mid-command.
+        let child = home
+            .cmd()
+            .args(["run", "-t", task, "--", "sleep 30"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn taskbox run");
+        std::thread::sleep(Duration::from_millis(1500));
+        kill(child);
+        let session = show(&home, task)["task"]["sandbox"]["id"]
+            .as_str()
+            .expect("a live sandbox")
+            .to_string();
+
+        // The platform stops it while no engine watches.
+        let url = if by_timeout {
+            let admin = fake.url.trim_end_matches("/api");
+            format!("{admin}/_admin/expire-session/{session}")
+        } else {
+            format!(
+                "{}/v2/sandboxes/sessions/{session}/stop?teamId=team_t",
+                fake.url
+            )
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let status = rt.block_on(async {
+            reqwest::Client::new()
+                .post(url)
+                .bearer_auth("tok")
+                .send()
+                .await
+                .expect("the platform's stop")
+                .status()
+        });
+        assert!(status.is_success(), "{status}");
+
+        let o = home.run(&["run", "-t", task, "--", "cat f"]);
+        assert_eq!(
+            stdout(&o),
+            "v2\n",
+            "by_timeout={by_timeout}: the files as last written: {}",
+            crate::support::stderr(&o)
+        );
+        let view = show(&home, task);
+        let platform: Vec<&Value> = view["task"]["snapshots"]
+            .as_array()
+            .expect("snapshots")
+            .iter()
+            .filter(|s| s["taken_by"] == "platform")
+            .collect();
+        assert_eq!(platform.len(), 1, "{view}");
+        assert_eq!(platform[0]["status"], "complete");
+        assert!(
+            !crate::support::stderr(&o).contains("lost"),
+            "{}",
+            crate::support::stderr(&o)
+        );
+    }
+}
+
 /// What a reconcile left behind: for the local backend, workspaces other than the one the task
 /// holds; for Vercel, sandboxes a second gc would still stop.
 fn orphans_after_gc(home: &Home, task: &str, vercel: bool) -> Vec<String> {

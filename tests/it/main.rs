@@ -19,6 +19,8 @@ mod core_step;
 mod crash;
 mod engine;
 mod fake_vercel;
+mod fork;
+mod hermes;
 mod hostile;
 mod layering;
 mod live;

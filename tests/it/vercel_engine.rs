@@ -22,7 +22,7 @@ use taskbox::TaskId;
 use crate::support::tid;
 use crate::support::{ok, stderr, Home};
 
-fn vercel_config(url: &str) -> Config {
+pub(crate) fn vercel_config(url: &str) -> Config {
     let mut c = Config::default();
     c.terminal.backend = Backend::VercelSandbox;
     c.terminal.container_cpu = 1;
@@ -42,7 +42,7 @@ fn provider(fake: &FakeServer, cfg: &Config) -> Arc<VercelProvider> {
     Arc::new(VercelProvider::new(client, settings))
 }
 
-async fn start_fake(dir: &std::path::Path, faults: Faults) -> FakeServer {
+pub(crate) async fn start_fake(dir: &std::path::Path, faults: Faults) -> FakeServer {
     let mut opts = FakeOptions::new(dir.join("fake"));
     opts.faults = faults;
     opts.snapshot_settle_ms = 50;
@@ -54,7 +54,7 @@ async fn start_fake(dir: &std::path::Path, faults: Faults) -> FakeServer {
         .expect("fake starts")
 }
 
-async fn open(dir: &std::path::Path, fake: &FakeServer, cfg: &Config) -> Orchestrator {
+pub(crate) async fn open(dir: &std::path::Path, fake: &FakeServer, cfg: &Config) -> Orchestrator {
     Orchestrator::builder(dir.to_path_buf(), cfg.clone())
         .provider(provider(fake, cfg))
         .reconcile_on_start(false)
@@ -235,9 +235,15 @@ impl Drop for FakeProcess {
 
 /// Starts `taskbox fake-vercel` as a process of its own (killed when dropped).
 pub fn spawn_fake(home: &Home) -> FakeProcess {
+    spawn_fake_with(home, &[])
+}
+
+/// [`spawn_fake`] with more `fake-vercel` flags.
+pub fn spawn_fake_with(home: &Home, flags: &[&str]) -> FakeProcess {
     let mut child = home
         .cmd()
         .args(["fake-vercel", "--listen", "127.0.0.1:0"])
+        .args(flags)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -360,4 +366,64 @@ async fn a_command_that_never_started_on_an_early_stopped_sandbox_runs_on_a_rest
     let view = orch.show(&task, 0).await.expect("show").expect("the task");
     assert_ne!(view.task.sandbox.expect("a live sandbox").id, session);
     orch.shutdown().await;
+}
+
+/// An engine dies with a live persistent sandbox holding files newer than the task's last
+/// snapshot, and the platform stops that sandbox (which snapshots itself). A gc before the
+/// next command must not delete the platform's snapshot as retained by no task: the task's
+/// recovery probe adopts it and the files come back as last written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_before_the_probe_keeps_the_platforms_snapshot_for_the_task_to_adopt() {
+    let dir = tempfile::tempdir().expect("dir");
+    let fake = start_fake(dir.path(), Faults::default()).await;
+    let cfg = vercel_config(&fake.base_url());
+    let task = TaskId::new("net").expect("id");
+    let orch = open(dir.path(), &fake, &cfg).await;
+    orch.run(&task, "echo v1 > f", None).await.expect("run");
+    orch.suspend(&task).await.expect("suspend");
+    orch.run(&task, "echo v2 > f", None).await.expect("run");
+    let session = orch
+        .show(&task, 0)
+        .await
+        .expect("show")
+        .expect("the task")
+        .task
+        .sandbox
+        .expect("a live sandbox")
+        .id;
+    // The engine dies; the platform stops the sandbox while none watches.
+    orch.abort().await;
+    drop(orch);
+    let answer: serde_json::Value = reqwest::Client::new()
+        .post(format!(
+            "{}/v2/sandboxes/sessions/{session}/stop?teamId=team_t",
+            fake.base_url()
+        ))
+        .bearer_auth("tok")
+        .send()
+        .await
+        .expect("stop")
+        .json()
+        .await
+        .expect("the stop answer");
+    let platform = answer["snapshot"]["id"]
+        .as_str()
+        .expect("a persistent sandbox snapshots itself as it stops")
+        .to_string();
+
+    let orch = open(dir.path(), &fake, &cfg).await;
+    let report = orch.gc(false).await.expect("gc");
+    assert!(
+        report.snapshots_deleted.iter().all(|i| i.id != platform),
+        "{report:?}"
+    );
+    let out = orch.run(&task, "cat f", None).await.expect("run");
+    assert_eq!(out.stdout, "v2\n");
+    let view = orch.show(&task, 0).await.expect("show").expect("the task");
+    let latest = view.task.latest_complete().expect("a snapshot").clone();
+    assert_eq!(latest.id.as_deref(), Some(platform.as_str()));
+    assert_eq!(
+        latest.taken_by,
+        Some(taskbox::core::SnapshotTaker::Platform)
+    );
 }

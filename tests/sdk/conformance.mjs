@@ -58,6 +58,46 @@ function eq(actual, expected, what) {
 async function main() {
   const suffix = `${Date.now()}-${process.pid}`;
 
+  step = "Sandbox.create with the default image goes through v3";
+  const imaged = await Sandbox.create({
+    ...sdk,
+    name: `conformance-image-${suffix}`,
+    resources: { vcpus: 1 },
+    timeout: 60_000,
+    persistent: false,
+  });
+  eq(calls.filter((c) => c.startsWith("POST /api/v")).at(-1), "POST /api/v3/sandboxes", "create path");
+  eq(imaged.runtime, undefined, "sandbox.runtime of an image-based sandbox");
+  eq(imaged.image, "vercel/sandbox/universal:latest", "sandbox.image (the service's default)");
+  const inImage = await imaged.runCommand("bash", ["-c", "echo from-image"]);
+  eq(await inImage.stdout(), "from-image\n", "a command in an image-based sandbox");
+  await imaged.stop();
+
+  step = "Sandbox.create with a named managed image";
+  const node = await Sandbox.create({
+    ...sdk,
+    name: `conformance-node-image-${suffix}`,
+    image: "vercel/sandbox/node:24",
+    timeout: 60_000,
+    persistent: false,
+  });
+  eq(node.image, "vercel/sandbox/node:24", "sandbox.image");
+  await node.stop();
+
+  step = "an unknown image is refused with 400";
+  let refused = null;
+  try {
+    await Sandbox.create({ ...sdk, name: `conformance-bad-image-${suffix}`, image: "example.com/nope:1" });
+  } catch (err) {
+    refused = err;
+  }
+  check(refused !== null, "a create with an unknown image did not fail");
+  eq(refused.response?.status, 400, "status of an unknown image");
+  check(
+    (refused.json?.error?.message ?? "").includes("example.com/nope:1"),
+    `the error does not name the image: ${JSON.stringify(refused.json)}`,
+  );
+
   step = "Sandbox.create with a runtime";
   const sandbox = await Sandbox.create({
     ...sdk,
@@ -68,6 +108,7 @@ async function main() {
     persistent: false,
     tags: { suite: "conformance" },
   });
+  eq(calls.filter((c) => c.startsWith("POST /api/v")).at(-1), "POST /api/v2/sandboxes", "create path");
   eq(sandbox.runtime, "node24", "sandbox.runtime");
   eq(sandbox.status, "running", "sandbox.status");
   eq(sandbox.cwd, "/vercel/sandbox", "sandbox.cwd");

@@ -96,6 +96,20 @@ pub enum FailureReason {
     },
     /// taskbox restarted before a queued request was served.
     Interrupted,
+    /// A fork named a snapshot the task does not retain as complete (never taken, superseded,
+    /// deleted or expired).
+    UnknownSnapshot {
+        /// What was asked for (`demo.s3`, or a provider id).
+        snapshot: String,
+        /// The task's complete snapshots it could fork from instead, oldest first.
+        retained: Vec<String>,
+    },
+    /// A fork from the latest snapshot of a task that has none to give: no complete snapshot,
+    /// or (not persistent) none would be taken of its live sandbox.
+    NothingToFork {
+        /// `terminal.container_persistent` for the task.
+        persistent: bool,
+    },
     /// The engine could not make the request's transition durable (an earlier transition of
     /// the task failed to commit), so it was dropped unperformed. Built by the engine.
     NotCommitted {
@@ -130,6 +144,8 @@ impl FailureReason {
             FailureReason::DeadlineDuringCommand { .. } => "sandbox_expired",
             FailureReason::TooManyCreates { .. } => "too_many_creates",
             FailureReason::InterruptedCommand { .. } | FailureReason::Interrupted => "interrupted",
+            FailureReason::UnknownSnapshot { .. } => "unknown_snapshot",
+            FailureReason::NothingToFork { .. } => "nothing_to_fork",
             FailureReason::NotCommitted { .. } => "not_committed",
             FailureReason::UnexpectedReply { .. } => "unexpected_reply",
             FailureReason::Recorded { .. } => "failed",
@@ -169,6 +185,15 @@ impl FailureReason {
             FailureReason::NotCommitted { .. } => Some(
                 "nothing of the request was performed; once the store accepts writes again, send it again",
             ),
+            FailureReason::UnknownSnapshot { .. } => Some(
+                "`taskbox show <task>` lists the task's snapshots; fork from a complete one, or leave out --snapshot to fork from the latest",
+            ),
+            FailureReason::NothingToFork { persistent: true } => Some(
+                "run a command in the task first (a fork starts from a snapshot of its files)",
+            ),
+            FailureReason::NothingToFork { persistent: false } => Some(
+                "forks start from snapshots: `taskbox config set terminal.container_persistent true`",
+            ),
             FailureReason::UnexpectedReply { .. } | FailureReason::Recorded { .. } => None,
         }
     }
@@ -187,6 +212,8 @@ impl FailureReason {
             | FailureReason::TooManyCreates { .. }
             | FailureReason::InterruptedCommand { .. }
             | FailureReason::Interrupted
+            | FailureReason::UnknownSnapshot { .. }
+            | FailureReason::NothingToFork { .. }
             | FailureReason::NotCommitted { .. }
             | FailureReason::UnexpectedReply { .. }
             | FailureReason::Recorded { .. } => None,
@@ -283,6 +310,21 @@ impl fmt::Display for FailureReason {
             FailureReason::Interrupted => {
                 f.write_str("interrupted: taskbox restarted before the request finished")
             }
+            FailureReason::UnknownSnapshot { snapshot, retained } => {
+                write!(f, "no complete snapshot {snapshot} is retained")?;
+                if retained.is_empty() {
+                    f.write_str(" (the task retains no complete snapshot)")
+                } else {
+                    write!(f, " (retained: {})", retained.join(", "))
+                }
+            }
+            FailureReason::NothingToFork { persistent: true } => {
+                f.write_str("the task has no complete snapshot to fork from")
+            }
+            FailureReason::NothingToFork { persistent: false } => f.write_str(
+                "the task keeps no snapshots (terminal.container_persistent is false), so there \
+                 is nothing to fork from",
+            ),
             FailureReason::NotCommitted { message } => f.write_str(message),
             FailureReason::UnexpectedReply { reply } => {
                 write!(f, "unexpected answer from the engine: {reply}")

@@ -93,6 +93,59 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             cx.t.queue.push_back(Request::Resume { id: request_id });
             cx.pump();
         }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::ForkRequested {
+                request_id,
+                child,
+                from,
+            },
+        ) => {
+            if child == task.id {
+                return Err(StepError::InvalidRequest {
+                    task: task.id.clone(),
+                    why: "a task cannot be forked into itself",
+                });
+            }
+            cx.accept_request(request_id)?;
+            cx.t.queue.push_back(Request::Fork {
+                id: request_id,
+                child,
+                from,
+            });
+            cx.pump();
+        }
+
+        // ---- forks ----
+        // (new) ---- forked ----> expired, the parent's snapshot its restore source
+        (Idle, Event::Forked { parent, snapshot })
+            if task.generation == 0
+                && task.snapshots.is_empty()
+                && task.lineage.is_none()
+                && task.queue.is_empty()
+                && snapshot.status == SnapshotStatus::Complete
+                && snapshot.id.is_some() =>
+        {
+            let id = snapshot.id.clone().expect("checked above");
+            cx.t.lineage = Some(Lineage {
+                parent,
+                snapshot: id,
+                parent_seq: snapshot.seq,
+                forked_at: now,
+            });
+            cx.t.snapshots.push(SnapshotRecord { seq: 0, ..snapshot });
+            cx.settle_without_sandbox();
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::Forked { .. },
+        ) => {
+            return Err(StepError::InvalidRequest {
+                task: task.id.clone(),
+                why: "a fork makes a new task from a complete snapshot; this task already has a \
+                      history, or the snapshot is not complete",
+            });
+        }
 
         // ---- configuration ----
         (Expired, Event::SettingsChanged { settings }) => {
@@ -304,14 +357,23 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             cx.settle_without_sandbox();
             cx.t.checkpoint_due = false;
             cx.clear_op();
-            if let Some(SnapshotReason::Suspend { request_id }) = cx.t.snapshot_reason.take() {
-                cx.reply(
+            match cx.t.snapshot_reason.take() {
+                Some(SnapshotReason::Suspend { request_id }) => cx.reply(
                     request_id,
                     Reply::Suspended {
                         snapshot_id: Some(snapshot_id),
                         omitted,
                     },
-                );
+                ),
+                // The fork request waits at the front of the queue: `pump` below answers it
+                // with this snapshot, now the latest.
+                Some(
+                    SnapshotReason::Fork { .. }
+                    | SnapshotReason::IdleReap
+                    | SnapshotReason::Checkpoint
+                    | SnapshotReason::LateCheckpoint { .. },
+                )
+                | None => {}
             }
             cx.prune_snapshots();
             cx.pump();
@@ -363,6 +425,10 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
         ) => cx.mark_deleted(&snapshot_id, SnapshotStatus::Deleted),
         (
             Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::SnapshotReleased { snapshot_id, .. },
+        ) => cx.mark_deleted(&snapshot_id, SnapshotStatus::Released),
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
             Event::DeleteFailed {
                 snapshot_id,
                 failure,
@@ -405,12 +471,25 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
 
         // ---- reconciliation ----
         // running (probing) ---- probed ----> running (requests served) | expired | idle
-        (Running | Snapshotting, Event::SandboxProbed { sandbox_id, alive })
-            if cx.holds(&sandbox_id) =>
-        {
+        // A sandbox gone with a snapshot the platform took of it as it stopped: that snapshot
+        // becomes the task's latest (reason `platform`) before the sandbox is given up.
+        (
+            Running | Snapshotting,
+            Event::SandboxProbed {
+                sandbox_id,
+                alive,
+                platform_snapshot,
+            },
+        ) if cx.holds(&sandbox_id) => {
             match alive {
                 Some(deadline) => cx.sandbox_lives_until(deadline),
-                None if task.state == Running => cx.sandbox_gone(),
+                None if task.state == Running => {
+                    if let Some(found) = platform_snapshot {
+                        cx.adopt_platform_snapshot(found);
+                    }
+                    cx.sandbox_gone();
+                    cx.prune_snapshots();
+                }
                 // While snapshotting, the snapshot call's answer decides.
                 None => {}
             }
@@ -531,6 +610,11 @@ impl Cx {
                             },
                         );
                     }
+                    Some(Request::Fork { .. }) => {
+                        if let Some(Request::Fork { id, child, from }) = self.t.queue.pop_front() {
+                            self.answer_fork(id, child, &from);
+                        }
+                    }
                     Some(Request::Run { .. } | Request::Resume { .. }) => {
                         self.begin_sandbox();
                         return;
@@ -557,6 +641,20 @@ impl Cx {
                     if self.t.checkpoint_due && self.t.settings.persistent {
                         self.begin_snapshot(SnapshotReason::Checkpoint);
                         return;
+                    }
+                    // A fork from the latest snapshot of a live task snapshots it first, the
+                    // request waiting at the front of the queue until the task settles.
+                    if let Some(Request::Fork {
+                        id,
+                        from: ForkFrom::Latest,
+                        ..
+                    }) = self.t.queue.front()
+                    {
+                        if self.t.settings.persistent {
+                            let request_id = *id;
+                            self.begin_snapshot(SnapshotReason::Fork { request_id });
+                            return;
+                        }
                     }
                     let Some(req) = self.t.queue.pop_front() else {
                         return;
@@ -618,6 +716,9 @@ impl Cx {
                                 },
                             );
                         }
+                        // A named snapshot is already taken; a task that is not persistent has
+                        // nothing to snapshot (`fork_source` says so).
+                        Request::Fork { id, child, from } => self.answer_fork(id, child, &from),
                     }
                 }
                 TaskState::Provisioning | TaskState::Snapshotting | TaskState::Restoring => return,
@@ -701,12 +802,48 @@ impl Cx {
             created_at: None,
             expires_at: None,
             omitted: Vec::new(),
+            taken_by: None,
         });
         self.t.snapshot_reason = Some(reason);
         self.t.state = TaskState::Snapshotting;
         self.t.attempts = 1;
         self.t.retry_at = None;
         self.cmds.push(Command::TakeSnapshot { sandbox_id, seq });
+    }
+
+    /// Records the snapshot the platform took of the live sandbox as it stopped, as a complete
+    /// snapshot of the task (under the same retention as taskbox's own): it holds the files as
+    /// they were last written, so nothing is behind it. Ignored unless the task is persistent
+    /// (then the reconciler deletes it as retained by no task) or it is already known.
+    fn adopt_platform_snapshot(&mut self, found: PlatformSnapshot) {
+        if !self.t.settings.persistent
+            || self
+                .t
+                .snapshots
+                .iter()
+                .any(|s| s.id.as_ref() == Some(&found.snapshot_id))
+        {
+            return;
+        }
+        let Some(sandbox) = self.t.sandbox.as_mut() else {
+            return;
+        };
+        // Nothing ran after this snapshot: the restore from it is not behind.
+        sandbox.used = false;
+        let sandbox_id = sandbox.id.clone();
+        let seq = self.t.snapshots.last().map_or(1, |s| s.seq + 1);
+        self.t.snapshots.push(SnapshotRecord {
+            seq,
+            id: Some(found.snapshot_id),
+            status: SnapshotStatus::Complete,
+            size_bytes: found.size_bytes,
+            sandbox_id,
+            started_at: self.now,
+            created_at: Some(self.now),
+            expires_at: found.expires_at,
+            omitted: Vec::new(),
+            taken_by: Some(SnapshotTaker::Platform),
+        });
     }
 
     /// Re-issues the operation in flight (after a retry delay or a restart).
@@ -765,19 +902,16 @@ impl Cx {
     /// snapshot at the policy's longest delay until the provider gives a definite answer.
     fn keep_trying_snapshot(&mut self, retry_after_ms: Option<u64>, failure: &Failure) {
         let attempts = self.t.attempts;
-        if let Some(SnapshotReason::Suspend { request_id }) = self.t.snapshot_reason {
+        let reason = FailureReason::SnapshotPending {
+            attempts,
+            failure: failure.clone(),
+        };
+        self.fail_snapshot_requester(reason, attempts);
+        if matches!(
+            self.t.snapshot_reason,
+            Some(SnapshotReason::Suspend { .. } | SnapshotReason::Fork { .. })
+        ) {
             self.t.snapshot_reason = Some(SnapshotReason::IdleReap);
-            self.reply(
-                request_id,
-                Reply::Failed {
-                    reason: FailureReason::SnapshotPending {
-                        attempts,
-                        failure: failure.clone(),
-                    },
-                    attempts,
-                    notices: Vec::new(),
-                },
-            );
         }
         let delay = self
             .t
@@ -824,17 +958,8 @@ impl Cx {
                 self.t.state = TaskState::Running;
                 self.clear_op();
                 self.t.checkpoint_due = false;
-                if let Some(SnapshotReason::Suspend { request_id }) = self.t.snapshot_reason.take()
-                {
-                    self.reply(
-                        request_id,
-                        Reply::Failed {
-                            reason,
-                            attempts,
-                            notices: Vec::new(),
-                        },
-                    );
-                }
+                self.fail_snapshot_requester(reason, attempts);
+                self.t.snapshot_reason = None;
                 self.t.last_activity = self.now;
                 self.arm_idle();
                 self.pump();
@@ -865,6 +990,105 @@ impl Cx {
         }
     }
 
+    /// Answers the caller a snapshot was taken for (a suspend, or a fork waiting at the front of
+    /// the queue) with `reason`; whether there was one.
+    fn fail_snapshot_requester(&mut self, reason: FailureReason, attempts: u32) -> bool {
+        let request_id = match self.t.snapshot_reason {
+            Some(SnapshotReason::Suspend { request_id }) => request_id,
+            Some(SnapshotReason::Fork { request_id }) => {
+                let before = self.t.queue.len();
+                self.t.queue.retain(|r| r.id() != request_id);
+                if self.t.queue.len() == before {
+                    return false; // answered already (a restart failed the queue)
+                }
+                request_id
+            }
+            Some(
+                SnapshotReason::IdleReap
+                | SnapshotReason::Checkpoint
+                | SnapshotReason::LateCheckpoint { .. },
+            )
+            | None => return false,
+        };
+        self.reply(
+            request_id,
+            Reply::Failed {
+                reason,
+                attempts,
+                notices: Vec::new(),
+            },
+        );
+        true
+    }
+
+    /// The snapshot a fork starts from, or why there is none. Only a complete snapshot that has
+    /// not expired qualifies (a restore needs it to exist).
+    fn fork_source(&self, from: &ForkFrom) -> Result<SnapshotRecord, FailureReason> {
+        // A task that keeps no snapshots has none to give (an old one may linger from before
+        // persistence was switched off, but its files are not the task's any more), and a fork
+        // made under the same settings would start fresh: refuse rather than mislead.
+        if !self.t.settings.persistent {
+            return Err(FailureReason::NothingToFork { persistent: false });
+        }
+        let now = self.now;
+        let usable = |s: &&SnapshotRecord| {
+            s.status == SnapshotStatus::Complete
+                && s.id.is_some()
+                && s.expires_at.is_none_or(|e| e > now)
+        };
+        let mut usable_ones = self.t.snapshots.iter().filter(usable);
+        let found = match from {
+            ForkFrom::Latest => usable_ones.next_back(),
+            ForkFrom::Seq { seq } => usable_ones.find(|s| s.seq == *seq),
+            ForkFrom::Id { snapshot_id } => {
+                usable_ones.find(|s| s.id.as_ref() == Some(snapshot_id))
+            }
+        };
+        if let Some(rec) = found {
+            return Ok(rec.clone());
+        }
+        Err(match from {
+            ForkFrom::Latest => FailureReason::NothingToFork {
+                persistent: self.t.settings.persistent,
+            },
+            ForkFrom::Seq { seq } => FailureReason::UnknownSnapshot {
+                snapshot: format!("{}.s{seq}", self.t.id),
+                retained: self.retained_names(),
+            },
+            ForkFrom::Id { snapshot_id } => FailureReason::UnknownSnapshot {
+                snapshot: snapshot_id.to_string(),
+                retained: self.retained_names(),
+            },
+        })
+    }
+
+    /// The task's complete snapshots as `<task>.s<seq> (<id>)`, oldest first.
+    fn retained_names(&self) -> Vec<String> {
+        self.t
+            .snapshots
+            .iter()
+            .filter(|s| s.status == SnapshotStatus::Complete)
+            .filter_map(|s| {
+                s.id.as_ref()
+                    .map(|id| format!("{}.s{} ({id})", self.t.id, s.seq))
+            })
+            .collect()
+    }
+
+    /// Answers a fork request: the child starts from the snapshot `from` names, or the caller
+    /// learns why there is none.
+    fn answer_fork(&mut self, id: RequestId, child: TaskId, from: &ForkFrom) {
+        let reply = match self.fork_source(from) {
+            Ok(snapshot) => Reply::Forked { child, snapshot },
+            Err(reason) => Reply::Failed {
+                reason,
+                attempts: 1,
+                notices: Vec::new(),
+            },
+        };
+        self.reply(id, reply);
+    }
+
     fn fail_queue(&mut self, reason: &FailureReason, attempts: u32) {
         for req in mem::take(&mut self.t.queue) {
             match req {
@@ -878,6 +1102,14 @@ impl Cx {
                         },
                     );
                 }
+                Request::Fork { id, .. } => self.reply(
+                    id,
+                    Reply::Failed {
+                        reason: reason.clone(),
+                        attempts,
+                        notices: Vec::new(),
+                    },
+                ),
                 Request::Run { id, .. } | Request::Resume { id } => {
                     let notices = mem::take(&mut self.t.notices);
                     self.reply(
@@ -1013,19 +1245,11 @@ impl Cx {
                     rec.status = SnapshotStatus::Failed;
                 }
             }
-            if let Some(SnapshotReason::Suspend { request_id }) = self.t.snapshot_reason.take() {
-                let attempts = self.t.attempts.max(1);
-                self.reply(
-                    request_id,
-                    Reply::Failed {
-                        reason: FailureReason::ExpiredDuringSnapshot {
-                            restore_from: restore_from.clone(),
-                        },
-                        attempts,
-                        notices: Vec::new(),
-                    },
-                );
-            }
+            let attempts = self.t.attempts.max(1);
+            let reason = FailureReason::ExpiredDuringSnapshot {
+                restore_from: restore_from.clone(),
+            };
+            self.fail_snapshot_requester(reason, attempts);
         }
         self.t.snapshot_reason = None;
         self.t.checkpoint_due = false;

@@ -245,6 +245,10 @@ pub enum SnapshotStatus {
     Deleted,
     /// The provider answered "snapshot gone" (expired or deleted behind our back).
     Gone,
+    /// Dropped from this task's retention while another task (a fork, or the task it was forked
+    /// from) still retains the same provider snapshot: not deleted, since deleting it is the
+    /// last holder's to do ([`Event::SnapshotReleased`]).
+    Released,
 }
 
 impl SnapshotStatus {
@@ -257,6 +261,7 @@ impl SnapshotStatus {
             SnapshotStatus::Deleting => "deleting",
             SnapshotStatus::Deleted => "deleted",
             SnapshotStatus::Gone => "gone",
+            SnapshotStatus::Released => "released",
         }
     }
 }
@@ -283,6 +288,30 @@ pub struct SnapshotRecord {
     /// What the provider could not keep in it (`path: reason`), e.g. unreadable files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub omitted: Vec<String>,
+    /// Set when the platform took it, not taskbox: a persistent sandbox's own snapshot when it
+    /// stopped while no engine watched ([`Event::SandboxProbed`]'s `platform_snapshot`).
+    /// Absent for taskbox's own snapshots (and in journals written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_by: Option<SnapshotTaker>,
+}
+
+/// Who took a snapshot that taskbox did not ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotTaker {
+    /// The platform (reason `platform`): a persistent sandbox snapshots itself when it stops.
+    Platform,
+}
+
+/// A snapshot the platform took of a sandbox by itself, found when taskbox next looked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlatformSnapshot {
+    /// The provider's snapshot id.
+    pub snapshot_id: SnapshotId,
+    /// Its size.
+    pub size_bytes: u64,
+    /// When the provider will expire it (`None`: never).
+    pub expires_at: Option<Millis>,
 }
 
 /// The task's live sandbox.
@@ -329,15 +358,96 @@ pub enum Request {
         /// Request id.
         id: RequestId,
     },
+    /// Name the snapshot a new task `child` starts from (snapshotting first when the task is
+    /// live and `from` is [`ForkFrom::Latest`]).
+    Fork {
+        /// Request id.
+        id: RequestId,
+        /// The new task.
+        child: TaskId,
+        /// Which snapshot.
+        from: ForkFrom,
+    },
 }
 
 impl Request {
     /// The request's id.
     pub fn id(&self) -> RequestId {
         match self {
-            Request::Run { id, .. } | Request::Suspend { id } | Request::Resume { id } => *id,
+            Request::Run { id, .. }
+            | Request::Suspend { id }
+            | Request::Resume { id }
+            | Request::Fork { id, .. } => *id,
         }
     }
+}
+
+/// Which of a task's snapshots a fork starts from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ForkFrom {
+    /// The latest complete snapshot; a live task is snapshotted first, so the fork has the
+    /// files as they are now.
+    Latest,
+    /// The task's complete snapshot with this sequence number (`demo.s3` on the command line).
+    Seq {
+        /// The sequence number.
+        seq: u64,
+    },
+    /// The task's complete snapshot with this provider id.
+    Id {
+        /// The provider's snapshot id.
+        snapshot_id: SnapshotId,
+    },
+}
+
+impl ForkFrom {
+    /// Reads the snapshot a fork of `task` names: `latest`; `<task>.s<seq>` or `s<seq>` (the
+    /// task's snapshot by sequence number, as `taskbox show` numbers them); anything else is a
+    /// provider snapshot id.
+    pub fn parse(task: &TaskId, s: &str) -> ForkFrom {
+        let seq = |rest: &str| {
+            (!rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| rest.parse::<u64>().ok())
+                .flatten()
+        };
+        if s == "latest" {
+            return ForkFrom::Latest;
+        }
+        let short = s
+            .strip_prefix(task.as_str())
+            .and_then(|r| r.strip_prefix(".s"))
+            .or_else(|| s.strip_prefix('s'));
+        match short.and_then(seq) {
+            Some(seq) => ForkFrom::Seq { seq },
+            None => ForkFrom::Id {
+                snapshot_id: SnapshotId::from(s),
+            },
+        }
+    }
+}
+
+impl fmt::Display for ForkFrom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ForkFrom::Latest => f.write_str("the latest snapshot"),
+            ForkFrom::Seq { seq } => write!(f, "snapshot seq {seq}"),
+            ForkFrom::Id { snapshot_id } => write!(f, "snapshot {snapshot_id}"),
+        }
+    }
+}
+
+/// Where a forked task came from: recorded by [`Event::Forked`], never changed after.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lineage {
+    /// The task it was forked from.
+    pub parent: TaskId,
+    /// The parent's snapshot it starts from (shared with the parent on the provider).
+    pub snapshot: SnapshotId,
+    /// That snapshot's sequence number in the parent.
+    pub parent_seq: u64,
+    /// When the fork was made.
+    pub forked_at: Millis,
 }
 
 /// A command currently executing in the sandbox.
@@ -371,6 +481,11 @@ pub enum SnapshotReason {
     LateCheckpoint {
         /// The deadline it passed.
         deadline: Millis,
+    },
+    /// A caller asked to fork the live task: the fork starts from this snapshot.
+    Fork {
+        /// The fork request.
+        request_id: RequestId,
     },
 }
 
@@ -463,6 +578,10 @@ pub struct Task {
     /// [`MAX_CREATES_PER_MINUTE`]). Absent (empty) in journals written before it existed.
     #[serde(default)]
     pub recent_creates: Vec<Millis>,
+    /// The task it was forked from, and the snapshot it started from (`None`: not a fork).
+    /// Absent in journals written before forks existed, and for tasks that are not forks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
 }
 
 /// The most sandboxes the core creates for one task in a minute, whatever the configuration
@@ -495,6 +614,7 @@ impl Task {
             probing: false,
             files_behind: false,
             recent_creates: Vec::new(),
+            lineage: None,
         }
     }
 
@@ -554,6 +674,24 @@ pub enum Event {
     ResumeRequested {
         /// Request id.
         request_id: RequestId,
+    },
+    /// A caller asked to fork this task into a new task `child`; answered with
+    /// [`Reply::Forked`] naming the snapshot the child starts from.
+    ForkRequested {
+        /// Request id.
+        request_id: RequestId,
+        /// The new task.
+        child: TaskId,
+        /// Which snapshot.
+        from: ForkFrom,
+    },
+    /// The first event of a forked task (after its creation): it starts `expired`, its files
+    /// held in `snapshot`, the parent's record of it (shared on the provider).
+    Forked {
+        /// The task it was forked from.
+        parent: TaskId,
+        /// The parent's snapshot record.
+        snapshot: SnapshotRecord,
     },
     /// The configuration changed; the new settings apply from now on.
     SettingsChanged {
@@ -656,6 +794,14 @@ pub enum Event {
         /// The snapshot.
         snapshot_id: SnapshotId,
     },
+    /// `DeleteSnapshot` found another task still retaining the snapshot: this task's record of
+    /// it is dropped, the snapshot itself is left to that task.
+    SnapshotReleased {
+        /// The snapshot.
+        snapshot_id: SnapshotId,
+        /// A task that still retains it.
+        held_by: TaskId,
+    },
     /// `DeleteSnapshot` failed; retried later.
     DeleteFailed {
         /// The snapshot.
@@ -669,6 +815,11 @@ pub enum Event {
         sandbox_id: SandboxId,
         /// Whether it is still running; with its deadline when it is.
         alive: Option<Millis>,
+        /// When it is not: the snapshot the platform took of it as it stopped (a persistent
+        /// Vercel sandbox), which then holds its files. Absent otherwise, and in journals
+        /// written before it existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        platform_snapshot: Option<PlatformSnapshot>,
     },
     /// `ProbeSandbox` got no answer: whether the sandbox lives is unknown.
     ProbeFailed {
@@ -702,6 +853,8 @@ impl Event {
             Event::RunRequested { .. } => "run_requested",
             Event::SuspendRequested { .. } => "suspend_requested",
             Event::ResumeRequested { .. } => "resume_requested",
+            Event::ForkRequested { .. } => "fork_requested",
+            Event::Forked { .. } => "forked",
             Event::SettingsChanged { .. } => "settings_changed",
             Event::SandboxReady { .. } => "sandbox_ready",
             Event::CreateFailed { .. } => "create_failed",
@@ -715,6 +868,7 @@ impl Event {
             Event::TimeoutExtended { .. } => "timeout_extended",
             Event::ExtendFailed { .. } => "extend_failed",
             Event::SnapshotDeleted { .. } => "snapshot_deleted",
+            Event::SnapshotReleased { .. } => "snapshot_released",
             Event::DeleteFailed { .. } => "delete_failed",
             Event::SandboxProbed { .. } => "sandbox_probed",
             Event::ProbeFailed { .. } => "probe_failed",
@@ -746,6 +900,13 @@ pub enum Reply {
         /// request.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         omitted: Vec<String>,
+    },
+    /// A fork may start from this snapshot: the engine creates the child task from it.
+    Forked {
+        /// The new task.
+        child: TaskId,
+        /// The snapshot record (this task's) the child starts from.
+        snapshot: SnapshotRecord,
     },
     /// The task has a live sandbox.
     Resumed {
@@ -817,7 +978,9 @@ pub enum Command {
         /// How much longer.
         duration_ms: u64,
     },
-    /// Emitted when a newer snapshot has been confirmed and this one falls out of retention.
+    /// Emitted when a newer snapshot has been confirmed and this one falls out of retention
+    /// (and on recovery while it is `deleting`). The engine deletes it only when no other task
+    /// retains it, and answers [`Event::SnapshotReleased`] otherwise.
     DeleteSnapshot {
         /// The snapshot.
         snapshot_id: SnapshotId,

@@ -34,7 +34,9 @@ pub(super) async fn run_command(
 ) -> Result<Response, ApiError> {
     let req = validate::run_request(&body)?;
     app.ready(&id).await?;
-    let cwd = files::resolve(None, req.cwd.as_deref().unwrap_or(WORKSPACE_ROOT));
+    let session_cwd = app.world().session(&id).map(|s| s.cwd.clone());
+    let session_cwd = session_cwd.as_deref().unwrap_or(WORKSPACE_ROOT);
+    let cwd = files::resolve(Some(session_cwd), req.cwd.as_deref().unwrap_or(session_cwd));
     let workspace = app.workspace(&id)?;
     let host_cwd = files::host_path(&workspace, &cwd)?;
     if !host_cwd.is_dir() {

@@ -307,7 +307,15 @@ impl Shared {
             });
         }
         let home = self.home(&session_id);
-        if let Err(e) = blocking(move || files::create_dir(&home)).await {
+        let workspace = self.workspace(&session_id)?;
+        let cwd = files::host_path(&workspace, &new.session.cwd)
+            .map_err(|e| ApiError::internal(format!("the session's working directory: {e}")))?;
+        if let Err(e) = blocking(move || {
+            files::create_dir(&home)?;
+            files::create_dir(&cwd)
+        })
+        .await
+        {
             self.discard(&session_id).await;
             return Err(ApiError::internal(format!(
                 "could not prepare the sandbox filesystem: {e}"

@@ -53,6 +53,15 @@ pub(crate) struct Settings {
     pub snapshot_settle_ms: u64,
     /// Snapshot expiry when none is given (0: never).
     pub default_snapshot_expiration_ms: u64,
+    /// The working directory image-based (v3) sessions report and start commands in; legacy
+    /// runtimes use `/vercel/sandbox`. Which directory Vercel's images use is not documented
+    /// (the reference only says to read it from the session), so the fake defaults to the same
+    /// and tests choose another to prove a client reads it.
+    pub image_cwd: String,
+    /// Whether a persistent sandbox snapshots itself when its session times out, as it does
+    /// when stopped. Unverified: Vercel's changelog says a stop snapshots; whether a timeout
+    /// does is not confirmed, so the fake's default is no.
+    pub snapshot_on_timeout: bool,
 }
 
 /// Work that time alone made due.
@@ -123,7 +132,10 @@ impl World {
             .collect();
         let stops = expired
             .iter()
-            .map(|id| self.mark_stopping(id, now))
+            .map(|id| {
+                let snapshot = self.settings.snapshot_on_timeout;
+                self.mark_stopping(id, now, snapshot)
+            })
             .collect();
         let mut discard_archives = Vec::new();
         for snap in self.snapshots.values_mut() {
@@ -153,6 +165,8 @@ mod fixtures {
 
     pub(super) fn settings() -> Settings {
         Settings {
+            image_cwd: WORKSPACE_ROOT.to_string(),
+            snapshot_on_timeout: false,
             limits: Limits {
                 max_timeout_ms: 2_700_000,
                 max_total_timeout_ms: 3_000_000,

@@ -83,6 +83,10 @@ impl World {
             sandbox_name: sandbox.name.clone(),
             project_id: sandbox.project_id.clone(),
             runtime,
+            cwd: match sandbox.image {
+                Some(_) => self.settings.image_cwd.clone(),
+                None => WORKSPACE_ROOT.to_string(),
+            },
             vcpus: sandbox.vcpus,
             timeout_ms: sandbox.timeout_ms,
             env: sandbox.env.clone(),
@@ -233,9 +237,7 @@ impl World {
             .is_some_and(|s| s.phase == Phase::Live);
         let stop = live.then(|| {
             // Deleting discards the session: no auto-snapshot.
-            let mut work = self.mark_stopping(&sb.current_session_id, now);
-            work.auto_snapshot = None;
-            work
+            self.mark_stopping(&sb.current_session_id, now, false)
         });
         self.sandboxes.remove(name);
         Ok((view, stop))
@@ -261,7 +263,7 @@ impl World {
             status_updated_at: session_view
                 .as_ref()
                 .map_or(sb.updated_at, |v| v.updated_at),
-            cwd: WORKSPACE_ROOT.to_string(),
+            cwd: session.map_or_else(|| WORKSPACE_ROOT.to_string(), |s| s.cwd.clone()),
             tags: sb.tags.clone(),
             snapshot_expiration: sb.snapshot_expiration_ms,
         }

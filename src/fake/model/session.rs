@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{admits, Archived, ListQuery, World, WORKSPACE_ROOT};
+use super::{admits, Archived, ListQuery, World};
 use crate::core::Millis;
 use crate::fake::validate::{human_ms, MB_PER_VCPU};
 use crate::fake::wire::{ApiError, SessionView};
@@ -55,6 +55,8 @@ pub(crate) struct SessionRec {
     pub sandbox_name: String,
     pub project_id: String,
     pub runtime: Option<String>,
+    /// The working directory it reports and starts commands in.
+    pub cwd: String,
     pub vcpus: u32,
     pub timeout_ms: u64,
     pub env: BTreeMap<String, String>,
@@ -156,15 +158,19 @@ impl World {
             Status::Snapshotting => return Err(ApiError::sandbox_snapshotting(id)),
             Status::Pending | Status::Running => {}
         }
-        Ok(StopPlan::Stop(self.mark_stopping(id, now)))
+        Ok(StopPlan::Stop(self.mark_stopping(id, now, true)))
     }
 
-    pub(super) fn mark_stopping(&mut self, id: &str, now: Millis) -> StopWork {
-        let persistent = self
-            .sessions
-            .get(id)
-            .and_then(|s| self.sandboxes.get(&s.sandbox_name))
-            .is_some_and(|sb| sb.persistent);
+    /// Marks a session stopping; a persistent sandbox's stop writes a snapshot when
+    /// `may_snapshot` (always for a stop; for a timeout as [`super::Settings::snapshot_on_timeout`]
+    /// says).
+    pub(super) fn mark_stopping(&mut self, id: &str, now: Millis, may_snapshot: bool) -> StopWork {
+        let persistent = may_snapshot
+            && self
+                .sessions
+                .get(id)
+                .and_then(|s| self.sandboxes.get(&s.sandbox_name))
+                .is_some_and(|sb| sb.persistent);
         let auto_snapshot = persistent.then(|| self.next("snap_").1);
         if let Some(s) = self.sessions.get_mut(id) {
             s.phase = Phase::Stopping;
@@ -260,7 +266,7 @@ impl World {
             source_snapshot_id: s.source_snapshot_id.clone(),
             snapshotted_at: s.snapshotted_at,
             created_at: s.requested_at,
-            cwd: WORKSPACE_ROOT.to_string(),
+            cwd: s.cwd.clone(),
             updated_at: derived,
         }
     }
@@ -296,11 +302,24 @@ impl World {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake::model::fixtures::{archived, booted, booted_world};
+    use crate::fake::model::fixtures::{archived, booted, booted_world, settings};
+    use crate::fake::model::Settings;
 
     #[test]
     fn a_session_boots_runs_and_times_out() {
-        let (mut w, id) = booted_world(r#"{"projectId":"p","name":"a","timeout":1000}"#, 1000);
+        // A timeout that snapshots (`snapshot_on_timeout`, unverified on the service).
+        let mut w = World::new(
+            Settings {
+                snapshot_on_timeout: true,
+                ..settings()
+            },
+            "t".into(),
+        );
+        let id = booted(
+            &mut w,
+            r#"{"projectId":"p","name":"a","timeout":1000}"#,
+            1000,
+        );
         assert_eq!(w.access(&id, 1050), Ok(Access::BootingUntil(1100)));
         assert_eq!(
             w.session_view(w.session(&id).unwrap(), 1050).status,
@@ -310,7 +329,7 @@ mod tests {
         assert!(w.tick(2099).stops.is_empty());
         let due = w.tick(2100);
         assert_eq!(due.stops.len(), 1);
-        // Persistent by default: the timeout auto-snapshots.
+        // Persistent by default: the timeout auto-snapshots (as asked).
         let snap = due.stops[0]
             .auto_snapshot
             .clone()
@@ -323,6 +342,27 @@ mod tests {
             w.tick(5000).stops.is_empty(),
             "a stopped session is not stopped twice"
         );
+    }
+
+    #[test]
+    fn a_timeout_snapshots_only_when_asked_but_a_stop_does() {
+        let (mut w, id) = booted_world(r#"{"projectId":"p","name":"a","timeout":1000}"#, 1000);
+        let due = w.tick(2100);
+        assert_eq!(due.stops.len(), 1);
+        assert_eq!(
+            due.stops[0].auto_snapshot, None,
+            "a timeout does not snapshot"
+        );
+        let id2 = booted(
+            &mut w,
+            r#"{"projectId":"p","name":"b","timeout":60000}"#,
+            3000,
+        );
+        match w.begin_stop(&id2, 3100).unwrap() {
+            StopPlan::Stop(work) => assert!(work.auto_snapshot.is_some(), "a stop snapshots"),
+            StopPlan::AlreadyStopped => panic!("the session was running"),
+        }
+        let _ = id;
     }
 
     #[test]

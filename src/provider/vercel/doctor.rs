@@ -1,26 +1,28 @@
-//! The checks `taskbox doctor` prints for the Vercel backend, one ✓/✗ line each: runtime,
-//! resources, disk setting, API URL, auth mode (which variables are set, never their values),
+//! The checks `taskbox doctor` prints for the Vercel backend, one ✓/✗ line each: what sandboxes
+//! are created from (image or deprecated runtime) and through which endpoint, resources, disk setting, API URL, auth mode (which variables are set, never their values),
 //! the persistence model, and an authenticated round trip to the API.
 
 use std::path::Path;
 
 use super::auth::AuthReport;
 use super::client::VercelClient;
-use super::settings::{self, Origin, API_URL_ENV, RUNTIME_ENV};
+use super::settings::{self, Origin, SandboxBase, API_URL_ENV, IMAGE_ENV, RUNTIME_ENV};
 use crate::config::TerminalConfig;
 use crate::core::{FailureKind, Millis};
 
 /// One line of the doctor report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Check {
-    /// What is checked (`vercel runtime`, `vercel auth`, ...).
+    /// What is checked (`vercel create`, `vercel auth`, ...).
     pub name: String,
     /// Whether it passed.
     pub ok: bool,
     /// What was found. Never contains a secret.
     pub detail: String,
-    /// How to fix a failure.
+    /// How to fix a failure (or move off a deprecated setting).
     pub hint: Option<String>,
+    /// Works, but deprecated or incomplete: printed `!`, does not fail doctor.
+    pub warning: bool,
 }
 
 impl Check {
@@ -30,6 +32,7 @@ impl Check {
             ok: true,
             detail: detail.into(),
             hint: None,
+            warning: false,
         }
     }
 
@@ -39,6 +42,7 @@ impl Check {
             ok: false,
             detail: detail.into(),
             hint: Some(hint.into()),
+            warning: false,
         }
     }
 }
@@ -58,15 +62,26 @@ pub fn static_checks(
     now: Millis,
 ) -> Vec<Check> {
     let mut checks = Vec::new();
-    checks.push(match settings::check_runtime(cfg, env) {
-        Ok((runtime, origin)) => Check::pass(
-            "vercel runtime",
-            format!(
-                "{runtime} ({})",
-                origin_label(origin, "terminal.vercel_runtime", RUNTIME_ENV)
-            ),
-        ),
-        Err(e) => Check::fail("vercel runtime", e.to_string(), e.hint()),
+    checks.push(match settings::check_base(cfg, env) {
+        Ok((base, origin)) => {
+            let from = match &base {
+                SandboxBase::Image(_) => origin_label(origin, "terminal.vercel_image", IMAGE_ENV),
+                SandboxBase::Runtime(_) => {
+                    origin_label(origin, "terminal.vercel_runtime", RUNTIME_ENV)
+                }
+            };
+            let mut check = Check::pass(
+                "vercel create",
+                format!("{} with {} ({from})", base.create_path(), base.describe()),
+            );
+            if let SandboxBase::Runtime(runtime) = base {
+                // Still works, so a warning, not a failure; the hint says how to move to images.
+                check.hint = Some(settings::runtime_deprecation(runtime, origin));
+                check.warning = true;
+            }
+            check
+        }
+        Err(e) => Check::fail("vercel create", e.to_string(), e.hint()),
     });
     checks.push(match settings::check_resources(cfg) {
         Ok((cpu, mem)) => Check::pass("vercel resources", format!("{cpu} vCPU, {mem} MB memory")),
@@ -94,7 +109,7 @@ pub fn static_checks(
     checks.push(Check::pass(
         "persistence",
         if cfg.container_persistent {
-            "snapshot filesystem only; live processes do not survive sandbox recreation"
+            "snapshot filesystem only; live processes do not survive sandbox recreation; sandboxes are created persistent, so a platform stop snapshots them too"
         } else {
             "off (terminal.container_persistent = false): files are discarded with each sandbox"
         },

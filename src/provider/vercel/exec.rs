@@ -241,10 +241,11 @@ async fn read_stdin(rx: &mut mpsc::Receiver<Vec<u8>>) -> Result<Vec<u8>, Provide
     Ok(data)
 }
 
-/// Where commands start (no `cwd` is sent): the upload's relative name resolves against it.
-const SANDBOX_ROOT: &str = "/vercel/sandbox";
+/// Where the legacy runtimes' commands start; used only when a session reports no `cwd`.
+pub(crate) const LEGACY_SANDBOX_ROOT: &str = "/vercel/sandbox";
 
-/// A file name (relative to [`SANDBOX_ROOT`]) no other command's upload uses.
+/// A file name (relative to the session's working directory, where commands start: no `cwd` is
+/// sent) no other command's upload uses.
 fn stdin_file() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
@@ -295,13 +296,16 @@ enum StreamEnd {
     SandboxGone(String),
 }
 
-/// Runs `req` in `session_id`, with its live side `io` (see the module docs).
+/// Runs `req` in `session_id`, with its live side `io` (see the module docs). `cwd` is the
+/// session's working directory, as the session reports it, where a stdin upload is placed
+/// (`None`: `/vercel/sandbox`, the legacy runtimes' directory).
 pub async fn exec(
     client: &VercelClient,
     session_id: &str,
     req: &ExecRequest,
     opts: &ExecOptions,
     io: ExecIo,
+    cwd: Option<&str>,
 ) -> Result<ExecOutput, ProviderError> {
     let ExecIo {
         output,
@@ -318,7 +322,8 @@ pub async fn exec(
         };
         if !data.is_empty() {
             let file = stdin_file();
-            let path = format!("{SANDBOX_ROOT}/{file}");
+            let root = cwd.unwrap_or(LEGACY_SANDBOX_ROOT).trim_end_matches('/');
+            let path = format!("{root}/{file}");
             client.write_files(session_id, &[(&path, &data)]).await?;
             args = vec![
                 "-c".to_string(),

@@ -118,6 +118,9 @@ pub struct VercelProvider {
     /// Session id → sandbox name, for sessions this process created or found. Only a shortcut
     /// for finding a session's snapshots; after a restart the names are found by tag.
     names: Mutex<HashMap<String, String>>,
+    /// Session id → its working directory, as the session reports it (image-based sandboxes
+    /// need not use `/vercel/sandbox`); read again after a restart.
+    cwds: Mutex<HashMap<String, String>>,
 }
 
 impl VercelProvider {
@@ -128,6 +131,7 @@ impl VercelProvider {
             settings,
             options: ProviderOptions::default(),
             names: Mutex::new(HashMap::new()),
+            cwds: Mutex::new(HashMap::new()),
         }
     }
 
@@ -171,11 +175,38 @@ impl VercelProvider {
         self.names.lock().ok()?.get(session_id).cloned()
     }
 
-    /// Forgets a session that is over, so the map holds live sessions only.
+    /// Forgets a session that is over, so the maps hold live sessions only.
     fn forget(&self, session_id: &str) {
         if let Ok(mut names) = self.names.lock() {
             names.remove(session_id);
         }
+        if let Ok(mut cwds) = self.cwds.lock() {
+            cwds.remove(session_id);
+        }
+    }
+
+    fn remember_cwd(&self, session: &Session) {
+        if let (Some(cwd), Ok(mut cwds)) = (&session.cwd, self.cwds.lock()) {
+            cwds.insert(session.id.clone(), cwd.clone());
+        }
+    }
+
+    /// The session's working directory: remembered from its create, else read from the session
+    /// (after a restart), else the legacy runtimes' documented `/vercel/sandbox`.
+    async fn session_cwd(&self, session_id: &str) -> Result<String, ProviderError> {
+        if let Some(cwd) = self
+            .cwds
+            .lock()
+            .ok()
+            .and_then(|c| c.get(session_id).cloned())
+        {
+            return Ok(cwd);
+        }
+        let session = self.client.get_session(session_id).await?;
+        self.remember_cwd(&session);
+        Ok(session
+            .cwd
+            .unwrap_or_else(|| exec::LEGACY_SANDBOX_ROOT.to_string()))
     }
 
     /// Decides what to do with a sandbox already holding `spec.name`: reuse its session, or
@@ -241,7 +272,8 @@ impl VercelProvider {
             None => {
                 let request = CreateSandbox {
                     name: spec.name.clone(),
-                    runtime: self.settings.runtime.as_str().to_string(),
+                    base: self.settings.base.clone(),
+                    persistent: self.settings.persistent,
                     vcpus: self.settings.vcpus,
                     timeout_ms: spec.timeout_ms,
                     tags: BTreeMap::from([
@@ -276,6 +308,7 @@ impl VercelProvider {
             .wait_until_running(session, self.options.start_timeout)
             .await?;
         self.remember(&session.id, &spec.name);
+        self.remember_cwd(&session);
         let deadline = session
             .deadline()
             .unwrap_or_else(|| self.client.clock().now_ms().saturating_add(spec.timeout_ms));
@@ -396,7 +429,20 @@ impl VercelProvider {
         req: &ExecRequest,
         io: ExecIo,
     ) -> Result<ExecOutput, ProviderError> {
-        exec::exec(&self.client, sandbox_id, req, &self.options.exec, io).await
+        // The working directory is needed only to place an uploaded stdin file.
+        let cwd = match io.stdin {
+            Some(_) => Some(self.session_cwd(sandbox_id).await?),
+            None => None,
+        };
+        exec::exec(
+            &self.client,
+            sandbox_id,
+            req,
+            &self.options.exec,
+            io,
+            cwd.as_deref(),
+        )
+        .await
     }
 
     async fn stop(&self, sandbox_id: &SandboxId) -> Result<(), ProviderError> {
@@ -434,13 +480,50 @@ impl VercelProvider {
 
     async fn probe(&self, session_id: &str) -> Result<Option<Millis>, ProviderError> {
         match self.client.get_session(session_id).await {
-            Ok(s) => Ok(match s.status {
-                SessionStatus::Pending | SessionStatus::Running => s.deadline(),
-                _ => None,
-            }),
+            Ok(s) => match s.status {
+                SessionStatus::Pending | SessionStatus::Running => Ok(s.deadline()),
+                // A persistent sandbox snapshots itself as it stops: wait for that snapshot
+                // rather than give the sandbox up without it (the probe is retried). A session
+                // `snapshotting` was snapshotted by a call (taskbox's own snapshot, recorded as
+                // such), so it counts as stopped.
+                SessionStatus::Stopping if self.settings.persistent => {
+                    Err(ProviderError::transient(
+                        "probe sandbox",
+                        format!(
+                            "session {session_id} is {:?}; waiting for it to stop",
+                            s.status
+                        ),
+                        None,
+                    ))
+                }
+                _ => Ok(None),
+            },
             Err(e) if e.kind == FailureKind::SandboxGone => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// The snapshot a persistent sandbox took of `session_id` as it stopped (found among its
+    /// sandbox's snapshots by its source session — the sandbox's current snapshot). taskbox
+    /// never resumes the sandbox: it creates the next generation from that snapshot like from
+    /// any other, so every session it drives is one it created.
+    async fn find_platform_snapshot(
+        &self,
+        task_id: &TaskId,
+        session_id: &SandboxId,
+    ) -> Result<Option<crate::core::PlatformSnapshot>, ProviderError> {
+        if !self.settings.persistent {
+            return Ok(None);
+        }
+        Ok(self
+            .find_snapshot_of(task_id, session_id)
+            .await?
+            .filter(|s| s.status == SnapshotStatus::Created)
+            .map(|s| crate::core::PlatformSnapshot {
+                snapshot_id: s.id.into(),
+                size_bytes: s.size_bytes,
+                expires_at: s.expires_at,
+            }))
     }
 
     /// The sandboxes tagged with `installation_id` (the listing's filter, checked again on each
@@ -527,6 +610,7 @@ super::platform_provider!(VercelProvider, "vercel_sandbox", {
     probe_sandbox: probe,
     list_sandboxes: listed_sandboxes,
     list_snapshots: listed_snapshots,
+    platform_snapshot: find_platform_snapshot,
 });
 
 #[cfg(test)]

@@ -1,5 +1,11 @@
-//! The Vercel-specific reading of the `terminal.*` config: runtime, resources, disk and API URL,
-//! checked against what Vercel Sandbox accepts before any request is made.
+//! The Vercel-specific reading of the `terminal.*` config: image or legacy runtime, resources,
+//! disk and API URL, checked against what Vercel Sandbox accepts before any request is made.
+//!
+//! Image or runtime ([`SandboxBase`]): since `@vercel/sandbox` 3.0 (August 2026) sandboxes are
+//! created from an **image** through `POST /v3/sandboxes` (`terminal.vercel_image`, default
+//! `vercel/sandbox/universal`), and the `runtime` presets of `POST /v2/sandboxes` are
+//! deprecated. A set `terminal.vercel_runtime` (or `TERMINAL_VERCEL_RUNTIME`) still wins, as in
+//! Hermes, and `doctor` and `config show` say it is deprecated.
 //!
 //! Hermes passes `terminal.container_memory` through and lets the platform reject it ("memory
 //! allocation validation error"), with its own default of 5120 MB guaranteed to fail. Here the
@@ -19,6 +25,9 @@ pub const MAX_VCPUS: u32 = 8;
 
 /// The environment variable that overrides `terminal.vercel_runtime` (Hermes's name).
 pub const RUNTIME_ENV: &str = "TERMINAL_VERCEL_RUNTIME";
+
+/// The environment variable that overrides `terminal.vercel_image`.
+pub const IMAGE_ENV: &str = "TERMINAL_VERCEL_IMAGE";
 
 /// The environment variable that overrides `terminal.vercel_api_url`.
 pub const API_URL_ENV: &str = "TASKBOX_VERCEL_API_URL";
@@ -60,6 +69,48 @@ impl fmt::Display for Runtime {
     }
 }
 
+/// What a fresh sandbox is created from, and so which create endpoint is used. A restore from
+/// a snapshot carries neither (the snapshot fixes it) but goes to the same endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SandboxBase {
+    /// A container image, created through `POST /v3/sandboxes` (the default).
+    Image(String),
+    /// A deprecated runtime preset, created through `POST /v2/sandboxes`.
+    Runtime(Runtime),
+}
+
+impl SandboxBase {
+    /// The create endpoint's path, as `doctor` prints it.
+    pub fn create_path(&self) -> &'static str {
+        match self {
+            SandboxBase::Image(_) => "POST /v3/sandboxes",
+            SandboxBase::Runtime(_) => "POST /v2/sandboxes",
+        }
+    }
+
+    /// `image vercel/sandbox/universal` or `runtime node24`.
+    pub fn describe(&self) -> String {
+        match self {
+            SandboxBase::Image(i) => format!("image {i}"),
+            SandboxBase::Runtime(r) => format!("runtime {r}"),
+        }
+    }
+}
+
+/// The deprecation note for a set runtime (`doctor` and `config show` print it).
+pub fn runtime_deprecation(runtime: Runtime, origin: Origin) -> String {
+    let (name, unset) = match origin {
+        Origin::Config => (
+            "terminal.vercel_runtime",
+            "taskbox config set terminal.vercel_runtime none".to_string(),
+        ),
+        Origin::Env => (RUNTIME_ENV, format!("unset {RUNTIME_ENV}")),
+    };
+    format!(
+        "{name} = {runtime} is deprecated (Vercel's runtimes gave way to images in August 2026) and wins over terminal.vercel_image; to create from an image instead: {unset}"
+    )
+}
+
 /// Where a setting's value came from (so a message can say which one to change).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -72,10 +123,13 @@ pub enum Origin {
 /// The validated Vercel settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VercelSettings {
-    /// The runtime image for fresh sandboxes (never sent when restoring from a snapshot).
-    pub runtime: Runtime,
-    /// Where `runtime` came from.
-    pub runtime_origin: Origin,
+    /// What fresh sandboxes are created from (neither is sent when restoring from a snapshot).
+    pub base: SandboxBase,
+    /// Where `base` came from.
+    pub base_origin: Origin,
+    /// Create sandboxes with `persistent: true` (`terminal.container_persistent`), so that the
+    /// platform snapshots one it stops while no engine watches.
+    pub persistent: bool,
     /// vCPUs per sandbox.
     pub vcpus: u32,
     /// Memory per sandbox, MB (always `vcpus * 2048`).
@@ -92,6 +146,14 @@ pub enum VercelConfigError {
     /// The runtime is not one Vercel Sandbox offers.
     #[error("{} is `{value}`, which is not a Vercel Sandbox runtime", origin_name(*origin, "terminal.vercel_runtime", RUNTIME_ENV))]
     UnknownRuntime {
+        /// The value given.
+        value: String,
+        /// Config or environment.
+        origin: Origin,
+    },
+    /// The image name is empty or has whitespace.
+    #[error("{} is `{value}`, which is not an image name", origin_name(*origin, "terminal.vercel_image", IMAGE_ENV))]
+    InvalidImage {
         /// The value given.
         value: String,
         /// Config or environment.
@@ -153,6 +215,16 @@ impl VercelConfigError {
                     ),
                 }
             }
+            VercelConfigError::InvalidImage { origin, .. } => match origin {
+                Origin::Config => format!(
+                    "taskbox config set terminal.vercel_image {}",
+                    crate::config::DEFAULT_VERCEL_IMAGE
+                ),
+                Origin::Env => format!(
+                    "set {IMAGE_ENV} to an image such as {}, or unset it",
+                    crate::config::DEFAULT_VERCEL_IMAGE
+                ),
+            },
             VercelConfigError::InvalidCpu { cpu } => {
                 let (c, m) = nearest_valid_pair(*cpu);
                 format!(
@@ -199,18 +271,52 @@ pub(crate) fn env_value(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Opt
     env(name).filter(|v| !v.trim().is_empty())
 }
 
-/// The runtime, from [`RUNTIME_ENV`] if set, else `terminal.vercel_runtime`.
+/// The runtime, from [`RUNTIME_ENV`] if set, else `terminal.vercel_runtime`; `None` when
+/// neither is set (the image is used).
 pub fn check_runtime(
     t: &TerminalConfig,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<(Runtime, Origin), VercelConfigError> {
+) -> Result<Option<(Runtime, Origin)>, VercelConfigError> {
     let (value, origin) = match env_value(env, RUNTIME_ENV) {
         Some(v) => (v, Origin::Env),
-        None => (t.vercel_runtime.clone(), Origin::Config),
+        None => match &t.vercel_runtime {
+            Some(v) => (v.clone(), Origin::Config),
+            None => return Ok(None),
+        },
     };
     match Runtime::parse(&value) {
-        Some(r) => Ok((r, origin)),
+        Some(r) => Ok(Some((r, origin))),
         None => Err(VercelConfigError::UnknownRuntime { value, origin }),
+    }
+}
+
+/// The image, from [`IMAGE_ENV`] if set, else `terminal.vercel_image`.
+pub fn check_image(
+    t: &TerminalConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(String, Origin), VercelConfigError> {
+    let (value, origin) = match env_value(env, IMAGE_ENV) {
+        Some(v) => (v, Origin::Env),
+        None => (t.vercel_image.clone(), Origin::Config),
+    };
+    let image = value.trim();
+    if image.is_empty() || image.chars().any(char::is_whitespace) {
+        return Err(VercelConfigError::InvalidImage { value, origin });
+    }
+    Ok((image.to_string(), origin))
+}
+
+/// What fresh sandboxes are created from: a set runtime wins (deprecated), else the image.
+pub fn check_base(
+    t: &TerminalConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(SandboxBase, Origin), VercelConfigError> {
+    match check_runtime(t, env)? {
+        Some((runtime, origin)) => Ok((SandboxBase::Runtime(runtime), origin)),
+        None => {
+            let (image, origin) = check_image(t, env)?;
+            Ok((SandboxBase::Image(image), origin))
+        }
     }
 }
 
@@ -265,13 +371,14 @@ impl VercelSettings {
         t: &TerminalConfig,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<VercelSettings, VercelConfigError> {
-        let (runtime, runtime_origin) = check_runtime(t, env)?;
+        let (base, base_origin) = check_base(t, env)?;
         let (vcpus, memory_mb) = check_resources(t)?;
         check_disk(t)?;
         let (api_url, api_url_origin) = check_api_url(t, env)?;
         Ok(VercelSettings {
-            runtime,
-            runtime_origin,
+            base,
+            base_origin,
+            persistent: t.container_persistent,
             vcpus,
             memory_mb,
             api_url,
@@ -288,6 +395,7 @@ mod tests {
     fn the_variables_are_the_ones_the_config_table_names() {
         let env = |name| crate::config::Key::find(name).expect("known").env;
         assert_eq!(env("terminal.vercel_runtime"), Some(RUNTIME_ENV));
+        assert_eq!(env("terminal.vercel_image"), Some(IMAGE_ENV));
         assert_eq!(env("terminal.vercel_api_url"), Some(API_URL_ENV));
     }
 

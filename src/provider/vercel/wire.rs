@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::settings::SandboxBase;
 use crate::core::Millis;
 
 /// A session's status.
@@ -242,14 +243,28 @@ pub struct SnapshotAndSession {
     pub session: Option<Session>,
 }
 
+/// What `stop session` returns: the stopped session and, for a persistent sandbox, the
+/// snapshot the platform took of it as it stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct StopAnswer {
+    /// The session.
+    pub session: Session,
+    /// The platform's snapshot of it (persistent sandboxes).
+    #[serde(default)]
+    pub snapshot: Option<Snapshot>,
+}
+
 /// A sandbox to create.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreateSandbox {
     /// The name (idempotency key).
     pub name: String,
-    /// Runtime image; ignored (never sent) when `source_snapshot` is set, because the API
-    /// refuses the pair (hermes-agent #74753 lost every restore to it).
-    pub runtime: String,
+    /// Image (v3) or runtime (v2) to create from; decides the endpoint. Neither is sent when
+    /// `source_snapshot` is set, because the API refuses the pair (hermes-agent #74753 lost
+    /// every restore to it).
+    pub base: SandboxBase,
+    /// Whether the platform snapshots the sandbox itself when it stops (`persistent: true`).
+    pub persistent: bool,
     /// vCPUs.
     pub vcpus: u32,
     /// Lifetime, ms.

@@ -47,15 +47,17 @@ pub(super) fn outcome_key(e: &Event) -> Option<Key> {
         Event::TimeoutExtended { sandbox_id, .. } | Event::ExtendFailed { sandbox_id, .. } => {
             Key::Extend(sandbox_id.clone())
         }
-        Event::SnapshotDeleted { snapshot_id } | Event::DeleteFailed { snapshot_id, .. } => {
-            Key::Delete(snapshot_id.clone())
-        }
+        Event::SnapshotDeleted { snapshot_id }
+        | Event::DeleteFailed { snapshot_id, .. }
+        | Event::SnapshotReleased { snapshot_id, .. } => Key::Delete(snapshot_id.clone()),
         Event::SandboxProbed { sandbox_id, .. } | Event::ProbeFailed { sandbox_id, .. } => {
             Key::Probe(sandbox_id.clone())
         }
         Event::RunRequested { .. }
         | Event::SuspendRequested { .. }
         | Event::ResumeRequested { .. }
+        | Event::ForkRequested { .. }
+        | Event::Forked { .. }
         | Event::SettingsChanged { .. }
         | Event::TimerFired { .. }
         | Event::Loaded

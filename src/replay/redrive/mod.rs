@@ -240,7 +240,7 @@ async fn drive(
     };
     let clock = TokioClock::starting_at(entries[0].at);
     let calls_expected = expected.len();
-    let provider = Arc::new(ReplayProvider::new(expected, clock));
+    let provider = Arc::new(ReplayProvider::new(expected, clock, task.clone()));
     let mut sessions_run: usize = 0;
     for (si, s) in sessions.iter().enumerate() {
         if provider.diverged() {

@@ -56,6 +56,21 @@ pub(super) fn plan(
             first.event.name()
         )));
     };
+    // A fork spans two tasks (the parent's request names the snapshot, the child starts from
+    // it, a release depends on who else retains it): the re-drive drives one task alone.
+    if let Some(e) = entries.iter().find(|e| {
+        matches!(
+            e.event,
+            Event::ForkRequested { .. } | Event::Forked { .. } | Event::SnapshotReleased { .. }
+        )
+    }) {
+        return Err(unsupported(format!(
+            "entry #{} ({}) involves another task (a fork), and the re-drive drives one task \
+             alone; `taskbox replay` without --redrive checks the journal",
+            e.task_seq,
+            e.event.name()
+        )));
+    }
     let mut sessions: Vec<Session> = vec![Session {
         first: 0,
         last: 0,

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::clock::{Clock, TokioClock};
-use crate::core::{Event, Failure, FailureKind, Millis};
+use crate::core::{Event, Failure, FailureKind, Millis, PlatformSnapshot};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{
     Call, ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture, ReceivedCall,
@@ -26,6 +26,11 @@ pub struct ReplayProvider {
     /// What the recorded provider said of its sandboxes' files past a deadline, as the
     /// session's settings recorded it.
     keeps_files: std::sync::atomic::AtomicBool,
+    /// The task re-driven (each re-drive has a provider of its own): the probe's call names it.
+    task_id: TaskId,
+    /// The platform snapshot the last recorded probe of each sandbox found, answered by
+    /// [`SandboxProvider::platform_snapshot`] right after that probe.
+    platform_snapshots: Mutex<std::collections::HashMap<SandboxId, PlatformSnapshot>>,
 }
 
 pub(super) struct ReplayState {
@@ -42,7 +47,11 @@ enum Answer {
 }
 
 impl ReplayProvider {
-    pub(super) fn new(expected: Vec<Expected>, clock: TokioClock) -> ReplayProvider {
+    pub(super) fn new(
+        expected: Vec<Expected>,
+        clock: TokioClock,
+        task_id: TaskId,
+    ) -> ReplayProvider {
         ReplayProvider {
             clock,
             state: Mutex::new(ReplayState {
@@ -52,6 +61,8 @@ impl ReplayProvider {
                 mismatch: None,
             }),
             keeps_files: std::sync::atomic::AtomicBool::new(false),
+            task_id,
+            platform_snapshots: Mutex::default(),
         }
     }
 
@@ -306,15 +317,41 @@ impl SandboxProvider for ReplayProvider {
         sandbox_id: &'a SandboxId,
     ) -> ProviderFuture<'a, Option<Millis>> {
         let call = Call::ProbeSandbox {
+            task_id: self.task_id.clone(),
             sandbox_id: sandbox_id.clone(),
         };
         Box::pin(async move {
             match self.answer(call, "probe sandbox").await? {
-                Event::SandboxProbed { alive, .. } => Ok(alive),
+                Event::SandboxProbed {
+                    alive,
+                    platform_snapshot,
+                    ..
+                } => {
+                    if let (Some(found), Ok(mut stash)) =
+                        (platform_snapshot, self.platform_snapshots.lock())
+                    {
+                        stash.insert(sandbox_id.clone(), found);
+                    }
+                    Ok(alive)
+                }
                 Event::ProbeFailed { failure, .. } => Err(recorded_error(&failure)),
                 other => Err(wrong_outcome("probe sandbox", &other)),
             }
         })
+    }
+
+    fn platform_snapshot<'a>(
+        &'a self,
+        _task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<PlatformSnapshot>> {
+        // Part of the recorded probe's answer, not a call of its own.
+        let found = self
+            .platform_snapshots
+            .lock()
+            .ok()
+            .and_then(|mut stash| stash.remove(sandbox_id));
+        Box::pin(async move { Ok(found) })
     }
 
     fn list_sandboxes<'a>(

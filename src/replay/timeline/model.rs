@@ -393,6 +393,7 @@ fn mark_entry(
         } if from == TaskState::Snapshotting && to != TaskState::Snapshotting => {
             let why = match prev.and_then(|t| t.snapshot_reason) {
                 Some(SnapshotReason::Suspend { .. }) => "suspend",
+                Some(SnapshotReason::Fork { .. }) => "fork",
                 Some(SnapshotReason::IdleReap) => "idle reap",
                 Some(SnapshotReason::Checkpoint) => "checkpoint before the deadline",
                 Some(SnapshotReason::LateCheckpoint { .. }) => "late checkpoint after the deadline",

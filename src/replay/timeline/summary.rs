@@ -38,6 +38,17 @@ pub fn event_summary(ev: &Event, at: Millis) -> String {
             format!("{name} #{request_id}")
         }
         Event::SettingsChanged { .. } => name.to_string(),
+        Event::ForkRequested {
+            request_id,
+            child,
+            from,
+        } => format!("{name} #{request_id} → {child} from {from}"),
+        Event::Forked { parent, snapshot } => format!(
+            "{name} from {parent}.s{} {}",
+            snapshot.seq,
+            snapshot.id.as_deref().unwrap_or("?")
+        ),
+        Event::SnapshotReleased { held_by, .. } => format!("{name} (still held by {held_by})"),
         Event::SandboxReady {
             generation,
             sandbox_id,
@@ -124,6 +135,10 @@ pub fn command_summary(c: &Command, at: Millis) -> String {
                 }
                 Reply::Suspended { .. } => "suspended".to_string(),
                 Reply::Resumed { .. } => "resumed".to_string(),
+                Reply::Forked { child, snapshot } => format!(
+                    "forked {child} from {}",
+                    snapshot.id.as_deref().unwrap_or("?")
+                ),
                 Reply::Failed { attempts, .. } => format!("failed after {attempts} attempt(s)"),
             };
             format!("reply #{request_id} {what}")

@@ -792,6 +792,22 @@ impl Backend for PgStore {
         rows.first().map(|r| self.decode_marks(r, 0)).transpose()
     }
 
+    fn snapshot_holders(&self, provider_id: &str) -> Result<Vec<String>, StoreError> {
+        let rows = self.query(
+            "finding the tasks that retain a snapshot",
+            None,
+            "SELECT DISTINCT s.task_id FROM snapshots s JOIN tasks t ON t.id = s.task_id
+             WHERE s.provider_id = $1 AND s.status IN ('complete', 'pending')
+               AND (t.removed_at IS NULL OR t.kept_snapshots)
+             ORDER BY s.task_id"
+                .to_string(),
+            vec![Box::new(provider_id.to_string())],
+        )?;
+        rows.iter()
+            .map(|r| self.cx(None).get(r, 0, "snapshots.task_id"))
+            .collect()
+    }
+
     fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {
         let rows = self.query(
             "listing removed tasks",

@@ -2,8 +2,9 @@
 //!
 //! The property test plays an executor that holds the commands `step` emitted and answers them
 //! in a random order with random outcomes (success, transient error, sandbox gone, snapshot
-//! gone, permanent error), interleaved with caller requests, timers, clock jumps and crashes
-//! (the task is serialized and read back, and everything in flight is lost). A tiny reference
+//! gone, permanent error, a platform stop with its own snapshot), interleaved with caller
+//! requests, timers, clock jumps and crashes (the task is serialized and read back, and
+//! everything in flight is lost). A tiny reference
 //! model tracks which snapshot is the latest *confirmed* one; after every step the invariants
 //! are checked, above all: **every restore uses the latest confirmed snapshot, and a task that
 //! has none never restores anything.**
@@ -23,6 +24,9 @@ enum Outcome {
     SandboxGone,
     SnapshotGone,
     Permanent,
+    /// The platform stopped the sandbox and snapshotted it itself (a persistent sandbox): a
+    /// probe finds it gone, with that snapshot.
+    PlatformStopped,
 }
 
 #[derive(Debug, Clone)]
@@ -44,6 +48,7 @@ fn outcome() -> impl Strategy<Value = Outcome> {
         1 => Just(Outcome::SandboxGone),
         1 => Just(Outcome::SnapshotGone),
         1 => Just(Outcome::Permanent),
+        1 => Just(Outcome::PlatformStopped),
     ]
 }
 
@@ -125,6 +130,19 @@ impl Harness {
                 .map(|s| s.seq);
             if before.state == TaskState::Snapshotting && pending == Some(*seq) {
                 self.model.confirmed.push(snapshot_id.to_string());
+            }
+        }
+        // A platform's snapshot counts when a probe of the sandbox a running, persistent task
+        // holds finds it.
+        if let Event::SandboxProbed {
+            sandbox_id,
+            alive: None,
+            platform_snapshot: Some(found),
+        } = &event
+        {
+            let holds = before.sandbox.as_ref().is_some_and(|s| &s.id == sandbox_id);
+            if before.state == TaskState::Running && holds && before.settings.persistent {
+                self.model.confirmed.push(found.snapshot_id.to_string());
             }
         }
         let tr = step(&before, event.clone(), self.now)
@@ -400,14 +418,31 @@ impl Harness {
                 Outcome::SandboxGone => Event::SandboxProbed {
                     sandbox_id,
                     alive: None,
+                    platform_snapshot: None,
                 },
+                Outcome::PlatformStopped => {
+                    self.deadlines.remove(sandbox_id.as_str());
+                    Event::SandboxProbed {
+                        platform_snapshot: Some(PlatformSnapshot {
+                            snapshot_id: format!("plat-{sandbox_id}-{}", self.steps).into(),
+                            size_bytes: 10,
+                            expires_at: None,
+                        }),
+                        sandbox_id,
+                        alive: None,
+                    }
+                }
                 Outcome::Ok | Outcome::SnapshotGone => {
                     let alive = self
                         .deadlines
                         .get(sandbox_id.as_str())
                         .copied()
                         .filter(|d| *d > now);
-                    Event::SandboxProbed { sandbox_id, alive }
+                    Event::SandboxProbed {
+                        sandbox_id,
+                        alive,
+                        platform_snapshot: None,
+                    }
                 }
             },
             Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,

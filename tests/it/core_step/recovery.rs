@@ -103,6 +103,7 @@ fn a_run_requested_while_probing_waits_for_the_probe_then_runs() {
         Event::SandboxProbed {
             sandbox_id: "s".into(),
             alive: Some(DEADLINE + 5),
+            platform_snapshot: None,
         },
         T0 + 30,
     );
@@ -152,6 +153,7 @@ fn a_run_requested_while_probing_a_dead_sandbox_restores_it_first() {
         Event::SandboxProbed {
             sandbox_id: "s2".into(),
             alive: None,
+            platform_snapshot: None,
         },
         T0 + 30,
     );
@@ -311,4 +313,156 @@ fn an_older_journals_recovered_replays_without_the_wait() {
     );
     let ran = at(&tr.next, run(2), T0 + 20);
     assert_eq!(runs(&ran.commands), vec![2]);
+}
+
+/// `running_task` after a suspend (snapshot `snap-1`), resumed into `s2` where a command ran,
+/// then loaded by a new process: probing `s2`.
+fn probing_after_work() -> Task {
+    let t = running_task();
+    let tr = at(&t, Event::SuspendRequested { request_id: 2 }, T0);
+    let tr = at(
+        &tr.next,
+        Event::SnapshotTaken {
+            seq: 1,
+            snapshot_id: "snap-1".into(),
+            size_bytes: 1,
+            expires_at: None,
+            omitted: Vec::new(),
+        },
+        T0,
+    );
+    let tr = at(&tr.next, run(3), T0);
+    let tr = at(
+        &tr.next,
+        Event::SandboxReady {
+            generation: 2,
+            sandbox_id: "s2".into(),
+            name: "s2".into(),
+            deadline: DEADLINE,
+        },
+        T0,
+    );
+    let tr = at(
+        &tr.next,
+        Event::CommandExited {
+            request_id: 3,
+            exit_code: 0,
+            timed_out: false,
+        },
+        T0 + 5,
+    );
+    at(&tr.next, Event::Loaded, T0 + 10).next
+}
+
+#[test]
+fn a_sandbox_the_platform_stopped_with_a_snapshot_of_its_own_is_restored_from_that_snapshot() {
+    let t = probing_after_work();
+    let held = at(&t, run(4), T0 + 20);
+    let found = PlatformSnapshot {
+        snapshot_id: "snap-platform".into(),
+        size_bytes: 42,
+        expires_at: Some(T0 + 86_400_000),
+    };
+    let dead = at(
+        &held.next,
+        Event::SandboxProbed {
+            sandbox_id: "s2".into(),
+            alive: None,
+            platform_snapshot: Some(found.clone()),
+        },
+        T0 + 30,
+    );
+    let next = &dead.next;
+    assert_eq!(next.state, TaskState::Restoring, "{next:?}");
+    // Journaled as the task's newest complete snapshot, reason `platform`.
+    let latest = next.latest_complete().expect("a complete snapshot");
+    assert_eq!(latest.id.as_deref(), Some("snap-platform"));
+    assert_eq!(latest.seq, 2);
+    assert_eq!(latest.size_bytes, 42);
+    assert_eq!(latest.expires_at, found.expires_at);
+    assert_eq!(latest.taken_by, Some(SnapshotTaker::Platform));
+    assert_eq!(latest.sandbox_id.as_str(), "s2");
+    // The restore uses it, and is not behind: the platform's snapshot has every file written.
+    assert_eq!(next.restore_source.as_deref(), Some("snap-platform"));
+    assert!(!next.files_behind);
+    assert!(dead.commands.iter().any(|c| matches!(
+        c,
+        Command::CreateSandbox { source_snapshot: Some(s), .. } if s.as_str() == "snap-platform"
+    )));
+    // Retention counts it like any other (keep_snapshots = 2 here: both kept).
+    assert!(!dead
+        .commands
+        .iter()
+        .any(|c| matches!(c, Command::DeleteSnapshot { .. })));
+    let restored = at(
+        next,
+        Event::SandboxReady {
+            generation: 3,
+            sandbox_id: "s3".into(),
+            name: "s3".into(),
+            deadline: DEADLINE + 60_000,
+        },
+        T0 + 40,
+    );
+    let said_lost = restored.commands.iter().any(|c| {
+        matches!(c, Command::Reply { reply, .. } if format!("{reply:?}").contains("changes_lost: true"))
+    });
+    assert!(!said_lost, "{:?}", restored.commands);
+
+    // Without it, the same probe restores the older snapshot and says changes were lost.
+    let dead = at(
+        &held.next,
+        Event::SandboxProbed {
+            sandbox_id: "s2".into(),
+            alive: None,
+            platform_snapshot: None,
+        },
+        T0 + 30,
+    );
+    assert_eq!(dead.next.restore_source.as_deref(), Some("snap-1"));
+    assert!(dead.next.files_behind);
+}
+
+#[test]
+fn a_platform_snapshot_falls_under_keep_snapshots_and_is_ignored_when_not_persistent() {
+    // keep_snapshots = 1: adopting the platform's snapshot retires snap-1.
+    let mut t = probing_after_work();
+    t.settings.keep_snapshots = 1;
+    let found = PlatformSnapshot {
+        snapshot_id: "snap-platform".into(),
+        size_bytes: 42,
+        expires_at: None,
+    };
+    let probed = |t: &Task| {
+        at(
+            t,
+            Event::SandboxProbed {
+                sandbox_id: "s2".into(),
+                alive: None,
+                platform_snapshot: Some(found.clone()),
+            },
+            T0 + 30,
+        )
+    };
+    let tr = probed(&t);
+    assert!(tr.commands.iter().any(|c| matches!(
+        c,
+        Command::DeleteSnapshot { snapshot_id } if snapshot_id.as_str() == "snap-1"
+    )));
+    // No request waits: the task settles expired, its files in the platform's snapshot.
+    assert_eq!(tr.next.state, TaskState::Expired);
+    assert_eq!(
+        tr.next.latest_complete().and_then(|s| s.id.as_deref()),
+        Some("snap-platform")
+    );
+
+    // Not persistent: the task keeps no snapshots, so it does not adopt one either.
+    let mut t = probing_after_work();
+    t.settings.persistent = false;
+    let tr = probed(&t);
+    assert!(tr
+        .next
+        .snapshots
+        .iter()
+        .all(|s| s.id.as_deref() != Some("snap-platform")));
 }

@@ -142,9 +142,24 @@ async fn validation_errors_are_400_with_the_service_wording() {
             assert!(msg.starts_with("Invalid request: "), "{msg}");
             assert!(msg.contains(wording), "{body}: {msg}");
         }
+        let v3_cases = [
+            (
+                json!({"projectId": "p", "runtime": "node24"}),
+                "Invalid request: should NOT have additional property `runtime`.",
+            ),
+            (
+                json!({"projectId": "p", "image": "ghcr.io/me/custom:1"}),
+                "Invalid request: `image` \"ghcr.io/me/custom:1\" is not an image taskbox fake-vercel knows",
+            ),
+        ];
+        for (body, wording) in v3_cases {
+            let msg = expect_error(fake.post("/v3/sandboxes", body.clone()).await, 400, "bad_request")
+                .await;
+            assert!(msg.starts_with(wording), "{body}: {msg}");
+        }
         let stats = fake.server.stats();
-        assert_eq!(stats.requests_to(Endpoint::CreateSandbox), 6);
-        assert_eq!(stats.responses_from(Endpoint::CreateSandbox, 400), 6);
+        assert_eq!(stats.requests_to(Endpoint::CreateSandbox), 8);
+        assert_eq!(stats.responses_from(Endpoint::CreateSandbox, 400), 8);
     })
     .await;
 }
@@ -152,7 +167,14 @@ async fn validation_errors_are_400_with_the_service_wording() {
 #[tokio::test]
 async fn sessions_boot_time_out_and_extend() {
     bounded(async {
-        let fake = start_with(|o| o.boot_delay_ms = 300).await;
+        // That a timeout snapshots a persistent sandbox is unverified: the fake does it only
+        // when asked (`snapshot_on_timeout`); `a_timeout_does_not_snapshot_by_default` covers
+        // the default.
+        let fake = start_with(|o| {
+            o.boot_delay_ms = 300;
+            o.snapshot_on_timeout = true;
+        })
+        .await;
         let created = fake
             .create("boot", json!({"timeout": 2000, "persistent": true}))
             .await;
@@ -300,6 +322,43 @@ async fn bearer_auth_is_required() {
         assert_eq!(fake.get("/v2/sandboxes").await.status(), StatusCode::OK);
         let unknown = fake.get("/v1/sandboxes").await;
         expect_error(unknown, 404, "not_found").await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_timeout_does_not_snapshot_by_default_but_a_stop_does() {
+    bounded(async {
+        let fake = start().await;
+        let timed = fake
+            .create("timed", json!({"timeout": 1000, "persistent": true}))
+            .await;
+        let session = timed["session"]["id"].as_str().unwrap().to_string();
+        eventually("the session to time out", || async {
+            (session_status(&fake, &session).await == "stopped").then_some(())
+        })
+        .await;
+        let sandbox = json_of(fake.get("/v2/sandboxes/timed?projectId=prj_1").await).await;
+        assert!(
+            sandbox["sandbox"].get("currentSnapshotId").is_none(),
+            "{sandbox}"
+        );
+
+        let stopped = fake
+            .create("stopped", json!({"timeout": 60_000, "persistent": true}))
+            .await;
+        let session = stopped["session"]["id"].as_str().unwrap().to_string();
+        let answer = json_of(
+            fake.post(&format!("/v2/sandboxes/sessions/{session}/stop"), json!({}))
+                .await,
+        )
+        .await;
+        let snap = answer["snapshot"]["id"]
+            .as_str()
+            .expect("the stop answer names a snapshot");
+        assert_eq!(answer["snapshot"]["sourceSessionId"], session.as_str());
+        let sandbox = json_of(fake.get("/v2/sandboxes/stopped?projectId=prj_1").await).await;
+        assert_eq!(sandbox["sandbox"]["currentSnapshotId"], snap, "{sandbox}");
     })
     .await;
 }

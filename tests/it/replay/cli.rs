@@ -104,7 +104,7 @@ fn export_then_replay_round_trips_without_secrets() {
     ))
     .expect("reads back");
     let h = &exported.header;
-    assert_eq!((h.format.as_str(), h.version), ("taskbox-journal", 2));
+    assert_eq!((h.format.as_str(), h.version), ("taskbox-journal", 3));
     assert_eq!(h.taskbox_version, env!("CARGO_PKG_VERSION"));
     assert_eq!(h.tasks, vec!["rt".to_string()]);
     assert!(!h.installation_id.is_empty() && h.exported_at.ends_with('Z'));

@@ -34,13 +34,14 @@ fn broken_files_are_clear_errors_naming_the_line() {
         other => panic!("{other:?}"),
     }
 
-    let newer = text.replacen(r#""version":2"#, r#""version":3"#, 1);
+    let v = taskbox::replay::export::VERSION;
+    let newer = text.replacen(
+        &format!(r#""version":{v}"#),
+        &format!(r#""version":{}"#, v + 1),
+        1,
+    );
     match read(newer) {
-        Err(
-            e @ ExportError::NewerVersion {
-                line: 1, found: 3, ..
-            },
-        ) => {
+        Err(e @ ExportError::NewerVersion { line: 1, found, .. }) if found == v + 1 => {
             assert!(e.to_string().contains("upgrade taskbox"), "{e}")
         }
         other => panic!("{other:?}"),
@@ -87,7 +88,12 @@ fn broken_files_are_clear_errors_naming_the_line() {
     );
     assert!(err.contains("hint:"), "{err}");
     let newer = home.path().join("newer.jsonl");
-    std::fs::write(&newer, text.replacen(r#""version":2"#, r#""version":9"#, 1)).expect("write");
+    let v = taskbox::replay::export::VERSION;
+    std::fs::write(
+        &newer,
+        text.replacen(&format!(r#""version":{v}"#), r#""version":9"#, 1),
+    )
+    .expect("write");
     let o = home.run(&["replay", "--journal", newer.to_str().expect("utf-8")]);
     assert_eq!(o.status.code(), Some(125));
     assert!(

@@ -145,6 +145,7 @@ fn lifecycle(id: &str, start: Millis) -> Vec<Owned> {
                 created_at: None,
                 expires_at: None,
                 omitted: Vec::new(),
+                taken_by: None,
             });
         },
     );
@@ -315,6 +316,7 @@ fn assert_rows_mirror(store: &Store, task: &Task) {
             created_at: r.created_at,
             expires_at: r.expires_at,
             omitted: Vec::new(),
+            taken_by: None,
         })
         .collect();
     assert_eq!(records, task.snapshots);

@@ -22,6 +22,7 @@ fn sandbox_and_snapshot_scenario() -> Vec<Owned> {
         created_at: Some(1_600),
         expires_at: None,
         omitted: Vec::new(),
+        taken_by: None,
     };
     s.step(Event::Recovered, vec![], |t| {
         t.state = TaskState::Running;

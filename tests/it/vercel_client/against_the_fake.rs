@@ -157,13 +157,28 @@ async fn the_whole_lifecycle() {
     assert!(p.list_sandboxes("someone_else").await.unwrap().is_empty());
     assert!(p.list_snapshots("someone_else").await.unwrap().is_empty());
 
-    // Stop and delete are idempotent.
+    // Stop and delete are idempotent. Sandboxes are created persistent
+    // (terminal.container_persistent), so the stop leaves the platform's own snapshot of the
+    // session, which the provider finds for the task.
     p.stop_sandbox(&sb1.id).await.unwrap();
     p.stop_sandbox(&sb1.id).await.unwrap();
     assert_eq!(p.probe_sandbox(&sb1.id).await.unwrap(), None);
-    p.delete_snapshot(&snap.id).await.unwrap();
-    p.delete_snapshot(&snap.id).await.unwrap();
+    let platform = p
+        .platform_snapshot(&tid("life"), &sb1.id)
+        .await
+        .unwrap()
+        .expect("the persistent sandbox snapshotted itself as it stopped");
+    assert_ne!(platform.snapshot_id, snap.id);
+    assert!(platform.size_bytes > 0);
+    for id in [&snap.id, &snap.id, &platform.snapshot_id] {
+        p.delete_snapshot(id).await.unwrap();
+    }
     assert!(p.list_snapshots(INSTALLATION).await.unwrap().is_empty());
+    // A deleted snapshot is never offered.
+    assert_eq!(
+        p.platform_snapshot(&tid("life"), &sb1.id).await.unwrap(),
+        None
+    );
 }
 
 #[tokio::test]

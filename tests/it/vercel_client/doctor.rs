@@ -14,10 +14,11 @@ fn doctor_static_checks_show_every_problem_at_once() {
     };
     let checks = doctor::static_checks(&t, &env_of(&[]), empty_dir().path(), NOW);
     let by_name = |n: &str| checks.iter().find(|c| c.name == n).expect(n).clone();
-    assert!(by_name("vercel runtime").ok);
+    let create = by_name("vercel create");
+    assert!(create.ok && !create.warning);
     assert_eq!(
-        by_name("vercel runtime").detail,
-        "node24 (from terminal.vercel_runtime)"
+        create.detail,
+        "POST /v3/sandboxes with image vercel/sandbox/universal (from terminal.vercel_image)"
     );
     let res = by_name("vercel resources");
     assert!(!res.ok);
@@ -38,6 +39,45 @@ fn doctor_static_checks_show_every_problem_at_once() {
     let persistence = by_name("persistence");
     assert_eq!(
         persistence.detail,
-        "snapshot filesystem only; live processes do not survive sandbox recreation"
+        "snapshot filesystem only; live processes do not survive sandbox recreation; sandboxes are created persistent, so a platform stop snapshots them too"
+    );
+}
+
+#[test]
+fn doctor_shows_a_set_runtime_with_its_endpoint_and_a_deprecation_warning() {
+    let t = TerminalConfig {
+        vercel_runtime: Some("python3.13".into()),
+        ..TerminalConfig::default()
+    };
+    let checks = doctor::static_checks(&t, &env_of(&[]), empty_dir().path(), NOW);
+    let create = checks.iter().find(|c| c.name == "vercel create").unwrap();
+    assert!(create.ok && create.warning, "{create:?}");
+    assert_eq!(
+        create.detail,
+        "POST /v2/sandboxes with runtime python3.13 (from terminal.vercel_runtime)"
+    );
+    let hint = create.hint.as_deref().unwrap();
+    assert!(
+        hint.contains("deprecated")
+            && hint.contains("taskbox config set terminal.vercel_runtime none"),
+        "{hint}"
+    );
+    // From the environment, the hint says to unset the variable.
+    let checks = doctor::static_checks(
+        &TerminalConfig::default(),
+        &env_of(&[("TERMINAL_VERCEL_RUNTIME", "node22")]),
+        empty_dir().path(),
+        NOW,
+    );
+    let create = checks.iter().find(|c| c.name == "vercel create").unwrap();
+    assert!(create.warning);
+    assert!(
+        create
+            .hint
+            .as_deref()
+            .unwrap()
+            .contains("unset TERMINAL_VERCEL_RUNTIME"),
+        "{:?}",
+        create.hint
     );
 }

@@ -9,6 +9,7 @@ mod auth;
 mod classify;
 mod doctor;
 mod http;
+mod images;
 mod ndjson;
 mod settings;
 

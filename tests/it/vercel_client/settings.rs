@@ -2,7 +2,9 @@
 //! URL, and where each value came from.
 
 use taskbox::config::TerminalConfig;
-use taskbox::provider::vercel::settings::{Origin, Runtime, VercelConfigError, VercelSettings};
+use taskbox::provider::vercel::settings::{
+    Origin, Runtime, SandboxBase, VercelConfigError, VercelSettings,
+};
 
 use super::{env_of, vercel_config};
 
@@ -43,7 +45,10 @@ fn two_vcpus_need_4096_mb() {
     );
     let ok = VercelSettings::from_config(&vercel_config(2, 4096), &env_of(&[])).expect("valid");
     assert_eq!((ok.vcpus, ok.memory_mb), (2, 4096));
-    assert_eq!(ok.runtime, Runtime::Node24);
+    assert_eq!(
+        ok.base,
+        SandboxBase::Image("vercel/sandbox/universal".into())
+    );
     assert_eq!(ok.api_url, "https://vercel.com/api");
 }
 
@@ -86,18 +91,18 @@ fn a_disk_size_is_refused_with_the_command_that_unsets_it() {
 #[test]
 fn the_runtime_env_var_overrides_the_config_and_bad_values_name_their_source() {
     let mut t = vercel_config(1, 2048);
-    t.vercel_runtime = "node22".into();
+    t.vercel_runtime = Some("node22".into());
     let s = VercelSettings::from_config(&t, &env_of(&[])).unwrap();
     assert_eq!(
-        (s.runtime, s.runtime_origin),
-        (Runtime::Node22, Origin::Config)
+        (s.base, s.base_origin),
+        (SandboxBase::Runtime(Runtime::Node22), Origin::Config)
     );
 
     let env = env_of(&[("TERMINAL_VERCEL_RUNTIME", "python3.13")]);
     let s = VercelSettings::from_config(&t, &env).unwrap();
     assert_eq!(
-        (s.runtime, s.runtime_origin),
-        (Runtime::Python313, Origin::Env)
+        (s.base, s.base_origin),
+        (SandboxBase::Runtime(Runtime::Python313), Origin::Env)
     );
 
     let env = env_of(&[("TERMINAL_VERCEL_RUNTIME", "node18")]);
@@ -113,7 +118,7 @@ fn the_runtime_env_var_overrides_the_config_and_bad_values_name_their_source() {
         err.hint()
     );
 
-    t.vercel_runtime = "ruby".into();
+    t.vercel_runtime = Some("ruby".into());
     let err = VercelSettings::from_config(&t, &env_of(&[])).unwrap_err();
     assert!(
         err.to_string()
@@ -132,4 +137,81 @@ fn the_api_url_env_var_wins_and_must_be_http() {
     let env = env_of(&[("TASKBOX_VERCEL_API_URL", "ftp://x")]);
     let err = VercelSettings::from_config(&t, &env).unwrap_err();
     assert!(err.to_string().contains("TASKBOX_VERCEL_API_URL"), "{err}");
+}
+
+#[test]
+fn the_image_is_the_default_and_a_set_runtime_wins_over_it() {
+    // Nothing set: the managed universal image, through v3.
+    let mut t = vercel_config(1, 2048);
+    let s = VercelSettings::from_config(&t, &env_of(&[])).unwrap();
+    assert_eq!(
+        (s.base.clone(), s.base_origin),
+        (
+            SandboxBase::Image("vercel/sandbox/universal".into()),
+            Origin::Config
+        )
+    );
+    assert_eq!(s.base.create_path(), "POST /v3/sandboxes");
+
+    // The image's variable overrides the file.
+    t.vercel_image = "vercel/sandbox/node:24".into();
+    let env = env_of(&[("TERMINAL_VERCEL_IMAGE", "vercel/sandbox/python:3.14")]);
+    let s = VercelSettings::from_config(&t, &env).unwrap();
+    assert_eq!(
+        (s.base, s.base_origin),
+        (
+            SandboxBase::Image("vercel/sandbox/python:3.14".into()),
+            Origin::Env
+        )
+    );
+
+    // A runtime in the file wins over an image from the environment (Hermes's rule: a set
+    // runtime still wins), and goes through v2.
+    t.vercel_runtime = Some("node22".into());
+    let s = VercelSettings::from_config(&t, &env).unwrap();
+    assert_eq!(s.base, SandboxBase::Runtime(Runtime::Node22));
+    assert_eq!(s.base.create_path(), "POST /v2/sandboxes");
+
+    // A blank or spaced image names its source.
+    t.vercel_runtime = None;
+    let env = env_of(&[("TERMINAL_VERCEL_IMAGE", "two words")]);
+    let err = VercelSettings::from_config(&t, &env).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("TERMINAL_VERCEL_IMAGE is `two words`, which is not an image name"),
+        "{err}"
+    );
+    assert!(err.hint().contains("unset it"), "{}", err.hint());
+}
+
+#[test]
+fn the_config_file_sets_and_unsets_the_runtime_and_keeps_old_files_readable() {
+    let mut cfg = taskbox::config::Config::default();
+    assert_eq!(cfg.get("terminal.vercel_runtime").unwrap(), "none");
+    assert_eq!(
+        cfg.get("terminal.vercel_image").unwrap(),
+        "vercel/sandbox/universal"
+    );
+    cfg.set("terminal.vercel_runtime", "node24").unwrap();
+    assert_eq!(cfg.terminal.vercel_runtime.as_deref(), Some("node24"));
+    cfg.set("terminal.vercel_runtime", "none").unwrap();
+    assert_eq!(cfg.terminal.vercel_runtime, None);
+    let err = cfg.set("terminal.vercel_image", " ").unwrap_err();
+    assert!(err.to_string().contains("terminal.vercel_image"), "{err}");
+
+    // A file written before images (`vercel_runtime = "node24"`, the old default) still reads,
+    // and its runtime still wins.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, "[terminal]\nvercel_runtime = \"node24\"\n").unwrap();
+    let old = taskbox::config::Config::load(&path).unwrap();
+    assert_eq!(old.terminal.vercel_runtime.as_deref(), Some("node24"));
+    let mut t = old.terminal.clone();
+    t.container_memory = 2048;
+    let s = VercelSettings::from_config(&t, &env_of(&[])).unwrap();
+    assert_eq!(s.base, SandboxBase::Runtime(Runtime::Node24));
+    // The default config no longer writes a runtime.
+    taskbox::config::Config::default().save(&path).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(!text.contains("vercel_runtime"), "{text}");
 }

@@ -43,7 +43,7 @@ pub use super::classify::{
 pub use super::ndjson::{NdjsonStream, StreamCut, StreamEvent};
 pub use super::wire::{
     Command, CreateSandbox, Page, RunCommand, Sandbox, SandboxAndSession, Session, SessionStatus,
-    Snapshot, SnapshotAndSession, SnapshotStatus,
+    Snapshot, SnapshotAndSession, SnapshotStatus, StopAnswer,
 };
 
 /// Page size for list calls (the API's maximum).

@@ -8,14 +8,17 @@ use super::{
     MAX_PAGE,
 };
 use crate::core::FailureKind;
+use crate::provider::vercel::settings::SandboxBase;
 use crate::provider::vercel::wire::{
     CreateSandbox, Page, Sandbox, SandboxAndSession, SandboxesPage,
 };
 use crate::provider::ProviderError;
 
 impl VercelClient {
-    /// `POST /v2/sandboxes`. Not retried here; [`Self::get_sandbox`] by name finds a sandbox
-    /// whose create response was lost.
+    /// `POST /v3/sandboxes` with an `image`, or the legacy `POST /v2/sandboxes` with a
+    /// `runtime` ([`SandboxBase`]); a create from a snapshot carries neither, on the same
+    /// endpoint. Not retried here; [`Self::get_sandbox`] by name finds a sandbox whose create
+    /// response was lost.
     pub async fn create_sandbox(
         &self,
         spec: &CreateSandbox,
@@ -28,14 +31,23 @@ impl VercelClient {
             "ports": [],
             "env": {},
             "tags": spec.tags,
-            "persistent": false,
+            "persistent": spec.persistent,
         });
-        match &spec.source_snapshot {
-            Some(id) => body["source"] = serde_json::json!({"type": "snapshot", "snapshotId": id}),
-            None => body["runtime"] = Value::String(spec.runtime.clone()),
+        match (&spec.source_snapshot, &spec.base) {
+            (Some(id), _) => {
+                body["source"] = serde_json::json!({"type": "snapshot", "snapshotId": id})
+            }
+            (None, SandboxBase::Image(image)) => body["image"] = Value::String(image.clone()),
+            (None, SandboxBase::Runtime(r)) => {
+                body["runtime"] = Value::String(r.as_str().to_string())
+            }
         }
+        let version = match spec.base {
+            SandboxBase::Image(_) => "v3",
+            SandboxBase::Runtime(_) => "v2",
+        };
         let rb = self
-            .request(Method::POST, &["v2", "sandboxes"])
+            .request(Method::POST, &[version, "sandboxes"])
             .timeout(CALL_TIMEOUT);
         self.json(CREATE_SANDBOX, Self::body(rb, &body)).await
     }

@@ -7,7 +7,7 @@ use reqwest::Method;
 use super::{
     VercelClient, BLOCKING_CALL_TIMEOUT, CALL_TIMEOUT, EXTEND_TIMEOUT, GET_SESSION, STOP_SESSION,
 };
-use crate::provider::vercel::wire::{Session, SessionBody, SessionStatus};
+use crate::provider::vercel::wire::{Session, SessionBody, SessionStatus, StopAnswer};
 use crate::provider::ProviderError;
 
 impl VercelClient {
@@ -61,8 +61,9 @@ impl VercelClient {
         }
     }
 
-    /// `POST …/stop` (blocks until stopped).
-    pub async fn stop_session(&self, session_id: &str) -> Result<Session, ProviderError> {
+    /// `POST …/stop` (blocks until stopped); a persistent sandbox's answer names the snapshot
+    /// the platform took of it.
+    pub async fn stop_session(&self, session_id: &str) -> Result<StopAnswer, ProviderError> {
         let rb = self
             .request(
                 Method::POST,
@@ -70,8 +71,7 @@ impl VercelClient {
             )
             .timeout(BLOCKING_CALL_TIMEOUT)
             .body("{}");
-        let body: SessionBody = self.json(STOP_SESSION, rb).await?;
-        Ok(body.session)
+        self.json(STOP_SESSION, rb).await
     }
 
     /// `POST …/extend-timeout` by `duration_ms` (≥ 1000).

@@ -1,0 +1,253 @@
+"""The taskbox environment driven through Hermes's real ``BaseEnvironment.execute()``
+(hermes-agent 0.19.0: its session snapshot, cwd markers, poll loop, timeout and interrupt), with a
+real ``taskbox serve`` the plugin starts itself."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.environments.base import BaseEnvironment
+from tools.interrupt import set_interrupt
+
+from hermes_taskbox import taskbox_task_id
+from hermes_taskbox.environment import TaskboxEnvironment
+
+
+def sandbox_id(home, task: str) -> str:
+    return home.task(task)["task"]["sandbox"]["id"]
+
+
+def test_is_a_real_hermes_environment_and_starts_a_server(home, provider):
+    assert not (home.data_dir / "taskbox.sock").exists()
+    env = provider.create_environment(cwd="/root", timeout=60, task_id="run-basic")
+    assert isinstance(env, BaseEnvironment) and isinstance(env, TaskboxEnvironment)
+    # Hermes's init_session ran through taskbox: the snapshot is ready and the cwd is the
+    # task's own workspace, not Hermes's made-up /root.
+    assert env._snapshot_ready
+    assert env.cwd == str(home.data_dir / "local" / "tasks" / "run-basic" / "workspace")
+    assert (home.data_dir / "taskbox.sock").exists(), "the plugin did not start a server"
+
+    result = env.execute("echo hello; echo oops >&2; exit 3")
+    assert result == {"output": "hello\noops\n", "returncode": 3}
+    # The markers are stripped; the output is passed through unchanged.
+    result = env.execute("printf 'exact'")
+    assert result == {"output": "exact", "returncode": 0}
+
+
+def test_commands_reuse_one_sandbox_and_carry_cwd_and_env(home, provider):
+    env = provider.create_environment(cwd="", timeout=60, task_id="reuse")
+    first = sandbox_id(home, "reuse")
+    assert env.execute("mkdir -p a/b && cd a/b && export GREETING=hi")["returncode"] == 0
+    assert env.cwd.endswith("/workspace/a/b")
+    result = env.execute("pwd; echo $GREETING")
+    assert result["output"] == f"{env.cwd}\nhi\n"
+    assert env.execute("touch here.txt")["returncode"] == 0
+    assert (Path(env.cwd) / "here.txt").is_file()
+    assert sandbox_id(home, "reuse") == first, "a warm command must not make a new sandbox"
+    # An explicit cwd for one command, as Hermes's terminal tool's workdir does.
+    root = env.cwd.rsplit("/a/b", 1)[0]
+    assert env.execute("pwd", cwd=root)["output"] == f"{root}\n"
+
+
+def test_stdin_reaches_the_command(home, provider):
+    env = provider.create_environment(cwd="", timeout=60, task_id="stdin")
+    data = "line one\nline 'two' $HOME\n" + "x" * 100_000 + "\n"
+    result = env.execute("cat > in.txt && wc -c < in.txt", stdin_data=data)
+    assert result["returncode"] == 0
+    assert result["output"].strip() == str(len(data.encode()))
+    assert env.execute("head -n 2 in.txt")["output"] == "line one\nline 'two' $HOME\n"
+
+
+def test_timeout_cancels_the_command_not_the_sandbox(home, provider):
+    env = provider.create_environment(cwd="", timeout=60, task_id="timeout")
+    before = sandbox_id(home, "timeout")
+    started = time.monotonic()
+    result = env.execute("echo started; sleep 30; touch finished", timeout=2)
+    elapsed = time.monotonic() - started
+    assert result["returncode"] == 124
+    # What the command printed before the timeout reaches Hermes, then Hermes's note.
+    assert result["output"].startswith("started\n")
+    assert "[Command timed out after 2s]" in result["output"]
+    assert elapsed < 10, f"the timeout took {elapsed:.1f} s"
+    time.sleep(1)
+    after = env.execute("ls; echo alive")
+    assert after["returncode"] == 0 and after["output"].endswith("alive\n")
+    assert "finished" not in after["output"], "the timed-out command kept running"
+    assert sandbox_id(home, "timeout") == before, "a timeout must not replace the sandbox"
+
+
+def test_interrupt_cancels_just_that_command(home, provider):
+    env = provider.create_environment(cwd="", timeout=60, task_id="cancel")
+    # A background process of an earlier command, and a file: both must survive the cancel.
+    assert env.execute("echo kept > kept.txt; (sleep 120 & echo $! > bg.pid)")["returncode"] == 0
+    bg_pid = int(env.execute("cat bg.pid")["output"].strip())
+    before = sandbox_id(home, "cancel")
+
+    tid = threading.get_ident()
+    timer = threading.Timer(1.5, lambda: set_interrupt(True, tid))
+    timer.start()
+    try:
+        started = time.monotonic()
+        result = env.execute("echo working; sleep 60; touch finished")
+        elapsed = time.monotonic() - started
+    finally:
+        timer.cancel()
+        set_interrupt(False, tid)
+    assert result["returncode"] == 130, result
+    assert result["output"].startswith("working\n") and "[Command interrupted]" in result["output"]
+    assert elapsed < 10
+    time.sleep(1)
+    check = env.execute(f"cat kept.txt; ls; kill -0 {bg_pid} && echo bg-alive")
+    assert check["output"].startswith("kept\n")
+    assert "finished" not in check["output"]
+    assert "bg-alive" in check["output"], "the cancel stopped more than its command"
+    assert sandbox_id(home, "cancel") == before
+    env.execute(f"kill {bg_pid}")
+
+
+def test_cleanup_suspends_and_a_new_environment_finds_the_files(home, provider):
+    env = provider.create_environment(cwd="", timeout=60, task_id="persist")
+    assert env.execute("mkdir -p notes && echo 'written before cleanup' > notes/a.txt")["returncode"] == 0
+    env.cleanup()
+    env.cleanup()  # idempotent
+    view = home.task("persist")
+    assert view["task"]["sandbox"] is None, "cleanup must stop the sandbox"
+    assert view["snapshots"], "cleanup must snapshot the task's files"
+    # The task is suspended, not removed: a new environment for it restores the files.
+    env2 = provider.create_environment(cwd="", timeout=60, task_id="persist")
+    result = env2.execute("cat notes/a.txt")
+    assert result == {"output": "written before cleanup\n", "returncode": 0}
+    assert home.task("persist")["task"]["sandbox"]["generation"] == 2
+
+
+def test_two_tasks_are_isolated(home, provider):
+    a = provider.create_environment(cwd="", timeout=60, task_id="task-a")
+    b = provider.create_environment(cwd="", timeout=60, task_id="task-b")
+    assert a.cwd != b.cwd
+    assert a.execute("echo secret-a > only-a.txt")["returncode"] == 0
+    assert b.execute("test -e only-a.txt; echo $?; ls")["output"] == "1\n"
+    assert a.execute("ls")["output"] == "only-a.txt\n"
+
+
+def test_hermes_task_ids_taskbox_refuses_are_mapped(home, provider):
+    weird = "../../etc/passwd session/1 ü"
+    env = provider.create_environment(cwd="", timeout=60, task_id=weird)
+    mapped = taskbox_task_id(weird)
+    assert env.task == mapped and env.hermes_task_id == weird
+    assert env.execute("echo mapped > f.txt")["returncode"] == 0
+    # Inside the data dir's task workspace, nowhere else.
+    assert (home.data_dir / "local" / "tasks" / mapped / "workspace" / "f.txt").is_file()
+    # The same Hermes id reaches the same task again.
+    again = provider.create_environment(cwd="", timeout=60, task_id=weird)
+    assert again.execute("cat f.txt")["output"] == "mapped\n"
+
+
+def test_a_taskbox_error_is_a_failed_command_with_its_message(home, provider, capsys):
+    env = provider.create_environment(cwd="", timeout=60, task_id="doomed")
+    assert env.execute("true")["returncode"] == 0
+    env.cleanup()
+    home.taskbox("rm", "doomed")
+    result = env.execute("echo never")
+    assert result["returncode"] == 125
+    assert "taskbox: " in result["output"] and "removed" in result["output"], result
+    assert "Traceback" not in result["output"]
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_server_always_without_a_server_fails_each_command_clearly(home):
+    from hermes_taskbox import TaskboxProvider
+
+    provider = TaskboxProvider(config={"server": "always"})
+    env = provider.create_environment(cwd="", timeout=60, task_id="no-server")
+    result = env.execute("echo never")
+    assert result["returncode"] == 125
+    assert "no taskbox server answers" in result["output"] and "always" in result["output"]
+    assert not (home.data_dir / "taskbox.sock").exists(), "server = always must not start one"
+
+
+def test_a_missing_binary_is_named_with_the_fix(home, monkeypatch, tmp_path):
+    from hermes_taskbox import TaskboxProvider
+
+    monkeypatch.delenv("TASKBOX_BIN")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    env = TaskboxProvider(config={}).create_environment(cwd="", timeout=60, task_id="nobin")
+    result = env.execute("echo never")
+    assert result["returncode"] == 125
+    assert "taskbox binary was not found" in result["output"]
+    assert "terminal.backends.taskbox.taskbox_bin" in result["output"] and "TASKBOX_BIN" in result["output"]
+
+
+def test_data_dir_setting_reaches_taskbox(home, tmp_path):
+    from hermes_taskbox import TaskboxProvider
+
+    data_dir = tmp_path / "elsewhere"
+    home.data_dirs.add(data_dir)
+    env = TaskboxProvider(config={"data_dir": str(data_dir)}).create_environment(
+        cwd="", timeout=60, task_id="placed"
+    )
+    assert env.execute("echo here > f.txt")["returncode"] == 0
+    assert (data_dir / "taskbox.sock").exists()
+    assert (data_dir / "local" / "tasks" / "placed" / "workspace" / "f.txt").is_file()
+    assert not (home.data_dir / "taskbox.db").exists()
+    assert home.task("placed", data_dir=data_dir)["task"]["id"] == "placed"
+
+
+def test_a_recreated_sandbox_is_told_to_the_agent(home, provider):
+    env = provider.create_environment(cwd="", timeout=60, task_id="told")
+    assert env.execute("echo x > f.txt")["returncode"] == 0
+    home.taskbox("suspend", "told")
+    result = env.execute("cat f.txt")
+    assert result["returncode"] == 0
+    assert result["output"].startswith("x\n")
+    assert "[taskbox: the sandbox was recreated from snapshot" in result["output"]
+    assert "processes started earlier are gone" in result["output"]
+    # Hermes still found its cwd marker behind the note.
+    assert env.cwd.endswith("/workspace")
+
+
+def test_a_server_that_cannot_start_fails_the_command_at_once_with_its_reason(home, provider):
+    # taskbox's own config is broken: the server it would start refuses it.
+    (home.root / "config.toml").write_text("[terminal]\ntimeout = -3\n")
+    started = time.monotonic()
+    env = provider.create_environment(cwd="", timeout=60, task_id="broken")
+    result = env.execute("echo never")
+    elapsed = time.monotonic() - started
+    assert result["returncode"] == 125
+    assert "cannot start a taskbox server" in result["output"]
+    assert "config file" in result["output"] and "is not valid" in result["output"], result["output"]
+    assert "serve.log" in result["output"]
+    assert elapsed < 30, f"a server that cannot start took {elapsed:.0f} s to report"
+
+
+def test_racing_starters_start_one_server(home, provider):
+    # Hermes threads and a CLI, all finding no server at once: one server starts (the CLI's
+    # autostart.lock serializes them) and every command runs.
+    import subprocess
+
+    results = {}
+
+    def hermes(i):
+        env = provider.create_environment(cwd="", timeout=60, task_id=f"race-{i}")
+        results[i] = env.execute(f"echo {i}")
+
+    threads = [threading.Thread(target=hermes, args=(i,)) for i in range(5)]
+    cli = subprocess.Popen(
+        [home.bin, "run", "-t", "race-cli", "--", "echo", "cli"], env=home.env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    out, err = cli.communicate(timeout=120)
+    assert cli.returncode == 0 and out == "cli\n", err
+    assert {i: r["output"] for i, r in results.items()} == {i: f"{i}\n" for i in range(5)}
+    log = (home.data_dir / "serve.log").read_text()
+    assert log.count("serving socket=") == 1, log
+    # ... and no starter spawned a server that lost the data dir to another.
+    assert "error" not in log.lower(), log

@@ -1,0 +1,217 @@
+//! The Hermes Agent backend (`integrations/hermes`), driven by its pytest tests through Hermes's
+//! real `BaseEnvironment.execute()` against this build's `taskbox`.
+//!
+//! On a fresh clone nothing Python is installed yet: the test makes a venv in the git-ignored
+//! target dir (`target/hermes-venv`, under a file lock so parallel test processes do not install
+//! it twice at once) and `pip install`s `hermes-agent==0.19.0`, pytest and the plugin (editable,
+//! so a change to the plugin needs no reinstall). Without `python3` (and its `venv` module) or
+//! PyPI the test says it is skipped and why — except under `CI=true`, where it fails.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What the venv holds; a change (or a change of the plugin's pyproject) reinstalls.
+const REQUIREMENTS: [&str; 2] = ["hermes-agent==0.19.0", "pytest"];
+/// The longest the install or the tests may take.
+const LIMIT: Duration = Duration::from_secs(900);
+
+/// Whether this is a CI run (`CI` set to anything but empty, `0` or `false`), which must not
+/// skip a test for want of a tool or the network.
+fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "FALSE" | "False"))
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The cargo target dir (the binary is `<target>/<profile>/taskbox`).
+fn target_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_taskbox"))
+        .parent()
+        .and_then(Path::parent)
+        .expect("the taskbox binary lives in <target>/<profile>/")
+        .to_path_buf()
+}
+
+/// Takes an exclusive `flock` on `file`, waiting for another holder.
+fn lock(file: &File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: `flock` takes a descriptor and flags and touches no memory of ours; `file` is
+        // borrowed for the whole call, so its descriptor is open (and not reused) until it
+        // returns. A bad descriptor would only make it fail with EBADF, reported below.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// A child in a process group of its own, killed (the whole group) when dropped — on every
+/// path, panics included.
+struct Group(Child);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: `kill` takes a pid and a signal and touches no memory; the negative pid names
+        // the child's own process group (it was spawned with `process_group(0)`), so nothing
+        // outside the group is signalled.
+        unsafe {
+            libc::kill(-(self.0.id() as i32), libc::SIGKILL);
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `cmd` to completion within `limit`: (success, stdout and stderr) or why it could not.
+fn run_bounded(mut cmd: Command, limit: Duration, what: &str) -> Result<(bool, String), String> {
+    let out_file = tempfile::tempfile().map_err(|e| format!("temp file: {e}"))?;
+    let err_file = out_file
+        .try_clone()
+        .map_err(|e| format!("temp file: {e}"))?;
+    let mut reader = out_file
+        .try_clone()
+        .map_err(|e| format!("temp file: {e}"))?;
+    cmd.stdin(Stdio::null())
+        .stdout(out_file)
+        .stderr(err_file)
+        .process_group(0);
+    let mut child = Group(cmd.spawn().map_err(|e| format!("cannot run {what}: {e}"))?);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.0.try_wait().map_err(|e| format!("{what}: {e}"))? {
+            break status;
+        }
+        if started.elapsed() > limit {
+            return Err(format!("{what} took more than {} s", limit.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(child);
+    use std::io::Seek;
+    reader.rewind().map_err(|e| format!("{what}: {e}"))?;
+    let mut text = String::new();
+    reader
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{what}: {e}"))?;
+    Ok((status.success(), text))
+}
+
+/// The first lines of a tool's output that say what went wrong.
+fn head(text: &str, lines: usize) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take(lines)
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// Makes sure the venv has Hermes, pytest and the plugin; `Err` says why it cannot.
+fn ensure_venv(venv: &Path) -> Result<(), String> {
+    let plugin = repo().join("integrations/hermes");
+    let pyproject = std::fs::read_to_string(plugin.join("pyproject.toml"))
+        .map_err(|e| format!("cannot read integrations/hermes/pyproject.toml: {e}"))?;
+    let stamp = format!("{}\n{pyproject}", REQUIREMENTS.join(" "));
+    let marker = venv.join(".taskbox-ready");
+    let ready = || std::fs::read_to_string(&marker).is_ok_and(|s| s == stamp);
+    if ready() {
+        return Ok(());
+    }
+    let lock_path = venv.with_extension("lock");
+    let lock_file = File::create(&lock_path).map_err(|e| {
+        format!(
+            "cannot create the install lock {}: {e}",
+            lock_path.display()
+        )
+    })?;
+    lock(&lock_file).map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
+    // Another test process may have installed it while this one waited for the lock.
+    if ready() {
+        return Ok(());
+    }
+    match Command::new("python3").arg("--version").output() {
+        Ok(o) if o.status.success() => {}
+        _ => return Err("`python3` is not installed (the test needs Python >= 3.11)".into()),
+    }
+    let python = venv.join("bin/python");
+    if !python.is_file() {
+        let mut cmd = Command::new("python3");
+        cmd.arg("-m").arg("venv").arg(venv);
+        let (ok, out) = run_bounded(cmd, Duration::from_secs(120), "`python3 -m venv`")?;
+        if !ok {
+            return Err(format!(
+                "`python3 -m venv` failed (on Debian: apt-get install python3-venv): {}",
+                head(&out, 3)
+            ));
+        }
+    }
+    let mut cmd = Command::new(&python);
+    cmd.args([
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--quiet",
+    ])
+    .args(REQUIREMENTS)
+    .arg("-e")
+    .arg(&plugin)
+    // A registry that does not answer must not hang the test run.
+    .env("PIP_DEFAULT_TIMEOUT", "60")
+    .env("PIP_RETRIES", "1");
+    let (ok, out) = run_bounded(cmd, LIMIT, "`pip install`")?;
+    if !ok {
+        return Err(format!(
+            "`pip install hermes-agent==0.19.0 pytest -e integrations/hermes` failed (is PyPI reachable?): {}",
+            head(&out, 4)
+        ));
+    }
+    std::fs::write(&marker, stamp).map_err(|e| format!("cannot write {}: {e}", marker.display()))
+}
+
+#[test]
+fn hermes_backend_passes_its_pytest_suite() {
+    let venv = target_dir().join("hermes-venv");
+    if let Err(reason) = ensure_venv(&venv) {
+        assert!(
+            !under_ci(),
+            "the Hermes backend's tests cannot run under CI: {reason}"
+        );
+        eprintln!(
+            "SKIPPED hermes_backend_passes_its_pytest_suite: {reason} (see integrations/hermes/README.md)"
+        );
+        return;
+    }
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let mut cmd = Command::new(venv.join("bin/python"));
+    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp"])
+        .arg(scratch.path().join("pytest"))
+        .arg("tests")
+        .current_dir(repo().join("integrations/hermes"))
+        .env("TASKBOX_BIN", env!("CARGO_BIN_EXE_taskbox"))
+        .env("HERMES_HOME", scratch.path().join("hermes"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("TASKBOX_HOME")
+        .env_remove("TASKBOX_DATA_DIR")
+        .env_remove("TASKBOX_SERVER")
+        .env_remove("RUST_LOG")
+        .env_remove("VERCEL_TOKEN")
+        .env_remove("VERCEL_OIDC_TOKEN")
+        .env_remove("VERCEL_PROJECT_ID")
+        .env_remove("VERCEL_TEAM_ID")
+        .env_remove("TERMINAL_VERCEL_RUNTIME")
+        .env_remove("TASKBOX_VERCEL_API_URL");
+    let (ok, out) = run_bounded(cmd, LIMIT, "pytest").unwrap_or_else(|e| panic!("{e}"));
+    assert!(ok, "the Hermes backend's pytest suite failed:\n{out}");
+    eprint!("{out}");
+}
