@@ -10,6 +10,7 @@
 //! |---|---|---|
 //! | `overhead` | a command in a warm task (library path; CLI through a running server; one-shot CLI) | `bash -c` spawned bare |
 //! | `overhead.stored_tasks` | a warm CLI command through a server with 10,000 tasks stored | the same with 2 stored |
+//! | `overhead.first_byte` | a command's first line of output reaching a `taskbox run` through a server, after it was written | the same through a bare `bash -c` pipe |
 //! | `journal` | `Store::commit` / `commit_batch` of lifecycle transitions | raw SQLite inserts, same durability |
 //! | `scale` | 10,000 tasks through the engine on the simulated provider | the same calls made directly |
 //! | `snapshot` | local snapshot and restore | `tar \| zstd` and `zstd -d \| tar -x` |
@@ -98,11 +99,12 @@ pub struct Options {
 pub const GROUPS: [&str; 5] = ["overhead", "journal", "scale", "snapshot", "vercel"];
 
 /// Every benchmark (row) name, group first.
-pub const NAMES: [&str; 17] = [
+pub const NAMES: [&str; 18] = [
     "overhead.library",
     "overhead.cli",
     "overhead.cli_oneshot",
     "overhead.stored_tasks",
+    "overhead.first_byte",
     "journal.commit",
     "journal.batch",
     "journal.postgres",

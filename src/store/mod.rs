@@ -50,6 +50,20 @@ pub struct TransitionRecord<'a> {
     pub commands: &'a [Command],
 }
 
+/// When a commit reaches the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sync {
+    /// Synced before the commit returns (`synchronous = FULL`): it survives a power loss. What
+    /// the engine's write-ahead needs before it performs a provider call.
+    Now,
+    /// Written to the WAL before the commit returns — every reader sees it and it survives a
+    /// crash of any process — but synced by the next [`Sync::Now`] commit (or checkpoint) of the
+    /// file, not before (`synchronous = NORMAL` for this transaction; on PostgreSQL,
+    /// `synchronous_commit = off` for it). The WAL is appended in order, so a power loss can
+    /// lose it (and whatever else is not synced yet) but never a later, synced commit without it.
+    WithNext,
+}
+
 /// One row of the journal, decoded.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JournalEntry {
@@ -202,6 +216,13 @@ pub trait Backend {
     /// Group commit: the transitions, in order (several may be of one task), in ONE
     /// transaction. Returns their journal `seq`s in the same order. All or nothing.
     fn commit_batch(&mut self, recs: &[TransitionRecord<'_>]) -> Result<Vec<u64>, StoreError>;
+
+    /// [`Backend::commit_batch`], reaching the disk as `sync` says.
+    fn commit_batch_with(
+        &mut self,
+        recs: &[TransitionRecord<'_>],
+        sync: Sync,
+    ) -> Result<Vec<u64>, StoreError>;
 
     /// The task's whole journal, oldest first.
     fn journal(&self, task_id: &str) -> Result<Vec<JournalEntry>, StoreError>;
@@ -368,6 +389,14 @@ impl Store {
     /// See [`Backend::commit_batch`].
     pub fn commit_batch(&mut self, recs: &[TransitionRecord<'_>]) -> Result<Vec<u64>, StoreError> {
         each!(self, s => Backend::commit_batch(s, recs))
+    }
+    /// See [`Backend::commit_batch_with`].
+    pub fn commit_batch_with(
+        &mut self,
+        recs: &[TransitionRecord<'_>],
+        sync: Sync,
+    ) -> Result<Vec<u64>, StoreError> {
+        each!(self, s => Backend::commit_batch_with(s, recs, sync))
     }
     /// See [`Backend::journal`].
     pub fn journal(&self, task_id: &str) -> Result<Vec<JournalEntry>, StoreError> {

@@ -21,7 +21,9 @@
 //! and wait up to 10 s for it instead of failing ([`StoreError::Busy`] after that).
 //!
 //! Throughput: a commit costs one disk sync, which dominates; [`Backend::commit_batch`] puts many
-//! transitions behind one sync. Statements are prepared once per connection (`prepare_cached`),
+//! transitions behind one sync, and [`Backend::commit_batch_with`]`(…, `[`Sync::WithNext`]`)`
+//! lets a batch that performs nothing on a provider (the engine's answers: a command's result)
+//! ride on the next commit's sync. Statements are prepared once per connection (`prepare_cached`),
 //! and a transition that changes neither the task's snapshots nor its sandbox writes only the
 //! task row and the journal row.
 
@@ -34,7 +36,8 @@ use serde::de::DeserializeOwned;
 use super::error::StoreError;
 use super::schema;
 use super::{
-    Backend, JournalEntry, SandboxRow, SandboxStatus, SnapshotRow, TaskMarks, TransitionRecord,
+    Backend, JournalEntry, SandboxRow, SandboxStatus, SnapshotRow, Sync, TaskMarks,
+    TransitionRecord,
 };
 use crate::core::{Millis, Task, TaskState};
 use crate::ids::TaskId;
@@ -46,6 +49,9 @@ pub struct SqliteStore {
     conn: Connection,
     path: PathBuf,
     installation_id: String,
+    /// The connection was left at `synchronous = NORMAL` (setting FULL back after a
+    /// [`Sync::WithNext`] commit failed): every write sets FULL again before it writes.
+    not_full: bool,
 }
 
 /// The columns `query_journal` decodes, in its order.
@@ -77,6 +83,7 @@ impl SqliteStore {
             conn,
             path: path.to_path_buf(),
             installation_id,
+            not_full: false,
         })
     }
 
@@ -187,6 +194,7 @@ impl SqliteStore {
     /// Records `backend` as the task's, unless one is recorded already; returns the recorded
     /// one (`None`: no such task).
     pub fn claim_backend(&mut self, id: &str, backend: &str) -> Result<Option<String>, StoreError> {
+        self.full_sync(Some(id))?;
         let op = "recording a task's backend";
         self.conn
             .prepare_cached("UPDATE tasks SET backend = ?2 WHERE id = ?1 AND backend IS NULL")
@@ -202,6 +210,7 @@ impl SqliteStore {
         at: Millis,
         kept_snapshots: bool,
     ) -> Result<(), StoreError> {
+        self.full_sync(Some(id))?;
         let op = "marking a task removed";
         self.conn
             .prepare_cached("UPDATE tasks SET removed_at = ?2, kept_snapshots = ?3 WHERE id = ?1")
@@ -225,9 +234,48 @@ impl SqliteStore {
     /// transaction and one disk sync. Returns their journal `seq`s in the same order. All or
     /// nothing: if one record fails, none is written.
     pub fn commit_batch(&mut self, recs: &[TransitionRecord<'_>]) -> Result<Vec<u64>, StoreError> {
+        self.commit_batch_with(recs, Sync::Now)
+    }
+
+    /// [`SqliteStore::commit_batch`], reaching the disk as `sync` says. A [`Sync::Now`] commit, and
+    /// every other write, is made at `synchronous = FULL` whatever came before.
+    pub fn commit_batch_with(
+        &mut self,
+        recs: &[TransitionRecord<'_>],
+        sync: Sync,
+    ) -> Result<Vec<u64>, StoreError> {
         if recs.is_empty() {
             return Ok(Vec::new());
         }
+        let first_task = Some(recs[0].task_after.id.as_str());
+        if sync == Sync::Now {
+            self.full_sync(first_task)?;
+            return self.commit_records(recs);
+        }
+        self.set_synchronous("NORMAL", first_task)?;
+        self.not_full = true;
+        let result = self.commit_records(recs);
+        // Not an error of the commit: if this fails, the next write sets FULL before writing.
+        let _ = self.full_sync(first_task);
+        result
+    }
+
+    /// Sets `synchronous = FULL` again if a [`Sync::WithNext`] commit could not.
+    fn full_sync(&mut self, task: Option<&str>) -> Result<(), StoreError> {
+        if self.not_full {
+            self.set_synchronous("FULL", task)?;
+            self.not_full = false;
+        }
+        Ok(())
+    }
+
+    fn set_synchronous(&self, mode: &str, task: Option<&str>) -> Result<(), StoreError> {
+        self.conn
+            .pragma_update(None, "synchronous", mode)
+            .map_err(|e| StoreError::sql(&self.path, "choosing when a commit syncs", task, e))
+    }
+
+    fn commit_records(&mut self, recs: &[TransitionRecord<'_>]) -> Result<Vec<u64>, StoreError> {
         let path = self.path.as_path();
         let first_task = Some(recs[0].task_after.id.as_str());
         let tx = self
@@ -506,6 +554,13 @@ impl Backend for SqliteStore {
     }
     fn commit_batch(&mut self, recs: &[TransitionRecord<'_>]) -> Result<Vec<u64>, StoreError> {
         SqliteStore::commit_batch(self, recs)
+    }
+    fn commit_batch_with(
+        &mut self,
+        recs: &[TransitionRecord<'_>],
+        sync: Sync,
+    ) -> Result<Vec<u64>, StoreError> {
+        SqliteStore::commit_batch_with(self, recs, sync)
     }
     fn journal(&self, task_id: &str) -> Result<Vec<JournalEntry>, StoreError> {
         SqliteStore::journal(self, task_id)

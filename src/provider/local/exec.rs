@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 
+use super::cgroup::Join;
 use super::error::LocalError;
 use super::kill::{kill_group, signal_group, GroupGuard};
 use super::names::SandboxName;
@@ -43,7 +44,7 @@ impl LocalProvider {
             });
         }
         let slot = self.slot(&name);
-        let (meta, mut stopped, workspace, run_dir) = {
+        let (meta, mut stopped, sandbox_dir, workspace, run_dir) = {
             let _guard = slot.lock.lock().await;
             // Gone (or past its deadline) before the command starts: it provably never ran.
             let meta = self.live_meta(&name, &slot).await.map_err(|e| match e {
@@ -60,7 +61,7 @@ impl LocalProvider {
             }
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
             // Subscribed under the lock: a discard after this point is seen by this command.
-            (meta, slot.stopped.subscribe(), workspace, run_dir)
+            (meta, slot.stopped.subscribe(), dir, workspace, run_dir)
         };
         // Cancelled before it started (while its sandbox was made ready): it never runs.
         if let Some(signal) = io.cancelled() {
@@ -71,8 +72,13 @@ impl LocalProvider {
         }
         let cwd = resolve_cwd(&workspace, &meta.cwd);
         let cwd_file = run_dir.join(format!("cwd.{}", self.unique()));
-        let script = wrap_command(&req.command, &cwd_file);
+        // The sandbox's cgroup, which no process leaves, so a stop kills everything the sandbox
+        // ever started (see `cgroup`): the script joins it before anything else.
+        let cgroup = super::cgroup::prepare(&sandbox_dir, &name.name);
+        let script = wrap_command(&req.command, &cwd_file, cgroup.as_ref());
 
+        // No `pre_exec` hook: the standard library then spawns with `posix_spawn` (a `vfork`),
+        // not by forking this whole process.
         let mut command = tokio::process::Command::new("bash");
         command
             .arg("-c")
@@ -92,18 +98,6 @@ impl LocalProvider {
             .env_remove("OLDPWD")
             // Its own process group, so a timeout kills everything the command started.
             .process_group(0);
-        // And the sandbox's cgroup, which no process leaves, so a stop kills everything the
-        // sandbox ever started (see `cgroup`).
-        let sandbox_dir = self.sandbox_dir(&name);
-        if let Some(cg) = super::cgroup::prepare(&sandbox_dir, &name.name) {
-            // SAFETY: the closure runs in the forked child before exec; it calls only
-            // `cgroup::join`, which makes system calls and allocates nothing (its C strings
-            // were made here, before the fork), and it owns `cg`, which stays valid for the
-            // child's copy of the closure.
-            unsafe {
-                command.pre_exec(move || super::cgroup::join(&cg));
-            }
-        }
         let started = tokio::time::Instant::now();
         let mut child = match command.spawn() {
             Ok(child) => child,
@@ -175,8 +169,6 @@ impl LocalProvider {
             None => child.wait().await,
         };
         group.pgid = None; // reaped: the id may be reused from now on
-                           // Nothing left behind: the sandbox needs no cgroup until its next command.
-        super::cgroup::remove_if_empty(&sandbox_dir, &name.name);
         let stdout = stdout.finish().await;
         let stderr = stderr.finish().await;
         let duration_ms = started.elapsed().as_millis() as u64;
@@ -212,6 +204,12 @@ impl LocalProvider {
                     ));
                 }
                 let status = status.map_err(LocalError::io("wait for the command in", &cwd))?;
+                if let Some(source) = cgroup.and_then(|c| c.failed(reported_cwd.as_deref())) {
+                    return Err(LocalError::Spawn {
+                        sandbox: name.name.clone(),
+                        source,
+                    });
+                }
                 if let Some(reported) = reported_cwd.filter(|r| !r.is_empty()) {
                     let rel = relative_cwd(&workspace, &reported);
                     if let Err(e) = self.record_cwd(&name, &slot, &meta.instance, rel).await {
@@ -306,17 +304,19 @@ fn exit_code(status: ExitStatus) -> i32 {
 }
 
 /// The script `bash -c` runs: the user's command, preceded (on the same line, so its line
-/// numbers are unchanged) by an EXIT trap that writes the final working directory to `cwd_file`
+/// numbers are unchanged) by the join of the sandbox's cgroup ([`Join::script`], when there is
+/// one) and an EXIT trap that writes the final working directory to `cwd_file`
 /// and exits with the command's own status. The trap also runs on `exit N`; it writes nothing to
 /// the command's stdout or stderr. (Subshells do not inherit the trap, so only the command's own
 /// shell reports.)
-fn wrap_command(command: &str, cwd_file: &Path) -> OsString {
+fn wrap_command(command: &str, cwd_file: &Path, cgroup: Option<&Join>) -> OsString {
     // `builtin` in case the command defined functions of these names; `>|` in case it set
     // noclobber; `|| true` in case it set errexit and its directory was deleted meanwhile.
     let mut trap_body = b"__taskbox_status=$?; { builtin pwd -P >| ".to_vec();
     trap_body.extend_from_slice(&crate::shell::quote_bytes(cwd_file.as_os_str().as_bytes()));
     trap_body.extend_from_slice(b"; } 2>/dev/null || true; builtin exit $__taskbox_status");
-    let mut script = b"trap ".to_vec();
+    let mut script = cgroup.map(|c| c.script(cwd_file)).unwrap_or_default();
+    script.extend_from_slice(b"trap ");
     script.extend_from_slice(&crate::shell::quote_bytes(&trap_body));
     script.extend_from_slice(b" EXIT; ");
     script.extend_from_slice(command.as_bytes());

@@ -87,7 +87,11 @@ impl LocalProvider {
     }
 
     pub(super) fn read_meta(&self, name: &SandboxName) -> Result<Option<SandboxMeta>, LocalError> {
-        read_meta_at(&self.sandbox_dir(name).join("meta.json"))
+        // As `sandbox_dir` decides, without reading the holder's meta twice.
+        match self.holder(&name.task) {
+            Ok(Some(meta)) if meta.name == name.name => Ok(Some(meta)),
+            _ => read_meta_at(&self.parked_dir(name).join("meta.json")),
+        }
     }
 
     /// Writes `meta.json` into `sandbox_dir` atomically (temporary file, fsync, rename).

@@ -41,6 +41,7 @@ use serde::de::DeserializeOwned;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
+use super::Sync as CommitSync;
 use super::{
     Backend, JournalEntry, SandboxRow, SandboxStatus, SnapshotRow, StoreError, TaskMarks,
     TransitionRecord,
@@ -861,6 +862,14 @@ impl Backend for PgStore {
     }
 
     fn commit_batch(&mut self, recs: &[TransitionRecord<'_>]) -> Result<Vec<u64>, StoreError> {
+        Backend::commit_batch_with(self, recs, CommitSync::Now)
+    }
+
+    fn commit_batch_with(
+        &mut self,
+        recs: &[TransitionRecord<'_>],
+        sync: CommitSync,
+    ) -> Result<Vec<u64>, StoreError> {
         if recs.is_empty() {
             return Ok(Vec::new());
         }
@@ -879,9 +888,16 @@ impl Backend for PgStore {
             Some(&first_task),
             move |s| async move {
                 // One record: its one statement is a transaction of its own (one round trip).
-                let single = bound.len() == 1;
+                // `CommitSync::WithNext`: the transaction's commit does not wait for the WAL flush;
+                // the next flushed commit flushes it (PostgreSQL's WAL is written in order).
+                let single = bound.len() == 1 && sync == CommitSync::Now;
                 if !single {
                     s.client.batch_execute("BEGIN").await?;
+                    if sync == CommitSync::WithNext {
+                        s.client
+                            .batch_execute("SET LOCAL synchronous_commit TO OFF")
+                            .await?;
+                    }
                 }
                 let mut seqs = Vec::with_capacity(bound.len());
                 for ((rec, expected), token) in bound.iter().zip(states).zip(tokens) {

@@ -247,3 +247,51 @@ fn the_journal_refuses_update_and_delete(db) {
     assert_eq!(store.journal("a").expect("journal"), before);
 }
 }
+
+on_both_stores! {
+/// A batch committed with `Sync::WithNext` (the engine's answers: a command's result) is
+/// committed like any other — every other connection sees it at once, a reopened store has it,
+/// the journal stays in order — and the synced commits after it go on as before.
+fn a_commit_that_syncs_with_the_next_is_committed_at_once_and_in_order(db) {
+    use taskbox::store::Sync;
+    let steps = lifecycle("d", 1_000);
+    let (first, rest) = steps.split_at(steps.len() / 2);
+    {
+        let mut store = db.open();
+        for (i, step) in first.iter().enumerate() {
+            let sync = if i % 2 == 0 {
+                Sync::Now
+            } else {
+                Sync::WithNext
+            };
+            store
+                .commit_batch_with(&[step.rec()], sync)
+                .expect("commit");
+            let seen = db
+                .text("SELECT CAST(count(*) AS TEXT) FROM journal WHERE task_id = 'd'")
+                .expect("count");
+            assert_eq!(
+                seen,
+                (i + 1).to_string(),
+                "another connection sees commit {i} at once"
+            );
+        }
+        for step in rest {
+            store
+                .commit(&step.rec())
+                .expect("a synced commit after a deferred one");
+        }
+    }
+    let store = db.open();
+    let journal = store.journal("d").expect("journal");
+    assert_eq!(journal.len(), steps.len());
+    assert!(journal
+        .windows(2)
+        .all(|w| w[0].task_seq + 1 == w[1].task_seq));
+    assert_eq!(
+        store.load_task("d").expect("load"),
+        Some(steps.last().expect("steps").task.clone())
+    );
+    store.integrity_check().expect("intact");
+}
+}
