@@ -227,7 +227,8 @@ impl Key {
     fn invalid(&self, value: &str, expected: String, source: ValueSource) -> ConfigError {
         ConfigError::InvalidValue {
             key: self.name.into(),
-            value: value.into(),
+            // A URL's password never reaches an error.
+            value: crate::redact::redact(value),
             expected,
             source_: source,
         }
@@ -324,7 +325,10 @@ config_keys! {
     gc_interval_seconds: u64 = 900, parse |v| between(v, 1, MAX_SERVER_IDLE_SECONDS, ""),
         env None,
         "seconds between the server's gc runs (orphaned sandboxes, unretained snapshots; 1 to 30 days)";
+    store: StoreSetting = StoreSetting::default(), parse store_setting, env Some(STORE_ENV),
+        "where tasks are stored: sqlite (the data dir's file) | postgres://user@host/database (a fleet's shared store)";
 }
+
 [cost] CostConfig, "The `[cost]` table: the list prices `taskbox cost` estimates with (USD; defaults are Vercel's published Pro prices)." {
     active_cpu_hour_usd: Usd = Usd::new(0.128), parse price, env None,
         "USD per hour of active CPU (Vercel list price 0.128)";
@@ -337,6 +341,34 @@ config_keys! {
     snapshot_gb_month_usd: Usd = Usd::new(0.08), parse price, env None,
         "USD per GB-month of snapshot storage (Vercel list price 0.08)";
 }
+}
+
+/// The environment variable that overrides `terminal.store` (a password is better kept here or
+/// in a 0600 config file than on a command line).
+pub const STORE_ENV: &str = "TASKBOX_STORE";
+
+/// `terminal.store`: the data dir's SQLite file (the default), or a PostgreSQL URL. Shown only
+/// with any password replaced (`Debug`, `config get`/`show`, errors).
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct StoreSetting(Option<String>);
+
+impl StoreSetting {
+    /// The PostgreSQL URL, or `None` for the SQLite file.
+    pub fn url(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+
+    /// A PostgreSQL store at `url`.
+    pub fn postgres(url: impl Into<String>) -> StoreSetting {
+        StoreSetting(Some(url.into()))
+    }
+}
+
+impl std::fmt::Debug for StoreSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render())
+    }
 }
 
 /// The whole configuration file.
@@ -429,6 +461,15 @@ impl Render for String {
     }
 }
 
+impl Render for StoreSetting {
+    fn render(&self) -> String {
+        match &self.0 {
+            None => "sqlite".to_string(),
+            Some(url) => crate::redact::redact(url),
+        }
+    }
+}
+
 impl Render for Option<String> {
     fn render(&self) -> String {
         self.clone().unwrap_or_else(|| "none".into())
@@ -454,6 +495,18 @@ fn backend(value: &str) -> Result<Backend, String> {
         "local" => Ok(Backend::Local),
         "vercel_sandbox" | "vercel" => Ok(Backend::VercelSandbox),
         _ => Err("one of: local, vercel_sandbox".into()),
+    }
+}
+
+fn store_setting(value: &str) -> Result<StoreSetting, String> {
+    let v = value.trim();
+    let lower = v.get(..13).unwrap_or(v).to_ascii_lowercase();
+    if v == "sqlite" || v.is_empty() {
+        Ok(StoreSetting(None))
+    } else if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
+        Ok(StoreSetting(Some(v.to_string())))
+    } else {
+        Err("sqlite, or a PostgreSQL URL postgres://user@host/database".into())
     }
 }
 
@@ -593,8 +646,18 @@ impl Config {
     /// Sets `key` from text, checking the value's type and range. Backend-specific rules (the
     /// Vercel memory/cpu pairing) are checked when the backend is used and by `taskbox doctor`.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        self.set_from(key, value, ValueSource::Set)
+    }
+
+    /// Sets `key` from text given by `source` (a flag, say), checked as `set` does.
+    pub fn set_from(
+        &mut self,
+        key: &str,
+        value: &str,
+        source: ValueSource,
+    ) -> Result<(), ConfigError> {
         let k = Key::find(key)?;
-        (k.set)(self, value).map_err(|expected| k.invalid(value, expected, ValueSource::Set))
+        (k.set)(self, value).map_err(|expected| k.invalid(value, expected, source))
     }
 
     /// Checks every value as `set` would: a file edited by hand (or a config built in code)
@@ -645,6 +708,20 @@ impl Config {
             creations_per_million: c.creations_per_million_usd.get(),
             transfer_gb: c.transfer_gb_usd.get(),
             snapshot_gb_month: c.snapshot_gb_month_usd.get(),
+        }
+    }
+
+    /// `terminal.store`, unless `TASKBOX_STORE` (read through `env`; blank counts as unset)
+    /// overrides it.
+    pub fn store(&self, env: impl Fn(&str) -> Option<String>) -> Result<StoreSetting, ConfigError> {
+        match env(STORE_ENV).filter(|v| !v.trim().is_empty()) {
+            None => Ok(self.terminal.store.clone()),
+            Some(v) => store_setting(&v).map_err(|expected| ConfigError::InvalidValue {
+                key: "terminal.store".into(),
+                value: crate::redact::redact(&v),
+                expected,
+                source_: ValueSource::Env(STORE_ENV),
+            }),
         }
     }
 

@@ -90,13 +90,16 @@ pub struct Options {
     /// Where to put data dirs and workspaces (a fresh directory is made inside and removed at
     /// the end); the system temporary directory when `None`.
     pub scratch: Option<PathBuf>,
+    /// A PostgreSQL database for `journal.postgres` (skipped when `None`). The benchmark adds
+    /// its tasks and one table of its own (`taskbox_bench_raw`) there.
+    pub postgres: Option<String>,
 }
 
 /// The benchmark groups, in run order.
 pub const GROUPS: [&str; 5] = ["overhead", "journal", "scale", "snapshot", "vercel"];
 
 /// Every benchmark (row) name, group first.
-pub const NAMES: [&str; 17] = [
+pub const NAMES: [&str; 18] = [
     "overhead.library",
     "overhead.cli",
     "overhead.cli_oneshot",
@@ -104,6 +107,7 @@ pub const NAMES: [&str; 17] = [
     "overhead.first_byte",
     "journal.commit",
     "journal.batch",
+    "journal.postgres",
     "scale.wall",
     "scale.peak_memory",
     "scale.slowest_task",

@@ -853,7 +853,13 @@ fn task_id(s: &str) -> Result<TaskId, Failure> {
 /// Opens the store for a command that only reads it: `None` when this home has no store yet,
 /// so that reading never creates one.
 fn existing_store(paths: &Paths) -> Result<Option<Store>, StoreError> {
-    match Store::open_existing(&paths.store_file()) {
+    // The configured store (`terminal.store` / TASKBOX_STORE); a config that cannot be read
+    // leaves the data dir's file, as before.
+    let location = Config::load(&paths.config_file)
+        .ok()
+        .and_then(|c| c.store(|k| std::env::var(k).ok()).ok())
+        .and_then(|s| s.url().map(str::to_string));
+    match Store::open_location(location.as_deref(), &paths.store_file(), false) {
         Ok(store) => Ok(Some(store)),
         Err(StoreError::Missing { .. }) => Ok(None),
         Err(e) => Err(e),
@@ -868,7 +874,10 @@ async fn open(paths: &Paths) -> Result<Orchestrator, Failure> {
 }
 
 async fn open_with(paths: &Paths, reconcile: bool) -> Result<Orchestrator, Failure> {
-    let config = Config::load(&paths.config_file).map_err(Failure::from_config)?;
+    let mut config = Config::load(&paths.config_file).map_err(Failure::from_config)?;
+    config.terminal.store = config
+        .store(|k| std::env::var(k).ok())
+        .map_err(Failure::from_config)?;
     Orchestrator::builder(paths.data_dir.clone(), config)
         .reconcile_on_start(reconcile)
         .open()

@@ -278,7 +278,7 @@ pub(crate) fn installation_id(conn: &Connection, path: &Path) -> Result<String, 
     Ok(id)
 }
 
-fn random_hex_128() -> Result<String, StoreError> {
+pub(crate) fn random_hex_128() -> Result<String, StoreError> {
     let mut bytes = [0u8; 16];
     fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))

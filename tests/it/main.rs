@@ -27,6 +27,7 @@ mod layering;
 mod live;
 mod local_provider;
 mod mcp;
+mod pg;
 mod replay;
 mod server;
 mod sim;
