@@ -104,11 +104,13 @@ impl ValueSource {
     /// How to fix a bad value of `key` from this source.
     pub fn fix(&self, key: &str) -> String {
         match self {
-            ValueSource::File(p) => format!(
-                "edit `{}` in {} (or `taskbox config set {key} VALUE`, which checks the value)",
-                key.trim_start_matches("terminal."),
-                p.display()
-            ),
+            ValueSource::File(p) => {
+                let (table, field) = key.split_once('.').unwrap_or(("terminal", key));
+                format!(
+                    "edit `{field}` under [{table}] in {} (or `taskbox config set {key} VALUE`, which checks the value)",
+                    p.display()
+                )
+            }
             ValueSource::Set => format!("`taskbox config set {key} VALUE` with a value in range"),
             ValueSource::Env(v) => format!("set {v} to a value in range, or unset it"),
             ValueSource::Flag(flag) => {
@@ -199,9 +201,9 @@ pub struct Key {
     /// The environment variable that overrides the file's value where the key is used.
     pub env: Option<&'static str>,
     /// The value as text.
-    get: fn(&TerminalConfig) -> String,
+    get: fn(&Config) -> String,
     /// Parses and stores a value, or says what is accepted.
-    set: fn(&mut TerminalConfig, &str) -> Result<(), String>,
+    set: fn(&mut Config, &str) -> Result<(), String>,
 }
 
 impl Key {
@@ -214,67 +216,76 @@ impl Key {
 
     /// The key's value in `config`, as `config get` prints it.
     pub fn value(&self, config: &Config) -> String {
-        (self.get)(&config.terminal)
+        (self.get)(config)
     }
 
     /// The built-in default, as `config get` prints it.
     pub fn default_value(&self) -> String {
-        (self.get)(&TerminalConfig::default())
+        (self.get)(&Config::default())
     }
 
     fn invalid(&self, value: &str, expected: String, source: ValueSource) -> ConfigError {
         ConfigError::InvalidValue {
             key: self.name.into(),
-            value: value.into(),
+            // A URL's password never reaches an error.
+            value: crate::redact::redact(value),
             expected,
             source_: source,
         }
     }
 }
 
-/// Generates [`TerminalConfig`] (a field per key, documented by the key's line), its `Default`
-/// and [`KEYS`] from one list, so that a key cannot be added in one place and forgotten in
-/// another. An entry is `field: Type = default, parse PARSER, env ENV, "doc";`, where `PARSER`
-/// turns text into the value or says what is accepted.
-macro_rules! terminal_keys {
+/// Generates each table's struct ([`TerminalConfig`], [`CostConfig`]: a field per key,
+/// documented by the key's line), its `Default` and [`KEYS`] from one list, so that a key cannot
+/// be added in one place and forgotten in another. A table is `[section] Struct { entries }`;
+/// an entry is `field: Type = default, parse PARSER, env ENV, "doc";`, where `PARSER` turns text
+/// into the value or says what is accepted.
+macro_rules! config_keys {
     ($(
-        $field:ident: $ty:ty = $default:expr, parse $parse:expr, env $env:expr, $doc:literal;
-    )*) => {
-        /// The `[terminal]` table: Hermes's keys (see [`KEYS`]).
-        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-        #[serde(default, deny_unknown_fields)]
-        pub struct TerminalConfig {
+        [$section:ident] $table:ident, $table_doc:literal {
             $(
-                #[doc = concat!("`terminal.", stringify!($field), "`: ", $doc, ".")]
-                pub $field: $ty,
+                $field:ident: $ty:ty = $default:expr, parse $parse:expr, env $env:expr, $doc:literal;
             )*
         }
+    )*) => {
+        $(
+            #[doc = $table_doc]
+            #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+            #[serde(default, deny_unknown_fields)]
+            pub struct $table {
+                $(
+                    #[doc = concat!("`", stringify!($section), ".", stringify!($field), "`: ", $doc, ".")]
+                    pub $field: $ty,
+                )*
+            }
 
-        impl Default for TerminalConfig {
-            fn default() -> Self {
-                TerminalConfig {
-                    $($field: $default,)*
+            impl Default for $table {
+                fn default() -> Self {
+                    $table {
+                        $($field: $default,)*
+                    }
                 }
             }
-        }
+        )*
 
         /// Every settable key, in the order `config show` prints them.
-        pub const KEYS: &[Key] = &[$(
+        pub const KEYS: &[Key] = &[$($(
             Key {
-                name: concat!("terminal.", stringify!($field)),
+                name: concat!(stringify!($section), ".", stringify!($field)),
                 doc: $doc,
                 env: $env,
-                get: |t| Render::render(&t.$field),
-                set: |t, text| {
-                    t.$field = ($parse)(text)?;
+                get: |c| Render::render(&c.$section.$field),
+                set: |c, text| {
+                    c.$section.$field = ($parse)(text)?;
                     Ok(())
                 },
             },
-        )*];
+        )*)*];
     };
 }
 
-terminal_keys! {
+config_keys! {
+[terminal] TerminalConfig, "The `[terminal]` table: Hermes's keys (see [`KEYS`])." {
     backend: Backend = Backend::Local, parse backend, env None,
         "sandbox backend: local | vercel_sandbox";
     container_persistent: bool = true, parse boolean, env None,
@@ -314,6 +325,50 @@ terminal_keys! {
     gc_interval_seconds: u64 = 900, parse |v| between(v, 1, MAX_SERVER_IDLE_SECONDS, ""),
         env None,
         "seconds between the server's gc runs (orphaned sandboxes, unretained snapshots; 1 to 30 days)";
+    store: StoreSetting = StoreSetting::default(), parse store_setting, env Some(STORE_ENV),
+        "where tasks are stored: sqlite (the data dir's file) | postgres://user@host/database (a fleet's shared store)";
+}
+
+[cost] CostConfig, "The `[cost]` table: the list prices `taskbox cost` estimates with (USD; defaults are Vercel's published Pro prices)." {
+    active_cpu_hour_usd: Usd = Usd::new(0.128), parse price, env None,
+        "USD per hour of active CPU (Vercel list price 0.128)";
+    memory_gb_hour_usd: Usd = Usd::new(0.0212), parse price, env None,
+        "USD per GB-hour of provisioned memory (Vercel list price 0.0212)";
+    creations_per_million_usd: Usd = Usd::new(0.60), parse price, env None,
+        "USD per million sandbox creations (Vercel list price 0.60)";
+    transfer_gb_usd: Usd = Usd::new(0.15), parse price, env None,
+        "USD per GB of network transfer (Vercel list price 0.15)";
+    snapshot_gb_month_usd: Usd = Usd::new(0.08), parse price, env None,
+        "USD per GB-month of snapshot storage (Vercel list price 0.08)";
+}
+}
+
+/// The environment variable that overrides `terminal.store` (a password is better kept here or
+/// in a 0600 config file than on a command line).
+pub const STORE_ENV: &str = "TASKBOX_STORE";
+
+/// `terminal.store`: the data dir's SQLite file (the default), or a PostgreSQL URL. Shown only
+/// with any password replaced (`Debug`, `config get`/`show`, errors).
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct StoreSetting(Option<String>);
+
+impl StoreSetting {
+    /// The PostgreSQL URL, or `None` for the SQLite file.
+    pub fn url(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+
+    /// A PostgreSQL store at `url`.
+    pub fn postgres(url: impl Into<String>) -> StoreSetting {
+        StoreSetting(Some(url.into()))
+    }
+}
+
+impl std::fmt::Debug for StoreSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render())
+    }
 }
 
 /// The whole configuration file.
@@ -322,6 +377,47 @@ terminal_keys! {
 pub struct Config {
     /// `terminal.*` keys.
     pub terminal: TerminalConfig,
+    /// `cost.*` keys.
+    pub cost: CostConfig,
+}
+
+/// A price in USD: a finite, non-negative number (compared by its bits, so that configs compare
+/// as equal exactly when they read the same).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(try_from = "f64", into = "f64")]
+pub struct Usd(f64);
+
+impl Usd {
+    /// `v`, which must be finite and not negative (the defaults are).
+    pub const fn new(v: f64) -> Usd {
+        Usd(v)
+    }
+
+    /// The amount.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl PartialEq for Usd {
+    fn eq(&self, other: &Usd) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for Usd {}
+
+impl From<Usd> for f64 {
+    fn from(u: Usd) -> f64 {
+        u.0
+    }
+}
+
+impl TryFrom<f64> for Usd {
+    type Error = String;
+    fn try_from(v: f64) -> Result<Usd, String> {
+        price(&v.to_string())
+    }
 }
 
 /// A value as `config get` prints it (and as its parser reads it back).
@@ -365,9 +461,24 @@ impl Render for String {
     }
 }
 
+impl Render for StoreSetting {
+    fn render(&self) -> String {
+        match &self.0 {
+            None => "sqlite".to_string(),
+            Some(url) => crate::redact::redact(url),
+        }
+    }
+}
+
 impl Render for Option<String> {
     fn render(&self) -> String {
         self.clone().unwrap_or_else(|| "none".into())
+    }
+}
+
+impl Render for Usd {
+    fn render(&self) -> String {
+        self.0.to_string()
     }
 }
 
@@ -384,6 +495,18 @@ fn backend(value: &str) -> Result<Backend, String> {
         "local" => Ok(Backend::Local),
         "vercel_sandbox" | "vercel" => Ok(Backend::VercelSandbox),
         _ => Err("one of: local, vercel_sandbox".into()),
+    }
+}
+
+fn store_setting(value: &str) -> Result<StoreSetting, String> {
+    let v = value.trim();
+    let lower = v.get(..13).unwrap_or(v).to_ascii_lowercase();
+    if v == "sqlite" || v.is_empty() {
+        Ok(StoreSetting(None))
+    } else if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
+        Ok(StoreSetting(Some(v.to_string())))
+    } else {
+        Err("sqlite, or a PostgreSQL URL postgres://user@host/database".into())
     }
 }
 
@@ -457,6 +580,14 @@ fn disk(value: &str) -> Result<Option<u32>, String> {
     }
 }
 
+/// A price: a finite number of USD, zero or more.
+fn price(value: &str) -> Result<Usd, String> {
+    match value.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(Usd(v)),
+        _ => Err("a price in USD, a number of 0 or more (e.g. 0.128)".into()),
+    }
+}
+
 fn http_url(value: &str) -> Result<String, String> {
     let v = value.trim();
     if !(v.starts_with("http://") || v.starts_with("https://")) {
@@ -515,18 +646,27 @@ impl Config {
     /// Sets `key` from text, checking the value's type and range. Backend-specific rules (the
     /// Vercel memory/cpu pairing) are checked when the backend is used and by `taskbox doctor`.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        self.set_from(key, value, ValueSource::Set)
+    }
+
+    /// Sets `key` from text given by `source` (a flag, say), checked as `set` does.
+    pub fn set_from(
+        &mut self,
+        key: &str,
+        value: &str,
+        source: ValueSource,
+    ) -> Result<(), ConfigError> {
         let k = Key::find(key)?;
-        (k.set)(&mut self.terminal, value)
-            .map_err(|expected| k.invalid(value, expected, ValueSource::Set))
+        (k.set)(self, value).map_err(|expected| k.invalid(value, expected, source))
     }
 
     /// Checks every value as `set` would: a file edited by hand (or a config built in code)
     /// gets the same checks, from the same table, as `taskbox config set`. `source` is where the
     /// values came from, for the error.
     pub fn validate(&self, source: ValueSource) -> Result<(), ConfigError> {
-        let mut scratch = self.terminal.clone();
+        let mut scratch = self.clone();
         for k in KEYS {
-            let value = (k.get)(&self.terminal);
+            let value = (k.get)(self);
             (k.set)(&mut scratch, &value)
                 .map_err(|expected| k.invalid(&value, expected, source.clone()))?;
         }
@@ -538,7 +678,7 @@ impl Config {
     pub fn check_flag(key: &str, flag: &'static str, value: u64) -> Result<(), ConfigError> {
         let k = Key::find(key)?;
         let text = value.to_string();
-        (k.set)(&mut TerminalConfig::default(), &text)
+        (k.set)(&mut Config::default(), &text)
             .map_err(|expected| k.invalid(&text, expected, ValueSource::Flag(flag)))
     }
 
@@ -555,6 +695,32 @@ impl Config {
                 value: v,
                 expected,
                 source_: ValueSource::Env(SERVER_ENV),
+            }),
+        }
+    }
+
+    /// The list prices `taskbox cost` estimates with.
+    pub fn prices(&self) -> crate::core::ledger::Prices {
+        let c = &self.cost;
+        crate::core::ledger::Prices {
+            active_cpu_hour: c.active_cpu_hour_usd.get(),
+            memory_gb_hour: c.memory_gb_hour_usd.get(),
+            creations_per_million: c.creations_per_million_usd.get(),
+            transfer_gb: c.transfer_gb_usd.get(),
+            snapshot_gb_month: c.snapshot_gb_month_usd.get(),
+        }
+    }
+
+    /// `terminal.store`, unless `TASKBOX_STORE` (read through `env`; blank counts as unset)
+    /// overrides it.
+    pub fn store(&self, env: impl Fn(&str) -> Option<String>) -> Result<StoreSetting, ConfigError> {
+        match env(STORE_ENV).filter(|v| !v.trim().is_empty()) {
+            None => Ok(self.terminal.store.clone()),
+            Some(v) => store_setting(&v).map_err(|expected| ConfigError::InvalidValue {
+                key: "terminal.store".into(),
+                value: crate::redact::redact(&v),
+                expected,
+                source_: ValueSource::Env(STORE_ENV),
             }),
         }
     }

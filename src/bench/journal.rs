@@ -11,6 +11,11 @@
 //! after it) into a one-table database beside the store's, one transaction per row
 //! (`journal.commit`) or `BATCH` rows per transaction (`journal.batch`, against
 //! [`Store::commit_batch`]). This module's SQL exists only to be that baseline.
+//!
+//! `journal.postgres` (with `bench --postgres URL`) does the same against a PostgreSQL store:
+//! [`Store::commit`] (one `taskbox_commit` statement per transition) against a raw
+//! tokio-postgres INSERT of the same JSON into a one-table baseline on the same server, one
+//! transaction per row, interleaved.
 
 use std::path::Path;
 use std::time::Instant;
@@ -88,6 +93,7 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
             size_bytes: 48 << 20,
             expires_at: Some(now + 30 * 86_400_000),
             omitted: Vec::new(),
+            usage: None,
         },
         Command::StopSandbox { sandbox_id } => Event::SandboxStopped {
             sandbox_id: sandbox_id.clone(),
@@ -320,6 +326,28 @@ fn measure(
         }
     })?;
     let mut raw = raw_open(&dir.join(format!("{label}-raw.db")))?;
+    interleave_rounds(
+        label,
+        rounds,
+        per_round,
+        per_tx,
+        settings,
+        |recs| store_commit(&mut store, recs, per_tx),
+        |rows| raw_insert(&mut raw, rows, per_tx),
+    )
+}
+
+/// Runs `rounds` measured rounds (after one unmeasured) of `per_round` fresh transitions on
+/// each side, alternating which side goes first.
+fn interleave_rounds(
+    label: &str,
+    rounds: usize,
+    per_round: usize,
+    per_tx: usize,
+    settings: &TaskSettings,
+    mut subject_run: impl FnMut(&[Rec]) -> Result<(), BenchError>,
+    mut baseline_run: impl FnMut(&[RawRow]) -> Result<(), BenchError>,
+) -> Result<Rates, BenchError> {
     let per_task = lifecycle("probe", settings)?.len();
     let mut rates = Rates {
         subject: Vec::new(),
@@ -337,12 +365,12 @@ fn measure(
         let rows = raw_rows(&recs)?;
         let mut subject = || -> Result<f64, BenchError> {
             let t = Instant::now();
-            store_commit(&mut store, &recs, per_tx)?;
+            subject_run(&recs)?;
             Ok(t.elapsed().as_secs_f64())
         };
         let mut baseline = || -> Result<f64, BenchError> {
             let t = Instant::now();
-            raw_insert(&mut raw, &rows, per_tx)?;
+            baseline_run(&rows)?;
             Ok(t.elapsed().as_secs_f64())
         };
         let (s, b) = if round % 2 == 0 {
@@ -363,6 +391,99 @@ fn measure(
             .push(s * 1000.0 / recs.len().div_ceil(per_tx) as f64);
     }
     Ok(rates)
+}
+
+/// The raw PostgreSQL baseline: the same client (tokio-postgres) and durability as the store,
+/// one autocommitted INSERT per transition into a one-table baseline of its own.
+struct PgRaw {
+    rt: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+    insert: tokio_postgres::Statement,
+}
+
+impl PgRaw {
+    // The baseline bypasses the store on purpose (clippy.toml allows the benchmark by name).
+    #[allow(clippy::disallowed_methods)]
+    fn open(url: &str) -> Result<PgRaw, BenchError> {
+        let err = |e: tokio_postgres::Error| {
+            BenchError::failed(BENCH, format!("raw PostgreSQL baseline: {e}"))
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| BenchError::failed(BENCH, format!("a runtime: {e}")))?;
+        let (client, insert) = rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .map_err(err)?;
+            tokio::spawn(conn);
+            client
+                .batch_execute(
+                    "CREATE TABLE IF NOT EXISTS taskbox_bench_raw (
+                         seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                         task_id TEXT NOT NULL,
+                         at BIGINT NOT NULL,
+                         event TEXT NOT NULL,
+                         task_after TEXT NOT NULL)",
+                )
+                .await
+                .map_err(err)?;
+            let insert = client
+                .prepare(
+                    "INSERT INTO taskbox_bench_raw (task_id, at, event, task_after)
+                     VALUES ($1, $2, $3, $4)",
+                )
+                .await
+                .map_err(err)?;
+            Ok::<_, BenchError>((client, insert))
+        })?;
+        Ok(PgRaw { rt, client, insert })
+    }
+
+    fn insert(&self, rows: &[RawRow]) -> Result<(), BenchError> {
+        self.rt.block_on(async {
+            for r in rows {
+                self.client
+                    .execute(&self.insert, &[&r.task_id, &r.at, &r.event, &r.task_after])
+                    .await
+                    .map_err(|e| {
+                        BenchError::failed(BENCH, format!("raw PostgreSQL baseline: {e}"))
+                    })?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// `journal.postgres`: [`Store::commit`] on a PostgreSQL store against [`PgRaw`].
+fn measure_postgres(
+    url: &str,
+    rounds: usize,
+    per_round: usize,
+    settings: &TaskSettings,
+) -> Result<Rates, BenchError> {
+    let mut store = Store::connect(url).map_err(|source| BenchError::Store {
+        bench: BENCH,
+        action: "connecting to the PostgreSQL store".into(),
+        source: Box::new(source),
+    })?;
+    let raw = PgRaw::open(url)?;
+    // Task ids unique to this run: the database outlives it.
+    let label = format!(
+        "pg{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis())
+    );
+    interleave_rounds(
+        &label,
+        rounds,
+        per_round,
+        1,
+        settings,
+        |recs| store_commit(&mut store, recs, 1),
+        |rows| raw.insert(rows),
+    )
 }
 
 fn row(name: &str, subject_is: &str, baseline_is: &str, r: &Rates, rounds: usize) -> Measurement {
@@ -422,6 +543,24 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             &r,
             rounds,
         ));
+    }
+    if ctx.wants("journal.postgres") {
+        match ctx.opts.postgres.clone() {
+            None => ctx.say("journal.postgres: skipped (no --postgres URL)"),
+            Some(url) => {
+                ctx.say(&format!(
+                    "journal.postgres: {rounds} rounds of {per_round} transitions each side"
+                ));
+                let r = measure_postgres(&url, rounds, per_round, &settings)?;
+                rows.push(row(
+                    "journal.postgres",
+                    "Store::commit on a PostgreSQL store, one durable transaction per transition",
+                    "raw tokio-postgres INSERT of the same JSON, same server, one transaction per row",
+                    &r,
+                    rounds,
+                ));
+            }
+        }
     }
     Ok(rows)
 }

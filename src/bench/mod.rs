@@ -10,6 +10,7 @@
 //! |---|---|---|
 //! | `overhead` | a command in a warm task (library path; CLI through a running server; one-shot CLI) | `bash -c` spawned bare |
 //! | `overhead.stored_tasks` | a warm CLI command through a server with 10,000 tasks stored | the same with 2 stored |
+//! | `overhead.first_byte` | a command's first line of output reaching a `taskbox run` through a server, after it was written | the same through a bare `bash -c` pipe |
 //! | `journal` | `Store::commit` / `commit_batch` of lifecycle transitions | raw SQLite inserts, same durability |
 //! | `scale` | 10,000 tasks through the engine on the simulated provider | the same calls made directly |
 //! | `snapshot` | local snapshot and restore (content-addressed), the next snapshot after small changes, storage of ten | `tar \| zstd -1 -T1` and `zstd -d \| tar -x`, the first snapshot, one full archive |
@@ -89,19 +90,24 @@ pub struct Options {
     /// Where to put data dirs and workspaces (a fresh directory is made inside and removed at
     /// the end); the system temporary directory when `None`.
     pub scratch: Option<PathBuf>,
+    /// A PostgreSQL database for `journal.postgres` (skipped when `None`). The benchmark adds
+    /// its tasks and one table of its own (`taskbox_bench_raw`) there.
+    pub postgres: Option<String>,
 }
 
 /// The benchmark groups, in run order.
 pub const GROUPS: [&str; 5] = ["overhead", "journal", "scale", "snapshot", "vercel"];
 
 /// Every benchmark (row) name, group first.
-pub const NAMES: [&str; 17] = [
+pub const NAMES: [&str; 19] = [
     "overhead.library",
     "overhead.cli",
     "overhead.cli_oneshot",
     "overhead.stored_tasks",
+    "overhead.first_byte",
     "journal.commit",
     "journal.batch",
+    "journal.postgres",
     "scale.wall",
     "scale.peak_memory",
     "scale.slowest_task",

@@ -317,7 +317,7 @@ pub fn generate_workspace(root: &Path, spec: &TreeSpec, seed: u64) -> io::Result
     let mut written = 0usize;
     let mut pkg = 0usize;
     while written < spec.module_files {
-        let scope = if pkg % 7 == 0 {
+        let scope = if pkg.is_multiple_of(7) {
             format!("@scope{}/", pkg % 13)
         } else {
             String::new()
@@ -397,7 +397,7 @@ pub fn generate_workspace(root: &Path, spec: &TreeSpec, seed: u64) -> io::Result
         while left > 0 {
             page.clear();
             let size = left.min(64 * 1024);
-            if n % 2 == 0 {
+            if n.is_multiple_of(2) {
                 log(&mut rng, size, &mut page);
             } else {
                 blob(&mut rng, size, &mut page);

@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// Where to put the benchmarks' scratch data (default: the system temporary directory).
     #[arg(long, value_name = "DIR")]
     scratch: Option<PathBuf>,
+    /// A PostgreSQL database for `journal.postgres` (taskbox's commits against raw INSERTs
+    /// through the same client); that row is skipped without it.
+    #[arg(long, value_name = "URL")]
+    postgres: Option<String>,
     /// Internal: run one side of a benchmark that needs its own process, print its JSON.
     #[arg(long, hide = true, value_name = "KIND")]
     child: Option<String>,
@@ -85,6 +89,7 @@ fn run_blocking(args: BenchArgs) -> Result<ExitCode, Failure> {
         only: args.only,
         exe,
         scratch: args.scratch,
+        postgres: args.postgres,
     };
     bench::validate_only(&opts.only).map_err(failure)?;
     if cfg!(debug_assertions) && opts.mode != Mode::Quick {

@@ -74,7 +74,7 @@ pub async fn run(args: ChaosArgs) -> Result<ExitCode, Failure> {
                     r.repro
                 );
             }
-            if long && n % every == 0 {
+            if long && n.is_multiple_of(every) {
                 eprintln!("chaos: {n}/{} seeds", opts.seeds);
             }
         })

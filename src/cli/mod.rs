@@ -4,10 +4,13 @@
 mod bench;
 #[cfg(feature = "chaos")]
 mod chaos;
+mod cost;
 mod doctor;
 #[cfg(feature = "fake")]
 mod fake;
 mod live;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod output;
 mod replay;
 #[cfg(feature = "server")]
@@ -79,6 +82,9 @@ enum Cmd {
     Tasks(TasksArgs),
     /// Show a task: state, sandbox, snapshots and recent journal.
     Show(ShowArgs),
+    /// What tasks used, from their journals: sandbox time, creations, snapshot storage, and on
+    /// Vercel active CPU, memory and an estimate at list price (`cost.*` keys).
+    Cost(cost::CostArgs),
     /// Read and change the configuration (Hermes-style `terminal.*` keys).
     #[command(subcommand)]
     Config(ConfigCmd),
@@ -105,6 +111,13 @@ enum Cmd {
     /// per change), until the server stops.
     #[cfg(feature = "server")]
     Watch(TaskArgs),
+    /// Serve taskbox to MCP clients (coding agents): tools to run commands in a task's sandbox,
+    /// suspend and resume it, list and show tasks, read and write its files.
+    ///
+    /// Speaks MCP over stdio (the client starts `taskbox mcp`), or streamable HTTP at
+    /// http://ADDR/mcp with --http ADDR --token-file FILE.
+    #[cfg(feature = "mcp")]
+    Mcp(mcp::McpArgs),
     /// Check a task's journal against today's code (exit 1 on a divergence); show its timeline.
     Replay(replay::ReplayArgs),
     /// Write a task's journal as portable JSONL (secrets redacted), for `replay --journal`.
@@ -316,6 +329,7 @@ impl Cmd {
             Cmd::Tasks(a) => a.json,
             Cmd::Doctor(a) => a.json,
             Cmd::Show(a) => a.json,
+            Cmd::Cost(a) => a.json,
             Cmd::Config(ConfigCmd::Show(a)) => a.json,
             Cmd::Config(_) => false,
             Cmd::Gc(a) => a.json,
@@ -325,6 +339,8 @@ impl Cmd {
             Cmd::Watch(a) => a.json,
             #[cfg(feature = "server")]
             Cmd::Serve(_) => false,
+            #[cfg(feature = "mcp")]
+            Cmd::Mcp(_) => false,
             #[cfg(feature = "chaos")]
             Cmd::Chaos(a) => a.json(),
             #[cfg(feature = "fake")]
@@ -345,9 +361,12 @@ fn engine_in_process(cmd: &Cmd, paths: &Paths) -> bool {
         Cmd::Run(_) | Cmd::Suspend(_) | Cmd::Resume(_) | Cmd::Gc(_) | Cmd::Fork(_) => {
             !matches!(route(paths), Ok(Route::Server(..)))
         }
-        Cmd::Tasks(_) | Cmd::Show(_) | Cmd::Config(_) | Cmd::Export(_) | Cmd::ExportSnapshot(_) => {
-            false
-        }
+        Cmd::Tasks(_)
+        | Cmd::Show(_)
+        | Cmd::Cost(_)
+        | Cmd::Config(_)
+        | Cmd::Export(_)
+        | Cmd::ExportSnapshot(_) => false,
         #[cfg(feature = "server")]
         Cmd::Status(_) | Cmd::Watch(_) => false,
         _ => true,
@@ -442,7 +461,8 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Tasks(args) => {
             // Read-only: straight from the store, with no provider (and so no credentials).
             let store_err = |e: StoreError| Failure::from_engine(e.into());
-            let (tasks, removed) = match existing_store(paths).map_err(store_err)? {
+            let store = existing_store(paths).map_err(store_err)?;
+            let (tasks, removed) = match &store {
                 Some(store) => (
                     store.load_tasks().map_err(store_err)?,
                     store
@@ -455,9 +475,36 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
                 None => (Vec::new(), output::Removed::new()),
             };
             let now = taskbox::clock::Clock::now_ms(&taskbox::clock::SystemClock);
+            // `--json` carries each task's cost totals (all time), read from its journal.
+            let costs = |tasks: &[taskbox::core::Task]| -> Result<_, Failure> {
+                let mut costs = std::collections::BTreeMap::new();
+                if let Some(store) = &store {
+                    let prices = Config::load(&paths.config_file)
+                        .map_err(Failure::from_config)?
+                        .prices();
+                    let window = taskbox::engine::cost::window(None, now);
+                    for t in tasks {
+                        let (l, b) = taskbox::engine::cost::task_ledger(store, &t.id, window)
+                            .map_err(Failure::from_engine)?;
+                        costs.insert(
+                            t.id.to_string(),
+                            taskbox::engine::cost::ledger_json(&l, b.as_deref(), &prices),
+                        );
+                    }
+                }
+                Ok(costs)
+            };
             match (args.json, args.tree) {
-                (true, false) => print_json(&output::tasks_json(&tasks, now, &removed))?,
-                (true, true) => print_json(&output::tasks_tree_json(&tasks, now, &removed))?,
+                (true, false) => {
+                    let mut v = output::tasks_json(&tasks, now, &removed);
+                    output::add_costs(&mut v, &costs(&tasks)?);
+                    print_json(&v)?
+                }
+                (true, true) => {
+                    let mut v = output::tasks_tree_json(&tasks, now, &removed);
+                    output::add_costs(&mut v, &costs(&tasks)?);
+                    print_json(&v)?
+                }
                 (false, false) => output::print_tasks(&tasks, now, &removed)?,
                 (false, true) => output::print_tasks_tree(&tasks, now, &removed)?,
             }
@@ -465,21 +512,38 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Show(args) => {
             let task = task_id(&args.task)?;
-            let view = match existing_store(paths).map_err(|e| Failure::from_engine(e.into()))? {
-                Some(store) => TaskView::load(&store, &task, args.journal, None)
+            let store = existing_store(paths).map_err(|e| Failure::from_engine(e.into()))?;
+            let view = match &store {
+                Some(store) => TaskView::load(store, &task, args.journal, None)
                     .map_err(Failure::from_engine)?,
                 None => None,
             };
-            let Some(view) = view else {
+            let (Some(view), Some(store)) = (view, store) else {
                 return Err(no_task(paths, &task));
             };
+            // The task's cost totals (all time), from its journal, as `taskbox cost TASK`.
+            let now = taskbox::clock::Clock::now_ms(&taskbox::clock::SystemClock);
+            let prices = Config::load(&paths.config_file)
+                .map_err(Failure::from_config)?
+                .prices();
+            let (ledger, backend) = taskbox::engine::cost::task_ledger(
+                &store,
+                &task,
+                taskbox::engine::cost::window(None, now),
+            )
+            .map_err(Failure::from_engine)?;
+            let cost = taskbox::engine::cost::ledger_json(&ledger, backend.as_deref(), &prices);
             if args.json {
-                print_json(&output::view_json(&view)?)?;
+                let mut v = output::view_json(&view)?;
+                v["cost"] = cost;
+                print_json(&v)?;
             } else {
                 output::print_view(&view)?;
+                println!("{}", output::cost_line(&cost));
             }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Cost(args) => cost::run(args, paths),
         Cmd::Config(cmd) => config_cmd(cmd, paths),
         Cmd::ExportSnapshot(args) => export_snapshot(paths, &args),
         #[cfg(feature = "bench")]
@@ -493,6 +557,8 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Serve(args) => server::serve(args, paths).await,
         #[cfg(feature = "server")]
         Cmd::Status(args) => server::status(paths, args.json).await,
+        #[cfg(feature = "mcp")]
+        Cmd::Mcp(args) => mcp::run(args, paths).await,
         #[cfg(feature = "server")]
         Cmd::Watch(args) => server::watch(paths, &task_id(&args.task)?, args.json).await,
         Cmd::Gc(args) => {
@@ -878,7 +944,13 @@ fn task_id(s: &str) -> Result<TaskId, Failure> {
 /// Opens the store for a command that only reads it: `None` when this home has no store yet,
 /// so that reading never creates one.
 fn existing_store(paths: &Paths) -> Result<Option<Store>, StoreError> {
-    match Store::open_existing(&paths.store_file()) {
+    // The configured store (`terminal.store` / TASKBOX_STORE); a config that cannot be read
+    // leaves the data dir's file, as before.
+    let location = Config::load(&paths.config_file)
+        .ok()
+        .and_then(|c| c.store(|k| std::env::var(k).ok()).ok())
+        .and_then(|s| s.url().map(str::to_string));
+    match Store::open_location(location.as_deref(), &paths.store_file(), false) {
         Ok(store) => Ok(Some(store)),
         Err(StoreError::Missing { .. }) => Ok(None),
         Err(e) => Err(e),
@@ -893,7 +965,10 @@ async fn open(paths: &Paths) -> Result<Orchestrator, Failure> {
 }
 
 async fn open_with(paths: &Paths, reconcile: bool) -> Result<Orchestrator, Failure> {
-    let config = Config::load(&paths.config_file).map_err(Failure::from_config)?;
+    let mut config = Config::load(&paths.config_file).map_err(Failure::from_config)?;
+    config.terminal.store = config
+        .store(|k| std::env::var(k).ok())
+        .map_err(Failure::from_config)?;
     Orchestrator::builder(paths.data_dir.clone(), config)
         .reconcile_on_start(reconcile)
         .open()

@@ -108,6 +108,25 @@ impl Failure {
         }
     }
 
+    /// The failure as an MCP tool's error result: the text an agent reads (`error:`, `caused
+    /// by:`, `note:`, `hint:` lines, as the CLI prints them) and the `--json` error object, both
+    /// redacted.
+    #[cfg(feature = "mcp")]
+    pub fn tool_error(&self) -> (String, serde_json::Value) {
+        let r = self.redacted();
+        let mut text = format!("error: {}", r.message);
+        for c in &r.causes {
+            text.push_str(&format!("\ncaused by: {c}"));
+        }
+        for n in &r.notices {
+            text.push_str(&format!("\nnote: {}", notice_text(n)));
+        }
+        if let Some(h) = &r.hint {
+            text.push_str(&format!("\nhint: {h}"));
+        }
+        (text, r.json())
+    }
+
     /// The `--json` error object: the same shape as the server's errors (docs/api.md).
     fn json(&self) -> serde_json::Value {
         let mut v = serde_json::json!({
@@ -314,6 +333,43 @@ fn task_json(t: &Task, now: Millis, removed: &Removed) -> serde_json::Value {
             "at": format_ms(l.forked_at),
         })),
     })
+}
+
+/// Puts each task's `cost` (by task id) into the objects of a `tasks --json` listing, forks
+/// (`--tree`'s `forks`) included.
+pub fn add_costs(v: &mut serde_json::Value, costs: &BTreeMap<String, serde_json::Value>) {
+    let Some(items) = v.as_array_mut() else {
+        return;
+    };
+    for item in items {
+        let id = item["task"].as_str().map(str::to_string);
+        if let Some(cost) = id.and_then(|id| costs.get(&id)) {
+            item["cost"] = cost.clone();
+        }
+        if let Some(forks) = item.get_mut("forks") {
+            add_costs(forks, costs);
+        }
+    }
+}
+
+/// `show`'s one line of cost totals (from [`taskbox::engine::cost::ledger_json`]).
+pub fn cost_line(cost: &serde_json::Value) -> String {
+    let f = |k: &str| cost[k].as_f64().unwrap_or(0.0);
+    let mut s = format!(
+        "cost:        {} creation(s), sandbox time {:.4} h, {} snapshot byte(s) kept, {:.9} GB-months",
+        cost["creations"],
+        f("sandbox_hours"),
+        cost["snapshot_bytes_kept"],
+        f("snapshot_gb_months"),
+    );
+    if let Some(total) = cost["estimate_usd"]["total"].as_f64() {
+        s.push_str(&format!(
+            "; {:.6} vCPU-hours, {:.6} memory GB-hours; estimate at list price ${total:.6} (`taskbox cost` for more)",
+            f("vcpu_hours"),
+            f("memory_gb_hours"),
+        ));
+    }
+    s
 }
 
 /// The tasks as a forest: each task once, its forks under it (a fork whose parent is not in

@@ -28,6 +28,10 @@ pub struct ServeArgs {
     /// Ask the running server to stop (it suspends tasks with live sandboxes first).
     #[arg(long, conflicts_with_all = ["listen", "token_file", "auto"])]
     stop: bool,
+    /// The store: `sqlite` (the data dir's file) or `postgres://user@host/database`, shared by
+    /// a fleet of servers (overrides `terminal.store` and TASKBOX_STORE).
+    #[arg(long, value_name = "URL", conflicts_with = "stop")]
+    store: Option<String>,
     /// Started by the CLI: exit once idle with no live sandbox.
     #[arg(long, hide = true)]
     auto: bool,
@@ -82,7 +86,23 @@ pub async fn serve(args: ServeArgs, paths: &Paths) -> Result<ExitCode, Failure> 
     if args.stop {
         return stop(paths).await;
     }
-    let config = Config::load(&paths.config_file).map_err(Failure::from_config)?;
+    let mut config = Config::load(&paths.config_file).map_err(Failure::from_config)?;
+    config.terminal.store = config
+        .store(|k| std::env::var(k).ok())
+        .map_err(Failure::from_config)?;
+    if let Some(store) = &args.store {
+        config
+            .set_from(
+                "terminal.store",
+                store,
+                taskbox::config::ValueSource::Flag("--store"),
+            )
+            .map_err(Failure::from_config)?;
+    }
+    let store = match config.terminal.store.url() {
+        Some(url) => format!(" (store {})", taskbox::redact::redact(url)),
+        None => String::new(),
+    };
     let token = match &args.token_file {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| {
@@ -109,7 +129,7 @@ pub async fn serve(args: ServeArgs, paths: &Paths) -> Result<ExitCode, Failure> 
         .map(|a| format!(" and http://{a} (bearer token required)"))
         .unwrap_or_default();
     eprintln!(
-        "taskbox server (pid {}) serving {} on {}{tcp}",
+        "taskbox server (pid {}) serving {}{store} on {}{tcp}",
         std::process::id(),
         paths.data_dir.display(),
         server.socket().display()

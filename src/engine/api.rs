@@ -71,7 +71,11 @@ impl OrchestratorBuilder {
     /// Opens the store and starts the event loop.
     pub async fn open(self) -> Result<Orchestrator, EngineError> {
         self.config.validate(crate::config::ValueSource::Program)?;
-        let store = Store::open(&store_file(&self.data_dir))?;
+        let store = Store::open_location(
+            self.config.terminal.store.url(),
+            &store_file(&self.data_dir),
+            true,
+        )?;
         let installation_id = store.installation_id().to_string();
         let provider = match self.provider {
             Some(p) => p,

@@ -24,6 +24,7 @@
 //! [`Event::Loaded`]: crate::core::Event::Loaded
 
 mod api;
+pub mod cost;
 mod error;
 mod event_loop;
 mod gc;

@@ -128,11 +128,11 @@ const NAME_PATTERN: &str = "^[a-zA-Z0-9_-]{1,128}$";
 
 /// Renders a millisecond limit the way the service words it (`45m`, `5h`, `1500ms`).
 pub(crate) fn human_ms(ms: u64) -> String {
-    if ms > 0 && ms % 3_600_000 == 0 {
+    if ms > 0 && ms.is_multiple_of(3_600_000) {
         format!("{}h", ms / 3_600_000)
-    } else if ms > 0 && ms % 60_000 == 0 {
+    } else if ms > 0 && ms.is_multiple_of(60_000) {
         format!("{}m", ms / 60_000)
-    } else if ms > 0 && ms % 1000 == 0 {
+    } else if ms > 0 && ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")

@@ -120,6 +120,9 @@ pub(crate) struct SessionView {
     pub snapshotted_at: Option<Millis>,
     pub created_at: Millis,
     pub cwd: String,
+    /// The fake's model of billed CPU (see `SessionRec::active_cpu_ms`); `networkTransfer` is
+    /// not modelled (the API reports it only where present).
+    pub active_cpu_duration_ms: u64,
     pub updated_at: Millis,
 }
 

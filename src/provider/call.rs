@@ -274,6 +274,7 @@ impl Call {
                     size_bytes: info.size_bytes,
                     expires_at: info.expires_at,
                     omitted: info.omitted,
+                    usage: info.usage,
                 },
                 Err(e) => Event::SnapshotFailed {
                     seq: *seq,

@@ -253,6 +253,10 @@ pub struct SnapshotInfo {
     /// else is in it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub omitted: Vec<String>,
+    /// What the platform reported of the session the snapshot stopped (`None`: nothing
+    /// reported, as on the local backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<crate::core::SessionUsage>,
 }
 
 /// A provider resource listed for reconciliation.

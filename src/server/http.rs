@@ -334,13 +334,10 @@ async fn shutdown(State(st): State<AppState>) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "stopping": true }))
 }
 
-/// The TCP listener's guard: `Authorization: Bearer <token>` or 401, before any handler runs.
+/// The guard of a TCP listener (`serve --listen`, `taskbox mcp --http`): `Authorization: Bearer
+/// <token>` or 401, before any handler runs.
 /// The token is compared in constant time and never echoed.
-pub(super) async fn require_token(
-    State(token): State<Arc<String>>,
-    req: Request,
-    next: Next,
-) -> Response {
+pub async fn require_token(State(token): State<Arc<String>>, req: Request, next: Next) -> Response {
     let given = req
         .headers()
         .get(header::AUTHORIZATION)

@@ -21,6 +21,8 @@ mod watch;
 pub mod idle;
 pub mod socket;
 
+pub use http::require_token;
+
 use std::future::IntoFuture;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -207,6 +207,70 @@ pub enum StoreError {
         owner: String,
     },
 
+    /// A PostgreSQL store's connection or statement failed.
+    #[error("{operation}{} failed in the store {target}", for_task(task_id))]
+    Postgres {
+        /// The store's URL, password redacted.
+        target: String,
+        /// What was being done.
+        operation: &'static str,
+        /// The task concerned, if any.
+        task_id: Option<String>,
+        /// Whether trying again later may succeed (a lost connection, a server restarting).
+        retryable: bool,
+        /// What the client or the server said.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// Another server took the task's lease over: this one may no longer write it (its commit
+    /// carried a stale fencing token and was refused; nothing of it was written).
+    #[error(
+        "task `{task_id}` moved to another server{}: this server's lease on it was taken over, \
+         so its transition was not committed",
+        owner.as_deref().filter(|o| !o.is_empty()).map(|o| format!(" (`{o}`)")).unwrap_or_default()
+    )]
+    LeaseLost {
+        /// The task.
+        task_id: String,
+        /// The server that holds the lease now, if any does.
+        owner: Option<String>,
+    },
+
+    /// Another live server holds the task's lease.
+    #[error(
+        "task `{task_id}` is driven by another server (`{owner}`, its lease runs for \
+         {expires_in_ms} ms more); send the request to that server"
+    )]
+    LeaseHeld {
+        /// The task.
+        task_id: String,
+        /// The server that holds it.
+        owner: String,
+        /// How long its lease runs unless renewed.
+        expires_in_ms: u64,
+    },
+
+    /// The configured store is not one this build can open.
+    #[error("invalid store `{target}`: {reason}")]
+    BadTarget {
+        /// The store as given, any password redacted.
+        target: String,
+        /// What is wrong, and how to write it.
+        reason: String,
+    },
+
+    /// A number to be stored does not fit the database's 63-bit integers.
+    #[error("task `{task_id}`: the {what} {value} is too large to store")]
+    OutOfRange {
+        /// The task.
+        task_id: String,
+        /// Which value.
+        what: &'static str,
+        /// The value.
+        value: u64,
+    },
+
     /// `PRAGMA integrity_check` or `PRAGMA foreign_key_check` found problems.
     #[error(
         "the store {} failed its integrity check: {report}; restore it from a backup or move it \
@@ -269,8 +333,28 @@ impl StoreError {
                     dir.display()
                 ))
             }
+            StoreError::Postgres {
+                retryable: true, ..
+            } => Some(
+                "the PostgreSQL server did not answer or is restarting; run the command again \
+                 once it is back: nothing committed is lost, and a task whose commit was cut \
+                 off recovers from its journal"
+                    .to_string(),
+            ),
             _ => None,
         }
+    }
+
+    /// Whether trying the same operation again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Busy { .. }
+                | StoreError::Postgres {
+                    retryable: true,
+                    ..
+                }
+        )
     }
 
     /// The same error for another caller waiting on the same failed write: a disk-full error

@@ -174,6 +174,8 @@ pub(crate) fn open(path: &Path, create: Create) -> Result<Connection, StoreError
     }
     // FULL: in WAL mode, NORMAL may lose the last commits on power loss; the journal is the
     // engine's write-ahead log, so a commit must be on disk before its commands are performed.
+    // (`Store::commit_batch_with(…, Sync::WithNext)` lowers it for one transaction that calls no
+    // provider; the next FULL commit syncs it.)
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(open_err)?;
     conn.pragma_update(None, "foreign_keys", true)
@@ -276,7 +278,7 @@ pub(crate) fn installation_id(conn: &Connection, path: &Path) -> Result<String, 
     Ok(id)
 }
 
-fn random_hex_128() -> Result<String, StoreError> {
+pub(crate) fn random_hex_128() -> Result<String, StoreError> {
     let mut bytes = [0u8; 16];
     fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))

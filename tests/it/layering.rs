@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 /// `core` and `ids` are the `taskbox-core` crate (its own crate: it can import nothing here).
 const LAYERS: &[&[&str]] = &[
     &["core", "ids"],
-    &["store", "clock", "config", "rng", "shell", "redact"],
+    // The one redaction of secrets: the store and the config show URLs through it.
+    &["redact"],
+    &["store", "clock", "config", "rng", "shell"],
     &["retry"],
     &["provider"],
     &["fake", "engine"],

@@ -131,3 +131,84 @@ pub fn sbx(id: &str) -> taskbox::ids::SandboxId {
 pub fn snap(id: &str) -> taskbox::ids::SnapshotId {
     taskbox::ids::SnapshotId::from(id)
 }
+
+/// Whether this is a CI run (`CI` set to anything but empty, `0` or `false`), which must not
+/// skip a test for want of a tool or the network.
+pub fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "FALSE" | "False"))
+}
+
+/// Takes an exclusive `flock` on `file`, waiting for another holder.
+pub fn lock(file: &std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: `flock` takes a descriptor and flags and touches no memory of ours; `file` is
+        // borrowed for the whole call, so its descriptor is open (and not reused) until it
+        // returns. A bad descriptor would only make it fail with EBADF, reported below.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// A child in a process group of its own, killed (the whole group) when dropped — on every
+/// path, panics included.
+pub struct Group(pub std::process::Child);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: `kill` takes a pid and a signal and touches no memory; the negative pid names
+        // the child's own process group (it was spawned with `process_group(0)`), so nothing
+        // outside the group is signalled.
+        unsafe {
+            libc::kill(-(self.0.id() as i32), libc::SIGKILL);
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `cmd` to completion within `limit`: (success, stdout and stderr) or why it could not.
+pub fn run_bounded(
+    mut cmd: Command,
+    limit: Duration,
+    what: &str,
+) -> Result<(bool, String), String> {
+    let out_file = tempfile::tempfile().map_err(|e| format!("temp file: {e}"))?;
+    let err_file = out_file
+        .try_clone()
+        .map_err(|e| format!("temp file: {e}"))?;
+    let mut reader = out_file
+        .try_clone()
+        .map_err(|e| format!("temp file: {e}"))?;
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    cmd.stdin(Stdio::null())
+        .stdout(out_file)
+        .stderr(err_file)
+        .process_group(0);
+    let mut child = Group(cmd.spawn().map_err(|e| format!("cannot run {what}: {e}"))?);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.0.try_wait().map_err(|e| format!("{what}: {e}"))? {
+            break status;
+        }
+        if started.elapsed() > limit {
+            return Err(format!("{what} took more than {} s", limit.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(child);
+    use std::io::Seek;
+    reader.rewind().map_err(|e| format!("{what}: {e}"))?;
+    let mut text = String::new();
+    reader
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{what}: {e}"))?;
+    Ok((status.success(), text))
+}

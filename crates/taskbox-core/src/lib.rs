@@ -37,6 +37,7 @@
 //! ```
 
 pub mod ids;
+pub mod ledger;
 pub mod reason;
 mod step;
 mod types;

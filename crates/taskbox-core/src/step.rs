@@ -330,6 +330,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 size_bytes,
                 expires_at,
                 omitted,
+                usage: _,
             },
         ) if cx.pending_seq() == Some(seq) => {
             let rec =

@@ -314,6 +314,27 @@ pub struct PlatformSnapshot {
     pub expires_at: Option<Millis>,
 }
 
+/// What a platform reports a sandbox session used, as it reports it (Vercel's session object).
+/// Only journaled (in [`Event::SnapshotTaken`]); the core decides nothing by it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionUsage {
+    /// When the session started running (`startedAt`).
+    pub started_at: Millis,
+    /// When it stopped (`stoppedAt`), when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at: Option<Millis>,
+    /// vCPUs provisioned.
+    pub vcpus: u32,
+    /// Memory provisioned, MB.
+    pub memory_mb: u32,
+    /// CPU time actually billed (`activeCpuDurationMs`), when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_cpu_ms: Option<u64>,
+    /// Network transfer, ingress plus egress, bytes (`networkTransfer`), when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer_bytes: Option<u64>,
+}
+
 /// The task's live sandbox.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxRecord {
@@ -755,6 +776,12 @@ pub enum Event {
         /// existed and when nothing was left out.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         omitted: Vec<String>,
+        /// What the platform reported of the session the snapshot stopped (Vercel's session
+        /// object: active CPU, vCPUs, memory, start and stop). Journaled as it arrives so that
+        /// the cost ledger (`taskbox cost`) is computed from the journal alone. Absent where the
+        /// provider reports none (the local backend) and in journals written before it existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<SessionUsage>,
     },
     /// `TakeSnapshot` failed.
     SnapshotFailed {

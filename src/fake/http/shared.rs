@@ -213,7 +213,16 @@ impl Shared {
                 tracing::warn!(command = %run.id, "a command survived SIGKILL for {KILL_WAIT:?}");
             }
         }
-        lock(&self.commands).retain(|_, r| r.session_id != session_id);
+        let mut commands = lock(&self.commands);
+        let ran: u64 = commands
+            .values()
+            .filter(|r| r.session_id == session_id)
+            .filter_map(|r| r.exit())
+            .map(|e| e.duration_ms)
+            .sum();
+        commands.retain(|_, r| r.session_id != session_id);
+        drop(commands);
+        self.world().add_active_cpu(session_id, ran);
     }
 
     /// Discards a session's local sandbox and home.

@@ -97,6 +97,7 @@ impl World {
             requested_stop_at: None,
             stopped_at: None,
             snapshotted_at: None,
+            active_cpu_ms: 0,
             updated_at: now,
             forced_deadline: None,
         }

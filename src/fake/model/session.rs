@@ -68,6 +68,10 @@ pub(crate) struct SessionRec {
     pub requested_stop_at: Option<Millis>,
     pub stopped_at: Option<Millis>,
     pub snapshotted_at: Option<Millis>,
+    /// `activeCpuDurationMs`: a model, not Vercel's meter — the wall time of the session's
+    /// finished commands, added when the session ends (Vercel bills CPU actually used, without
+    /// I/O wait, so its figure is lower).
+    pub active_cpu_ms: u64,
     pub updated_at: Millis,
     /// Set by `/_admin/expire-session`: the session times out now.
     pub forced_deadline: Option<Millis>,
@@ -228,6 +232,14 @@ impl World {
         Ok(())
     }
 
+    /// Adds the wall time of a session's commands to its `activeCpuDurationMs` (when its
+    /// commands are reaped, as it ends).
+    pub(crate) fn add_active_cpu(&mut self, id: &str, ms: u64) {
+        if let Some(s) = self.sessions.get_mut(id) {
+            s.active_cpu_ms = s.active_cpu_ms.saturating_add(ms);
+        }
+    }
+
     /// Makes a live session time out now (admin); [`World::tick`] then stops it.
     pub(crate) fn expire_session(&mut self, id: &str, now: Millis) -> Result<(), ApiError> {
         let s = self
@@ -267,6 +279,7 @@ impl World {
             snapshotted_at: s.snapshotted_at,
             created_at: s.requested_at,
             cwd: s.cwd.clone(),
+            active_cpu_duration_ms: s.active_cpu_ms,
             updated_at: derived,
         }
     }

@@ -1,17 +1,26 @@
 //! Process isolation of a local sandbox with a cgroup v2 (Linux): every command of a sandbox
-//! joins the sandbox's own cgroup before `bash` starts, and stopping the sandbox kills the whole
-//! cgroup. A process cannot leave its cgroup by `setsid`, `env -i`, a cleared
-//! `TASKBOX_WORKSPACE` or double-forking (only by writing to another cgroup's `cgroup.procs`,
-//! which needs rights over it), so nothing a command started survives its sandbox.
+//! joins the sandbox's own cgroup before it runs anything of the caller's, and stopping the
+//! sandbox kills the whole cgroup. A process cannot leave its cgroup by `setsid`, `env -i`, a
+//! cleared `TASKBOX_WORKSPACE` or double-forking (only by writing to another cgroup's
+//! `cgroup.procs`, which needs rights over it), so nothing a command started survives its sandbox.
 //!
 //! The cgroup is made under the cgroup this process runs in (`/proc/self/cgroup`, on the cgroup2
 //! mount from `/proc/self/mountinfo`), named `taskbox-<sandbox name>-<hash of the sandbox's
 //! directory>` (two data dirs may hold sandboxes of one name), and its path is recorded in the
 //! sandbox's directory (`cgroup`) so that another taskbox process stopping the sandbox finds it.
-//! A command that ends leaving nothing behind removes the empty cgroup (the next command makes
-//! it again), so only a sandbox with live processes holds one. Where no writable cgroup v2 hierarchy is available (not Linux, cgroup v1 only, no
-//! delegation to this user), [`support`] says why, `taskbox doctor` reports it, and only the
-//! environment sweep of `kill::kill_leftovers` (which those escapes evade) remains.
+//! It lives from the sandbox's first command until the sandbox stops (`kill_all` removes it);
+//! the sweep (`remove_empty`) removes empty ones, which the next command makes again.
+//!
+//! A command joins in its own shell, as the first thing its `bash -c` script does (`Join::script`:
+//! `echo 0 > <cgroup>/cgroup.procs`, making the cgroup again if a sweep just removed it), not
+//! in the forked child before `exec`: a `pre_exec` hook makes the standard library fork the
+//! whole server instead of `posix_spawn`'s `vfork`, which costs a warm command a fifth of a
+//! millisecond and more. Nothing of the caller's runs before the join (bash reads only the
+//! server's own `BASH_ENV`, if it has one, before), so every process the command starts is in
+//! the cgroup; a join that fails runs nothing and the exec fails
+//! (`Join::failed`). Where no writable cgroup v2 hierarchy is available (not Linux, cgroup v1
+//! only, no delegation to this user), [`support`] says why, `taskbox doctor` reports it, and
+//! only the environment sweep of `kill::kill_leftovers` (which those escapes evade) remains.
 
 use std::fs;
 use std::io;
@@ -85,31 +94,75 @@ fn cgroup_name(sandbox_dir: &Path, sandbox: &str) -> String {
     format!("taskbox-{sandbox}-{:08x}", h as u32)
 }
 
-/// A sandbox's cgroup as a command joins it: the directory and its `cgroup.procs`, as C strings
-/// made before the fork (the child may not allocate).
+/// A sandbox's cgroup as a command joins it: the directory and its `cgroup.procs`.
 pub(super) struct Join {
-    dir: std::ffi::CString,
-    procs: std::ffi::CString,
+    dir: PathBuf,
+    procs: PathBuf,
 }
 
-/// Finds the cgroup of the sandbox `sandbox` whose directory is `sandbox_dir` and records it
-/// there, for each command to join. `None` when cgroups are not available here (or the record
-/// cannot be written: the reason is logged).
-pub(super) fn prepare(sandbox_dir: &Path, sandbox: &str) -> Option<Join> {
-    use std::os::unix::ffi::OsStrExt;
-    let base = support().ok()?;
-    let dir = recorded(sandbox_dir, sandbox)
-        .unwrap_or_else(|| base.join(cgroup_name(sandbox_dir, sandbox)));
-    if let Err(e) = fs::write(sandbox_dir.join(RECORD), dir.as_os_str().as_encoded_bytes()) {
-        tracing::warn!(sandbox, cgroup = %dir.display(), error = %e,
-            "cannot record the sandbox's cgroup; processes that leave its process group \
-             may outlive it");
-        return None;
+/// What a command's script writes to its report file when it could not join the cgroup (a
+/// working directory reported there always starts with `/`).
+const JOIN_FAILED: &[u8] = b"!cgroup";
+
+impl Join {
+    /// The start of a command's `bash -c` script (no newline, so the command's line numbers are
+    /// unchanged): moves the shell into the cgroup, making the cgroup again and retrying if it
+    /// is not there (a sweep may just have removed it); if that fails, writes [`JOIN_FAILED`] to
+    /// `report` and exits 125 without running anything else. Sets `__taskbox_join`.
+    pub(super) fn script(&self, report: &Path) -> Vec<u8> {
+        use std::os::unix::ffi::OsStrExt;
+        let q = |p: &Path| crate::shell::quote_bytes(p.as_os_str().as_bytes());
+        let (procs, dir, report) = (q(&self.procs), q(&self.dir), q(report));
+        let mut s = b"for __taskbox_join in 1 2 3; do { builtin echo 0 >| ".to_vec();
+        s.extend_from_slice(&procs);
+        s.extend_from_slice(b"; } 2>/dev/null && break; mkdir -- ");
+        s.extend_from_slice(&dir);
+        s.extend_from_slice(b" 2>/dev/null; false; done || { { builtin echo '");
+        s.extend_from_slice(JOIN_FAILED);
+        s.extend_from_slice(b"' >| ");
+        s.extend_from_slice(&report);
+        s.extend_from_slice(b"; } 2>/dev/null; builtin exit 125; }; ");
+        s
     }
-    Some(Join {
-        dir: std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?,
-        procs: std::ffi::CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).ok()?,
-    })
+
+    /// Whether a command's report says it could not join the cgroup (and so ran nothing), and
+    /// if so the error to answer with.
+    pub(super) fn failed(&self, report: Option<&[u8]>) -> Option<io::Error> {
+        (report?.strip_suffix(b"\n") == Some(JOIN_FAILED)).then(|| {
+            // The reason, as this process meets it (the same user, the same cgroup).
+            let why = fs::OpenOptions::new()
+                .write(true)
+                .open(&self.procs)
+                .err()
+                .map_or_else(String::new, |e| format!(": {e}"));
+            io::Error::other(format!(
+                "the command could not join the sandbox's cgroup {}{why}; nothing was run",
+                self.dir.display()
+            ))
+        })
+    }
+}
+
+/// Finds the cgroup of the sandbox `sandbox` whose directory is `sandbox_dir`, records it there
+/// (unless it already is) and makes it (unless it exists), for each command to join. `None`
+/// when cgroups are not available here (or the record cannot be written: the reason is logged).
+pub(super) fn prepare(sandbox_dir: &Path, sandbox: &str) -> Option<Join> {
+    let base = support().ok()?;
+    let dir = recorded(sandbox_dir, sandbox);
+    let recorded_already = dir.is_some();
+    let dir = dir.unwrap_or_else(|| base.join(cgroup_name(sandbox_dir, sandbox)));
+    if !recorded_already {
+        if let Err(e) = fs::write(sandbox_dir.join(RECORD), dir.as_os_str().as_encoded_bytes()) {
+            tracing::warn!(sandbox, cgroup = %dir.display(), error = %e,
+                "cannot record the sandbox's cgroup; processes that leave its process group \
+                 may outlive it");
+            return None;
+        }
+    }
+    // Made here, where it is cheap; the command's script makes it again if it has to.
+    let _ = fs::create_dir(&dir);
+    let procs = dir.join("cgroup.procs");
+    Some(Join { dir, procs })
 }
 
 /// The cgroup recorded in the directory of the sandbox `sandbox`, if any. The record sits
@@ -127,14 +180,6 @@ pub(super) fn recorded(sandbox_dir: &Path, sandbox: &str) -> Option<PathBuf> {
     ours.then_some(path)
 }
 
-/// Removes the sandbox's cgroup if no process is left in it (after a command ended). A cgroup
-/// with processes is not removed (the kernel refuses), and the next command makes it again.
-pub(super) fn remove_if_empty(sandbox_dir: &Path, sandbox: &str) {
-    if let Some(dir) = recorded(sandbox_dir, sandbox) {
-        let _ = fs::remove_dir(dir);
-    }
-}
-
 /// Removes every empty sandbox cgroup (`taskbox-*`) where this process makes them; cgroups with
 /// processes stay (the kernel refuses to remove them).
 pub(super) fn remove_empty() {
@@ -150,40 +195,6 @@ pub(super) fn remove_empty() {
             let _ = fs::remove_dir(entry.path());
         }
     }
-}
-
-/// Moves the calling process into the sandbox's cgroup, making it if it is not there (a
-/// command that ended may just have removed it). Runs in a forked child before `exec`, so it
-/// only makes system calls (`mkdir`, `open`, `write`, `close`) and allocates nothing.
-pub(super) fn join(cg: &Join) -> io::Result<()> {
-    let mut last = io::Error::from_raw_os_error(libc::ENOENT);
-    for _ in 0..3 {
-        // SAFETY: `cg.dir` is a valid NUL-terminated string borrowed for the whole call;
-        // mkdir(2) reads it and touches no other memory of ours.
-        unsafe {
-            libc::mkdir(cg.dir.as_ptr(), 0o755);
-        }
-        // SAFETY: as above, for `cg.procs` and open(2).
-        let fd = unsafe { libc::open(cg.procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-        if fd < 0 {
-            // Removed between the mkdir and the open by a command that just ended: again.
-            last = io::Error::last_os_error();
-            continue;
-        }
-        // "0" means the writing process itself.
-        // SAFETY: `fd` was just opened by us; the buffer is a 1-byte static string, read only.
-        let written = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
-        let err = io::Error::last_os_error();
-        // SAFETY: `fd` is ours and closed exactly once.
-        unsafe {
-            libc::close(fd);
-        }
-        if written == 1 {
-            return Ok(());
-        }
-        last = err;
-    }
-    Err(last)
 }
 
 /// Kills every process in the cgroup `dir` and removes it. Returns how many processes it held.
@@ -231,4 +242,45 @@ fn read_pids(procs: &Path) -> Vec<libc::pid_t> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The script makes the cgroup when it is missing (a sweep removed it after `prepare`), joins
+    /// it, and only then runs the command.
+    #[test]
+    fn the_script_makes_a_missing_cgroup_and_joins_it_before_the_command() {
+        // Skipped where there are none (the integration tests say so, and fail under CI as root).
+        let Ok(base) = support() else {
+            return;
+        };
+        let dir = base.join(format!("taskbox-unit-{}", std::process::id()));
+        let _ = fs::remove_dir(&dir);
+        let join = Join {
+            procs: dir.join("cgroup.procs"),
+            dir: dir.clone(),
+        };
+        let report =
+            std::env::temp_dir().join(format!("taskbox-unit-report-{}", std::process::id()));
+        let mut script = join.script(&report);
+        script.extend_from_slice(b"cat /proc/self/cgroup");
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&script))
+            .output()
+            .expect("run bash");
+        let _ = fs::remove_dir(&dir);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        let name = dir.file_name().and_then(|n| n.to_str()).expect("utf-8");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("0::") && l.trim_end().ends_with(name)),
+            "{text}"
+        );
+        assert!(join.failed(fs::read(&report).ok().as_deref()).is_none());
+        let _ = fs::remove_file(&report);
+    }
 }

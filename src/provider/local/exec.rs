@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 
+use super::cgroup::Join;
 use super::error::LocalError;
 use super::kill::{kill_group, signal_group, GroupGuard};
 use super::names::SandboxName;
@@ -43,15 +44,14 @@ impl LocalProvider {
             });
         }
         let slot = self.slot(&name);
-        let (meta, mut stopped, workspace, run_dir) = {
+        let (meta, mut stopped, sandbox_dir, workspace, run_dir) = {
             let _guard = slot.lock.lock().await;
             // Gone (or past its deadline) before the command starts: it provably never ran.
-            let meta = self.live_meta(&name, &slot).await.map_err(|e| match e {
+            // Located under the lock: a create of a newer generation may park this sandbox.
+            let (dir, meta) = self.live_located(&name, &slot).await.map_err(|e| match e {
                 LocalError::SandboxGone { .. } => LocalError::NotStarted(Box::new(e)),
                 e => e,
             })?;
-            // Resolved under the lock: a create of a newer generation may park this sandbox.
-            let dir = self.sandbox_dir(&name);
             let (workspace, run_dir) = (dir.join("workspace"), dir.join("run"));
             // A command may have deleted the workspace itself; a VM's root would still exist.
             // (Under the lock: after a discard this would leave a nameless sandbox behind.)
@@ -60,7 +60,7 @@ impl LocalProvider {
             }
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
             // Subscribed under the lock: a discard after this point is seen by this command.
-            (meta, slot.stopped.subscribe(), workspace, run_dir)
+            (meta, slot.stopped.subscribe(), dir, workspace, run_dir)
         };
         // Cancelled before it started (while its sandbox was made ready): it never runs.
         if let Some(signal) = io.cancelled() {
@@ -71,8 +71,17 @@ impl LocalProvider {
         }
         let cwd = resolve_cwd(&workspace, &meta.cwd);
         let cwd_file = run_dir.join(format!("cwd.{}", self.unique()));
-        let script = wrap_command(&req.command, &cwd_file);
+        // The pipe the command's exit trap reports its working directory through (opened by
+        // path, `/proc/<pid>/fd/<n>`: no descriptor of the command's is taken for it, and
+        // nothing it starts inherits one). Without `/proc` the trap writes `cwd_file` instead.
+        let report = ReportPipe::open(&name)?;
+        // The sandbox's cgroup, which no process leaves, so a stop kills everything the sandbox
+        // ever started (see `cgroup`): the script joins it before anything else.
+        let cgroup = super::cgroup::prepare(&sandbox_dir, &name.name);
+        let script = wrap_command(&req.command, &report.path, &cwd_file, cgroup.as_ref());
 
+        // No `pre_exec` hook: the standard library then spawns with `posix_spawn` (a `vfork`),
+        // not by forking this whole process.
         let mut command = tokio::process::Command::new("bash");
         command
             .arg("-c")
@@ -92,18 +101,6 @@ impl LocalProvider {
             .env_remove("OLDPWD")
             // Its own process group, so a timeout kills everything the command started.
             .process_group(0);
-        // And the sandbox's cgroup, which no process leaves, so a stop kills everything the
-        // sandbox ever started (see `cgroup`).
-        let sandbox_dir = self.sandbox_dir(&name);
-        if let Some(cg) = super::cgroup::prepare(&sandbox_dir, &name.name) {
-            // SAFETY: the closure runs in the forked child before exec; it calls only
-            // `cgroup::join`, which makes system calls and allocates nothing (its C strings
-            // were made here, before the fork), and it owns `cg`, which stays valid for the
-            // child's copy of the closure.
-            unsafe {
-                command.pre_exec(move || super::cgroup::join(&cg));
-            }
-        }
         let started = tokio::time::Instant::now();
         let mut child = match command.spawn() {
             Ok(child) => child,
@@ -175,13 +172,21 @@ impl LocalProvider {
             None => child.wait().await,
         };
         group.pgid = None; // reaped: the id may be reused from now on
-                           // Nothing left behind: the sandbox needs no cgroup until its next command.
-        super::cgroup::remove_if_empty(&sandbox_dir, &name.name);
         let stdout = stdout.finish().await;
         let stderr = stderr.finish().await;
         let duration_ms = started.elapsed().as_millis() as u64;
-        let reported_cwd = fs::read(&cwd_file).ok();
-        let _ = fs::remove_file(&cwd_file);
+        // The trap wrote before the shell exited, so what it reported is in the pipe by now.
+        let reported_cwd = match report.take() {
+            Some(reported) => Some(reported),
+            // Reported through the file (no `/proc`), or a failed cgroup join (before the trap).
+            None => {
+                let reported = fs::read(&cwd_file).ok();
+                if reported.is_some() {
+                    let _ = fs::remove_file(&cwd_file);
+                }
+                reported
+            }
+        };
 
         match outcome {
             Outcome::Expired => {
@@ -212,6 +217,12 @@ impl LocalProvider {
                     ));
                 }
                 let status = status.map_err(LocalError::io("wait for the command in", &cwd))?;
+                if let Some(source) = cgroup.and_then(|c| c.failed(reported_cwd.as_deref())) {
+                    return Err(LocalError::Spawn {
+                        sandbox: name.name.clone(),
+                        source,
+                    });
+                }
                 if let Some(reported) = reported_cwd.filter(|r| !r.is_empty()) {
                     let rel = relative_cwd(&workspace, &reported);
                     if let Err(e) = self.record_cwd(&name, &slot, &meta.instance, rel).await {
@@ -248,6 +259,67 @@ impl LocalProvider {
         }
         meta.cwd = rel;
         self.write_meta(&self.sandbox_dir(name), &meta)
+    }
+}
+
+/// The read end of the pipe a command's exit trap writes its working directory to, and the
+/// path the trap opens it by (`/proc/<this process>/fd/<n>`: opening a pipe's end there for
+/// writing gives a new write end of the same pipe). Only the read end is kept, so once the
+/// shell has exited the pipe holds what its trap wrote, and the read cannot block.
+struct ReportPipe {
+    reader: fs::File,
+    path: std::path::PathBuf,
+}
+
+impl ReportPipe {
+    fn open(name: &SandboxName) -> Result<ReportPipe, LocalError> {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let mut fds = [0 as libc::c_int; 2];
+        // Non-blocking: a process the command left behind could have opened the pipe too and
+        // hold it open; what is in the pipe is read, nothing is waited for. Close-on-exec: no
+        // child inherits either end.
+        // SAFETY: `fds` is a valid array of two descriptors for `pipe2` to fill.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(LocalError::Spawn {
+                sandbox: name.name.clone(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `pipe2` succeeded, so both are open descriptors that nothing else owns.
+        let (reader, writer) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(writer);
+        let path = std::path::PathBuf::from(format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            reader.as_raw_fd()
+        ));
+        Ok(ReportPipe {
+            reader: fs::File::from(reader),
+            path,
+        })
+    }
+
+    /// What the trap wrote (`None`: nothing — no `/proc`, or the shell ended without its
+    /// trap). The last line counts: the trap writes just before the shell exits.
+    fn take(mut self) -> Option<Vec<u8>> {
+        use std::io::Read;
+        let mut all = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match self.reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => all.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break, // `WouldBlock`: all that was written is read
+            }
+        }
+        if all.is_empty() {
+            return None;
+        }
+        let body = all.strip_suffix(b"\n").unwrap_or(&all);
+        let last = body.rsplit(|&b| b == b'\n').next().unwrap_or(body);
+        Some(last.to_vec())
     }
 }
 
@@ -306,19 +378,82 @@ fn exit_code(status: ExitStatus) -> i32 {
 }
 
 /// The script `bash -c` runs: the user's command, preceded (on the same line, so its line
-/// numbers are unchanged) by an EXIT trap that writes the final working directory to `cwd_file`
-/// and exits with the command's own status. The trap also runs on `exit N`; it writes nothing to
+/// numbers are unchanged) by the join of the sandbox's cgroup ([`Join::script`], when there is
+/// one) and an EXIT trap that writes the final working directory to `report` (the report
+/// pipe's path; `cwd_file` when that cannot be opened) and exits with the command's own status. The trap also runs on `exit N`; it writes nothing to
 /// the command's stdout or stderr. (Subshells do not inherit the trap, so only the command's own
 /// shell reports.)
-fn wrap_command(command: &str, cwd_file: &Path) -> OsString {
+fn wrap_command(command: &str, report: &Path, cwd_file: &Path, cgroup: Option<&Join>) -> OsString {
     // `builtin` in case the command defined functions of these names; `>|` in case it set
     // noclobber; `|| true` in case it set errexit and its directory was deleted meanwhile.
     let mut trap_body = b"__taskbox_status=$?; { builtin pwd -P >| ".to_vec();
+    trap_body.extend_from_slice(&crate::shell::quote_bytes(report.as_os_str().as_bytes()));
+    trap_body.extend_from_slice(b"; } 2>/dev/null || { builtin pwd -P >| ");
     trap_body.extend_from_slice(&crate::shell::quote_bytes(cwd_file.as_os_str().as_bytes()));
     trap_body.extend_from_slice(b"; } 2>/dev/null || true; builtin exit $__taskbox_status");
-    let mut script = b"trap ".to_vec();
+    let mut script = cgroup.map(|c| c.script(cwd_file)).unwrap_or_default();
+    script.extend_from_slice(b"trap ");
     script.extend_from_slice(&crate::shell::quote_bytes(&trap_body));
     script.extend_from_slice(b" EXIT; ");
     script.extend_from_slice(command.as_bytes());
     OsString::from_vec(script)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `wrap_command`'s script in `dir` with `report` as the report path.
+    fn run_wrapped(dir: &Path, report: &Path, cwd_file: &Path, command: &str) -> i32 {
+        let script = wrap_command(command, report, cwd_file, None);
+        #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
+        let status = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("bash runs");
+        exit_code(status)
+    }
+
+    #[test]
+    fn the_trap_reports_through_the_pipe_and_falls_back_to_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().canonicalize().unwrap();
+        fs::create_dir(ws.join("sub")).unwrap();
+        let cwd_file = ws.join("cwd.report");
+        let name = SandboxName::parse("taskbox-t-g1-insta").unwrap();
+
+        // Through the pipe, even when the command took over low descriptors; nothing in the file.
+        let pipe = ReportPipe::open(&name).unwrap();
+        let code = run_wrapped(
+            &ws,
+            &pipe.path,
+            &cwd_file,
+            "exec 3>f3 4>f4 9>f9; cd sub; exit 4",
+        );
+        assert_eq!(code, 4);
+        assert_eq!(pipe.take().unwrap(), ws.join("sub").as_os_str().as_bytes());
+        assert!(!cwd_file.exists());
+        for f in ["f3", "f4", "f9"] {
+            assert_eq!(
+                fs::read(ws.join(f)).unwrap(),
+                b"",
+                "{f} is the command's own"
+            );
+        }
+
+        // No pipe to open (no `/proc`): the file instead.
+        let pipe = ReportPipe::open(&name).unwrap();
+        let code = run_wrapped(&ws, &ws.join("no/such/proc"), &cwd_file, "cd sub");
+        assert_eq!(code, 0);
+        assert_eq!(pipe.take(), None);
+        assert_eq!(
+            fs::read(&cwd_file).unwrap(),
+            format!("{}\n", ws.join("sub").display()).into_bytes()
+        );
+    }
 }

@@ -5,7 +5,7 @@
 
 use std::fs;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use super::cgroup;
@@ -44,7 +44,21 @@ impl LocalProvider {
         name: &SandboxName,
         slot: &Slot,
     ) -> Result<SandboxMeta, LocalError> {
-        let meta = self.existing_meta(name)?;
+        Ok(self.live_located(name, slot).await?.1)
+    }
+
+    /// [`live_meta`](Self::live_meta) with the sandbox's directory, its meta read once.
+    pub(super) async fn live_located(
+        &self,
+        name: &SandboxName,
+        slot: &Slot,
+    ) -> Result<(PathBuf, SandboxMeta), LocalError> {
+        let (dir, meta) = self.locate(name)?.ok_or_else(|| {
+            LocalError::gone(
+                name,
+                "it does not exist (stopped, snapshotted or never created)",
+            )
+        })?;
         let now = self.clock.now_ms();
         if now >= meta.deadline {
             self.stop_processes(name, slot).await?;
@@ -57,7 +71,7 @@ impl LocalProvider {
                 ),
             ));
         }
-        Ok(meta)
+        Ok((dir, meta))
     }
 
     // -- discarding ----------------------------------------------------------------------------

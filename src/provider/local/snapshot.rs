@@ -114,6 +114,9 @@ impl LocalProvider {
                 size_bytes,
                 expires_at: None,
                 omitted: Vec::new(),
+                // The local backend reports no platform usage: its ledger is sandbox time,
+                // creations and snapshot bytes, all read from the journal.
+                usage: None,
             });
         }
         let snap = SnapshotRef {
@@ -180,6 +183,7 @@ impl LocalProvider {
                 .into_iter()
                 .map(|o| format!("{}: {}", o.path, o.reason))
                 .collect(),
+            usage: None,
         })
     }
 

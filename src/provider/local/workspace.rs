@@ -87,7 +87,22 @@ impl LocalProvider {
     }
 
     pub(super) fn read_meta(&self, name: &SandboxName) -> Result<Option<SandboxMeta>, LocalError> {
-        read_meta_at(&self.sandbox_dir(name).join("meta.json"))
+        Ok(self.locate(name)?.map(|(_, meta)| meta))
+    }
+
+    /// The sandbox's directory (as [`sandbox_dir`](Self::sandbox_dir) decides) and its meta,
+    /// reading the holder's meta once (`None`: the sandbox does not exist).
+    pub(super) fn locate(
+        &self,
+        name: &SandboxName,
+    ) -> Result<Option<(PathBuf, SandboxMeta)>, LocalError> {
+        match self.holder(&name.task) {
+            Ok(Some(meta)) if meta.name == name.name => Ok(Some((self.task_dir(&name.task), meta))),
+            _ => {
+                let dir = self.parked_dir(name);
+                Ok(read_meta_at(&dir.join("meta.json"))?.map(|meta| (dir, meta)))
+            }
+        }
     }
 
     /// Writes `meta.json` into `sandbox_dir` atomically (temporary file, fsync, rename).

@@ -177,6 +177,7 @@ impl SnapshotState {
             size_bytes: self.size_bytes(),
             expires_at: self.expires_at,
             omitted: Vec::new(),
+            usage: None,
         }
     }
 

@@ -367,6 +367,7 @@ impl VercelProvider {
                 size_bytes: snapshot.size_bytes,
                 expires_at: snapshot.expires_at,
                 omitted: Vec::new(),
+                usage: None,
             }),
             SnapshotStatus::Failed => Err(ProviderError::new(
                 FailureKind::Permanent,
@@ -385,6 +386,25 @@ impl VercelProvider {
         }
     }
 
+    /// A snapshot found again (a repeated call, or a create whose answer was lost) with the
+    /// usage of the session it stopped, read from the session as the create's answer would
+    /// have carried it; none when that read fails (the snapshot itself stands, and the ledger
+    /// counts the session as unreported).
+    async fn with_usage(
+        &self,
+        mut info: SnapshotInfo,
+        session_id: &str,
+    ) -> Result<SnapshotInfo, ProviderError> {
+        info.usage = match self.client.get_session(session_id).await {
+            Ok(session) => session.usage(),
+            Err(e) => {
+                tracing::debug!(session = %session_id, error = %e, "no usage for a snapshot found again");
+                None
+            }
+        };
+        Ok(info)
+    }
+
     async fn take_snapshot(
         &self,
         task_id: &TaskId,
@@ -392,9 +412,12 @@ impl VercelProvider {
         _seq: u64,
     ) -> Result<SnapshotInfo, ProviderError> {
         // A session is snapshotted at most once (the snapshot stops it), so "the snapshot of
-        // this session" is the idempotency key: a repeat returns the first one.
+        // this session" is the idempotency key: a repeat returns the first one, with the
+        // session's usage read from the session (the create's answer carried it the first time).
         if let Some(found) = self.find_snapshot_of(task_id, session_id).await? {
-            return Self::snapshot_info(found);
+            return self
+                .with_usage(Self::snapshot_info(found)?, session_id)
+                .await;
         }
         match self
             .client
@@ -403,7 +426,9 @@ impl VercelProvider {
         {
             Ok(taken) => {
                 self.forget(session_id);
-                Self::snapshot_info(taken.snapshot)
+                let mut info = Self::snapshot_info(taken.snapshot)?;
+                info.usage = taken.session.as_ref().and_then(wire::Session::usage);
+                Ok(info)
             }
             Err(e) => {
                 // A snapshot whose answer was lost has stopped the session, so the retry sees
@@ -415,7 +440,9 @@ impl VercelProvider {
                         | FailureKind::Permanent
                 ) {
                     if let Ok(Some(found)) = self.find_snapshot_of(task_id, session_id).await {
-                        return Self::snapshot_info(found);
+                        return self
+                            .with_usage(Self::snapshot_info(found)?, session_id)
+                            .await;
                     }
                 }
                 Err(e)

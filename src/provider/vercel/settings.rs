@@ -323,7 +323,7 @@ pub fn check_base(
 /// The vCPU count and memory, checked against the 2048-MB-per-vCPU rule.
 pub fn check_resources(t: &TerminalConfig) -> Result<(u32, u32), VercelConfigError> {
     let cpu = t.container_cpu;
-    if cpu == 0 || cpu > MAX_VCPUS || (cpu != 1 && cpu % 2 != 0) {
+    if cpu == 0 || cpu > MAX_VCPUS || (cpu != 1 && !cpu.is_multiple_of(2)) {
         return Err(VercelConfigError::InvalidCpu { cpu });
     }
     let expected = cpu * MB_PER_VCPU;

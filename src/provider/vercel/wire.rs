@@ -84,9 +84,41 @@ pub struct Session {
     /// Runtime image.
     #[serde(default)]
     pub runtime: Option<String>,
+    /// CPU time billed (I/O wait is not), ms.
+    #[serde(default)]
+    pub active_cpu_duration_ms: Option<u64>,
+    /// Network transfer, where reported.
+    #[serde(default)]
+    pub network_transfer: Option<NetworkTransfer>,
+}
+
+/// A session's network transfer, bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NetworkTransfer {
+    /// Received.
+    #[serde(default)]
+    pub ingress: u64,
+    /// Sent.
+    #[serde(default)]
+    pub egress: u64,
 }
 
 impl Session {
+    /// What it used, as the cost ledger journals it; `None` before it started.
+    pub fn usage(&self) -> Option<crate::core::SessionUsage> {
+        Some(crate::core::SessionUsage {
+            started_at: self.started_at?,
+            stopped_at: self.stopped_at,
+            vcpus: self.vcpus.unwrap_or(0),
+            memory_mb: self.memory.unwrap_or(0),
+            active_cpu_ms: self.active_cpu_duration_ms,
+            transfer_bytes: self
+                .network_transfer
+                .as_ref()
+                .map(|t| t.ingress.saturating_add(t.egress)),
+        })
+    }
+
     /// When the platform stops it: start (or request, while pending) plus its timeout.
     pub fn deadline(&self) -> Option<Millis> {
         let start = self.started_at.or(self.requested_at).or(self.created_at)?;

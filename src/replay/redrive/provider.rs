@@ -255,12 +255,14 @@ impl SandboxProvider for ReplayProvider {
                     size_bytes,
                     expires_at,
                     omitted,
+                    usage,
                     ..
                 } => Ok(SnapshotInfo {
                     id: snapshot_id,
                     size_bytes,
                     expires_at,
                     omitted,
+                    usage,
                 }),
                 Event::SnapshotFailed { failure, .. } => Err(recorded_error(&failure)),
                 other => Err(wrong_outcome("take snapshot", &other)),

@@ -45,6 +45,7 @@ fn taken(seq: u64) -> Event {
         size_bytes: 1,
         expires_at: None,
         omitted: Vec::new(),
+        usage: None,
     }
 }
 

@@ -367,6 +367,7 @@ impl Harness {
                     size_bytes: 10,
                     expires_at: None,
                     omitted: Vec::new(),
+                    usage: None,
                 },
                 Outcome::Transient => Event::SnapshotFailed {
                     seq,

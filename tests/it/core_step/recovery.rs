@@ -129,6 +129,7 @@ fn a_run_requested_while_probing_a_dead_sandbox_restores_it_first() {
             size_bytes: 1,
             expires_at: None,
             omitted: Vec::new(),
+            usage: None,
         },
         T0,
     );
@@ -328,6 +329,7 @@ fn probing_after_work() -> Task {
             size_bytes: 1,
             expires_at: None,
             omitted: Vec::new(),
+            usage: None,
         },
         T0,
     );

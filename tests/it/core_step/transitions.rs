@@ -76,6 +76,7 @@ fn suspended_task() -> Task {
             size_bytes: 1,
             expires_at: None,
             omitted: Vec::new(),
+            usage: None,
         },
     );
     assert_eq!(tr.next.state, TaskState::Expired);
@@ -100,6 +101,7 @@ fn duplicate_snapshot_taken_is_absorbed() {
             size_bytes: 1,
             expires_at: None,
             omitted: Vec::new(),
+            usage: None,
         },
     );
     assert_eq!(tr.next, t, "a second 'snapshot taken' changes nothing");
@@ -165,6 +167,7 @@ fn restore_falls_back_to_older_snapshot_only_when_gone() {
             size_bytes: 1,
             expires_at: None,
             omitted: Vec::new(),
+            usage: None,
         },
     )
     .next;

@@ -13,33 +13,10 @@ use std::time::Duration;
 use taskbox::fake::Endpoint;
 
 use super::{bounded, start_with, TOKEN};
+use crate::support::{lock, under_ci};
 
 /// The file that says the SDK is installed.
 const SDK_MARKER: &str = "node_modules/@vercel/sandbox/package.json";
-
-/// Whether this is a CI run (`CI` set to anything but empty, `0` or `false`), which must not
-/// skip a test for want of a tool or the network.
-fn under_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "FALSE" | "False"))
-}
-
-/// Takes an exclusive `flock` on `file`, waiting for another holder.
-fn lock(file: &File) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    loop {
-        // SAFETY: `flock` takes a descriptor and flags and touches no memory of ours; `file` is
-        // borrowed for the whole call, so its descriptor is open (and not reused) until it
-        // returns. A bad descriptor would only make it fail with EBADF, reported below.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
 
 /// Makes sure the SDK is installed in `sdk_dir`, installing it with `npm ci` if it is not.
 /// `Err` says why it cannot be (no Node.js or npm, no registry, a failed install).

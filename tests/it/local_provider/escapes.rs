@@ -95,3 +95,103 @@ fn processes_that_leave_the_process_group_do_not_survive_suspend() {
         "{check}"
     );
 }
+
+/// Skips (with a message) where the sandbox cgroups are not available, except under CI as root.
+fn cgroups_or_skip(test: &str) -> bool {
+    match cgroup::support() {
+        Ok(_) => true,
+        Err(why) => {
+            assert!(!must_run(), "CI runs as root with cgroup v2, but: {why}");
+            eprintln!("SKIPPED {test}: {why}");
+            false
+        }
+    }
+}
+
+/// The cgroup a command's shell runs in, from its `/proc/self/cgroup` (`0::/path`).
+fn own_cgroup(out: &str) -> String {
+    out.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or_else(|| panic!("a cgroup v2 line in {out:?}"))
+        .trim()
+        .to_string()
+}
+
+/// The command joins the sandbox's cgroup in its own shell (no `pre_exec` hook, so the server
+/// is not forked): it is in the cgroup the sandbox records, the cgroup stays between commands,
+/// a command finds it again after a sweep removed it, and a suspend removes it.
+#[test]
+fn every_command_runs_in_the_sandbox_cgroup_which_lives_until_the_sandbox_stops() {
+    if !cgroups_or_skip(
+        "every_command_runs_in_the_sandbox_cgroup_which_lives_until_the_sandbox_stops",
+    ) {
+        return;
+    }
+    let home = Home::new();
+    let out = home.run(&["run", "-t", "cg", "--", "cat /proc/self/cgroup"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let joined = own_cgroup(&stdout(&out));
+    let record = home.path().join("data/local/tasks/cg/cgroup");
+    let recorded = std::fs::read_to_string(&record).expect("the sandbox records its cgroup");
+    assert!(
+        recorded.trim().ends_with(&joined),
+        "the command ran in {joined}, the sandbox records {recorded}"
+    );
+    assert!(
+        joined
+            .rsplit('/')
+            .next()
+            .is_some_and(|n| n.starts_with("taskbox-")),
+        "{joined}"
+    );
+    let dir = std::path::PathBuf::from(recorded.trim());
+    assert!(
+        dir.is_dir(),
+        "the cgroup stays between commands: {}",
+        dir.display()
+    );
+    // A sweep removes empty cgroups; the next command makes it again and joins it.
+    std::fs::remove_dir(&dir).expect("remove the empty cgroup, as the sweep does");
+    let out = home.run(&["run", "-t", "cg", "--", "cat /proc/self/cgroup"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(own_cgroup(&stdout(&out)), joined);
+    let out = home.run(&["suspend", "cg"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        !dir.exists(),
+        "a stop removes the cgroup: {}",
+        dir.display()
+    );
+}
+
+/// A command that cannot join its sandbox's cgroup runs nothing and fails with an error that
+/// names the cgroup, rather than running outside it.
+#[test]
+fn a_command_that_cannot_join_the_cgroup_runs_nothing() {
+    if !cgroups_or_skip("a_command_that_cannot_join_the_cgroup_runs_nothing") {
+        return;
+    }
+    let home = Home::new();
+    let out = home.run(&["run", "-t", "nocg", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let record = home.path().join("data/local/tasks/nocg/cgroup");
+    let recorded = std::fs::read_to_string(&record).expect("the sandbox records its cgroup");
+    let name = std::path::Path::new(recorded.trim())
+        .file_name()
+        .expect("a cgroup name")
+        .to_owned();
+    // The same name under a directory that is no cgroup (and does not exist): nothing can join.
+    let elsewhere = home.path().join("not-a-cgroup").join(name);
+    std::fs::write(&record, elsewhere.as_os_str().as_encoded_bytes()).expect("rewrite the record");
+    let out = home.run(&["run", "-t", "nocg", "--", "touch ran"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("could not join the sandbox's cgroup"), "{err}");
+    assert!(
+        !home
+            .path()
+            .join("data/local/tasks/nocg/workspace/ran")
+            .exists(),
+        "the command ran outside the cgroup"
+    );
+}

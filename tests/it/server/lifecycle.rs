@@ -219,3 +219,32 @@ fn an_idle_auto_server_exits_once_no_sandbox_lives() {
     assert!(gone.is_some(), "the idle server did not exit");
     assert_eq!(h.home.run(&["status"]).status.code(), Some(1));
 }
+
+/// `terminal.server = always` never starts a server: with none running, a command fails with a
+/// hint to start one (and its error object under `--json`), and nothing was run or started.
+#[test]
+fn always_fails_with_a_hint_when_no_server_runs() {
+    let mut h = ServerHome::new();
+    h.home.set_env("TASKBOX_SERVER", "always");
+    let o = h.home.run(&["run", "-t", "nope", "--", "touch", "ran"]);
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("hint:") && err.contains("taskbox serve"),
+        "a hint to start a server: {err}"
+    );
+    assert!(!err.contains("started a taskbox server"), "{err}");
+    let o = h.home.run(&["suspend", "nope", "--json"]);
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("an error object on stdout");
+    assert!(v["code"].is_string() && v["hint"].is_string(), "{v}");
+    assert!(
+        !h.data().join("taskbox.sock").exists(),
+        "no server was started"
+    );
+    assert!(h.server_pid().is_none(), "no server answers");
+    assert!(
+        !h.data().join("local/tasks/nope/workspace/ran").exists(),
+        "nothing ran"
+    );
+}

@@ -2,17 +2,18 @@
 //! order and its refusal of updates and deletes, and a failed commit leaving nothing behind.
 
 use taskbox::core::{Event, SnapshotStatus, TaskState};
-use taskbox::store::{SandboxStatus, Store, StoreError};
+use taskbox::store::{SandboxStatus, StoreError};
 
-use super::{counts, lifecycle, raw, temp_db, Script};
+use super::{lifecycle, on_both_stores, raw, Kind, Script};
 
-#[test]
-fn create_and_reopen_keeps_installation_id_and_tasks() {
-    let (_dir, path) = temp_db();
+on_both_stores! {
+fn create_and_reopen_keeps_installation_id_and_tasks(db) {
     let first_id;
     {
-        let mut store = Store::open(&path).expect("open creates the file and its parents");
-        assert_eq!(store.path(), path);
+        let mut store = db.open();
+        if db.kind == Kind::Sqlite {
+            assert_eq!(store.path(), Some(db.path.as_path()), "open creates the file");
+        }
         first_id = store.installation_id().to_string();
         assert_eq!(first_id.len(), 32, "128 bits as hex: {first_id}");
         assert!(first_id
@@ -24,7 +25,7 @@ fn create_and_reopen_keeps_installation_id_and_tasks() {
             }
         }
     }
-    let store = Store::open(&path).expect("reopen");
+    let store = db.open();
     assert_eq!(store.installation_id(), first_id);
     assert_eq!(store.task_ids().expect("ids"), ["alpha", "zeta"]);
     let expected = lifecycle("alpha", 1_000).pop().expect("steps").task;
@@ -37,20 +38,22 @@ fn create_and_reopen_keeps_installation_id_and_tasks() {
     );
     assert!(tasks.iter().all(|t| t.state == TaskState::Expired));
     store.integrity_check().expect("a fresh store is intact");
-    let mode: String = raw(&path)
-        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-        .expect("journal mode");
-    assert_eq!(mode, "wal", "the store runs in write-ahead-log mode");
+    if db.kind == Kind::Sqlite {
+        let mode: String = raw(&db.path)
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .expect("journal mode");
+        assert_eq!(mode, "wal", "the store runs in write-ahead-log mode");
+    }
 
-    // A different store file is a different installation.
-    let other = Store::open(&path.with_file_name("other.db")).expect("open other");
+    // A different store is a different installation.
+    let other = db.sibling("other").open();
     assert_ne!(other.installation_id(), first_id);
 }
+}
 
-#[test]
-fn commit_writes_all_four_tables_and_orders_the_journal_per_task() {
-    let (_dir, path) = temp_db();
-    let mut store = Store::open(&path).expect("open");
+on_both_stores! {
+fn commit_writes_all_four_tables_and_orders_the_journal_per_task(db) {
+    let mut store = db.open();
     let a = lifecycle("a", 1_000);
     let b = lifecycle("b", 5_000);
     // Interleave the two tasks' transitions.
@@ -97,31 +100,33 @@ fn commit_writes_all_four_tables_and_orders_the_journal_per_task() {
     assert!(store.journal("nobody").expect("journal").is_empty());
 
     // The rows are queryable with plain SQL.
-    let conn = raw(&path);
-    let (state, data_state, updated_at): (String, String, i64) = conn
-        .query_row(
-            "SELECT state, json_extract(data, '$.state'), updated_at FROM tasks WHERE id = 'a'",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
+    let data_state = match db.kind {
+        Kind::Sqlite => "json_extract(data, '$.state')",
+        Kind::Postgres => "CAST(data AS JSONB) ->> 'state'",
+    };
+    let row = db
+        .text(&format!(
+            "SELECT state || ' ' || ({data_state}) || ' ' || CAST(updated_at AS TEXT) \
+             FROM tasks WHERE id = 'a'"
+        ))
         .expect("task row");
     assert_eq!(
-        (state.as_str(), data_state.as_str()),
-        ("expired", "expired")
+        row,
+        format!("expired expired {}", a.last().expect("steps").at)
     );
-    assert_eq!(updated_at as u64, a.last().expect("steps").at);
-    let names: Vec<String> = conn
-        .prepare("SELECT event_name FROM journal WHERE task_id = 'b' ORDER BY task_seq")
-        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+    let agg = match db.kind {
+        Kind::Sqlite => "group_concat(event_name, ',')",
+        Kind::Postgres => "string_agg(event_name, ',')",
+    };
+    let names = db
+        .text(&format!(
+            "SELECT {agg} FROM (SELECT event_name FROM journal WHERE task_id = 'b' \
+             ORDER BY task_seq) AS e"
+        ))
         .expect("names");
     assert_eq!(
         names,
-        [
-            "run_requested",
-            "sandbox_ready",
-            "suspend_requested",
-            "snapshot_taken"
-        ]
+        "run_requested,sandbox_ready,suspend_requested,snapshot_taken"
     );
 
     let snaps = store.snapshots(Some("a")).expect("snapshots");
@@ -142,17 +147,17 @@ fn commit_writes_all_four_tables_and_orders_the_journal_per_task() {
         "released by the transition that dropped it"
     );
 }
+}
 
-#[test]
-fn a_failed_commit_leaves_nothing_half_written() {
-    let (_dir, path) = temp_db();
-    let mut store = Store::open(&path).expect("open");
+on_both_stores! {
+fn a_failed_commit_leaves_nothing_half_written(db) {
+    let mut store = db.open();
     let a = lifecycle("a", 1_000);
     for step in &a[..2] {
         store.commit(&step.rec()).expect("commit");
     }
     let task_before = store.load_task("a").expect("load");
-    let before = counts(&path);
+    let before = db.counts();
 
     // Task `b` claims `a`'s live sandbox. The task row and the journal row are written before
     // the sandbox row is refused, so this exercises a real rollback.
@@ -170,7 +175,7 @@ fn a_failed_commit_leaves_nothing_half_written() {
             if task_id == "b" && sandbox_id == "sbx_a_1" && owner == "a"),
         "{err:?}"
     );
-    assert_eq!(counts(&path), before, "no row of the failed commit remains");
+    assert_eq!(db.counts(), before, "no row of the failed commit remains");
     assert_eq!(store.load_task("b").expect("load"), None);
 
     // A transition that starts from a state other than the stored one lost a race.
@@ -182,7 +187,7 @@ fn a_failed_commit_leaves_nothing_half_written() {
             if task_id == "a" && stored == "running"),
         "{err:?}"
     );
-    assert_eq!(counts(&path), before);
+    assert_eq!(db.counts(), before);
     assert_eq!(store.load_task("a").expect("load"), task_before);
 
     // In a batch, a bad last record undoes the good ones before it.
@@ -194,19 +199,21 @@ fn a_failed_commit_leaves_nothing_half_written() {
     assert!(matches!(err, StoreError::SandboxOwned { .. }), "{err:?}");
     // An unsafe task id cannot reach a commit at all: a `Task` holds a validated `TaskId`.
     assert!(taskbox::TaskId::new("../escape").is_err());
-    assert_eq!(counts(&path), before);
+    assert_eq!(db.counts(), before);
     assert_eq!(store.load_task("c").expect("load"), None);
     assert_eq!(store.load_task("a").expect("load"), task_before);
 
     // The schema refuses an unsafe id even from a writer that skips the store's validation.
-    let err = raw(&path)
-        .execute(
+    let err = db
+        .exec(
             "INSERT INTO tasks (id, state, data, created_at, updated_at)
              VALUES ('a/b', 'idle', '{}', 0, 0)",
-            [],
         )
         .expect_err("CHECK on tasks.id");
-    assert!(err.to_string().contains("CHECK constraint failed"), "{err}");
+    assert!(
+        err.contains("CHECK constraint failed") || err.contains("violates check constraint"),
+        "{err}"
+    );
 
     // The store still works after the failures, and continues the task's numbering.
     store.commit(&a[2].rec()).expect("commit after failures");
@@ -216,23 +223,75 @@ fn a_failed_commit_leaves_nothing_half_written() {
         [1, 2, 3]
     );
 }
+}
 
-#[test]
-fn the_journal_refuses_update_and_delete() {
-    let (_dir, path) = temp_db();
-    let mut store = Store::open(&path).expect("open");
+on_both_stores! {
+fn the_journal_refuses_update_and_delete(db) {
+    let mut store = db.open();
     for step in lifecycle("a", 1_000) {
         store.commit(&step.rec()).expect("commit");
     }
     let before = store.journal("a").expect("journal");
-    let conn = raw(&path);
-    for sql in [
+    let mut refused = vec![
         "UPDATE journal SET event_name = 'forged' WHERE task_seq = 1",
         "DELETE FROM journal WHERE task_seq = 2",
         "DELETE FROM journal",
-    ] {
-        let err = conn.execute(sql, []).expect_err(sql);
-        assert!(err.to_string().contains("append-only"), "{sql}: {err}");
+    ];
+    if db.kind == Kind::Postgres {
+        refused.push("TRUNCATE journal CASCADE");
+    }
+    for sql in refused {
+        let err = db.exec(sql).expect_err(sql);
+        assert!(err.contains("append-only"), "{sql}: {err}");
     }
     assert_eq!(store.journal("a").expect("journal"), before);
+}
+}
+
+on_both_stores! {
+/// A batch committed with `Sync::WithNext` (the engine's answers: a command's result) is
+/// committed like any other — every other connection sees it at once, a reopened store has it,
+/// the journal stays in order — and the synced commits after it go on as before.
+fn a_commit_that_syncs_with_the_next_is_committed_at_once_and_in_order(db) {
+    use taskbox::store::Sync;
+    let steps = lifecycle("d", 1_000);
+    let (first, rest) = steps.split_at(steps.len() / 2);
+    {
+        let mut store = db.open();
+        for (i, step) in first.iter().enumerate() {
+            let sync = if i % 2 == 0 {
+                Sync::Now
+            } else {
+                Sync::WithNext
+            };
+            store
+                .commit_batch_with(&[step.rec()], sync)
+                .expect("commit");
+            let seen = db
+                .text("SELECT CAST(count(*) AS TEXT) FROM journal WHERE task_id = 'd'")
+                .expect("count");
+            assert_eq!(
+                seen,
+                (i + 1).to_string(),
+                "another connection sees commit {i} at once"
+            );
+        }
+        for step in rest {
+            store
+                .commit(&step.rec())
+                .expect("a synced commit after a deferred one");
+        }
+    }
+    let store = db.open();
+    let journal = store.journal("d").expect("journal");
+    assert_eq!(journal.len(), steps.len());
+    assert!(journal
+        .windows(2)
+        .all(|w| w[0].task_seq + 1 == w[1].task_seq));
+    assert_eq!(
+        store.load_task("d").expect("load"),
+        Some(steps.last().expect("steps").task.clone())
+    );
+    store.integrity_check().expect("intact");
+}
 }

@@ -1,24 +1,20 @@
-//! Two stores on one file committing interleaved, and group commit (`commit_batch`) equal to the
+//! Two stores on one file (one database) committing interleaved, and group commit (`commit_batch`) equal to the
 //! same single commits.
 
 use std::sync::{Arc, Barrier};
 
 use taskbox::core::{Event, Task, TaskSettings, TaskState, TimerKind};
-use taskbox::store::{Store, StoreError, TransitionRecord};
+use taskbox::store::{StoreError, TransitionRecord};
 
-use super::{lifecycle, temp_db, Owned};
+use super::{lifecycle, on_both_stores, Owned};
 use crate::support::tid;
 
-#[test]
-fn two_stores_on_one_file_commit_interleaved_without_loss() {
+on_both_stores! {
+fn two_stores_on_one_file_commit_interleaved_without_loss(db) {
     const PER_TASK: u64 = 25;
-    let (_dir, path) = temp_db();
     // Opened here, not in the threads: a thread failing before the barrier would leave the
     // other waiting forever.
-    let stores = [
-        Store::open(&path).expect("first handle"),
-        Store::open(&path).expect("second handle"),
-    ];
+    let stores = [db.open(), db.open()];
     let barrier = Arc::new(Barrier::new(2));
     let workers: Vec<_> = ["x", "y"]
         .into_iter()
@@ -61,7 +57,7 @@ fn two_stores_on_one_file_commit_interleaved_without_loss() {
     all_seqs.dedup();
     assert_eq!(all_seqs.len(), n, "every commit got its own journal seq");
 
-    let store = Store::open(&path).expect("reopen");
+    let store = db.open();
     assert_eq!(store.task_ids().expect("ids"), ["x1", "x2", "y1", "y2"]);
     for id in ["x1", "x2", "y1", "y2"] {
         let journal = store.journal(id).expect("journal");
@@ -74,14 +70,13 @@ fn two_stores_on_one_file_commit_interleaved_without_loss() {
         assert_eq!(task.last_activity, PER_TASK - 1);
     }
 }
+}
 
-#[test]
-fn commit_batch_equals_the_same_single_commits() {
-    let (_dir, path) = temp_db();
-    let single_path = path.with_file_name("single.db");
-    let batch_path = path.with_file_name("batch.db");
-    let mut single = Store::open(&single_path).expect("open single");
-    let mut batch = Store::open(&batch_path).expect("open batch");
+on_both_stores! {
+fn commit_batch_equals_the_same_single_commits(db) {
+    let (single_db, batch_db) = (db.sibling("single"), db.sibling("batch"));
+    let mut single = single_db.open();
+    let mut batch = batch_db.open();
 
     // Two tasks interleaved, with several records of one task inside one batch.
     let a = lifecycle("a", 1_000);
@@ -125,4 +120,5 @@ fn commit_batch_equals_the_same_single_commits() {
         batch.sandboxes(None).expect("s"),
         single.sandboxes(None).expect("s")
     );
+}
 }

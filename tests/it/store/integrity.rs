@@ -4,23 +4,31 @@
 use taskbox::core::{Event, TaskState};
 use taskbox::store::{Store, StoreError};
 
-use super::{assert_rows_mirror, lifecycle, raw, temp_db};
+use super::{assert_rows_mirror, lifecycle, on_both_stores, temp_db, Kind};
 
-#[test]
-fn a_store_from_a_newer_taskbox_is_refused_untouched() {
-    let (_dir, path) = temp_db();
-    drop(Store::open(&path).expect("create"));
-    raw(&path)
-        .pragma_update(None, "user_version", 99)
-        .expect("bump version");
-    let err = Store::open(&path).expect_err("newer schema");
+on_both_stores! {
+fn a_store_from_a_newer_taskbox_is_refused_untouched(db) {
+    drop(db.open());
+    let (bump, read) = match db.kind {
+        Kind::Sqlite => ("PRAGMA user_version = 99", "SELECT CAST(user_version AS TEXT) FROM pragma_user_version"),
+        Kind::Postgres => (
+            "UPDATE taskbox_schema SET version = 99",
+            "SELECT CAST(version AS TEXT) FROM taskbox_schema",
+        ),
+    };
+    db.exec(bump).expect("bump version");
+    let err = db.try_open().expect_err("newer schema");
+    let location = match db.kind {
+        Kind::Sqlite => db.path.clone(),
+        Kind::Postgres => db.url().into(),
+    };
     match &err {
         StoreError::TooNew {
             path: p,
             found,
             supported,
         } => {
-            assert_eq!(p, &path);
+            assert_eq!(p, &location);
             assert_eq!(*found, 99);
             assert!(*supported >= 1 && *supported < 99);
         }
@@ -31,11 +39,9 @@ fn a_store_from_a_newer_taskbox_is_refused_untouched() {
         msg.contains("newer taskbox") && msg.contains("instead of downgrading"),
         "{msg}"
     );
-    assert!(msg.contains(&path.display().to_string()), "{msg}");
-    let version: i64 = raw(&path)
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .expect("version");
-    assert_eq!(version, 99);
+    assert!(msg.contains(&location.display().to_string()), "{msg}");
+    assert_eq!(db.text(read).expect("version"), "99");
+}
 }
 
 #[test]
@@ -56,19 +62,14 @@ fn a_file_that_is_not_sqlite_is_refused_untouched() {
     assert_eq!(std::fs::read_to_string(&path).expect("read"), garbage);
 }
 
-#[test]
-fn corrupt_rows_are_typed_errors_naming_task_and_column() {
-    let (_dir, path) = temp_db();
-    let mut store = Store::open(&path).expect("open");
+on_both_stores! {
+fn corrupt_rows_are_typed_errors_naming_task_and_column(db) {
+    let mut store = db.open();
     for step in lifecycle("a", 1_000) {
         store.commit(&step.rec()).expect("commit");
     }
-    let conn = raw(&path);
-    conn.execute(
-        "UPDATE tasks SET data = '{\"id\": \"a\"}' WHERE id = 'a'",
-        [],
-    )
-    .expect("corrupt the task");
+    db.exec("UPDATE tasks SET data = '{\"id\": \"a\"}' WHERE id = 'a'")
+        .expect("corrupt the task");
     for err in [
         store.load_task("a").expect_err("corrupt data"),
         store.load_tasks().expect_err("corrupt data"),
@@ -92,10 +93,13 @@ fn corrupt_rows_are_typed_errors_naming_task_and_column() {
     assert_rows_mirror(&store, &next.task);
 
     // Rewriting history takes dropping the trigger first; the read still refuses bad rows.
-    conn.execute_batch(
-        "DROP TRIGGER journal_no_update;
-         UPDATE journal SET state_after = 'sleeping' WHERE task_seq = 2;",
-    )
+    let drop_trigger = match db.kind {
+        Kind::Sqlite => "DROP TRIGGER journal_no_update;",
+        Kind::Postgres => "DROP TRIGGER journal_no_update ON journal;",
+    };
+    db.exec(&format!(
+        "{drop_trigger} UPDATE journal SET state_after = 'sleeping' WHERE task_seq = 2;"
+    ))
     .expect("corrupt the journal");
     let err = store.journal("a").expect_err("corrupt state");
     assert!(
@@ -103,10 +107,9 @@ fn corrupt_rows_are_typed_errors_naming_task_and_column() {
             seq: Some(_), reason, .. } if task_id == "a" && reason.contains("sleeping")),
         "{err:?}"
     );
-    conn.execute(
+    db.exec(
         "UPDATE journal SET state_after = 'running', commands = '[{\"type\": \"explode\"}]'
          WHERE task_seq = 2",
-        [],
     )
     .expect("corrupt the commands");
     let err = store.journal_tail("a", 4).expect_err("corrupt commands");
@@ -122,28 +125,38 @@ fn corrupt_rows_are_typed_errors_naming_task_and_column() {
         "{err:?}"
     );
 }
+}
 
+on_both_stores! {
 /// Ids are typed when they leave the store: a row whose task id is not a valid task id (edited
 /// by hand into a path) is reported corrupt, naming the column, and never handed out as a task.
-#[test]
-fn a_row_whose_task_id_is_not_a_task_id_is_corrupt() {
-    let (_dir, path) = temp_db();
-    let mut store = Store::open(&path).expect("open");
+fn a_row_whose_task_id_is_not_a_task_id_is_corrupt(db) {
+    let mut store = db.open();
     for step in lifecycle("a", 1_000) {
         store.commit(&step.rec()).expect("commit");
     }
-    let conn = raw(&path);
-    conn.pragma_update(None, "foreign_keys", false)
-        .expect("edit rows by hand");
-    conn.execute("UPDATE snapshots SET task_id = '../evil'", [])
-        .expect("corrupt the snapshot rows");
+    // Edit rows by hand: without the foreign keys (SQLite: per connection; PostgreSQL: the
+    // constraints dropped) and the journal's trigger.
+    let (prelude, drop_trigger) = match db.kind {
+        Kind::Sqlite => ("PRAGMA foreign_keys = OFF;", "DROP TRIGGER journal_no_update;"),
+        Kind::Postgres => (
+            "ALTER TABLE snapshots DROP CONSTRAINT IF EXISTS snapshots_task_id_fkey;
+             ALTER TABLE sandboxes DROP CONSTRAINT IF EXISTS sandboxes_task_id_fkey;
+             ALTER TABLE journal DROP CONSTRAINT IF EXISTS journal_task_id_fkey;",
+            "DROP TRIGGER journal_no_update ON journal;",
+        ),
+    };
+    db.exec(&format!(
+        "{prelude} UPDATE snapshots SET task_id = '../evil'"
+    ))
+    .expect("corrupt the snapshot rows");
     let err = store.snapshots(None).expect_err("a path for a task id");
     assert!(
         matches!(&err, StoreError::Corrupt { task_id, column: "snapshots.task_id", .. }
             if task_id == "../evil"),
         "{err:?}"
     );
-    conn.execute("UPDATE sandboxes SET task_id = '../evil'", [])
+    db.exec(&format!("{prelude} UPDATE sandboxes SET task_id = '../evil'"))
         .expect("corrupt the sandbox rows");
     let err = store.sandboxes(None).expect_err("a path for a task id");
     assert!(
@@ -157,10 +170,9 @@ fn a_row_whose_task_id_is_not_a_task_id_is_corrupt() {
         "{err:?}"
     );
     // (`tasks.id` has a CHECK of its own; the journal's column has none.)
-    conn.execute_batch(
-        "DROP TRIGGER journal_no_update;
-         UPDATE journal SET task_id = '../evil' WHERE task_seq = 2;",
-    )
+    db.exec(&format!(
+        "{prelude} {drop_trigger} UPDATE journal SET task_id = '../evil' WHERE task_seq = 2;"
+    ))
     .expect("corrupt the journal");
     let err = store.journal("../evil").expect_err("a path for a task id");
     assert!(
@@ -175,4 +187,5 @@ fn a_row_whose_task_id_is_not_a_task_id_is_corrupt() {
         "{err:?}"
     );
     assert!(err.to_string().contains("../evil"), "{err}");
+}
 }

@@ -1,12 +1,18 @@
-//! The SQLite store on real files in temporary directories, one concern a file: the durability
-//! shape (tables, journal, triggers) and atomicity in `commit`, schema versioning and damaged
-//! files and rows in `integrity`, two handles on one file and group commit in `concurrency`, and
-//! the snapshot and sandbox rows that mirror a task in `rows`. The scripts and row checks they
-//! share live here.
+//! The store, one concern a file: the durability shape (tables, journal, triggers) and
+//! atomicity in `commit`, schema versioning and damaged files and rows in `integrity`, two
+//! handles on one store and group commit in `concurrency`, and the snapshot and sandbox rows
+//! that mirror a task in `rows`. The scripts and row checks they share live here.
+//!
+//! Every test written with [`on_both_stores!`] runs twice: on an SQLite file in a temporary
+//! directory (`…::sqlite`) and on a database of a throwaway PostgreSQL (`…::postgres`, see
+//! `crate::pg`; skipped with a message where PostgreSQL is not installed, except under CI).
+//! The few plain `#[test]`s are about SQLite files themselves.
 
 mod commit;
 mod concurrency;
 mod integrity;
+mod lease;
+mod reconnect;
 mod rows;
 
 use std::path::{Path, PathBuf};
@@ -17,7 +23,7 @@ use taskbox::core::{
     Command, Event, Millis, SandboxRecord, SnapshotRecord, SnapshotStatus, Task, TaskSettings,
     TaskState,
 };
-use taskbox::store::{SandboxStatus, Store, TransitionRecord};
+use taskbox::store::{SandboxStatus, Store, StoreError, TransitionRecord};
 
 /// One transition with owned parts, so a test can build a sequence and commit it later.
 #[derive(Clone)]
@@ -150,6 +156,7 @@ fn lifecycle(id: &str, start: Millis) -> Vec<Owned> {
             size_bytes: 4096,
             expires_at: Some(start + 1_000_000),
             omitted: Vec::new(),
+            usage: None,
         },
         vec![],
         |t| {
@@ -166,6 +173,124 @@ fn lifecycle(id: &str, start: Millis) -> Vec<Owned> {
     s.steps
 }
 
+/// Which store a test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Sqlite,
+    Postgres,
+}
+
+/// One store for a test: an SQLite file in a temporary directory, or a fresh PostgreSQL
+/// database; with raw SQL access beside the store for checks and damage.
+struct TestDb {
+    kind: Kind,
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    pg: Option<crate::pg::Db>,
+}
+
+impl TestDb {
+    /// `None`: PostgreSQL is not installed (the harness said so).
+    fn new(kind: Kind) -> Option<TestDb> {
+        let (dir, path) = temp_db();
+        let pg = match kind {
+            Kind::Sqlite => None,
+            Kind::Postgres => Some(crate::pg::database()?),
+        };
+        Some(TestDb {
+            kind,
+            _dir: dir,
+            path,
+            pg,
+        })
+    }
+
+    /// Another, independent store of the same kind.
+    fn sibling(&self, name: &str) -> TestDb {
+        TestDb {
+            kind: self.kind,
+            _dir: tempfile::tempdir().expect("temp dir"),
+            path: self.path.with_file_name(format!("{name}.db")),
+            pg: self
+                .pg
+                .as_ref()
+                .map(|_| crate::pg::database().expect("the server is up")),
+        }
+    }
+
+    fn url(&self) -> &str {
+        &self.pg.as_ref().expect("a PostgreSQL test").url
+    }
+
+    fn try_open(&self) -> Result<Store, StoreError> {
+        match self.kind {
+            Kind::Sqlite => Store::open(&self.path),
+            Kind::Postgres => Store::connect(self.url()),
+        }
+    }
+
+    fn open(&self) -> Store {
+        self.try_open().expect("open the store")
+    }
+
+    /// Runs raw SQL beside the store; the error's text.
+    fn exec(&self, sql: &str) -> Result<(), String> {
+        match self.kind {
+            Kind::Sqlite => raw(&self.path)
+                .execute_batch(sql)
+                .map_err(|e| e.to_string()),
+            Kind::Postgres => crate::pg::execute(self.url(), sql),
+        }
+    }
+
+    /// The first column of the first row, as text.
+    fn text(&self, sql: &str) -> Option<String> {
+        match self.kind {
+            Kind::Sqlite => raw(&self.path)
+                .query_row(sql, [], |r| r.get::<_, Option<String>>(0))
+                .expect("query"),
+            Kind::Postgres => crate::pg::query_text(self.url(), sql),
+        }
+    }
+
+    /// Row counts of the four tables, for "nothing changed" checks.
+    fn counts(&self) -> [i64; 4] {
+        ["tasks", "journal", "snapshots", "sandboxes"].map(|t| {
+            self.text(&format!("SELECT CAST(count(*) AS TEXT) FROM {t}"))
+                .expect("a count")
+                .parse()
+                .expect("a number")
+        })
+    }
+}
+
+/// Writes a test that runs on both stores: `fn name(db: &TestDb) { … }` becomes the module
+/// `name` with the tests `sqlite` and `postgres`.
+macro_rules! on_both_stores {
+    ($(#[doc = $doc:literal])* fn $name:ident($db:ident) $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            $(#[doc = $doc])*
+            fn body($db: &$crate::store::TestDb) $body
+
+            #[test]
+            fn sqlite() {
+                body(&$crate::store::TestDb::new($crate::store::Kind::Sqlite).expect("sqlite"));
+            }
+
+            #[test]
+            fn postgres() {
+                if let Some(db) = $crate::store::TestDb::new($crate::store::Kind::Postgres) {
+                    body(&db);
+                }
+            }
+        }
+    };
+}
+pub(crate) use on_both_stores;
+
 fn temp_db() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("data").join("taskbox.db");
@@ -174,17 +299,6 @@ fn temp_db() -> (tempfile::TempDir, PathBuf) {
 
 fn raw(path: &Path) -> Connection {
     Connection::open(path).expect("raw connection")
-}
-
-fn count(conn: &Connection, table: &str) -> i64 {
-    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
-        .expect("count")
-}
-
-/// Row counts of the four tables, for "nothing changed" checks.
-fn counts(path: &Path) -> [i64; 4] {
-    let conn = raw(path);
-    ["tasks", "journal", "snapshots", "sandboxes"].map(|t| count(&conn, t))
 }
 
 /// The snapshot rows are exactly the task's records, and the one `running` sandbox row (if any)

@@ -2,9 +2,9 @@
 //! mirror it after every commit.
 
 use taskbox::core::{Event, Millis, SnapshotRecord, SnapshotStatus, TaskState, TimerKind};
-use taskbox::store::{SandboxStatus, Store, StoreError};
+use taskbox::store::{SandboxStatus, StoreError};
 
-use super::{assert_rows_mirror, raw, sandbox, temp_db, Owned, Script};
+use super::{assert_rows_mirror, on_both_stores, raw, sandbox, Kind, Owned, Script};
 
 /// A running task whose sandbox is replaced and extended, whose snapshots come, change status
 /// and fall out of retention, and which finally loses its sandbox.
@@ -62,10 +62,9 @@ fn sandbox_and_snapshot_scenario() -> Vec<Owned> {
     s.steps
 }
 
-#[test]
-fn snapshot_and_sandbox_rows_follow_the_task() {
-    let (_dir, path) = temp_db();
-    let mut store = Store::open(&path).expect("open");
+on_both_stores! {
+fn snapshot_and_sandbox_rows_follow_the_task(db) {
+    let mut store = db.open();
     let steps = sandbox_and_snapshot_scenario();
     let at: Vec<Millis> = steps.iter().map(|o| o.at).collect();
 
@@ -141,34 +140,45 @@ fn snapshot_and_sandbox_rows_follow_the_task() {
         .is_empty());
     assert_eq!(store.snapshots(Some("t")).expect("snapshots").len(), 2);
 }
+}
 
-#[test]
-fn integrity_check_reports_dangling_rows() {
-    let (_dir, path) = temp_db();
-    let store = Store::open(&path).expect("open");
+on_both_stores! {
+/// SQLite: a writer with foreign keys off (the default of many SQLite builds) can leave a row
+/// pointing nowhere. PostgreSQL enforces them always; what a hand can break there is the
+/// journal's append-only trigger.
+fn integrity_check_reports_dangling_rows(db) {
+    let store = db.open();
     store.integrity_check().expect("intact");
-    // A writer with foreign keys off (the default of many SQLite builds) can leave a row
-    // pointing nowhere.
-    let conn = raw(&path);
-    conn.pragma_update(None, "foreign_keys", false)
-        .expect("foreign keys off");
-    conn.execute(
-        "INSERT INTO snapshots (task_id, seq, status, size_bytes, sandbox_id, started_at)
-             VALUES ('ghost', 1, 'complete', 0, 'sbx', 0)",
-        [],
-    )
-    .expect("insert dangling row");
-    let err = store.integrity_check().expect_err("dangling snapshot row");
+    let expected = match db.kind {
+        Kind::Sqlite => {
+            let conn = raw(&db.path);
+            conn.pragma_update(None, "foreign_keys", false)
+                .expect("foreign keys off");
+            conn.execute(
+                "INSERT INTO snapshots (task_id, seq, status, size_bytes, sandbox_id, started_at)
+                     VALUES ('ghost', 1, 'complete', 0, 'sbx', 0)",
+                [],
+            )
+            .expect("insert dangling row");
+            "snapshots"
+        }
+        Kind::Postgres => {
+            db.exec("DROP TRIGGER journal_no_update ON journal")
+                .expect("drop the trigger");
+            "append-only"
+        }
+    };
+    let err = store.integrity_check().expect_err("a damaged store");
     assert!(
-        matches!(&err, StoreError::Integrity { report, .. } if report.contains("snapshots")),
+        matches!(&err, StoreError::Integrity { report, .. } if report.contains(expected)),
         "{err:?}"
     );
 }
+}
 
-#[test]
-fn rows_mirror_the_task_after_every_commit_including_no_op_ones() {
-    let (_dir, path) = temp_db();
-    let mut store = Store::open(&path).expect("open");
+on_both_stores! {
+fn rows_mirror_the_task_after_every_commit_including_no_op_ones(db) {
+    let mut store = db.open();
     // After each step, one that changes neither snapshots nor sandbox: its commit leaves their
     // rows alone, and they must still match.
     for step in sandbox_and_snapshot_scenario() {
@@ -185,9 +195,13 @@ fn rows_mirror_the_task_after_every_commit_including_no_op_ones() {
         }
     }
     // The skip relies on SQLite rendering a stored JSON subtree as serde wrote it; check that
-    // it does, or the skip would never apply (correct, only slower).
+    // it does, or the skip would never apply (correct, only slower). (PostgreSQL's commit
+    // function always upserts with a guard instead.)
+    if db.kind != Kind::Sqlite {
+        return;
+    }
     let task = store.load_task("t").expect("load").expect("present");
-    let (snapshots, sandbox): (String, String) = raw(&path)
+    let (snapshots, sandbox): (String, String) = raw(&db.path)
         .query_row(
             "SELECT data -> '$.snapshots', data -> '$.sandbox' FROM tasks WHERE id = 't'",
             [],
@@ -199,4 +213,5 @@ fn rows_mirror_the_task_after_every_commit_including_no_op_ones() {
         serde_json::to_string(&task.snapshots).expect("json")
     );
     assert_eq!(sandbox, serde_json::to_string(&task.sandbox).expect("json"));
+}
 }

@@ -121,8 +121,15 @@ async fn the_whole_lifecycle() {
     assert_eq!(extended, sb.deadline + 60_000);
 
     // Snapshot: idempotent, and it stops the session.
-    let snap = p.snapshot(&tid("life"), &sb.id, 1).await.unwrap();
-    let again = p.snapshot(&tid("life"), &sb.id, 1).await.unwrap();
+    let mut snap = p.snapshot(&tid("life"), &sb.id, 1).await.unwrap();
+    let mut again = p.snapshot(&tid("life"), &sb.id, 1).await.unwrap();
+    // Both carry the session's usage (the repeat reads it from the session, which may have
+    // settled to `stopped` meanwhile and then reports its `stoppedAt` too).
+    let (u1, u2) = (snap.usage.take().unwrap(), again.usage.take().unwrap());
+    assert_eq!(
+        (u1.started_at, u1.vcpus, u1.memory_mb, u1.active_cpu_ms),
+        (u2.started_at, u2.vcpus, u2.memory_mb, u2.active_cpu_ms)
+    );
     assert_eq!(snap, again);
     assert_eq!(w.fake.stats().requests_to(Endpoint::CreateSnapshot), 1);
     assert_eq!(p.probe_sandbox(&sb.id).await.unwrap(), None);

@@ -30,7 +30,7 @@ fn jwt_payload_is_decoded_without_verification() {
     // Padding some tools add is tolerated.
     let padded = {
         let mut parts: Vec<String> = token.split('.').map(str::to_string).collect();
-        while parts[1].len() % 4 != 0 {
+        while !parts[1].len().is_multiple_of(4) {
             parts[1].push('=');
         }
         parts.join(".")

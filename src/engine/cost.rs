@@ -1,0 +1,126 @@
+//! `taskbox cost`: a task's ledger read from its journal in the store (read-only, like `show`
+//! and `tasks`: no provider, no lock, no server), and its JSON form, shared by `cost --json`,
+//! `show --json` and `tasks --json`.
+//!
+//! The ledger itself is [`crate::core::ledger`]: a pure fold over journal entries, so a replayed
+//! or exported journal gives the same figures. Prices apply to the Vercel backend only; the
+//! local backend's ledger is in resource units.
+
+use crate::core::ledger::{Ledger, Prices, Window};
+use crate::core::Millis;
+use crate::ids::TaskId;
+use crate::store::{JournalEntry, Store};
+
+use super::EngineError;
+
+/// The backend name whose ledger is priced.
+pub const PRICED_BACKEND: &str = "vercel_sandbox";
+
+/// What the output says of an estimate.
+pub const ESTIMATE_BASIS: &str = "estimate at list price";
+
+/// The ledger of journal entries (one task's, oldest first).
+pub fn ledger_of(entries: &[JournalEntry], window: Window) -> Ledger {
+    Ledger::of(
+        window,
+        entries.iter().map(|e| (e.at, &e.event, &e.task_after)),
+    )
+}
+
+/// One task's ledger over `window`, from its journal in `store`, with its backend (`None`
+/// when no engine recorded one yet).
+pub fn task_ledger(
+    store: &Store,
+    task: &TaskId,
+    window: Window,
+) -> Result<(Ledger, Option<String>), EngineError> {
+    let entries = store.journal(task.as_str())?;
+    let backend = store.task_marks(task.as_str())?.and_then(|m| m.backend);
+    Ok((ledger_of(&entries, window), backend))
+}
+
+/// Reads a `--since` duration: a whole number and a unit, `s`, `m`, `h`, `d` or `w` (`7d`,
+/// `12h`), in milliseconds.
+pub fn parse_since(text: &str) -> Result<u64, SinceError> {
+    let t = text.trim();
+    let bad = |why: &str| SinceError {
+        given: text.to_string(),
+        why: why.to_string(),
+    };
+    let split = t
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| bad("it has no unit"))?;
+    let (num, unit) = t.split_at(split);
+    if num.is_empty() {
+        return Err(bad("it does not start with a number"));
+    }
+    let n: u64 = num.parse().map_err(|_| bad("the number is too large"))?;
+    let unit_ms: u64 = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        "w" => 7 * 86_400_000,
+        _ => return Err(bad(&format!("`{unit}` is not a unit"))),
+    };
+    if n == 0 {
+        return Err(bad("it is zero"));
+    }
+    n.checked_mul(unit_ms).ok_or_else(|| bad("it is too long"))
+}
+
+/// A `--since` that does not read as a duration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid --since `{given}`: {why}")]
+pub struct SinceError {
+    /// What was given.
+    pub given: String,
+    /// What is wrong with it.
+    pub why: String,
+}
+
+impl SinceError {
+    /// How to write one.
+    pub fn hint(&self) -> &'static str {
+        "give a whole number and a unit: s, m, h, d or w (e.g. --since 7d, --since 12h)"
+    }
+}
+
+/// The window of `--since` (milliseconds back from `now`), or all time.
+pub fn window(since_ms: Option<u64>, now: Millis) -> Window {
+    Window {
+        from: since_ms.map_or(0, |s| now.saturating_sub(s)),
+        until: now,
+    }
+}
+
+/// A ledger as JSON: the resource figures, and for the Vercel backend the estimate at `prices`.
+pub fn ledger_json(ledger: &Ledger, backend: Option<&str>, prices: &Prices) -> serde_json::Value {
+    let priced = backend == Some(PRICED_BACKEND);
+    let mut v = serde_json::json!({
+        "backend": backend,
+        "sandbox_seconds": ledger.sandbox_ms / 1000,
+        "sandbox_hours": ledger.sandbox_hours(),
+        "creations": ledger.creations,
+        "snapshot_bytes_kept": ledger.snapshot_bytes_kept(),
+        "snapshots_kept": ledger.snapshots_kept.len(),
+        "snapshot_gb_months": ledger.snapshot_gb_months(),
+    });
+    if priced {
+        let e = ledger.estimate(prices);
+        v["sessions_reported"] = ledger.sessions_reported.into();
+        v["vcpu_hours"] = ledger.vcpu_hours().into();
+        v["memory_gb_hours"] = ledger.memory_gb_hours().into();
+        v["transfer_gb"] = ledger.transfer_gb().into();
+        v["estimate_usd"] = serde_json::json!({
+            "basis": ESTIMATE_BASIS,
+            "active_cpu": e.active_cpu,
+            "memory": e.memory,
+            "creations": e.creations,
+            "transfer": e.transfer,
+            "snapshots": e.snapshots,
+            "total": e.total,
+        });
+    }
+    v
+}

@@ -1,0 +1,889 @@
+//! The SQLite store ([`SqliteStore`]): tasks, their journal, and the snapshot and sandbox tables
+//! derived from them, in one file of a data directory.
+//!
+//! One file per data directory, in WAL mode with `synchronous = FULL`: [`Backend::commit`] is the
+//! engine's write-ahead step, so a transition that returned is on disk before any of its
+//! commands is performed, and survives power loss. Each commit is one transaction that
+//!
+//! - upserts the task row (`tasks.data` holds the whole [`Task`] as JSON), refusing it with
+//!   [`StoreError::StateConflict`] if the stored state is not the transition's `state_before`
+//!   (a second writer would otherwise silently lose an update);
+//! - appends a `journal` row (the event, the commands, and the task after the transition) with
+//!   the next per-task sequence number. Triggers refuse any UPDATE or DELETE on the journal;
+//! - mirrors `task.snapshots` into `snapshots` (one row per record, rows of dropped records
+//!   removed) and `task.sandbox` into `sandboxes` (`running` while the task holds it,
+//!   `released` from the first transition whose task no longer does).
+//!
+//! The `snapshots` and `sandboxes` tables duplicate what the task JSON says so that they can be
+//! queried (garbage collection, `taskbox status`) without decoding every task.
+//!
+//! Several processes may open the same file: writes take the lock up front (`BEGIN IMMEDIATE`)
+//! and wait up to 10 s for it instead of failing ([`StoreError::Busy`] after that).
+//!
+//! Throughput: a commit costs one disk sync, which dominates; [`Backend::commit_batch`] puts many
+//! transitions behind one sync, and [`Backend::commit_batch_with`]`(…, `[`Sync::WithNext`]`)`
+//! lets a batch that performs nothing on a provider (the engine's answers: a command's result)
+//! ride on the next commit's sync. Statements are prepared once per connection (`prepare_cached`),
+//! and a transition that changes neither the task's snapshots nor its sandbox writes only the
+//! task row and the journal row.
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::types::FromSql;
+use rusqlite::{params, Connection, OptionalExtension, Row, Transaction, TransactionBehavior};
+use serde::de::DeserializeOwned;
+
+use super::error::StoreError;
+use super::schema;
+use super::{
+    Backend, JournalEntry, SandboxRow, SandboxStatus, SnapshotRow, Sync, TaskMarks,
+    TransitionRecord,
+};
+use crate::core::{Millis, Task, TaskState};
+use crate::ids::TaskId;
+
+/// An open SQLite store file. Not `Sync`: give each thread its own store (they may share the
+/// file).
+#[derive(Debug)]
+pub struct SqliteStore {
+    conn: Connection,
+    path: PathBuf,
+    installation_id: String,
+    /// The connection was left at `synchronous = NORMAL` (setting FULL back after a
+    /// [`Sync::WithNext`] commit failed): every write sets FULL again before it writes.
+    not_full: bool,
+}
+
+/// The columns `query_journal` decodes, in its order.
+const JOURNAL_COLUMNS: &str = "seq, task_id, task_seq, at, event, state_before, state_after, \
+                               commands, task_after";
+
+impl SqliteStore {
+    /// Opens the store at `path`, creating the file and its parent directories if needed and
+    /// bringing the schema up to date.
+    ///
+    /// Refuses a file that is not an SQLite database ([`StoreError::NotADatabase`]) and one
+    /// written by a newer taskbox ([`StoreError::TooNew`]), without writing to either.
+    pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_with(path, schema::Create::Yes)
+    }
+
+    /// Opens the store at `path` only if the file exists ([`StoreError::Missing`] otherwise),
+    /// for commands that read what is there: pointed at the wrong directory they should say so,
+    /// not leave an empty store behind. An existing file is brought up to date like
+    /// [`SqliteStore::open`] does.
+    pub fn open_existing(path: &Path) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_with(path, schema::Create::No)
+    }
+
+    fn open_with(path: &Path, create: schema::Create) -> Result<SqliteStore, StoreError> {
+        let conn = schema::open(path, create)?;
+        let installation_id = schema::installation_id(&conn, path)?;
+        Ok(SqliteStore {
+            conn,
+            path: path.to_path_buf(),
+            installation_id,
+            not_full: false,
+        })
+    }
+
+    /// The store file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// This data directory's random id, created with the file and never changed.
+    pub fn installation_id(&self) -> &str {
+        &self.installation_id
+    }
+
+    /// The task with this id, if it was ever committed.
+    pub fn load_task(&self, id: &str) -> Result<Option<Task>, StoreError> {
+        let op = "loading a task";
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT id, state, data FROM tasks WHERE id = ?1")
+            .map_err(|e| self.sql(op, Some(id), e))?;
+        let mut rows = stmt.query([id]).map_err(|e| self.sql(op, Some(id), e))?;
+        match rows.next().map_err(|e| self.sql(op, Some(id), e))? {
+            Some(row) => Ok(Some(self.decode_task(row)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every task, ordered by id.
+    pub fn load_tasks(&self) -> Result<Vec<Task>, StoreError> {
+        let op = "loading tasks";
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT id, state, data FROM tasks ORDER BY id")
+            .map_err(|e| self.sql(op, None, e))?;
+        let mut rows = stmt.query([]).map_err(|e| self.sql(op, None, e))?;
+        let mut tasks = Vec::new();
+        while let Some(row) = rows.next().map_err(|e| self.sql(op, None, e))? {
+            tasks.push(self.decode_task(row)?);
+        }
+        Ok(tasks)
+    }
+
+    /// The ids of every task, ordered.
+    pub fn task_ids(&self) -> Result<Vec<TaskId>, StoreError> {
+        let sql = "SELECT id FROM tasks ORDER BY id";
+        self.query_rows("listing task ids", sql, &[], None, |row| {
+            self.row_context(row, "tasks.id", 0)?.task()
+        })
+    }
+
+    /// What the store knows of a task beyond the core's record (`None`: no such task).
+    pub fn task_marks(&self, id: &str) -> Result<Option<TaskMarks>, StoreError> {
+        let op = "reading a task's backend";
+        self.conn
+            .prepare_cached("SELECT backend, removed_at, kept_snapshots FROM tasks WHERE id = ?1")
+            .and_then(|mut s| {
+                s.query_row([id], |r| {
+                    Ok(TaskMarks {
+                        backend: r.get(0)?,
+                        removed_at: r.get(1)?,
+                        kept_snapshots: r.get::<_, Option<bool>>(2)?.unwrap_or(false),
+                    })
+                })
+                .optional()
+            })
+            .map_err(|e| self.sql(op, Some(id), e))
+    }
+
+    /// The tasks that retain the provider snapshot `provider_id` (a record of it `complete` or
+    /// `pending`), ordered by id: a fork shares its parent's snapshot, and a snapshot is deleted
+    /// only when no task retains it. A removed task retains its snapshots only when
+    /// `taskbox rm --keep-snapshots` kept them.
+    pub fn snapshot_holders(&self, provider_id: &str) -> Result<Vec<String>, StoreError> {
+        let op = "finding the tasks that retain a snapshot";
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT DISTINCT s.task_id FROM snapshots s JOIN tasks t ON t.id = s.task_id
+                 WHERE s.provider_id = ?1 AND s.status IN ('complete', 'pending')
+                   AND (t.removed_at IS NULL OR t.kept_snapshots = 1)
+                 ORDER BY s.task_id",
+            )
+            .map_err(|e| self.sql(op, None, e))?;
+        let rows = stmt
+            .query_map([provider_id], |r| r.get::<_, String>(0))
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.sql(op, None, e))?;
+        Ok(rows)
+    }
+
+    /// The marks of every removed task, by id.
+    pub fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {
+        let sql = "SELECT id, backend, removed_at, kept_snapshots FROM tasks
+                   WHERE removed_at IS NOT NULL ORDER BY id";
+        self.query_rows("listing removed tasks", sql, &[], None, |row| {
+            let cx = self.row_context(row, "tasks.id", 0)?;
+            let marks = TaskMarks {
+                backend: cx.get(row, 1, "tasks.backend")?,
+                removed_at: cx.get(row, 2, "tasks.removed_at")?,
+                kept_snapshots: cx
+                    .get::<Option<bool>>(row, 3, "tasks.kept_snapshots")?
+                    .unwrap_or(false),
+            };
+            Ok((cx.task()?, marks))
+        })
+    }
+
+    /// Records `backend` as the task's, unless one is recorded already; returns the recorded
+    /// one (`None`: no such task).
+    pub fn claim_backend(&mut self, id: &str, backend: &str) -> Result<Option<String>, StoreError> {
+        self.full_sync(Some(id))?;
+        let op = "recording a task's backend";
+        self.conn
+            .prepare_cached("UPDATE tasks SET backend = ?2 WHERE id = ?1 AND backend IS NULL")
+            .and_then(|mut s| s.execute(params![id, backend]))
+            .map_err(|e| self.sql(op, Some(id), e))?;
+        Ok(self.task_marks(id)?.and_then(|m| m.backend))
+    }
+
+    /// Marks the task removed at `at` (`taskbox rm`); its record and journal stay.
+    pub fn mark_removed(
+        &mut self,
+        id: &str,
+        at: Millis,
+        kept_snapshots: bool,
+    ) -> Result<(), StoreError> {
+        self.full_sync(Some(id))?;
+        let op = "marking a task removed";
+        self.conn
+            .prepare_cached("UPDATE tasks SET removed_at = ?2, kept_snapshots = ?3 WHERE id = ?1")
+            .and_then(|mut s| s.execute(params![id, at, kept_snapshots]))
+            .map_err(|e| self.sql(op, Some(id), e))?;
+        Ok(())
+    }
+
+    /// Commits one transition in one transaction: the task row, a journal row, and the
+    /// snapshot and sandbox rows. Returns the journal `seq`. Nothing is written if any part
+    /// fails; once it returns `Ok`, the transition is durable.
+    pub fn commit(&mut self, rec: &TransitionRecord<'_>) -> Result<u64, StoreError> {
+        let seqs = self.commit_batch(std::slice::from_ref(rec))?;
+        Ok(seqs
+            .into_iter()
+            .next()
+            .expect("commit_batch returns one seq per record"))
+    }
+
+    /// Group commit: the transitions, in order (several may be of one task), in ONE
+    /// transaction and one disk sync. Returns their journal `seq`s in the same order. All or
+    /// nothing: if one record fails, none is written.
+    pub fn commit_batch(&mut self, recs: &[TransitionRecord<'_>]) -> Result<Vec<u64>, StoreError> {
+        self.commit_batch_with(recs, Sync::Now)
+    }
+
+    /// [`SqliteStore::commit_batch`], reaching the disk as `sync` says. A [`Sync::Now`] commit, and
+    /// every other write, is made at `synchronous = FULL` whatever came before.
+    pub fn commit_batch_with(
+        &mut self,
+        recs: &[TransitionRecord<'_>],
+        sync: Sync,
+    ) -> Result<Vec<u64>, StoreError> {
+        if recs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let first_task = Some(recs[0].task_after.id.as_str());
+        if sync == Sync::Now {
+            self.full_sync(first_task)?;
+            return self.commit_records(recs);
+        }
+        self.set_synchronous("NORMAL", first_task)?;
+        self.not_full = true;
+        let result = self.commit_records(recs);
+        // Not an error of the commit: if this fails, the next write sets FULL before writing.
+        let _ = self.full_sync(first_task);
+        result
+    }
+
+    /// Sets `synchronous = FULL` again if a [`Sync::WithNext`] commit could not.
+    fn full_sync(&mut self, task: Option<&str>) -> Result<(), StoreError> {
+        if self.not_full {
+            self.set_synchronous("FULL", task)?;
+            self.not_full = false;
+        }
+        Ok(())
+    }
+
+    fn set_synchronous(&self, mode: &str, task: Option<&str>) -> Result<(), StoreError> {
+        self.conn
+            .pragma_update(None, "synchronous", mode)
+            .map_err(|e| StoreError::sql(&self.path, "choosing when a commit syncs", task, e))
+    }
+
+    fn commit_records(&mut self, recs: &[TransitionRecord<'_>]) -> Result<Vec<u64>, StoreError> {
+        let path = self.path.as_path();
+        let first_task = Some(recs[0].task_after.id.as_str());
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::sql(path, "beginning a commit", first_task, e))?;
+        let mut seqs = Vec::with_capacity(recs.len());
+        for rec in recs {
+            // An error returns early and drops `tx`, which rolls back every record written so far.
+            seqs.push(write_transition(&tx, path, rec)?);
+        }
+        tx.commit()
+            .map_err(|e| StoreError::sql(path, "committing a transition", first_task, e))?;
+        Ok(seqs)
+    }
+
+    /// The task's whole journal, oldest first.
+    pub fn journal(&self, task_id: &str) -> Result<Vec<JournalEntry>, StoreError> {
+        let sql =
+            format!("SELECT {JOURNAL_COLUMNS} FROM journal WHERE task_id = ?1 ORDER BY task_seq");
+        self.query_journal(&sql, params![task_id], task_id)
+    }
+
+    /// The task's last `limit` journal entries, oldest first.
+    pub fn journal_tail(
+        &self,
+        task_id: &str,
+        limit: usize,
+    ) -> Result<Vec<JournalEntry>, StoreError> {
+        let sql = format!(
+            "SELECT {JOURNAL_COLUMNS} FROM journal WHERE task_id = ?1 \
+             ORDER BY task_seq DESC LIMIT ?2"
+        );
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut entries = self.query_journal(&sql, params![task_id, limit], task_id)?;
+        entries.reverse();
+        Ok(entries)
+    }
+
+    /// Runs SQLite's `integrity_check` and `foreign_key_check` (for `taskbox doctor`).
+    pub fn integrity_check(&self) -> Result<(), StoreError> {
+        let op = "checking integrity";
+        let err = |e| self.sql(op, None, e);
+        let mut problems: Vec<String> = self
+            .conn
+            .prepare("PRAGMA integrity_check")
+            .and_then(|mut s| {
+                s.query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(err)?;
+        if problems == ["ok"] {
+            problems.clear();
+        }
+        let fk: Vec<String> = self
+            .conn
+            .prepare("PRAGMA foreign_key_check")
+            .and_then(|mut s| {
+                s.query_map([], |r| {
+                    Ok(format!(
+                        "row {} of {} refers to a missing row of {}",
+                        r.get::<_, Option<i64>>(1)?
+                            .map_or_else(|| "?".to_string(), |id| id.to_string()),
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(2)?,
+                    ))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(err)?;
+        problems.extend(fk);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Integrity {
+                path: self.path.clone(),
+                report: problems.join("\n"),
+            })
+        }
+    }
+
+    /// Sandbox rows, of one task or of all, ordered by task, generation and id.
+    pub fn sandboxes(&self, task_id: Option<&str>) -> Result<Vec<SandboxRow>, StoreError> {
+        let sql = "SELECT provider_id, name, task_id, generation, created_at, deadline, \
+                          source_snapshot, status, released_at
+                   FROM sandboxes WHERE ?1 IS NULL OR task_id = ?1
+                   ORDER BY task_id, generation, provider_id";
+        self.query_rows("listing sandboxes", sql, params![task_id], task_id, |row| {
+            let cx = self.row_context(row, "sandboxes.task_id", 2)?;
+            let status: String = cx.get(row, 7, "sandboxes.status")?;
+            let status = match status.as_str() {
+                "running" => SandboxStatus::Running,
+                "released" => SandboxStatus::Released,
+                other => {
+                    return Err(cx.corrupt(
+                        "sandboxes.status",
+                        format!("unknown status `{other}`"),
+                        None,
+                    ))
+                }
+            };
+            Ok(SandboxRow {
+                provider_id: cx.get::<String>(row, 0, "sandboxes.provider_id")?.into(),
+                name: cx.get(row, 1, "sandboxes.name")?,
+                task_id: cx.task()?,
+                generation: cx.get(row, 3, "sandboxes.generation")?,
+                created_at: cx.get(row, 4, "sandboxes.created_at")?,
+                deadline: cx.get(row, 5, "sandboxes.deadline")?,
+                source_snapshot: cx
+                    .get::<Option<String>>(row, 6, "sandboxes.source_snapshot")?
+                    .map(Into::into),
+                status,
+                released_at: cx.get(row, 8, "sandboxes.released_at")?,
+            })
+        })
+    }
+
+    /// Snapshot rows, of one task or of all, ordered by task and seq.
+    pub fn snapshots(&self, task_id: Option<&str>) -> Result<Vec<SnapshotRow>, StoreError> {
+        let sql = "SELECT task_id, seq, provider_id, status, size_bytes, sandbox_id, started_at, \
+                          created_at, expires_at
+                   FROM snapshots WHERE ?1 IS NULL OR task_id = ?1
+                   ORDER BY task_id, seq";
+        self.query_rows("listing snapshots", sql, params![task_id], task_id, |row| {
+            let mut cx = self.row_context(row, "snapshots.task_id", 0)?;
+            let seq: u64 = cx.get(row, 1, "snapshots.seq")?;
+            cx.seq = Some(seq);
+            Ok(SnapshotRow {
+                task_id: cx.task()?,
+                seq,
+                provider_id: cx
+                    .get::<Option<String>>(row, 2, "snapshots.provider_id")?
+                    .map(Into::into),
+                status: cx.name(row, 3, "snapshots.status")?,
+                size_bytes: cx.get(row, 4, "snapshots.size_bytes")?,
+                sandbox_id: cx.get::<String>(row, 5, "snapshots.sandbox_id")?.into(),
+                started_at: cx.get(row, 6, "snapshots.started_at")?,
+                created_at: cx.get(row, 7, "snapshots.created_at")?,
+                expires_at: cx.get(row, 8, "snapshots.expires_at")?,
+            })
+        })
+    }
+
+    fn sql(
+        &self,
+        operation: &'static str,
+        task_id: Option<&str>,
+        e: rusqlite::Error,
+    ) -> StoreError {
+        StoreError::sql(&self.path, operation, task_id, e)
+    }
+
+    /// Starts decoding a row by reading its task id (`task_id_column` is `table.column`).
+    fn row_context(
+        &self,
+        row: &Row<'_>,
+        task_id_column: &'static str,
+        task_id_index: usize,
+    ) -> Result<RowContext<'_>, StoreError> {
+        let mut cx = RowContext {
+            path: &self.path,
+            task_id: "?".to_string(),
+            task_column: task_id_column,
+            seq: None,
+        };
+        cx.task_id = cx.get(row, task_id_index, task_id_column)?;
+        Ok(cx)
+    }
+
+    /// Decodes `SELECT id, state, data FROM tasks`, checking that the columns agree with the
+    /// JSON (they are written together; a mismatch means the row was edited by hand).
+    fn decode_task(&self, row: &Row<'_>) -> Result<Task, StoreError> {
+        let cx = self.row_context(row, "tasks.id", 0)?;
+        let state: TaskState = cx.name(row, 1, "tasks.state")?;
+        let task: Task = cx.json(row, 2, "tasks.data")?;
+        if task.id.as_str() != cx.task_id {
+            return Err(cx.corrupt(
+                "tasks.data",
+                format!("the JSON is of task `{}`", task.id),
+                None,
+            ));
+        }
+        if task.state != state {
+            return Err(cx.corrupt(
+                "tasks.state",
+                format!(
+                    "the column says `{state}` but the JSON says `{}`",
+                    task.state
+                ),
+                None,
+            ));
+        }
+        Ok(task)
+    }
+
+    fn query_journal(
+        &self,
+        sql: &str,
+        params: &[&dyn rusqlite::ToSql],
+        task_id: &str,
+    ) -> Result<Vec<JournalEntry>, StoreError> {
+        self.query_rows("reading the journal", sql, params, Some(task_id), |row| {
+            let mut cx = self.row_context(row, "journal.task_id", 1)?;
+            let seq: u64 = cx.get(row, 0, "journal.seq")?;
+            cx.seq = Some(seq);
+            Ok(JournalEntry {
+                seq,
+                task_id: cx.task()?,
+                task_seq: cx.get(row, 2, "journal.task_seq")?,
+                at: cx.get(row, 3, "journal.at")?,
+                event: cx.json(row, 4, "journal.event")?,
+                state_before: cx.name(row, 5, "journal.state_before")?,
+                state_after: cx.name(row, 6, "journal.state_after")?,
+                commands: cx.json(row, 7, "journal.commands")?,
+                task_after: cx.json(row, 8, "journal.task_after")?,
+            })
+        })
+    }
+
+    /// Runs `sql` (`operation` names it in errors, with `task_id`) and decodes each row with
+    /// `decode`, in order.
+    fn query_rows<T>(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&dyn rusqlite::ToSql],
+        task_id: Option<&str>,
+        mut decode: impl FnMut(&Row<'_>) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let err = |e| self.sql(operation, task_id, e);
+        let mut stmt = self.conn.prepare_cached(sql).map_err(err)?;
+        let mut rows = stmt.query(params).map_err(err)?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(err)? {
+            out.push(decode(row)?);
+        }
+        Ok(out)
+    }
+}
+
+impl Backend for SqliteStore {
+    fn installation_id(&self) -> &str {
+        SqliteStore::installation_id(self)
+    }
+    fn load_task(&self, id: &str) -> Result<Option<Task>, StoreError> {
+        SqliteStore::load_task(self, id)
+    }
+    fn load_tasks(&self) -> Result<Vec<Task>, StoreError> {
+        SqliteStore::load_tasks(self)
+    }
+    fn task_ids(&self) -> Result<Vec<TaskId>, StoreError> {
+        SqliteStore::task_ids(self)
+    }
+    fn task_marks(&self, id: &str) -> Result<Option<TaskMarks>, StoreError> {
+        SqliteStore::task_marks(self, id)
+    }
+    fn snapshot_holders(&self, provider_id: &str) -> Result<Vec<String>, StoreError> {
+        SqliteStore::snapshot_holders(self, provider_id)
+    }
+    fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {
+        SqliteStore::removed_tasks(self)
+    }
+    fn claim_backend(&mut self, id: &str, backend: &str) -> Result<Option<String>, StoreError> {
+        SqliteStore::claim_backend(self, id, backend)
+    }
+    fn mark_removed(
+        &mut self,
+        id: &str,
+        at: Millis,
+        kept_snapshots: bool,
+    ) -> Result<(), StoreError> {
+        SqliteStore::mark_removed(self, id, at, kept_snapshots)
+    }
+    fn commit(&mut self, rec: &TransitionRecord<'_>) -> Result<u64, StoreError> {
+        SqliteStore::commit(self, rec)
+    }
+    fn commit_batch(&mut self, recs: &[TransitionRecord<'_>]) -> Result<Vec<u64>, StoreError> {
+        SqliteStore::commit_batch(self, recs)
+    }
+    fn commit_batch_with(
+        &mut self,
+        recs: &[TransitionRecord<'_>],
+        sync: Sync,
+    ) -> Result<Vec<u64>, StoreError> {
+        SqliteStore::commit_batch_with(self, recs, sync)
+    }
+    fn journal(&self, task_id: &str) -> Result<Vec<JournalEntry>, StoreError> {
+        SqliteStore::journal(self, task_id)
+    }
+    fn journal_tail(&self, task_id: &str, limit: usize) -> Result<Vec<JournalEntry>, StoreError> {
+        SqliteStore::journal_tail(self, task_id, limit)
+    }
+    fn integrity_check(&self) -> Result<(), StoreError> {
+        SqliteStore::integrity_check(self)
+    }
+    fn sandboxes(&self, task_id: Option<&str>) -> Result<Vec<SandboxRow>, StoreError> {
+        SqliteStore::sandboxes(self, task_id)
+    }
+    fn snapshots(&self, task_id: Option<&str>) -> Result<Vec<SnapshotRow>, StoreError> {
+        SqliteStore::snapshots(self, task_id)
+    }
+}
+
+/// An error mapper for a statement of the commit path.
+fn on<'a>(
+    path: &'a Path,
+    task_id: &'a str,
+    operation: &'static str,
+) -> impl Fn(rusqlite::Error) -> StoreError + 'a {
+    move |e| StoreError::sql(path, operation, Some(task_id), e)
+}
+
+/// Writes one transition inside `tx`: task row, journal row, snapshot rows, sandbox rows.
+fn write_transition(
+    tx: &Transaction<'_>,
+    path: &Path,
+    rec: &TransitionRecord<'_>,
+) -> Result<u64, StoreError> {
+    let task = rec.task_after;
+    let id = task.id.as_str();
+    let ser = |what, r: serde_json::Result<String>| {
+        r.map_err(|source| StoreError::Serialize {
+            task_id: id.to_string(),
+            what,
+            source,
+        })
+    };
+    let task_json = ser("task", serde_json::to_string(task))?;
+    let event_json = ser("event", serde_json::to_string(rec.event))?;
+    let commands_json = ser("commands", serde_json::to_string(rec.commands))?;
+
+    // What the store holds for the task now, read under the write lock. The snapshot and
+    // sandbox rows always mirror `tasks.data` (they are written in the same transaction), so
+    // when the new task's `snapshots` (or `sandbox`) render to the same JSON as the stored
+    // one's, their rows are already right and are not touched: most transitions change neither.
+    // Both sides are rendered by SQLite, so formatting cannot differ; a path missing from the
+    // JSON never counts as unchanged.
+    let stored: Option<(String, bool, bool)> = tx
+        .prepare_cached(
+            "SELECT state,
+                    (?2 -> '$.snapshots') IS NOT NULL
+                        AND (data -> '$.snapshots') IS (?2 -> '$.snapshots'),
+                    (?2 -> '$.sandbox') IS NOT NULL
+                        AND (data -> '$.sandbox') IS (?2 -> '$.sandbox')
+             FROM tasks WHERE id = ?1",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![id, task_json], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()
+        })
+        .map_err(on(path, id, "reading the task"))?;
+    let (snapshots_unchanged, sandbox_unchanged) = match stored {
+        Some((stored, _, _)) if stored != rec.state_before.as_str() => {
+            // Another writer moved the task on since this transition's `state_before` was
+            // read; committing would silently drop its update.
+            return Err(StoreError::StateConflict {
+                task_id: id.to_string(),
+                expected: rec.state_before,
+                stored,
+            });
+        }
+        Some((_, snapshots, sandbox)) => (snapshots, sandbox),
+        None => (false, false),
+    };
+
+    tx.prepare_cached(
+        "INSERT INTO tasks (id, state, data, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (id) DO UPDATE
+            SET state = excluded.state, data = excluded.data, updated_at = excluded.updated_at",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            id,
+            task.state.as_str(),
+            task_json,
+            task.created_at,
+            rec.at,
+        ])
+    })
+    .map_err(on(path, id, "writing the task"))?;
+
+    // The journal row, numbered after the task's last one (found through the unique index).
+    let seq: u64 = tx
+        .prepare_cached(
+            "INSERT INTO journal (task_id, task_seq, at, event_name, event, state_before,
+                                  state_after, commands, task_after)
+             VALUES (?1, (SELECT COALESCE(MAX(task_seq), 0) + 1 FROM journal WHERE task_id = ?1),
+                     ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+             RETURNING seq",
+        )
+        .and_then(|mut s| {
+            s.query_row(
+                params![
+                    id,
+                    rec.at,
+                    rec.event.name(),
+                    event_json,
+                    rec.state_before.as_str(),
+                    task.state.as_str(),
+                    commands_json,
+                    task_json,
+                ],
+                |r| r.get(0),
+            )
+        })
+        .map_err(on(path, id, "appending to the journal"))?;
+
+    if !snapshots_unchanged {
+        sync_snapshots(tx, path, task)?;
+    }
+    if !sandbox_unchanged {
+        sync_sandboxes(tx, path, task, rec.at)?;
+    }
+    Ok(seq)
+}
+
+/// Mirrors `task.snapshots` into the `snapshots` table. Unchanged rows are not rewritten (the
+/// guarded upsert), so a commit only dirties the pages of records that changed.
+fn sync_snapshots(tx: &Transaction<'_>, path: &Path, task: &Task) -> Result<(), StoreError> {
+    let id = task.id.as_str();
+    let err = on(path, id, "recording the task's snapshots");
+    if !task.snapshots.is_empty() {
+        let mut upsert = tx
+            .prepare_cached(
+                "INSERT INTO snapshots (task_id, seq, provider_id, status, size_bytes, sandbox_id,
+                                        started_at, created_at, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT (task_id, seq) DO UPDATE
+                    SET provider_id = excluded.provider_id, status = excluded.status,
+                        size_bytes = excluded.size_bytes, sandbox_id = excluded.sandbox_id,
+                        started_at = excluded.started_at, created_at = excluded.created_at,
+                        expires_at = excluded.expires_at
+                    WHERE (provider_id, status, size_bytes, sandbox_id, started_at, created_at,
+                           expires_at)
+                       IS NOT (excluded.provider_id, excluded.status, excluded.size_bytes,
+                               excluded.sandbox_id, excluded.started_at, excluded.created_at,
+                               excluded.expires_at)",
+            )
+            .map_err(&err)?;
+        for snap in &task.snapshots {
+            upsert
+                .execute(params![
+                    id,
+                    snap.seq,
+                    snap.id.as_deref(),
+                    snap.status.as_str(),
+                    snap.size_bytes,
+                    snap.sandbox_id.as_str(),
+                    snap.started_at,
+                    snap.created_at,
+                    snap.expires_at,
+                ])
+                .map_err(&err)?;
+        }
+    }
+    // Records the task no longer holds. The list of kept seqs travels as one JSON array so
+    // that the statement stays the same (and cached) whatever the number of snapshots.
+    let kept = serde_json::to_string(&task.snapshots.iter().map(|s| s.seq).collect::<Vec<_>>())
+        .expect("a list of integers always serializes");
+    tx.prepare_cached(
+        "DELETE FROM snapshots
+         WHERE task_id = ?1 AND seq NOT IN (SELECT value FROM json_each(?2))",
+    )
+    .and_then(|mut s| s.execute(params![id, kept]))
+    .map_err(&err)?;
+    Ok(())
+}
+
+/// Mirrors `task.sandbox` into the `sandboxes` table: the held sandbox is `running`; any other
+/// sandbox of the task still marked `running` becomes `released` at `at`.
+fn sync_sandboxes(
+    tx: &Transaction<'_>,
+    path: &Path,
+    task: &Task,
+    at: Millis,
+) -> Result<(), StoreError> {
+    let id = task.id.as_str();
+    let err = on(path, id, "recording the task's sandbox");
+    if let Some(sb) = &task.sandbox {
+        // The guard skips both an unchanged row (no write) and a row of another task (no
+        // takeover); the second case is told apart below.
+        let changed = tx
+            .prepare_cached(
+                "INSERT INTO sandboxes (provider_id, name, task_id, generation, created_at,
+                                        deadline, source_snapshot, status, released_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', NULL)
+                 ON CONFLICT (provider_id) DO UPDATE
+                    SET name = excluded.name, generation = excluded.generation,
+                        created_at = excluded.created_at, deadline = excluded.deadline,
+                        source_snapshot = excluded.source_snapshot, status = 'running',
+                        released_at = NULL
+                    WHERE task_id = excluded.task_id
+                      AND (name, generation, created_at, deadline, source_snapshot, status)
+                          IS NOT (excluded.name, excluded.generation, excluded.created_at,
+                                  excluded.deadline, excluded.source_snapshot, 'running')",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    sb.id.as_str(),
+                    sb.name,
+                    id,
+                    sb.generation,
+                    sb.created_at,
+                    sb.deadline,
+                    sb.source_snapshot.as_deref(),
+                ])
+            })
+            .map_err(&err)?;
+        if changed == 0 {
+            let owner: String = tx
+                .prepare_cached("SELECT task_id FROM sandboxes WHERE provider_id = ?1")
+                .and_then(|mut s| s.query_row([sb.id.as_str()], |r| r.get(0)))
+                .map_err(&err)?;
+            if owner != id {
+                return Err(StoreError::SandboxOwned {
+                    task_id: id.to_string(),
+                    sandbox_id: sb.id.clone(),
+                    owner,
+                });
+            }
+        }
+    }
+    tx.prepare_cached(
+        "UPDATE sandboxes SET status = 'released', released_at = ?3
+         WHERE task_id = ?1 AND status = 'running' AND provider_id IS NOT ?2",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            id,
+            task.sandbox.as_ref().map(|s| s.id.as_str()),
+            at
+        ])
+    })
+    .map_err(&err)?;
+    Ok(())
+}
+
+/// Where a decoded value comes from, for [`StoreError::Corrupt`].
+struct RowContext<'a> {
+    path: &'a Path,
+    /// The row's task id as stored (validated by [`RowContext::task`]).
+    task_id: String,
+    /// The column it was read from.
+    task_column: &'static str,
+    seq: Option<u64>,
+}
+
+impl RowContext<'_> {
+    fn corrupt(
+        &self,
+        column: &'static str,
+        reason: String,
+        source: Option<serde_json::Error>,
+    ) -> StoreError {
+        StoreError::Corrupt {
+            path: self.path.to_path_buf(),
+            task_id: self.task_id.clone(),
+            column,
+            seq: self.seq,
+            reason,
+            source,
+        }
+    }
+
+    /// A column of a plain SQL type (a NULL, a negative number or a wrong type is corrupt).
+    fn get<T: FromSql>(
+        &self,
+        row: &Row<'_>,
+        index: usize,
+        column: &'static str,
+    ) -> Result<T, StoreError> {
+        row.get(index)
+            .map_err(|e| self.corrupt(column, e.to_string(), None))
+    }
+
+    /// The row's task id, validated (an id that is not one is corrupt: ids become paths).
+    fn task(&self) -> Result<TaskId, StoreError> {
+        TaskId::new(&self.task_id).map_err(|e| self.corrupt(self.task_column, e.to_string(), None))
+    }
+
+    /// A JSON column.
+    fn json<T: DeserializeOwned>(
+        &self,
+        row: &Row<'_>,
+        index: usize,
+        column: &'static str,
+    ) -> Result<T, StoreError> {
+        let text = row
+            .get_ref(index)
+            .and_then(|v| v.as_str().map_err(Into::into))
+            .map_err(|e| self.corrupt(column, e.to_string(), None))?;
+        serde_json::from_str(text)
+            .map_err(|e| self.corrupt(column, "invalid JSON for its type".to_string(), Some(e)))
+    }
+
+    /// A column holding a name of a core enum (a state, a snapshot status), decoded through
+    /// serde so that it accepts exactly the names the core serializes.
+    fn name<T: DeserializeOwned>(
+        &self,
+        row: &Row<'_>,
+        index: usize,
+        column: &'static str,
+    ) -> Result<T, StoreError> {
+        let text: String = self.get(row, index, column)?;
+        serde_json::from_value(serde_json::Value::String(text.clone()))
+            .map_err(|_| self.corrupt(column, format!("unknown name `{text}`"), None))
+    }
+}

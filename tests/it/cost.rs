@@ -1,0 +1,326 @@
+//! `taskbox cost`: the ledger is folded from the journal alone — on Vercel from the session
+//! usage the platform reports (the fake's `activeCpuDurationMs`, vCPUs, memory, start), on the
+//! local backend in resource units — `--since` windows it, `show`/`tasks --json` carry it, an
+//! exported journal gives the same ledger, and a fork's shared snapshot is counted once in a
+//! total.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use taskbox::core::ledger::{Ledger, Prices, Window};
+use taskbox::engine::cost::{ledger_of, parse_since};
+use taskbox::engine::{store_file, Paths};
+use taskbox::store::Store;
+
+use crate::support::{ok, stderr, stdout, Home};
+use crate::vercel_engine::spawn_fake;
+
+fn json(o: &std::process::Output) -> Value {
+    serde_json::from_str(&ok(o)).expect("JSON on stdout")
+}
+
+fn store(home: &Home) -> Store {
+    Store::open_existing(&store_file(&Paths::under(home.path()).data_dir)).expect("store")
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"))
+}
+
+/// Vercel: the usage the fake reports as the snapshot stops the session travels in the journal
+/// and becomes vCPU-hours, memory GB-hours and an estimate at list price, the `cost.*` keys
+/// reprice it, and an exported journal gives the same ledger.
+#[test]
+fn vercel_cost_comes_from_the_reported_session_usage_in_the_journal() {
+    let home = Home::new();
+    let fake = spawn_fake(&home);
+    ok(&home.run(&["config", "set", "terminal.backend", "vercel_sandbox"]));
+    ok(&home.run(&["config", "set", "terminal.container_memory", "2048"]));
+    ok(&home.run(&["config", "set", "terminal.vercel_api_url", &fake.url]));
+    let env: BTreeMap<&str, &str> = [
+        ("VERCEL_TOKEN", "tok"),
+        ("VERCEL_TEAM_ID", "team_t"),
+        ("VERCEL_PROJECT_ID", "prj_t"),
+    ]
+    .into();
+    let run = |args: &[&str]| home.cmd().envs(&env).args(args).output().expect("taskbox");
+    ok(&run(&["run", "-t", "demo", "--", "sleep 1; echo data > f"]));
+    ok(&run(&["suspend", "demo"]));
+
+    let v = json(&home.run(&["cost", "demo", "--json"]));
+    let t = &v["tasks"][0];
+    assert_eq!(t["task"], "demo", "{v}");
+    assert_eq!(t["backend"], "vercel_sandbox", "{v}");
+    assert_eq!(t["creations"], 1, "{v}");
+    assert_eq!(t["sessions_reported"], 1, "{v}");
+    // The fake counts a command's wall time as active CPU: at least the second slept.
+    assert!(f(t, "vcpu_hours") >= 1000.0 / 3.6e6, "{v}");
+    // 2048 MB = 2 GB provisioned for at least that second.
+    assert!(f(t, "memory_gb_hours") >= 2.0 / 3600.0, "{v}");
+    assert!(t["snapshot_bytes_kept"].as_u64().unwrap_or(0) > 0, "{v}");
+    assert_eq!(t["snapshots_kept"], 1, "{v}");
+    let est = &t["estimate_usd"];
+    assert_eq!(est["basis"], "estimate at list price", "{v}");
+    let p = Prices::default();
+    let expect_cpu = f(t, "vcpu_hours") * p.active_cpu_hour;
+    assert!((f(est, "active_cpu") - expect_cpu).abs() < 1e-12, "{v}");
+    assert!((f(est, "creations") - 0.6e-6).abs() < 1e-15, "{v}");
+    let parts: f64 = ["active_cpu", "memory", "creations", "transfer", "snapshots"]
+        .iter()
+        .map(|k| f(est, k))
+        .sum();
+    assert!((f(est, "total") - parts).abs() < 1e-12, "{v}");
+    let text = ok(&home.run(&["cost", "demo"]));
+    assert!(text.contains("estimate at list price: $"), "{text}");
+    assert!(text.contains("vCPU-hours"), "{text}");
+
+    // The price is the config's: ten times the CPU price, ten times that part.
+    ok(&home.run(&["config", "set", "cost.active_cpu_hour_usd", "1.28"]));
+    let v2 = json(&home.run(&["cost", "demo", "--json"]));
+    let cpu2 = f(&v2["tasks"][0]["estimate_usd"], "active_cpu");
+    assert!((cpu2 - 10.0 * f(est, "active_cpu")).abs() < 1e-9, "{v2}");
+    let bad = home.run(&["config", "set", "cost.active_cpu_hour_usd", "--", "-1"]);
+    assert_eq!(bad.status.code(), Some(125));
+    assert!(
+        stderr(&bad).contains("cost.active_cpu_hour_usd"),
+        "{}",
+        stderr(&bad)
+    );
+
+    // `show` and `tasks --json` carry the same totals.
+    let show = json(&home.run(&["show", "demo", "--json"]));
+    assert_eq!(show["cost"]["sessions_reported"], 1, "{show}");
+    assert_eq!(show["cost"]["creations"], 1, "{show}");
+    let tasks = json(&home.run(&["tasks", "--json"]));
+    assert_eq!(tasks[0]["cost"]["sessions_reported"], 1, "{tasks}");
+    let shown = ok(&home.run(&["show", "demo"]));
+    assert!(shown.contains("estimate at list price"), "{shown}");
+
+    // The usage is in the journal, so the exported journal gives the same ledger and replays.
+    let out = home.path().join("demo.jsonl");
+    ok(&home.run(&["export", "demo", "--out", out.to_str().expect("utf-8")]));
+    let file = taskbox::replay::export::read_journal(std::io::BufReader::new(
+        std::fs::File::open(&out).expect("exported"),
+    ))
+    .expect("reads back");
+    assert!(taskbox::replay::verify(&file.entries).is_clean());
+    let window = Window::until(u64::MAX / 2);
+    let stored = ledger_of(&store(&home).journal("demo").expect("journal"), window);
+    let replayed = ledger_of(&file.entries, window);
+    assert_eq!(stored.sessions_reported, 1);
+    assert_eq!(stored, replayed);
+}
+
+/// Local: the same ledger in resource units and no price; `--since` clips sandbox time and
+/// leaves out creations before the window, while a snapshot still kept is still counted.
+#[test]
+fn local_cost_is_in_resource_units_and_since_windows_it() {
+    let home = Home::new();
+    ok(&home.run(&["run", "-t", "demo", "--", "sleep 1; echo data > f"]));
+    ok(&home.run(&["suspend", "demo"]));
+    let v = json(&home.run(&["cost", "--json"]));
+    let t = &v["tasks"][0];
+    assert_eq!(t["backend"], "local", "{v}");
+    assert_eq!(t["creations"], 1, "{v}");
+    assert!(t["sandbox_seconds"].as_u64().unwrap_or(0) >= 1, "{v}");
+    assert!(t["snapshot_bytes_kept"].as_u64().unwrap_or(0) > 0, "{v}");
+    assert!(t.get("estimate_usd").is_none(), "no price on local: {v}");
+    assert!(t.get("vcpu_hours").is_none(), "{v}");
+    assert_eq!(v["totals"]["local"]["creations"], 1, "{v}");
+    let text = ok(&home.run(&["cost", "demo"]));
+    assert!(text.contains("no price"), "{text}");
+    assert!(!text.contains('$'), "{text}");
+
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let recent = json(&home.run(&["cost", "--since", "1s", "--json"]));
+    let r = &recent["tasks"][0];
+    assert_eq!(recent["since"], "1s", "{recent}");
+    assert_eq!(r["creations"], 0, "{recent}");
+    assert_eq!(r["sandbox_seconds"], 0, "{recent}");
+    assert_eq!(
+        r["snapshots_kept"], 1,
+        "the snapshot is still kept: {recent}"
+    );
+    // All time still has everything.
+    let all = json(&home.run(&["cost", "demo", "--since", "1w", "--json"]));
+    assert_eq!(all["tasks"][0]["creations"], 1, "{all}");
+
+    let o = home.run(&["cost", "nope"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).contains("nope"), "{}", stderr(&o));
+}
+
+/// `--since` reads a number and a unit; anything else is a clear error (exit 125, the
+/// `invalid_since` code under `--json`) naming what was given and how to write it.
+#[test]
+fn since_is_a_number_and_a_unit_and_bad_input_says_how_to_write_it() {
+    assert_eq!(parse_since("7d"), Ok(7 * 86_400_000));
+    assert_eq!(parse_since("12h"), Ok(12 * 3_600_000));
+    assert_eq!(parse_since("30m"), Ok(30 * 60_000));
+    assert_eq!(parse_since("45s"), Ok(45_000));
+    assert_eq!(parse_since("2w"), Ok(14 * 86_400_000));
+    for bad in [
+        "",
+        "7",
+        "d",
+        "7x",
+        "0d",
+        "-1d",
+        "1.5h",
+        "7 d",
+        "99999999999999999999d",
+        "999999999999999w",
+    ] {
+        assert!(parse_since(bad).is_err(), "{bad:?} must be refused");
+    }
+    let home = Home::new();
+    let o = home.run(&["cost", "--since", "7x"]);
+    assert_eq!(o.status.code(), Some(125));
+    let err = stderr(&o);
+    assert!(err.contains("invalid --since `7x`"), "{err}");
+    assert!(err.contains("`x` is not a unit"), "{err}");
+    assert!(err.contains("hint:") && err.contains("--since 7d"), "{err}");
+    let o = home.run(&["cost", "--since", "soon", "--json"]);
+    assert_eq!(o.status.code(), Some(125));
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("an error object");
+    assert_eq!(v["code"], "invalid_since", "{v}");
+    // Nothing stored: an empty report, not an error.
+    assert!(ok(&home.run(&["cost"])).contains("no task used anything"));
+}
+
+/// A fork's inherited snapshot is counted to the fork as well as to its parent (each retains
+/// it), and once in the total; the fork's own creations are its own.
+#[test]
+fn a_forks_shared_snapshot_counts_to_each_holder_and_once_in_the_total() {
+    let home = Home::new();
+    ok(&home.run(&["run", "-t", "demo", "--", "head -c 100000 /dev/urandom > f"]));
+    ok(&home.run(&["suspend", "demo"]));
+    ok(&home.run(&["fork", "demo", "demo-alt"]));
+    let s = store(&home);
+    let until = taskbox::clock::Clock::now_ms(&taskbox::clock::SystemClock) + 3_600_000;
+    let window = Window { from: 0, until };
+    let parent = ledger_of(&s.journal("demo").expect("journal"), window);
+    let child = ledger_of(&s.journal("demo-alt").expect("journal"), window);
+    assert_eq!(parent.creations, 1);
+    assert_eq!(child.creations, 0, "a fork's costs are its own");
+    assert_eq!(
+        parent.snapshots_kept, child.snapshots_kept,
+        "the same snapshot"
+    );
+    assert!(child.snapshot_gb_months() > 0.0);
+    let total = Ledger::sum([&parent, &child]);
+    assert_eq!(total.snapshot_bytes_kept(), parent.snapshot_bytes_kept());
+    let (p, t) = (parent.snapshot_gb_months(), total.snapshot_gb_months());
+    assert!((t - p).abs() <= p * 1e-9, "counted once: {t} vs {p}");
+    assert!(t < parent.snapshot_gb_months() + child.snapshot_gb_months());
+    let v = json(&home.run(&["cost", "--json"]));
+    assert_eq!(
+        v["totals"]["local"]["snapshot_bytes_kept"].as_u64(),
+        Some(parent.snapshot_bytes_kept()),
+        "{v}"
+    );
+}
+
+/// The fold's arithmetic on a journal written by hand: sandbox time from the entry that made the
+/// sandbox the task's to the one that ended it, the reported usage in vCPU-hours, memory
+/// GB-hours and transfer, storage in GB-months, the estimate at the published prices, and a
+/// window that clips sandbox time and leaves out a creation before it.
+#[test]
+fn the_ledger_folds_a_journal_into_units_and_prices() {
+    use taskbox::core::{
+        Event, SandboxRecord, SessionUsage, SnapshotRecord, SnapshotStatus, Task, TaskSettings,
+    };
+    const H: u64 = 3_600_000;
+    let t0 = 1_000;
+    let idle = Task::new(crate::support::tid("t"), TaskSettings::default(), t0);
+    let mut live = idle.clone();
+    live.sandbox = Some(SandboxRecord {
+        id: crate::support::sbx("sbx_1"),
+        name: "n".into(),
+        generation: 1,
+        created_at: t0,
+        deadline: t0 + 5 * H,
+        source_snapshot: None,
+        used: true,
+    });
+    let mut kept = idle.clone();
+    kept.snapshots.push(SnapshotRecord {
+        seq: 1,
+        id: Some(crate::support::snap("snap_1")),
+        status: SnapshotStatus::Complete,
+        size_bytes: 1_000_000_000,
+        sandbox_id: crate::support::sbx("sbx_1"),
+        started_at: t0 + H,
+        created_at: Some(t0 + H),
+        expires_at: None,
+        omitted: Vec::new(),
+        taken_by: None,
+    });
+    let ready = Event::SandboxReady {
+        generation: 1,
+        sandbox_id: crate::support::sbx("sbx_1"),
+        name: "n".into(),
+        deadline: t0 + 5 * H,
+    };
+    let taken = Event::SnapshotTaken {
+        seq: 1,
+        snapshot_id: crate::support::snap("snap_1"),
+        size_bytes: 1_000_000_000,
+        expires_at: None,
+        omitted: Vec::new(),
+        usage: Some(SessionUsage {
+            started_at: t0,
+            stopped_at: Some(t0 + H),
+            vcpus: 2,
+            memory_mb: 4096,
+            active_cpu_ms: Some(H / 2),
+            transfer_bytes: Some(2_000_000_000),
+        }),
+    };
+    let entries = [(t0, &ready, &live), (t0 + H, &taken, &kept)];
+    let month = 30 * 24 * H;
+    let l = Ledger::of(Window::until(t0 + H + month), entries);
+    assert_eq!(l.creations, 1);
+    assert_eq!(l.sandbox_ms, H);
+    assert_eq!(l.sessions_reported, 1);
+    assert!((l.vcpu_hours() - 0.5).abs() < 1e-12);
+    assert!(
+        (l.memory_gb_hours() - 4.0).abs() < 1e-12,
+        "4096 MB for an hour"
+    );
+    assert!((l.transfer_gb() - 2.0).abs() < 1e-12);
+    assert!(
+        (l.snapshot_gb_months() - 1.0).abs() < 1e-12,
+        "1 GB for 30 days"
+    );
+    assert_eq!(l.snapshot_bytes_kept(), 1_000_000_000);
+    let e = l.estimate(&Prices::default());
+    let expect = 0.5 * 0.128 + 4.0 * 0.0212 + 0.6e-6 + 2.0 * 0.15 + 0.08;
+    assert!((e.total - expect).abs() < 1e-12, "{e:?}");
+
+    // From half an hour in: half the sandbox time, no creation, the usage reported in the
+    // window, storage from the snapshot on.
+    let w = Window {
+        from: t0 + H / 2,
+        until: t0 + H + month,
+    };
+    let l = Ledger::of(w, entries);
+    assert_eq!(l.creations, 0);
+    assert_eq!(l.sandbox_ms, H / 2);
+    assert_eq!(l.sessions_reported, 1);
+    assert!((l.snapshot_gb_months() - 1.0).abs() < 1e-12);
+    // Ending before the snapshot: none of it.
+    let l = Ledger::of(
+        Window {
+            from: 0,
+            until: t0 + H / 2,
+        },
+        entries,
+    );
+    assert_eq!(
+        (l.creations, l.sandbox_ms, l.sessions_reported),
+        (1, H / 2, 0)
+    );
+    assert_eq!(l.snapshot_gb_months(), 0.0);
+    assert!(l.snapshots_kept.is_empty());
+}
