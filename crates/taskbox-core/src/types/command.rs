@@ -108,7 +108,8 @@ pub enum Command {
     },
     /// Emitted when a newer snapshot has been confirmed and this one falls out of retention
     /// (and on recovery while it is `deleting`). The engine deletes it only when no other task
-    /// retains it, and answers [`Event::SnapshotReleased`](super::Event::SnapshotReleased) otherwise.
+    /// retains it, and answers [`Event::SnapshotReleased`](super::Event::SnapshotReleased)
+    /// otherwise.
     DeleteSnapshot {
         /// The snapshot.
         snapshot_id: SnapshotId,
