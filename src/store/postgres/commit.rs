@@ -73,6 +73,7 @@ impl PgRecord {
 }
 
 impl PgStore {
+    /// Binds one transition to SQL values (serializing its JSON here, on the caller's thread).
     fn bind(&self, rec: &TransitionRecord<'_>) -> Result<PgRecord, StoreError> {
         let task = rec.task_after;
         let id = task.id.as_str();
