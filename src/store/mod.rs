@@ -4,7 +4,7 @@
 //! [`Backend`] is what the engine, replay, chaos and the CLI need of a store; it has two
 //! implementations, and [`Store`] is the one type they hold, either of them:
 //!
-//! - [`SqliteStore`] (`sqlite.rs`, `schema.rs`): one SQLite file per data directory, the
+//! - [`SqliteStore`] (`sqlite/`, `schema.rs`): one SQLite file per data directory, the
 //!   default;
 //! - `PgStore` (`postgres/`, cargo feature `postgres`): a PostgreSQL database that many servers
 //!   share (`terminal.store = "postgres://…"`).

@@ -1,0 +1,160 @@
+//! Leases and fencing tokens (a task's one owner among the servers sharing the database), and the
+//! installation-wide jobs one server at a time runs (advisory locks).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::PgStore;
+use crate::store::StoreError;
+
+/// A task's lease, as this server holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The task.
+    pub task_id: String,
+    /// This server's name in the `leases` table.
+    pub owner: String,
+    /// The fencing token: greater than that of every earlier owner.
+    pub token: i64,
+}
+
+/// The fencing tokens this server's commits carry, by task. Shared by the stores of one server
+/// (the one that renews leases and the event loop's), so a commit always carries the token of
+/// the lease as last acquired.
+pub type Fences = Arc<Mutex<std::collections::HashMap<String, i64>>>;
+
+impl PgStore {
+    /// Takes (or renews, when `owner` holds it already) the task's lease for `ttl`, measured on
+    /// the database's clock. A new owner gets a token greater than every earlier one; from
+    /// then on this store's commits of the task are fenced by it. Refused with
+    /// [`StoreError::LeaseHeld`] while another owner's lease is fresh.
+    pub fn acquire_lease(
+        &self,
+        task_id: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let rows = self.query(
+            "taking a task's lease",
+            Some(task_id),
+            "WITH taken AS (
+                 INSERT INTO leases AS l (task_id, owner, token, expires_at)
+                 VALUES ($1, $2, nextval('lease_tokens'),
+                         now() + CAST($3 AS BIGINT) * interval '1 millisecond')
+                 ON CONFLICT (task_id) DO UPDATE
+                     SET owner = excluded.owner,
+                         token = CASE WHEN l.owner = excluded.owner THEN l.token
+                                      ELSE excluded.token END,
+                         expires_at = excluded.expires_at
+                     WHERE l.owner = excluded.owner OR l.expires_at < now()
+                 RETURNING token)
+             SELECT token, NULL::TEXT, NULL::BIGINT FROM taken
+             UNION ALL
+             SELECT NULL, owner,
+                    CAST(GREATEST(0, EXTRACT(EPOCH FROM expires_at - now()) * 1000) AS BIGINT)
+             FROM leases WHERE task_id = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+                .to_string(),
+            vec![
+                Box::new(task_id.to_string()),
+                Box::new(owner.to_string()),
+                Box::new(ttl_ms),
+            ],
+        )?;
+        let row = rows.first().ok_or_else(|| StoreError::LeaseLost {
+            task_id: task_id.to_string(),
+            owner: None,
+        })?;
+        let cx = self.cx(Some(task_id));
+        match cx.get::<Option<i64>>(row, 0, "leases.token")? {
+            Some(token) => {
+                self.fences
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(task_id.to_string(), token);
+                Ok(Lease {
+                    task_id: task_id.to_string(),
+                    owner: owner.to_string(),
+                    token,
+                })
+            }
+            None => Err(StoreError::LeaseHeld {
+                task_id: task_id.to_string(),
+                owner: cx.get(row, 1, "leases.owner")?,
+                expires_in_ms: cx.opt_uint(row, 2, "leases.expires_at")?.unwrap_or(0),
+            }),
+        }
+    }
+
+    /// Extends `lease` by `ttl` from now; [`StoreError::LeaseLost`] when another owner took it
+    /// (its token changed), and then this store's commits of the task stay refused.
+    pub fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<(), StoreError> {
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let rows = self.query(
+            "renewing a task's lease",
+            Some(&lease.task_id),
+            "UPDATE leases SET expires_at = now() + CAST($3 AS BIGINT) * interval '1 millisecond'
+             WHERE task_id = $1 AND token = $2 RETURNING token"
+                .to_string(),
+            vec![
+                Box::new(lease.task_id.clone()),
+                Box::new(lease.token),
+                Box::new(ttl_ms),
+            ],
+        )?;
+        if rows.is_empty() {
+            let owner = self
+                .query(
+                    "reading a task's lease",
+                    Some(&lease.task_id),
+                    "SELECT owner FROM leases WHERE task_id = $1".to_string(),
+                    vec![Box::new(lease.task_id.clone())],
+                )?
+                .first()
+                .and_then(|r| r.try_get::<_, String>(0).ok());
+            return Err(StoreError::LeaseLost {
+                task_id: lease.task_id.clone(),
+                owner,
+            });
+        }
+        Ok(())
+    }
+
+    /// Lets the lease go (a server stopping cleanly): another server may take the task at
+    /// once. The token stays with the row, so the next owner's is still greater.
+    pub fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.query(
+            "releasing a task's lease",
+            Some(&lease.task_id),
+            "UPDATE leases SET expires_at = now() - interval '1 millisecond'
+             WHERE task_id = $1 AND token = $2"
+                .to_string(),
+            vec![Box::new(lease.task_id.clone()), Box::new(lease.token)],
+        )?;
+        Ok(())
+    }
+
+    /// Tries to become the one holder of the installation-wide job `name` (gc, the reaper): a
+    /// session-level advisory lock, held by this store's connection until [`PgStore::release_job`]
+    /// or until the connection ends (a dead server's lock goes with it).
+    pub fn try_job(&self, name: &str) -> Result<bool, StoreError> {
+        let rows = self.query(
+            "taking a job's advisory lock",
+            None,
+            "SELECT pg_try_advisory_lock(hashtextextended('taskbox job ' || $1, 0))".to_string(),
+            vec![Box::new(name.to_string())],
+        )?;
+        Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+    }
+
+    /// Lets go of the job `name` taken by [`PgStore::try_job`].
+    pub fn release_job(&self, name: &str) -> Result<(), StoreError> {
+        self.query(
+            "releasing a job's advisory lock",
+            None,
+            "SELECT pg_advisory_unlock(hashtextextended('taskbox job ' || $1, 0))".to_string(),
+            vec![Box::new(name.to_string())],
+        )?;
+        Ok(())
+    }
+}

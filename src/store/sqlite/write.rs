@@ -1,0 +1,246 @@
+//! The commit path's writes: one transition's task row, journal row, and the snapshot and
+//! sandbox rows mirrored from the task, inside the caller's transaction.
+
+use std::path::Path;
+
+use rusqlite::{params, OptionalExtension, Transaction};
+
+use crate::core::{Millis, Task};
+use crate::store::{StoreError, TransitionRecord};
+
+/// An error mapper for a statement of the commit path.
+fn on<'a>(
+    path: &'a Path,
+    task_id: &'a str,
+    operation: &'static str,
+) -> impl Fn(rusqlite::Error) -> StoreError + 'a {
+    move |e| StoreError::sql(path, operation, Some(task_id), e)
+}
+
+/// Writes one transition inside `tx`: task row, journal row, snapshot rows, sandbox rows.
+pub(super) fn write_transition(
+    tx: &Transaction<'_>,
+    path: &Path,
+    rec: &TransitionRecord<'_>,
+) -> Result<u64, StoreError> {
+    let task = rec.task_after;
+    let id = task.id.as_str();
+    let ser = |what, r: serde_json::Result<String>| {
+        r.map_err(|source| StoreError::Serialize {
+            task_id: id.to_string(),
+            what,
+            source,
+        })
+    };
+    let task_json = ser("task", serde_json::to_string(task))?;
+    let event_json = ser("event", serde_json::to_string(rec.event))?;
+    let commands_json = ser("commands", serde_json::to_string(rec.commands))?;
+
+    // What the store holds for the task now, read under the write lock. The snapshot and
+    // sandbox rows always mirror `tasks.data` (they are written in the same transaction), so
+    // when the new task's `snapshots` (or `sandbox`) render to the same JSON as the stored
+    // one's, their rows are already right and are not touched: most transitions change neither.
+    // Both sides are rendered by SQLite, so formatting cannot differ; a path missing from the
+    // JSON never counts as unchanged.
+    let stored: Option<(String, bool, bool)> = tx
+        .prepare_cached(
+            "SELECT state,
+                    (?2 -> '$.snapshots') IS NOT NULL
+                        AND (data -> '$.snapshots') IS (?2 -> '$.snapshots'),
+                    (?2 -> '$.sandbox') IS NOT NULL
+                        AND (data -> '$.sandbox') IS (?2 -> '$.sandbox')
+             FROM tasks WHERE id = ?1",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![id, task_json], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()
+        })
+        .map_err(on(path, id, "reading the task"))?;
+    let (snapshots_unchanged, sandbox_unchanged) = match stored {
+        Some((stored, _, _)) if stored != rec.state_before.as_str() => {
+            // Another writer moved the task on since this transition's `state_before` was
+            // read; committing would silently drop its update.
+            return Err(StoreError::StateConflict {
+                task_id: id.to_string(),
+                expected: rec.state_before,
+                stored,
+            });
+        }
+        Some((_, snapshots, sandbox)) => (snapshots, sandbox),
+        None => (false, false),
+    };
+
+    tx.prepare_cached(
+        "INSERT INTO tasks (id, state, data, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (id) DO UPDATE
+            SET state = excluded.state, data = excluded.data, updated_at = excluded.updated_at",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            id,
+            task.state.as_str(),
+            task_json,
+            task.created_at,
+            rec.at,
+        ])
+    })
+    .map_err(on(path, id, "writing the task"))?;
+
+    // The journal row, numbered after the task's last one (found through the unique index).
+    let seq: u64 = tx
+        .prepare_cached(
+            "INSERT INTO journal (task_id, task_seq, at, event_name, event, state_before,
+                                  state_after, commands, task_after)
+             VALUES (?1, (SELECT COALESCE(MAX(task_seq), 0) + 1 FROM journal WHERE task_id = ?1),
+                     ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+             RETURNING seq",
+        )
+        .and_then(|mut s| {
+            s.query_row(
+                params![
+                    id,
+                    rec.at,
+                    rec.event.name(),
+                    event_json,
+                    rec.state_before.as_str(),
+                    task.state.as_str(),
+                    commands_json,
+                    task_json,
+                ],
+                |r| r.get(0),
+            )
+        })
+        .map_err(on(path, id, "appending to the journal"))?;
+
+    if !snapshots_unchanged {
+        sync_snapshots(tx, path, task)?;
+    }
+    if !sandbox_unchanged {
+        sync_sandboxes(tx, path, task, rec.at)?;
+    }
+    Ok(seq)
+}
+
+/// Mirrors `task.snapshots` into the `snapshots` table. Unchanged rows are not rewritten (the
+/// guarded upsert), so a commit only dirties the pages of records that changed.
+fn sync_snapshots(tx: &Transaction<'_>, path: &Path, task: &Task) -> Result<(), StoreError> {
+    let id = task.id.as_str();
+    let err = on(path, id, "recording the task's snapshots");
+    if !task.snapshots.is_empty() {
+        let mut upsert = tx
+            .prepare_cached(
+                "INSERT INTO snapshots (task_id, seq, provider_id, status, size_bytes, sandbox_id,
+                                        started_at, created_at, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT (task_id, seq) DO UPDATE
+                    SET provider_id = excluded.provider_id, status = excluded.status,
+                        size_bytes = excluded.size_bytes, sandbox_id = excluded.sandbox_id,
+                        started_at = excluded.started_at, created_at = excluded.created_at,
+                        expires_at = excluded.expires_at
+                    WHERE (provider_id, status, size_bytes, sandbox_id, started_at, created_at,
+                           expires_at)
+                       IS NOT (excluded.provider_id, excluded.status, excluded.size_bytes,
+                               excluded.sandbox_id, excluded.started_at, excluded.created_at,
+                               excluded.expires_at)",
+            )
+            .map_err(&err)?;
+        for snap in &task.snapshots {
+            upsert
+                .execute(params![
+                    id,
+                    snap.seq,
+                    snap.id.as_deref(),
+                    snap.status.as_str(),
+                    snap.size_bytes,
+                    snap.sandbox_id.as_str(),
+                    snap.started_at,
+                    snap.created_at,
+                    snap.expires_at,
+                ])
+                .map_err(&err)?;
+        }
+    }
+    // Records the task no longer holds. The list of kept seqs travels as one JSON array so
+    // that the statement stays the same (and cached) whatever the number of snapshots.
+    let kept = serde_json::to_string(&task.snapshots.iter().map(|s| s.seq).collect::<Vec<_>>())
+        .expect("a list of integers always serializes");
+    tx.prepare_cached(
+        "DELETE FROM snapshots
+         WHERE task_id = ?1 AND seq NOT IN (SELECT value FROM json_each(?2))",
+    )
+    .and_then(|mut s| s.execute(params![id, kept]))
+    .map_err(&err)?;
+    Ok(())
+}
+
+/// Mirrors `task.sandbox` into the `sandboxes` table: the held sandbox is `running`; any other
+/// sandbox of the task still marked `running` becomes `released` at `at`.
+fn sync_sandboxes(
+    tx: &Transaction<'_>,
+    path: &Path,
+    task: &Task,
+    at: Millis,
+) -> Result<(), StoreError> {
+    let id = task.id.as_str();
+    let err = on(path, id, "recording the task's sandbox");
+    if let Some(sb) = &task.sandbox {
+        // The guard skips both an unchanged row (no write) and a row of another task (no
+        // takeover); the second case is told apart below.
+        let changed = tx
+            .prepare_cached(
+                "INSERT INTO sandboxes (provider_id, name, task_id, generation, created_at,
+                                        deadline, source_snapshot, status, released_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', NULL)
+                 ON CONFLICT (provider_id) DO UPDATE
+                    SET name = excluded.name, generation = excluded.generation,
+                        created_at = excluded.created_at, deadline = excluded.deadline,
+                        source_snapshot = excluded.source_snapshot, status = 'running',
+                        released_at = NULL
+                    WHERE task_id = excluded.task_id
+                      AND (name, generation, created_at, deadline, source_snapshot, status)
+                          IS NOT (excluded.name, excluded.generation, excluded.created_at,
+                                  excluded.deadline, excluded.source_snapshot, 'running')",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    sb.id.as_str(),
+                    sb.name,
+                    id,
+                    sb.generation,
+                    sb.created_at,
+                    sb.deadline,
+                    sb.source_snapshot.as_deref(),
+                ])
+            })
+            .map_err(&err)?;
+        if changed == 0 {
+            let owner: String = tx
+                .prepare_cached("SELECT task_id FROM sandboxes WHERE provider_id = ?1")
+                .and_then(|mut s| s.query_row([sb.id.as_str()], |r| r.get(0)))
+                .map_err(&err)?;
+            if owner != id {
+                return Err(StoreError::SandboxOwned {
+                    task_id: id.to_string(),
+                    sandbox_id: sb.id.clone(),
+                    owner,
+                });
+            }
+        }
+    }
+    tx.prepare_cached(
+        "UPDATE sandboxes SET status = 'released', released_at = ?3
+         WHERE task_id = ?1 AND status = 'running' AND provider_id IS NOT ?2",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            id,
+            task.sandbox.as_ref().map(|s| s.id.as_str()),
+            at
+        ])
+    })
+    .map_err(&err)?;
+    Ok(())
+}
