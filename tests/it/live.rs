@@ -6,6 +6,7 @@
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -284,9 +285,12 @@ fn sandbox_of(s: &Setup, task: &str) -> Value {
 /// and leaves the sandbox and its files as they were.
 fn a_signal_cancels_the_command_not_the_sandbox(s: &Setup, signal: i32, code: i32) {
     let task = format!("sig{signal}");
-    // Unique per signal and per test process, so neither parallel tests nor a leftover of an
+    // Unique per call and per test process, so neither parallel tests (the in-process, server
+    // and fake Vercel ones run in the same process, with the same signal) nor a leftover of an
     // earlier run can be mistaken for this one.
-    let marker = format!("6{signal}.4{}{signal}7", std::process::id());
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let marker = format!("6{signal}.4{}{call}{signal}7", std::process::id());
     ok(&s.run(&["run", "-t", &task, "--", "echo before > kept.txt"]));
     let sandbox = sandbox_of(s, &task);
     let mut cmd = s.cmd();

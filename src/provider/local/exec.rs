@@ -15,7 +15,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::cgroup::Join;
 use super::error::LocalError;
-use super::kill::{kill_group, signal_group, GroupGuard};
+use super::kill::{exited_unreaped, group_has_live_members, kill_group, signal_group, GroupGuard};
 use super::names::SandboxName;
 use super::output::{Captured, Pump};
 use super::workspace::{relative_cwd, resolve_cwd};
@@ -24,10 +24,12 @@ use crate::provider::live::cancel_requested;
 use crate::provider::{ExecIo, ExecOutput, ExecRequest, OutputStream};
 
 /// How often a running command checks the sandbox deadline. The deadline lives on the injected
-/// clock (which may be virtual), so it is polled rather than turned into a timer.
+/// clock (which may be virtual), so it is polled rather than turned into a timer. A cancelled
+/// command's group is polled as often for its end.
 const DEADLINE_POLL: Duration = Duration::from_millis(50);
 
-/// How long a cancelled command has to exit on the caller's signal before its group is killed.
+/// How long a cancelled command (every process of its group, not only its shell) has to exit on
+/// the caller's signal before its group is killed.
 const CANCEL_GRACE: Duration = Duration::from_secs(3);
 
 impl LocalProvider {
@@ -131,11 +133,14 @@ impl LocalProvider {
         let escalate = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(escalate);
         let mut cancelled = None;
+        // Once a cancel signalled the group, the shell is no longer reaped as soon as it exits
+        // (see the tick): the command has ended only when its whole group has.
+        let (mut signalled, mut killed) = (false, false);
         let mut tick = tokio::time::interval(DEADLINE_POLL);
         let mut exited = None;
         let outcome = loop {
             tokio::select! {
-                status = child.wait() => {
+                status = child.wait(), if !signalled => {
                     exited = Some(status);
                     break Outcome::Exited;
                 }
@@ -145,16 +150,33 @@ impl LocalProvider {
                     if self.clock.now_ms() >= slot.deadline.load(Ordering::SeqCst) {
                         break Outcome::Expired;
                     }
+                    // A signalled shell may exit while a process it started missed the signal
+                    // (one sent as bash forks it, before it execs, is lost) and would run on:
+                    // the shell stays unreaped, so its group id stays ours, until nothing else
+                    // of its group runs, or the grace ran out and the group was killed.
+                    if signalled {
+                        match exited_unreaped(pgid) {
+                            Ok(true) if killed || !group_has_live_members(pgid) => {
+                                break Outcome::Exited;
+                            }
+                            Ok(_) => {}
+                            // Not waitable (reaped already?): the wait below says how it ended.
+                            Err(_) => break Outcome::Exited,
+                        }
+                    }
                 }
                 signal = cancel_requested(&mut cancel), if cancelled.is_none() => {
                     // Not reaped (the wait above has not returned): the group id is still ours.
                     signal_group(pgid, signal.number());
                     cancelled = Some(signal);
+                    signalled = true;
                     escalate.as_mut().reset(tokio::time::Instant::now() + CANCEL_GRACE);
                 }
                 () = &mut escalate, if cancelled.is_some() => {
                     tracing::debug!(sandbox = %name.name, "a cancelled command outlived its grace; killed");
+                    // Not reaped: after a cancel only the tick ends the wait, before reaping.
                     kill_group(pgid);
+                    killed = true;
                     cancelled = None;
                     cancel = None;
                 }

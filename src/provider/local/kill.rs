@@ -30,6 +30,64 @@ pub(super) fn signal_group(pgid: u32, signal: i32) {
     }
 }
 
+/// Whether our child `pid` has exited, without reaping it: it stays a zombie until it is waited
+/// for, so its pid (and with it its process group's id) cannot be reused meanwhile. An error
+/// (not our child, or reaped already) is returned as such.
+pub(super) fn exited_unreaped(pid: u32) -> io::Result<bool> {
+    let pid = libc::id_t::try_from(pid).map_err(io::Error::other)?;
+    // SAFETY: an all-zero `siginfo_t` is a valid value (plain integers and a union of them).
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid(2) writes only into `info`, which is ours and of the type it expects.
+    // WNOWAIT leaves the child waitable, WNOHANG makes this a poll.
+    let rc = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: waitid filled `info` in (or left it zeroed: WNOHANG and nothing exited, which
+    // reads as pid 0).
+    Ok(unsafe { info.si_pid() } != 0)
+}
+
+/// Whether a process of group `pgid` other than a zombie still exists. Only Linux lists other
+/// processes' groups; elsewhere one is assumed to, so that the caller's grace runs out and its
+/// kill follows.
+pub(super) fn group_has_live_members(pgid: u32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        let Ok(procs) = fs::read_dir("/proc") else {
+            return true;
+        };
+        let pgid = pgid.to_string();
+        procs.flatten().any(|entry| {
+            if !entry.file_name().as_encoded_bytes()[0].is_ascii_digit() {
+                return false;
+            }
+            // `pid (comm) state ppid pgrp ...`; comm may hold spaces and parentheses.
+            let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else {
+                return false;
+            };
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let mut fields = rest.split_whitespace();
+            let state = fields.next().unwrap_or("Z");
+            fields.nth(1) == Some(pgid.as_str()) && state != "Z" && state != "X"
+        })
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = pgid;
+        true
+    }
+}
+
 pub(super) fn kill_group(pgid: u32) {
     if let Ok(pgid) = libc::pid_t::try_from(pgid) {
         // SIGKILL: a command that ignores SIGTERM must not outlive its timeout.

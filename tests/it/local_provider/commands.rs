@@ -228,3 +228,45 @@ async fn a_stuck_live_reader_does_not_hold_the_result() {
     // The sandbox serves the next command.
     assert_eq!(env.run(&id, "echo next").await.stdout, "next\n");
 }
+
+/// A cancel ends the whole command, not only its shell: a process of its group that outlives
+/// the signalled shell (here one that ignores the signal; a signal sent while bash forks a
+/// process is lost the same way) is killed once the grace runs out, before the result returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_kills_what_outlives_the_signalled_shell() {
+    use taskbox::provider::{CancelSignal, Canceller, ExecIo, ExecRequest};
+    let env = Env::new();
+    let id = env.create("cancel", 1, None).await;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    let (canceller, cancel) = Canceller::new();
+    let io = ExecIo {
+        output: Some(tx),
+        cancel: Some(cancel),
+        ..Default::default()
+    };
+    let req = ExecRequest {
+        command: "bash -c 'trap \"\" TERM; echo $$; exec sleep 30'; echo never".to_string(),
+        timeout_ms: 60_000,
+    };
+    let started = std::time::Instant::now();
+    let signal_it = async {
+        let chunk = rx.recv().await.expect("the pid is printed");
+        let pid: u32 = String::from_utf8_lossy(&chunk.data)
+            .trim()
+            .parse()
+            .expect("a pid");
+        canceller.cancel(CancelSignal::Terminate);
+        pid
+    };
+    let (out, pid) = tokio::join!(env.provider.exec_live(&id, &req, io), signal_it);
+    let out = out.expect("exec");
+    // The shell died of the signal; the sleep ignored it and was killed after the grace.
+    assert_eq!(out.exit_code, 143, "{out:?}");
+    assert!(!out.stdout.contains("never"), "{out:?}");
+    assert!(
+        pid_gone(pid),
+        "the process that ignored the signal still runs"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    assert_eq!(env.run(&id, "echo next").await.stdout, "next\n");
+}
