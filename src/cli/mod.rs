@@ -464,18 +464,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             // Read-only: straight from the store, with no provider (and so no credentials).
             let store_err = |e: StoreError| Failure::from_engine(e.into());
             let store = existing_store(paths).map_err(store_err)?;
-            let (tasks, removed) = match &store {
-                Some(store) => (
-                    store.load_tasks().map_err(store_err)?,
-                    store
-                        .removed_tasks()
-                        .map_err(store_err)?
-                        .into_iter()
-                        .map(|(id, _)| id)
-                        .collect(),
-                ),
-                None => (Vec::new(), output::Removed::new()),
-            };
+            let (tasks, removed) = stored_tasks(store.as_ref())?;
             let now = taskbox::clock::Clock::now_ms(&taskbox::clock::SystemClock);
             // `--json` carries each task's cost totals (all time), read from its journal.
             let costs = |tasks: &[taskbox::core::Task]| -> Result<_, Failure> {
@@ -612,6 +601,26 @@ fn existing_store(paths: &Paths) -> Result<Option<Store>, StoreError> {
         Err(StoreError::Missing { .. }) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// The tasks in `store` and the ids of its removed ones (none without a store), read straight
+/// from it: `taskbox tasks` and the MCP `list_tasks`.
+fn stored_tasks(
+    store: Option<&Store>,
+) -> Result<(Vec<taskbox::core::Task>, output::Removed), Failure> {
+    let store_err = |e: StoreError| Failure::from_engine(e.into());
+    Ok(match store {
+        Some(store) => (
+            store.load_tasks().map_err(store_err)?,
+            store
+                .removed_tasks()
+                .map_err(store_err)?
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect(),
+        ),
+        None => (Vec::new(), output::Removed::new()),
+    })
 }
 
 /// Opens the one-shot orchestrator of a command that drives tasks under `terminal.server =

@@ -19,6 +19,7 @@
 mod error;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod rows;
 mod schema;
 mod sqlite;
 

@@ -428,18 +428,9 @@ impl Taskbox {
     fn list_tasks(&self) -> Answer {
         // Read-only, as `taskbox tasks`: straight from the store, no provider.
         let store_err = |e: taskbox::store::StoreError| Failure::from_engine(e.into());
-        let (tasks, removed) = match super::super::existing_store(&self.paths).map_err(store_err)? {
-            Some(store) => (
-                store.load_tasks().map_err(store_err)?,
-                store
-                    .removed_tasks()
-                    .map_err(store_err)?
-                    .into_iter()
-                    .map(|(id, _)| id)
-                    .collect(),
-            ),
-            None => (Vec::new(), output::Removed::new()),
-        };
+        let store = super::super::existing_store(&self.paths).map_err(store_err)?;
+        let (tasks, removed) = super::super::stored_tasks(store.as_ref())?;
+        drop(store);
         let now = taskbox::clock::Clock::now_ms(&taskbox::clock::SystemClock);
         let rows = output::tasks_json(&tasks, now, &removed);
         let mut text = String::new();

@@ -4,7 +4,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::PgStore;
+use super::{rows, PgStore};
+use crate::store::rows::Columns;
 use crate::store::StoreError;
 
 /// A task's lease, as this server holds it.
@@ -66,7 +67,7 @@ impl PgStore {
             owner: None,
         })?;
         let cx = self.cx(Some(task_id));
-        match cx.get::<Option<i64>>(row, 0, "leases.token")? {
+        match rows::get::<Option<i64>>(&cx, row, 0, "leases.token")? {
             Some(token) => {
                 self.fences
                     .lock()
@@ -80,8 +81,8 @@ impl PgStore {
             }
             None => Err(StoreError::LeaseHeld {
                 task_id: task_id.to_string(),
-                owner: cx.get(row, 1, "leases.owner")?,
-                expires_in_ms: cx.opt_uint(row, 2, "leases.expires_at")?.unwrap_or(0),
+                owner: rows::get(&cx, row, 1, "leases.owner")?,
+                expires_in_ms: row.opt_uint(&cx, 2, "leases.expires_at")?.unwrap_or(0),
             }),
         }
     }

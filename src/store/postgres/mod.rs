@@ -40,8 +40,7 @@ use std::sync::{Arc, Mutex};
 
 use super::Sync as CommitSync;
 use super::{
-    Backend, JournalEntry, SandboxRow, SandboxStatus, SnapshotRow, StoreError, TaskMarks,
-    TransitionRecord,
+    Backend, JournalEntry, SandboxRow, SnapshotRow, StoreError, TaskMarks, TransitionRecord,
 };
 use crate::core::{Millis, Task};
 use crate::ids::TaskId;
@@ -203,7 +202,7 @@ impl Backend for PgStore {
             vec![Box::new(provider_id.to_string())],
         )?;
         rows.iter()
-            .map(|r| self.cx(None).get(r, 0, "snapshots.task_id"))
+            .map(|r| rows::get(&self.cx(None), r, 0, "snapshots.task_id"))
             .collect()
     }
 
@@ -346,36 +345,9 @@ impl Backend for PgStore {
                 .to_string(),
             vec![Box::new(task_id.map(str::to_string))],
         )?;
+        let path = std::path::Path::new(self.target.redacted());
         rows.iter()
-            .map(|row| {
-                let mut cx = self.cx(None);
-                cx.read_task(row, 2, "sandboxes.task_id")?;
-                let status: String = cx.get(row, 7, "sandboxes.status")?;
-                let status = match status.as_str() {
-                    "running" => SandboxStatus::Running,
-                    "released" => SandboxStatus::Released,
-                    other => {
-                        return Err(cx.corrupt(
-                            "sandboxes.status",
-                            format!("unknown status `{other}`"),
-                            None,
-                        ))
-                    }
-                };
-                Ok(SandboxRow {
-                    provider_id: cx.get::<String>(row, 0, "sandboxes.provider_id")?.into(),
-                    name: cx.get(row, 1, "sandboxes.name")?,
-                    task_id: cx.task()?,
-                    generation: cx.uint(row, 3, "sandboxes.generation")?,
-                    created_at: cx.uint(row, 4, "sandboxes.created_at")?,
-                    deadline: cx.uint(row, 5, "sandboxes.deadline")?,
-                    source_snapshot: cx
-                        .get::<Option<String>>(row, 6, "sandboxes.source_snapshot")?
-                        .map(Into::into),
-                    status,
-                    released_at: cx.opt_uint(row, 8, "sandboxes.released_at")?,
-                })
-            })
+            .map(|row| super::rows::decode_sandbox(path, row))
             .collect()
     }
 
@@ -390,26 +362,9 @@ impl Backend for PgStore {
                 .to_string(),
             vec![Box::new(task_id.map(str::to_string))],
         )?;
+        let path = std::path::Path::new(self.target.redacted());
         rows.iter()
-            .map(|row| {
-                let mut cx = self.cx(None);
-                cx.read_task(row, 0, "snapshots.task_id")?;
-                let seq = cx.uint(row, 1, "snapshots.seq")?;
-                cx.seq = Some(seq);
-                Ok(SnapshotRow {
-                    task_id: cx.task()?,
-                    seq,
-                    provider_id: cx
-                        .get::<Option<String>>(row, 2, "snapshots.provider_id")?
-                        .map(Into::into),
-                    status: cx.name(row, 3, "snapshots.status")?,
-                    size_bytes: cx.uint(row, 4, "snapshots.size_bytes")?,
-                    sandbox_id: cx.get::<String>(row, 5, "snapshots.sandbox_id")?.into(),
-                    started_at: cx.uint(row, 6, "snapshots.started_at")?,
-                    created_at: cx.opt_uint(row, 7, "snapshots.created_at")?,
-                    expires_at: cx.opt_uint(row, 8, "snapshots.expires_at")?,
-                })
-            })
+            .map(|row| super::rows::decode_snapshot(path, row))
             .collect()
     }
 }

@@ -36,10 +36,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::error::StoreError;
 use super::schema;
-use super::{
-    Backend, JournalEntry, SandboxRow, SandboxStatus, SnapshotRow, Sync, TaskMarks,
-    TransitionRecord,
-};
+use super::{Backend, JournalEntry, SandboxRow, SnapshotRow, Sync, TaskMarks, TransitionRecord};
 use crate::core::{Millis, Task};
 use crate::ids::TaskId;
 
@@ -109,7 +106,7 @@ impl SqliteStore {
             .map_err(|e| self.sql(op, Some(id), e))?;
         let mut rows = stmt.query([id]).map_err(|e| self.sql(op, Some(id), e))?;
         match rows.next().map_err(|e| self.sql(op, Some(id), e))? {
-            Some(row) => Ok(Some(self.decode_task(row)?)),
+            Some(row) => Ok(Some(super::rows::decode_task(&self.path, row)?)),
             None => Ok(None),
         }
     }
@@ -124,7 +121,7 @@ impl SqliteStore {
         let mut rows = stmt.query([]).map_err(|e| self.sql(op, None, e))?;
         let mut tasks = Vec::new();
         while let Some(row) = rows.next().map_err(|e| self.sql(op, None, e))? {
-            tasks.push(self.decode_task(row)?);
+            tasks.push(super::rows::decode_task(&self.path, row)?);
         }
         Ok(tasks)
     }
@@ -184,10 +181,9 @@ impl SqliteStore {
         self.query_rows("listing removed tasks", sql, &[], None, |row| {
             let cx = self.row_context(row, "tasks.id", 0)?;
             let marks = TaskMarks {
-                backend: cx.get(row, 1, "tasks.backend")?,
-                removed_at: cx.get(row, 2, "tasks.removed_at")?,
-                kept_snapshots: cx
-                    .get::<Option<bool>>(row, 3, "tasks.kept_snapshots")?
+                backend: rows::get(&cx, row, 1, "tasks.backend")?,
+                removed_at: rows::get(&cx, row, 2, "tasks.removed_at")?,
+                kept_snapshots: rows::get::<Option<bool>>(&cx, row, 3, "tasks.kept_snapshots")?
                     .unwrap_or(false),
             };
             Ok((cx.task()?, marks))
@@ -367,32 +363,7 @@ impl SqliteStore {
                    FROM sandboxes WHERE ?1 IS NULL OR task_id = ?1
                    ORDER BY task_id, generation, provider_id";
         self.query_rows("listing sandboxes", sql, params![task_id], task_id, |row| {
-            let cx = self.row_context(row, "sandboxes.task_id", 2)?;
-            let status: String = cx.get(row, 7, "sandboxes.status")?;
-            let status = match status.as_str() {
-                "running" => SandboxStatus::Running,
-                "released" => SandboxStatus::Released,
-                other => {
-                    return Err(cx.corrupt(
-                        "sandboxes.status",
-                        format!("unknown status `{other}`"),
-                        None,
-                    ))
-                }
-            };
-            Ok(SandboxRow {
-                provider_id: cx.get::<String>(row, 0, "sandboxes.provider_id")?.into(),
-                name: cx.get(row, 1, "sandboxes.name")?,
-                task_id: cx.task()?,
-                generation: cx.get(row, 3, "sandboxes.generation")?,
-                created_at: cx.get(row, 4, "sandboxes.created_at")?,
-                deadline: cx.get(row, 5, "sandboxes.deadline")?,
-                source_snapshot: cx
-                    .get::<Option<String>>(row, 6, "sandboxes.source_snapshot")?
-                    .map(Into::into),
-                status,
-                released_at: cx.get(row, 8, "sandboxes.released_at")?,
-            })
+            super::rows::decode_sandbox(&self.path, row)
         })
     }
 
@@ -403,22 +374,7 @@ impl SqliteStore {
                    FROM snapshots WHERE ?1 IS NULL OR task_id = ?1
                    ORDER BY task_id, seq";
         self.query_rows("listing snapshots", sql, params![task_id], task_id, |row| {
-            let mut cx = self.row_context(row, "snapshots.task_id", 0)?;
-            let seq: u64 = cx.get(row, 1, "snapshots.seq")?;
-            cx.seq = Some(seq);
-            Ok(SnapshotRow {
-                task_id: cx.task()?,
-                seq,
-                provider_id: cx
-                    .get::<Option<String>>(row, 2, "snapshots.provider_id")?
-                    .map(Into::into),
-                status: cx.name(row, 3, "snapshots.status")?,
-                size_bytes: cx.get(row, 4, "snapshots.size_bytes")?,
-                sandbox_id: cx.get::<String>(row, 5, "snapshots.sandbox_id")?.into(),
-                started_at: cx.get(row, 6, "snapshots.started_at")?,
-                created_at: cx.get(row, 7, "snapshots.created_at")?,
-                expires_at: cx.get(row, 8, "snapshots.expires_at")?,
-            })
+            super::rows::decode_snapshot(&self.path, row)
         })
     }
 

@@ -6,7 +6,7 @@ use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
 use super::format::write_prefix;
@@ -178,72 +178,19 @@ fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, Archi
     let mut stats = PackStats::default();
     let mut first_link: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
     let write = |e| ArchiveError::stream("write the snapshot archive")(e);
-    let omit = |stats: &mut PackStats, rel: &[u8], what: &str, e: &dyn std::fmt::Display| {
-        stats.omitted.push(Omitted {
-            path: show(rel),
-            reason: format!("cannot {what} it: {e}"),
-        });
-    };
-
+    let entries = &mut stats.entries;
     // Depth-first, children in name order: deterministic output, parents before children.
-    let mut stack: Vec<Vec<u8>> = vec![Vec::new()];
-    while let Some(dir) = stack.pop() {
-        let dir_abs = workspace.join(os(&dir));
-        let listed = fs::read_dir(&dir_abs).and_then(|it| {
-            it.map(|e| e.map(|e| (e.file_name().into_vec(), e)))
-                .collect::<Result<Vec<_>, _>>()
-        });
-        let mut entries = match listed {
-            Ok(entries) => entries,
-            // Vanished between listing its parent and now: nothing to keep.
-            Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_empty() => continue,
-            Err(e) if dir.is_empty() => {
-                return Err(ArchiveError::io("list directory", &dir_abs)(e))
-            }
-            Err(e) => {
-                // The directory's own entry is in the archive; its contents are not.
-                omit(&mut stats, &dir, "list the contents of", &e);
-                continue;
-            }
-        };
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let mut subdirs = Vec::new();
-        for (name, entry) in entries {
-            let rel = if dir.is_empty() {
-                name
-            } else {
-                [dir.as_slice(), b"/", name.as_slice()].concat()
-            };
-            let abs = workspace.join(os(&rel));
-            if abs.as_os_str().len() + RESTORE_PATH_SLACK >= PATH_MAX {
-                // It could be neither read by path nor restored: leave it (and what is below
-                // it) out rather than write an archive that cannot be restored.
-                stats.omitted.push(Omitted {
-                    path: show(&rel),
-                    reason: format!(
-                        "its path is {} bytes long, too close to PATH_MAX ({PATH_MAX}) to be \
-                         restored",
-                        abs.as_os_str().len()
-                    ),
-                });
-                continue;
-            }
-            // `DirEntry::metadata` does not follow symlinks.
-            let meta = match entry.metadata() {
-                Ok(meta) => meta,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => {
-                    omit(&mut stats, &rel, "inspect", &e);
-                    continue;
-                }
-            };
+    walk_workspace(
+        workspace,
+        &mut stats.omitted,
+        |dir_abs, e| ArchiveError::io("list directory", dir_abs)(e),
+        |omitted, Walked { rel, abs, meta }| {
             let file_type = meta.file_type();
             if file_type.is_dir() {
                 let mut header = entry_header(&meta, tar::EntryType::Directory, 0);
                 builder
                     .append_data(&mut header, os(&rel), io::empty())
                     .map_err(write)?;
-                subdirs.push(rel);
             } else if file_type.is_file() {
                 let inode = (meta.dev(), meta.ino());
                 if meta.nlink() > 1 {
@@ -252,16 +199,16 @@ fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, Archi
                         builder
                             .append_link(&mut header, os(&rel), os(first))
                             .map_err(write)?;
-                        stats.entries += 1;
-                        continue;
+                        *entries += 1;
+                        return Ok(());
                     }
                 }
                 let file = match File::open(&abs) {
                     Ok(file) => file,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
                     Err(e) => {
-                        omit(&mut stats, &rel, "read", &e);
-                        continue;
+                        omit(omitted, &rel, "read", &e);
+                        return Ok(());
                     }
                 };
                 let archived = if is_sparse(&meta) {
@@ -288,10 +235,10 @@ fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, Archi
                 // Verbatim, wherever it points: a symlink is data.
                 let target = match fs::read_link(&abs) {
                     Ok(target) => target,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
                     Err(e) => {
-                        omit(&mut stats, &rel, "read the symlink", &e);
-                        continue;
+                        omit(omitted, &rel, "read the symlink", &e);
+                        return Ok(());
                     }
                 };
                 let mut header = entry_header(&meta, tar::EntryType::Symlink, 0);
@@ -299,19 +246,107 @@ fn walk_into_tar(workspace: &Path, sink: ChunkWriter) -> Result<PackStats, Archi
                     .append_link(&mut header, os(&rel), &target)
                     .map_err(write)?;
             } else {
-                stats.omitted.push(Omitted {
+                omitted.push(Omitted {
                     path: show(&rel),
                     reason: "sockets, fifos and devices are not kept in snapshots".into(),
                 });
-                continue;
+                return Ok(());
             }
-            stats.entries += 1;
-        }
-        stack.extend(subdirs.into_iter().rev());
-    }
+            *entries += 1;
+            Ok(())
+        },
+    )?;
     let sink = builder.into_inner().map_err(write)?;
     sink.finish().map_err(write)?;
     Ok(stats)
+}
+
+/// One entry [`walk_workspace`] reached.
+pub(crate) struct Walked {
+    /// Its path below the workspace, `/`-joined.
+    pub(crate) rel: Vec<u8>,
+    /// Its path on the host.
+    pub(crate) abs: PathBuf,
+    /// Its own metadata (a symlink's, not its target's).
+    pub(crate) meta: fs::Metadata,
+}
+
+/// Walks `workspace` without following symlinks, depth-first, children in name order (the
+/// one walk of both snapshot formats): `visit` gets every entry, a directory before what is
+/// below it. Entries that vanish meanwhile are skipped; what cannot be listed or inspected,
+/// and paths too long to be restored, are left out into `omitted` (`visit` may leave out more
+/// there). Only a failure to list the root (`root_err`) or `visit`'s own fails the walk.
+pub(crate) fn walk_workspace<E>(
+    workspace: &Path,
+    omitted: &mut Vec<Omitted>,
+    root_err: impl Fn(&Path, io::Error) -> E,
+    mut visit: impl FnMut(&mut Vec<Omitted>, Walked) -> Result<(), E>,
+) -> Result<(), E> {
+    let mut stack: Vec<Vec<u8>> = vec![Vec::new()];
+    while let Some(dir) = stack.pop() {
+        let dir_abs = workspace.join(os(&dir));
+        let listed = fs::read_dir(&dir_abs).and_then(|it| {
+            it.map(|e| e.map(|e| (e.file_name().into_vec(), e)))
+                .collect::<Result<Vec<_>, _>>()
+        });
+        let mut entries = match listed {
+            Ok(entries) => entries,
+            // Vanished between listing its parent and now: nothing to keep.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_empty() => continue,
+            Err(e) if dir.is_empty() => return Err(root_err(&dir_abs, e)),
+            Err(e) => {
+                // The directory's own entry is kept; its contents are not.
+                omit(omitted, &dir, "list the contents of", &e);
+                continue;
+            }
+        };
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut subdirs = Vec::new();
+        for (name, entry) in entries {
+            let rel = if dir.is_empty() {
+                name
+            } else {
+                [dir.as_slice(), b"/", name.as_slice()].concat()
+            };
+            let abs = workspace.join(os(&rel));
+            if abs.as_os_str().len() + RESTORE_PATH_SLACK >= PATH_MAX {
+                // It could be neither read by path nor restored: leave it (and what is below
+                // it) out rather than write a snapshot that cannot be restored.
+                omitted.push(Omitted {
+                    path: show(&rel),
+                    reason: format!(
+                        "its path is {} bytes long, too close to PATH_MAX ({PATH_MAX}) to be \
+                         restored",
+                        abs.as_os_str().len()
+                    ),
+                });
+                continue;
+            }
+            // `DirEntry::metadata` does not follow symlinks.
+            let meta = match entry.metadata() {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    omit(omitted, &rel, "inspect", &e);
+                    continue;
+                }
+            };
+            if meta.is_dir() {
+                subdirs.push(rel.clone());
+            }
+            visit(omitted, Walked { rel, abs, meta })?;
+        }
+        stack.extend(subdirs.into_iter().rev());
+    }
+    Ok(())
+}
+
+/// Leaves `rel` out of a snapshot: it could not be `what`-ed.
+pub(crate) fn omit(omitted: &mut Vec<Omitted>, rel: &[u8], what: &str, e: &dyn std::fmt::Display) {
+    omitted.push(Omitted {
+        path: show(rel),
+        reason: format!("cannot {what} it: {e}"),
+    });
 }
 
 /// The pax record holding a sparse file's length.

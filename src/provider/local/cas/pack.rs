@@ -15,13 +15,7 @@ use super::manifest::{Chunk, Entry, EntryKind, FileStat, Manifest};
 use super::object::{compressor, sync_path, Hash, PackWriter, CHUNK};
 use super::restore::Index;
 use super::{show, Cas, CasError};
-use crate::provider::local::archive::{data_segments, Omitted};
-
-/// The longest path the file system calls accept, with its NUL.
-const PATH_MAX: usize = libc::PATH_MAX as usize;
-
-/// Room left for a restore's staging directory being longer than the workspace's own path.
-const RESTORE_PATH_SLACK: usize = 128;
+use crate::provider::local::archive::{data_segments, omit, walk_workspace, Omitted, Walked};
 
 /// Threads reading, hashing and compressing file contents.
 const WORKERS: usize = 2;
@@ -92,74 +86,25 @@ impl Cas {
             .unwrap_or_default();
         let catalog = self.catalog()?;
         let mut first_link: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
-        let omit = |stats: &mut PackedStats, rel: &[u8], what: &str, e: &dyn std::fmt::Display| {
-            stats.omitted.push(Omitted {
-                path: show(rel),
-                reason: format!("cannot {what} it: {e}"),
-            });
-        };
-
-        let mut stack: Vec<Vec<u8>> = vec![Vec::new()];
-        while let Some(dir) = stack.pop() {
-            let dir_abs = workspace.join(super::restore::os(&dir));
-            let listed = fs::read_dir(&dir_abs).and_then(|it| {
-                it.map(|e| e.map(|e| (e.file_name().into_vec(), e)))
-                    .collect::<Result<Vec<_>, _>>()
-            });
-            let mut listed = match listed {
-                Ok(listed) => listed,
-                Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_empty() => continue,
-                Err(e) if dir.is_empty() => {
-                    return Err(CasError::io("list directory", &dir_abs)(e))
-                }
-                Err(e) => {
-                    omit(&mut stats, &dir, "list the contents of", &e);
-                    continue;
-                }
-            };
-            listed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            let mut subdirs = Vec::new();
-            for (name, dirent) in listed {
-                let rel = if dir.is_empty() {
-                    name
-                } else {
-                    [dir.as_slice(), b"/", name.as_slice()].concat()
-                };
-                let abs = workspace.join(super::restore::os(&rel));
-                if abs.as_os_str().len() + RESTORE_PATH_SLACK >= PATH_MAX {
-                    stats.omitted.push(Omitted {
-                        path: show(&rel),
-                        reason: format!(
-                            "its path is {} bytes long, too close to PATH_MAX ({PATH_MAX}) to be \
-                             restored",
-                            abs.as_os_str().len()
-                        ),
-                    });
-                    continue;
-                }
-                let meta = match dirent.metadata() {
-                    Ok(meta) => meta,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => {
-                        omit(&mut stats, &rel, "inspect", &e);
-                        continue;
-                    }
-                };
+        walk_workspace(
+            workspace,
+            &mut stats.omitted,
+            |dir_abs, e| CasError::io("list directory", dir_abs)(e),
+            |omitted, Walked { rel, abs, meta }| {
                 let mode = meta.mode() & 0o7777;
                 let mtime_ns = nanos(meta.mtime(), meta.mtime_nsec());
                 let ft = meta.file_type();
                 let kind = if ft.is_dir() {
-                    subdirs.push(rel.clone());
                     EntryKind::Dir
                 } else if ft.is_symlink() {
                     match fs::read_link(&abs) {
                         Ok(target) => EntryKind::Symlink {
                             target: target.into_os_string().into_vec(),
                         },
-                        Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
                         Err(e) => {
-                            omit(&mut stats, &rel, "read the symlink", &e);
-                            continue;
+                            omit(omitted, &rel, "read the symlink", &e);
+                            return Ok(());
                         }
                     }
                 } else if ft.is_file() {
@@ -174,7 +119,7 @@ impl Cas {
                                     target: first.clone(),
                                 },
                             });
-                            continue;
+                            return Ok(());
                         }
                         first_link.insert(inode, rel.clone());
                     }
@@ -227,11 +172,11 @@ impl Cas {
                         }
                     }
                 } else {
-                    stats.omitted.push(Omitted {
+                    omitted.push(Omitted {
                         path: show(&rel),
                         reason: "sockets, fifos and devices are not kept in snapshots".into(),
                     });
-                    continue;
+                    return Ok(());
                 };
                 entries.push(Entry {
                     path: rel,
@@ -239,9 +184,9 @@ impl Cas {
                     mtime_ns,
                     kind,
                 });
-            }
-            stack.extend(subdirs.into_iter().rev());
-        }
+                Ok(())
+            },
+        )?;
 
         // Read, hash and store the contents on two threads, each into a pack of its own.
         let next = AtomicUsize::new(0);
