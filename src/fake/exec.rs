@@ -86,9 +86,11 @@ pub(crate) struct Exit {
 struct Inner {
     logs: Vec<LogChunk>,
     exit: Option<Exit>,
-    /// The process group (= the leader's pid). Only signalled while the leader is unreaped, so
-    /// the id cannot have been reused.
+    /// The process group (= the leader's pid). Signalled while the leader is unreaped, so the id
+    /// cannot have been reused, and once right after a signalled leader is reaped (`supervise`).
     group: Option<i32>,
+    /// A signal was sent to the group (a kill request or a session stop).
+    signalled: bool,
     session_stopping: bool,
 }
 
@@ -217,9 +219,10 @@ impl CommandRun {
 
     /// Sends `signal` to the command's process group if the command still runs.
     pub(crate) fn signal(&self, signal: i32) {
-        let inner = self.lock();
+        let mut inner = self.lock();
         if inner.exit.is_none() {
             if let Some(pgid) = inner.group {
+                inner.signalled = true;
                 signal_group(pgid, signal);
             }
         }
@@ -232,6 +235,7 @@ impl CommandRun {
         inner.session_stopping = true;
         if inner.exit.is_none() {
             if let Some(pgid) = inner.group {
+                inner.signalled = true;
                 signal_group(pgid, libc::SIGKILL);
             }
         }
@@ -414,6 +418,16 @@ async fn supervise(
         },
         None => child.wait().await,
     };
+    // A signalled shell may exit while a process it started missed the signal (one sent as bash
+    // forks it is lost) or ignores it, and would run on: a signalled command ends with its
+    // leader, so what is left of its group is killed. The group's id cannot have been reused
+    // while a member of the group lives, and with none left the kill reaches nothing.
+    {
+        let inner = run.lock();
+        if let (true, Some(pgid)) = (inner.signalled, inner.group) {
+            signal_group(pgid, libc::SIGKILL);
+        }
+    }
     // Reaped: from here on its pid may be reused, so it must not be signalled any more.
     run.lock().group = None;
     let drained = tokio::time::timeout(DRAIN_AFTER_EXIT, async {
@@ -545,5 +559,53 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(exit.code, 128 + libc::SIGTERM);
+    }
+
+    /// Whether a process whose command line holds `marker` runs (zombies do not count).
+    fn running(marker: &str) -> bool {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            let zombie = stat
+                .rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+            !zombie
+                && std::fs::read(e.path().join("cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+        })
+    }
+
+    #[tokio::test]
+    async fn a_signalled_command_ends_with_its_shell_and_takes_what_outlived_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = format!("61.{}3", std::process::id());
+        // The child ignores SIGTERM and outlives its shell, which exits on it.
+        let script = format!("(trap '' TERM; exec sleep {marker}) & trap 'exit 143' TERM; wait");
+        let run = spawn(
+            spec(dir.path(), "bash", &["-c", &script]),
+            Arc::new(SystemClock),
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !running(&marker) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never started"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The shell's trap is set once the child runs: give bash the moment it needs to get there.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        run.signal(libc::SIGTERM);
+        let exit = tokio::time::timeout(Duration::from_secs(10), run.wait())
+            .await
+            .unwrap();
+        assert_eq!(exit.code, 143);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while running(&marker) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child that ignored the signal outlived its command"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
