@@ -289,6 +289,10 @@ class TaskboxEnvironment(BaseEnvironment):
                 + ' "$PWD" '
                 + shlex.quote(cmd_string)
             )
+        # Hermes reads one output, stderr merged into stdout, as its local backend's
+        # `stderr=STDOUT` gives it. The server streams the two as separate pipes, whose relative
+        # order is lost on the way; merging them in the sandbox keeps the command's own order.
+        cmd_string = "exec 2>&1\n" + cmd_string
         timeout_secs = max(1, min(MAX_TIMEOUT_SECS, int(timeout or self.timeout) + SERVER_TIMEOUT_SLACK_SECS))
         self._used = True
         run = TaskboxRun(self._client, self.task, cmd_string, timeout_secs, stdin_data)

@@ -39,6 +39,14 @@ def test_is_a_real_hermes_environment_and_starts_a_server(home, provider):
     assert result == {"output": "exact", "returncode": 0}
 
 
+def test_stdout_and_stderr_keep_the_commands_order(home, provider):
+    env = provider.create_environment(cwd="", timeout=60, task_id="order")
+    script = "for i in 1 2 3 4 5 6 7 8; do echo out$i; echo err$i >&2; done"
+    expected = "".join(f"out{i}\nerr{i}\n" for i in range(1, 9))
+    for _ in range(5):
+        assert env.execute(script) == {"output": expected, "returncode": 0}
+
+
 def test_commands_reuse_one_sandbox_and_carry_cwd_and_env(home, provider):
     env = provider.create_environment(cwd="", timeout=60, task_id="reuse")
     first = sandbox_id(home, "reuse")
