@@ -241,6 +241,20 @@ pub trait Backend {
     fn snapshots(&self, task_id: Option<&str>) -> Result<Vec<SnapshotRow>, StoreError>;
 }
 
+/// The JSON text of `value`, the `what` (`task`, `event` or `commands`) of the task `task_id`
+/// that a transition stores ([`StoreError::Serialize`] if it cannot be written).
+pub(crate) fn to_json<T: Serialize + ?Sized>(
+    task_id: &str,
+    what: &'static str,
+    value: &T,
+) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|source| StoreError::Serialize {
+        task_id: task_id.to_string(),
+        what,
+        source,
+    })
+}
+
 /// `location` (a `terminal.store` value) as it may be shown: a URL's password replaced.
 pub fn redact_location(location: &str) -> String {
     crate::redact::redact(location)

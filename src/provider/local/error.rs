@@ -119,16 +119,8 @@ pub enum LocalError {
         found_seq: u64,
     },
     /// A file-system operation failed.
-    #[error("cannot {operation} `{path}`")]
-    Io {
-        /// What was being done.
-        operation: &'static str,
-        /// The path it was done to.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoContext),
     /// A sandbox's `meta.json` is not readable as ours.
     #[error("sandbox meta file `{path}` is not valid")]
     Meta {
@@ -157,17 +149,43 @@ pub enum LocalError {
     },
 }
 
+/// A file-system operation on a named path that failed: the payload of the `Io` variant of
+/// [`LocalError`], [`ArchiveError`] and [`CasError`] alike.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {operation} `{path}`")]
+pub struct IoContext {
+    /// What was being done.
+    pub operation: &'static str,
+    /// The path it was done to.
+    pub path: PathBuf,
+    /// The cause.
+    #[source]
+    pub source: io::Error,
+}
+
+impl IoContext {
+    /// For `map_err`: the failure to `operation` on `path`, as any error with an `Io` variant.
+    pub(crate) fn wrap<E: From<IoContext>>(
+        operation: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(io::Error) -> E {
+        let path = path.into();
+        move |source| {
+            E::from(IoContext {
+                operation,
+                path,
+                source,
+            })
+        }
+    }
+}
+
 impl LocalError {
     pub(super) fn io(
         operation: &'static str,
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(io::Error) -> Self {
-        let path = path.into();
-        move |source| LocalError::Io {
-            operation,
-            path,
-            source,
-        }
+        IoContext::wrap(operation, path)
     }
 
     pub(super) fn gone(sandbox: &SandboxName, reason: impl Into<String>) -> Self {
@@ -199,7 +217,9 @@ impl LocalError {
                 CasError::ContentMissing { .. } => FailureKind::SnapshotGone,
                 other => other.io_error().map_or(FailureKind::Permanent, io_kind),
             },
-            LocalError::Io { source, .. } | LocalError::Spawn { source, .. } => io_kind(source),
+            LocalError::Io(IoContext { source, .. }) | LocalError::Spawn { source, .. } => {
+                io_kind(source)
+            }
             LocalError::ArchiveMismatch { .. } | LocalError::Meta { .. } => FailureKind::Permanent,
             LocalError::Background { .. } => FailureKind::Permanent,
         }

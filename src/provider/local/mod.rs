@@ -87,7 +87,7 @@ mod snapshot;
 mod temp;
 mod workspace;
 
-pub use self::error::LocalError;
+pub use self::error::{IoContext, LocalError};
 pub use self::snapshot::export_snapshot;
 
 use std::collections::{HashMap, HashSet};
@@ -163,15 +163,7 @@ impl LocalProvider {
             tracing::warn!(error = %e, "could not check for archives of another installation");
         }
         let cas = cas::Cas::open(root.join("cas")).map_err(|e| match e {
-            cas::CasError::Io {
-                operation,
-                path,
-                source,
-            } => LocalError::Io {
-                operation,
-                path,
-                source,
-            },
+            cas::CasError::Io(io) => LocalError::Io(io),
             other => LocalError::io("open the content store in", &root)(std::io::Error::other(
                 other.to_string(),
             )),

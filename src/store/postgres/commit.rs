@@ -7,7 +7,7 @@ use super::connection::Fail;
 use super::PgStore;
 use crate::core::TaskState;
 use crate::store::Sync as CommitSync;
-use crate::store::{StoreError, TransitionRecord};
+use crate::store::{to_json, StoreError, TransitionRecord};
 
 /// One transition, owned and bound to SQL types, for the connection's runtime.
 struct PgRecord {
@@ -77,13 +77,6 @@ impl PgStore {
     fn bind(&self, rec: &TransitionRecord<'_>) -> Result<PgRecord, StoreError> {
         let task = rec.task_after;
         let id = task.id.as_str();
-        let ser = |what, r: serde_json::Result<String>| {
-            r.map_err(|source| StoreError::Serialize {
-                task_id: id.to_string(),
-                what,
-                source,
-            })
-        };
         let int = |what: &'static str, v: u64| {
             i64::try_from(v).map_err(|_| StoreError::OutOfRange {
                 task_id: id.to_string(),
@@ -98,12 +91,12 @@ impl PgStore {
             id: id.to_string(),
             state_before: rec.state_before.as_str(),
             state: task.state.as_str(),
-            data: ser("task", serde_json::to_string(task))?,
+            data: to_json(id, "task", task)?,
             created_at: int("created_at", task.created_at)?,
             at: int("at", rec.at)?,
             event_name: rec.event.name().to_string(),
-            event: ser("event", serde_json::to_string(rec.event))?,
-            commands: ser("commands", serde_json::to_string(rec.commands))?,
+            event: to_json(id, "event", rec.event)?,
+            commands: to_json(id, "commands", rec.commands)?,
             snap_seq: snaps
                 .iter()
                 .map(|s| int("snapshot seq", s.seq))

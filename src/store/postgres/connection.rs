@@ -173,6 +173,26 @@ impl PgStore {
             Ok(s.client.query(sql.as_str(), &refs).await?)
         })
     }
+
+    /// Runs one query about the task `task_id`, its only parameter (`$1`).
+    pub(super) fn query_task(
+        &self,
+        operation: &'static str,
+        task_id: &str,
+        sql: &str,
+    ) -> Result<Vec<Row>, StoreError> {
+        let param: Box<dyn ToSql + Sync + Send> = Box::new(task_id.to_string());
+        self.query(operation, Some(task_id), sql.to_string(), vec![param])
+    }
+
+    /// Runs one query without parameters, about no one task.
+    pub(super) fn query_all(
+        &self,
+        operation: &'static str,
+        sql: &str,
+    ) -> Result<Vec<Row>, StoreError> {
+        self.query(operation, None, sql.to_string(), Vec::new())
+    }
 }
 
 /// SQLSTATE classes that say "try again": connection exceptions (08), insufficient resources

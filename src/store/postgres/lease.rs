@@ -105,11 +105,10 @@ impl PgStore {
         )?;
         if rows.is_empty() {
             let owner = self
-                .query(
+                .query_task(
                     "reading a task's lease",
-                    Some(&lease.task_id),
-                    "SELECT owner FROM leases WHERE task_id = $1".to_string(),
-                    vec![Box::new(lease.task_id.clone())],
+                    &lease.task_id,
+                    "SELECT owner FROM leases WHERE task_id = $1",
                 )?
                 .first()
                 .and_then(|r| r.try_get::<_, String>(0).ok());

@@ -145,47 +145,32 @@ impl Backend for PgStore {
     }
 
     fn load_task(&self, id: &str) -> Result<Option<Task>, StoreError> {
-        let rows = self.query(
+        let rows = self.query_task(
             "loading a task",
-            Some(id),
-            "SELECT id, state, data FROM tasks WHERE id = $1".to_string(),
-            vec![Box::new(id.to_string())],
+            id,
+            "SELECT id, state, data FROM tasks WHERE id = $1",
         )?;
         rows.first().map(|r| self.decode_task(r)).transpose()
     }
 
     fn load_tasks(&self) -> Result<Vec<Task>, StoreError> {
-        let rows = self.query(
+        let rows = self.query_all(
             "loading tasks",
-            None,
-            "SELECT id, state, data FROM tasks ORDER BY id".to_string(),
-            Vec::new(),
+            "SELECT id, state, data FROM tasks ORDER BY id",
         )?;
         rows.iter().map(|r| self.decode_task(r)).collect()
     }
 
     fn task_ids(&self) -> Result<Vec<TaskId>, StoreError> {
-        let rows = self.query(
-            "listing task ids",
-            None,
-            "SELECT id FROM tasks ORDER BY id".to_string(),
-            Vec::new(),
-        )?;
-        rows.iter()
-            .map(|r| {
-                let mut cx = self.cx(None);
-                cx.read_task(r, 0, "tasks.id")?;
-                cx.task()
-            })
-            .collect()
+        let rows = self.query_all("listing task ids", "SELECT id FROM tasks ORDER BY id")?;
+        rows.iter().map(|r| self.decode_task_id(r, 0)).collect()
     }
 
     fn task_marks(&self, id: &str) -> Result<Option<TaskMarks>, StoreError> {
-        let rows = self.query(
+        let rows = self.query_task(
             "reading a task's backend",
-            Some(id),
-            "SELECT backend, removed_at, kept_snapshots FROM tasks WHERE id = $1".to_string(),
-            vec![Box::new(id.to_string())],
+            id,
+            "SELECT backend, removed_at, kept_snapshots FROM tasks WHERE id = $1",
         )?;
         rows.first().map(|r| self.decode_marks(r, 0)).transpose()
     }
@@ -207,20 +192,13 @@ impl Backend for PgStore {
     }
 
     fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {
-        let rows = self.query(
+        let rows = self.query_all(
             "listing removed tasks",
-            None,
             "SELECT id, backend, removed_at, kept_snapshots FROM tasks
-             WHERE removed_at IS NOT NULL ORDER BY id"
-                .to_string(),
-            Vec::new(),
+             WHERE removed_at IS NOT NULL ORDER BY id",
         )?;
         rows.iter()
-            .map(|r| {
-                let mut cx = self.cx(None);
-                cx.read_task(r, 0, "tasks.id")?;
-                Ok((cx.task()?, self.decode_marks(r, 1)?))
-            })
+            .map(|r| Ok((self.decode_task_id(r, 0)?, self.decode_marks(r, 1)?)))
             .collect()
     }
 
@@ -271,11 +249,10 @@ impl Backend for PgStore {
     }
 
     fn journal(&self, task_id: &str) -> Result<Vec<JournalEntry>, StoreError> {
-        let rows = self.query(
+        let rows = self.query_task(
             "reading the journal",
-            Some(task_id),
-            format!("SELECT {JOURNAL_COLUMNS} FROM journal WHERE task_id = $1 ORDER BY task_seq"),
-            vec![Box::new(task_id.to_string())],
+            task_id,
+            &format!("SELECT {JOURNAL_COLUMNS} FROM journal WHERE task_id = $1 ORDER BY task_seq"),
         )?;
         self.decode_journal(&rows)
     }
@@ -295,17 +272,14 @@ impl Backend for PgStore {
     }
 
     fn integrity_check(&self) -> Result<(), StoreError> {
-        let rows = self.query(
+        let rows = self.query_all(
             "checking integrity",
-            None,
             "SELECT (SELECT version FROM taskbox_schema),
                     (SELECT count(*) FROM pg_trigger
                      WHERE tgrelid = 'journal'::regclass AND NOT tgisinternal
                        AND tgname IN ('journal_no_update', 'journal_no_truncate')),
                     (SELECT count(*) FROM tasks t
-                     WHERE NOT EXISTS (SELECT 1 FROM journal j WHERE j.task_id = t.id))"
-                .to_string(),
-            Vec::new(),
+                     WHERE NOT EXISTS (SELECT 1 FROM journal j WHERE j.task_id = t.id))",
         )?;
         let mut problems = Vec::new();
         if let Some(row) = rows.first() {

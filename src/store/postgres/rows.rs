@@ -8,6 +8,7 @@ use tokio_postgres::Row;
 
 use super::PgStore;
 use crate::core::Task;
+use crate::ids::TaskId;
 use crate::store::rows::{self, Columns, RowContext};
 use crate::store::{JournalEntry, StoreError, TaskMarks};
 
@@ -48,6 +49,13 @@ impl PgStore {
             task_id.unwrap_or("?"),
             "tasks.id",
         )
+    }
+
+    /// The task id in column `index` of `row`.
+    pub(super) fn decode_task_id(&self, row: &Row, index: usize) -> Result<TaskId, StoreError> {
+        let mut cx = self.cx(None);
+        cx.read_task(row, index, "tasks.id")?;
+        cx.task()
     }
 
     pub(super) fn decode_task(&self, row: &Row) -> Result<Task, StoreError> {

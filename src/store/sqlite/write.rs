@@ -6,7 +6,7 @@ use std::path::Path;
 use rusqlite::{params, OptionalExtension, Transaction};
 
 use crate::core::{Millis, Task};
-use crate::store::{StoreError, TransitionRecord};
+use crate::store::{to_json, StoreError, TransitionRecord};
 
 /// An error mapper for a statement of the commit path.
 fn on<'a>(
@@ -25,16 +25,9 @@ pub(super) fn write_transition(
 ) -> Result<u64, StoreError> {
     let task = rec.task_after;
     let id = task.id.as_str();
-    let ser = |what, r: serde_json::Result<String>| {
-        r.map_err(|source| StoreError::Serialize {
-            task_id: id.to_string(),
-            what,
-            source,
-        })
-    };
-    let task_json = ser("task", serde_json::to_string(task))?;
-    let event_json = ser("event", serde_json::to_string(rec.event))?;
-    let commands_json = ser("commands", serde_json::to_string(rec.commands))?;
+    let task_json = to_json(id, "task", task)?;
+    let event_json = to_json(id, "event", rec.event)?;
+    let commands_json = to_json(id, "commands", rec.commands)?;
 
     // What the store holds for the task now, read under the write lock. The snapshot and
     // sandbox rows always mirror `tasks.data` (they are written in the same transaction), so

@@ -59,6 +59,8 @@ pub use self::write::{pack, Omitted, PackStats, ZSTD_LEVEL};
 use std::io;
 use std::path::PathBuf;
 
+use super::IoContext;
+
 /// A failure to write, read or safely extract an archive.
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
@@ -107,16 +109,8 @@ pub enum ArchiveError {
         reason: String,
     },
     /// A file-system operation on a named path failed.
-    #[error("cannot {operation} `{path}`")]
-    Io {
-        /// What was being done.
-        operation: &'static str,
-        /// The path it was done to.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoContext),
     /// Reading or writing the archive stream itself failed (corrupt data, full disk, ...).
     #[error("cannot {operation}")]
     Stream {
@@ -133,12 +127,7 @@ impl ArchiveError {
         operation: &'static str,
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(io::Error) -> Self {
-        let path = path.into();
-        move |source| ArchiveError::Io {
-            operation,
-            path,
-            source,
-        }
+        IoContext::wrap(operation, path)
     }
 
     pub(super) fn stream(operation: &'static str) -> impl FnOnce(io::Error) -> Self {
@@ -148,7 +137,9 @@ impl ArchiveError {
     /// The underlying I/O error, if this is one (for transient/permanent classification).
     pub fn io_error(&self) -> Option<&io::Error> {
         match self {
-            ArchiveError::Io { source, .. } | ArchiveError::Stream { source, .. } => Some(source),
+            ArchiveError::Io(IoContext { source, .. }) | ArchiveError::Stream { source, .. } => {
+                Some(source)
+            }
             _ => None,
         }
     }

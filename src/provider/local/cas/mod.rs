@@ -83,6 +83,8 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::IoContext;
+
 /// A failure of the content store.
 #[derive(Debug, thiserror::Error)]
 pub enum CasError {
@@ -126,16 +128,8 @@ pub enum CasError {
         reason: String,
     },
     /// A file-system operation on a named path failed.
-    #[error("cannot {operation} `{path}`")]
-    Io {
-        /// What was being done.
-        operation: &'static str,
-        /// The path it was done to.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoContext),
 }
 
 impl CasError {
@@ -143,12 +137,7 @@ impl CasError {
         operation: &'static str,
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(io::Error) -> Self {
-        let path = path.into();
-        move |source| CasError::Io {
-            operation,
-            path,
-            source,
-        }
+        IoContext::wrap(operation, path)
     }
 
     pub(crate) fn manifest(reason: impl Into<String>) -> Self {
@@ -160,7 +149,7 @@ impl CasError {
     /// The underlying I/O error, if this is one (for transient/permanent classification).
     pub fn io_error(&self) -> Option<&io::Error> {
         match self {
-            CasError::Io { source, .. } => Some(source),
+            CasError::Io(io) => Some(&io.source),
             _ => None,
         }
     }
