@@ -7,12 +7,11 @@
 //! so a change to the plugin needs no reinstall). Without `python3` (and its `venv` module) or
 //! PyPI the test says it is skipped and why — except under `CI=true`, where it fails.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::support::{lock, run_bounded, under_ci};
+use crate::support::{install_lock, run_bounded, under_ci};
 
 /// What the venv holds; a change (or a change of the plugin's pyproject) reinstalls.
 const REQUIREMENTS: [&str; 2] = ["hermes-agent==0.19.0", "pytest"];
@@ -54,13 +53,7 @@ fn ensure_venv(venv: &Path) -> Result<(), String> {
         return Ok(());
     }
     let lock_path = venv.with_extension("lock");
-    let lock_file = File::create(&lock_path).map_err(|e| {
-        format!(
-            "cannot create the install lock {}: {e}",
-            lock_path.display()
-        )
-    })?;
-    lock(&lock_file).map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
+    let _lock_file = install_lock(&lock_path)?;
     // Another test process may have installed it while this one waited for the lock.
     if ready() {
         return Ok(());

@@ -7,12 +7,11 @@
 //! `python3`, its `venv` module or PyPI is missing, the test says it is skipped and why —
 //! except under `CI=true`, where it fails: CI must run it.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::support::{lock, run_bounded, under_ci};
+use crate::support::{install_lock, run_bounded, under_ci};
 
 /// How long pytest may take (every test in it is bounded by itself, too).
 const PYTEST_LIMIT: Duration = Duration::from_secs(600);
@@ -56,13 +55,7 @@ fn ensure_venv(venv: &Path) -> Result<PathBuf, String> {
     std::fs::create_dir_all(parent)
         .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
     let lock_path = parent.join("py-mcp.lock");
-    let lock_file = File::create(&lock_path).map_err(|e| {
-        format!(
-            "cannot create the install lock {}: {e}",
-            lock_path.display()
-        )
-    })?;
-    lock(&lock_file).map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
+    let _lock_file = install_lock(&lock_path)?;
     // Another test process may have installed it while this one waited for the lock.
     if installed() && python.is_file() {
         return Ok(python);

@@ -138,6 +138,15 @@ pub fn under_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "FALSE" | "False"))
 }
 
+/// Creates `path` and holds an exclusive `flock` on it (waiting for another holder) while the
+/// returned file lives: the lock around a one-time install that parallel tests share.
+pub fn install_lock(path: &std::path::Path) -> Result<std::fs::File, String> {
+    let file = std::fs::File::create(path)
+        .map_err(|e| format!("cannot create the install lock {}: {e}", path.display()))?;
+    lock(&file).map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+    Ok(file)
+}
+
 /// Takes an exclusive `flock` on `file`, waiting for another holder.
 pub fn lock(file: &std::fs::File) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;

@@ -5,7 +5,6 @@
 //! When Node.js, npm or the registry is not there, the test says it is skipped and why — except
 //! under `CI=true`, where it fails: CI must run it.
 
-use std::fs::File;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -13,7 +12,7 @@ use std::time::Duration;
 use taskbox::fake::Endpoint;
 
 use super::{bounded, start_with, TOKEN};
-use crate::support::{lock, under_ci};
+use crate::support::{install_lock, under_ci};
 
 /// The file that says the SDK is installed.
 const SDK_MARKER: &str = "node_modules/@vercel/sandbox/package.json";
@@ -25,13 +24,7 @@ fn ensure_sdk(sdk_dir: &Path) -> Result<(), String> {
         return Ok(());
     }
     let lock_path = sdk_dir.join(".npm-ci.lock");
-    let lock_file = File::create(&lock_path).map_err(|e| {
-        format!(
-            "cannot create the install lock {}: {e}",
-            lock_path.display()
-        )
-    })?;
-    lock(&lock_file).map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
+    let _lock_file = install_lock(&lock_path)?;
     // Another test process may have installed it while this one waited for the lock.
     if sdk_dir.join(SDK_MARKER).is_file() {
         return Ok(());
