@@ -332,6 +332,8 @@ config_keys! {
         "seconds between the server's gc runs (orphaned sandboxes, unretained snapshots; 1 to 30 days)";
     store: StoreSetting = StoreSetting::default(), parse store_setting, env Some(STORE_ENV),
         "where tasks are stored: sqlite (the data dir's file) | postgres://user@host/database (a fleet's shared store)";
+    lease_seconds: u64 = 15, parse |v| between(v, 1, 3_600, ""), env None,
+        "a fleet server's lease on a task it drives (PostgreSQL store), seconds; renewed every third of it, taken over by another server once it expires (1 to 3600)";
 }
 
 [cost] CostConfig, "The `[cost]` table: the list prices `taskbox cost` estimates with (USD; defaults are Vercel's published Pro prices)." {
