@@ -329,10 +329,25 @@ fn restore_default_handlers() {
 mod tests {
     use super::*;
 
+    /// This path's reading of a command line, checked against the full path's (clap's) where
+    /// it recognises one: the same task, timeout and command, and nothing else asked for.
     fn parsed(args: &[&str]) -> Option<PlainRun> {
         let mut v: Vec<OsString> = vec!["taskbox".into()];
         v.extend(args.iter().map(OsString::from));
-        parse(&v)
+        let plain = parse(&v)?;
+        let cli = <super::super::Cli as clap::Parser>::try_parse_from(&v)
+            .unwrap_or_else(|e| panic!("clap refuses {args:?}, the fast path took it: {e}"));
+        let super::super::Cmd::Run(run) = cli.cmd else {
+            panic!("clap reads {args:?} as another command");
+        };
+        assert_eq!(cli.verbose, 0, "{args:?}");
+        assert!(!run.json, "{args:?}");
+        assert_eq!(
+            (&run.task, run.timeout, &run.command),
+            (&plain.task, plain.timeout, &plain.command),
+            "clap reads {args:?} otherwise"
+        );
+        Some(plain)
     }
 
     fn plain(task: &str, timeout: Option<u64>, command: &[&str]) -> Option<PlainRun> {
@@ -360,6 +375,10 @@ mod tests {
         assert_eq!(
             parsed(&["run", "--timeout", "7", "-t", "t", "cat", "-n", "--", "x"]),
             plain("t", Some(7), &["cat", "-n", "--", "x"])
+        );
+        assert_eq!(
+            parsed(&["run", "-t", "t", "--timeout", "05", "x", "--task", "y", "--json"]),
+            plain("t", Some(5), &["x", "--task", "y", "--json"])
         );
         // After `--`, everything is the command, `--` included.
         assert_eq!(

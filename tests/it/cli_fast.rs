@@ -3,16 +3,18 @@
 //! both streams (not UTF-8 too), stdin, a timeout, the notes of a restore, and a request the
 //! server refuses after it was sent. A plain `run` takes the fast path; the same command line
 //! with `RUST_LOG` set takes the full one (logging is the full path's), with `off` printing
-//! nothing more. What the fast path leaves to the full path — no server, a stale or foreign
-//! socket, `never`, `--json` — is covered by the tests of those (tests/it/server, cli_input);
-//! its signals by tests/it/live.rs, whose runs through a server now take it, and below.
+//! nothing more. Which path a process took is seen from outside, while its command runs: the
+//! full path's tokio runtime holds an epoll instance and the fast path has none (nor a second
+//! thread). What the fast path leaves to the full path — no server, a stale or foreign socket,
+//! `never`, `--json` — is covered by the tests of those (tests/it/server, cli_input) and below;
+//! its signals by tests/it/live.rs, whose runs through a server take it, and below.
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::server::ServerHome;
-use crate::support::{ok, stderr, stdout};
+use crate::support::{ok, stderr, stdout, wait_for};
 
 /// The fast path's and the full path's runs of the same command line.
 fn both(h: &ServerHome, args: &[&str], stdin: Option<&[u8]>) -> (Output, Output) {
@@ -187,4 +189,65 @@ fn a_second_signal_ends_the_wait_at_once() {
         "exited {:?} after the second signal",
         second.elapsed()
     );
+}
+
+/// What a running `taskbox run` process shows of itself: whether it holds an epoll instance
+/// (the full path's tokio runtime) and how many threads it has.
+fn runtime_of(pid: u32) -> (bool, usize) {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("list the CLI's descriptors");
+    let epoll = fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| target.to_string_lossy().contains("eventpoll"))
+    });
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("list the CLI's threads")
+        .count();
+    (epoll, threads)
+}
+
+/// A plain `run` through a running server is served without a runtime; `RUST_LOG`, `--json`
+/// and `-v` are the full path's. Each process is then ended by a signal, with a shell's code
+/// on either path.
+#[test]
+fn a_plain_run_takes_the_fast_path_and_the_rest_the_full_one() {
+    let h = ServerHome::new();
+    ok(&h.home.run(&["run", "-t", "which", "--", "true"]));
+    let cases: [(&str, &[&str], Option<(&str, &str)>, bool, i32, i32); 4] = [
+        ("plain", &[], None, true, libc::SIGTERM, 143),
+        ("logging", &[], Some(("RUST_LOG", "off")), false, libc::SIGINT, 130),
+        ("json", &["--json"], None, false, libc::SIGHUP, 129),
+        ("verbose", &["-v"], None, false, libc::SIGTERM, 143),
+    ];
+    for (what, flags, env, fast, signal, code) in cases {
+        let started = h.home.path().join(format!("started-{what}"));
+        let mut cmd = h.home.cmd();
+        cmd.arg("run").args(flags).args(["-t", "which", "--"]).arg(format!(
+            "touch '{}'; sleep 30",
+            started.display()
+        ));
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        assert!(
+            wait_for(Duration::from_secs(30), || started.exists().then_some(())).is_some(),
+            "{what}: the command never started"
+        );
+        let (epoll, threads) = runtime_of(child.id());
+        if fast {
+            assert!(!epoll, "{what}: the fast path holds no epoll instance");
+            assert_eq!(threads, 1, "{what}: the fast path runs on one thread");
+        } else {
+            assert!(epoll, "{what}: the full path runs a tokio runtime");
+        }
+        // SAFETY: signalling the child this test spawned (not yet reaped).
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let o = child.wait_with_output().expect("wait");
+        assert_eq!(o.status.code(), Some(code), "{what}: {}", stderr(&o));
+    }
 }
