@@ -196,7 +196,7 @@ fn drive(
                         run_id = Some(run);
                     }
                     RunEvent::Result(result) => break Some(Ok(result)),
-                    RunEvent::Error(e) => break Some(Err(ClientError::Api(e))),
+                    RunEvent::Error(e) => break Some(Err(ClientError::from(e))),
                     output @ RunEvent::Output { .. } => {
                         if let Some(chunk) = output.into_chunk() {
                             printer.print(&chunk);
@@ -377,7 +377,17 @@ mod tests {
             plain("t", Some(7), &["cat", "-n", "--", "x"])
         );
         assert_eq!(
-            parsed(&["run", "-t", "t", "--timeout", "05", "x", "--task", "y", "--json"]),
+            parsed(&[
+                "run",
+                "-t",
+                "t",
+                "--timeout",
+                "05",
+                "x",
+                "--task",
+                "y",
+                "--json"
+            ]),
             plain("t", Some(5), &["x", "--task", "y", "--json"])
         );
         // After `--`, everything is the command, `--` included.

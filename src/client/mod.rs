@@ -59,9 +59,10 @@ pub enum ClientError {
         /// Us.
         me: u32,
     },
-    /// The server answered with an error.
+    /// The server answered with an error (boxed: the error object is most of the size of a
+    /// `Result` that carries it).
     #[error(transparent)]
-    Api(#[from] ApiError),
+    Api(Box<ApiError>),
     /// The exchange failed after the request was sent (the server died, or spoke nonsense).
     #[error("the taskbox server at {socket} {what}")]
     Protocol {
@@ -80,6 +81,12 @@ pub enum ClientError {
         /// Where the server's log is.
         log: PathBuf,
     },
+}
+
+impl From<ApiError> for ClientError {
+    fn from(e: ApiError) -> ClientError {
+        ClientError::Api(Box::new(e))
+    }
 }
 
 impl ClientError {
@@ -225,7 +232,7 @@ impl Client {
                     }
                     RunEvent::Error(e) => {
                         uploads.abort_all();
-                        return Err(ClientError::Api(e));
+                        return Err(ClientError::Api(Box::new(e)));
                     }
                     out @ RunEvent::Output { .. } => {
                         if let (Some(tx), Some(chunk)) = (&output, out.into_chunk()) {
@@ -463,7 +470,7 @@ impl Client {
 /// An error answer's body (from the server at `socket`) as the [`ApiError`] it should be.
 fn api_error(socket: &Path, status: StatusCode, body: &[u8]) -> ClientError {
     match serde_json::from_slice::<ApiError>(body) {
-        Ok(e) => ClientError::Api(e),
+        Ok(e) => ClientError::Api(Box::new(e)),
         Err(_) => ClientError::Protocol {
             socket: socket.to_path_buf(),
             what: format!("answered {status}: {}", String::from_utf8_lossy(body)),

@@ -212,19 +212,31 @@ fn runtime_of(pid: u32) -> (bool, usize) {
 fn a_plain_run_takes_the_fast_path_and_the_rest_the_full_one() {
     let h = ServerHome::new();
     ok(&h.home.run(&["run", "-t", "which", "--", "true"]));
-    let cases: [(&str, &[&str], Option<(&str, &str)>, bool, i32, i32); 4] = [
-        ("plain", &[], None, true, libc::SIGTERM, 143),
-        ("logging", &[], Some(("RUST_LOG", "off")), false, libc::SIGINT, 130),
-        ("json", &["--json"], None, false, libc::SIGHUP, 129),
-        ("verbose", &["-v"], None, false, libc::SIGTERM, 143),
+    /// A case: its name, the flags before `-t`, an environment variable, whether it takes the
+    /// fast path, the signal that ends it and the exit code that says so.
+    type Case = (
+        &'static str,
+        &'static [&'static str],
+        Option<(&'static str, &'static str)>,
+    );
+    let cases: [(Case, bool, i32, i32); 4] = [
+        (("plain", &[], None), true, libc::SIGTERM, 143),
+        (
+            ("logging", &[], Some(("RUST_LOG", "off"))),
+            false,
+            libc::SIGINT,
+            130,
+        ),
+        (("json", &["--json"], None), false, libc::SIGHUP, 129),
+        (("verbose", &["-v"], None), false, libc::SIGTERM, 143),
     ];
-    for (what, flags, env, fast, signal, code) in cases {
+    for ((what, flags, env), fast, signal, code) in cases {
         let started = h.home.path().join(format!("started-{what}"));
         let mut cmd = h.home.cmd();
-        cmd.arg("run").args(flags).args(["-t", "which", "--"]).arg(format!(
-            "touch '{}'; sleep 30",
-            started.display()
-        ));
+        cmd.arg("run")
+            .args(flags)
+            .args(["-t", "which", "--"])
+            .arg(format!("touch '{}'; sleep 30", started.display()));
         if let Some((k, v)) = env {
             cmd.env(k, v);
         }
