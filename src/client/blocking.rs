@@ -568,7 +568,7 @@ mod tests {
     #[test]
     fn chunked_bodies_decode_whatever_the_pieces() {
         let body =
-            b"5\r\nhello\r\n1;ext=1\r\n \r\nb\r\n{\"a\":\"b\"}\n\r\n0\r\nx-trailer: 1\r\n\r\n";
+            b"5\r\nhello\r\n1;ext=1\r\n \r\na\r\n{\"a\":\"b\"}\n\r\n0\r\nx-trailer: 1\r\n\r\n";
         let (whole, done) = decode_all(Framing::Chunked, &[body]);
         assert_eq!(whole, b"hello {\"a\":\"b\"}\n");
         assert!(done);
