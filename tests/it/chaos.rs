@@ -733,3 +733,72 @@ fn over_http_the_vercel_client_holds_the_invariants_and_the_planted_bug_is_caugh
         }
     }
 }
+
+/// `taskbox chaos --fleet`: three engines sharing one PostgreSQL store, with crashes and lease
+/// expiries (the database expiring an engine's leases behind its back while another engine is
+/// asked for the task): every invariant holds, one-writer-per-token among them, tasks are taken
+/// over with newer tokens, and the seed's scratch database is dropped once it is clean.
+#[test]
+fn a_fleet_of_engines_on_one_postgres_holds_every_invariant_with_takeovers() {
+    let Some(db) = crate::pg::database() else {
+        return;
+    };
+    let (mut opts, _work) = options(1, 2, 4);
+    opts.jobs = 1;
+    opts.faults = ChaosFaults::moderate_fleet();
+    opts.faults.crash = 0.1;
+    opts.faults.lease_expiry = 0.3;
+    opts.fleet = Some(chaos::FleetOptions {
+        engines: 3,
+        store: db.url.clone(),
+    });
+    let report = chaos::run(&opts, &no_progress).expect("run");
+    assert!(report.is_clean(), "{:#?}", report.violating_seeds);
+    assert_eq!(report.seeds_run, 2);
+    assert_eq!(report.fleet, Some(3));
+    let t = &report.totals.counts;
+    assert!(t.takeovers > 0, "{t:?}");
+    assert!(
+        t.faults.get("lease_expiry").copied().unwrap_or(0) > 0,
+        "{t:?}"
+    );
+    assert!(t.journal.entries > 0, "{t:?}");
+    assert!(report.digest.is_empty(), "real time: no digest");
+
+    // Nothing left behind: the seeds' scratch databases are dropped.
+    let left = crate::pg::query_text(
+        &db.url,
+        &format!(
+            "SELECT count(*)::text FROM pg_database WHERE datname LIKE 'taskbox_chaos_{}_%'",
+            std::process::id()
+        ),
+    );
+    assert_eq!(left.as_deref(), Some("0"));
+
+    // The CLI: --fleet needs a PostgreSQL --store, and says so.
+    let home = Home::new();
+    let out = home.run(&["chaos", "--fleet", "3"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--store postgres://"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("hint:"), "{}", stderr(&out));
+    let out = home.run(&["chaos", "--fleet", "1", "--store", &db.url]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("invalid --fleet 1"),
+        "{}",
+        stderr(&out)
+    );
+    // A repro command names the fleet and the store, without a password.
+    opts.fleet = Some(chaos::FleetOptions {
+        engines: 3,
+        store: "postgres://tb:s3cret@db/x".into(),
+    });
+    let repro = opts.repro_command(7);
+    assert!(repro.contains("--fleet 3 --store"), "{repro}");
+    assert!(repro.contains("lease_expiry=0.3"), "{repro}");
+    assert!(!repro.contains("s3cret"), "{repro}");
+}
