@@ -21,6 +21,9 @@ pub struct Failure {
     causes: Vec<String>,
     hint: Option<String>,
     notices: Vec<Notice>,
+    /// Sending the same request again may succeed (`"retryable": true` in `--json`, as the
+    /// server's error objects say).
+    retryable: bool,
 }
 
 impl Failure {
@@ -31,6 +34,7 @@ impl Failure {
             causes: Vec::new(),
             hint: None,
             notices: Vec::new(),
+            retryable: false,
         }
     }
 
@@ -79,6 +83,7 @@ impl Failure {
         let mut f = Failure::new(err.to_string()).with_causes(&err);
         f.code = err.code().to_string();
         f.notices = notices;
+        f.retryable = err.is_retryable();
         match hint {
             Some(h) => f.hint(h),
             None => f,
@@ -105,6 +110,7 @@ impl Failure {
                 .unwrap_or_default(),
             hint: text(&v["hint"]),
             notices: self.notices.clone(),
+            retryable: self.retryable,
         }
     }
 
@@ -142,6 +148,9 @@ impl Failure {
         if !self.notices.is_empty() {
             v["notices"] = serde_json::json!(self.notices);
         }
+        if self.retryable {
+            v["retryable"] = serde_json::json!(true);
+        }
         v
     }
 }
@@ -159,6 +168,7 @@ impl Failure {
                 causes: e.causes,
                 hint: e.hint,
                 notices: e.notices,
+                retryable: e.retryable,
             },
             other => {
                 let hint = other.hint();
