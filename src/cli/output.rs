@@ -20,7 +20,8 @@ pub struct Failure {
     message: String,
     causes: Vec<String>,
     hint: Option<String>,
-    notices: Vec<Notice>,
+    /// Boxed slice rather than `Vec`: it keeps `Failure` within clippy's size for an error.
+    notices: Box<[Notice]>,
     /// Sending the same request again may succeed (`"retryable": true` in `--json`, as the
     /// server's error objects say).
     retryable: bool,
@@ -33,7 +34,7 @@ impl Failure {
             message: message.into(),
             causes: Vec::new(),
             hint: None,
-            notices: Vec::new(),
+            notices: Box::default(),
             retryable: false,
         }
     }
@@ -82,7 +83,7 @@ impl Failure {
         };
         let mut f = Failure::new(err.to_string()).with_causes(&err);
         f.code = err.code().to_string();
-        f.notices = notices;
+        f.notices = notices.into();
         f.retryable = err.is_retryable();
         match hint {
             Some(h) => f.hint(h),
@@ -167,7 +168,7 @@ impl Failure {
                 message: e.message,
                 causes: e.causes,
                 hint: e.hint,
-                notices: e.notices,
+                notices: e.notices.into(),
                 retryable: e.retryable,
             },
             other => {

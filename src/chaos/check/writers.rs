@@ -22,7 +22,8 @@ pub struct FencedWrite {
     pub owner: String,
 }
 
-/// Checks `entries` (every task's journal) against `writes`: see the [module docs](self).
+/// Checks `entries` (every task's journal) against `writes`: every entry has a write, one
+/// owner per token, and tokens never go back within a task.
 pub fn one_writer_per_token(entries: &[JournalEntry], writes: &[FencedWrite]) -> Vec<Violation> {
     let mut out = Vec::new();
     let by_entry: BTreeMap<(&str, u64), &FencedWrite> = writes
