@@ -97,6 +97,7 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
         },
         Command::StopSandbox { sandbox_id } => Event::SandboxStopped {
             sandbox_id: sandbox_id.clone(),
+            usage: None,
         },
         Command::ExtendTimeout {
             sandbox_id,
@@ -112,6 +113,7 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
             sandbox_id: sandbox_id.clone(),
             alive: Some(now + 300_000),
             platform_snapshot: None,
+            usage: None,
         },
         Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
     })

@@ -330,7 +330,7 @@ pub struct RunCounts {
     pub faults: BTreeMap<String, u64>,
     /// Calls the platform received.
     pub provider_calls: u64,
-    /// What the journal shows: retries, restores, fallbacks, files lost, recoveries.
+    /// What the journal shows: retries, restores, fallbacks, files lost, recoveries, forks.
     pub journal: JournalCounts,
 }
 
@@ -352,6 +352,7 @@ impl RunCounts {
         j.reruns += r.journal.reruns;
         j.files_lost += r.journal.files_lost;
         j.recoveries += r.journal.recoveries;
+        j.forks += r.journal.forks;
     }
 }
 

@@ -685,6 +685,28 @@ fn over_http_files_come_back_from_the_platforms_snapshot_after_an_engine_death()
     }
 }
 
+/// Forks over HTTP: the workload forks tasks (and runs a command in each fork, restoring the
+/// parent's snapshot through the real client), under every fault and crashes, and the
+/// fork-source and deleted-while-referenced checks hold against the fake server's records.
+#[test]
+fn over_http_forks_restore_their_parents_snapshot_and_no_shared_snapshot_is_deleted() {
+    let (mut opts, _work) = options(1, 3, 6);
+    opts.http = true;
+    opts.jobs = 1;
+    let report = chaos::run(&opts, &no_progress).expect("http chaos run");
+    assert_eq!(report.totals.violations, 0, "{:#?}", report.violating_seeds);
+    assert!(
+        report.totals.counts.journal.forks > 0,
+        "the workload forked no task: {:?}",
+        report.totals.counts
+    );
+    assert!(
+        report.totals.counts.journal.restores > 0,
+        "{:?}",
+        report.totals
+    );
+}
+
 /// The same faults one level down: the real Vercel client against an in-process fake Vercel
 /// server, real sockets and real time (a few seconds per seed). Clean without a planted bug,
 /// caught with one.
