@@ -203,17 +203,12 @@ impl SqliteStore {
     }
 
     /// Marks the task removed at `at` (`taskbox rm`); its record and journal stay.
-    pub fn mark_removed(
-        &mut self,
-        id: &str,
-        at: Millis,
-        kept_snapshots: bool,
-    ) -> Result<(), StoreError> {
+    pub fn mark_removed(&mut self, id: &str, at: Millis, kept: bool) -> Result<(), StoreError> {
         self.full_sync(Some(id))?;
         let op = "marking a task removed";
         self.conn
             .prepare_cached("UPDATE tasks SET removed_at = ?2, kept_snapshots = ?3 WHERE id = ?1")
-            .and_then(|mut s| s.execute(params![id, at, kept_snapshots]))
+            .and_then(|mut s| s.execute(params![id, at, kept]))
             .map_err(|e| self.sql(op, Some(id), e))?;
         Ok(())
     }
@@ -413,13 +408,8 @@ impl Backend for SqliteStore {
     fn claim_backend(&mut self, id: &str, backend: &str) -> Result<Option<String>, StoreError> {
         SqliteStore::claim_backend(self, id, backend)
     }
-    fn mark_removed(
-        &mut self,
-        id: &str,
-        at: Millis,
-        kept_snapshots: bool,
-    ) -> Result<(), StoreError> {
-        SqliteStore::mark_removed(self, id, at, kept_snapshots)
+    fn mark_removed(&mut self, id: &str, at: Millis, kept: bool) -> Result<(), StoreError> {
+        SqliteStore::mark_removed(self, id, at, kept)
     }
     fn commit(&mut self, rec: &TransitionRecord<'_>) -> Result<u64, StoreError> {
         SqliteStore::commit(self, rec)
