@@ -58,9 +58,9 @@ pub enum ClientError {
         /// Us.
         me: u32,
     },
-    /// The server answered with an error.
+    /// The server answered with an error (boxed: it is the largest variant by far).
     #[error(transparent)]
-    Api(#[from] ApiError),
+    Api(Box<ApiError>),
     /// The exchange failed after the request was sent (the server died, or spoke nonsense).
     #[error("the taskbox server at {socket} {what}")]
     Protocol {
@@ -224,7 +224,7 @@ impl Client {
                     }
                     RunEvent::Error(e) => {
                         uploads.abort_all();
-                        return Err(ClientError::Api(e));
+                        return Err(ClientError::Api(Box::new(e)));
                     }
                     out @ RunEvent::Output { .. } => {
                         if let (Some(tx), Some(chunk)) = (&output, out.into_chunk()) {
@@ -414,7 +414,7 @@ impl Client {
     /// An error answer's body as the [`ApiError`] it should be.
     fn api_error(&self, status: StatusCode, body: &[u8]) -> ClientError {
         match serde_json::from_slice::<ApiError>(body) {
-            Ok(e) => ClientError::Api(e),
+            Ok(e) => ClientError::Api(Box::new(e)),
             Err(_) => self.protocol(format!(
                 "answered {status}: {}",
                 String::from_utf8_lossy(body)
