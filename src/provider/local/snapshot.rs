@@ -102,7 +102,6 @@ impl LocalProvider {
         }
         let slot = self.slot(&name);
         let _guard = slot.lock.lock().await;
-        let t0 = std::time::Instant::now();
 
         let existing = self.read_meta(&name)?;
         let instance = existing.as_ref().map(|m| m.instance.as_str());
@@ -129,11 +128,8 @@ impl LocalProvider {
         // Past its deadline too: a late checkpoint saves the files a sandbox still holds.
         let mut meta = self.existing_meta(&name)?;
         check_owner(&name, "task", &meta.task_id, snap.task.as_str())?;
-        crate::provider::local::cas::tspan("snap.pre", t0);
         // A VM is paused for its snapshot: stop every process so no file changes under the walk.
-        let t1 = std::time::Instant::now();
         self.stop_processes(&name, &slot).await?;
-        crate::provider::local::cas::tspan("snap.stop_processes", t1);
         let sandbox_dir = self.sandbox_dir(&name);
         meta.status = SandboxStatus::Snapshotting;
         self.write_meta(&sandbox_dir, &meta)?;
@@ -174,10 +170,7 @@ impl LocalProvider {
             tracing::warn!(snapshot = %snap.id(), path = %omitted.path, reason = %omitted.reason,
                 "left out of the snapshot");
         }
-        let t2 = std::time::Instant::now();
         self.discard(&name, &slot).await?;
-        crate::provider::local::cas::tspan("snap.discard", t2);
-        crate::provider::local::cas::tspan("snap.TOTAL", t0);
         tracing::debug!(snapshot = %snap.id(), size_bytes, entries = stats.entries,
             files_read = stats.files_read, objects_written = stats.objects_written,
             "local snapshot taken");
@@ -359,14 +352,9 @@ fn write_snapshot(
         source: Box::new(source),
     };
     // Held until the manifest is in place: gc cannot sweep what this snapshot stores or reuses.
-    let t = std::time::Instant::now();
     let _lock = cas.lock(false).map_err(content)?;
     let index = Index::read(index);
-    super::cas::tspan("write.index_read", t);
-    let t = std::time::Instant::now();
     let (manifest, stats) = cas.pack(workspace, index.as_ref()).map_err(content)?;
-    super::cas::tspan("write.pack", t);
-    let t = std::time::Instant::now();
     let dir = path.parent().expect("an archive path has a parent");
     let create = || {
         fs::create_dir_all(dir)?;
@@ -406,7 +394,6 @@ fn write_snapshot(
         drop(file);
         fs::rename(tmp, path).map_err(LocalError::io("move into place", path))?;
         sync_dir(dir)?;
-        super::cas::tspan("write.manifest", t);
         Ok((size, stats))
     })();
     if result.is_err() {

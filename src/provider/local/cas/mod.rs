@@ -221,10 +221,3 @@ fn flock(file: &File, exclusive: bool) -> io::Result<()> {
 pub(crate) fn show(path: &[u8]) -> String {
     String::from_utf8_lossy(path).escape_debug().to_string()
 }
-
-/// TEMPORARY timing probe (removed before commit).
-pub(crate) fn tspan(what: &str, since: std::time::Instant) {
-    if std::env::var_os("TASKBOX_TIMING").is_some() {
-        eprintln!("TIMING {what} {:.2} ms", since.elapsed().as_secs_f64() * 1000.0);
-    }
-}

@@ -69,7 +69,10 @@ enum Read {
         bytes: u64,
     },
     /// A part of a file read in parts: its chunks.
-    Part { chunks: Vec<Chunk>, bytes: u64 },
+    Part {
+        chunks: Vec<Chunk>,
+        bytes: u64,
+    },
     Omit(String),
 }
 
@@ -96,10 +99,7 @@ impl Cas {
                     .collect()
             })
             .unwrap_or_default();
-        let t = std::time::Instant::now();
         let catalog = self.catalog()?;
-        super::tspan("pack.known+catalog", t);
-        let t = std::time::Instant::now();
         let mut first_link: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
         walk_workspace(
             workspace,
@@ -221,9 +221,6 @@ impl Cas {
             },
         )?;
 
-        super::tspan("pack.walk", t);
-        if std::env::var_os("TASKBOX_TIMING").is_some() { eprintln!("TIMING pack.jobs {}", jobs.len()); }
-        let t = std::time::Instant::now();
         // Read, hash and store the contents on two threads, each into a pack of its own.
         let next = AtomicUsize::new(0);
         let claimed: Mutex<HashSet<Hash>> = Mutex::new(HashSet::new());
@@ -290,8 +287,6 @@ impl Cas {
                 .find_map(Result::err)
                 .unwrap_or_else(|| CasError::manifest(message)));
         }
-        super::tspan("pack.read", t);
-        let t = std::time::Instant::now();
         // Commit the packs: each fsynced and indexed, then the directory once.
         let mut committed = false;
         for w in writers {
@@ -304,13 +299,15 @@ impl Cas {
         if committed {
             sync_path(&self.packs_dir())?;
         }
-        super::tspan("pack.commit", t);
         let mut omitted_files: HashSet<usize> = HashSet::new();
         let mut in_parts: HashSet<usize> = HashSet::new();
         for result in results {
             for (i, read) in result.expect("errors returned above") {
                 match read {
-                    Read::Part { chunks: part, bytes } => {
+                    Read::Part {
+                        chunks: part,
+                        bytes,
+                    } => {
                         if in_parts.insert(i) {
                             stats.files_read += 1;
                         }
