@@ -35,8 +35,13 @@ const BENCH: &str = "journal";
 /// Transitions per group commit in `journal.batch`.
 const BATCH: usize = 50;
 
-/// Throughput taskbox must keep, as a fraction of the raw loop's.
+/// Throughput taskbox must keep, as a fraction of the raw loop's: one transition per
+/// transaction (on SQLite and on PostgreSQL).
 const TARGET_RATIO: f64 = 0.5;
+
+/// The same for group commits, where the store's own work per transition is not hidden behind
+/// a disk sync per transition.
+const BATCH_TARGET_RATIO: f64 = 0.8;
 
 const T0: Millis = 1_700_000_000_000;
 
@@ -488,7 +493,14 @@ fn measure_postgres(
     )
 }
 
-fn row(name: &str, subject_is: &str, baseline_is: &str, r: &Rates, rounds: usize) -> Measurement {
+fn row(
+    name: &str,
+    subject_is: &str,
+    baseline_is: &str,
+    r: &Rates,
+    rounds: usize,
+    target: f64,
+) -> Measurement {
     Measurement::new(
         name,
         subject_is,
@@ -496,9 +508,7 @@ fn row(name: &str, subject_is: &str, baseline_is: &str, r: &Rates, rounds: usize
         baseline_is,
         Quantity::new(median(&r.baseline), "transitions/s"),
         None,
-        Target::RatioAtLeast {
-            ratio: TARGET_RATIO,
-        },
+        Target::RatioAtLeast { ratio: target },
         rounds,
         vec![format!(
             "subject {} ms per transaction (median; p90 {} ms); rates are medians of {rounds} interleaved rounds",
@@ -531,6 +541,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             "raw rusqlite INSERT of the same JSON, WAL + synchronous=FULL, one transaction per row",
             &r,
             rounds,
+            TARGET_RATIO,
         ));
     }
     if ctx.wants("journal.batch") {
@@ -544,6 +555,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             &format!("raw rusqlite INSERTs, {BATCH} rows per transaction, same durability"),
             &r,
             rounds,
+            BATCH_TARGET_RATIO,
         ));
     }
     if ctx.wants("journal.postgres") {
@@ -560,6 +572,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
                     "raw tokio-postgres INSERT of the same JSON, same server, one transaction per row",
                     &r,
                     rounds,
+                    TARGET_RATIO,
                 ));
             }
         }
