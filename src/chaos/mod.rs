@@ -405,7 +405,7 @@ pub struct RunCounts {
     /// `--fleet`: times a task's journal passed to a newer fencing token under another engine.
     #[serde(skip_serializing_if = "is_zero")]
     pub takeovers: u64,
-    /// What the journal shows: retries, restores, fallbacks, files lost, recoveries.
+    /// What the journal shows: retries, restores, fallbacks, files lost, recoveries, forks.
     pub journal: JournalCounts,
 }
 
@@ -429,6 +429,7 @@ impl RunCounts {
         j.reruns += r.journal.reruns;
         j.files_lost += r.journal.files_lost;
         j.recoveries += r.journal.recoveries;
+        j.forks += r.journal.forks;
     }
 }
 

@@ -158,10 +158,10 @@ fn fork_op(r: &mut SplitMix64) -> Op {
 fn http_op(r: &mut SplitMix64) -> Op {
     let file = format!("f{}", r.between(0, 2));
     let value = r.between(0, 9999);
-    // No fork: the real-time seeds are few and short, and the planted-bug check relies on
-    // their restores (forks are covered on the simulator, and against the fake by
-    // tests/it/fork).
-    match r.weighted(&[4, 3, 4, 2, 3, 2, 1]) {
+    // Weights: write, append, cat, long command, wait, suspend, resume, fork. A fork (whose
+    // child then restores the parent's snapshot) puts the fork-source and
+    // deleted-while-referenced checks to work against the real client and the fake server.
+    match r.weighted(&[4, 3, 4, 2, 3, 2, 1, 1]) {
         0 => Op::Run {
             command: format!("echo {value} > {file}"),
         },
@@ -182,7 +182,8 @@ fn http_op(r: &mut SplitMix64) -> Op {
             },
         },
         5 => Op::Suspend,
-        _ => Op::Resume,
+        6 => Op::Resume,
+        _ => fork_op(r),
     }
 }
 

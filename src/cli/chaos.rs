@@ -276,6 +276,7 @@ fn table(r: &ChaosReport) -> String {
         "recoveries after a crash",
         t.counts.journal.recoveries.to_string(),
     );
+    row("tasks forked", t.counts.journal.forks.to_string());
     row("violations", t.violations.to_string());
     let _ = writeln!(s);
     if !r.digest.is_empty() {

@@ -163,14 +163,17 @@ impl Failure {
     pub fn from_client(err: taskbox::client::ClientError) -> Failure {
         use taskbox::client::ClientError;
         match err {
-            ClientError::Api(e) => Failure {
-                code: e.code,
-                message: e.message,
-                causes: e.causes,
-                hint: e.hint,
-                notices: e.notices.into(),
-                retryable: e.retryable,
-            },
+            ClientError::Api(e) => {
+                let e = *e;
+                Failure {
+                    code: e.code,
+                    message: e.message,
+                    causes: e.causes,
+                    hint: e.hint,
+                    notices: e.notices.into(),
+                    retryable: e.retryable,
+                }
+            }
             other => {
                 let hint = other.hint();
                 let f = Failure::new(other.to_string())

@@ -167,6 +167,8 @@ pub struct JournalCounts {
     /// Restarts that found something to recover (`loaded` events that did something, and the
     /// `recovered` events of older journals).
     pub recoveries: u64,
+    /// Tasks forked (`forked` entries: a child made from its parent's snapshot).
+    pub forks: u64,
 }
 
 /// After reconciliation: every live sandbox is the one its task holds, and no task has two.

@@ -96,7 +96,7 @@ impl PgStore {
             None => Err(StoreError::LeaseHeld {
                 task_id: task_id.to_string(),
                 owner: rows::get(&cx, row, 1, "leases.owner")?,
-                expires_in_ms: row.opt_uint(&cx, 2, "leases.expires_at")?.unwrap_or(0),
+                expires_in_ms: row.opt_uint(&cx, (2, "leases.expires_at"))?.unwrap_or(0),
             }),
         }
     }

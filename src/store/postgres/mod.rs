@@ -276,12 +276,7 @@ impl Backend for PgStore {
         Ok(Backend::task_marks(self, id)?.and_then(|m| m.backend))
     }
 
-    fn mark_removed(
-        &mut self,
-        id: &str,
-        at: Millis,
-        kept_snapshots: bool,
-    ) -> Result<(), StoreError> {
+    fn mark_removed(&mut self, id: &str, at: Millis, kept: bool) -> Result<(), StoreError> {
         let at = i64::try_from(at).map_err(|_| StoreError::OutOfRange {
             task_id: id.to_string(),
             what: "removal time",
@@ -291,11 +286,7 @@ impl Backend for PgStore {
             "marking a task removed",
             Some(id),
             "UPDATE tasks SET removed_at = $2, kept_snapshots = $3 WHERE id = $1".to_string(),
-            vec![
-                Box::new(id.to_string()),
-                Box::new(at),
-                Box::new(kept_snapshots),
-            ],
+            vec![Box::new(id.to_string()), Box::new(at), Box::new(kept)],
         )?;
         Ok(())
     }
