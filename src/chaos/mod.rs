@@ -43,7 +43,6 @@ use crate::config::Config;
 use crate::engine::EngineError;
 use crate::provider::sim::{SimFaults, SimFaultsError, SimProvider};
 use crate::provider::SandboxProvider;
-use crate::rng::SplitMix64;
 use crate::store::StoreError;
 
 pub use check::{Invariant, JournalCounts, Violation};
@@ -709,13 +708,12 @@ async fn seed_run(
         Some(sim.clone()),
         clock_dyn.clone(),
     ));
-    let plans = workload::plan(
-        &mut SplitMix64::new(seed ^ WORKLOAD_SALT),
+    let (plans, task_ids) = workload::plan(
+        seed ^ WORKLOAD_SALT,
         opts.tasks,
         opts.faults.crash,
         workload::Flavor::Sim,
     );
-    let task_ids: Vec<String> = plans.iter().map(|p| p.task_id.clone()).collect();
     let d = Driver::open(seed, data_dir, witness.clone(), clock_dyn, config())
         .await
         .map_err(|source| ChaosError::Engine {
