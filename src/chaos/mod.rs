@@ -5,7 +5,7 @@
 //! engine crashes, and every fault the simulated platform injects (429s with `Retry-After`,
 //! 5xx, timeouts, creates whose answer is lost, sandboxes that expire mid-command, snapshots
 //! that fail, are slow or later vanish, deletes that fail). A seed runs the real engine with a
-//! real SQLite store in a fresh data dir against [`SimProvider`], on a current-thread tokio
+//! real SQLite store in a fresh data dir against [`SimProvider`](crate::provider::sim::SimProvider), on a current-thread tokio
 //! runtime whose clock is paused: hours of virtual time pass in milliseconds, and the same seed
 //! gives the same run, bit for bit — [`SeedReport::digest`] hashes the journal and the
 //! platform's final state so that this is checked, not assumed.

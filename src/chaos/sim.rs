@@ -23,7 +23,7 @@ use crate::provider::SandboxProvider;
 
 /// Runs one seed on its own current-thread runtime with paused (virtual) time.
 ///
-/// Must not be called from inside a tokio runtime; [`run`] calls it on threads of its own.
+/// Must not be called from inside a tokio runtime; [`run`](super::run) calls it on threads of its own.
 pub fn run_seed(seed: u64, opts: &ChaosOptions) -> Result<SeedReport, ChaosError> {
     static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
     let home = opts.work_dir.join(format!(
