@@ -28,8 +28,8 @@ use taskbox::engine::Paths;
 use taskbox::provider::CancelSignal;
 use taskbox::TaskId;
 
-use super::live::{self, Printer, CANCEL_WAIT};
 use super::output::{fail, Failure};
+use super::run_io::{self, finish_run, Printer, CANCEL_WAIT};
 
 /// A `taskbox run` command line this path serves.
 #[derive(Debug, PartialEq, Eq)]
@@ -63,9 +63,9 @@ pub fn run() -> Option<ExitCode> {
     let signals = WakeOnSignals::install().ok()?;
     // From here on the request is sent: whatever happens is this run's outcome.
     let request = RunRequest {
-        command: super::shell_join(&plain.command),
+        command: run_io::shell_join(&plain.command),
         timeout_secs: plain.timeout,
-        stdin: live::stdin_waits(),
+        stdin: run_io::stdin_waits(),
     };
     Some(drive(&client, stream, &task, request, &signals, &paths))
 }
@@ -215,7 +215,7 @@ fn drive(
     };
     let finished = outcome
         .map_err(Failure::from_client)
-        .and_then(|res| super::commands::finish_run(res, task, false, timeout, cancelled, paths));
+        .and_then(|res| finish_run(res, task, false, timeout, cancelled, paths));
     match finished {
         Ok(code) => code,
         Err(failure) => fail(&failure, false),

@@ -3,16 +3,17 @@
 //! SIGTERM and SIGHUP turned into a cancel of the command (never of its sandbox).
 
 use std::future::Future;
-use std::io::{IsTerminal, Read, Write};
+use std::io::Read;
 use std::time::Duration;
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 
 use taskbox::provider::live::OUTPUT_CHANNEL_CHUNKS;
-use taskbox::provider::{CancelSignal, Canceller, OutputChunk, OutputStream};
+use taskbox::provider::{CancelSignal, Canceller, OutputChunk};
 
 use super::output::Failure;
+use super::run_io::{stdin_waits, Printer, CANCEL_WAIT};
 
 /// The signals that cancel a run, caught for as long as it runs.
 pub struct Signals {
@@ -79,55 +80,6 @@ pub fn stdin_source() -> Option<mpsc::Receiver<Vec<u8>>> {
         .ok()?;
     Some(rx)
 }
-
-/// Whether our stdin is one to forward: not a terminal, `/dev/null` or closed.
-pub fn stdin_waits() -> bool {
-    !(std::io::stdin().is_terminal() || stdin_is_empty())
-}
-
-/// Whether our stdin is `/dev/null` or closed.
-fn stdin_is_empty() -> bool {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let Ok(ours) = std::fs::metadata("/dev/stdin") else {
-        return true;
-    };
-    let null = std::fs::metadata("/dev/null");
-    ours.file_type().is_char_device() && null.is_ok_and(|n| n.rdev() == ours.rdev())
-}
-
-/// Prints output chunks exactly as they came, flushing each; a closed stdout (`| head`) stops
-/// stdout only.
-#[derive(Default)]
-pub struct Printer {
-    stdout_closed: bool,
-}
-
-impl Printer {
-    pub fn print(&mut self, chunk: &OutputChunk) {
-        match chunk.stream {
-            OutputStream::Stdout if !self.stdout_closed => {
-                let mut out = std::io::stdout().lock();
-                if out
-                    .write_all(&chunk.data)
-                    .and_then(|()| out.flush())
-                    .is_err()
-                {
-                    self.stdout_closed = true;
-                }
-            }
-            OutputStream::Stdout => {}
-            OutputStream::Stderr => {
-                let mut err = std::io::stderr().lock();
-                let _ = err.write_all(&chunk.data).and_then(|()| err.flush());
-            }
-        }
-    }
-}
-
-/// How long `taskbox run` waits for a cancelled command's result before it exits anyway: the
-/// cancel's own escalation (SIGKILL after 3 s) has ended the command by then, and a run that
-/// is still waiting (for another process's lock, for a sandbox) has nothing running to report.
-pub const CANCEL_WAIT: Duration = Duration::from_secs(6);
 
 /// Runs `run` to its end, printing `output` as it arrives and cancelling through `canceller`
 /// on the first SIGINT, SIGTERM or SIGHUP. Returns the run's outcome — `None` when it did not

@@ -16,6 +16,7 @@ mod live;
 mod mcp;
 mod output;
 mod replay;
+mod run_io;
 #[cfg(feature = "server")]
 mod server;
 
@@ -34,6 +35,7 @@ use taskbox::TaskId;
 
 use commands::{config_cmd, export_snapshot, fork, no_task, rm, run};
 use output::{fail, print_json, Failure};
+use run_io::{finish_run, shell_join};
 #[cfg(feature = "server")]
 use server::{route, Route};
 
@@ -48,15 +50,14 @@ fn route(_: &Paths) -> Result<Route, Failure> {
     Ok(Route::InProcess)
 }
 
-/// Exit code for taskbox's own failures (the command's own codes pass through).
-pub const EXIT_TASKBOX_ERROR: u8 = 125;
-/// Exit code of a command killed by its timeout.
-pub const EXIT_TIMEOUT: u8 = 124;
+pub use run_io::EXIT_TASKBOX_ERROR;
 
 /// Gives every agent task its own sandbox: runs each command in the task's sandbox, creating it
 /// on first use, and keeps the task's files in snapshots across sandboxes.
 #[derive(Parser, Debug)]
-#[command(name = "taskbox", version, about, long_about = None)]
+// `bin_name`: usage lines say `taskbox` whichever binary parses them (the engine, run by the
+// front with argv[0] kept, or directly as `taskbox-engine`).
+#[command(name = "taskbox", bin_name = "taskbox", version, about, long_about = None)]
 struct Cli {
     /// More logging on stderr (-v info, -vv debug, -vvv trace). `RUST_LOG` overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -677,33 +678,4 @@ async fn vercel_checks(cfg: &Config) -> Vec<doctor::Check> {
         }
     }
     checks
-}
-
-/// Joins a program and its arguments into one `bash -c` string; a single argument is taken as
-/// a shell string as it is (`taskbox run --task t -- 'ls | wc -l'`).
-fn shell_join(args: &[String]) -> String {
-    if args.len() == 1 {
-        return args[0].clone();
-    }
-    args.iter()
-        .map(|a| taskbox::shell::quote(a))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn joins_arguments_for_bash() {
-        let v = |xs: &[&str]| xs.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(shell_join(&v(&["cat", "notes.txt"])), "cat notes.txt");
-        assert_eq!(
-            shell_join(&v(&["bash", "-c", "echo hello > notes.txt; pwd"])),
-            "bash -c 'echo hello > notes.txt; pwd'"
-        );
-        assert_eq!(shell_join(&v(&["echo", "it's"])), r"echo 'it'\''s'");
-        assert_eq!(shell_join(&v(&["ls | wc -l"])), "ls | wc -l");
-    }
 }

@@ -11,7 +11,7 @@ use taskbox::config::ConfigError;
 use taskbox::core::{Millis, Notice, SnapshotStatus, Task};
 use taskbox::engine::{EngineError, GcItem, GcReport, TaskView};
 
-use super::EXIT_TASKBOX_ERROR;
+use super::run_io::EXIT_TASKBOX_ERROR;
 
 /// A taskbox failure as the user sees it: `error:`, `caused by:` lines, and a `hint:`.
 #[derive(Debug)]

@@ -10,11 +10,13 @@
 //! its signals by tests/it/live.rs, whose runs through a server take it, and below.
 
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::server::ServerHome;
-use crate::support::{ok, stderr, stdout, wait_for};
+use crate::support::{ok, stderr, stdout, wait_for, Home};
 
 /// The fast path's and the full path's runs of the same command line.
 fn both(h: &ServerHome, args: &[&str], stdin: Option<&[u8]>) -> (Output, Output) {
@@ -251,15 +253,106 @@ fn a_plain_run_takes_the_fast_path_and_the_rest_the_full_one() {
             "{what}: the command never started"
         );
         let (epoll, threads) = runtime_of(child.id());
+        // The front serves the fast path; for the rest it has become the engine (exec: the
+        // same process, so the signal below reaches the engine).
+        let image = std::fs::read_link(format!("/proc/{}/exe", child.id())).expect("exe link");
+        let image = image.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         if fast {
             assert!(!epoll, "{what}: the fast path holds no epoll instance");
             assert_eq!(threads, 1, "{what}: the fast path runs on one thread");
+            assert_eq!(image, "taskbox", "{what}: the front serves the fast path");
         } else {
             assert!(epoll, "{what}: the full path runs a tokio runtime");
+            assert_eq!(image, "taskbox-engine", "{what}: the front execs the engine");
         }
         // SAFETY: signalling the child this test spawned (not yet reaped).
         unsafe { libc::kill(child.id() as i32, signal) };
         let o = child.wait_with_output().expect("wait");
         assert_eq!(o.status.code(), Some(code), "{what}: {}", stderr(&o));
     }
+}
+
+/// The front (`taskbox`, src/front.rs) serves a plain run itself: a copy of it alone in a
+/// directory, with no engine next to it, runs commands through a running server (their output
+/// on both streams, stdin, exit codes), and every command line it does not serve fails with
+/// exit 125, naming the engine it looked for and the fix — as does an engine that is there but
+/// cannot be executed.
+#[test]
+fn the_front_serves_a_plain_run_without_the_engine() {
+    let h = ServerHome::new();
+    // Through the installed pair: no server answers yet, so the engine starts one.
+    ok(&h.home.run(&["run", "-t", "alone", "--", "true"]));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let front = dir.path().join("taskbox");
+    std::fs::copy(env!("CARGO_BIN_EXE_taskbox"), &front).expect("copy the front");
+    let alone = |args: &[&str], stdin: Option<&[u8]>| {
+        let mut cmd = h.home.cmd_of(&front);
+        cmd.args(args);
+        spawn_with_stdin(cmd, stdin)
+    };
+    let o = alone(
+        &["run", "-t", "alone", "--", "echo out; echo err >&2; exit 7"],
+        None,
+    );
+    assert_eq!(
+        (o.status.code(), stdout(&o).as_str(), stderr(&o).as_str()),
+        (Some(7), "out\n", "err\n")
+    );
+    let o = alone(&["run", "-t", "alone", "cat"], Some(b"piped\n"));
+    assert_eq!((o.status.code(), stdout(&o).as_str()), (Some(0), "piped\n"));
+
+    let engine = dir.path().join("taskbox-engine");
+    let refused = |why: &str| {
+        for args in [
+            &["tasks"][..],
+            &["run", "--json", "-t", "alone", "--", "true"],
+            &["run", "-t", "alone"],
+            &["--version"],
+        ] {
+            let o = alone(args, None);
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(125), "{args:?}: {err}");
+            assert!(o.stdout.is_empty(), "{args:?}: {}", stdout(&o));
+            let head = format!("error: cannot run the taskbox engine {}: ", engine.display());
+            assert!(err.starts_with(&head) && err.contains(why), "{args:?}: {err}");
+            assert!(err.contains("\nhint: ") && err.contains("cargo install --path ."), "{err}");
+        }
+    };
+    refused("No such file or directory");
+    std::fs::write(&engine, "not a program").expect("write");
+    std::fs::set_permissions(&engine, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    refused("Permission denied");
+}
+
+/// Every command line the front does not serve reaches the engine with the same arguments: the
+/// same exit code, stdout and stderr as the engine run directly — a command's own code on the
+/// full path (`never`, `--json`), a usage error, an unknown command, `--version`.
+#[test]
+fn the_front_hands_everything_else_to_the_engine() {
+    let engine = Path::new(env!("CARGO_BIN_EXE_taskbox")).with_file_name("taskbox-engine");
+    // `never`: no server, the run is in-process (the engine's), through the front or not.
+    let home = Home::new();
+    let script = "echo out; echo err >&2; exit 3";
+    ok(&home.cmd_of(&engine).args(["run", "-t", "e", "--", "true"]).output().expect("run"));
+    let h = ServerHome::new();
+    ok(&h.home.run(&["run", "-t", "e", "--", "true"]));
+    let cases: [(&Home, &[&str]); 5] = [
+        (&home, &["run", "-t", "e", "--", script]),
+        (&h.home, &["run", "-t"]),
+        (&h.home, &["no-such-command"]),
+        (&h.home, &["--version"]),
+        (&h.home, &["tasks"]),
+    ];
+    for (home, args) in cases {
+        let front = home.cmd().args(args).output().expect("spawn the front");
+        let direct = home.cmd_of(&engine).args(args).output().expect("spawn the engine");
+        same(&front, &direct, &format!("{args:?}"));
+    }
+    let o = home.run(&["run", "-t", "e", "--", script]);
+    assert_eq!((o.status.code(), stdout(&o).as_str()), (Some(3), "out\n"));
+    // `--json` (the full path, through the server): the command's code, its result on stdout.
+    let o = h.home.run(&["run", "--json", "-t", "e", "--", script]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("run --json");
+    assert_eq!((v["exit_code"].as_i64(), v["task"].as_str()), (Some(3), Some("e")));
 }

@@ -31,9 +31,14 @@ impl Home {
         self.dir.path()
     }
 
-    /// The `taskbox` binary with this home.
+    /// The `taskbox` binary (the front) with this home.
     pub fn cmd(&self) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_taskbox"));
+        self.cmd_of(Path::new(env!("CARGO_BIN_EXE_taskbox")))
+    }
+
+    /// `exe` (a copy of the front, or the engine) with this home.
+    pub fn cmd_of(&self, exe: &Path) -> Command {
+        let mut c = Command::new(exe);
         c.env("TASKBOX_HOME", self.path())
             .env_remove("RUST_LOG")
             .env_remove("VERCEL_TOKEN")
