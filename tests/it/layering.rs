@@ -25,13 +25,13 @@ fn layer_of(room: &str) -> Option<usize> {
     LAYERS.iter().position(|layer| layer.contains(&room))
 }
 
-/// The room a file of `src/` belongs to (`None`: the crate root and the binary).
+/// The room a file of `src/` belongs to (`None`: the crate root and the binaries).
 fn room_of(src: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(src).ok()?;
     let first = rel.components().next()?.as_os_str().to_str()?;
     let room = first.strip_suffix(".rs").unwrap_or(first);
     match room {
-        "lib" | "main" | "cli" => None,
+        "lib" | "main" | "front" | "cli" => None,
         _ => Some(room.to_string()),
     }
 }
