@@ -41,15 +41,16 @@ fn main() -> ExitCode {
     if let Some(code) = fast::run() {
         return code;
     }
-    let engine = match std::env::current_exe() {
-        Ok(exe) => exe.with_file_name(ENGINE),
-        Err(e) => {
-            return failed(
-                &format!("cannot find the taskbox binary's own path (to run {ENGINE} next to it): {e}"),
+    let engine =
+        match std::env::current_exe() {
+            Ok(exe) => exe.with_file_name(ENGINE),
+            Err(e) => return failed(
+                &format!(
+                    "cannot find the taskbox binary's own path (to run {ENGINE} next to it): {e}"
+                ),
                 &format!("run {ENGINE} directly, with the same arguments"),
-            )
-        }
-    };
+            ),
+        };
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_else(|| OsString::from("taskbox"));
     let err = exec(&engine, arg0, args);
@@ -70,7 +71,10 @@ fn main() -> ExitCode {
 #[allow(clippy::disallowed_types)]
 fn exec(engine: &Path, arg0: OsString, args: std::env::ArgsOs) -> std::io::Error {
     use std::os::unix::process::CommandExt;
-    std::process::Command::new(engine).arg0(arg0).args(args).exec()
+    std::process::Command::new(engine)
+        .arg0(arg0)
+        .args(args)
+        .exec()
 }
 
 /// Prints `error:` and `hint:` lines as the CLI does (src/cli/output.rs) and returns 125.

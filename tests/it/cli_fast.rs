@@ -256,14 +256,20 @@ fn a_plain_run_takes_the_fast_path_and_the_rest_the_full_one() {
         // The front serves the fast path; for the rest it has become the engine (exec: the
         // same process, so the signal below reaches the engine).
         let image = std::fs::read_link(format!("/proc/{}/exe", child.id())).expect("exe link");
-        let image = image.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let image = image
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
         if fast {
             assert!(!epoll, "{what}: the fast path holds no epoll instance");
             assert_eq!(threads, 1, "{what}: the fast path runs on one thread");
             assert_eq!(image, "taskbox", "{what}: the front serves the fast path");
         } else {
             assert!(epoll, "{what}: the full path runs a tokio runtime");
-            assert_eq!(image, "taskbox-engine", "{what}: the front execs the engine");
+            assert_eq!(
+                image, "taskbox-engine",
+                "{what}: the front execs the engine"
+            );
         }
         // SAFETY: signalling the child this test spawned (not yet reaped).
         unsafe { libc::kill(child.id() as i32, signal) };
@@ -313,9 +319,18 @@ fn the_front_serves_a_plain_run_without_the_engine() {
             let err = stderr(&o);
             assert_eq!(o.status.code(), Some(125), "{args:?}: {err}");
             assert!(o.stdout.is_empty(), "{args:?}: {}", stdout(&o));
-            let head = format!("error: cannot run the taskbox engine {}: ", engine.display());
-            assert!(err.starts_with(&head) && err.contains(why), "{args:?}: {err}");
-            assert!(err.contains("\nhint: ") && err.contains("cargo install --path ."), "{err}");
+            let head = format!(
+                "error: cannot run the taskbox engine {}: ",
+                engine.display()
+            );
+            assert!(
+                err.starts_with(&head) && err.contains(why),
+                "{args:?}: {err}"
+            );
+            assert!(
+                err.contains("\nhint: ") && err.contains("cargo install --path ."),
+                "{err}"
+            );
         }
     };
     refused("No such file or directory");
@@ -333,7 +348,11 @@ fn the_front_hands_everything_else_to_the_engine() {
     // `never`: no server, the run is in-process (the engine's), through the front or not.
     let home = Home::new();
     let script = "echo out; echo err >&2; exit 3";
-    ok(&home.cmd_of(&engine).args(["run", "-t", "e", "--", "true"]).output().expect("run"));
+    ok(&home
+        .cmd_of(&engine)
+        .args(["run", "-t", "e", "--", "true"])
+        .output()
+        .expect("run"));
     let h = ServerHome::new();
     ok(&h.home.run(&["run", "-t", "e", "--", "true"]));
     let cases: [(&Home, &[&str]); 5] = [
@@ -345,7 +364,11 @@ fn the_front_hands_everything_else_to_the_engine() {
     ];
     for (home, args) in cases {
         let front = home.cmd().args(args).output().expect("spawn the front");
-        let direct = home.cmd_of(&engine).args(args).output().expect("spawn the engine");
+        let direct = home
+            .cmd_of(&engine)
+            .args(args)
+            .output()
+            .expect("spawn the engine");
         same(&front, &direct, &format!("{args:?}"));
     }
     let o = home.run(&["run", "-t", "e", "--", script]);
@@ -354,5 +377,8 @@ fn the_front_hands_everything_else_to_the_engine() {
     let o = h.home.run(&["run", "--json", "-t", "e", "--", script]);
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("run --json");
-    assert_eq!((v["exit_code"].as_i64(), v["task"].as_str()), (Some(3), Some("e")));
+    assert_eq!(
+        (v["exit_code"].as_i64(), v["task"].as_str()),
+        (Some(3), Some("e"))
+    );
 }
