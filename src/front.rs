@@ -41,16 +41,17 @@ fn main() -> ExitCode {
     if let Some(code) = fast::run() {
         return code;
     }
-    let engine =
-        match std::env::current_exe() {
-            Ok(exe) => exe.with_file_name(ENGINE),
-            Err(e) => return failed(
+    let engine = match std::env::current_exe() {
+        Ok(exe) => exe.with_file_name(ENGINE),
+        Err(e) => {
+            return failed(
                 &format!(
                     "cannot find the taskbox binary's own path (to run {ENGINE} next to it): {e}"
                 ),
                 &format!("run {ENGINE} directly, with the same arguments"),
-            ),
-        };
+            )
+        }
+    };
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_else(|| OsString::from("taskbox"));
     let err = exec(&engine, arg0, args);

@@ -33,10 +33,10 @@ use super::run_io::{self, finish_run, Printer, CANCEL_WAIT};
 
 /// A `taskbox run` command line this path serves.
 #[derive(Debug, PartialEq, Eq)]
-struct PlainRun {
-    task: String,
-    timeout: Option<u64>,
-    command: Vec<String>,
+pub(super) struct PlainRun {
+    pub(super) task: String,
+    pub(super) timeout: Option<u64>,
+    pub(super) command: Vec<String>,
 }
 
 /// `taskbox run` through the data dir's server when the command line is a plain one and a
@@ -73,7 +73,7 @@ pub fn run() -> Option<ExitCode> {
 /// Recognises `run` with `--task T` / `-t T` / `--task=T`, `--timeout N` / `--timeout=N`, an
 /// optional `--`, and at least one command word; `None` for anything else (the full path's
 /// parser then answers it, usage errors included).
-fn parse(args: &[OsString]) -> Option<PlainRun> {
+pub(super) fn parse(args: &[OsString]) -> Option<PlainRun> {
     let mut args = args.iter().skip(1).map(|a| a.to_str());
     if args.next()?? != "run" {
         return None;
@@ -322,120 +322,5 @@ fn restore_default_handlers() {
     for signal in CAUGHT {
         // SAFETY: resetting a signal's disposition to its default touches no memory of ours.
         unsafe { libc::signal(signal, libc::SIG_DFL) };
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// This path's reading of a command line, checked against the full path's (clap's) where
-    /// it recognises one: the same task, timeout and command, and nothing else asked for.
-    fn parsed(args: &[&str]) -> Option<PlainRun> {
-        let mut v: Vec<OsString> = vec!["taskbox".into()];
-        v.extend(args.iter().map(OsString::from));
-        let plain = parse(&v)?;
-        let cli = <super::super::Cli as clap::Parser>::try_parse_from(&v)
-            .unwrap_or_else(|e| panic!("clap refuses {args:?}, the fast path took it: {e}"));
-        let super::super::Cmd::Run(run) = cli.cmd else {
-            panic!("clap reads {args:?} as another command");
-        };
-        assert_eq!(cli.verbose, 0, "{args:?}");
-        assert!(!run.json, "{args:?}");
-        assert_eq!(
-            (&run.task, run.timeout, &run.command),
-            (&plain.task, plain.timeout, &plain.command),
-            "clap reads {args:?} otherwise"
-        );
-        Some(plain)
-    }
-
-    fn plain(task: &str, timeout: Option<u64>, command: &[&str]) -> Option<PlainRun> {
-        Some(PlainRun {
-            task: task.into(),
-            timeout,
-            command: command.iter().map(|s| s.to_string()).collect(),
-        })
-    }
-
-    #[test]
-    fn plain_run_command_lines_are_recognised() {
-        assert_eq!(
-            parsed(&["run", "--task", "t", "--", "echo", "ok"]),
-            plain("t", None, &["echo", "ok"])
-        );
-        assert_eq!(
-            parsed(&["run", "-t", "t", "echo ok"]),
-            plain("t", None, &["echo ok"])
-        );
-        assert_eq!(
-            parsed(&["run", "--task=t", "--timeout=5", "--", "ls", "--json"]),
-            plain("t", Some(5), &["ls", "--json"])
-        );
-        assert_eq!(
-            parsed(&["run", "--timeout", "7", "-t", "t", "cat", "-n", "--", "x"]),
-            plain("t", Some(7), &["cat", "-n", "--", "x"])
-        );
-        assert_eq!(
-            parsed(&[
-                "run",
-                "-t",
-                "t",
-                "--timeout",
-                "05",
-                "x",
-                "--task",
-                "y",
-                "--json"
-            ]),
-            plain("t", Some(5), &["x", "--task", "y", "--json"])
-        );
-        // After `--`, everything is the command, `--` included.
-        assert_eq!(
-            parsed(&["run", "-t", "t", "--", "--", "x"]),
-            plain("t", None, &["--", "x"])
-        );
-    }
-
-    #[test]
-    fn anything_else_goes_to_the_full_path() {
-        for args in [
-            &["run", "--task", "t", "--json", "--", "true"][..],
-            &["-v", "run", "--task", "t", "true"],
-            &["run", "-tt", "true"],
-            &["run", "--task", "t"],
-            &["run", "--task", "t", "--"],
-            &["run", "true"],
-            &["run", "--task", "--", "true"],
-            &["run", "--task", "a", "--task", "b", "true"],
-            &["run", "--task", "t", "--timeout", "x", "true"],
-            &["run", "--task", "t", "--timeout", "-1", "true"],
-            &[
-                "run",
-                "--task",
-                "t",
-                "--timeout",
-                "99999999999999999999",
-                "true",
-            ],
-            &["run", "--task", "t", "--help"],
-            &["run", "--task", "t", "-h", "true"],
-            &["suspend", "t"],
-            &[],
-        ] {
-            assert_eq!(parsed(args), None, "{args:?}");
-        }
-        use std::os::unix::ffi::OsStringExt;
-        let bad = OsString::from_vec(vec![b't', 0xff]);
-        assert_eq!(
-            parse(&[
-                "taskbox".into(),
-                "run".into(),
-                "-t".into(),
-                bad,
-                "true".into()
-            ]),
-            None
-        );
     }
 }

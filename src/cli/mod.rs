@@ -11,6 +11,8 @@ mod doctor;
 mod fake;
 #[cfg(all(feature = "server", target_os = "linux"))]
 mod fast;
+#[cfg(all(test, feature = "server", target_os = "linux"))]
+mod fast_tests;
 mod live;
 #[cfg(feature = "mcp")]
 mod mcp;
