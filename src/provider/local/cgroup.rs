@@ -197,11 +197,11 @@ pub(super) fn remove_empty() {
     }
 }
 
-/// Kills every process in the cgroup `dir` and removes it. Returns how many processes it held.
-/// Blocking (waits up to a few seconds for the killed processes to leave).
-pub(super) fn kill_all(dir: &Path) -> usize {
+/// Kills every process in the cgroup `dir` and removes it. Returns whether the cgroup is gone
+/// (every process of it has exited, its open files released); blocking (waits up to a few
+/// seconds for the killed processes to leave).
+pub(super) fn kill_all(dir: &Path) -> bool {
     let procs = dir.join("cgroup.procs");
-    let count = read_pids(&procs).len();
     // `cgroup.kill` (Linux 5.14+) kills the whole cgroup at once, forks in flight included.
     if fs::write(dir.join("cgroup.kill"), b"1").is_err() {
         // Older kernels: kill what is listed until nothing is (a process forking meanwhile is
@@ -224,13 +224,13 @@ pub(super) fn kill_all(dir: &Path) -> usize {
     // A killed process leaves the cgroup as it exits; then the empty cgroup can be removed.
     for _ in 0..200 {
         match fs::remove_dir(dir) {
-            Ok(()) => return count,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return count,
+            Ok(()) => return true,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return true,
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
     }
     tracing::warn!(cgroup = %dir.display(), "a stopped sandbox's cgroup is not empty yet");
-    count
+    false
 }
 
 fn read_pids(procs: &Path) -> Vec<libc::pid_t> {

@@ -61,6 +61,7 @@ impl LocalProvider {
                 fs::create_dir_all(dir).map_err(LocalError::io("create directory", dir))?;
             }
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
+            slot.commands.fetch_add(1, Ordering::SeqCst);
             // Subscribed under the lock: a discard after this point is seen by this command.
             (meta, slot.stopped.subscribe(), dir, workspace, run_dir)
         };

@@ -115,6 +115,9 @@ struct Slot {
     /// Bumped whenever the sandbox is discarded or its processes are stopped: running commands
     /// kill their process group and report the sandbox gone.
     stopped: watch::Sender<u64>,
+    /// Commands this process started in the sandbox (a snapshot trusts tracked changes without
+    /// a cgroup only if there were none: then no process of it can be writing).
+    commands: AtomicU64,
 }
 
 /// The local backend. See the module docs.
@@ -129,6 +132,9 @@ pub struct LocalProvider {
     counter: AtomicU64,
     /// The content store every snapshot of this root shares (`cas/`).
     cas: cas::Cas,
+    /// The change trackers of the live sandboxes this process restored, by sandbox name
+    /// (see `cas::Tracker`): dropped with their sandbox, consumed by its snapshot.
+    trackers: Mutex<HashMap<String, cas::Tracker>>,
 }
 
 impl std::fmt::Debug for LocalProvider {
@@ -177,6 +183,7 @@ impl LocalProvider {
             task_locks: Mutex::new(HashMap::new()),
             in_flight: Arc::new(Mutex::new(HashSet::new())),
             counter: AtomicU64::new(0),
+            trackers: Mutex::new(HashMap::new()),
         })
     }
 
@@ -203,6 +210,7 @@ impl LocalProvider {
                     lock: task_lock,
                     deadline: AtomicU64::new(0),
                     stopped: watch::channel(0).0,
+                    commands: AtomicU64::new(0),
                 })
             })
             .clone()
