@@ -419,7 +419,8 @@ fn write_snapshot(
         let mut file = io::BufWriter::new(file);
         archive::write_prefix_version(&mut file, header, archive::VERSION).map_err(archive_err)?;
         let body = manifest.encode();
-        let mut encoder = zstd::Encoder::new(file, 3).map_err(LocalError::io("write", tmp))?;
+        // Level 1: the manifest is written by every snapshot, and its size matters less than its time.
+        let mut encoder = zstd::Encoder::new(file, 1).map_err(LocalError::io("write", tmp))?;
         encoder
             .include_checksum(true)
             .map_err(LocalError::io("write", tmp))?;
