@@ -40,7 +40,7 @@ use super::{Backend, JournalEntry, SandboxRow, SnapshotRow, Sync, TaskMarks, Tra
 use crate::core::{Millis, Task};
 use crate::ids::TaskId;
 
-use write::{write_transition, Mirrors};
+use write::{write_batch, Buffers, Known};
 
 /// An open SQLite store file. Not `Sync`: give each thread its own store (they may share the
 /// file).
@@ -52,8 +52,10 @@ pub struct SqliteStore {
     /// The connection was left at `synchronous = NORMAL` (setting FULL back after a
     /// [`Sync::WithNext`] commit failed): every write sets FULL again before it writes.
     not_full: bool,
-    /// What the snapshot and sandbox rows hold, as far as this connection knows.
-    mirrors: Mirrors,
+    /// What the task, snapshot and sandbox rows hold, as far as this connection knows.
+    known: Known,
+    /// Serialization buffers, reused by every commit.
+    bufs: Buffers,
 }
 
 /// The columns `query_journal` decodes, in its order.
@@ -86,7 +88,8 @@ impl SqliteStore {
             path: path.to_path_buf(),
             installation_id,
             not_full: false,
-            mirrors: Mirrors::default(),
+            known: Known::default(),
+            bufs: Buffers::default(),
         })
     }
 
@@ -279,15 +282,7 @@ impl SqliteStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sql(path, "beginning a commit", first_task, e))?;
-        let mirrors = &mut self.mirrors;
-        let written = (|| {
-            mirrors.begin(&tx, path)?;
-            let mut seqs = Vec::with_capacity(recs.len());
-            for rec in recs {
-                seqs.push(write_transition(&tx, path, rec, mirrors)?);
-            }
-            Ok(seqs)
-        })();
+        let written = write_batch(&tx, path, recs, &mut self.known, &mut self.bufs);
         // An error drops `tx`, which rolls back every record written so far.
         let committed = written.and_then(|seqs| {
             tx.commit()
@@ -295,8 +290,8 @@ impl SqliteStore {
                 .map_err(|e| StoreError::sql(path, "committing a transition", first_task, e))
         });
         match &committed {
-            Ok(_) => mirrors.committed(),
-            Err(_) => mirrors.forget(),
+            Ok(_) => self.known.committed(),
+            Err(_) => self.known.forget(),
         }
         committed
     }
