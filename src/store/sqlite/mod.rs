@@ -5,7 +5,8 @@
 //! engine's write-ahead step, so a transition that returned is on disk before any of its
 //! commands is performed, and survives power loss. Each commit is one transaction that
 //!
-//! - upserts the task row (`tasks.data` holds the whole [`Task`] as JSON), refusing it with
+//! - upserts the task row (`tasks.data` holds the whole [`Task`] as JSON; in a batch, once per
+//!   task: the task after its last transition), refusing it with
 //!   [`StoreError::StateConflict`] if the stored state is not the transition's `state_before`
 //!   (a second writer would otherwise silently lose an update);
 //! - appends a `journal` row (the event, the commands, and the task after the transition) with
@@ -23,9 +24,10 @@
 //! Throughput: a commit costs one disk sync, which dominates; [`Backend::commit_batch`] puts many
 //! transitions behind one sync, and [`Backend::commit_batch_with`]`(…, `[`Sync::WithNext`]`)`
 //! lets a batch that performs nothing on a provider (the engine's answers: a command's result)
-//! ride on the next commit's sync. Statements are prepared once per connection (`prepare_cached`),
-//! and a transition that changes neither the task's snapshots nor its sandbox writes only the
-//! task row and the journal row.
+//! ride on the next commit's sync. Statements are prepared once per connection (`prepare_cached`);
+//! in a batch, each transition is serialized once and appends its journal row, a task's row is
+//! written once (from its last transition in the batch), the snapshot and sandbox rows only when
+//! the task's records changed, and nothing is read per transition (see `write::Known`).
 
 mod rows;
 mod write;
