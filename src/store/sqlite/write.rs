@@ -138,10 +138,10 @@ pub(super) fn write_batch(
         // task's records: when this connection does not know what they hold or the records
         // changed. Most transitions change neither.
         if !snapshots_unchanged {
-            sync_snapshots(tx, path, task)?;
+            sync_snapshots(tx, path, task, mirror.map(|m| m.snapshots.as_slice()))?;
         }
         if !sandbox_unchanged {
-            sync_sandboxes(tx, path, task, rec.at)?;
+            sync_sandboxes(tx, path, task, rec.at, mirror.map(|m| &m.sandbox))?;
         }
         let mirror = if snapshots_unchanged && sandbox_unchanged {
             head.take().and_then(|h| h.mirror)
@@ -286,12 +286,20 @@ impl Known {
     }
 }
 
-/// Mirrors `task.snapshots` into the `snapshots` table. Unchanged rows are not rewritten (the
-/// guarded upsert), so a commit only dirties the pages of records that changed.
-fn sync_snapshots(tx: &Transaction<'_>, path: &Path, task: &Task) -> Result<(), StoreError> {
+/// Mirrors `task.snapshots` into the `snapshots` table. `old`: the records the rows are known to
+/// hold (`None`: not known, every record is written and every other row deleted). Unchanged rows
+/// are not rewritten (skipped when known, and the guarded upsert), so a commit only dirties the
+/// pages of records that changed.
+fn sync_snapshots(
+    tx: &Transaction<'_>,
+    path: &Path,
+    task: &Task,
+    old: Option<&[SnapshotRecord]>,
+) -> Result<(), StoreError> {
     let id = task.id.as_str();
     let err = on(path, id, "recording the task's snapshots");
-    if !task.snapshots.is_empty() {
+    let unchanged = |snap: &SnapshotRecord| old.is_some_and(|old| old.contains(snap));
+    if task.snapshots.iter().any(|s| !unchanged(s)) {
         let mut upsert = tx
             .prepare_cached(
                 "INSERT INTO snapshots (task_id, seq, provider_id, status, size_bytes, sandbox_id,
@@ -309,7 +317,7 @@ fn sync_snapshots(tx: &Transaction<'_>, path: &Path, task: &Task) -> Result<(), 
                                excluded.expires_at)",
             )
             .map_err(&err)?;
-        for snap in &task.snapshots {
+        for snap in task.snapshots.iter().filter(|s| !unchanged(s)) {
             upsert
                 .execute(params![
                     id,
@@ -325,7 +333,20 @@ fn sync_snapshots(tx: &Transaction<'_>, path: &Path, task: &Task) -> Result<(), 
                 .map_err(&err)?;
         }
     }
-    // Records the task no longer holds. The list of kept seqs travels as one JSON array so
+    // Records the task no longer holds: when the rows are known, those of the old records.
+    if let Some(old) = old {
+        let mut delete = tx
+            .prepare_cached("DELETE FROM snapshots WHERE task_id = ?1 AND seq = ?2")
+            .map_err(&err)?;
+        for gone in old
+            .iter()
+            .filter(|o| !task.snapshots.iter().any(|s| s.seq == o.seq))
+        {
+            delete.execute(params![id, gone.seq]).map_err(&err)?;
+        }
+        return Ok(());
+    }
+    // Otherwise every row but the records'. The list of kept seqs travels as one JSON array so
     // that the statement stays the same (and cached) whatever the number of snapshots.
     let kept = serde_json::to_string(&task.snapshots.iter().map(|s| s.seq).collect::<Vec<_>>())
         .expect("a list of integers always serializes");
@@ -339,15 +360,18 @@ fn sync_snapshots(tx: &Transaction<'_>, path: &Path, task: &Task) -> Result<(), 
 }
 
 /// Mirrors `task.sandbox` into the `sandboxes` table: the held sandbox is `running`; any other
-/// sandbox of the task still marked `running` becomes `released` at `at`.
+/// sandbox of the task still marked `running` becomes `released` at `at`. `old`: the sandbox the
+/// rows are known to hold as `running` (`None`: not known, both statements run).
 fn sync_sandboxes(
     tx: &Transaction<'_>,
     path: &Path,
     task: &Task,
     at: Millis,
+    old: Option<&Option<SandboxRecord>>,
 ) -> Result<(), StoreError> {
     let id = task.id.as_str();
     let err = on(path, id, "recording the task's sandbox");
+    // Called only when the rows may differ, so a held sandbox is always written.
     if let Some(sb) = &task.sandbox {
         // The guard skips both an unchanged row (no write) and a row of another task (no
         // takeover); the second case is told apart below.
@@ -391,6 +415,12 @@ fn sync_sandboxes(
                 });
             }
         }
+    }
+    // Known rows have no `running` sandbox of the task but the old one: release it only if the
+    // task no longer holds it.
+    let held = task.sandbox.as_ref().map(|s| &s.id);
+    if old.is_some_and(|old| old.as_ref().is_none_or(|o| Some(&o.id) == held)) {
+        return Ok(());
     }
     tx.prepare_cached(
         "UPDATE sandboxes SET status = 'released', released_at = ?3
