@@ -33,7 +33,8 @@ pub(super) fn calls_provider(cmd: &Command) -> bool {
         | Command::StopSandbox { .. }
         | Command::ExtendTimeout { .. }
         | Command::DeleteSnapshot { .. }
-        | Command::ProbeSandbox { .. } => true,
+        | Command::ProbeSandbox { .. }
+        | Command::ReadUsage { .. } => true,
         Command::ScheduleTimer { .. } | Command::Reply { .. } => false,
     }
 }

@@ -90,6 +90,14 @@ pub(super) enum Msg {
         keep_snapshots: bool,
         respond: oneshot::Sender<Result<RemovalPlan, EngineError>>,
     },
+    /// `taskbox rm`: the outcome of the removed task's stop (its session's usage with it), to
+    /// journal in the task's record: a removed task is unloaded, so it is stepped and
+    /// committed here, alone.
+    RemovedOutcome {
+        task: TaskId,
+        event: Event,
+        respond: oneshot::Sender<Result<(), EngineError>>,
+    },
 }
 
 /// What removing a task leaves the API to do on the provider, once the removal is durable.
@@ -223,6 +231,14 @@ impl EventLoop {
                     // Decided on committed state.
                     self.flush();
                     let _ = respond.send(self.remove(&task, keep_snapshots));
+                }
+                Msg::RemovedOutcome {
+                    task,
+                    event,
+                    respond,
+                } => {
+                    self.flush();
+                    let _ = respond.send(self.journal_removed(&task, event));
                 }
                 Msg::Shutdown { done } => {
                     for (_, h) in self.timers.drain() {
@@ -449,6 +465,25 @@ impl EventLoop {
                 current: current.to_string(),
             });
         }
+        Ok(())
+    }
+
+    /// Journals `event`, the outcome of a call `taskbox rm` made for the removed task `id`
+    /// (its sandbox's stop), through `step` like any outcome, committed alone and synced: the
+    /// task is no longer loaded, so nothing else is staged for it and no command follows.
+    fn journal_removed(&mut self, id: &TaskId, event: Event) -> Result<(), EngineError> {
+        let Some(task) = self.store.load_task(id)? else {
+            return Ok(());
+        };
+        let now = self.clock.now_ms();
+        let tr = step(&task, event.clone(), now)?;
+        self.store.commit(&TransitionRecord {
+            at: now,
+            event: &event,
+            state_before: task.state,
+            task_after: &tr.next,
+            commands: &tr.commands,
+        })?;
         Ok(())
     }
 
