@@ -141,6 +141,7 @@ impl OrchestratorBuilder {
             live: HashMap::new(),
             typed_commands: HashMap::new(),
             timers: HashMap::new(),
+            next_timer: 0,
             inflight: 0,
             creates: Arc::new(Semaphore::new(max_creates)),
             tx: tx.clone(),
