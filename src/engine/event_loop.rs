@@ -228,8 +228,11 @@ impl EventLoop {
                     if self.timers.get(&key).map(|a| a.token) != Some(token) {
                         return; // replaced since, or applied already (`fire_due_timers`)
                     }
-                    self.timers.remove(&key);
-                    if self.shutdown.is_none() {
+                    // Timers of the task whose time came earlier go first (this one among
+                    // them, in its place), even when their sleeps wake later: a retry's is
+                    // longer by the jitter, which a re-drive does not apply.
+                    self.fire_due_timers(&task);
+                    if self.timers.remove(&key).is_some() && self.shutdown.is_none() {
                         if let Err(e) = self.apply(&task, Event::TimerFired { timer }) {
                             warn!(task = %task, error = %e, "could not apply a timer");
                         }
@@ -274,9 +277,10 @@ impl EventLoop {
     /// Applies `task`'s timers whose time has come (by the engine's clock, at the core's time
     /// for them), oldest first, before another event of the task: a timer is applied no later
     /// than the first event at or after its time. Their sleeps may still be pending — a loop
-    /// busy, a machine loaded, a retry's jitter — and a request or an outcome arriving then
-    /// must not overtake them, or the journal's order would depend on how late a sleep woke,
-    /// which a re-drive on virtual time (timers exactly on time) cannot reproduce.
+    /// busy, a machine loaded, a retry's jitter — and a request, an outcome or another timer
+    /// arriving then must not overtake them, or the journal's order would depend on how late
+    /// a sleep woke, which a re-drive on virtual time (timers exactly on time, no jitter)
+    /// cannot reproduce.
     fn fire_due_timers(&mut self, task: &TaskId) {
         if self.shutdown.is_some() {
             return;
