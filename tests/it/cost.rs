@@ -599,3 +599,44 @@ async fn vercel_sessions_that_end_unasked_have_their_usage_read() {
     // Sandbox time ended with the stop, not at the window's end.
     assert!(l.sandbox_ms < 60_000, "{l:?}");
 }
+
+/// A usage read the platform did not answer counts the session as unknown (once, and not after
+/// the session was reported); an answered read counts like any report, once per session; the
+/// text and JSON say how many are unknown.
+#[test]
+fn an_unanswered_usage_read_counts_the_session_as_unknown() {
+    use taskbox::core::{Event, SessionUsage, Task, TaskSettings};
+    use taskbox::engine::cost::ledger_json;
+
+    let idle = Task::new(crate::support::tid("t"), TaskSettings::default(), 0);
+    let read = |id: &str, usage: Option<SessionUsage>| Event::UsageRead {
+        sandbox_id: crate::support::sbx(id),
+        usage,
+    };
+    let used = SessionUsage {
+        started_at: 0,
+        stopped_at: Some(3_600_000),
+        vcpus: 1,
+        memory_mb: 2048,
+        active_cpu_ms: Some(1_800_000),
+        transfer_bytes: None,
+    };
+    let unknown = read("sbx_1", None);
+    let again = read("sbx_1", None);
+    let answered = read("sbx_2", Some(used.clone()));
+    let twice = read("sbx_2", None);
+    let entries = [
+        (10, &unknown, &idle),
+        (20, &again, &idle),
+        (30, &answered, &idle),
+        (40, &twice, &idle),
+    ];
+    let l = Ledger::of(Window::until(100), entries);
+    assert_eq!((l.sessions_reported, l.sessions_unknown), (1, 1), "{l:?}");
+    assert!((l.vcpu_hours() - 0.5).abs() < 1e-12, "{l:?}");
+    assert!((l.memory_gb_hours() - 2.0).abs() < 1e-12, "{l:?}");
+    let v = ledger_json(&l, Some("vercel_sandbox"), &Prices::default());
+    assert_eq!(v["sessions_unknown"], 1, "{v}");
+    // Summed over tasks, unknown sessions add up.
+    assert_eq!(Ledger::sum([&l, &l]).sessions_unknown, 2);
+}
