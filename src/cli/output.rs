@@ -613,6 +613,12 @@ pub fn print_gc(r: &GcReport) -> Result<(), Failure> {
             done.to_string()
         }
     };
+    if r.held_elsewhere {
+        return write_ignoring_broken_pipe(
+            &mut std::io::stdout().lock(),
+            b"another server of the fleet is running gc for this installation now; nothing done\n",
+        );
+    }
     let mut s = String::new();
     let mut line = |what: String, i: &GcItem| {
         s.push_str(&format!(

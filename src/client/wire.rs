@@ -168,7 +168,8 @@ pub struct Health {
 pub struct ApiError {
     /// Stable: `invalid_task_id`, `bad_request`, `not_found`, `unauthorized`, `provider`,
     /// `busy`, `lock`, `store`, `step`, `stopped`, `config`, `no_such_task`, `wrong_backend`,
-    /// `task_removed`, `in_flight`, and for a failed request its
+    /// `task_removed`, `in_flight`, `task_moved` and `task_elsewhere` (a fleet: the task moved
+    /// to, or lives on, another server), and for a failed request its
     /// [`FailureReason`](crate::core::FailureReason) code (`command_failed`, `sandbox_expired`…).
     pub code: String,
     /// What went wrong.
@@ -182,6 +183,10 @@ pub struct ApiError {
     /// What the caller should know.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notices: Vec<Notice>,
+    /// Sending the same request again may succeed (`task_moved`, `task_elsewhere`, a store
+    /// that lost its connection, a server stopping). Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retryable: bool,
 }
 
 impl ApiError {
@@ -193,6 +198,7 @@ impl ApiError {
             causes: Vec::new(),
             hint: None,
             notices: Vec::new(),
+            retryable: false,
         }
     }
 

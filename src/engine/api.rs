@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 
 use super::event_loop::{Answer, ApiRequest, EventLoop, Msg, QueryFn};
 use super::lock::TaskLocks;
+use super::owner::Ownership;
 use super::{
     store_file, EngineError, ForkResult, RemoveResult, ResumeResult, RunResult, StateChange,
     SuspendResult, TaskView,
@@ -33,6 +34,7 @@ pub struct OrchestratorBuilder {
     jitter: Jitter,
     lock_wait: Duration,
     reconcile_on_start: bool,
+    owner: Option<String>,
 }
 
 impl OrchestratorBuilder {
@@ -68,6 +70,13 @@ impl OrchestratorBuilder {
         self
     }
 
+    /// This process's name in a fleet's `leases` table (PostgreSQL store), shown to a caller
+    /// whose task it drives (default: [`owner_name`](super::owner_name) without an address).
+    pub fn owner(mut self, name: String) -> Self {
+        self.owner = Some(name);
+        self
+    }
+
     /// Opens the store and starts the event loop.
     pub async fn open(self) -> Result<Orchestrator, EngineError> {
         self.config.validate(crate::config::ValueSource::Program)?;
@@ -93,6 +102,25 @@ impl OrchestratorBuilder {
         };
         let (tx, rx) = mpsc::unbounded_channel();
         let (changes, _) = broadcast::channel(1024);
+        // Who may drive a task: the data dir's `flock`s (SQLite), or a fleet's leases.
+        let owner = self.owner;
+        let ownership = match &store {
+            Store::Sqlite(_) => {
+                let _ = owner;
+                Ownership::Locks(TaskLocks::new(
+                    self.data_dir.join("locks"),
+                    self.lock_wait,
+                    self.clock.is_virtual(),
+                ))
+            }
+            #[cfg(feature = "postgres")]
+            Store::Postgres(pg) => Ownership::Leases(super::owner::Leases::start(
+                pg,
+                owner.unwrap_or_else(|| super::owner_name(None)),
+                Duration::from_secs(self.config.terminal.lease_seconds),
+                tx.clone(),
+            )?),
+        };
         // What the lifecycle depends on: the configuration, and whether the provider keeps a
         // sandbox's files past its deadline (then a late checkpoint saves them).
         let mut settings = self.config.task_settings();
@@ -117,17 +145,14 @@ impl OrchestratorBuilder {
             changes: changes.clone(),
             shutdown: None,
             staged: Vec::new(),
+            fence: ownership.fence(),
         };
         let handle = tokio::spawn(lp.run(rx));
         let orch = Orchestrator {
             inner: Arc::new(Inner {
                 tx,
                 changes,
-                locks: TaskLocks::new(
-                    self.data_dir.join("locks"),
-                    self.lock_wait,
-                    self.clock.is_virtual(),
-                ),
+                ownership,
                 settings,
                 installation_id,
                 provider,
@@ -179,7 +204,7 @@ pub struct Orchestrator {
 pub(super) struct Inner {
     tx: mpsc::UnboundedSender<Msg>,
     changes: broadcast::Sender<StateChange>,
-    locks: TaskLocks,
+    pub(super) ownership: Ownership,
     settings: TaskSettings,
     pub(super) installation_id: String,
     pub(super) provider: Arc<dyn SandboxProvider>,
@@ -197,6 +222,7 @@ impl Orchestrator {
             jitter: Jitter::Random,
             lock_wait: Duration::from_secs(900),
             reconcile_on_start: true,
+            owner: None,
         }
     }
 
@@ -342,7 +368,7 @@ impl Orchestrator {
             });
         }
         // The child's lock first: no other process may make or drive it meanwhile.
-        self.inner.locks.acquire(child).await?;
+        self.inner.ownership.acquire(child).await?;
         let answer = self
             .request(
                 parent,
@@ -382,7 +408,7 @@ impl Orchestrator {
         task: &TaskId,
         keep_snapshots: bool,
     ) -> Result<RemoveResult, EngineError> {
-        self.inner.locks.acquire(task).await?;
+        self.inner.ownership.acquire(task).await?;
         let (tx, rx) = oneshot::channel();
         self.inner
             .tx
@@ -453,7 +479,7 @@ impl Orchestrator {
     /// waiting for a request to name it. A long-lived driver (`taskbox serve`) loads every task
     /// with a live sandbox at start.
     pub async fn load(&self, task: &TaskId) -> Result<(), EngineError> {
-        self.inner.locks.acquire(task).await?;
+        self.inner.ownership.acquire(task).await?;
         let (tx, rx) = oneshot::channel();
         self.inner
             .tx
@@ -501,7 +527,8 @@ impl Orchestrator {
     }
 
     /// Stops accepting requests, waits (up to `grace`) for provider calls in flight to finish
-    /// and be journaled, and stops the event loop. Task locks are released.
+    /// and be journaled, and stops the event loop. Task locks are released (a fleet's leases
+    /// let go, so that another server may take the tasks at once).
     pub async fn shutdown_within(&self, grace: Duration) {
         let (tx, rx) = oneshot::channel();
         if self.inner.tx.send(Msg::Shutdown { done: tx }).is_ok() {
@@ -512,11 +539,12 @@ impl Orchestrator {
             h.abort();
             let _ = h.await;
         }
-        self.inner.locks.release_all();
+        self.inner.ownership.release_all(true).await;
     }
 
     /// Stops the event loop at once, as a crash would: nothing in flight is awaited or
-    /// journaled, and task locks are released. For resilience tests; the next orchestrator on
+    /// journaled, and task locks are released (a fleet's leases are left to expire, as after a
+    /// crash). For resilience tests; the next orchestrator on
     /// the same data dir recovers from the journal.
     pub async fn abort(&self) {
         let handle = self.inner.handle.lock().expect("handle lock").take();
@@ -524,7 +552,7 @@ impl Orchestrator {
             h.abort();
             let _ = h.await;
         }
-        self.inner.locks.release_all();
+        self.inner.ownership.release_all(false).await;
     }
 
     /// [`Orchestrator::shutdown_within`] with a 60 s grace period.
@@ -533,7 +561,7 @@ impl Orchestrator {
     }
 
     async fn request(&self, task: &TaskId, req: ApiRequest) -> Result<Answer, EngineError> {
-        self.inner.locks.acquire(task).await?;
+        self.inner.ownership.acquire(task).await?;
         let (tx, rx) = oneshot::channel();
         self.inner
             .tx

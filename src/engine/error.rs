@@ -117,6 +117,9 @@ impl EngineError {
     /// A stable name for the kind of failure, for scripts (the server's and `--json`'s `code`).
     pub fn code(&self) -> &'static str {
         match self {
+            // A fleet's answers (PostgreSQL store): retryable, at the server that has it.
+            EngineError::Store(StoreError::LeaseLost { .. }) => "task_moved",
+            EngineError::Store(StoreError::LeaseHeld { .. }) => "task_elsewhere",
             EngineError::Store(_) => "store",
             EngineError::Config(_) => "config",
             EngineError::TaskId(_) => "invalid_task_id",
@@ -131,6 +134,16 @@ impl EngineError {
             EngineError::WrongBackend { .. } => "wrong_backend",
             EngineError::Removed { .. } => "task_removed",
             EngineError::TaskExists { .. } => "task_exists",
+        }
+    }
+
+    /// Whether sending the same request again may succeed: a lost connection to the store, a
+    /// task that moved to (or lives on) another server of a fleet.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            EngineError::Store(e) => e.is_retryable(),
+            EngineError::Stopped => true,
+            _ => false,
         }
     }
 

@@ -10,6 +10,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::{debug, info_span, warn};
 
+use super::batch::batch_sync;
 use super::{EngineError, StateChange};
 use crate::clock::Clock;
 use crate::core::{
@@ -19,7 +20,7 @@ use crate::core::{
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
 use crate::retry::Jitter;
-use crate::store::{Store, Sync, TransitionRecord};
+use crate::store::{Store, TransitionRecord};
 
 /// A caller's request, as the API sends it to the loop.
 pub(super) enum ApiRequest {
@@ -67,6 +68,11 @@ pub(super) enum Msg {
         timer: TimerKind,
     },
     Query(QueryFn),
+    /// A fleet: the renewal found the task's lease taken over by `owner`; stop driving it.
+    LeaseLost {
+        task: TaskId,
+        owner: Option<String>,
+    },
     /// Load a task now (recovering it), so its timers run without waiting for a request.
     Load {
         task: TaskId,
@@ -119,6 +125,8 @@ pub(super) struct EventLoop {
     pub(super) shutdown: Option<oneshot::Sender<()>>,
     /// Transitions stepped but not yet committed; see [`EventLoop::flush`].
     pub(super) staged: Vec<Staged>,
+    /// A fleet's leases (PostgreSQL store); `None` under the `flock`s of the SQLite store.
+    pub(super) fence: Option<Arc<dyn super::owner::Fence>>,
 }
 
 /// Most messages handled before their transitions are committed together.
@@ -127,48 +135,15 @@ const MAX_BATCH_MESSAGES: usize = 512;
 /// A transition waiting for the group commit: applied to the in-memory task already, its
 /// commands held back until it is durable.
 pub(super) struct Staged {
-    task: TaskId,
-    at: Millis,
-    event: Event,
-    state_before: TaskState,
+    pub(super) task: TaskId,
+    pub(super) at: Millis,
+    pub(super) event: Event,
+    pub(super) state_before: TaskState,
     /// The task before the transition (`None`: it did not exist), restored if the transition
     /// cannot be committed.
-    task_before: Option<Task>,
-    task_after: Task,
-    commands: Vec<Command>,
-}
-
-/// When a batch must be on disk: before any provider call it performs (write-ahead), and
-/// before a new task's first transition (its backend is claimed right after). A batch that
-/// only answers callers and arms timers — a command's result, a request queued behind another —
-/// rides on the next commit's sync ([`Sync::WithNext`]): it is committed (every reader sees it,
-/// a crash of any process keeps it) before its answers are sent, and only a power loss before
-/// the next synced commit can lose it. That loses an outcome, never a decision: recovery then
-/// finds the command still running, reports it interrupted and probes the sandbox, exactly as
-/// after a power loss during the command; no provider call was made on the strength of it.
-fn batch_sync(staged: &[Staged]) -> Sync {
-    let calls_provider = staged
-        .iter()
-        .any(|s| s.task_before.is_none() || s.commands.iter().any(calls_provider));
-    if calls_provider {
-        Sync::Now
-    } else {
-        Sync::WithNext
-    }
-}
-
-/// Whether performing `cmd` calls the provider (no wildcard: a new command is decided here).
-fn calls_provider(cmd: &Command) -> bool {
-    match cmd {
-        Command::CreateSandbox { .. }
-        | Command::RunCommand { .. }
-        | Command::TakeSnapshot { .. }
-        | Command::StopSandbox { .. }
-        | Command::ExtendTimeout { .. }
-        | Command::DeleteSnapshot { .. }
-        | Command::ProbeSandbox { .. } => true,
-        Command::ScheduleTimer { .. } | Command::Reply { .. } => false,
-    }
+    pub(super) task_before: Option<Task>,
+    pub(super) task_after: Task,
+    pub(super) commands: Vec<Command>,
 }
 
 impl EventLoop {
@@ -234,6 +209,7 @@ impl EventLoop {
                     self.flush();
                     f(self)
                 }
+                Msg::LeaseLost { task, owner } => self.lease_lost(task, owner),
                 Msg::Load { task, done } => {
                     let _ = done.send(self.ensure_loaded(&task, false));
                 }
@@ -624,6 +600,9 @@ impl EventLoop {
 
     /// A transition is durable: announce it and perform its commands.
     fn committed(&mut self, s: Staged) {
+        if self.fence.is_some() && !self.may_act(&s) {
+            return;
+        }
         if s.task_before.is_none() {
             // A new task belongs to this engine's backend.
             if let Err(e) = self.store.claim_backend(&s.task, self.provider.name()) {
@@ -655,26 +634,6 @@ impl EventLoop {
     /// the sandbox probed, the operation in flight re-issued). Outcomes of calls still in
     /// flight for it are ignored until then (`apply` skips a task not loaded).
     fn unload_after_failed_commit(&mut self, s: &Staged, err: crate::store::StoreError) {
-        self.tasks.remove(&s.task);
-        let timers: Vec<_> = self
-            .timers
-            .keys()
-            .filter(|(t, _)| *t == s.task)
-            .cloned()
-            .collect();
-        for key in timers {
-            if let Some(h) = self.timers.remove(&key) {
-                h.abort();
-            }
-        }
-        self.outputs.retain(|(t, _), _| *t != s.task);
-        let waiting: Vec<_> = self
-            .waiters
-            .keys()
-            .filter(|(t, _)| *t == s.task)
-            .cloned()
-            .collect();
-        let message = err.to_string();
         // The request whose own transition failed gets the error itself; the others a copy.
         let own = match &s.event {
             Event::RunRequested { request_id, .. }
@@ -683,6 +642,40 @@ impl EventLoop {
             | Event::ForkRequested { request_id, .. } => Some(*request_id),
             _ => None,
         };
+        self.unload(&s.task, own, err);
+    }
+
+    /// Unloads `task` after `err` (see [`EventLoop::unload_after_failed_commit`]), answering
+    /// every caller waiting on it: the request `own` with `err` itself, the others a copy.
+    pub(super) fn unload(
+        &mut self,
+        task: &TaskId,
+        own: Option<u64>,
+        err: crate::store::StoreError,
+    ) {
+        if let (Some(fence), crate::store::StoreError::LeaseLost { .. }) = (&self.fence, &err) {
+            fence.lost(task);
+        }
+        self.tasks.remove(task);
+        let timers: Vec<_> = self
+            .timers
+            .keys()
+            .filter(|(t, _)| t == task)
+            .cloned()
+            .collect();
+        for key in timers {
+            if let Some(h) = self.timers.remove(&key) {
+                h.abort();
+            }
+        }
+        self.outputs.retain(|(t, _), _| t != task);
+        let waiting: Vec<_> = self
+            .waiters
+            .keys()
+            .filter(|(t, _)| t == task)
+            .cloned()
+            .collect();
+        let message = err.to_string();
         let mut err = Some(err);
         for key in waiting {
             let Some(w) = self.waiters.remove(&key) else {
@@ -698,7 +691,7 @@ impl EventLoop {
                 (_, original, _) => {
                     err = original;
                     EngineError::Request {
-                        task: s.task.clone(),
+                        task: task.clone(),
                         reason: Box::new(FailureReason::NotCommitted {
                             message: format!("the task's journal could not be written: {message}"),
                         }),
@@ -739,79 +732,5 @@ impl EventLoop {
         if let Some(w) = self.waiters.remove(&(s.task.clone(), request_id)) {
             let _ = w.send(Err(err));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::TaskSettings;
-
-    /// `step` on `task`, staged as the loop stages it.
-    fn staged(task: &Task, event: Event, now: Millis, new: bool) -> (Staged, Task) {
-        let tr = step(task, event.clone(), now).expect("a valid transition");
-        let s = Staged {
-            task: task.id.clone(),
-            at: now,
-            event,
-            state_before: task.state,
-            task_before: (!new).then(|| task.clone()),
-            task_after: tr.next.clone(),
-            commands: tr.commands,
-        };
-        (s, tr.next)
-    }
-
-    /// A warm command makes one synced commit, before it runs (write-ahead of the command);
-    /// its result, which only answers the caller, rides on the next one. A new task's first
-    /// batch and anything that calls the provider are synced.
-    #[test]
-    fn a_warm_command_syncs_before_it_runs_and_its_result_rides_on_the_next_sync() {
-        let id = TaskId::new("t").expect("a valid id");
-        let task = Task::new(id, TaskSettings::default(), 0);
-        let run = |request_id| Event::RunRequested {
-            request_id,
-            command: "true".into(),
-            timeout_ms: 1_000,
-        };
-        // Cold: a new task, and a create.
-        let (s, task) = staged(&task, run(1), 1, true);
-        assert_eq!(batch_sync(&[s]), Sync::Now, "a new task's first commit");
-        let (s, task) = staged(
-            &task,
-            Event::SandboxReady {
-                generation: 1,
-                sandbox_id: "sbx".into(),
-                name: "sbx".into(),
-                deadline: 1_000_000,
-            },
-            2,
-            false,
-        );
-        assert!(s
-            .commands
-            .iter()
-            .any(|c| matches!(c, Command::RunCommand { .. })));
-        assert_eq!(batch_sync(&[s]), Sync::Now, "write-ahead of the command");
-        let exited = |request_id| Event::CommandExited {
-            request_id,
-            exit_code: 0,
-            timed_out: false,
-        };
-        let (s, task) = staged(&task, exited(1), 3, false);
-        assert!(
-            s.commands.iter().all(|c| !calls_provider(c)),
-            "{:?}",
-            s.commands
-        );
-        assert_eq!(batch_sync(&[s]), Sync::WithNext, "only an answer");
-        // Warm: the request runs at once (synced), its result is deferred.
-        let (s, task) = staged(&task, run(2), 4, false);
-        let (ran, task) = (s, task);
-        assert_eq!(batch_sync(std::slice::from_ref(&ran)), Sync::Now);
-        let (done, _) = staged(&task, exited(2), 5, false);
-        assert_eq!(batch_sync(std::slice::from_ref(&done)), Sync::WithNext);
-        // A batch with both is synced.
-        assert_eq!(batch_sync(&[done, ran]), Sync::Now);
     }
 }

@@ -33,6 +33,10 @@ pub struct GcReport {
     /// Leftovers of interrupted operations removed (local backend: half-written archives,
     /// half-restored workspaces).
     pub temporaries_removed: usize,
+    /// A fleet (PostgreSQL store): another server was running gc for the installation, so this
+    /// one did nothing (one server at a time, under an advisory lock).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held_elsewhere: bool,
 }
 
 impl Orchestrator {
@@ -40,7 +44,24 @@ impl Orchestrator {
     /// references, and stops or deletes them. Never touches another installation's resources,
     /// nor those of a task with an operation in flight (its recovery owns them: the write-ahead
     /// journal records a create or snapshot before it is made). `dry_run` only reports.
+    ///
+    /// On a fleet's PostgreSQL store, one server at a time runs it (an advisory lock scoped to
+    /// the database): while another does, this answers at once with
+    /// [`GcReport::held_elsewhere`] and nothing else.
     pub async fn gc(&self, dry_run: bool) -> Result<GcReport, EngineError> {
+        let ran = self
+            .inner
+            .ownership
+            .exclusive("gc", self.gc_now(dry_run))
+            .await?;
+        Ok(ran.unwrap_or(GcReport {
+            dry_run,
+            held_elsewhere: true,
+            ..GcReport::default()
+        }))
+    }
+
+    async fn gc_now(&self, dry_run: bool) -> Result<GcReport, EngineError> {
         let p = self.inner.provider.clone();
         let installation = self.inner.installation_id.clone();
         let backend = p.name();

@@ -19,6 +19,7 @@ use crate::client::wire::{ApiError, GcRequest, Health, LiveTask, API_PREFIX};
 use crate::core::{FailureReason, Millis};
 use crate::engine::{EngineError, Orchestrator};
 use crate::ids::TaskId;
+use crate::store::StoreError;
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -122,6 +123,10 @@ pub(super) fn engine_failure(err: EngineError) -> Failure {
             _ => StatusCode::BAD_GATEWAY,
         },
         EngineError::Provider { .. } => StatusCode::BAD_GATEWAY,
+        // A fleet: the task is another server's (now); the error names it.
+        EngineError::Store(StoreError::LeaseLost { .. } | StoreError::LeaseHeld { .. }) => {
+            StatusCode::CONFLICT
+        }
         EngineError::Busy { .. }
         | EngineError::WrongBackend { .. }
         | EngineError::TaskExists { .. }
@@ -143,6 +148,7 @@ pub(super) fn engine_failure(err: EngineError) -> Failure {
         EngineError::Request { notices, .. } => notices.clone(),
         _ => Vec::new(),
     };
+    let retryable = err.is_retryable();
     let message = err.to_string();
     let mut causes = Vec::new();
     let mut source = std::error::Error::source(&err);
@@ -161,6 +167,7 @@ pub(super) fn engine_failure(err: EngineError) -> Failure {
             causes,
             hint,
             notices,
+            retryable,
         },
     )
 }

@@ -162,7 +162,13 @@ impl Server {
             }
             _ => None,
         };
+        // On a fleet's store, callers of a task another server drives are told this name.
+        let advertised = tcp
+            .as_ref()
+            .and_then(|(l, _)| l.local_addr().ok())
+            .map(|a| a.to_string());
         let orch = Orchestrator::builder(opts.data_dir.clone(), opts.config.clone())
+            .owner(crate::engine::owner_name(advertised.as_deref()))
             .open()
             .await?;
         tokio::spawn(load_live_tasks(orch.clone()));
@@ -340,6 +346,11 @@ async fn load_live_tasks(orch: Orchestrator) {
             Err(crate::engine::EngineError::Removed { .. }) => {
                 tracing::debug!(task = %id, "removed; not loaded")
             }
+            // A fleet: another live server drives it (its lease is fresh).
+            Err(crate::engine::EngineError::Store(crate::store::StoreError::LeaseHeld {
+                owner,
+                ..
+            })) => tracing::debug!(task = %id, owner = %owner, "driven by another server"),
             Err(e) => tracing::warn!(task = %id, error = %e, "cannot load at start"),
         }
     }
@@ -355,6 +366,9 @@ async fn periodic_gc(orch: Orchestrator, every: Duration) {
     loop {
         ticks.tick().await;
         match orch.gc(false).await {
+            Ok(r) if r.held_elsewhere => {
+                tracing::debug!("gc: another server of the fleet is running it")
+            }
             Ok(r) => {
                 let acted = r.sandboxes_stopped.len() + r.snapshots_deleted.len();
                 if acted > 0 || r.temporaries_removed > 0 {

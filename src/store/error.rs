@@ -226,8 +226,8 @@ pub enum StoreError {
     /// Another server took the task's lease over: this one may no longer write it (its commit
     /// carried a stale fencing token and was refused; nothing of it was written).
     #[error(
-        "task `{task_id}` moved to another server{}: this server's lease on it was taken over, \
-         so its transition was not committed",
+        "task `{task_id}` moved to another server{}: this server's lease on it lapsed or was \
+         taken over, so this server stopped driving it (nothing more of it is written here)",
         owner.as_deref().filter(|o| !o.is_empty()).map(|o| format!(" (`{o}`)")).unwrap_or_default()
     )]
     LeaseLost {
@@ -341,6 +341,20 @@ impl StoreError {
                  off recovers from its journal"
                     .to_string(),
             ),
+            StoreError::LeaseLost { owner, .. } => Some(format!(
+                "send the request again{}: the server that holds the task now (or any server, \
+                 once its lease expires) recovers it from the journal; nothing committed is lost",
+                owner
+                    .as_deref()
+                    .filter(|o| !o.is_empty())
+                    .map(|o| format!(" to `{o}`"))
+                    .unwrap_or_default()
+            )),
+            StoreError::LeaseHeld { owner, .. } => Some(format!(
+                "send the request to the server `{owner}` (`taskbox --server`, or through the \
+                 load balancer); if that server is gone, any server takes the task over once \
+                 its lease expires, so sending it again then succeeds"
+            )),
             _ => None,
         }
     }
@@ -350,6 +364,8 @@ impl StoreError {
         matches!(
             self,
             StoreError::Busy { .. }
+                | StoreError::LeaseLost { .. }
+                | StoreError::LeaseHeld { .. }
                 | StoreError::Postgres {
                     retryable: true,
                     ..
@@ -358,7 +374,7 @@ impl StoreError {
     }
 
     /// The same error for another caller waiting on the same failed write: a disk-full error
-    /// is repeated as it is, any other as its message.
+    /// and a lost lease are repeated as they are, any other as its message.
     pub fn for_another_caller(&self) -> Option<StoreError> {
         match self {
             StoreError::Full {
@@ -371,6 +387,10 @@ impl StoreError {
                 operation,
                 task_id: task_id.clone(),
                 detail: detail.clone(),
+            }),
+            StoreError::LeaseLost { task_id, owner } => Some(StoreError::LeaseLost {
+                task_id: task_id.clone(),
+                owner: owner.clone(),
             }),
             _ => None,
         }

@@ -120,6 +120,50 @@ impl PgStore {
         Ok(())
     }
 
+    /// Extends every lease of `leases` by `ttl` from now, in one statement (a server renews all
+    /// the leases it holds at once). Returns the leases no longer this server's — another
+    /// owner took them over (their token changed) — each with the owner that holds it now.
+    pub fn renew_leases(
+        &self,
+        leases: &[Lease],
+        ttl: Duration,
+    ) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        let ids: Vec<String> = leases.iter().map(|l| l.task_id.clone()).collect();
+        let tokens: Vec<i64> = leases.iter().map(|l| l.token).collect();
+        // The outer SELECT sees `leases` as it was before the UPDATE: for a lost lease, the
+        // owner that took it.
+        let rows = self.query(
+            "renewing the server's leases",
+            None,
+            "WITH mine AS (
+                 SELECT * FROM unnest(CAST($1 AS TEXT[]), CAST($2 AS BIGINT[]))
+                     AS u(task_id, token)),
+             renewed AS (
+                 UPDATE leases l
+                 SET expires_at = now() + CAST($3 AS BIGINT) * interval '1 millisecond'
+                 FROM mine WHERE l.task_id = mine.task_id AND l.token = mine.token
+                 RETURNING l.task_id)
+             SELECT m.task_id, l.owner FROM mine m
+             LEFT JOIN leases l ON l.task_id = m.task_id
+             WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.task_id = m.task_id)"
+                .to_string(),
+            vec![Box::new(ids), Box::new(tokens), Box::new(ttl_ms)],
+        )?;
+        let cx = self.cx(None);
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    rows::get::<String>(&cx, r, 0, "leases.task_id")?,
+                    rows::get::<Option<String>>(&cx, r, 1, "leases.owner")?,
+                ))
+            })
+            .collect()
+    }
+
     /// Lets the lease go (a server stopping cleanly): another server may take the task at
     /// once. The token stays with the row, so the next owner's is still greater.
     pub fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {

@@ -11,6 +11,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::{RetryPolicy, TaskSettings};
 
+mod values;
+
+pub use values::Usd;
+use values::*;
+
 /// A configuration problem, naming the key and how to fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -327,6 +332,8 @@ config_keys! {
         "seconds between the server's gc runs (orphaned sandboxes, unretained snapshots; 1 to 30 days)";
     store: StoreSetting = StoreSetting::default(), parse store_setting, env Some(STORE_ENV),
         "where tasks are stored: sqlite (the data dir's file) | postgres://user@host/database (a fleet's shared store)";
+    lease_seconds: u64 = 15, parse |v| between(v, 1, 3_600, ""), env None,
+        "a fleet server's lease on a task it drives (PostgreSQL store), seconds; renewed every third of it, taken over by another server once it expires (1 to 3600)";
 }
 
 [cost] CostConfig, "The `[cost]` table: the list prices `taskbox cost` estimates with (USD; defaults are Vercel's published Pro prices)." {
@@ -379,221 +386,6 @@ pub struct Config {
     pub terminal: TerminalConfig,
     /// `cost.*` keys.
     pub cost: CostConfig,
-}
-
-/// A price in USD: a finite, non-negative number (compared by its bits, so that configs compare
-/// as equal exactly when they read the same).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-#[serde(try_from = "f64", into = "f64")]
-pub struct Usd(f64);
-
-impl Usd {
-    /// `v`, which must be finite and not negative (the defaults are).
-    pub const fn new(v: f64) -> Usd {
-        Usd(v)
-    }
-
-    /// The amount.
-    pub fn get(self) -> f64 {
-        self.0
-    }
-}
-
-impl PartialEq for Usd {
-    fn eq(&self, other: &Usd) -> bool {
-        self.0.to_bits() == other.0.to_bits()
-    }
-}
-
-impl Eq for Usd {}
-
-impl From<Usd> for f64 {
-    fn from(u: Usd) -> f64 {
-        u.0
-    }
-}
-
-impl TryFrom<f64> for Usd {
-    type Error = String;
-    fn try_from(v: f64) -> Result<Usd, String> {
-        price(&v.to_string())
-    }
-}
-
-/// A value as `config get` prints it (and as its parser reads it back).
-trait Render {
-    fn render(&self) -> String;
-}
-
-impl Render for Backend {
-    fn render(&self) -> String {
-        self.as_str().to_string()
-    }
-}
-
-impl Render for ServerMode {
-    fn render(&self) -> String {
-        self.as_str().to_string()
-    }
-}
-
-impl Render for bool {
-    fn render(&self) -> String {
-        self.to_string()
-    }
-}
-
-impl Render for u64 {
-    fn render(&self) -> String {
-        self.to_string()
-    }
-}
-
-impl Render for u32 {
-    fn render(&self) -> String {
-        self.to_string()
-    }
-}
-
-impl Render for String {
-    fn render(&self) -> String {
-        self.clone()
-    }
-}
-
-impl Render for StoreSetting {
-    fn render(&self) -> String {
-        match &self.0 {
-            None => "sqlite".to_string(),
-            Some(url) => crate::redact::redact(url),
-        }
-    }
-}
-
-impl Render for Option<String> {
-    fn render(&self) -> String {
-        self.clone().unwrap_or_else(|| "none".into())
-    }
-}
-
-impl Render for Usd {
-    fn render(&self) -> String {
-        self.0.to_string()
-    }
-}
-
-impl Render for Option<u32> {
-    fn render(&self) -> String {
-        self.map(|d| d.to_string()).unwrap_or_else(|| "none".into())
-    }
-}
-
-// The parsers: text to a value, or what is accepted instead.
-
-fn backend(value: &str) -> Result<Backend, String> {
-    match value.trim() {
-        "local" => Ok(Backend::Local),
-        "vercel_sandbox" | "vercel" => Ok(Backend::VercelSandbox),
-        _ => Err("one of: local, vercel_sandbox".into()),
-    }
-}
-
-fn store_setting(value: &str) -> Result<StoreSetting, String> {
-    let v = value.trim();
-    let lower = v.get(..13).unwrap_or(v).to_ascii_lowercase();
-    if v == "sqlite" || v.is_empty() {
-        Ok(StoreSetting(None))
-    } else if lower.starts_with("postgres://") || lower.starts_with("postgresql://") {
-        Ok(StoreSetting(Some(v.to_string())))
-    } else {
-        Err("sqlite, or a PostgreSQL URL postgres://user@host/database".into())
-    }
-}
-
-fn server_mode(value: &str) -> Result<ServerMode, String> {
-    match value.trim() {
-        "auto" => Ok(ServerMode::Auto),
-        "never" => Ok(ServerMode::Never),
-        "always" => Ok(ServerMode::Always),
-        _ => Err("one of: auto, never, always".into()),
-    }
-}
-
-fn boolean(value: &str) -> Result<bool, String> {
-    match value.trim() {
-        "true" | "yes" | "on" | "1" => Ok(true),
-        "false" | "no" | "off" | "0" => Ok(false),
-        _ => Err("true or false".into()),
-    }
-}
-
-fn between(value: &str, min: u64, max: u64, why: &str) -> Result<u64, String> {
-    match value.trim().parse::<u64>() {
-        Ok(v) if (min..=max).contains(&v) => Ok(v),
-        _ => Err(format!("a whole number from {min} to {max}{why}")),
-    }
-}
-
-/// A number of seconds a sandbox or command may last: at most the platform's lifetime.
-fn lifetime(value: &str, min: u64) -> Result<u64, String> {
-    between(
-        value,
-        min,
-        MAX_SANDBOX_LIFETIME_SECONDS,
-        " (18000 s, 5 h, is Vercel's maximum sandbox lifetime)",
-    )
-}
-
-fn between_u32(value: &str, min: u32, max: u32) -> Result<u32, String> {
-    let v = between(value, u64::from(min), u64::from(max), "")?;
-    Ok(u32::try_from(v).expect("bounded by a u32"))
-}
-
-/// Any name, or `none` to unset: which runtimes exist is the platform's to say (the Vercel
-/// backend and `taskbox doctor` check it).
-fn runtime(value: &str) -> Result<Option<String>, String> {
-    match value.trim() {
-        "" => {
-            Err("one of: node24, node22, python3.13, or none to use terminal.vercel_image".into())
-        }
-        "none" | "unset" => Ok(None),
-        v => Ok(Some(v.to_string())),
-    }
-}
-
-/// An image reference: any non-empty name without whitespace (managed `vercel/sandbox/...`
-/// images and custom ones alike; which exist is the platform's to say).
-fn image(value: &str) -> Result<String, String> {
-    let v = value.trim();
-    if v.is_empty() || v.chars().any(char::is_whitespace) {
-        return Err(format!(
-            "an image name without spaces, such as {DEFAULT_VERCEL_IMAGE} or vercel/sandbox/node:24"
-        ));
-    }
-    Ok(v.to_string())
-}
-
-fn disk(value: &str) -> Result<Option<u32>, String> {
-    match value.trim() {
-        "" | "none" | "unset" => Ok(None),
-        v => between_u32(v, 1, u32::MAX).map(Some),
-    }
-}
-
-/// A price: a finite number of USD, zero or more.
-fn price(value: &str) -> Result<Usd, String> {
-    match value.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(Usd(v)),
-        _ => Err("a price in USD, a number of 0 or more (e.g. 0.128)".into()),
-    }
-}
-
-fn http_url(value: &str) -> Result<String, String> {
-    let v = value.trim();
-    if !(v.starts_with("http://") || v.starts_with("https://")) {
-        return Err("an http:// or https:// URL".into());
-    }
-    Ok(v.trim_end_matches('/').to_string())
 }
 
 impl Config {
@@ -799,7 +591,7 @@ mod tests {
 
     #[test]
     fn the_readme_lists_every_key_with_its_default_and_variable() {
-        let readme = include_str!("../README.md");
+        let readme = include_str!("../../README.md");
         for k in KEYS {
             let row = readme
                 .lines()
