@@ -105,6 +105,11 @@ pub(super) struct Join {
 const JOIN_FAILED: &[u8] = b"!cgroup";
 
 impl Join {
+    /// The cgroup's directory.
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The start of a command's `bash -c` script (no newline, so the command's line numbers are
     /// unchanged): moves the shell into the cgroup, making the cgroup again and retrying if it
     /// is not there (a sweep may just have removed it); if that fails, writes [`JOIN_FAILED`] to

@@ -3,7 +3,7 @@
 //! ended in recorded for the next command. Its output is forwarded as it is read, and its stdin
 //! fed from the caller's, when the exec has a live side ([`ExecIo`]).
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
@@ -11,13 +11,14 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::cgroup::Join;
 use super::error::LocalError;
 use super::kill::{exited_unreaped, group_has_live_members, kill_group, signal_group, GroupGuard};
 use super::names::SandboxName;
 use super::output::{Captured, Pump};
+use super::spawn::{self, Spec, Started};
 use super::workspace::{relative_cwd, resolve_cwd};
 use super::{LocalProvider, Slot};
 use crate::provider::live::cancel_requested;
@@ -78,53 +79,80 @@ impl LocalProvider {
         // nothing it starts inherits one). Without `/proc` the trap writes `cwd_file` instead.
         let report = ReportPipe::open(&name)?;
         // The sandbox's cgroup, which no process leaves, so a stop kills everything the sandbox
-        // ever started (see `cgroup`): the script joins it before anything else.
+        // ever started (see `cgroup`): the shell is born in it where Linux can (`spawn`),
+        // otherwise its script joins it before anything else.
         let cgroup = super::cgroup::prepare(&sandbox_dir, &name.name);
-        let script = wrap_command(&req.command, &report.path, &cwd_file, cgroup.as_ref());
-
-        // No `pre_exec` hook: the standard library then spawns with `posix_spawn` (a `vfork`),
-        // not by forking this whole process.
-        let mut command = tokio::process::Command::new("bash");
-        command
-            .arg("-c")
-            .arg(script)
-            .current_dir(&cwd)
-            .stdin(if io.stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("TASKBOX_TASK_ID", meta.task_id.as_str())
-            .env("TASKBOX_SANDBOX", name.name.as_str())
-            .env("TASKBOX_WORKSPACE", &workspace)
-            .env_remove("PWD")
-            .env_remove("OLDPWD")
-            // Its own process group, so a timeout kills everything the command started.
-            .process_group(0);
+        let env = [
+            ("TASKBOX_TASK_ID", OsStr::new(meta.task_id.as_str())),
+            ("TASKBOX_SANDBOX", OsStr::new(name.name.as_str())),
+            ("TASKBOX_WORKSPACE", workspace.as_os_str()),
+        ];
         let started = tokio::time::Instant::now();
-        let mut child = match command.spawn() {
-            Ok(child) => child,
-            // Discarded since the check above: its directory went away under the spawn.
-            Err(_) if stopped.has_changed().unwrap_or(true) => {
-                return Err(LocalError::gone(
-                    &name,
-                    "it was stopped as the command started",
-                ))
-            }
-            Err(source) => {
-                return Err(LocalError::Spawn {
+        let cloned = match &cgroup {
+            Some(join) => {
+                let script = wrap_command(&req.command, &report.path, &cwd_file, None);
+                let spec = Spec {
+                    program: "bash",
+                    args: &[OsStr::new("-c"), &script],
+                    cwd: &cwd,
+                    set: &env,
+                    remove: &["PWD", "OLDPWD"],
+                    stdin_piped: io.stdin.is_some(),
+                };
+                spawn::clone_into_cgroup(join.dir(), &spec).map_err(|source| LocalError::Spawn {
                     sandbox: name.name.clone(),
                     source,
-                })
+                })?
+            }
+            None => None,
+        };
+        let child = match cloned {
+            Some(child) => child,
+            None => {
+                let script = wrap_command(&req.command, &report.path, &cwd_file, cgroup.as_ref());
+                // No `pre_exec` hook: the standard library then spawns with `posix_spawn` (a
+                // `vfork`), not by forking this whole process.
+                let mut command = tokio::process::Command::new("bash");
+                command
+                    .arg("-c")
+                    .arg(script)
+                    .current_dir(&cwd)
+                    .stdin(if io.stdin.is_some() {
+                        Stdio::piped()
+                    } else {
+                        Stdio::null()
+                    })
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .envs(env)
+                    .env_remove("PWD")
+                    .env_remove("OLDPWD")
+                    // Its own process group, so a timeout kills everything the command started.
+                    .process_group(0);
+                match command.spawn() {
+                    Ok(child) => Started::spawned(child),
+                    // Discarded since the check above: its directory went away under the spawn.
+                    Err(_) if stopped.has_changed().unwrap_or(true) => {
+                        return Err(LocalError::gone(
+                            &name,
+                            "it was stopped as the command started",
+                        ))
+                    }
+                    Err(source) => {
+                        return Err(LocalError::Spawn {
+                            sandbox: name.name.clone(),
+                            source,
+                        })
+                    }
+                }
             }
         };
-        let pgid = child.id().expect("a child that was just spawned has a pid");
+        let mut proc = child.proc;
+        let pgid = proc.id().expect("a child that was just started has a pid");
         let mut group = GroupGuard { pgid: Some(pgid) };
-        let stdout = Pump::start(child.stdout.take(), OutputStream::Stdout, io.output.clone());
-        let stderr = Pump::start(child.stderr.take(), OutputStream::Stderr, io.output);
-        let feeder = feed_stdin(child.stdin.take(), io.stdin);
+        let stdout = Pump::start(child.stdout, OutputStream::Stdout, io.output.clone());
+        let stderr = Pump::start(child.stderr, OutputStream::Stderr, io.output);
+        let feeder = feed_stdin(child.stdin, io.stdin);
         let mut cancel = io.cancel;
 
         let command_timeout = tokio::time::sleep(Duration::from_millis(req.timeout_ms));
@@ -140,7 +168,7 @@ impl LocalProvider {
         let mut exited = None;
         let outcome = loop {
             tokio::select! {
-                status = child.wait(), if !signalled => {
+                status = proc.wait(), if !signalled => {
                     exited = Some(status);
                     break Outcome::Exited;
                 }
@@ -185,13 +213,13 @@ impl LocalProvider {
         if let Some(feeder) = feeder {
             feeder.abort();
         }
-        if outcome != Outcome::Exited && child.id().is_some() {
+        if outcome != Outcome::Exited && proc.id().is_some() {
             // Not reaped yet, so the group id cannot have been reused: safe to kill.
             kill_group(pgid);
         }
         let status = match exited {
             Some(status) => status,
-            None => child.wait().await,
+            None => proc.wait().await,
         };
         group.pgid = None; // reaped: the id may be reused from now on
         let stdout = stdout.finish().await;
@@ -348,7 +376,7 @@ impl ReportPipe {
 /// Writes the caller's stdin into the command's, on its own task; the end of the caller's is
 /// the end of the command's (the pipe is closed). A command that stops reading ends the feed.
 fn feed_stdin(
-    pipe: Option<tokio::process::ChildStdin>,
+    pipe: Option<Box<dyn AsyncWrite + Unpin + Send>>,
     source: Option<tokio::sync::mpsc::Receiver<Vec<u8>>>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let (mut pipe, mut source) = (pipe?, source?);

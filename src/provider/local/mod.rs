@@ -84,6 +84,7 @@ mod lifecycle;
 mod names;
 mod output;
 mod snapshot;
+mod spawn;
 mod temp;
 mod workspace;
 

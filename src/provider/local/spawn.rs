@@ -30,6 +30,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::kill::signal_group;
+
 /// A command's shell, however it was started.
 pub(super) enum Proc {
     /// Spawned by tokio (the command joins its cgroup in its script, if there is one).
@@ -126,13 +128,7 @@ impl Drop for Cloned {
         let pid = self.pid;
         let _ = std::thread::Builder::new()
             .name("taskbox-reap".into())
-            .spawn(move || {
-                let mut status = 0;
-                // SAFETY: waitpid(2) writes only into `status`, ours; `pid` is our unreaped child.
-                while unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) } < 0
-                    && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
-                {}
-            });
+            .spawn(move || wait_blocking(pid));
     }
 }
 
@@ -191,25 +187,40 @@ struct CloneArgs {
 const CLONE_PIDFD: u64 = 0x1000;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
+/// Why a clone gave no running command.
+enum CloneError {
+    /// Nothing ran (not Linux, an old kernel, no such cgroup, a failed exec...).
+    NotStarted(io::Error),
+    /// It started but cannot be waited for: it was killed.
+    Lost(io::Error),
+}
+
+impl From<io::Error> for CloneError {
+    fn from(e: io::Error) -> CloneError {
+        CloneError::NotStarted(e)
+    }
+}
+
 /// Starts `spec` born in the cgroup `cgroup_dir` (making the directory if a sweep removed it).
-/// `None`: it could not be cloned there (not Linux, an old kernel, no such cgroup, a failed
-/// exec...), nothing ran, and the caller spawns the usual way.
-pub(super) fn clone_into_cgroup(cgroup_dir: &Path, spec: &Spec<'_>) -> Option<Started> {
+/// `Ok(None)`: it could not be cloned there (not Linux, an old kernel, no such cgroup, a failed
+/// exec...), nothing ran, and the caller spawns the usual way. `Err`: it started but could not
+/// be watched (the runtime refused its pidfd), so it was killed; the caller reports it.
+pub(super) fn clone_into_cgroup(cgroup_dir: &Path, spec: &Spec<'_>) -> io::Result<Option<Started>> {
     if UNSUPPORTED.load(Ordering::Relaxed) {
-        return None;
+        return Ok(None);
     }
     match try_clone(cgroup_dir, spec) {
-        Ok(started) => Some(started),
-        Err(e) => {
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::ENOSYS | libc::EPERM | libc::EOPNOTSUPP | libc::E2BIG)
-            ) {
+        Ok(started) => Ok(Some(started)),
+        Err(CloneError::Lost(e)) => Err(e),
+        Err(CloneError::NotStarted(e)) => {
+            // An old kernel (no `clone3`, or none that takes a cgroup), a seccomp filter
+            // refusing `clone3`: so for every command, not only this one.
+            if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::E2BIG)) {
                 UNSUPPORTED.store(true, Ordering::Relaxed);
             }
             tracing::debug!(cgroup = %cgroup_dir.display(), error = %e,
                 "cannot clone the command into its cgroup; it joins the cgroup itself");
-            None
+            Ok(None)
         }
     }
 }
@@ -257,12 +268,12 @@ fn open(path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn try_clone(_cgroup_dir: &Path, _spec: &Spec<'_>) -> io::Result<Started> {
-    Err(io::Error::from(io::ErrorKind::Unsupported))
+fn try_clone(_cgroup_dir: &Path, _spec: &Spec<'_>) -> Result<Started, CloneError> {
+    Err(io::Error::from(io::ErrorKind::Unsupported).into())
 }
 
 #[cfg(target_os = "linux")]
-fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> io::Result<Started> {
+fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> Result<Started, CloneError> {
     // Everything the child needs, made before the clone (the child must not allocate).
     let program = cstring(find_program(spec.program)?.as_os_str().as_bytes())?;
     let mut argv = vec![cstring(spec.program.as_bytes())?];
@@ -301,7 +312,7 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> io::Result<Started> {
             std::fs::create_dir(cgroup_dir)?;
             open(cgroup_dir, libc::O_RDONLY | libc::O_DIRECTORY)?
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
     let (stdin_child, stdin_parent) = if spec.stdin_piped {
         let (r, w) = pipe()?;
@@ -321,8 +332,17 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> io::Result<Started> {
     // The server's own 0, 1 and 2 are open, so these are above them: a dup2 onto 0-2 never
     // lands on one of them.
     if child_fds.iter().any(|&fd| fd <= 2) {
-        return Err(io::Error::other("a pipe got a standard descriptor's number"));
+        return Err(io::Error::other("a pipe got a standard descriptor's number").into());
     }
+    // Our ends, ready for the runtime before the clone: once the command runs, nothing can fail
+    // that would make the caller start it a second time.
+    let stdin = match stdin_parent {
+        Some(w) => Some(Box::new(tokio::net::unix::pipe::Sender::from_owned_fd(w)?)
+            as Box<dyn AsyncWrite + Unpin + Send>),
+        None => None,
+    };
+    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)?;
+    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?;
 
     let mut pidfd: libc::c_int = -1;
     let args = CloneArgs {
@@ -355,7 +375,7 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> io::Result<Started> {
         }
     }
     if r < 0 {
-        return Err(io::Error::last_os_error());
+        return Err(io::Error::last_os_error().into());
     }
     let pid = r as u32;
     // SAFETY: `CLONE_PIDFD` stored a new descriptor in `pidfd` that nothing else owns.
@@ -387,31 +407,46 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> io::Result<Started> {
         status: None,
     };
     if got == errno.len() {
-        // It exits at once: reaped here (by `Drop` if the wait fails).
-        let mut status = 0;
-        // SAFETY: waitpid(2) writes only into `status`; `pid` is our child.
-        if unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) } > 0 {
-            cloned.status = Some(ExitStatus::from_raw(status));
+        // It ran nothing and exits at once: reaped here (by `Drop` if this wait fails).
+        if let Some(status) = wait_blocking(pid) {
+            cloned.status = Some(status);
         }
-        return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(errno)));
+        return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(errno)).into());
     }
-    cloned.pidfd = Some(tokio::io::unix::AsyncFd::with_interest(
-        pidfd,
-        tokio::io::Interest::READABLE,
-    )?);
-    let stdin = match stdin_parent {
-        Some(w) => Some(Box::new(tokio::net::unix::pipe::Sender::from_owned_fd(w)?)
-            as Box<dyn AsyncWrite + Unpin + Send>),
-        None => None,
+    // SAFETY: the `OwnedFd` is moved into the `AsyncFd`, which owns it (nothing else closes or
+    // replaces it) until it is dropped, so its descriptor stays the same open pidfd meanwhile.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
     };
-    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)?;
-    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?;
+    match registered {
+        Ok(pidfd) => cloned.pidfd = Some(pidfd),
+        Err(e) => {
+            // It runs, but could not be waited for: killed (its group is its own), and reaped
+            // by `Drop`. Not started again.
+            signal_group(pid, libc::SIGKILL);
+            return Err(CloneError::Lost(e.into()));
+        }
+    }
     Ok(Started {
         proc: Proc::Cloned(cloned),
         stdin,
         stdout: Some(Box::new(stdout)),
         stderr: Some(Box::new(stderr)),
     })
+}
+
+/// Waits for our child `pid` to exit and reaps it (`None`: the wait failed).
+fn wait_blocking(pid: u32) -> Option<ExitStatus> {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid(2) writes only into `status`, ours; `pid` is our unreaped child.
+        if unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) } > 0 {
+            return Some(ExitStatus::from_raw(status));
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return None;
+        }
+    }
 }
 
 #[cfg(target_os = "linux")]
@@ -449,5 +484,175 @@ unsafe fn child_exec(
         let bytes = errno.to_ne_bytes();
         libc::write(exec_pipe, bytes.as_ptr().cast(), bytes.len());
         libc::_exit(127)
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A cgroup of this test's own where sandbox cgroups are made (`None`: none here, skipped;
+    /// the integration tests fail under CI as root when cgroups are missing).
+    fn test_cgroup(test: &str) -> Option<PathBuf> {
+        let Ok(base) = super::super::cgroup::support() else {
+            eprintln!("SKIPPED {test}: no sandbox cgroups here");
+            return None;
+        };
+        let dir = base.join(format!("taskbox-unit-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("make the test's cgroup");
+        Some(dir)
+    }
+
+    async fn read_all(r: Option<Box<dyn AsyncRead + Unpin + Send>>) -> String {
+        let mut text = String::new();
+        r.expect("a pipe")
+            .read_to_string(&mut text)
+            .await
+            .expect("read");
+        text
+    }
+
+    /// Whether `pid` exists at all (a zombie, not reaped yet, does).
+    fn exists(pid: u32) -> bool {
+        Path::new(&format!("/proc/{pid}")).exists()
+    }
+
+    /// Whether `pid` runs (not a zombie left to whoever adopted it).
+    fn runs(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X")
+        })
+    }
+
+    /// The shell is born in the cgroup, leads its own process group, starts in its directory
+    /// with the environment asked for, and its three pipes and exit status are the caller's.
+    #[tokio::test]
+    async fn a_command_is_born_in_the_cgroup_as_asked() {
+        let Some(cg) = test_cgroup("born") else {
+            return;
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let cwd = tmp.path().canonicalize().unwrap();
+        let script = "grep ^0:: /proc/self/cgroup; cut -d' ' -f5 /proc/$$/stat; echo $$; pwd -P; \
+                      echo \"$TASKBOX_UNIT|${HOME-unset}\"; read line; echo \"got $line\"; \
+                      echo oops >&2; exit 3";
+        let spec = Spec {
+            program: "bash",
+            args: &[OsStr::new("-c"), OsStr::new(script)],
+            cwd: &cwd,
+            set: &[("TASKBOX_UNIT", OsStr::new("yes"))],
+            remove: &["HOME"],
+            stdin_piped: true,
+        };
+        let started = clone_into_cgroup(&cg, &spec)
+            .expect("not lost")
+            .expect("cloned into the cgroup");
+        let Started {
+            mut proc,
+            stdin,
+            stdout,
+            stderr,
+        } = started;
+        let pid = proc.id().expect("running");
+        let mut stdin = stdin.expect("a stdin pipe");
+        stdin.write_all(b"hello\n").await.unwrap();
+        drop(stdin);
+        let (out, err) = tokio::join!(read_all(stdout), read_all(stderr));
+        let status = proc.wait().await.expect("wait");
+        assert_eq!(status.code(), Some(3), "{out}{err}");
+        assert_eq!(proc.id(), None, "reaped");
+        assert!(!exists(pid), "reaped, not a zombie");
+        let _ = std::fs::remove_dir(&cg);
+        let name = cg.file_name().and_then(|n| n.to_str()).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].starts_with("0::") && lines[0].ends_with(name),
+            "{out}"
+        );
+        assert_eq!(lines[1], pid.to_string(), "its own process group: {out}");
+        assert_eq!(lines[2], pid.to_string(), "{out}");
+        assert_eq!(Path::new(lines[3]), cwd, "{out}");
+        assert_eq!(lines[4], "yes|unset", "{out}");
+        assert_eq!(lines[5], "got hello", "{out}");
+        assert_eq!(err, "oops\n");
+    }
+
+    /// A program that cannot be executed, or a directory that cannot be entered, is reported
+    /// with its errno, and nothing runs: the caller spawns the usual way and reports that.
+    #[tokio::test]
+    async fn a_failed_exec_is_reported_and_nothing_runs() {
+        let Some(cg) = test_cgroup("noexec") else {
+            return;
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let not_executable = tmp.path().join("script");
+        std::fs::write(&not_executable, "#!/bin/sh\ntouch ran\n").unwrap();
+        let program = not_executable.to_str().unwrap();
+        let mut spec = Spec {
+            program,
+            args: &[],
+            cwd: tmp.path(),
+            set: &[],
+            remove: &[],
+            stdin_piped: false,
+        };
+        let errno = |r: Result<Started, CloneError>| match r {
+            Err(CloneError::NotStarted(e)) => e.raw_os_error(),
+            Err(CloneError::Lost(e)) => panic!("lost: {e}"),
+            Ok(_) => panic!("it started"),
+        };
+        assert_eq!(errno(try_clone(&cg, &spec)), Some(libc::EACCES));
+        let missing = tmp.path().join("gone");
+        spec.program = "touch";
+        let touch = [OsStr::new("ran")];
+        spec.args = &touch;
+        spec.cwd = &missing;
+        assert_eq!(errno(try_clone(&cg, &spec)), Some(libc::ENOENT));
+        assert!(matches!(clone_into_cgroup(&cg, &spec), Ok(None)));
+        assert!(!tmp.path().join("ran").exists() && !missing.exists());
+        // Both children were reaped: the cgroup is empty and goes.
+        std::fs::remove_dir(&cg).expect("an empty cgroup");
+    }
+
+    /// Killing the group ends the shell and what it started; dropped unreaped, the shell is
+    /// reaped all the same (no zombie stays).
+    #[tokio::test]
+    async fn a_killed_group_ends_and_a_dropped_shell_is_reaped() {
+        let Some(cg) = test_cgroup("kill") else {
+            return;
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let spec = Spec {
+            program: "bash",
+            args: &[OsStr::new("-c"), OsStr::new("sleep 1000 & echo $!; wait")],
+            cwd: tmp.path(),
+            set: &[],
+            remove: &[],
+            stdin_piped: false,
+        };
+        let started = clone_into_cgroup(&cg, &spec).unwrap().expect("cloned");
+        let mut stdout = started.stdout.expect("stdout");
+        let mut buf = [0u8; 32];
+        let n = stdout.read(&mut buf).await.unwrap();
+        let sleep: u32 = std::str::from_utf8(&buf[..n])
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let shell = started.proc.id().expect("running");
+        signal_group(shell, libc::SIGKILL);
+        drop(started.proc);
+        for _ in 0..200 {
+            if !exists(shell) && !runs(sleep) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!exists(shell), "the dropped shell was reaped");
+        assert!(!runs(sleep), "the group's other process was killed");
+        std::fs::remove_dir(&cg).expect("an empty cgroup");
     }
 }
