@@ -60,7 +60,7 @@ pub enum ClientError {
     },
     /// The server answered with an error.
     #[error(transparent)]
-    Api(#[from] ApiError),
+    Api(Box<ApiError>),
     /// The exchange failed after the request was sent (the server died, or spoke nonsense).
     #[error("the taskbox server at {socket} {what}")]
     Protocol {
@@ -79,6 +79,13 @@ pub enum ClientError {
         /// Where the server's log is.
         log: PathBuf,
     },
+}
+
+impl From<ApiError> for ClientError {
+    fn from(e: ApiError) -> ClientError {
+        // Boxed: `ApiError` is large, and every `Result<_, ClientError>` would carry its size.
+        ClientError::Api(Box::new(e))
+    }
 }
 
 impl ClientError {
@@ -224,7 +231,7 @@ impl Client {
                     }
                     RunEvent::Error(e) => {
                         uploads.abort_all();
-                        return Err(ClientError::Api(e));
+                        return Err(ClientError::Api(Box::new(e)));
                     }
                     out @ RunEvent::Output { .. } => {
                         if let (Some(tx), Some(chunk)) = (&output, out.into_chunk()) {
@@ -414,7 +421,7 @@ impl Client {
     /// An error answer's body as the [`ApiError`] it should be.
     fn api_error(&self, status: StatusCode, body: &[u8]) -> ClientError {
         match serde_json::from_slice::<ApiError>(body) {
-            Ok(e) => ClientError::Api(e),
+            Ok(e) => ClientError::Api(Box::new(e)),
             Err(_) => self.protocol(format!(
                 "answered {status}: {}",
                 String::from_utf8_lossy(body)

@@ -69,6 +69,8 @@ pub(super) enum Msg {
     },
     Query(QueryFn),
     /// A fleet: the renewal found the task's lease taken over by `owner`; stop driving it.
+    /// (Sent only by `lease`, which a build without PostgreSQL has not.)
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     LeaseLost {
         task: TaskId,
         owner: Option<String>,

@@ -463,7 +463,7 @@ unsafe fn child_exec(
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
 ) -> ! {
-    // SAFETY (the whole body): async-signal-safe system calls on integers and on the caller's
+    // SAFETY: (the whole body) async-signal-safe system calls on integers and on the caller's
     // valid pointers; nothing allocates or takes a lock.
     unsafe {
         let ok = libc::dup2(stdin, 0) >= 0
@@ -494,6 +494,7 @@ mod tests {
 
     /// A cgroup of this test's own where sandbox cgroups are made (`None`: none here, skipped;
     /// the integration tests fail under CI as root when cgroups are missing).
+    #[allow(clippy::print_stderr)] // a skip says so, as the integration tests' skips do
     fn test_cgroup(test: &str) -> Option<PathBuf> {
         let Ok(base) = super::super::cgroup::support() else {
             eprintln!("SKIPPED {test}: no sandbox cgroups here");
