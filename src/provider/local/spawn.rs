@@ -14,8 +14,10 @@
 //! The clone is a `fork` of the server (no `CLONE_VM`: a child sharing the parent's memory
 //! needs a stack of its own and cannot return through Rust code), and between the clone and its
 //! `execve` the child makes only async-signal-safe system calls on values prepared before the
-//! clone: its three descriptors, its own process group, its directory, the default signal mask
-//! and `SIGPIPE` disposition (what the standard library's spawn gives a child), the exec. An exec
+//! clone: its three descriptors, its own process group, its directory, default signal handlers
+//! (it is cloned with every signal blocked, as `posix_spawn` does, so it never runs one of the
+//! server's), the default signal mask and `SIGPIPE` disposition (what the standard library's
+//! spawn gives a child), the exec. An exec
 //! that fails is reported through a close-on-exec pipe, as the standard library does; the caller
 //! then spawns the usual way, whose errors it already reports (nothing ran).
 
@@ -352,6 +354,20 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> Result<Started, CloneError> 
         cgroup: cgroup.as_raw_fd() as u64,
         ..CloneArgs::default()
     };
+    // Every signal blocked across the clone (as `posix_spawn` does), so that the child runs no
+    // handler of this process's (tokio's, writing to the runtime's own pipe) before it resets
+    // them to the default; the parent's mask is restored right after.
+    // SAFETY: all-zero `sigset_t`s are valid values, which `sigfillset` and `pthread_sigmask`
+    // then fill in; both write only into these, ours.
+    let old_mask = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        if libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old) != 0 {
+            return Err(io::Error::other("cannot block signals for the clone").into());
+        }
+        old
+    };
     // SAFETY: `args` is a valid `clone_args` of the size passed. Without `CLONE_VM` the child
     // is a copy of this process with one thread, which runs only `child_exec` (async-signal-safe
     // system calls on the pointers prepared above, then exec or `_exit`), never returning here.
@@ -374,8 +390,13 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> Result<Started, CloneError> 
             )
         }
     }
+    let clone_error = io::Error::last_os_error();
+    // SAFETY: restores the mask read above; `pthread_sigmask` only reads it.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old_mask, std::ptr::null_mut());
+    }
     if r < 0 {
-        return Err(io::Error::last_os_error().into());
+        return Err(clone_error.into());
     }
     let pid = r as u32;
     // SAFETY: `CLONE_PIDFD` stored a new descriptor in `pidfd` that nothing else owns.
@@ -450,7 +471,8 @@ fn wait_blocking(pid: u32) -> Option<ExitStatus> {
 }
 
 #[cfg(target_os = "linux")]
-/// The cloned child: descriptors, process group, directory, signals, exec; on a failure its
+/// The cloned child (every signal blocked): descriptors, process group, directory, signal
+/// handlers reset and the mask emptied, exec; on a failure its
 /// errno goes to the exec pipe and it exits 127.
 ///
 /// # Safety
@@ -472,6 +494,19 @@ unsafe fn child_exec(
             && libc::setpgid(0, 0) == 0
             && libc::chdir(cwd) == 0
             && {
+                // Handled signals back to the default before they are unblocked (ignored ones
+                // stay ignored, as across any exec; glibc's own two refuse and are skipped).
+                for signal in 1..=64 {
+                    let mut act: libc::sigaction = std::mem::zeroed();
+                    if libc::sigaction(signal, std::ptr::null(), &mut act) == 0
+                        && act.sa_sigaction != libc::SIG_DFL
+                        && act.sa_sigaction != libc::SIG_IGN
+                    {
+                        let mut default: libc::sigaction = std::mem::zeroed();
+                        default.sa_sigaction = libc::SIG_DFL;
+                        libc::sigaction(signal, &default, std::ptr::null_mut());
+                    }
+                }
                 let mut empty: libc::sigset_t = std::mem::zeroed();
                 libc::sigemptyset(&mut empty);
                 libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) == 0
@@ -539,7 +574,7 @@ mod tests {
         let cwd = tmp.path().canonicalize().unwrap();
         let script = "grep ^0:: /proc/self/cgroup; cut -d' ' -f5 /proc/$$/stat; echo $$; pwd -P; \
                       echo \"$TASKBOX_UNIT|${HOME-unset}\"; read line; echo \"got $line\"; \
-                      echo oops >&2; exit 3";
+                      grep SigBlk /proc/self/status; echo oops >&2; exit 3";
         let spec = Spec {
             program: "bash",
             args: &[OsStr::new("-c"), OsStr::new(script)],
@@ -578,6 +613,8 @@ mod tests {
         assert_eq!(Path::new(lines[3]), cwd, "{out}");
         assert_eq!(lines[4], "yes|unset", "{out}");
         assert_eq!(lines[5], "got hello", "{out}");
+        // Cloned with every signal blocked, what it runs has none blocked.
+        assert_eq!(lines[6], "SigBlk:\t0000000000000000", "{out}");
         assert_eq!(err, "oops\n");
     }
 
