@@ -35,8 +35,13 @@ const BENCH: &str = "journal";
 /// Transitions per group commit in `journal.batch`.
 const BATCH: usize = 50;
 
-/// Throughput taskbox must keep, as a fraction of the raw loop's.
+/// Throughput taskbox must keep, as a fraction of the raw loop's: one transition per
+/// transaction (on SQLite and on PostgreSQL).
 const TARGET_RATIO: f64 = 0.5;
+
+/// The same for group commits, where the store's own work per transition is not hidden behind
+/// a disk sync per transition.
+const BATCH_TARGET_RATIO: f64 = 0.8;
 
 const T0: Millis = 1_700_000_000_000;
 
@@ -97,6 +102,7 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
         },
         Command::StopSandbox { sandbox_id } => Event::SandboxStopped {
             sandbox_id: sandbox_id.clone(),
+            usage: None,
         },
         Command::ExtendTimeout {
             sandbox_id,
@@ -112,6 +118,7 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
             sandbox_id: sandbox_id.clone(),
             alive: Some(now + 300_000),
             platform_snapshot: None,
+            usage: None,
         },
         Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
     })
@@ -475,18 +482,48 @@ fn measure_postgres(
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis())
     );
+    // Fenced, as a fleet server's commits are: each task's lease is taken before its first
+    // commit (once per task, inside the timed side, as a server takes it once per task), so
+    // every commit goes through `taskbox_commit_fenced` (the lease row locked for share, the
+    // writer recorded).
+    let mut leased = std::collections::HashSet::new();
     interleave_rounds(
         &label,
         rounds,
         per_round,
         1,
         settings,
-        |recs| store_commit(&mut store, recs, 1),
+        |recs| {
+            if let Store::Postgres(pg) = &store {
+                for r in recs {
+                    if leased.insert(r.task_after.id.clone()) {
+                        pg.acquire_lease(
+                            r.task_after.id.as_str(),
+                            "taskbox bench",
+                            std::time::Duration::from_secs(600),
+                        )
+                        .map_err(|source| BenchError::Store {
+                            bench: BENCH,
+                            action: "taking a task's lease".into(),
+                            source: Box::new(source),
+                        })?;
+                    }
+                }
+            }
+            store_commit(&mut store, recs, 1)
+        },
         |rows| raw.insert(rows),
     )
 }
 
-fn row(name: &str, subject_is: &str, baseline_is: &str, r: &Rates, rounds: usize) -> Measurement {
+fn row(
+    name: &str,
+    subject_is: &str,
+    baseline_is: &str,
+    r: &Rates,
+    rounds: usize,
+    target: f64,
+) -> Measurement {
     Measurement::new(
         name,
         subject_is,
@@ -494,9 +531,7 @@ fn row(name: &str, subject_is: &str, baseline_is: &str, r: &Rates, rounds: usize
         baseline_is,
         Quantity::new(median(&r.baseline), "transitions/s"),
         None,
-        Target::RatioAtLeast {
-            ratio: TARGET_RATIO,
-        },
+        Target::RatioAtLeast { ratio: target },
         rounds,
         vec![format!(
             "subject {} ms per transaction (median; p90 {} ms); rates are medians of {rounds} interleaved rounds",
@@ -529,6 +564,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             "raw rusqlite INSERT of the same JSON, WAL + synchronous=FULL, one transaction per row",
             &r,
             rounds,
+            TARGET_RATIO,
         ));
     }
     if ctx.wants("journal.batch") {
@@ -542,6 +578,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             &format!("raw rusqlite INSERTs, {BATCH} rows per transaction, same durability"),
             &r,
             rounds,
+            BATCH_TARGET_RATIO,
         ));
     }
     if ctx.wants("journal.postgres") {
@@ -554,10 +591,11 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
                 let r = measure_postgres(&url, rounds, per_round, &settings)?;
                 rows.push(row(
                     "journal.postgres",
-                    "Store::commit on a PostgreSQL store, one durable transaction per transition",
+                    "Store::commit on a PostgreSQL store, fenced by the task's lease as a fleet server's commits are (the lease taken once per task, counted), one durable transaction per transition",
                     "raw tokio-postgres INSERT of the same JSON, same server, one transaction per row",
                     &r,
                     rounds,
+                    TARGET_RATIO,
                 ));
             }
         }

@@ -15,6 +15,7 @@
 //! | `scale` | 10,000 tasks through the engine on the simulated provider | the same calls made directly |
 //! | `snapshot` | local snapshot and restore (content-addressed), the next snapshot after small changes, storage of ten | `tar \| zstd -1 -T1` and `zstd -d \| tar -x`, the first snapshot, one full archive |
 //! | `vercel` | HTTP requests per command (engine; CLI through a server) and per lifecycle, counted by the fake | the API's minimum |
+//! | `fleet` (with `--postgres`) | a warm `taskbox run` through a server on PostgreSQL; tasks per second a server takes over after another's SIGKILL | the same through a server on SQLite; the same commands once it drives them |
 //!
 //! Speed targets live here, in the benchmark output, never in timed unit tests.
 //!
@@ -27,6 +28,7 @@
 //! `taskbox` binary given in [`Options::exe`], with the hidden `bench --child` arguments) where
 //! nothing else has touched the heap; see [`run_child`].
 
+mod fleet;
 mod journal;
 mod overhead;
 mod scale;
@@ -90,16 +92,20 @@ pub struct Options {
     /// Where to put data dirs and workspaces (a fresh directory is made inside and removed at
     /// the end); the system temporary directory when `None`.
     pub scratch: Option<PathBuf>,
-    /// A PostgreSQL database for `journal.postgres` (skipped when `None`). The benchmark adds
-    /// its tasks and one table of its own (`taskbox_bench_raw`) there.
+    /// A PostgreSQL database for `journal.postgres` and the `fleet` group (skipped when
+    /// `None`). `journal.postgres` adds its tasks and one table of its own
+    /// (`taskbox_bench_raw`) there; the `fleet` rows make scratch databases on its server (its
+    /// user needs CREATEDB) and drop them.
     pub postgres: Option<String>,
 }
 
 /// The benchmark groups, in run order.
-pub const GROUPS: [&str; 5] = ["overhead", "journal", "scale", "snapshot", "vercel"];
+pub const GROUPS: [&str; 6] = [
+    "overhead", "journal", "scale", "snapshot", "vercel", "fleet",
+];
 
 /// Every benchmark (row) name, group first.
-pub const NAMES: [&str; 19] = [
+pub const NAMES: [&str; 21] = [
     "overhead.library",
     "overhead.cli",
     "overhead.cli_oneshot",
@@ -119,6 +125,8 @@ pub const NAMES: [&str; 19] = [
     "vercel.per_command",
     "vercel.cli_per_command",
     "vercel.lifecycle",
+    "fleet.run_latency",
+    "fleet.takeover",
 ];
 
 /// A benchmark could not run.
@@ -529,6 +537,7 @@ pub fn run(opts: &Options, progress: Progress<'_>) -> Result<Report, BenchError>
             "scale" => scale::run(&mut ctx)?,
             "snapshot" => snapshot::run(&mut ctx)?,
             "vercel" => vercel::run(&mut ctx)?,
+            "fleet" => fleet::run(&mut ctx)?,
             _ => unreachable!("GROUPS lists the groups matched here"),
         };
         ctx.say(&format!(
@@ -540,6 +549,9 @@ pub fn run(opts: &Options, progress: Progress<'_>) -> Result<Report, BenchError>
     let mut command = format!("taskbox bench{}", opts.mode.flag());
     for o in &opts.only {
         command.push_str(&format!(" --only {o}"));
+    }
+    if let Some(url) = &opts.postgres {
+        command.push_str(&format!(" --postgres {}", crate::redact::redact(url)));
     }
     Ok(Report {
         mode: opts.mode,

@@ -113,6 +113,17 @@ impl BenchServer {
     }
 }
 
+impl BenchServer {
+    /// Kills the server with SIGKILL, as a crash would: it releases nothing (a fleet's leases
+    /// are left to expire).
+    pub(super) fn kill(mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 impl Drop for BenchServer {
     /// A benchmark that failed half-way leaves no server behind.
     fn drop(&mut self) {

@@ -227,6 +227,8 @@ impl Tally {
             requests_interrupted: self.interrupted,
             faults,
             provider_calls,
+            requests_moved: 0,
+            takeovers: 0,
             journal,
         }
     }

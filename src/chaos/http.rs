@@ -298,10 +298,29 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
             snapshot_ids.insert(s.id, s.task_id.unwrap_or_default());
         }
     }
+    // Each snapshot is the task's that took it (its `snapshot_taken` entry, or the probe that
+    // adopted the platform's snapshot): a fork's record of the parent's snapshot it started
+    // from leaves it the parent's, whose restore candidate it is, even once the parent has
+    // released it to the fork.
+    for e in &rec.entries {
+        let taken = match &e.event {
+            crate::core::Event::SnapshotTaken { snapshot_id, .. } => Some(snapshot_id),
+            crate::core::Event::SandboxProbed {
+                platform_snapshot: Some(p),
+                ..
+            } => Some(&p.snapshot_id),
+            _ => None,
+        };
+        if let Some(id) = taken {
+            snapshot_ids.insert(id.to_string(), e.task_id.to_string());
+        }
+    }
     for t in &rec.tasks {
         for s in &t.snapshots {
             if let Some(id) = &s.id {
-                snapshot_ids.insert(id.to_string(), t.id.to_string());
+                snapshot_ids
+                    .entry(id.to_string())
+                    .or_insert_with(|| t.id.to_string());
             }
         }
     }

@@ -23,6 +23,8 @@
 
 pub mod check;
 mod driver;
+#[cfg(feature = "postgres")]
+mod fleet;
 mod http;
 mod planted;
 mod witness;
@@ -69,6 +71,10 @@ pub struct ChaosFaults {
     /// The chance, per workload step, that the engine crashes at a random moment during it
     /// (its event loop is killed, as by `kill -9`, and a new one opens the same data dir).
     pub crash: f64,
+    /// With `--fleet` only: the chance, per workload step, that the database expires one
+    /// engine's leases behind its back (its renewals lost, as in a partition), so that another
+    /// engine may take its tasks over while it still believes it owns them.
+    pub lease_expiry: f64,
 }
 
 impl Default for ChaosFaults {
@@ -83,6 +89,7 @@ impl ChaosFaults {
         ChaosFaults {
             sim: SimFaults::none(),
             crash: 0.0,
+            lease_expiry: 0.0,
         }
     }
 
@@ -108,19 +115,31 @@ impl ChaosFaults {
                 latency_max_ms: 200,
             },
             crash: 0.03,
+            lease_expiry: 0.0,
+        }
+    }
+
+    /// [`ChaosFaults::moderate`] with lease expiries too: the default of `taskbox chaos
+    /// --fleet`.
+    pub fn moderate_fleet() -> ChaosFaults {
+        ChaosFaults {
+            lease_expiry: 0.08,
+            ..ChaosFaults::moderate()
         }
     }
 
     /// Parses `name=value,...`: everything [`SimFaults::parse_list`] takes, plus `crash=R`
-    /// (`all=R` sets the crash rate too). Empty or `none` gives [`ChaosFaults::none`].
+    /// and `lease_expiry=R` (`all=R` sets those rates too). Empty or `none` gives
+    /// [`ChaosFaults::none`].
     pub fn parse_list(list: &str) -> Result<ChaosFaults, SimFaultsError> {
         let mut crash = 0.0;
+        let mut lease_expiry = 0.0;
         let mut sim_items = Vec::new();
         for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let name = item.split_once('=').map_or(item, |(n, _)| n.trim());
-            if name == "crash" || name == "all" {
+            if name == "crash" || name == "lease_expiry" || name == "all" {
                 let value = item.split_once('=').map_or("", |(_, v)| v.trim());
-                crash = match value.parse::<f64>() {
+                let rate = match value.parse::<f64>() {
                     Ok(r) if (0.0..=1.0).contains(&r) => r,
                     _ => {
                         return Err(SimFaultsError::BadValue {
@@ -130,8 +149,19 @@ impl ChaosFaults {
                         })
                     }
                 };
-                if name == "crash" {
-                    continue;
+                match name {
+                    "crash" => {
+                        crash = rate;
+                        continue;
+                    }
+                    "lease_expiry" => {
+                        lease_expiry = rate;
+                        continue;
+                    }
+                    _ => {
+                        crash = rate;
+                        lease_expiry = rate;
+                    }
                 }
             }
             sim_items.push(item);
@@ -139,16 +169,25 @@ impl ChaosFaults {
         let sim = SimFaults::parse_list(&sim_items.join(",")).map_err(|e| match e {
             SimFaultsError::UnknownKind { name, known } => SimFaultsError::UnknownKind {
                 name,
-                known: format!("{known}, crash"),
+                known: format!("{known}, crash, lease_expiry"),
             },
             other => other,
         })?;
-        Ok(ChaosFaults { sim, crash })
+        Ok(ChaosFaults {
+            sim,
+            crash,
+            lease_expiry,
+        })
     }
 
-    /// The list form, every field included, which [`ChaosFaults::parse_list`] reads back.
+    /// The list form, every field included (`lease_expiry` when it is not 0), which
+    /// [`ChaosFaults::parse_list`] reads back.
     pub fn to_list(&self) -> String {
-        format!("{},crash={}", self.sim.to_list(), self.crash)
+        let mut list = format!("{},crash={}", self.sim.to_list(), self.crash);
+        if self.lease_expiry > 0.0 {
+            list.push_str(&format!(",lease_expiry={}", self.lease_expiry));
+        }
+        list
     }
 }
 
@@ -176,6 +215,19 @@ pub struct ChaosOptions {
     /// Run against an in-process fake Vercel server through the real Vercel client, on real
     /// sockets and real time, instead of the simulated platform (see the `http` module).
     pub http: bool,
+    /// Run several engines on one shared PostgreSQL store instead of one engine on its own
+    /// SQLite file (see the `fleet` module; feature `postgres`).
+    pub fleet: Option<FleetOptions>,
+}
+
+/// `taskbox chaos --fleet N --store URL`: several engines sharing one PostgreSQL store.
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// Engines per seed (2 or 3 is the point: a takeover needs another engine).
+    pub engines: u32,
+    /// A PostgreSQL server's URL whose user may create databases: each seed runs in a scratch
+    /// database of its own there (dropped when the seed is clean).
+    pub store: String,
 }
 
 impl ChaosOptions {
@@ -192,6 +244,7 @@ impl ChaosOptions {
             work_dir: default_work_dir(),
             keep_all: false,
             http: false,
+            fleet: None,
         }
     }
 
@@ -204,6 +257,13 @@ impl ChaosOptions {
         );
         if self.http {
             cmd.push_str(" --http");
+        }
+        if let Some(f) = &self.fleet {
+            cmd.push_str(&format!(
+                " --fleet {} --store '{}'",
+                f.engines,
+                crate::redact::redact(&f.store)
+            ));
         }
         if let Some(bug) = self.planted_bug {
             cmd.push_str(&format!(" --planted-bug {bug}"));
@@ -272,6 +332,14 @@ pub enum ChaosError {
         /// What failed.
         message: String,
     },
+    /// The fleet's scratch database or its engines could not be set up (`--fleet`).
+    #[error("chaos seed {seed}: {message}")]
+    Fleet {
+        /// The seed.
+        seed: u64,
+        /// What failed.
+        message: String,
+    },
     /// The store could not be read back for checking.
     #[error("chaos seed {seed}: cannot read the store back")]
     Store {
@@ -330,7 +398,14 @@ pub struct RunCounts {
     pub faults: BTreeMap<String, u64>,
     /// Calls the platform received.
     pub provider_calls: u64,
-    /// What the journal shows: retries, restores, fallbacks, files lost, recoveries.
+    /// `--fleet`: requests answered "the task moved to another server" (a takeover cut them
+    /// off; counted among the interrupted too).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub requests_moved: u64,
+    /// `--fleet`: times a task's journal passed to a newer fencing token under another engine.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub takeovers: u64,
+    /// What the journal shows: retries, restores, fallbacks, files lost, recoveries, forks.
     pub journal: JournalCounts,
 }
 
@@ -344,6 +419,8 @@ impl RunCounts {
             *self.faults.entry(k.clone()).or_default() += v;
         }
         self.provider_calls += r.provider_calls;
+        self.requests_moved += r.requests_moved;
+        self.takeovers += r.takeovers;
         let j = &mut self.journal;
         j.entries += r.journal.entries;
         j.retries += r.journal.retries;
@@ -352,7 +429,12 @@ impl RunCounts {
         j.reruns += r.journal.reruns;
         j.files_lost += r.journal.files_lost;
         j.recoveries += r.journal.recoveries;
+        j.forks += r.journal.forks;
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Sums over many seeds.
@@ -400,6 +482,9 @@ pub struct ChaosReport {
     pub planted_bug: Option<PlantedBug>,
     /// Whether the run was against the fake Vercel server (real time: no digest).
     pub http: bool,
+    /// Engines per seed of a `--fleet` run (real time: no digest).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<u32>,
     /// Sums over all seeds.
     pub totals: Totals,
     /// Every seed that violated an invariant, in seed order, in full.
@@ -488,9 +573,14 @@ pub fn run(
         faults: opts.faults.to_list(),
         planted_bug: opts.planted_bug,
         http: opts.http,
+        fleet: opts.fleet.as_ref().map(|f| f.engines),
         totals: a.totals,
         violating_seeds: a.violating,
-        digest: if opts.http { String::new() } else { h.finish() },
+        digest: if opts.http || opts.fleet.is_some() {
+            String::new()
+        } else {
+            h.finish()
+        },
         wall_ms: started.elapsed().as_millis() as u64,
     })
 }
@@ -514,7 +604,20 @@ pub fn run_seed(seed: u64, opts: &ChaosOptions) -> Result<SeedReport, ChaosError
         std::fs::remove_dir_all(&home).map_err(dir_err)?;
     }
     std::fs::create_dir_all(&home).map_err(dir_err)?;
-    let result = if opts.http {
+    let result = if let Some(fleet) = &opts.fleet {
+        #[cfg(feature = "postgres")]
+        {
+            fleet::run_seed(seed, opts, fleet, &home)
+        }
+        #[cfg(not(feature = "postgres"))]
+        {
+            let _ = fleet;
+            Err(ChaosError::Fleet {
+                seed,
+                message: "this taskbox was built without the `postgres` feature".into(),
+            })
+        }
+    } else if opts.http {
         http::run_seed(seed, opts, &home)
     } else {
         tokio::runtime::Builder::new_current_thread()

@@ -72,6 +72,9 @@ pub enum Flavor {
     Sim,
     /// The fake Vercel server on real time: bash commands, waits of at most a few seconds.
     Http,
+    /// The simulated platform on real time, shared by a fleet of engines: its command
+    /// language, waits of at most a few seconds, no forks.
+    Fleet,
 }
 
 /// Draws the workload of `tasks` tasks; `crash_rate` is the chance, per step, that the engine
@@ -80,7 +83,7 @@ pub fn plan(rng: &mut SplitMix64, tasks: u32, crash_rate: f64, flavor: Flavor) -
     // The fewest and most steps a task gets, and how late in a step a crash may come.
     let (steps, crash_within) = match flavor {
         Flavor::Sim => ((6, 16), 20_000),
-        Flavor::Http => ((3, 7), 1_500),
+        Flavor::Http | Flavor::Fleet => ((3, 7), 1_500),
     };
     (0..tasks)
         .map(|i| {
@@ -92,6 +95,7 @@ pub fn plan(rng: &mut SplitMix64, tasks: u32, crash_rate: f64, flavor: Flavor) -
                     let mut op = match flavor {
                         Flavor::Sim => op(&mut r),
                         Flavor::Http => http_op(&mut r),
+                        Flavor::Fleet => fleet_op(&mut r),
                     };
                     if let Op::Fork { child, .. } = &mut op {
                         *child = format!("{task_id}-f{k}");
@@ -154,10 +158,10 @@ fn fork_op(r: &mut SplitMix64) -> Op {
 fn http_op(r: &mut SplitMix64) -> Op {
     let file = format!("f{}", r.between(0, 2));
     let value = r.between(0, 9999);
-    // No fork: the real-time seeds are few and short, and the planted-bug check relies on
-    // their restores (forks are covered on the simulator, and against the fake by
-    // tests/it/fork).
-    match r.weighted(&[4, 3, 4, 2, 3, 2, 1]) {
+    // Weights: write, append, cat, long command, wait, suspend, resume, fork. A fork (whose
+    // child then restores the parent's snapshot) puts the fork-source and
+    // deleted-while-referenced checks to work against the real client and the fake server.
+    match r.weighted(&[4, 3, 4, 2, 3, 2, 1, 1]) {
         0 => Op::Run {
             command: format!("echo {value} > {file}"),
         },
@@ -169,6 +173,40 @@ fn http_op(r: &mut SplitMix64) -> Op {
         },
         3 => Op::Run {
             command: format!("echo {value} >> log; sleep 0.{}; cat log", r.between(1, 9)),
+        },
+        4 => Op::Wait {
+            ms: match r.weighted(&[4, 1]) {
+                0 => r.between(0, 400),
+                // Past the idle lifetime (reaped into a snapshot).
+                _ => r.between(2_200, 3_000),
+            },
+        },
+        5 => Op::Suspend,
+        6 => Op::Resume,
+        _ => fork_op(r),
+    }
+}
+
+/// The simulator's command language on real time (sleeps and waits of milliseconds to a few
+/// seconds, some past the idle lifetime of two seconds), without forks.
+fn fleet_op(r: &mut SplitMix64) -> Op {
+    let file = format!("f{}", r.between(0, 2));
+    let value = r.between(0, 9999);
+    match r.weighted(&[4, 3, 4, 2, 3, 2, 1]) {
+        0 => Op::Run {
+            command: format!("write {file} {value}"),
+        },
+        1 => Op::Run {
+            command: format!("append {file} +{value}"),
+        },
+        2 => Op::Run {
+            command: format!("cat {file}"),
+        },
+        3 => Op::Run {
+            command: format!(
+                "append log {value}; sleep {}; cat log",
+                r.between(50, 1_500)
+            ),
         },
         4 => Op::Wait {
             ms: match r.weighted(&[4, 1]) {

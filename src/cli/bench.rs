@@ -26,7 +26,7 @@ pub struct BenchArgs {
     /// Print the results as a Markdown table (what the README shows).
     #[arg(long)]
     markdown: bool,
-    /// Run only this group (overhead, journal, scale, snapshot, vercel) or benchmark (such as
+    /// Run only this group (overhead, journal, scale, snapshot, vercel, fleet) or benchmark (such as
     /// overhead.cli); repeatable.
     #[arg(long, value_name = "NAME")]
     only: Vec<String>,
@@ -34,7 +34,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "DIR")]
     scratch: Option<PathBuf>,
     /// A PostgreSQL database for `journal.postgres` (taskbox's commits against raw INSERTs
-    /// through the same client); that row is skipped without it.
+    /// through the same client) and the `fleet` rows (scratch databases on its server: its
+    /// user needs CREATEDB); those rows are skipped without it.
     #[arg(long, value_name = "URL")]
     postgres: Option<String>,
     /// Internal: run one side of a benchmark that needs its own process, print its JSON.

@@ -36,6 +36,15 @@ pub struct ChaosArgs {
     /// real time, a few seconds per seed) instead of the simulated platform.
     #[arg(long)]
     http: bool,
+    /// Run N engines (2 or 3) sharing one PostgreSQL store, as a fleet of servers does, with
+    /// engine crashes and lease expiries among the faults (real time, a few seconds per seed;
+    /// needs --store).
+    #[arg(long, value_name = "N", conflicts_with = "http")]
+    fleet: Option<u32>,
+    /// With --fleet: a PostgreSQL server whose user may create databases
+    /// (`postgres://user@host/db`); each seed runs in a scratch database of its own there.
+    #[arg(long, value_name = "URL", requires = "fleet")]
+    store: Option<String>,
     /// Where each seed's data dir is made (default: /dev/shm if writable, else the temp dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -106,7 +115,39 @@ fn options(args: &ChaosArgs) -> Result<ChaosOptions, Failure> {
             )
         })?,
     };
-    let tasks = args.tasks.unwrap_or(if args.http { 3 } else { 8 });
+    let real_time = args.http || args.fleet.is_some();
+    let faults = match (&args.faults, args.fleet) {
+        (None, Some(_)) => ChaosFaults::moderate_fleet(),
+        _ => faults,
+    };
+    let fleet = match (args.fleet, &args.store) {
+        (None, _) => None,
+        (Some(n), _) if !(2..=8).contains(&n) => {
+            return Err(Failure::new(format!("invalid --fleet {n}"))
+                .hint("give 2 or 3 engines (at most 8): a takeover needs another engine"))
+        }
+        (Some(_), None) => {
+            return Err(Failure::new("--fleet needs --store postgres://…").hint(
+                "the engines share a PostgreSQL store (leases and fencing tokens live there): \
+                 give a server's URL whose user may create databases, e.g. \
+                 `--store postgres://taskbox@127.0.0.1:5432/postgres`",
+            ))
+        }
+        (Some(n), Some(url)) => {
+            if !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
+                return Err(Failure::new(format!(
+                    "invalid --store {}",
+                    taskbox::redact::redact(url)
+                ))
+                .hint("give a PostgreSQL URL, postgres://user@host/database"));
+            }
+            Some(chaos::FleetOptions {
+                engines: n,
+                store: url.clone(),
+            })
+        }
+    };
+    let tasks = args.tasks.unwrap_or(if real_time { 3 } else { 8 });
     if tasks == 0 {
         return Err(Failure::new("invalid --tasks 0").hint("give at least 1 task per seed"));
     }
@@ -122,19 +163,20 @@ fn options(args: &ChaosArgs) -> Result<ChaosOptions, Failure> {
     };
     let seeds = args
         .seeds
-        .unwrap_or(match (args.seed.is_some(), args.http) {
+        .unwrap_or(match (args.seed.is_some(), real_time) {
             (true, _) => 1,
             (false, true) => 3,
             (false, false) => 100,
         });
     let mut opts = ChaosOptions::new(args.seed.unwrap_or(1), seeds, tasks);
     opts.http = args.http;
+    opts.fleet = fleet;
     opts.faults = faults;
     opts.planted_bug = planted_bug;
     opts.jobs = match args.jobs {
         Some(j) => j,
         // Real-time seeds share the CPU badly; one at a time keeps them faithful.
-        None if args.http => 1,
+        None if real_time => 1,
         None => std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1),
@@ -157,10 +199,10 @@ fn table(r: &ChaosReport) -> String {
     let _ = writeln!(
         s,
         "chaos{}: seeds {}..={last}, {} tasks each{}",
-        if r.http {
-            " over HTTP (fake Vercel server, real time)"
-        } else {
-            ""
+        match r.fleet {
+            Some(n) => format!(" on a fleet of {n} engines sharing PostgreSQL (real time)"),
+            None if r.http => " over HTTP (fake Vercel server, real time)".to_string(),
+            None => String::new(),
         },
         r.first_seed,
         r.tasks_per_seed,
@@ -184,9 +226,16 @@ fn table(r: &ChaosReport) -> String {
         "requests cut off by a crash",
         t.counts.requests_interrupted.to_string(),
     );
+    if r.fleet.is_some() {
+        row(
+            "requests answered task_moved",
+            t.counts.requests_moved.to_string(),
+        );
+        row("takeovers (newer token)", t.counts.takeovers.to_string());
+    }
     row("provider calls", t.counts.provider_calls.to_string());
     row("journal entries", t.counts.journal.entries.to_string());
-    if r.http {
+    if r.http || r.fleet.is_some() {
         row("time", format!("{:.1} s", t.virtual_ms as f64 / 1000.0));
     } else {
         row(
@@ -227,6 +276,7 @@ fn table(r: &ChaosReport) -> String {
         "recoveries after a crash",
         t.counts.journal.recoveries.to_string(),
     );
+    row("tasks forked", t.counts.journal.forks.to_string());
     row("violations", t.violations.to_string());
     let _ = writeln!(s);
     if !r.digest.is_empty() {

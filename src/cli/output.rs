@@ -20,7 +20,11 @@ pub struct Failure {
     message: String,
     causes: Vec<String>,
     hint: Option<String>,
-    notices: Vec<Notice>,
+    /// Boxed slice rather than `Vec`: it keeps `Failure` within clippy's size for an error.
+    notices: Box<[Notice]>,
+    /// Sending the same request again may succeed (`"retryable": true` in `--json`, as the
+    /// server's error objects say).
+    retryable: bool,
 }
 
 impl Failure {
@@ -30,7 +34,8 @@ impl Failure {
             message: message.into(),
             causes: Vec::new(),
             hint: None,
-            notices: Vec::new(),
+            notices: Box::default(),
+            retryable: false,
         }
     }
 
@@ -78,7 +83,8 @@ impl Failure {
         };
         let mut f = Failure::new(err.to_string()).with_causes(&err);
         f.code = err.code().to_string();
-        f.notices = notices;
+        f.notices = notices.into();
+        f.retryable = err.is_retryable();
         match hint {
             Some(h) => f.hint(h),
             None => f,
@@ -105,6 +111,7 @@ impl Failure {
                 .unwrap_or_default(),
             hint: text(&v["hint"]),
             notices: self.notices.clone(),
+            retryable: self.retryable,
         }
     }
 
@@ -142,6 +149,9 @@ impl Failure {
         if !self.notices.is_empty() {
             v["notices"] = serde_json::json!(self.notices);
         }
+        if self.retryable {
+            v["retryable"] = serde_json::json!(true);
+        }
         v
     }
 }
@@ -153,13 +163,17 @@ impl Failure {
     pub fn from_client(err: taskbox::client::ClientError) -> Failure {
         use taskbox::client::ClientError;
         match err {
-            ClientError::Api(e) => Failure {
-                code: e.code,
-                message: e.message,
-                causes: e.causes,
-                hint: e.hint,
-                notices: e.notices,
-            },
+            ClientError::Api(e) => {
+                let e = *e;
+                Failure {
+                    code: e.code,
+                    message: e.message,
+                    causes: e.causes,
+                    hint: e.hint,
+                    notices: e.notices.into(),
+                    retryable: e.retryable,
+                }
+            }
             other => {
                 let hint = other.hint();
                 let f = Failure::new(other.to_string())

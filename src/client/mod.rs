@@ -58,7 +58,7 @@ pub enum ClientError {
         /// Us.
         me: u32,
     },
-    /// The server answered with an error.
+    /// The server answered with an error (boxed: it is the largest variant by far).
     #[error(transparent)]
     Api(Box<ApiError>),
     /// The exchange failed after the request was sent (the server died, or spoke nonsense).
@@ -79,13 +79,6 @@ pub enum ClientError {
         /// Where the server's log is.
         log: PathBuf,
     },
-}
-
-impl From<ApiError> for ClientError {
-    fn from(e: ApiError) -> ClientError {
-        // Boxed: `ApiError` is large, and every `Result<_, ClientError>` would carry its size.
-        ClientError::Api(Box::new(e))
-    }
 }
 
 impl ClientError {

@@ -138,11 +138,16 @@ impl EngineError {
     }
 
     /// Whether sending the same request again may succeed: a lost connection to the store, a
-    /// task that moved to (or lives on) another server of a fleet.
+    /// task that moved to (or lives on) another server of a fleet, a request whose transition
+    /// the store did not take (`not_committed`: nothing of it was performed; the task is
+    /// recovered from the journal at the next request).
     pub fn is_retryable(&self) -> bool {
         match self {
             EngineError::Store(e) => e.is_retryable(),
             EngineError::Stopped => true,
+            EngineError::Request { reason, .. } => {
+                matches!(**reason, FailureReason::NotCommitted { .. })
+            }
             _ => false,
         }
     }

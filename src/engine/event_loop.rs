@@ -69,7 +69,7 @@ pub(super) enum Msg {
     },
     Query(QueryFn),
     /// A fleet: the renewal found the task's lease taken over by `owner`; stop driving it.
-    /// (Sent only by `lease`, which a build without PostgreSQL has not.)
+    /// Sent only by the PostgreSQL lease renewal (`lease.rs`).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     LeaseLost {
         task: TaskId,

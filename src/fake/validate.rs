@@ -79,6 +79,16 @@ pub(crate) const MANAGED_IMAGES: [&str; 6] = [
     "vercel/sandbox/python:3.14",
 ];
 
+/// What a create sets of a sandbox that its record keeps as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SandboxSettings {
+    pub vcpus: u32,
+    pub timeout_ms: u64,
+    pub ports: Vec<u16>,
+    pub env: BTreeMap<String, String>,
+    pub tags: BTreeMap<String, String>,
+}
+
 /// A checked create body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CreateRequest {
@@ -88,11 +98,7 @@ pub(crate) struct CreateRequest {
     pub runtime: Option<Runtime>,
     /// v3 only.
     pub image: Option<String>,
-    pub vcpus: u32,
-    pub timeout_ms: u64,
-    pub ports: Vec<u16>,
-    pub env: BTreeMap<String, String>,
-    pub tags: BTreeMap<String, String>,
+    pub settings: SandboxSettings,
     pub persistent: bool,
     pub source_snapshot: Option<String>,
     pub snapshot_expiration_ms: Option<u64>,
@@ -390,11 +396,13 @@ pub(crate) fn create_request(
         name,
         runtime,
         image,
-        vcpus,
-        timeout_ms,
-        ports,
-        env,
-        tags,
+        settings: SandboxSettings {
+            vcpus,
+            timeout_ms,
+            ports,
+            env,
+            tags,
+        },
         persistent,
         source_snapshot,
         snapshot_expiration_ms,
@@ -526,8 +534,8 @@ mod tests {
     fn minimal_create_gets_the_defaults() {
         let r = create(r#"{"projectId":"prj_1"}"#).unwrap();
         assert_eq!(r.runtime, Some(Runtime::Node24));
-        assert_eq!(r.vcpus, 2);
-        assert_eq!(r.timeout_ms, 300_000);
+        assert_eq!(r.settings.vcpus, 2);
+        assert_eq!(r.settings.timeout_ms, 300_000);
         assert!(r.persistent);
         assert!(r.name.is_none());
     }

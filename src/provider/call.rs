@@ -284,6 +284,7 @@ impl Call {
             Call::StopSandbox { sandbox_id } => match p.stop_sandbox(sandbox_id).await {
                 Ok(()) => Event::SandboxStopped {
                     sandbox_id: sandbox_id.clone(),
+                    usage: usage_of(p, sandbox_id).await,
                 },
                 Err(e) => Event::StopFailed {
                     sandbox_id: sandbox_id.clone(),
@@ -317,19 +318,21 @@ impl Call {
                 sandbox_id,
             } => {
                 let probed = match p.probe_sandbox(sandbox_id).await {
-                    Ok(Some(deadline)) => Ok((Some(deadline), None)),
-                    // Not running: did the platform keep its files in a snapshot of its own?
-                    Ok(None) => p
-                        .platform_snapshot(task_id, sandbox_id)
-                        .await
-                        .map(|found| (None, found)),
+                    Ok(Some(deadline)) => Ok((Some(deadline), None, None)),
+                    // Not running: did the platform keep its files in a snapshot of its own,
+                    // and what did the session that ended use?
+                    Ok(None) => match p.platform_snapshot(task_id, sandbox_id).await {
+                        Ok(found) => Ok((None, found, usage_of(p, sandbox_id).await)),
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 };
                 match probed {
-                    Ok((alive, platform_snapshot)) => Event::SandboxProbed {
+                    Ok((alive, platform_snapshot, usage)) => Event::SandboxProbed {
                         sandbox_id: sandbox_id.clone(),
                         alive,
                         platform_snapshot,
+                        usage,
                     },
                     Err(e) => Event::ProbeFailed {
                         sandbox_id: sandbox_id.clone(),
@@ -339,6 +342,22 @@ impl Call {
             }
         };
         (event, None)
+    }
+}
+
+/// What the platform reports of a session that ended ([`SandboxProvider::session_usage`]);
+/// none when it cannot be read — the usage is for the cost ledger, and a failure to read it
+/// must not fail the operation that ended the session.
+async fn usage_of(
+    p: &dyn SandboxProvider,
+    sandbox_id: &SandboxId,
+) -> Option<crate::core::SessionUsage> {
+    match p.session_usage(sandbox_id).await {
+        Ok(usage) => usage,
+        Err(e) => {
+            tracing::debug!(sandbox = %sandbox_id, error = %e, "no usage for a session that ended");
+            None
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use super::{
     ExecIo, ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
     SandboxSpec, SnapshotInfo,
 };
-use crate::core::{Millis, PlatformSnapshot};
+use crate::core::{Millis, PlatformSnapshot, SessionUsage};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 /// A [`SandboxProvider`] that forwards every operation to [`Decorator::inner`] unless it
@@ -94,6 +94,14 @@ pub trait Decorator: Send + Sync {
         sandbox_id: &'a SandboxId,
     ) -> ProviderFuture<'a, Option<PlatformSnapshot>> {
         self.inner().platform_snapshot(task_id, sandbox_id)
+    }
+
+    /// See [`SandboxProvider::session_usage`].
+    fn session_usage<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<SessionUsage>> {
+        self.inner().session_usage(sandbox_id)
     }
 
     /// See [`SandboxProvider::list_sandboxes`].
@@ -187,6 +195,13 @@ impl<T: Decorator> SandboxProvider for T {
         sandbox_id: &'a SandboxId,
     ) -> ProviderFuture<'a, Option<PlatformSnapshot>> {
         Decorator::platform_snapshot(self, task_id, sandbox_id)
+    }
+
+    fn session_usage<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<SessionUsage>> {
+        Decorator::session_usage(self, sandbox_id)
     }
 
     fn list_sandboxes<'a>(

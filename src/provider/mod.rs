@@ -353,6 +353,19 @@ pub trait SandboxProvider: Send + Sync {
         Box::pin(async { Ok(None) })
     }
 
+    /// After [`Self::probe_sandbox`] found a sandbox not running, or [`Self::stop_sandbox`]
+    /// stopped it: what the platform reports its session used (Vercel's session object), so
+    /// that a session ended without a taskbox snapshot is in the cost ledger too. Reading it
+    /// may fail; the caller then journals none. The default: none (the local and simulated
+    /// backends report no platform usage).
+    fn session_usage<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<crate::core::SessionUsage>> {
+        let _ = sandbox_id;
+        Box::pin(async { Ok(None) })
+    }
+
     /// This installation's sandboxes (found by tag), for the reconciler.
     fn list_sandboxes<'a>(
         &'a self,
@@ -456,6 +469,7 @@ macro_rules! platform_provider {
         list_snapshots: $list_snapshots:ident,
         $(sweep_temporaries: $sweep:ident,)?
         $(platform_snapshot: $platform_snapshot:ident,)?
+        $(session_usage: $session_usage:ident,)?
         $(keeps_files_after_deadline: $keeps:literal,)?
     }) => {
         impl $crate::provider::SandboxProvider for $ty {
@@ -555,6 +569,17 @@ macro_rules! platform_provider {
                 Box::pin(async move {
                     let answer = <$ty>::$platform_snapshot(self, task_id, sandbox_id).await;
                     answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "find platform snapshot"))
+                })
+            }
+            )?
+            $(
+            fn session_usage<'a>(
+                &'a self,
+                sandbox_id: &'a $crate::ids::SandboxId,
+            ) -> $crate::provider::ProviderFuture<'a, Option<$crate::core::SessionUsage>> {
+                Box::pin(async move {
+                    let answer = <$ty>::$session_usage(self, sandbox_id).await;
+                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "read session usage"))
                 })
             }
             )?

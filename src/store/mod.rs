@@ -32,7 +32,7 @@ use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 pub use error::StoreError;
 #[cfg(feature = "postgres")]
-pub use postgres::{Fences, Lease, PgStore, PgTarget};
+pub use postgres::{Fences, JournalWriter, Lease, PgStore, PgTarget};
 pub use sqlite::SqliteStore;
 
 /// One transition to commit: the event that caused it, the task before (its state) and after,
@@ -196,13 +196,9 @@ pub trait Backend {
     /// one (`None`: no such task).
     fn claim_backend(&mut self, id: &str, backend: &str) -> Result<Option<String>, StoreError>;
 
-    /// Marks the task removed at `at` (`taskbox rm`); its record and journal stay.
-    fn mark_removed(
-        &mut self,
-        id: &str,
-        at: Millis,
-        kept_snapshots: bool,
-    ) -> Result<(), StoreError>;
+    /// Marks the task removed at `at` (`taskbox rm`), its snapshots kept when `kept`; its
+    /// record and journal stay.
+    fn mark_removed(&mut self, id: &str, at: Millis, kept: bool) -> Result<(), StoreError>;
 
     /// Commits one transition in one transaction: the task row, a journal row, and the
     /// snapshot and sandbox rows. Returns the journal `seq`.
@@ -389,13 +385,8 @@ impl Store {
         each!(self, s => Backend::claim_backend(s, id, backend))
     }
     /// See [`Backend::mark_removed`].
-    pub fn mark_removed(
-        &mut self,
-        id: &str,
-        at: Millis,
-        kept_snapshots: bool,
-    ) -> Result<(), StoreError> {
-        each!(self, s => Backend::mark_removed(s, id, at, kept_snapshots))
+    pub fn mark_removed(&mut self, id: &str, at: Millis, kept: bool) -> Result<(), StoreError> {
+        each!(self, s => Backend::mark_removed(s, id, at, kept))
     }
     /// See [`Backend::commit`].
     pub fn commit(&mut self, rec: &TransitionRecord<'_>) -> Result<u64, StoreError> {

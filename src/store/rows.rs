@@ -11,44 +11,22 @@ use super::{JournalEntry, SandboxRow, SandboxStatus, SnapshotRow, StoreError};
 use crate::core::{Task, TaskState};
 use crate::ids::TaskId;
 
-/// One row as a store's driver reads it: each read names `column` (`table.column`) in the
+/// A column to read: its index in the row and its name (`table.column`, for errors).
+pub(crate) type Col = (usize, &'static str);
+
+/// One row as a store's driver reads it: each read names the column (`table.column`) in the
 /// [`StoreError::Corrupt`] it returns through `cx` (a NULL, a negative number or a wrong type).
 pub(crate) trait Columns {
     /// A TEXT column.
-    fn text(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<String, StoreError>;
+    fn text(&self, cx: &RowContext<'_>, col: Col) -> Result<String, StoreError>;
     /// A TEXT column that may be NULL.
-    fn opt_text(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<Option<String>, StoreError>;
+    fn opt_text(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<String>, StoreError>;
     /// The text of a JSON column, before it is parsed.
-    fn json_text(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<&str, StoreError>;
+    fn json_text(&self, cx: &RowContext<'_>, col: Col) -> Result<&str, StoreError>;
     /// An integer column that must not be negative.
-    fn uint(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<u64, StoreError>;
+    fn uint(&self, cx: &RowContext<'_>, col: Col) -> Result<u64, StoreError>;
     /// An integer column that must not be negative, or NULL.
-    fn opt_uint(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<Option<u64>, StoreError>;
+    fn opt_uint(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<u64>, StoreError>;
 }
 
 /// Where a decoded value comes from, for [`StoreError::Corrupt`].
@@ -100,7 +78,7 @@ impl<'a> RowContext<'a> {
         column: &'static str,
     ) -> Result<(), StoreError> {
         self.task_column = column;
-        self.task_id = row.text(self, index, column)?;
+        self.task_id = row.text(self, (index, column))?;
         Ok(())
     }
 
@@ -116,7 +94,7 @@ impl<'a> RowContext<'a> {
         index: usize,
         column: &'static str,
     ) -> Result<T, StoreError> {
-        let text = row.json_text(self, index, column)?;
+        let text = row.json_text(self, (index, column))?;
         serde_json::from_str(text)
             .map_err(|e| self.corrupt(column, "invalid JSON for its type".to_string(), Some(e)))
     }
@@ -129,7 +107,7 @@ impl<'a> RowContext<'a> {
         index: usize,
         column: &'static str,
     ) -> Result<T, StoreError> {
-        let text = row.text(self, index, column)?;
+        let text = row.text(self, (index, column))?;
         serde_json::from_value(serde_json::Value::String(text.clone()))
             .map_err(|_| self.corrupt(column, format!("unknown name `{text}`"), None))
     }
@@ -167,13 +145,13 @@ pub(crate) fn decode_task(path: &Path, row: &impl Columns) -> Result<Task, Store
 pub(crate) fn decode_journal(path: &Path, row: &impl Columns) -> Result<JournalEntry, StoreError> {
     let mut cx = RowContext::new(path, "?", "journal.task_id");
     cx.read_task(row, 1, "journal.task_id")?;
-    let seq = row.uint(&cx, 0, "journal.seq")?;
+    let seq = row.uint(&cx, (0, "journal.seq"))?;
     cx.seq = Some(seq);
     Ok(JournalEntry {
         seq,
         task_id: cx.task()?,
-        task_seq: row.uint(&cx, 2, "journal.task_seq")?,
-        at: row.uint(&cx, 3, "journal.at")?,
+        task_seq: row.uint(&cx, (2, "journal.task_seq"))?,
+        at: row.uint(&cx, (3, "journal.at"))?,
         event: cx.json(row, 4, "journal.event")?,
         state_before: cx.name(row, 5, "journal.state_before")?,
         state_after: cx.name(row, 6, "journal.state_after")?,
@@ -187,7 +165,7 @@ pub(crate) fn decode_journal(path: &Path, row: &impl Columns) -> Result<JournalE
 pub(crate) fn decode_sandbox(path: &Path, row: &impl Columns) -> Result<SandboxRow, StoreError> {
     let mut cx = RowContext::new(path, "?", "sandboxes.task_id");
     cx.read_task(row, 2, "sandboxes.task_id")?;
-    let status = row.text(&cx, 7, "sandboxes.status")?;
+    let status = row.text(&cx, (7, "sandboxes.status"))?;
     let status = match status.as_str() {
         "running" => SandboxStatus::Running,
         "released" => SandboxStatus::Released,
@@ -200,17 +178,17 @@ pub(crate) fn decode_sandbox(path: &Path, row: &impl Columns) -> Result<SandboxR
         }
     };
     Ok(SandboxRow {
-        provider_id: row.text(&cx, 0, "sandboxes.provider_id")?.into(),
-        name: row.text(&cx, 1, "sandboxes.name")?,
+        provider_id: row.text(&cx, (0, "sandboxes.provider_id"))?.into(),
+        name: row.text(&cx, (1, "sandboxes.name"))?,
         task_id: cx.task()?,
-        generation: row.uint(&cx, 3, "sandboxes.generation")?,
-        created_at: row.uint(&cx, 4, "sandboxes.created_at")?,
-        deadline: row.uint(&cx, 5, "sandboxes.deadline")?,
+        generation: row.uint(&cx, (3, "sandboxes.generation"))?,
+        created_at: row.uint(&cx, (4, "sandboxes.created_at"))?,
+        deadline: row.uint(&cx, (5, "sandboxes.deadline"))?,
         source_snapshot: row
-            .opt_text(&cx, 6, "sandboxes.source_snapshot")?
+            .opt_text(&cx, (6, "sandboxes.source_snapshot"))?
             .map(Into::into),
         status,
-        released_at: row.opt_uint(&cx, 8, "sandboxes.released_at")?,
+        released_at: row.opt_uint(&cx, (8, "sandboxes.released_at"))?,
     })
 }
 
@@ -219,19 +197,19 @@ pub(crate) fn decode_sandbox(path: &Path, row: &impl Columns) -> Result<SandboxR
 pub(crate) fn decode_snapshot(path: &Path, row: &impl Columns) -> Result<SnapshotRow, StoreError> {
     let mut cx = RowContext::new(path, "?", "snapshots.task_id");
     cx.read_task(row, 0, "snapshots.task_id")?;
-    let seq = row.uint(&cx, 1, "snapshots.seq")?;
+    let seq = row.uint(&cx, (1, "snapshots.seq"))?;
     cx.seq = Some(seq);
     Ok(SnapshotRow {
         task_id: cx.task()?,
         seq,
         provider_id: row
-            .opt_text(&cx, 2, "snapshots.provider_id")?
+            .opt_text(&cx, (2, "snapshots.provider_id"))?
             .map(Into::into),
         status: cx.name(row, 3, "snapshots.status")?,
-        size_bytes: row.uint(&cx, 4, "snapshots.size_bytes")?,
-        sandbox_id: row.text(&cx, 5, "snapshots.sandbox_id")?.into(),
-        started_at: row.uint(&cx, 6, "snapshots.started_at")?,
-        created_at: row.opt_uint(&cx, 7, "snapshots.created_at")?,
-        expires_at: row.opt_uint(&cx, 8, "snapshots.expires_at")?,
+        size_bytes: row.uint(&cx, (4, "snapshots.size_bytes"))?,
+        sandbox_id: row.text(&cx, (5, "snapshots.sandbox_id"))?.into(),
+        started_at: row.uint(&cx, (6, "snapshots.started_at"))?,
+        created_at: row.opt_uint(&cx, (7, "snapshots.created_at"))?,
+        expires_at: row.opt_uint(&cx, (8, "snapshots.expires_at"))?,
     })
 }

@@ -18,8 +18,8 @@ fn number(v: &serde_json::Value, what: &str) -> f64 {
 fn the_quick_run_reports_every_benchmark_with_a_baseline_and_a_ratio() {
     let home = Home::new();
     let scratch = home.path().join("scratch");
-    // `journal.postgres` runs against a database of the test PostgreSQL (skipped without one,
-    // except under CI).
+    // `journal.postgres` and the `fleet` rows run against the test PostgreSQL (skipped without
+    // one, except under CI).
     let pg = crate::pg::database();
     let mut cmd = home.cmd();
     cmd.args(["bench", "--quick", "--json", "--scratch"])
@@ -31,7 +31,11 @@ fn the_quick_run_reports_every_benchmark_with_a_baseline_and_a_ratio() {
     let text = ok(&out);
     let report: serde_json::Value = serde_json::from_str(&text).expect("JSON on stdout");
     assert_eq!(report["mode"], "quick");
-    assert_eq!(report["command"], "taskbox bench --quick");
+    let command = match &pg {
+        Some(db) => format!("taskbox bench --quick --postgres {}", db.url),
+        None => "taskbox bench --quick".to_string(),
+    };
+    assert_eq!(report["command"], command.as_str());
 
     let rows = report["benchmarks"]
         .as_array()
@@ -42,7 +46,7 @@ fn the_quick_run_reports_every_benchmark_with_a_baseline_and_a_ratio() {
         .collect();
     let expected: BTreeSet<&str> = taskbox::bench::NAMES
         .into_iter()
-        .filter(|n| pg.is_some() || *n != "journal.postgres")
+        .filter(|n| pg.is_some() || !(*n == "journal.postgres" || n.starts_with("fleet.")))
         .collect();
     assert_eq!(names, expected, "every benchmark, once");
     assert_eq!(rows.len(), expected.len());

@@ -685,6 +685,81 @@ fn over_http_files_come_back_from_the_platforms_snapshot_after_an_engine_death()
     }
 }
 
+/// Forks over HTTP: the workload forks tasks (and runs a command in each fork, restoring the
+/// parent's snapshot through the real client), under every fault and crashes, and the
+/// fork-source and deleted-while-referenced checks hold against the fake server's records.
+#[test]
+fn over_http_forks_restore_their_parents_snapshot_and_no_shared_snapshot_is_deleted() {
+    let (mut opts, _work) = options(1, 3, 6);
+    opts.http = true;
+    opts.jobs = 1;
+    let report = chaos::run(&opts, &no_progress).expect("http chaos run");
+    assert_eq!(report.totals.violations, 0, "{:#?}", report.violating_seeds);
+    assert!(
+        report.totals.counts.journal.forks > 0,
+        "the workload forked no task: {:?}",
+        report.totals.counts
+    );
+    assert!(
+        report.totals.counts.journal.restores > 0,
+        "{:?}",
+        report.totals
+    );
+}
+
+/// `replay --redrive` takes a chaos run's journals, forks included: every task of every seed
+/// re-drives identically, one at a time (a child from its recorded lineage, a parent's fork
+/// requests re-driven, a snapshot released to a fork released again without a call), under
+/// faults and crashes. On the simulator, whose virtual time the re-drive's clock reproduces.
+#[test]
+fn simulated_journals_with_forks_redrive_identically() {
+    let (mut opts, work) = options(1, 4, 6);
+    opts.keep_all = true;
+    let report = chaos::run(&opts, &no_progress).expect("chaos run");
+    assert_eq!(report.totals.violations, 0, "{:#?}", report.violating_seeds);
+    let mut journals = 0;
+    let mut forks = 0;
+    let mut tasks = 0;
+    for dir in std::fs::read_dir(work.path()).expect("work dir") {
+        let path = dir.expect("entry").path().join("journal.jsonl");
+        if !path.exists() {
+            continue;
+        }
+        journals += 1;
+        let file = taskbox::replay::export::read_journal(std::io::BufReader::new(
+            std::fs::File::open(&path).expect("journal"),
+        ))
+        .expect("reads");
+        let reports = taskbox::replay::redrive::redrive(&file.entries)
+            .unwrap_or_else(|e| panic!("{}: {:#}", path.display(), anyhow::Error::new(e)));
+        for r in &reports {
+            assert!(
+                r.divergence.is_none(),
+                "{} {}: {}",
+                path.display(),
+                r.task_id,
+                r.divergence
+                    .as_ref()
+                    .map_or(String::new(), |d| d.to_string())
+            );
+            assert_eq!(r.calls_made, r.calls_expected, "{}", r.task_id);
+        }
+        tasks += reports.len();
+        forks += file
+            .entries
+            .iter()
+            .filter(|e| matches!(e.event, taskbox::core::Event::Forked { .. }))
+            .count();
+    }
+    assert_eq!(journals, 4, "every seed's journal was kept");
+    assert!(forks > 0, "no fork was re-driven");
+    assert_eq!(
+        forks as u64, report.totals.counts.journal.forks,
+        "the forks the report counts are the ones re-driven"
+    );
+    assert!(tasks >= 4 * 6 + forks, "every task and fork was re-driven");
+}
+
 /// The same faults one level down: the real Vercel client against an in-process fake Vercel
 /// server, real sockets and real time (a few seconds per seed). Clean without a planted bug,
 /// caught with one.
@@ -709,8 +784,11 @@ fn over_http_the_vercel_client_holds_the_invariants_and_the_planted_bug_is_caugh
         report.totals
     );
 
-    // Without faults, so that nothing but the planted bug can interfere.
+    // Without faults, so that nothing but the planted bug can interfere; seed 2, whose
+    // workload restores a task that has two snapshots to choose from (seed 1's restores each
+    // have one, where the oldest is the newest).
     opts.faults = ChaosFaults::none();
+    opts.first_seed = 2;
     opts.planted_bug = Some(PlantedBug::OldestRestore);
     let report = chaos::run(&opts, &no_progress).expect("http chaos run");
     assert!(
@@ -732,4 +810,73 @@ fn over_http_the_vercel_client_holds_the_invariants_and_the_planted_bug_is_caugh
             let _ = std::fs::remove_dir_all(h);
         }
     }
+}
+
+/// `taskbox chaos --fleet`: three engines sharing one PostgreSQL store, with crashes and lease
+/// expiries (the database expiring an engine's leases behind its back while another engine is
+/// asked for the task): every invariant holds, one-writer-per-token among them, tasks are taken
+/// over with newer tokens, and the seed's scratch database is dropped once it is clean.
+#[test]
+fn a_fleet_of_engines_on_one_postgres_holds_every_invariant_with_takeovers() {
+    let Some(db) = crate::pg::database() else {
+        return;
+    };
+    let (mut opts, _work) = options(1, 2, 4);
+    opts.jobs = 1;
+    opts.faults = ChaosFaults::moderate_fleet();
+    opts.faults.crash = 0.1;
+    opts.faults.lease_expiry = 0.3;
+    opts.fleet = Some(chaos::FleetOptions {
+        engines: 3,
+        store: db.url.clone(),
+    });
+    let report = chaos::run(&opts, &no_progress).expect("run");
+    assert!(report.is_clean(), "{:#?}", report.violating_seeds);
+    assert_eq!(report.seeds_run, 2);
+    assert_eq!(report.fleet, Some(3));
+    let t = &report.totals.counts;
+    assert!(t.takeovers > 0, "{t:?}");
+    assert!(
+        t.faults.get("lease_expiry").copied().unwrap_or(0) > 0,
+        "{t:?}"
+    );
+    assert!(t.journal.entries > 0, "{t:?}");
+    assert!(report.digest.is_empty(), "real time: no digest");
+
+    // Nothing left behind: the seeds' scratch databases are dropped.
+    let left = crate::pg::query_text(
+        &db.url,
+        &format!(
+            "SELECT count(*)::text FROM pg_database WHERE datname LIKE 'taskbox_chaos_{}_%'",
+            std::process::id()
+        ),
+    );
+    assert_eq!(left.as_deref(), Some("0"));
+
+    // The CLI: --fleet needs a PostgreSQL --store, and says so.
+    let home = Home::new();
+    let out = home.run(&["chaos", "--fleet", "3"]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--store postgres://"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("hint:"), "{}", stderr(&out));
+    let out = home.run(&["chaos", "--fleet", "1", "--store", &db.url]);
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("invalid --fleet 1"),
+        "{}",
+        stderr(&out)
+    );
+    // A repro command names the fleet and the store, without a password.
+    opts.fleet = Some(chaos::FleetOptions {
+        engines: 3,
+        store: "postgres://tb:s3cret@db/x".into(),
+    });
+    let repro = opts.repro_command(7);
+    assert!(repro.contains("--fleet 3 --store"), "{repro}");
+    assert!(repro.contains("lease_expiry=0.3"), "{repro}");
+    assert!(!repro.contains("s3cret"), "{repro}");
 }

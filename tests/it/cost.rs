@@ -111,6 +111,110 @@ fn vercel_cost_comes_from_the_reported_session_usage_in_the_journal() {
     assert_eq!(stored, replayed);
 }
 
+/// A Vercel session that ends without a taskbox snapshot is in the ledger too: a persistent
+/// sandbox the platform stops (and snapshots) while no engine watches is reported by the
+/// recovery probe that adopts the platform's snapshot, and a sandbox taskbox stops without a
+/// snapshot (not persistent) by the stop. Each session is counted once, and the exported
+/// journal gives the same ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vercel_sessions_that_end_without_a_taskbox_snapshot_are_in_the_ledger() {
+    use crate::support::tid;
+    use crate::vercel_engine::{open, start_fake, vercel_config};
+    use taskbox::core::Event;
+
+    let dir = tempfile::tempdir().expect("dir");
+    let fake = start_fake(dir.path(), taskbox::fake::Faults::default()).await;
+    let cfg = vercel_config(&fake.base_url());
+    let task = tid("gone");
+    let engine_dir = dir.path().join("persistent");
+    let orch = open(&engine_dir, &fake, &cfg).await;
+    orch.run(&task, "sleep 1; echo v1 > f", None)
+        .await
+        .expect("run");
+    let session = orch
+        .show(&task, 0)
+        .await
+        .expect("show")
+        .expect("the task")
+        .task
+        .sandbox
+        .expect("a live sandbox")
+        .id;
+    // The engine dies; the platform stops the sandbox, which snapshots itself.
+    orch.abort().await;
+    drop(orch);
+    let stopped = reqwest::Client::new()
+        .post(format!(
+            "{}/v2/sandboxes/sessions/{session}/stop?teamId=team_t",
+            fake.base_url()
+        ))
+        .bearer_auth("tok")
+        .send()
+        .await
+        .expect("stop");
+    assert!(stopped.status().is_success(), "{}", stopped.status());
+    let orch = open(&engine_dir, &fake, &cfg).await;
+    let out = orch.run(&task, "cat f", None).await.expect("run");
+    assert_eq!(out.stdout, "v1\n", "restored from the platform's snapshot");
+    orch.suspend(&task).await.expect("suspend");
+    orch.shutdown().await;
+
+    let s = Store::open_existing(&store_file(&engine_dir)).expect("store");
+    let journal = s.journal("gone").expect("journal");
+    let probed = journal
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::SandboxProbed {
+                sandbox_id,
+                alive: None,
+                platform_snapshot: Some(_),
+                usage,
+            } if *sandbox_id == session => Some(usage.clone()),
+            _ => None,
+        })
+        .expect("the probe found the platform's snapshot")
+        .expect("and journaled what the session used");
+    assert!(probed.active_cpu_ms.unwrap_or(0) >= 1000, "{probed:?}");
+    assert!(probed.stopped_at.is_some(), "{probed:?}");
+    assert_eq!(probed.memory_mb, 2048, "{probed:?}");
+    let window = Window::until(u64::MAX / 2);
+    let l = ledger_of(&journal, window);
+    // Two sessions, each ended: the platform's stop (by the probe) and the suspend's snapshot.
+    assert_eq!((l.creations, l.sessions_reported), (2, 2), "{l:?}");
+    assert!(l.active_cpu_ms >= 1000, "{l:?}");
+    let mut buf = Vec::new();
+    taskbox::replay::export::write_journal(&mut buf, &journal, s.installation_id(), 0)
+        .expect("export");
+    let file = taskbox::replay::export::read_journal(buf.as_slice()).expect("reads back");
+    assert!(taskbox::replay::verify(&file.entries).is_clean());
+    assert_eq!(ledger_of(&file.entries, window), l);
+
+    // Not persistent: a suspend stops the sandbox without a snapshot; the stop reports it.
+    let mut plain = cfg.clone();
+    plain.terminal.container_persistent = false;
+    let plain_dir = dir.path().join("plain");
+    let orch = open(&plain_dir, &fake, &plain).await;
+    let t2 = tid("plain");
+    orch.run(&t2, "sleep 1", None).await.expect("run");
+    orch.suspend(&t2).await.expect("suspend");
+    orch.shutdown().await;
+    let s = Store::open_existing(&store_file(&plain_dir)).expect("store");
+    let journal = s.journal("plain").expect("journal");
+    assert!(
+        journal.iter().any(|e| matches!(
+            &e.event,
+            Event::SandboxStopped { usage: Some(u), .. } if u.active_cpu_ms.unwrap_or(0) >= 1000
+        )),
+        "the stop journals the session's usage"
+    );
+    let l = ledger_of(&journal, window);
+    assert_eq!((l.creations, l.sessions_reported), (1, 1), "{l:?}");
+    assert!(
+        l.active_cpu_ms >= 1000 && l.snapshots_kept.is_empty(),
+        "{l:?}"
+    );
+}
+
 /// Local: the same ledger in resource units and no price; `--since` clips sandbox time and
 /// leaves out creations before the window, while a snapshot still kept is still counted.
 #[test]
@@ -202,6 +306,11 @@ fn a_forks_shared_snapshot_counts_to_each_holder_and_once_in_the_total() {
     let parent = ledger_of(&s.journal("demo").expect("journal"), window);
     let child = ledger_of(&s.journal("demo-alt").expect("journal"), window);
     assert_eq!(parent.creations, 1);
+    assert_eq!(
+        parent.snapshot_bytes_kept(),
+        100_000,
+        "a local snapshot keeps the file data it refers to"
+    );
     assert_eq!(child.creations, 0, "a fork's costs are its own");
     assert_eq!(
         parent.snapshots_kept, child.snapshots_kept,
@@ -323,4 +432,32 @@ fn the_ledger_folds_a_journal_into_units_and_prices() {
     );
     assert_eq!(l.snapshot_gb_months(), 0.0);
     assert!(l.snapshots_kept.is_empty());
+
+    // A session reported twice — a probe found it stopped while its snapshot was being taken,
+    // then the snapshot — is counted once, at its first report; another session's stop counts.
+    let Event::SnapshotTaken { usage: Some(u), .. } = &taken else {
+        unreachable!("built above with usage")
+    };
+    let probed = Event::SandboxProbed {
+        sandbox_id: crate::support::sbx("sbx_1"),
+        alive: None,
+        platform_snapshot: None,
+        usage: Some(u.clone()),
+    };
+    let stopped = Event::SandboxStopped {
+        sandbox_id: crate::support::sbx("sbx_2"),
+        usage: Some(SessionUsage {
+            active_cpu_ms: Some(H),
+            ..u.clone()
+        }),
+    };
+    let entries = [
+        (t0, &ready, &live),
+        (t0 + H, &probed, &live),
+        (t0 + H, &taken, &kept),
+        (t0 + 2 * H, &stopped, &kept),
+    ];
+    let l = Ledger::of(Window::until(t0 + 3 * H), entries);
+    assert_eq!(l.sessions_reported, 2);
+    assert!((l.vcpu_hours() - 1.5).abs() < 1e-12, "{l:?}");
 }

@@ -8,6 +8,7 @@
 //! none.** Ground truth comes from the simulated platform, not from the engine's own records.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,9 +16,10 @@ use proptest::prelude::*;
 use taskbox::clock::TokioClock;
 use taskbox::config::Config;
 use taskbox::core::TaskState;
-use taskbox::engine::Orchestrator;
+use taskbox::engine::{store_file, Orchestrator};
 use taskbox::provider::sim::{SimFaults, SimProvider};
 use taskbox::retry::Jitter;
+use taskbox::store::Store;
 use taskbox::TaskId;
 
 use crate::support::paused_runtime;
@@ -89,11 +91,18 @@ fn faults() -> SimFaults {
 /// Checks every sandbox the platform created for `task`: one created from a snapshot used the
 /// task's newest snapshot that existed at that moment; one created fresh had none to use.
 /// (The chaos runner's checker; here without deletion times, as before.)
-fn check_restores(sim: &SimProvider, task: &str) -> Result<(), TestCaseError> {
+/// Every sandbox of `task` came from the newest snapshot present when it was made. A snapshot
+/// the task retired (retention deleting it) is not present from the moment its journal says so:
+/// after the retained ones expire, a restore from nothing is right, not one from an older
+/// snapshot the task already gave up.
+fn check_restores(sim: &SimProvider, dir: &Path, task: &str) -> Result<(), TestCaseError> {
     let sandboxes: Vec<_> = sim.all_sandboxes().iter().map(Into::into).collect();
     let snapshots: Vec<_> = sim.snapshots().iter().map(Into::into).collect();
-    let violations =
-        taskbox::chaos::check::restores(&sandboxes, &snapshots, &BTreeMap::new(), task);
+    let journal = Store::open_existing(&store_file(dir))
+        .and_then(|store| store.journal(task))
+        .expect("the task's journal");
+    let retired = taskbox::chaos::check::retired_at_for(&journal, &BTreeMap::new(), task);
+    let violations = taskbox::chaos::check::restores(&sandboxes, &snapshots, &retired, task);
     prop_assert!(violations.is_empty(), "{:?}", violations);
     Ok(())
 }
@@ -132,12 +141,12 @@ fn scenario(seed: u64, actions: Vec<Action>) -> Result<(), TestCaseError> {
                     orch = open(dir.path(), &sim, &clock).await;
                 }
             }
-            check_restores(&sim, "t")?;
+            check_restores(&sim, dir.path(), "t")?;
         }
         // Settle: let retries finish, then one last command must see the latest snapshot.
         tokio::time::sleep(Duration::from_secs(120)).await;
         let _ = orch.run(&task, "cat f", None).await;
-        check_restores(&sim, "t")?;
+        check_restores(&sim, dir.path(), "t")?;
         // Every snapshot the engine calls complete exists on the platform, or was reported gone.
         let view = orch
             .show(&task, 0)

@@ -3,8 +3,13 @@
 //! The figures come only from journal entries — the event applied and the task after it — so
 //! that a journal, exported or replayed, gives back the same ledger. What a platform reports of
 //! a session (Vercel's `activeCpuDurationMs`, vCPUs, memory, start and stop, transfer) travels
-//! in [`Event::SnapshotTaken`]'s `usage`; sandbox time, creations and snapshot storage are read
-//! from the lifecycle itself, so they are known on every backend.
+//! in the event by which the engine learns that the session ended: [`Event::SnapshotTaken`]
+//! (taskbox's snapshot stopped it), [`Event::SandboxProbed`] (found stopped: timed out, a
+//! persistent sandbox's own snapshot, stopped by someone else) or [`Event::SandboxStopped`]
+//! (taskbox stopped it without a snapshot), each as `usage`. A session reported twice (a probe
+//! during a snapshot, then the snapshot) is counted once, at its first report. Sandbox time,
+//! creations and snapshot storage are read from the lifecycle itself, so they are known on
+//! every backend.
 //!
 //! Units: memory GB are MB / 1024 (Vercel's 2048 MB per vCPU is 2 GB), byte GB are 10^9 bytes, a
 //! month is 30 days. A session's usage is counted in the window where its report was journaled;
@@ -14,12 +19,12 @@
 //! what it keeps stored), and once in a total over several tasks ([`Ledger::sum`] merges the
 //! spans of one snapshot id).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{SandboxId, SnapshotId};
-use crate::types::{Event, Millis, SnapshotStatus, Task};
+use crate::types::{Event, Millis, SessionUsage, SnapshotStatus, Task};
 
 /// An hour in milliseconds.
 pub const HOUR_MS: u64 = 3_600_000;
@@ -97,6 +102,8 @@ pub struct LedgerBuilder {
     ledger: Ledger,
     live: Option<(SandboxId, Millis)>,
     held: BTreeMap<SnapshotId, (u64, Millis)>,
+    /// The sessions whose usage was counted (or reported before the window): each once.
+    reported: BTreeSet<SandboxId>,
 }
 
 impl LedgerBuilder {
@@ -107,6 +114,7 @@ impl LedgerBuilder {
             ledger: Ledger::default(),
             live: None,
             held: BTreeMap::new(),
+            reported: BTreeSet::new(),
         }
     }
 
@@ -118,21 +126,39 @@ impl LedgerBuilder {
         if at > w.until {
             return;
         }
-        match event {
-            Event::SandboxReady { .. } if w.contains(at) => self.ledger.creations += 1,
-            Event::SnapshotTaken { usage: Some(u), .. } if w.contains(at) => {
-                let l = &mut self.ledger;
-                l.sessions_reported += 1;
-                l.active_cpu_ms = l.active_cpu_ms.saturating_add(u.active_cpu_ms.unwrap_or(0));
-                let wall = u.stopped_at.unwrap_or(at).saturating_sub(u.started_at);
-                l.memory_mb_ms = l
-                    .memory_mb_ms
-                    .saturating_add(u64::from(u.memory_mb).saturating_mul(wall));
-                l.transfer_bytes = l
-                    .transfer_bytes
-                    .saturating_add(u.transfer_bytes.unwrap_or(0));
+        if matches!(event, Event::SandboxReady { .. }) && w.contains(at) {
+            self.ledger.creations += 1;
+        }
+        // A session's usage, once, from the first event that reported it.
+        let reported = match event {
+            Event::SnapshotTaken {
+                seq,
+                usage: Some(u),
+                ..
+            } => Some((
+                after
+                    .snapshots
+                    .iter()
+                    .find(|s| s.seq == *seq)
+                    .map(|s| &s.sandbox_id),
+                u,
+            )),
+            Event::SandboxProbed {
+                sandbox_id,
+                usage: Some(u),
+                ..
             }
-            _ => {}
+            | Event::SandboxStopped {
+                sandbox_id,
+                usage: Some(u),
+            } => Some((Some(sandbox_id), u)),
+            _ => None,
+        };
+        if let Some((session, u)) = reported {
+            let first = session.is_none_or(|id| self.reported.insert(id.clone()));
+            if first && w.contains(at) {
+                self.count_usage(at, u);
+            }
         }
         // Sandbox time: from the entry that made a sandbox the task's to the one that ended it.
         let now_live = after.sandbox.as_ref().map(|s| &s.id);
@@ -166,6 +192,19 @@ impl LedgerBuilder {
         for (id, size) in retained {
             self.held.entry(id.clone()).or_insert((size, at));
         }
+    }
+
+    fn count_usage(&mut self, at: Millis, u: &SessionUsage) {
+        let l = &mut self.ledger;
+        l.sessions_reported += 1;
+        l.active_cpu_ms = l.active_cpu_ms.saturating_add(u.active_cpu_ms.unwrap_or(0));
+        let wall = u.stopped_at.unwrap_or(at).saturating_sub(u.started_at);
+        l.memory_mb_ms = l
+            .memory_mb_ms
+            .saturating_add(u64::from(u.memory_mb).saturating_mul(wall));
+        l.transfer_bytes = l
+            .transfer_bytes
+            .saturating_add(u.transfer_bytes.unwrap_or(0));
     }
 
     fn close_sandbox(&mut self, at: Millis) {

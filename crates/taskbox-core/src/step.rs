@@ -480,6 +480,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 sandbox_id,
                 alive,
                 platform_snapshot,
+                ..
             },
         ) if cx.holds(&sandbox_id) => {
             match alive {

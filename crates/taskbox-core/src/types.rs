@@ -324,7 +324,9 @@ pub struct PlatformSnapshot {
 }
 
 /// What a platform reports a sandbox session used, as it reports it (Vercel's session object).
-/// Only journaled (in [`Event::SnapshotTaken`]); the core decides nothing by it.
+/// Only journaled (in [`Event::SnapshotTaken`], and [`Event::SandboxProbed`] and
+/// [`Event::SandboxStopped`] for a session that ended without a snapshot); the core decides
+/// nothing by it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionUsage {
     /// When the session started running (`startedAt`).

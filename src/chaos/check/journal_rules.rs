@@ -84,6 +84,9 @@ fn task_journal(
         {
             counts.restores += 1;
         }
+        if matches!(e.event, Event::Forked { .. }) {
+            counts.forks += 1;
+        }
         if let Event::CreateFailed { failure, .. } = &e.event {
             if failure.kind == FailureKind::SnapshotGone && e.state_before == TaskState::Restoring {
                 counts.fallbacks += 1;

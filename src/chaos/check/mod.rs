@@ -30,14 +30,20 @@
 //!   ([`deleted_while_referenced`]). The chaos workload removes no task (a removed task's
 //!   journal still shows what it retained).
 //!
+//! - **one-writer-per-token** (`taskbox chaos --fleet`, several engines on one PostgreSQL
+//!   store): every entry was written under a lease's fencing token, by one writer per token,
+//!   and never with a token older than an earlier entry's — no stale owner wrote after a
+//!   takeover ([`one_writer_per_token`]).
+//!
 //! The rooms: `platform.rs` is the platform's records as the checks read them, `snapshots.rs`
 //! the checks of restores and snapshots against them, `journal_rules.rs` the checks made by
-//! walking each task's journal; the reconciliation and settling checks and the report's types
+//! walking each task's journal, `writers.rs` the fleet's writer check; the reconciliation and settling checks and the report's types
 //! are here.
 
 mod journal_rules;
 mod platform;
 mod snapshots;
+mod writers;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -52,6 +58,7 @@ pub use snapshots::{
     adopted_sandboxes, deleted_while_referenced, forks, restores, restores_of, retired_at,
     retired_at_for, snapshots_kept,
 };
+pub use writers::{one_writer_per_token, FencedWrite};
 
 /// Which invariant a violation breaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -79,6 +86,9 @@ pub enum Invariant {
     ForkSource,
     /// The platform deleted a snapshot that a task still retained.
     DeletedWhileReferenced,
+    /// On a shared store: an entry written without a fencing token, by a second writer at one
+    /// token, or with a token older than an earlier entry's (a stale owner after a takeover).
+    OneWriterPerToken,
 }
 
 impl Invariant {
@@ -96,6 +106,7 @@ impl Invariant {
             Invariant::EngineError => "engine-error",
             Invariant::ForkSource => "fork-source",
             Invariant::DeletedWhileReferenced => "deleted-while-referenced",
+            Invariant::OneWriterPerToken => "one-writer-per-token",
         }
     }
 }
@@ -156,6 +167,8 @@ pub struct JournalCounts {
     /// Restarts that found something to recover (`loaded` events that did something, and the
     /// `recovered` events of older journals).
     pub recoveries: u64,
+    /// Tasks forked (`forked` entries: a child made from its parent's snapshot).
+    pub forks: u64,
 }
 
 /// After reconciliation: every live sandbox is the one its task holds, and no task has two.

@@ -2,12 +2,10 @@
 //! session from its current snapshot) as plans for the HTTP layer to boot, deleting, and the
 //! sandbox views, routes and list.
 
-use std::collections::BTreeMap;
-
 use super::session::{Phase, SessionRec, Status};
 use super::{admits, ListQuery, StopWork, World, WORKSPACE_ROOT};
 use crate::core::Millis;
-use crate::fake::validate::{CreateRequest, MB_PER_VCPU};
+use crate::fake::validate::{CreateRequest, SandboxSettings, MB_PER_VCPU};
 use crate::fake::wire::{ApiError, RouteView, SandboxView};
 
 /// A named sandbox.
@@ -19,11 +17,7 @@ pub(crate) struct SandboxRec {
     pub persistent: bool,
     pub runtime: Option<String>,
     pub image: Option<String>,
-    pub vcpus: u32,
-    pub timeout_ms: u64,
-    pub ports: Vec<u16>,
-    pub env: BTreeMap<String, String>,
-    pub tags: BTreeMap<String, String>,
+    pub settings: SandboxSettings,
     pub snapshot_expiration_ms: Option<u64>,
     pub created_at: Millis,
     pub updated_at: Millis,
@@ -87,9 +81,9 @@ impl World {
                 Some(_) => self.settings.image_cwd.clone(),
                 None => WORKSPACE_ROOT.to_string(),
             },
-            vcpus: sandbox.vcpus,
-            timeout_ms: sandbox.timeout_ms,
-            env: sandbox.env.clone(),
+            vcpus: sandbox.settings.vcpus,
+            timeout_ms: sandbox.settings.timeout_ms,
+            env: sandbox.settings.env.clone(),
             requested_at: now,
             started_at: now.saturating_add(self.settings.boot_delay_ms),
             source_snapshot_id,
@@ -145,11 +139,7 @@ impl World {
             persistent: req.persistent,
             runtime: runtime.clone(),
             image,
-            vcpus: req.vcpus,
-            timeout_ms: req.timeout_ms,
-            ports: req.ports,
-            env: req.env,
-            tags: req.tags,
+            settings: req.settings,
             snapshot_expiration_ms: req.snapshot_expiration_ms,
             created_at: now,
             updated_at: now,
@@ -251,11 +241,11 @@ impl World {
             name: sb.name.clone(),
             persistent: sb.persistent,
             region: self.settings.region.clone(),
-            vcpus: sb.vcpus,
-            memory: sb.vcpus * MB_PER_VCPU,
+            vcpus: sb.settings.vcpus,
+            memory: sb.settings.vcpus * MB_PER_VCPU,
             runtime: sb.runtime.clone(),
             image: sb.image.clone(),
-            timeout: sb.timeout_ms,
+            timeout: sb.settings.timeout_ms,
             created_at: sb.created_at,
             updated_at: sb.updated_at,
             current_session_id: sb.current_session_id.clone(),
@@ -265,14 +255,15 @@ impl World {
                 .as_ref()
                 .map_or(sb.updated_at, |v| v.updated_at),
             cwd: session.map_or_else(|| WORKSPACE_ROOT.to_string(), |s| s.cwd.clone()),
-            tags: sb.tags.clone(),
+            tags: sb.settings.tags.clone(),
             snapshot_expiration: sb.snapshot_expiration_ms,
         }
     }
 
     /// The routes of a sandbox's ports (the fake serves none of them; the shapes are right).
     pub(crate) fn routes(&self, sb: &SandboxRec) -> Vec<RouteView> {
-        sb.ports
+        sb.settings
+            .ports
             .iter()
             .map(|port| {
                 let subdomain = format!("{}-{port}", sb.name.to_ascii_lowercase());
@@ -315,7 +306,7 @@ impl World {
             .filter(|sb| {
                 q.tags
                     .iter()
-                    .all(|(k, v)| sb.tags.get(k).is_some_and(|have| have == v))
+                    .all(|(k, v)| sb.settings.tags.get(k).is_some_and(|have| have == v))
             })
             .map(|sb| (sb.seq, self.sandbox_view(sb, now)))
             .collect();

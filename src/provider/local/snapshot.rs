@@ -105,9 +105,15 @@ impl LocalProvider {
 
         let existing = self.read_meta(&name)?;
         let instance = existing.as_ref().map(|m| m.instance.as_str());
-        if let Some((snap, size_bytes)) = self.find_taken(&name, seq, instance)? {
+        if let Some((snap, archive_bytes)) = self.find_taken(&name, seq, instance)? {
             // Taken before by this same operation (a repeated call): make sure the sandbox is
-            // stopped, as it would be.
+            // stopped, as it would be. Its size is the first answer's (the file data its
+            // manifest keeps), read again from the manifest.
+            let path = self.snapshot_path(&snap);
+            let size_bytes = run_blocking("read a snapshot's manifest", move || {
+                Ok(kept_bytes(&path).unwrap_or(archive_bytes))
+            })
+            .await?;
             self.discard(&name, &slot).await?;
             return Ok(SnapshotInfo {
                 id: snap.id().into(),
@@ -335,8 +341,9 @@ const MAX_MANIFEST_BYTES: u64 = 1 << 30;
 
 /// Packs `workspace` into the content store (reusing what its index says is unchanged) and
 /// writes the manifest archive to `tmp`, fsyncs it, renames it to `path` and fsyncs the
-/// directory: the snapshot exists only once all of it is durable. Returns the manifest's size
-/// (what a repeated call finds; the new contents are in the stats).
+/// directory: the snapshot exists only once all of it is durable. Returns the bytes of file data
+/// the snapshot keeps ([`data_bytes`], what a repeated call finds again in the manifest; the
+/// new contents are in the stats).
 fn write_snapshot(
     cas: &Cas,
     snap: &SnapshotRef,
@@ -394,12 +401,42 @@ fn write_snapshot(
         drop(file);
         fs::rename(tmp, path).map_err(LocalError::io("move into place", path))?;
         sync_dir(dir)?;
-        Ok((size, stats))
+        tracing::trace!(manifest_bytes = size, "manifest written");
+        Ok((data_bytes(&manifest), stats))
     })();
     if result.is_err() {
         let _ = fs::remove_file(tmp);
     }
     result
+}
+
+/// The size the ledger records for a content-addressed snapshot (`snapshot bytes kept`): the
+/// bytes of file data its manifest refers to — the workspace's logical size, holes of sparse
+/// files left out, each hard-linked file once. Not the bytes it added to the shared store (a
+/// snapshot that changed one file of a large workspace would then keep "nothing", and the
+/// figure would move to no one when an older snapshot is deleted), nor the manifest's own size.
+fn data_bytes(manifest: &Manifest) -> u64 {
+    manifest
+        .entries
+        .iter()
+        .map(|e| match &e.kind {
+            super::cas::EntryKind::File { chunks, .. } => {
+                chunks.iter().map(|c| u64::from(c.len)).sum::<u64>()
+            }
+            _ => 0,
+        })
+        .sum()
+}
+
+/// [`data_bytes`] of the version 3 archive at `path`; `None` for an older format (whose size
+/// is the archive's) or an archive that cannot be read.
+fn kept_bytes(path: &Path) -> Option<u64> {
+    let mut reader = BufReader::new(fs::File::open(path).ok()?);
+    let (version, _) = archive::read_prefix_versioned(&mut reader).ok()?;
+    if version < archive::VERSION {
+        return None;
+    }
+    read_manifest(reader).ok().map(|m| data_bytes(&m))
 }
 
 /// Reads the manifest body of a version 3 archive (what follows its prefix).

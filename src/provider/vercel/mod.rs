@@ -121,6 +121,10 @@ pub struct VercelProvider {
     /// Session id → its working directory, as the session reports it (image-based sandboxes
     /// need not use `/vercel/sandbox`); read again after a restart.
     cwds: Mutex<HashMap<String, String>>,
+    /// Session id → what it used, as the probe that found it ended or the stop that ended it
+    /// read it; taken by [`SandboxProvider::session_usage`](crate::provider::SandboxProvider)
+    /// right after, so the ledger gets it without another request.
+    ended: Mutex<HashMap<String, crate::core::SessionUsage>>,
 }
 
 impl VercelProvider {
@@ -132,6 +136,7 @@ impl VercelProvider {
             options: ProviderOptions::default(),
             names: Mutex::new(HashMap::new()),
             cwds: Mutex::new(HashMap::new()),
+            ended: Mutex::new(HashMap::new()),
         }
     }
 
@@ -183,6 +188,30 @@ impl VercelProvider {
         if let Ok(mut cwds) = self.cwds.lock() {
             cwds.remove(session_id);
         }
+    }
+
+    /// Keeps what an ended session used until [`Self::ended_usage`] takes it.
+    fn remember_usage(&self, session: &Session) {
+        if let (Some(usage), Ok(mut ended)) = (session.usage(), self.ended.lock()) {
+            // Stops made outside `Call` (gc, `rm`) leave theirs untaken: keep the map bounded.
+            if ended.len() >= 1024 {
+                ended.clear();
+            }
+            ended.insert(session.id.clone(), usage);
+        }
+    }
+
+    /// What the session used, as the probe that found it ended or the stop that ended it read
+    /// it (none for a session that was gone: the platform reports nothing of it).
+    async fn ended_usage(
+        &self,
+        session_id: &SandboxId,
+    ) -> Result<Option<crate::core::SessionUsage>, ProviderError> {
+        Ok(self
+            .ended
+            .lock()
+            .ok()
+            .and_then(|mut ended| ended.remove(session_id.as_str())))
     }
 
     fn remember_cwd(&self, session: &Session) {
@@ -474,7 +503,8 @@ impl VercelProvider {
 
     async fn stop(&self, sandbox_id: &SandboxId) -> Result<(), ProviderError> {
         match self.client.stop_session(sandbox_id).await {
-            Ok(_) => {}
+            // The stop answers once the session has stopped: its usage is final.
+            Ok(answer) => self.remember_usage(&answer.session),
             Err(e) if e.kind == FailureKind::SandboxGone => {}
             Err(e) => return Err(e),
         }
@@ -523,7 +553,10 @@ impl VercelProvider {
                         None,
                     ))
                 }
-                _ => Ok(None),
+                _ => {
+                    self.remember_usage(&s);
+                    Ok(None)
+                }
             },
             Err(e) if e.kind == FailureKind::SandboxGone => Ok(None),
             Err(e) => Err(e),
@@ -638,6 +671,7 @@ super::platform_provider!(VercelProvider, "vercel_sandbox", {
     list_sandboxes: listed_sandboxes,
     list_snapshots: listed_snapshots,
     platform_snapshot: find_platform_snapshot,
+    session_usage: ended_usage,
 });
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ pub(super) fn outcome_key(e: &Event) -> Option<Key> {
         | Event::CommandFailed { request_id, .. }
         | Event::CommandNotStarted { request_id, .. } => Key::Run(*request_id),
         Event::SnapshotTaken { seq, .. } | Event::SnapshotFailed { seq, .. } => Key::Snapshot(*seq),
-        Event::SandboxStopped { sandbox_id } | Event::StopFailed { sandbox_id, .. } => {
+        Event::SandboxStopped { sandbox_id, .. } | Event::StopFailed { sandbox_id, .. } => {
             Key::Stop(sandbox_id.clone())
         }
         Event::TimeoutExtended { sandbox_id, .. } | Event::ExtendFailed { sandbox_id, .. } => {

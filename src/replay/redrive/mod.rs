@@ -22,10 +22,13 @@
 //! [`ReceivedCall`](crate::provider::ReceivedCall)); `plan` splits the journal into
 //! sessions and lists the expected calls; `provider` is the [`ReplayProvider`] that answers
 //! them; `compare` finds the first divergence between the recording and the re-driven journal;
-//! `scratch` keeps the re-drive's throwaway data directories. This module runs the sessions.
+//! `scratch` keeps the re-drive's throwaway data directories; `lineage` puts into the scratch
+//! store what the other tasks of a fork did (a child's creation from its parent's snapshot,
+//! the snapshots another task retained). This module runs the sessions.
 
 mod call;
 mod compare;
+mod lineage;
 mod plan;
 mod provider;
 mod scratch;
@@ -156,14 +159,15 @@ fn redrive_task(
     // The engine names sandboxes after its installation, and the scratch store's installation
     // cannot be the recording's: expect the names the engine makes in this one.
     let first_dir = session_dir(&root, 0).map_err(scratch_err)?;
-    let installation_id = Store::open(&first_dir.join(STORE_FILE))
-        .map_err(|source| RedriveError::Store {
-            task: task_id.clone(),
-            source: Box::new(source),
-        })?
-        .installation_id()
-        .to_string();
+    let store_err = |source| RedriveError::Store {
+        task: task_id.clone(),
+        source: Box::new(source),
+    };
+    let mut store = Store::open(&first_dir.join(STORE_FILE)).map_err(store_err)?;
+    let installation_id = store.installation_id().to_string();
     let (sessions, expected) = plan(&installation_id, task_id, &entries)?;
+    lineage::seed(&mut store, task_id, &entries).map_err(store_err)?;
+    drop(store);
     let task_name = task_id.clone();
     let joined = std::thread::scope(|s| {
         s.spawn(|| {
@@ -264,6 +268,13 @@ async fn drive(
             .await
             .map_err(engine_err)?;
         sessions_run += 1;
+        if s.requests.is_empty() && si > 0 {
+            // A process that only loaded the task (see `plan`).
+            clock.sleep_until(entries[s.first].at).await;
+            settle().await;
+            orch.load(&task).await.map_err(engine_err)?;
+            settle().await;
+        }
         let mut callers = Vec::new();
         for &ri in &s.requests {
             clock.sleep_until(entries[ri].at).await;
@@ -286,6 +297,15 @@ async fn drive(
                         orch.run(&task, &command, timeout).await.map(drop)
                     }
                     Event::SuspendRequested { .. } => orch.suspend(&task).await.map(drop),
+                    Event::ForkRequested { child, from, .. } => {
+                        let forked = orch.fork(&task, &child, from).await.map(drop);
+                        if forked.is_ok() {
+                            // The child is re-driven on its own; here it would retain what the
+                            // recording's child let go of (see `lineage`).
+                            orch.remove(&child, false).await.map(drop)?;
+                        }
+                        forked
+                    }
                     _ => orch.resume(&task).await.map(drop),
                 }
             }));

@@ -56,19 +56,19 @@ pub(super) fn plan(
             first.event.name()
         )));
     };
-    // A fork spans two tasks (the parent's request names the snapshot, the child starts from
-    // it, a release depends on who else retains it): the re-drive drives one task alone.
-    if let Some(e) = entries.iter().find(|e| {
-        matches!(
-            e.event,
-            Event::ForkRequested { .. } | Event::Forked { .. } | Event::SnapshotReleased { .. }
-        )
-    }) {
+    // A fork spans tasks; the others' part is given (see `lineage`): a child's creation as a
+    // fork is committed before the first session, and only there can it be.
+    let lineage = super::lineage::lineage_len(entries);
+    if let Some((i, e)) = entries
+        .iter()
+        .enumerate()
+        .find(|(i, e)| *i >= lineage && matches!(e.event, Event::Forked { .. }))
+    {
         return Err(unsupported(format!(
-            "entry #{} ({}) involves another task (a fork), and the re-drive drives one task \
-             alone; `taskbox replay` without --redrive checks the journal",
+            "entry #{} (forked) is not the second entry of the task, where a fork's lineage \
+             begins (entry {})",
             e.task_seq,
-            e.event.name()
+            i + 1
         )));
     }
     let mut sessions: Vec<Session> = vec![Session {
@@ -94,30 +94,30 @@ pub(super) fn plan(
             Event::SettingsChanged { settings } => s.settings = settings.clone(),
             Event::RunRequested { .. }
             | Event::SuspendRequested { .. }
-            | Event::ResumeRequested { .. } => s.requests.push(i),
+            | Event::ResumeRequested { .. }
+            | Event::ForkRequested { .. } => s.requests.push(i),
             _ => {}
         }
     }
-    if let Some(s) = sessions
-        .iter()
-        .find(|s| s.requests.is_empty() && s.first > 0)
-    {
-        return Err(unsupported(format!(
-            "entries #{}–#{} were committed by a process that made no request, and the \
-             re-drive can only load a task through a request",
-            entries[s.first].task_seq, entries[s.last].task_seq
-        )));
-    }
+    // A later process that made no request of the task only loaded it (a request that failed
+    // before it was journaled, such as a fork to a name in use; a server loading the tasks
+    // with live sandboxes at start): the re-drive loads it the same way.
     let mut expected: Vec<Expected> = Vec::new();
     for s in &sessions {
         let open_from = expected.len();
         for (i, e) in entries.iter().enumerate().take(s.last + 1).skip(s.first) {
             if let Some(key) = outcome_key(&e.event) {
                 let slot = expected[open_from..]
-                    .iter_mut()
-                    .find(|x| x.answer.is_none() && x.key == key);
+                    .iter()
+                    .position(|x| x.answer.is_none() && x.key == key)
+                    .map(|k| open_from + k);
                 match slot {
-                    Some(x) => x.answer = Some((e.at, e.event.clone())),
+                    // Released because another task retained the snapshot: the engine answered
+                    // the delete itself, and the provider never saw a call.
+                    Some(k) if matches!(e.event, Event::SnapshotReleased { .. }) => {
+                        expected.remove(k);
+                    }
+                    Some(k) => expected[k].answer = Some((e.at, e.event.clone())),
                     None => {
                         return Err(unsupported(format!(
                         "entry #{} ({}) answers no provider call made earlier by the same process",

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::clock::{Clock, TokioClock};
-use crate::core::{Event, Failure, FailureKind, Millis, PlatformSnapshot};
+use crate::core::{Event, Failure, FailureKind, Millis, PlatformSnapshot, SessionUsage};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{
     Call, ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture, ReceivedCall,
@@ -31,6 +31,9 @@ pub struct ReplayProvider {
     /// The platform snapshot the last recorded probe of each sandbox found, answered by
     /// [`SandboxProvider::platform_snapshot`] right after that probe.
     platform_snapshots: Mutex<std::collections::HashMap<SandboxId, PlatformSnapshot>>,
+    /// The session usage the last recorded probe or stop of each sandbox reported, answered by
+    /// [`SandboxProvider::session_usage`] right after that call.
+    usages: Mutex<std::collections::HashMap<SandboxId, SessionUsage>>,
 }
 
 pub(super) struct ReplayState {
@@ -63,6 +66,7 @@ impl ReplayProvider {
             keeps_files: std::sync::atomic::AtomicBool::new(false),
             task_id,
             platform_snapshots: Mutex::default(),
+            usages: Mutex::default(),
         }
     }
 
@@ -71,6 +75,13 @@ impl ReplayProvider {
     pub(super) fn set_keeps_files_after_deadline(&self, keeps: bool) {
         self.keeps_files
             .store(keeps, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Keeps a recorded call's session usage for [`SandboxProvider::session_usage`].
+    fn stash_usage(&self, sandbox_id: &SandboxId, usage: Option<SessionUsage>) {
+        if let (Some(usage), Ok(mut stash)) = (usage, self.usages.lock()) {
+            stash.insert(sandbox_id.clone(), usage);
+        }
     }
 
     pub(super) fn state(&self) -> MutexGuard<'_, ReplayState> {
@@ -276,7 +287,10 @@ impl SandboxProvider for ReplayProvider {
         };
         Box::pin(async move {
             match self.answer(call, "stop sandbox").await? {
-                Event::SandboxStopped { .. } => Ok(()),
+                Event::SandboxStopped { usage, .. } => {
+                    self.stash_usage(sandbox_id, usage);
+                    Ok(())
+                }
                 Event::StopFailed { failure, .. } => Err(recorded_error(&failure)),
                 other => Err(wrong_outcome("stop sandbox", &other)),
             }
@@ -327,8 +341,10 @@ impl SandboxProvider for ReplayProvider {
                 Event::SandboxProbed {
                     alive,
                     platform_snapshot,
+                    usage,
                     ..
                 } => {
+                    self.stash_usage(sandbox_id, usage);
                     if let (Some(found), Ok(mut stash)) =
                         (platform_snapshot, self.platform_snapshots.lock())
                     {
@@ -350,6 +366,19 @@ impl SandboxProvider for ReplayProvider {
         // Part of the recorded probe's answer, not a call of its own.
         let found = self
             .platform_snapshots
+            .lock()
+            .ok()
+            .and_then(|mut stash| stash.remove(sandbox_id));
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn session_usage<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<SessionUsage>> {
+        // Part of the recorded probe's or stop's answer, not a call of its own.
+        let found = self
+            .usages
             .lock()
             .ok()
             .and_then(|mut stash| stash.remove(sandbox_id));

@@ -74,7 +74,7 @@ pub fn event_summary(ev: &Event, at: Millis) -> String {
             seq, size_bytes, ..
         } => format!("{name} #{seq} ({})", fmt_bytes(*size_bytes)),
         Event::SnapshotFailed { seq, .. } => format!("{name} #{seq}"),
-        Event::SandboxStopped { sandbox_id }
+        Event::SandboxStopped { sandbox_id, .. }
         | Event::StopFailed { sandbox_id, .. }
         | Event::ExtendFailed { sandbox_id, .. } => format!("{name} {sandbox_id}"),
         Event::TimeoutExtended { deadline, .. } => {

@@ -19,6 +19,20 @@ pub struct Lease {
     pub token: i64,
 }
 
+/// Who wrote one fenced journal entry (migration 3's `journal_writers`): the token its commit
+/// carried and the lease's owner at that token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalWriter {
+    /// The task.
+    pub task_id: String,
+    /// The entry's place in the task's journal.
+    pub task_seq: u64,
+    /// The fencing token the commit carried.
+    pub token: i64,
+    /// The lease's owner at that token: the server that wrote the entry.
+    pub owner: String,
+}
+
 /// The fencing tokens this server's commits carry, by task. Shared by the stores of one server
 /// (the one that renews leases and the event loop's), so a commit always carries the token of
 /// the lease as last acquired.
@@ -82,7 +96,7 @@ impl PgStore {
             None => Err(StoreError::LeaseHeld {
                 task_id: task_id.to_string(),
                 owner: rows::get(&cx, row, 1, "leases.owner")?,
-                expires_in_ms: row.opt_uint(&cx, 2, "leases.expires_at")?.unwrap_or(0),
+                expires_in_ms: row.opt_uint(&cx, (2, "leases.expires_at"))?.unwrap_or(0),
             }),
         }
     }
@@ -176,6 +190,43 @@ impl PgStore {
             vec![Box::new(lease.task_id.clone()), Box::new(lease.token)],
         )?;
         Ok(())
+    }
+
+    /// Who wrote each fenced journal entry, in commit order (entries committed without a lease
+    /// have no row: a fleet's servers fence every commit).
+    pub fn journal_writers(&self) -> Result<Vec<JournalWriter>, StoreError> {
+        let rows = self.query_all(
+            "reading the journal's writers",
+            "SELECT task_id, task_seq, token, owner FROM journal_writers ORDER BY seq",
+        )?;
+        let cx = self.cx(None);
+        rows.iter()
+            .map(|r| {
+                let task_seq = rows::get::<i64>(&cx, r, 1, "journal_writers.task_seq")?;
+                Ok(JournalWriter {
+                    task_id: rows::get::<String>(&cx, r, 0, "journal_writers.task_id")?,
+                    task_seq: u64::try_from(task_seq).unwrap_or(0),
+                    token: rows::get::<i64>(&cx, r, 2, "journal_writers.token")?,
+                    owner: rows::get::<String>(&cx, r, 3, "journal_writers.owner")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Expires every lease `owner` holds, now, whatever its token — what the database sees
+    /// when a server's renewals stop reaching it (a partition, a pause) while the server
+    /// still believes its leases fresh. For `taskbox chaos --fleet`'s lease-expiry fault; a
+    /// server never calls it. Returns how many leases it expired.
+    pub fn expire_leases_of(&self, owner: &str) -> Result<u64, StoreError> {
+        let rows = self.query(
+            "expiring a server's leases",
+            None,
+            "UPDATE leases SET expires_at = now() - interval '1 millisecond'
+             WHERE owner = $1 AND expires_at > now() RETURNING task_id"
+                .to_string(),
+            vec![Box::new(owner.to_string())],
+        )?;
+        Ok(rows.len() as u64)
     }
 
     /// Tries to become the one holder of the installation-wide job `name` (gc, the reaper): a

@@ -47,8 +47,9 @@ use crate::ids::TaskId;
 
 use connection::{migrate, Fail, Session};
 use rows::JOURNAL_COLUMNS;
+use tokio_postgres::NoTls;
 
-pub use lease::{Fences, Lease};
+pub use lease::{Fences, JournalWriter, Lease};
 pub use target::PgTarget;
 
 /// An open PostgreSQL store. Like the SQLite store, give each thread its own.
@@ -122,6 +123,69 @@ impl PgStore {
     /// Makes this store's commits carry the tokens of `fences` (another store's of this server).
     pub fn share_fences(&mut self, fences: Fences) {
         self.fences = fences;
+    }
+
+    /// Creates (`create`) or drops the database `name` on the server of `admin` (connected to
+    /// as `admin` says): the scratch database of a `taskbox chaos --fleet` seed. `name` is
+    /// made of lowercase letters, digits and `_`. Runs on a thread of its own, so it may be
+    /// called from anywhere, a runtime included.
+    // The store is the one module allowed to connect to PostgreSQL (clippy.toml).
+    #[allow(clippy::disallowed_methods)]
+    pub fn scratch_database(admin: &PgTarget, name: &str, create: bool) -> Result<(), StoreError> {
+        let operation = if create {
+            "creating a scratch database"
+        } else {
+            "dropping a scratch database"
+        };
+        let fail = |retryable: bool, source: Box<dyn std::error::Error + Send + Sync>| {
+            StoreError::Postgres {
+                target: admin.redacted().to_string(),
+                operation,
+                task_id: None,
+                retryable,
+                source,
+            }
+        };
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            return Err(fail(
+                false,
+                format!("`{name}` is not a plain database name").into(),
+            ));
+        }
+        let sql = if create {
+            format!("CREATE DATABASE {name}")
+        } else {
+            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        };
+        let config = admin.config.clone();
+        let done = std::thread::scope(|s| {
+            s.spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(async {
+                    let (client, conn) = config.connect(NoTls).await?;
+                    let driver = tokio::spawn(async move {
+                        let _ = conn.await;
+                    });
+                    let r = client.batch_execute(&sql).await;
+                    drop(client);
+                    let _ = driver.await;
+                    r
+                })
+                .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { Box::new(e) })
+            })
+            .join()
+        });
+        match done {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(fail(true, e)),
+            Err(_) => Err(fail(false, "the thread running it panicked".into())),
+        }
     }
 }
 
@@ -212,12 +276,7 @@ impl Backend for PgStore {
         Ok(Backend::task_marks(self, id)?.and_then(|m| m.backend))
     }
 
-    fn mark_removed(
-        &mut self,
-        id: &str,
-        at: Millis,
-        kept_snapshots: bool,
-    ) -> Result<(), StoreError> {
+    fn mark_removed(&mut self, id: &str, at: Millis, kept: bool) -> Result<(), StoreError> {
         let at = i64::try_from(at).map_err(|_| StoreError::OutOfRange {
             task_id: id.to_string(),
             what: "removal time",
@@ -227,11 +286,7 @@ impl Backend for PgStore {
             "marking a task removed",
             Some(id),
             "UPDATE tasks SET removed_at = $2, kept_snapshots = $3 WHERE id = $1".to_string(),
-            vec![
-                Box::new(id.to_string()),
-                Box::new(at),
-                Box::new(kept_snapshots),
-            ],
+            vec![Box::new(id.to_string()), Box::new(at), Box::new(kept)],
         )?;
         Ok(())
     }

@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 use super::PgStore;
 use crate::core::Task;
 use crate::ids::TaskId;
-use crate::store::rows::{self, Columns, RowContext};
+use crate::store::rows::{self, Col, Columns, RowContext};
 use crate::store::{JournalEntry, StoreError, TaskMarks};
 
 /// The columns journal reads decode, in this order.
@@ -73,7 +73,7 @@ impl PgStore {
         let cx = self.cx(None);
         Ok(TaskMarks {
             backend: get(&cx, row, first, "tasks.backend")?,
-            removed_at: row.opt_uint(&cx, first + 1, "tasks.removed_at")?,
+            removed_at: row.opt_uint(&cx, (first + 1, "tasks.removed_at"))?,
             kept_snapshots: get::<Option<bool>>(&cx, row, first + 2, "tasks.kept_snapshots")?
                 .unwrap_or(false),
         })
@@ -97,49 +97,24 @@ fn to_uint(cx: &RowContext<'_>, v: i64, column: &'static str) -> Result<u64, Sto
 }
 
 impl Columns for Row {
-    fn text(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<String, StoreError> {
-        get(cx, self, index, column)
+    fn text(&self, cx: &RowContext<'_>, col: Col) -> Result<String, StoreError> {
+        get(cx, self, col.0, col.1)
     }
 
-    fn opt_text(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<Option<String>, StoreError> {
-        get(cx, self, index, column)
+    fn opt_text(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<String>, StoreError> {
+        get(cx, self, col.0, col.1)
     }
 
-    fn json_text(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<&str, StoreError> {
-        get(cx, self, index, column)
+    fn json_text(&self, cx: &RowContext<'_>, col: Col) -> Result<&str, StoreError> {
+        get(cx, self, col.0, col.1)
     }
 
-    fn uint(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<u64, StoreError> {
-        to_uint(cx, get(cx, self, index, column)?, column)
+    fn uint(&self, cx: &RowContext<'_>, col: Col) -> Result<u64, StoreError> {
+        to_uint(cx, get(cx, self, col.0, col.1)?, col.1)
     }
 
-    fn opt_uint(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<Option<u64>, StoreError> {
-        let v: Option<i64> = get(cx, self, index, column)?;
-        v.map(|v| to_uint(cx, v, column)).transpose()
+    fn opt_uint(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<u64>, StoreError> {
+        let v: Option<i64> = get(cx, self, col.0, col.1)?;
+        v.map(|v| to_uint(cx, v, col.1)).transpose()
     }
 }

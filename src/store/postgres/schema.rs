@@ -221,6 +221,48 @@ pub(super) const MIGRATIONS: &[&str] = &[
     END
     $$;
     "#,
+    // 3: who wrote each fenced journal entry: the lease token its commit carried and the owner
+    // of the lease at that token (append-only, like the journal). `taskbox chaos --fleet`
+    // checks from it that a task has one writer at any token, and that no entry was written
+    // with a token older than one before it (a stale writer after a takeover).
+    r#"
+    CREATE TABLE journal_writers (
+        seq      BIGINT PRIMARY KEY REFERENCES journal(seq),
+        task_id  TEXT COLLATE "C" NOT NULL,
+        task_seq BIGINT NOT NULL,
+        token    BIGINT NOT NULL,
+        owner    TEXT NOT NULL
+    );
+    CREATE TRIGGER journal_writers_no_update BEFORE UPDATE OR DELETE ON journal_writers
+        FOR EACH ROW EXECUTE FUNCTION taskbox_journal_append_only();
+    CREATE TRIGGER journal_writers_no_truncate BEFORE TRUNCATE ON journal_writers
+        FOR EACH STATEMENT EXECUTE FUNCTION taskbox_journal_append_only();
+
+    CREATE OR REPLACE FUNCTION taskbox_commit_fenced(
+        p_token BIGINT,
+        p_id TEXT, p_state_before TEXT, p_state TEXT, p_data TEXT, p_created_at BIGINT,
+        p_at BIGINT, p_event_name TEXT, p_event TEXT, p_commands TEXT,
+        p_snap_seq BIGINT[], p_snap_provider TEXT[], p_snap_status TEXT[], p_snap_size BIGINT[],
+        p_snap_sandbox TEXT[], p_snap_started BIGINT[], p_snap_created BIGINT[],
+        p_snap_expires BIGINT[],
+        p_sb_id TEXT, p_sb_name TEXT, p_sb_generation BIGINT, p_sb_created BIGINT,
+        p_sb_deadline BIGINT, p_sb_source TEXT
+    ) RETURNS BIGINT LANGUAGE plpgsql AS $$
+    DECLARE
+        v_seq BIGINT;
+    BEGIN
+        PERFORM taskbox_fence(p_id, p_token);
+        v_seq := taskbox_commit(p_id, p_state_before, p_state, p_data, p_created_at, p_at,
+            p_event_name, p_event, p_commands, p_snap_seq, p_snap_provider, p_snap_status,
+            p_snap_size, p_snap_sandbox, p_snap_started, p_snap_created, p_snap_expires,
+            p_sb_id, p_sb_name, p_sb_generation, p_sb_created, p_sb_deadline, p_sb_source);
+        INSERT INTO journal_writers (seq, task_id, task_seq, token, owner)
+        SELECT v_seq, j.task_id, j.task_seq, p_token, l.owner
+        FROM journal j, leases l WHERE j.seq = v_seq AND l.task_id = p_id;
+        RETURN v_seq;
+    END
+    $$;
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -43,6 +43,22 @@ impl PgTarget {
         Ok(PgTarget { config, redacted })
     }
 
+    /// The same server and credentials, database `name` (a scratch database of a chaos run).
+    /// Returns the target and its URL (with the password: for the engines it is handed to,
+    /// never shown).
+    pub fn url_with_database(url: &str, name: &str) -> Result<(PgTarget, String), StoreError> {
+        let (head, query) = match url.find('?') {
+            Some(q) => url.split_at(q),
+            None => (url, ""),
+        };
+        let scheme_end = head.find("://").map_or(0, |i| i + 3);
+        let authority_end = head[scheme_end..]
+            .find('/')
+            .map_or(head.len(), |i| scheme_end + i);
+        let changed = format!("{}/{name}{query}", &head[..authority_end]);
+        Ok((PgTarget::parse(&changed)?, changed))
+    }
+
     /// The URL with its password replaced by `[redacted]`: the only form that is ever shown.
     pub fn redacted(&self) -> &str {
         &self.redacted
@@ -123,6 +139,16 @@ mod tests {
             redact_url("postgres://tb@db/taskbox"),
             "postgres://tb@db/taskbox"
         );
+        let (t, url) =
+            PgTarget::url_with_database("postgres://tb:s3cret@db:5/x?sslmode=disable", "y")
+                .expect("parse");
+        assert_eq!(url, "postgres://tb:s3cret@db:5/y?sslmode=disable");
+        assert_eq!(
+            t.redacted(),
+            "postgres://tb:[redacted]@db:5/y?sslmode=disable"
+        );
+        let (_, url) = PgTarget::url_with_database("postgres://tb@db", "y").expect("parse");
+        assert_eq!(url, "postgres://tb@db/y");
         let err = PgTarget::parse("postgres://tb:s3cret@db/x?bogus=1").unwrap_err();
         assert!(!err.to_string().contains("s3cret"), "{err}");
         assert!(err.to_string().contains("bogus"), "{err}");

@@ -40,7 +40,7 @@ use super::{Backend, JournalEntry, SandboxRow, SnapshotRow, Sync, TaskMarks, Tra
 use crate::core::{Millis, Task};
 use crate::ids::TaskId;
 
-use write::write_transition;
+use write::{write_transition, Mirrors};
 
 /// An open SQLite store file. Not `Sync`: give each thread its own store (they may share the
 /// file).
@@ -52,6 +52,8 @@ pub struct SqliteStore {
     /// The connection was left at `synchronous = NORMAL` (setting FULL back after a
     /// [`Sync::WithNext`] commit failed): every write sets FULL again before it writes.
     not_full: bool,
+    /// What the snapshot and sandbox rows hold, as far as this connection knows.
+    mirrors: Mirrors,
 }
 
 /// The columns `query_journal` decodes, in its order.
@@ -84,6 +86,7 @@ impl SqliteStore {
             path: path.to_path_buf(),
             installation_id,
             not_full: false,
+            mirrors: Mirrors::default(),
         })
     }
 
@@ -203,17 +206,12 @@ impl SqliteStore {
     }
 
     /// Marks the task removed at `at` (`taskbox rm`); its record and journal stay.
-    pub fn mark_removed(
-        &mut self,
-        id: &str,
-        at: Millis,
-        kept_snapshots: bool,
-    ) -> Result<(), StoreError> {
+    pub fn mark_removed(&mut self, id: &str, at: Millis, kept: bool) -> Result<(), StoreError> {
         self.full_sync(Some(id))?;
         let op = "marking a task removed";
         self.conn
             .prepare_cached("UPDATE tasks SET removed_at = ?2, kept_snapshots = ?3 WHERE id = ?1")
-            .and_then(|mut s| s.execute(params![id, at, kept_snapshots]))
+            .and_then(|mut s| s.execute(params![id, at, kept]))
             .map_err(|e| self.sql(op, Some(id), e))?;
         Ok(())
     }
@@ -281,14 +279,26 @@ impl SqliteStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sql(path, "beginning a commit", first_task, e))?;
-        let mut seqs = Vec::with_capacity(recs.len());
-        for rec in recs {
-            // An error returns early and drops `tx`, which rolls back every record written so far.
-            seqs.push(write_transition(&tx, path, rec)?);
+        let mirrors = &mut self.mirrors;
+        let written = (|| {
+            mirrors.begin(&tx, path)?;
+            let mut seqs = Vec::with_capacity(recs.len());
+            for rec in recs {
+                seqs.push(write_transition(&tx, path, rec, mirrors)?);
+            }
+            Ok(seqs)
+        })();
+        // An error drops `tx`, which rolls back every record written so far.
+        let committed = written.and_then(|seqs| {
+            tx.commit()
+                .map(|()| seqs)
+                .map_err(|e| StoreError::sql(path, "committing a transition", first_task, e))
+        });
+        match &committed {
+            Ok(_) => mirrors.committed(),
+            Err(_) => mirrors.forget(),
         }
-        tx.commit()
-            .map_err(|e| StoreError::sql(path, "committing a transition", first_task, e))?;
-        Ok(seqs)
+        committed
     }
 
     /// The task's whole journal, oldest first.
@@ -413,13 +423,8 @@ impl Backend for SqliteStore {
     fn claim_backend(&mut self, id: &str, backend: &str) -> Result<Option<String>, StoreError> {
         SqliteStore::claim_backend(self, id, backend)
     }
-    fn mark_removed(
-        &mut self,
-        id: &str,
-        at: Millis,
-        kept_snapshots: bool,
-    ) -> Result<(), StoreError> {
-        SqliteStore::mark_removed(self, id, at, kept_snapshots)
+    fn mark_removed(&mut self, id: &str, at: Millis, kept: bool) -> Result<(), StoreError> {
+        SqliteStore::mark_removed(self, id, at, kept)
     }
     fn commit(&mut self, rec: &TransitionRecord<'_>) -> Result<u64, StoreError> {
         SqliteStore::commit(self, rec)

@@ -5,7 +5,7 @@ use rusqlite::types::FromSql;
 use rusqlite::Row;
 
 use super::SqliteStore;
-use crate::store::rows::{self, Columns, RowContext};
+use crate::store::rows::{self, Col, Columns, RowContext};
 use crate::store::{JournalEntry, StoreError};
 
 impl SqliteStore {
@@ -65,50 +65,25 @@ pub(super) fn get<T: FromSql>(
 }
 
 impl Columns for Row<'_> {
-    fn text(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<String, StoreError> {
-        get(cx, self, index, column)
+    fn text(&self, cx: &RowContext<'_>, col: Col) -> Result<String, StoreError> {
+        get(cx, self, col.0, col.1)
     }
 
-    fn opt_text(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<Option<String>, StoreError> {
-        get(cx, self, index, column)
+    fn opt_text(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<String>, StoreError> {
+        get(cx, self, col.0, col.1)
     }
 
-    fn json_text(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<&str, StoreError> {
-        self.get_ref(index)
+    fn json_text(&self, cx: &RowContext<'_>, col: Col) -> Result<&str, StoreError> {
+        self.get_ref(col.0)
             .and_then(|v| v.as_str().map_err(Into::into))
-            .map_err(|e| cx.corrupt(column, e.to_string(), None))
+            .map_err(|e| cx.corrupt(col.1, e.to_string(), None))
     }
 
-    fn uint(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<u64, StoreError> {
-        get(cx, self, index, column)
+    fn uint(&self, cx: &RowContext<'_>, col: Col) -> Result<u64, StoreError> {
+        get(cx, self, col.0, col.1)
     }
 
-    fn opt_uint(
-        &self,
-        cx: &RowContext<'_>,
-        index: usize,
-        column: &'static str,
-    ) -> Result<Option<u64>, StoreError> {
-        get(cx, self, index, column)
+    fn opt_uint(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<u64>, StoreError> {
+        get(cx, self, col.0, col.1)
     }
 }

@@ -1,11 +1,12 @@
 //! The commit path's writes: one transition's task row, journal row, and the snapshot and
 //! sandbox rows mirrored from the task, inside the caller's transaction.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use rusqlite::{params, OptionalExtension, Transaction};
 
-use crate::core::{Millis, Task};
+use crate::core::{Millis, SandboxRecord, SnapshotRecord, Task};
 use crate::store::{to_json, StoreError, TransitionRecord};
 
 /// An error mapper for a statement of the commit path.
@@ -22,6 +23,7 @@ pub(super) fn write_transition(
     tx: &Transaction<'_>,
     path: &Path,
     rec: &TransitionRecord<'_>,
+    mirrors: &mut Mirrors,
 ) -> Result<u64, StoreError> {
     let task = rec.task_after;
     let id = task.id.as_str();
@@ -29,41 +31,26 @@ pub(super) fn write_transition(
     let event_json = to_json(id, "event", rec.event)?;
     let commands_json = to_json(id, "commands", rec.commands)?;
 
-    // What the store holds for the task now, read under the write lock. The snapshot and
-    // sandbox rows always mirror `tasks.data` (they are written in the same transaction), so
-    // when the new task's `snapshots` (or `sandbox`) render to the same JSON as the stored
-    // one's, their rows are already right and are not touched: most transitions change neither.
-    // Both sides are rendered by SQLite, so formatting cannot differ; a path missing from the
-    // JSON never counts as unchanged.
-    let stored: Option<(String, bool, bool)> = tx
-        .prepare_cached(
-            "SELECT state,
-                    (?2 -> '$.snapshots') IS NOT NULL
-                        AND (data -> '$.snapshots') IS (?2 -> '$.snapshots'),
-                    (?2 -> '$.sandbox') IS NOT NULL
-                        AND (data -> '$.sandbox') IS (?2 -> '$.sandbox')
-             FROM tasks WHERE id = ?1",
-        )
-        .and_then(|mut s| {
-            s.query_row(params![id, task_json], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })
-            .optional()
-        })
+    // The stored state, read under the write lock.
+    let stored: Option<String> = tx
+        .prepare_cached("SELECT state FROM tasks WHERE id = ?1")
+        .and_then(|mut s| s.query_row([id], |r| r.get(0)).optional())
         .map_err(on(path, id, "reading the task"))?;
-    let (snapshots_unchanged, sandbox_unchanged) = match stored {
-        Some((stored, _, _)) if stored != rec.state_before.as_str() => {
-            // Another writer moved the task on since this transition's `state_before` was
-            // read; committing would silently drop its update.
-            return Err(StoreError::StateConflict {
-                task_id: id.to_string(),
-                expected: rec.state_before,
-                stored,
-            });
-        }
-        Some((_, snapshots, sandbox)) => (snapshots, sandbox),
-        None => (false, false),
-    };
+    if let Some(stored) = stored.filter(|s| s != rec.state_before.as_str()) {
+        // Another writer moved the task on since this transition's `state_before` was read;
+        // committing would silently drop its update.
+        return Err(StoreError::StateConflict {
+            task_id: id.to_string(),
+            expected: rec.state_before,
+            stored,
+        });
+    }
+    // The snapshot and sandbox rows are rewritten only when they may differ from the task's
+    // records: when this connection does not know what they hold (see [`Mirrors`]) or the
+    // records changed. Most transitions change neither.
+    let known = mirrors.get(id);
+    let snapshots_unchanged = known.is_some_and(|m| m.snapshots == task.snapshots);
+    let sandbox_unchanged = known.is_some_and(|m| m.sandbox == task.sandbox);
 
     tx.prepare_cached(
         "INSERT INTO tasks (id, state, data, created_at, updated_at)
@@ -114,7 +101,76 @@ pub(super) fn write_transition(
     if !sandbox_unchanged {
         sync_sandboxes(tx, path, task, rec.at)?;
     }
+    if !(snapshots_unchanged && sandbox_unchanged) {
+        mirrors.pending.insert(
+            id.to_string(),
+            Mirror {
+                snapshots: task.snapshots.clone(),
+                sandbox: task.sandbox.clone(),
+            },
+        );
+    }
     Ok(seq)
+}
+
+/// What one task's `snapshots` and `sandboxes` rows mirror: the records they were last written
+/// from.
+#[derive(Debug, Clone, PartialEq)]
+struct Mirror {
+    snapshots: Vec<SnapshotRecord>,
+    sandbox: Option<SandboxRecord>,
+}
+
+/// What this connection knows the `snapshots` and `sandboxes` rows hold, per task: the records
+/// of the last transition it committed for the task. Only commits write those rows, so the
+/// knowledge stays true until another connection commits — which `PRAGMA data_version` (read
+/// under the write lock at the start of every commit) reveals, and then everything is forgotten.
+/// A task not known here has its rows rewritten (the writes are idempotent), so a cold or
+/// forgotten cache costs time, never correctness.
+#[derive(Debug, Default)]
+pub(super) struct Mirrors {
+    /// `data_version` as of this connection's last commit; `None`: nothing is known.
+    version: Option<i64>,
+    known: HashMap<String, Mirror>,
+    /// What the transaction in progress wrote (applied to `known` once it commits).
+    pending: HashMap<String, Mirror>,
+}
+
+/// More tasks than this known and the knowledge is dropped (it is rebuilt as tasks commit).
+const MAX_KNOWN: usize = 100_000;
+
+impl Mirrors {
+    /// Starts a commit: forgets everything if another connection committed since this one's
+    /// last commit. `tx` holds the write lock.
+    pub(super) fn begin(&mut self, tx: &Transaction<'_>, path: &Path) -> Result<(), StoreError> {
+        self.pending.clear();
+        let version: i64 = tx
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut s| s.query_row([], |r| r.get(0)))
+            .map_err(|e| StoreError::sql(path, "reading the data version", None, e))?;
+        if self.version != Some(version) || self.known.len() > MAX_KNOWN {
+            self.known.clear();
+            self.version = Some(version);
+        }
+        Ok(())
+    }
+
+    /// The rows of `task` as of this transaction: its own writes first.
+    fn get(&self, task: &str) -> Option<&Mirror> {
+        self.pending.get(task).or_else(|| self.known.get(task))
+    }
+
+    /// The transaction committed: what it wrote is what the rows hold.
+    pub(super) fn committed(&mut self) {
+        self.known.extend(self.pending.drain());
+    }
+
+    /// The transaction did not commit (or may not have): nothing is known any more.
+    pub(super) fn forget(&mut self) {
+        self.pending.clear();
+        self.known.clear();
+        self.version = None;
+    }
 }
 
 /// Mirrors `task.snapshots` into the `snapshots` table. Unchanged rows are not rewritten (the

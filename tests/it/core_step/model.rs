@@ -138,6 +138,7 @@ impl Harness {
             sandbox_id,
             alive: None,
             platform_snapshot: Some(found),
+            ..
         } = &event
         {
             let holds = before.sandbox.as_ref().is_some_and(|s| &s.id == sandbox_id);
@@ -382,7 +383,10 @@ impl Harness {
                     failure: permanent(),
                 },
             },
-            Command::StopSandbox { sandbox_id } => Event::SandboxStopped { sandbox_id },
+            Command::StopSandbox { sandbox_id } => Event::SandboxStopped {
+                sandbox_id,
+                usage: None,
+            },
             Command::ExtendTimeout {
                 sandbox_id,
                 duration_ms,
@@ -420,6 +424,7 @@ impl Harness {
                     sandbox_id,
                     alive: None,
                     platform_snapshot: None,
+                    usage: None,
                 },
                 Outcome::PlatformStopped => {
                     self.deadlines.remove(sandbox_id.as_str());
@@ -431,6 +436,7 @@ impl Harness {
                         }),
                         sandbox_id,
                         alive: None,
+                        usage: None,
                     }
                 }
                 Outcome::Ok | Outcome::SnapshotGone => {
@@ -443,6 +449,7 @@ impl Harness {
                         sandbox_id,
                         alive,
                         platform_snapshot: None,
+                        usage: None,
                     }
                 }
             },

@@ -104,6 +104,7 @@ fn a_run_requested_while_probing_waits_for_the_probe_then_runs() {
             sandbox_id: "s".into(),
             alive: Some(DEADLINE + 5),
             platform_snapshot: None,
+            usage: None,
         },
         T0 + 30,
     );
@@ -155,6 +156,7 @@ fn a_run_requested_while_probing_a_dead_sandbox_restores_it_first() {
             sandbox_id: "s2".into(),
             alive: None,
             platform_snapshot: None,
+            usage: None,
         },
         T0 + 30,
     );
@@ -371,6 +373,7 @@ fn a_sandbox_the_platform_stopped_with_a_snapshot_of_its_own_is_restored_from_th
             sandbox_id: "s2".into(),
             alive: None,
             platform_snapshot: Some(found.clone()),
+            usage: None,
         },
         T0 + 30,
     );
@@ -418,6 +421,7 @@ fn a_sandbox_the_platform_stopped_with_a_snapshot_of_its_own_is_restored_from_th
             sandbox_id: "s2".into(),
             alive: None,
             platform_snapshot: None,
+            usage: None,
         },
         T0 + 30,
     );
@@ -442,6 +446,7 @@ fn a_platform_snapshot_falls_under_keep_snapshots_and_is_ignored_when_not_persis
                 sandbox_id: "s2".into(),
                 alive: None,
                 platform_snapshot: Some(found.clone()),
+                usage: None,
             },
             T0 + 30,
         )

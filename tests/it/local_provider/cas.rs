@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::io::Write as _;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -566,6 +567,58 @@ fn the_index_skips_unchanged_files_and_catches_sneaky_changes() {
     let again = dir.path().join("again");
     restore_into(&cas, &m3, &again).unwrap();
     assert_eq!(fs::read(again.join("f7")).unwrap(), b"file X");
+}
+
+/// A file long enough to be read in parts (by both threads) restores byte for byte with its
+/// chunks in order; appending to it stores only the new chunks, and so does the same file in
+/// another workspace.
+#[test]
+fn a_file_read_in_parts_restores_in_order_and_an_append_stores_only_new_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let cas = Cas::open(dir.path().join("cas")).unwrap();
+    let ws = dir.path().join("ws");
+    fs::create_dir(&ws).unwrap();
+    // 19.5 MiB: two whole parts of 8 MiB and a tail; every MiB differs.
+    let mut data = Vec::new();
+    for mib in 0..19u32 {
+        data.extend(big(1 << 20, mib as u8 + 1));
+    }
+    data.extend(big(1 << 19, 99));
+    fs::write(ws.join("large"), &data).unwrap();
+    fs::write(ws.join("small"), "s").unwrap();
+    let (m1, s1) = cas.pack(&ws, None).unwrap();
+    assert_eq!(s1.files_read, 2, "a file read in parts counts once");
+    assert_eq!(s1.bytes_read, data.len() as u64 + 1);
+    assert_eq!(s1.objects_written, 21);
+    let chunks = m1
+        .entries
+        .iter()
+        .find_map(|e| match &e.kind {
+            EntryKind::File { chunks, .. } if e.path == b"large" => Some(chunks.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let offsets: Vec<u64> = chunks.iter().map(|c| c.offset).collect();
+    let expected: Vec<u64> = (0..20u64).map(|i| i << 20).collect();
+    assert_eq!(offsets, expected);
+    let back = dir.path().join("back");
+    restore_into(&cas, &m1, &back).unwrap();
+    assert_eq!(fs::read(back.join("large")).unwrap(), data);
+
+    let mut more = big(1 << 20, 200);
+    fs::OpenOptions::new()
+        .append(true)
+        .open(ws.join("large"))
+        .unwrap()
+        .write_all(&more)
+        .unwrap();
+    let (m2, s2) = cas.pack(&ws, None).unwrap();
+    // The old tail chunk grew, and one new chunk follows it.
+    assert_eq!(s2.objects_written, 2, "{s2:?}");
+    data.append(&mut more);
+    let again = dir.path().join("again");
+    restore_into(&cas, &m2, &again).unwrap();
+    assert_eq!(fs::read(again.join("large")).unwrap(), data);
 }
 
 /// A manifest entry that would escape or write through a symlink is refused before anything

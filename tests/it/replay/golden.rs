@@ -33,12 +33,6 @@ fn golden_journals_replay_cleanly_and_redrive_identically() {
             verdict.divergences().next()
         );
         assert_eq!(verdict.tasks.len(), file.header.tasks.len(), "{name}");
-        if name == "fork" {
-            // A fork spans two tasks; the re-drive drives one alone and says so.
-            let err = redrive::redrive(&file.entries).expect_err("a fork is not re-driven");
-            assert!(err.to_string().contains("involves another task"), "{err}");
-            continue;
-        }
         let reports = redrive::redrive(&file.entries)
             .unwrap_or_else(|e| panic!("{name}: {:#}", anyhow::Error::new(e)));
         for r in &reports {
@@ -56,6 +50,31 @@ fn golden_journals_replay_cleanly_and_redrive_identically() {
             assert_eq!(r.calls_made, r.calls_expected, "{name}");
         }
     }
+    // The fork recording: each of its three tasks re-drives on its own — the parent's fork
+    // requests (the first snapshots it), the children restoring the parent's snapshot, the
+    // parent releasing the snapshot a child retains and that child deleting it as its last
+    // holder — with the calls the recording made.
+    let fork = redrive::redrive(&golden("fork").entries).expect("re-drive");
+    let by_task: std::collections::BTreeMap<&str, &redrive::RedriveReport> =
+        fork.iter().map(|r| (r.task_id.as_str(), r)).collect();
+    assert_eq!(
+        by_task.keys().copied().collect::<Vec<_>>(),
+        ["demo", "demo-alt", "demo-new"]
+    );
+    // demo: two creates, two runs, two snapshots and no delete (it released its first
+    // snapshot to demo-alt); demo-alt: a restore, a run, a snapshot, a resumed run and the
+    // delete of the shared snapshot; demo-new: a restore and a run.
+    assert_eq!(by_task["demo"].calls_expected, 8, "{:?}", by_task["demo"]);
+    assert_eq!(
+        by_task["demo-alt"].calls_expected, 7,
+        "{:?}",
+        by_task["demo-alt"]
+    );
+    assert_eq!(
+        by_task["demo-new"].calls_expected, 2,
+        "{:?}",
+        by_task["demo-new"]
+    );
     // The multi-process recordings really do span several engine sessions, and the crash
     // recording has a call that never got its answer.
     let crash = redrive::redrive(&golden("crash").entries).expect("re-drive");

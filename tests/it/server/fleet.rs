@@ -276,3 +276,96 @@ fn gc_runs_on_one_server_of_a_fleet_at_a_time() {
     assert!(report.get("held_elsewhere").is_none(), "{report}");
     assert_eq!(report["dry_run"], false, "{report}");
 }
+
+/// PostgreSQL restarted under load: three callers keep running commands through a server
+/// while the cluster stops and starts again. The server reconnects by itself; a caller sees a
+/// retryable error at worst (and sees one while the database is down); every line a command
+/// appended and answered for is still in its task's file afterwards (nothing committed is
+/// lost); the journal replays clean.
+#[test]
+fn a_postgres_restarted_under_load_loses_nothing_and_callers_see_retryable_errors() {
+    let Some(server) = crate::pg::private_server() else {
+        return;
+    };
+    let cluster = server.cluster().expect("a cluster of this test's own");
+    let db = server.database();
+    let fake_home = Home::new();
+    let fake = spawn_fake(&fake_home);
+    let (a, mut a_serve) = fleet_server(&db.url, &fake, 10);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let tasks = ["load0", "load1", "load2"];
+    // Per task: the lines answered as appended, and the error codes seen.
+    let outcomes: Vec<(Vec<String>, Vec<String>)> = std::thread::scope(|s| {
+        let callers: Vec<_> = tasks
+            .iter()
+            .map(|task| {
+                let (a, stop) = (&a, &stop);
+                s.spawn(move || {
+                    let mut appended = Vec::new();
+                    let mut errors = Vec::new();
+                    let mut k = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        k += 1;
+                        let line = format!("{task}-{k}");
+                        let o = a.home.run(&[
+                            "run",
+                            "--json",
+                            "-t",
+                            task,
+                            "--",
+                            &format!("echo {line} >> f; tail -n 1 f"),
+                        ]);
+                        let out: Value = serde_json::from_str(&stdout(&o)).unwrap_or(Value::Null);
+                        if o.status.success() {
+                            assert_eq!(out["stdout"], format!("{line}\n"), "{out}");
+                            appended.push(line);
+                        } else {
+                            assert_eq!(out["retryable"], true, "{out} {}", stderr(&o));
+                            errors.push(out["code"].as_str().unwrap_or("").to_string());
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    }
+                    (appended, errors)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(2_500));
+        cluster.stop();
+        std::thread::sleep(Duration::from_millis(2_000));
+        cluster.start();
+        std::thread::sleep(Duration::from_millis(4_000));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        callers
+            .into_iter()
+            .map(|c| c.join().expect("caller"))
+            .collect()
+    });
+    let errors: Vec<&String> = outcomes.iter().flat_map(|(_, e)| e).collect();
+    assert!(
+        !errors.is_empty(),
+        "the callers ran through the outage without an error"
+    );
+    for (task, (appended, _)) in tasks.iter().zip(&outcomes) {
+        assert!(appended.len() >= 2, "{task}: {appended:?}");
+        // After the restart the server answers again, and every answered line is there.
+        let file = wait_for(Duration::from_secs(30), || {
+            run_json(&a, task, "cat f").ok().or_else(|| {
+                std::thread::sleep(Duration::from_millis(200));
+                None
+            })
+        })
+        .expect("the server answers after PostgreSQL is back");
+        let lines: Vec<&str> = file.lines().collect();
+        for line in appended {
+            assert!(
+                lines.contains(&line.as_str()),
+                "{task}: {line} lost: {file}"
+            );
+        }
+    }
+    ok(&a.home.run(&["serve", "--stop"]));
+    let _ = a_serve.wait();
+    let replay = a.home.run(&["replay", "--all"]);
+    assert!(replay.status.success(), "{}", stderr(&replay));
+    eprintln!("errors seen during the restart: {errors:?}");
+}

@@ -145,6 +145,11 @@ pub enum Event {
     SandboxStopped {
         /// The sandbox.
         sandbox_id: SandboxId,
+        /// What the platform reported of the session it stopped, as [`Event::SnapshotTaken`]'s
+        /// `usage` (for `taskbox cost`). Absent where the provider reports none and in journals
+        /// written before it existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<SessionUsage>,
     },
     /// `StopSandbox` failed (left for the reconciler).
     StopFailed {
@@ -198,6 +203,13 @@ pub enum Event {
         /// written before it existed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         platform_snapshot: Option<PlatformSnapshot>,
+        /// When it is not: what the platform reported of the session that ended (it timed out,
+        /// stopped and snapshotted itself, or was stopped), as [`Event::SnapshotTaken`]'s
+        /// `usage`, so that a session ended without a taskbox snapshot is in the cost ledger
+        /// too. Absent when none was reported (a session gone without a trace) and in
+        /// journals written before it existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<SessionUsage>,
     },
     /// `ProbeSandbox` got no answer: whether the sandbox lives is unknown.
     ProbeFailed {

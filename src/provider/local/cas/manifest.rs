@@ -79,10 +79,13 @@ pub struct Chunk {
     pub hash: Hash,
 }
 
-const KIND_DIR: u8 = 0;
-const KIND_FILE: u8 = 1;
-const KIND_SYMLINK: u8 = 2;
-const KIND_HARDLINK: u8 = 3;
+/// Each entry's kind, as its first byte in the encoding.
+mod tag {
+    pub(super) const DIR: u8 = 0;
+    pub(super) const FILE: u8 = 1;
+    pub(super) const SYMLINK: u8 = 2;
+    pub(super) const HARDLINK: u8 = 3;
+}
 
 /// Longest path or link target a manifest may hold (PATH_MAX).
 const MAX_PATH: u32 = 4096;
@@ -94,10 +97,10 @@ impl Manifest {
         out.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
         for e in &self.entries {
             let kind = match &e.kind {
-                EntryKind::Dir => KIND_DIR,
-                EntryKind::File { .. } => KIND_FILE,
-                EntryKind::Symlink { .. } => KIND_SYMLINK,
-                EntryKind::HardLink { .. } => KIND_HARDLINK,
+                EntryKind::Dir => tag::DIR,
+                EntryKind::File { .. } => tag::FILE,
+                EntryKind::Symlink { .. } => tag::SYMLINK,
+                EntryKind::HardLink { .. } => tag::HARDLINK,
             };
             out.push(kind);
             bytes(&mut out, &e.path);
@@ -144,8 +147,8 @@ impl Manifest {
             let mode = r.u32()?;
             let mtime_ns = r.i64()?;
             let kind = match kind {
-                KIND_DIR => EntryKind::Dir,
-                KIND_FILE => {
+                tag::DIR => EntryKind::Dir,
+                tag::FILE => {
                     let size = r.u64()?;
                     let stat = FileStat {
                         dev: r.u64()?,
@@ -177,8 +180,8 @@ impl Manifest {
                     }
                     EntryKind::File { size, stat, chunks }
                 }
-                KIND_SYMLINK => EntryKind::Symlink { target: r.bytes()? },
-                KIND_HARDLINK => EntryKind::HardLink { target: r.bytes()? },
+                tag::SYMLINK => EntryKind::Symlink { target: r.bytes()? },
+                tag::HARDLINK => EntryKind::HardLink { target: r.bytes()? },
                 other => return Err(CasError::manifest(format!("unknown entry kind {other}"))),
             };
             entries.push(Entry {

@@ -20,6 +20,11 @@ use crate::provider::local::archive::{data_segments, omit, walk_workspace, Omitt
 /// Threads reading, hashing and compressing file contents.
 const WORKERS: usize = 2;
 
+/// A file longer than this (and not sparse) is read in parts of this many bytes, each a job of
+/// its own, so that both threads hash and compress it. A multiple of [`CHUNK`]: the chunks are
+/// the same as when the file is read whole.
+const PART: u64 = 8 * CHUNK;
+
 /// What [`Cas::pack`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PackedStats {
@@ -41,20 +46,30 @@ fn nanos(secs: i64, nsec: i64) -> i64 {
     secs.saturating_mul(1_000_000_000).saturating_add(nsec)
 }
 
-/// A file whose contents must be read.
+/// A file (or a part of one) whose contents must be read.
 struct Job {
     entry: usize,
     abs: std::path::PathBuf,
     ino: u64,
     sparse: bool,
+    /// `None`: the whole file, its length and stat fields as found when it is opened. Else this
+    /// byte range of a file read in parts: its entry keeps the stat fields the walk found (taken
+    /// before any part was read, so a change made during the snapshot is seen by the next one).
+    part: Option<std::ops::Range<u64>>,
 }
 
-/// What reading one file gave.
+/// What reading one job gave.
 enum Read {
+    /// A whole file.
     Done {
         size: u64,
         stat: FileStat,
         mtime_ns: i64,
+        chunks: Vec<Chunk>,
+        bytes: u64,
+    },
+    /// A part of a file read in parts: its chunks.
+    Part {
         chunks: Vec<Chunk>,
         bytes: u64,
     },
@@ -158,12 +173,30 @@ impl Cas {
                             chunks,
                         },
                         None => {
-                            jobs.push(Job {
-                                entry: entries.len(),
-                                abs,
-                                ino: meta.ino(),
-                                sparse: meta.blocks().saturating_mul(512) < meta.len(),
-                            });
+                            let (size, entry) = (meta.len(), entries.len());
+                            let sparse = meta.blocks().saturating_mul(512) < size;
+                            if sparse || size <= PART {
+                                jobs.push(Job {
+                                    entry,
+                                    abs,
+                                    ino: meta.ino(),
+                                    sparse,
+                                    part: None,
+                                });
+                            } else {
+                                let mut start = 0;
+                                while start < size {
+                                    let end = (start + PART).min(size);
+                                    jobs.push(Job {
+                                        entry,
+                                        abs: abs.clone(),
+                                        ino: meta.ino(),
+                                        sparse,
+                                        part: Some(start..end),
+                                    });
+                                    start = end;
+                                }
+                            }
                             EntryKind::File {
                                 size: meta.len(),
                                 stat,
@@ -267,9 +300,22 @@ impl Cas {
             sync_path(&self.packs_dir())?;
         }
         let mut omitted_files: HashSet<usize> = HashSet::new();
+        let mut in_parts: HashSet<usize> = HashSet::new();
         for result in results {
             for (i, read) in result.expect("errors returned above") {
                 match read {
+                    Read::Part {
+                        chunks: part,
+                        bytes,
+                    } => {
+                        if in_parts.insert(i) {
+                            stats.files_read += 1;
+                        }
+                        stats.bytes_read += bytes;
+                        if let EntryKind::File { chunks, .. } = &mut entries[i].kind {
+                            chunks.extend(part);
+                        }
+                    }
                     Read::Done {
                         size,
                         stat,
@@ -283,13 +329,20 @@ impl Cas {
                         entries[i].kind = EntryKind::File { size, stat, chunks };
                     }
                     Read::Omit(reason) => {
-                        stats.omitted.push(Omitted {
-                            path: show(&entries[i].path),
-                            reason,
-                        });
-                        omitted_files.insert(i);
+                        if omitted_files.insert(i) {
+                            stats.omitted.push(Omitted {
+                                path: show(&entries[i].path),
+                                reason,
+                            });
+                        }
                     }
                 }
+            }
+        }
+        // The parts of a file come back from both threads in any order.
+        for i in in_parts {
+            if let EntryKind::File { chunks, .. } = &mut entries[i].kind {
+                chunks.sort_unstable_by_key(|c| c.offset);
             }
         }
         if !omitted_files.is_empty() {
@@ -332,6 +385,18 @@ fn read_file(
             Ok(_) => return Ok(Read::Omit("it was replaced while being read".into())),
             Err(e) => return Ok(Read::Omit(format!("cannot inspect it: {e}"))),
         };
+        if let Some(part) = &job.part {
+            if meta.len() < part.end {
+                return Ok(Read::Omit(
+                    "it shrank while the snapshot was being taken".into(),
+                ));
+            }
+            let (chunks, bytes) = match read_range(&file, part.clone(), buf, store)? {
+                Ok(read) => read,
+                Err(reason) => return Ok(Read::Omit(reason)),
+            };
+            return Ok(Read::Part { chunks, bytes });
+        }
         let size = meta.len();
         let segments = if job.sparse {
             match data_segments(&file, size) {
@@ -344,27 +409,12 @@ fn read_file(
         let mut chunks = Vec::new();
         let mut bytes = 0;
         for (start, len) in segments {
-            let mut at = start;
-            let end = start + len;
-            while at < end {
-                let want = (end - at).min(CHUNK) as usize;
-                let data = &mut buf[..want];
-                if let Err(e) = file.read_exact_at(data, at) {
-                    return Ok(Read::Omit(if e.kind() == io::ErrorKind::UnexpectedEof {
-                        "it shrank while the snapshot was being taken".into()
-                    } else {
-                        format!("cannot read it: {e}")
-                    }));
+            match read_range(&file, start..start + len, buf, store)? {
+                Ok((more, n)) => {
+                    chunks.extend(more);
+                    bytes += n;
                 }
-                let hash = Hash::of(data);
-                store(&hash, data)?;
-                chunks.push(Chunk {
-                    offset: at,
-                    len: want as u32,
-                    hash,
-                });
-                bytes += want as u64;
-                at += want as u64;
+                Err(reason) => return Ok(Read::Omit(reason)),
             }
         }
         Ok(Read::Done {
@@ -379,4 +429,37 @@ fn read_file(
             bytes,
         })
     }
+}
+
+/// Reads `range` of `file` in chunks at multiples of [`CHUNK`] from its start, handing each to
+/// `store`: the chunks and the bytes read, or why the file must be left out.
+#[allow(clippy::type_complexity)]
+fn read_range(
+    file: &File,
+    range: std::ops::Range<u64>,
+    buf: &mut [u8],
+    store: &mut impl FnMut(&Hash, &[u8]) -> Result<(), CasError>,
+) -> Result<Result<(Vec<Chunk>, u64), String>, CasError> {
+    let mut chunks = Vec::new();
+    let mut at = range.start;
+    while at < range.end {
+        let want = (range.end - at).min(CHUNK) as usize;
+        let data = &mut buf[..want];
+        if let Err(e) = file.read_exact_at(data, at) {
+            return Ok(Err(if e.kind() == io::ErrorKind::UnexpectedEof {
+                "it shrank while the snapshot was being taken".into()
+            } else {
+                format!("cannot read it: {e}")
+            }));
+        }
+        let hash = Hash::of(data);
+        store(&hash, data)?;
+        chunks.push(Chunk {
+            offset: at,
+            len: want as u32,
+            hash,
+        });
+        at += want as u64;
+    }
+    Ok(Ok((chunks, range.end - range.start)))
 }
