@@ -319,6 +319,20 @@ pub(super) async fn run_workload(
         .into_iter()
         .map(|p| tokio::spawn(worker(d.clone(), p)))
         .collect();
+    let tally = join_workers(workers, bound, &mut violations, |e| d.error(e)).await;
+    d.wait_crashes().await;
+    (tally, violations)
+}
+
+/// Waits for the workload's workers (bounded by `bound` of the runtime's time) and adds up
+/// their tallies; a worker that panicked is reported through `error`, a workload that did not
+/// finish in time is a violation of [`Invariant::Settles`].
+pub(super) async fn join_workers(
+    workers: Vec<JoinHandle<Tally>>,
+    bound: Duration,
+    violations: &mut Vec<Violation>,
+    mut error: impl FnMut(String),
+) -> Tally {
     let mut tally = Tally::default();
     let joined = tokio::time::timeout(bound, async {
         let mut out = Vec::new();
@@ -338,7 +352,7 @@ pub(super) async fn run_workload(
                         tally.failed += t.failed;
                         tally.interrupted += t.interrupted;
                     }
-                    Err(e) => d.error(format!("a task's worker panicked: {e}")),
+                    Err(e) => error(format!("a task's worker panicked: {e}")),
                 }
             }
         }
@@ -348,8 +362,52 @@ pub(super) async fn run_workload(
             format!("the workload did not finish within {} s", bound.as_secs()),
         )),
     }
-    d.wait_crashes().await;
-    (tally, violations)
+    tally
+}
+
+/// The tasks to settle: the workload's, then any other `orch` knows (the forks made of them).
+pub(super) async fn tasks_to_settle(
+    task_ids: &[String],
+    orch: &Orchestrator,
+    mut error: impl FnMut(String),
+) -> Vec<String> {
+    let mut ids: Vec<String> = task_ids.to_vec();
+    match orch.tasks().await {
+        Ok(tasks) => {
+            for t in tasks {
+                if !ids.iter().any(|i| i == t.id.as_str()) {
+                    ids.push(t.id.to_string());
+                }
+            }
+        }
+        Err(e) => error(format!("cannot list the tasks to settle: {e}")),
+    }
+    ids
+}
+
+/// Reconciles with faults off (a gc): anything it cannot do, or a gc another engine held, is
+/// a violation of [`Invariant::NoOrphan`].
+pub(super) async fn reconcile(orch: &Orchestrator, violations: &mut Vec<Violation>) {
+    let failed = |e: &dyn std::fmt::Display| {
+        Violation::new(
+            Invariant::NoOrphan,
+            None,
+            format!("reconciliation with faults off failed: {e}"),
+        )
+    };
+    match orch.gc(false).await {
+        Ok(gc) => {
+            violations.extend(gc.errors.iter().map(|e| failed(e)));
+            if gc.held_elsewhere {
+                violations.push(Violation::new(
+                    Invariant::NoOrphan,
+                    None,
+                    "reconciliation with faults off did not run: another engine held gc",
+                ));
+            }
+        }
+        Err(e) => violations.push(failed(&e)),
+    }
 }
 
 /// With faults already off: lets calls in flight finish (`settle`), runs one last command in
@@ -367,17 +425,7 @@ pub(super) async fn settle(
     let (_, orch) = d.current();
     let mut finals = Vec::new();
     // The workload's tasks and the forks made of them.
-    let mut ids: Vec<String> = task_ids.to_vec();
-    match orch.tasks().await {
-        Ok(tasks) => {
-            for t in tasks {
-                if !ids.iter().any(|i| i == t.id.as_str()) {
-                    ids.push(t.id.to_string());
-                }
-            }
-        }
-        Err(e) => d.error(format!("cannot list the tasks to settle: {e}")),
-    }
+    let ids = tasks_to_settle(task_ids, &orch, |e| d.error(e)).await;
     for id in &ids {
         let orch = orch.clone();
         let id = id.clone();
@@ -402,22 +450,7 @@ pub(super) async fn settle(
             Err(e) => d.error(format!("a final command panicked: {e}")),
         }
     }
-    match orch.gc(false).await {
-        Ok(gc) => {
-            for e in gc.errors {
-                violations.push(Violation::new(
-                    Invariant::NoOrphan,
-                    None,
-                    format!("reconciliation with faults off failed: {e}"),
-                ));
-            }
-        }
-        Err(e) => violations.push(Violation::new(
-            Invariant::NoOrphan,
-            None,
-            format!("reconciliation with faults off failed: {e}"),
-        )),
-    }
+    reconcile(&orch, &mut violations).await;
     orch.shutdown_within(Duration::from_secs(600)).await;
     drop(orch);
     for e in d.errors.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {

@@ -490,13 +490,12 @@ async fn seed_run(
     });
 
     // ---- the workload, under faults ----
-    let plans = workload::plan(
-        &mut SplitMix64::new(seed ^ WORKLOAD_SALT),
+    let (plans, task_ids) = workload::plan(
+        seed ^ WORKLOAD_SALT,
         opts.tasks,
         opts.faults.crash,
         Flavor::Fleet,
     );
-    let task_ids: Vec<String> = plans.iter().map(|p| p.task_id.clone()).collect();
     let mut fault_rng = SplitMix64::new(seed ^ FAULT_SALT);
     let workers: Vec<_> = plans
         .into_iter()
@@ -510,38 +509,8 @@ async fn seed_run(
         })
         .collect();
     let mut violations = Vec::new();
-    let mut tally = Tally::default();
-    let joined = tokio::time::timeout(WORKLOAD_BOUND, async {
-        let mut out = Vec::new();
-        for w in workers {
-            out.push(w.await);
-        }
-        out
-    })
-    .await;
-    match joined {
-        Ok(results) => {
-            for r in results {
-                match r {
-                    Ok(t) => {
-                        tally.steps += t.steps;
-                        tally.ok += t.ok;
-                        tally.failed += t.failed;
-                        tally.interrupted += t.interrupted;
-                    }
-                    Err(e) => f.error(format!("a task's worker panicked: {e}")),
-                }
-            }
-        }
-        Err(_) => violations.push(Violation::new(
-            Invariant::Settles,
-            None,
-            format!(
-                "the workload did not finish within {} s",
-                WORKLOAD_BOUND.as_secs()
-            ),
-        )),
-    }
+    let tally =
+        driver::join_workers(workers, WORKLOAD_BOUND, &mut violations, |e| f.error(e)).await;
     f.wait_pending().await;
 
     // ---- faults off; every engine but the first stops cleanly; the first settles all ----
@@ -650,18 +619,8 @@ async fn settle(f: &Arc<Fleet>, task_ids: &[String], violations: &mut Vec<Violat
         let (_, orch) = f.current(k);
         orch.shutdown_within(Duration::from_secs(60)).await;
     }
-    let mut ids: Vec<String> = task_ids.to_vec();
     let (_, first) = f.current(0);
-    match first.tasks().await {
-        Ok(tasks) => {
-            for t in tasks {
-                if !ids.iter().any(|i| i == t.id.as_str()) {
-                    ids.push(t.id.to_string());
-                }
-            }
-        }
-        Err(e) => f.error(format!("cannot list the tasks to settle: {e}")),
-    }
+    let ids = driver::tasks_to_settle(task_ids, &first, |e| f.error(e)).await;
     drop(first);
     for id in &ids {
         let Ok(task) = TaskId::new(id) else { continue };
@@ -698,29 +657,7 @@ async fn settle(f: &Arc<Fleet>, task_ids: &[String], violations: &mut Vec<Violat
         }
     }
     let (_, first) = f.current(0);
-    match first.gc(false).await {
-        Ok(gc) => {
-            for e in gc.errors {
-                violations.push(Violation::new(
-                    Invariant::NoOrphan,
-                    None,
-                    format!("reconciliation with faults off failed: {e}"),
-                ));
-            }
-            if gc.held_elsewhere {
-                violations.push(Violation::new(
-                    Invariant::NoOrphan,
-                    None,
-                    "reconciliation with faults off did not run: another engine held gc",
-                ));
-            }
-        }
-        Err(e) => violations.push(Violation::new(
-            Invariant::NoOrphan,
-            None,
-            format!("reconciliation with faults off failed: {e}"),
-        )),
-    }
+    driver::reconcile(&first, violations).await;
     first.shutdown_within(Duration::from_secs(60)).await;
     for e in f.errors.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
         violations.push(Violation::new(Invariant::EngineError, None, e));

@@ -162,13 +162,12 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
         None => vercel.clone(),
     };
     let witness = Arc::new(Witness::new(engine_side, None, clock.clone()));
-    let plans = workload::plan(
-        &mut SplitMix64::new(seed ^ WORKLOAD_SALT),
+    let (plans, task_ids) = workload::plan(
+        seed ^ WORKLOAD_SALT,
         opts.tasks,
         opts.faults.crash,
         Flavor::Http,
     );
-    let task_ids: Vec<String> = plans.iter().map(|p| p.task_id.clone()).collect();
     let d = Driver::open(seed, &data_dir, witness.clone(), clock.clone(), cfg.clone())
         .await
         .map_err(|source| ChaosError::Engine {

@@ -77,15 +77,21 @@ pub enum Flavor {
     Fleet,
 }
 
-/// Draws the workload of `tasks` tasks; `crash_rate` is the chance, per step, that the engine
-/// crashes at a random moment during it.
-pub fn plan(rng: &mut SplitMix64, tasks: u32, crash_rate: f64, flavor: Flavor) -> Vec<TaskPlan> {
+/// Draws the workload of `tasks` tasks from `seed`; `crash_rate` is the chance, per step, that
+/// the engine crashes at a random moment during it. Also returns the tasks' ids, in order.
+pub fn plan(
+    seed: u64,
+    tasks: u32,
+    crash_rate: f64,
+    flavor: Flavor,
+) -> (Vec<TaskPlan>, Vec<String>) {
+    let rng = &mut SplitMix64::new(seed);
     // The fewest and most steps a task gets, and how late in a step a crash may come.
     let (steps, crash_within) = match flavor {
         Flavor::Sim => ((6, 16), 20_000),
         Flavor::Http | Flavor::Fleet => ((3, 7), 1_500),
     };
-    (0..tasks)
+    let plans: Vec<TaskPlan> = (0..tasks)
         .map(|i| {
             let mut r = rng.fork();
             let n = r.between(steps.0, steps.1);
@@ -106,7 +112,19 @@ pub fn plan(rng: &mut SplitMix64, tasks: u32, crash_rate: f64, flavor: Flavor) -
                 .collect();
             TaskPlan { task_id, steps }
         })
-        .collect()
+        .collect();
+    let ids = plans.iter().map(|p| p.task_id.clone()).collect();
+    (plans, ids)
+}
+
+/// Write, append to or read one of the three files both workloads share.
+fn file_op(kind: usize, file: &str, value: u64) -> Op {
+    let command = match kind {
+        0 => format!("write {file} {value}"),
+        1 => format!("append {file} +{value}"),
+        _ => format!("cat {file}"),
+    };
+    Op::Run { command }
 }
 
 fn op(r: &mut SplitMix64) -> Op {
@@ -114,15 +132,7 @@ fn op(r: &mut SplitMix64) -> Op {
     let value = r.between(0, 9999);
     // Weights: write, append, cat, long command, wait, suspend, resume, fork.
     match r.weighted(&[4, 3, 4, 2, 4, 2, 1, 1]) {
-        0 => Op::Run {
-            command: format!("write {file} {value}"),
-        },
-        1 => Op::Run {
-            command: format!("append {file} +{value}"),
-        },
-        2 => Op::Run {
-            command: format!("cat {file}"),
-        },
+        kind @ 0..=2 => file_op(kind, &file, value),
         3 => Op::Run {
             // Long enough for a sandbox to expire under it, or an idle reap to wait for it.
             command: format!(
@@ -193,15 +203,7 @@ fn fleet_op(r: &mut SplitMix64) -> Op {
     let file = format!("f{}", r.between(0, 2));
     let value = r.between(0, 9999);
     match r.weighted(&[4, 3, 4, 2, 3, 2, 1]) {
-        0 => Op::Run {
-            command: format!("write {file} {value}"),
-        },
-        1 => Op::Run {
-            command: format!("append {file} +{value}"),
-        },
-        2 => Op::Run {
-            command: format!("cat {file}"),
-        },
+        kind @ 0..=2 => file_op(kind, &file, value),
         3 => Op::Run {
             command: format!(
                 "append log {value}; sleep {}; cat log",
@@ -226,15 +228,15 @@ mod tests {
 
     #[test]
     fn the_same_seed_draws_the_same_workload() {
-        let a = plan(&mut SplitMix64::new(9), 4, 0.1, Flavor::Sim);
-        let b = plan(&mut SplitMix64::new(9), 4, 0.1, Flavor::Sim);
+        let (a, _) = plan(9, 4, 0.1, Flavor::Sim);
+        let (b, _) = plan(9, 4, 0.1, Flavor::Sim);
         assert_eq!(a, b);
-        assert_ne!(a, plan(&mut SplitMix64::new(10), 4, 0.1, Flavor::Sim));
+        assert_ne!(a, plan(10, 4, 0.1, Flavor::Sim).0);
         assert_eq!(a.len(), 4);
         for t in &a {
             assert!((6..=16).contains(&(t.steps.len() as u64)));
         }
-        let none = plan(&mut SplitMix64::new(9), 4, 0.0, Flavor::Sim);
+        let (none, _) = plan(9, 4, 0.0, Flavor::Sim);
         assert!(none
             .iter()
             .flat_map(|t| &t.steps)

@@ -63,14 +63,27 @@ pub(super) async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failur
         let _ = std::io::stdout().flush();
         std::process::exit(signal.exit_code());
     };
-    let res = res?;
+    finish_run(res?, &task, args.json, args.timeout, cancelled, paths)
+}
+
+/// A run's result as `taskbox run` reports it (the full path's and the fast path's): the
+/// notes, the result under `--json`, and the exit code — the signal's that cancelled it, 124
+/// for a timeout, else the command's own.
+pub(super) fn finish_run(
+    res: taskbox::engine::RunResult,
+    task: &TaskId,
+    json: bool,
+    timeout: Option<u64>,
+    cancelled: Option<taskbox::provider::CancelSignal>,
+    paths: &Paths,
+) -> Result<ExitCode, Failure> {
     // Once, on the first run of a store that is new while archives of another installation
     // exist (the database was removed or moved aside).
     if let Some(note) = taskbox::provider::local::foreign::take_note(&paths.data_dir.join("local"))
     {
         eprintln!("note: {note}");
     }
-    if args.json {
+    if json {
         let mut v = serde_json::to_value(&res)
             .map_err(|e| Failure::new(format!("cannot encode JSON: {e}")))?;
         v["task"] = task.as_str().into();
@@ -83,9 +96,7 @@ pub(super) async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failur
         return Ok(ExitCode::from(signal.exit_code() as u8));
     }
     if res.timed_out {
-        let secs = args
-            .timeout
-            .map_or_else(|| "terminal.timeout".to_string(), |s| format!("{s} s"));
+        let secs = timeout.map_or_else(|| "terminal.timeout".to_string(), |s| format!("{s} s"));
         eprintln!(
             "note: the command timed out after {secs} and was killed (the sandbox keeps running)"
         );

@@ -53,7 +53,7 @@ pub fn output_channel() -> (mpsc::Sender<OutputChunk>, mpsc::Receiver<OutputChun
 /// them), `/dev/null`, or a closed stdin — the command's stdin is then empty from the start,
 /// and nothing is uploaded.
 pub fn stdin_source() -> Option<mpsc::Receiver<Vec<u8>>> {
-    if std::io::stdin().is_terminal() || stdin_is_empty() {
+    if !stdin_waits() {
         return None;
     }
     let (tx, rx) = mpsc::channel(16);
@@ -80,6 +80,11 @@ pub fn stdin_source() -> Option<mpsc::Receiver<Vec<u8>>> {
     Some(rx)
 }
 
+/// Whether our stdin is one to forward: not a terminal, `/dev/null` or closed.
+pub fn stdin_waits() -> bool {
+    !(std::io::stdin().is_terminal() || stdin_is_empty())
+}
+
 /// Whether our stdin is `/dev/null` or closed.
 fn stdin_is_empty() -> bool {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -93,12 +98,12 @@ fn stdin_is_empty() -> bool {
 /// Prints output chunks exactly as they came, flushing each; a closed stdout (`| head`) stops
 /// stdout only.
 #[derive(Default)]
-struct Printer {
+pub struct Printer {
     stdout_closed: bool,
 }
 
 impl Printer {
-    fn print(&mut self, chunk: &OutputChunk) {
+    pub fn print(&mut self, chunk: &OutputChunk) {
         match chunk.stream {
             OutputStream::Stdout if !self.stdout_closed => {
                 let mut out = std::io::stdout().lock();
@@ -122,7 +127,7 @@ impl Printer {
 /// How long `taskbox run` waits for a cancelled command's result before it exits anyway: the
 /// cancel's own escalation (SIGKILL after 3 s) has ended the command by then, and a run that
 /// is still waiting (for another process's lock, for a sandbox) has nothing running to report.
-const CANCEL_WAIT: Duration = Duration::from_secs(6);
+pub const CANCEL_WAIT: Duration = Duration::from_secs(6);
 
 /// Runs `run` to its end, printing `output` as it arrives and cancelling through `canceller`
 /// on the first SIGINT, SIGTERM or SIGHUP. Returns the run's outcome — `None` when it did not

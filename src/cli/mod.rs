@@ -9,6 +9,8 @@ mod cost;
 mod doctor;
 #[cfg(feature = "fake")]
 mod fake;
+#[cfg(all(feature = "server", target_os = "linux"))]
+mod fast;
 mod live;
 #[cfg(feature = "mcp")]
 mod mcp;
@@ -253,6 +255,11 @@ enum ConfigCmd {
 
 /// Parses arguments, runs, and maps the outcome to an exit code.
 pub fn main() -> ExitCode {
+    // A plain `taskbox run` through a running server, before any of the rest is set up.
+    #[cfg(all(feature = "server", target_os = "linux"))]
+    if let Some(code) = fast::run() {
+        return code;
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),

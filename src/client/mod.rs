@@ -15,6 +15,7 @@
 // socket to answer: the client's own job, like a provider's.
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 pub mod autostart;
+pub mod blocking;
 pub mod body;
 mod watch;
 pub mod wire;
@@ -58,7 +59,8 @@ pub enum ClientError {
         /// Us.
         me: u32,
     },
-    /// The server answered with an error (boxed: it is the largest variant by far).
+    /// The server answered with an error (boxed: the error object is most of the size of a
+    /// `Result` that carries it).
     #[error(transparent)]
     Api(Box<ApiError>),
     /// The exchange failed after the request was sent (the server died, or spoke nonsense).
@@ -79,6 +81,12 @@ pub enum ClientError {
         /// Where the server's log is.
         log: PathBuf,
     },
+}
+
+impl From<ApiError> for ClientError {
+    fn from(e: ApiError) -> ClientError {
+        ClientError::Api(Box::new(e))
+    }
 }
 
 impl ClientError {
@@ -413,13 +421,7 @@ impl Client {
 
     /// An error answer's body as the [`ApiError`] it should be.
     fn api_error(&self, status: StatusCode, body: &[u8]) -> ClientError {
-        match serde_json::from_slice::<ApiError>(body) {
-            Ok(e) => ClientError::Api(Box::new(e)),
-            Err(_) => self.protocol(format!(
-                "answered {status}: {}",
-                String::from_utf8_lossy(body)
-            )),
-        }
+        api_error(&self.socket, status, body)
     }
 
     /// Connects, sends one request and returns the answer's status and body as they arrive,
@@ -462,6 +464,17 @@ impl Client {
             .map_err(|e| self.protocol(format!("closed the connection before answering: {e}")))?;
         let status = resp.status();
         Ok((status, resp.into_body(), driver))
+    }
+}
+
+/// An error answer's body (from the server at `socket`) as the [`ApiError`] it should be.
+fn api_error(socket: &Path, status: StatusCode, body: &[u8]) -> ClientError {
+    match serde_json::from_slice::<ApiError>(body) {
+        Ok(e) => ClientError::Api(Box::new(e)),
+        Err(_) => ClientError::Protocol {
+            socket: socket.to_path_buf(),
+            what: format!("answered {status}: {}", String::from_utf8_lossy(body)),
+        },
     }
 }
 

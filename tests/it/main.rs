@@ -13,6 +13,7 @@
 mod bench;
 mod chaos;
 mod cli;
+mod cli_fast;
 mod cli_files;
 mod cli_input;
 mod core_step;

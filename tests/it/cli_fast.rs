@@ -1,0 +1,265 @@
+//! `taskbox run`'s fast path (src/cli/fast.rs) against its full path, through one running
+//! server: the same stdout bytes, stderr and exit code for a command's own exit code, output on
+//! both streams (not UTF-8 too), stdin, a timeout, the notes of a restore, and a request the
+//! server refuses after it was sent. A plain `run` takes the fast path; the same command line
+//! with `RUST_LOG` set takes the full one (logging is the full path's), with `off` printing
+//! nothing more. Which path a process took is seen from outside, while its command runs: the
+//! full path's tokio runtime holds an epoll instance and the fast path has none (nor a second
+//! thread). What the fast path leaves to the full path — no server, a stale or foreign socket,
+//! `never`, `--json` — is covered by the tests of those (tests/it/server, cli_input) and below;
+//! its signals by tests/it/live.rs, whose runs through a server take it, and below.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::server::ServerHome;
+use crate::support::{ok, stderr, stdout, wait_for};
+
+/// The fast path's and the full path's runs of the same command line.
+fn both(h: &ServerHome, args: &[&str], stdin: Option<&[u8]>) -> (Output, Output) {
+    let run = |full: bool| {
+        let mut cmd = h.home.cmd();
+        cmd.args(args);
+        if full {
+            cmd.env("RUST_LOG", "off");
+        }
+        spawn_with_stdin(cmd, stdin)
+    };
+    (run(false), run(true))
+}
+
+fn spawn_with_stdin(mut cmd: Command, stdin: Option<&[u8]>) -> Output {
+    let mut child = cmd
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn taskbox");
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin");
+        pipe.write_all(input).expect("write stdin");
+    }
+    child.wait_with_output().expect("wait")
+}
+
+#[track_caller]
+fn same(fast: &Output, full: &Output, what: &str) {
+    assert_eq!(fast.status.code(), full.status.code(), "{what}: exit codes");
+    assert_eq!(fast.stdout, full.stdout, "{what}: stdout");
+    assert_eq!(stderr(fast), stderr(full), "{what}: stderr");
+}
+
+#[test]
+fn the_fast_path_answers_as_the_full_path_does() {
+    let h = ServerHome::new();
+    // The first command starts the server (the full path: no server answered).
+    let first = h.home.run(&["run", "-t", "fast", "--", "true"]);
+    ok(&first);
+    assert!(stderr(&first).contains("started a taskbox server"));
+
+    let (fast, full) = both(
+        &h,
+        &["run", "-t", "fast", "--", "echo out; echo err >&2; exit 3"],
+        None,
+    );
+    same(&fast, &full, "exit 3");
+    assert_eq!(fast.status.code(), Some(3));
+    assert_eq!(stdout(&fast), "out\n");
+    assert_eq!(stderr(&fast), "err\n");
+
+    // A program and its arguments, quoted for bash; every byte value on stdout.
+    let script = "for i in $(seq 0 255); do printf \"\\\\$(printf %03o $i)\"; done";
+    let (fast, full) = both(&h, &["run", "--task=fast", "bash", "-c", script], None);
+    same(&fast, &full, "bytes");
+    assert_eq!(fast.stdout, (0..=255u8).collect::<Vec<u8>>());
+
+    let input: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let (fast, full) = both(
+        &h,
+        &["run", "-t", "fast", "--", "od -An -tx1 | tail -3"],
+        Some(&input),
+    );
+    same(&fast, &full, "stdin");
+    assert!(fast.status.success(), "{}", stderr(&fast));
+    assert!(!stdout(&fast).is_empty());
+
+    let (fast, full) = both(
+        &h,
+        &[
+            "run",
+            "-t",
+            "fast",
+            "--timeout",
+            "1",
+            "--",
+            "echo x; sleep 5",
+        ],
+        None,
+    );
+    same(&fast, &full, "timeout");
+    assert_eq!(fast.status.code(), Some(124));
+    assert!(
+        stderr(&fast).contains("timed out after 1 s"),
+        "{}",
+        stderr(&fast)
+    );
+
+    // A suspended task's next command restores it, and says so in a note: each path's own
+    // suspend, then its run.
+    let mut outs = Vec::new();
+    for full in [false, true] {
+        ok(&h.home.run(&["suspend", "fast"]));
+        let mut cmd = h.home.cmd();
+        cmd.args(["run", "-t", "fast", "--", "echo back"]);
+        if full {
+            cmd.env("RUST_LOG", "off");
+        }
+        outs.push(spawn_with_stdin(cmd, None));
+    }
+    // Each names its own snapshot and time: the same note otherwise.
+    let note = |o: &Output| {
+        let e = stderr(o);
+        assert!(
+            e.contains(": files are back, live processes are gone\n"),
+            "{e}"
+        );
+        e.split(" from snapshot ")
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(note(&outs[0]), note(&outs[1]), "restore: the note");
+    assert_eq!(
+        outs[0].status.code(),
+        outs[1].status.code(),
+        "restore: exit codes"
+    );
+    assert_eq!(stdout(&outs[0]), "back\n");
+    assert_eq!(stdout(&outs[1]), "back\n");
+
+    // Refused by the server once sent: the task was removed.
+    ok(&h.home.run(&["rm", "fast"]));
+    let (fast, full) = both(&h, &["run", "-t", "fast", "--", "true"], None);
+    same(&fast, &full, "removed task");
+    assert_eq!(fast.status.code(), Some(125));
+    assert!(stderr(&fast).contains("error: "), "{}", stderr(&fast));
+    assert!(stderr(&fast).contains("hint: "), "{}", stderr(&fast));
+}
+
+/// The first signal cancels the command; a second one, while the cancelled command still
+/// holds out (it ignores SIGINT until the server's SIGKILL 3 s later), ends `taskbox run` at
+/// once with the first signal's code.
+#[test]
+fn a_second_signal_ends_the_wait_at_once() {
+    let h = ServerHome::new();
+    ok(&h.home.run(&["run", "-t", "stubborn", "--", "true"]));
+    let mut cmd = h.home.cmd();
+    cmd.args([
+        "run",
+        "-t",
+        "stubborn",
+        "--",
+        "trap '' INT; echo started; sleep 30",
+    ]);
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).expect("read");
+    assert_eq!(line, "started\n");
+    // SAFETY: signalling the child this test spawned (not yet reaped).
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    std::thread::sleep(Duration::from_millis(300));
+    let second = Instant::now();
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(130), "the first signal's code");
+    assert!(
+        second.elapsed() < Duration::from_millis(2000),
+        "exited {:?} after the second signal",
+        second.elapsed()
+    );
+}
+
+/// What a running `taskbox run` process shows of itself: whether it holds an epoll instance
+/// (the full path's tokio runtime) and how many threads it has.
+fn runtime_of(pid: u32) -> (bool, usize) {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("list the CLI's descriptors");
+    let epoll = fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| target.to_string_lossy().contains("eventpoll"))
+    });
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("list the CLI's threads")
+        .count();
+    (epoll, threads)
+}
+
+/// A plain `run` through a running server is served without a runtime; `RUST_LOG`, `--json`
+/// and `-v` are the full path's. Each process is then ended by a signal, with a shell's code
+/// on either path.
+#[test]
+fn a_plain_run_takes_the_fast_path_and_the_rest_the_full_one() {
+    let h = ServerHome::new();
+    ok(&h.home.run(&["run", "-t", "which", "--", "true"]));
+    /// A case: its name, the flags before `-t`, an environment variable, whether it takes the
+    /// fast path, the signal that ends it and the exit code that says so.
+    type Case = (
+        &'static str,
+        &'static [&'static str],
+        Option<(&'static str, &'static str)>,
+    );
+    let cases: [(Case, bool, i32, i32); 4] = [
+        (("plain", &[], None), true, libc::SIGTERM, 143),
+        (
+            ("logging", &[], Some(("RUST_LOG", "off"))),
+            false,
+            libc::SIGINT,
+            130,
+        ),
+        (("json", &["--json"], None), false, libc::SIGHUP, 129),
+        (("verbose", &["-v"], None), false, libc::SIGTERM, 143),
+    ];
+    for ((what, flags, env), fast, signal, code) in cases {
+        let started = h.home.path().join(format!("started-{what}"));
+        let mut cmd = h.home.cmd();
+        cmd.arg("run")
+            .args(flags)
+            .args(["-t", "which", "--"])
+            .arg(format!("touch '{}'; sleep 30", started.display()));
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        assert!(
+            wait_for(Duration::from_secs(30), || started.exists().then_some(())).is_some(),
+            "{what}: the command never started"
+        );
+        let (epoll, threads) = runtime_of(child.id());
+        if fast {
+            assert!(!epoll, "{what}: the fast path holds no epoll instance");
+            assert_eq!(threads, 1, "{what}: the fast path runs on one thread");
+        } else {
+            assert!(epoll, "{what}: the full path runs a tokio runtime");
+        }
+        // SAFETY: signalling the child this test spawned (not yet reaped).
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let o = child.wait_with_output().expect("wait");
+        assert_eq!(o.status.code(), Some(code), "{what}: {}", stderr(&o));
+    }
+}
