@@ -15,7 +15,9 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::cgroup::Join;
 use super::error::LocalError;
-use super::kill::{exited_unreaped, group_has_live_members, kill_group, signal_group, GroupGuard};
+use super::kill::{
+    exited_unreaped, group_has_live_members, kill_group, signal_group, signal_shell, GroupGuard,
+};
 use super::names::SandboxName;
 use super::output::{Captured, Pump};
 use super::spawn::{self, Spec, Started};
@@ -32,6 +34,19 @@ const DEADLINE_POLL: Duration = Duration::from_millis(50);
 /// How long a cancelled command (every process of its group, not only its shell) has to exit on
 /// the caller's signal before its group is killed.
 const CANCEL_GRACE: Duration = Duration::from_secs(3);
+
+/// How long, at most, a cancelled command's result waits for its group's processes to die of
+/// the grace's SIGKILL (so that none still runs when the result returns).
+const KILLED_WAIT: Duration = Duration::from_secs(2);
+
+/// When a cancelled command's shell still runs this long after the signal, it gets the signal
+/// once more, alone. bash blocks SIGINT and SIGTERM while it forks a process and, when one lands
+/// then, only notes it and acts on it once the child it then waits for exits: a cancel arriving
+/// as the shell starts a command would end the command only at the grace's SIGKILL (exit 137,
+/// and a caller waiting 3 s). A second signal of the same kind makes bash end at once (its EXIT
+/// trap run, dying of the signal) — a second Ctrl-C, sent to the shell only, so that the
+/// command's own processes, which have handled the first, do not see it twice.
+const CANCEL_NUDGE: Duration = Duration::from_millis(100);
 
 impl LocalProvider {
     pub(super) async fn exec_command(
@@ -160,10 +175,18 @@ impl LocalProvider {
         // Armed by a cancel: the group is killed if the signal did not end it by then.
         let escalate = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(escalate);
+        // Armed by a cancel too: the shell's second signal (see `CANCEL_NUDGE`).
+        let nudge = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(nudge);
+        let mut nudge_armed = false;
         let mut cancelled = None;
         // Once a cancel signalled the group, the shell is no longer reaped as soon as it exits
         // (see the tick): the command has ended only when its whole group has.
-        let (mut signalled, mut killed) = (false, false);
+        let mut signalled = false;
+        // When the grace's SIGKILL went to the group: its processes are then waited for (they
+        // die as soon as they are scheduled), at most `KILLED_WAIT`, unless one is stuck in an
+        // uninterruptible sleep.
+        let mut killed: Option<tokio::time::Instant> = None;
         let mut tick = tokio::time::interval(DEADLINE_POLL);
         let mut exited = None;
         let outcome = loop {
@@ -181,10 +204,13 @@ impl LocalProvider {
                     // A signalled shell may exit while a process it started missed the signal
                     // (one sent as bash forks it, before it execs, is lost) and would run on:
                     // the shell stays unreaped, so its group id stays ours, until nothing else
-                    // of its group runs, or the grace ran out and the group was killed.
+                    // of its group runs, or the grace ran out and the group was killed (and died).
                     if signalled {
                         match exited_unreaped(pgid) {
-                            Ok(true) if killed || !group_has_live_members(pgid) => {
+                            Ok(true)
+                                if !group_has_live_members(pgid)
+                                    || killed.is_some_and(|at| at.elapsed() >= KILLED_WAIT) =>
+                            {
                                 break Outcome::Exited;
                             }
                             Ok(_) => {}
@@ -199,12 +225,23 @@ impl LocalProvider {
                     cancelled = Some(signal);
                     signalled = true;
                     escalate.as_mut().reset(tokio::time::Instant::now() + CANCEL_GRACE);
+                    nudge.as_mut().reset(tokio::time::Instant::now() + CANCEL_NUDGE);
+                    nudge_armed = true;
+                }
+                () = &mut nudge, if nudge_armed => {
+                    nudge_armed = false;
+                    // Not reaped (after a cancel only the tick ends the wait, before reaping):
+                    // the pid is still the shell's.
+                    if let (Some(signal), Ok(false)) = (cancelled, exited_unreaped(pgid)) {
+                        tracing::debug!(sandbox = %name.name, "a cancelled command's shell still runs; signalled again");
+                        signal_shell(pgid, signal.number());
+                    }
                 }
                 () = &mut escalate, if cancelled.is_some() => {
                     tracing::debug!(sandbox = %name.name, "a cancelled command outlived its grace; killed");
                     // Not reaped: after a cancel only the tick ends the wait, before reaping.
                     kill_group(pgid);
-                    killed = true;
+                    killed = Some(tokio::time::Instant::now());
                     cancelled = None;
                     cancel = None;
                 }
