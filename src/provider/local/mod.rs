@@ -62,7 +62,7 @@
 //! ids, `workspace` for a sandbox's directory, meta and working directory, `lifecycle` for
 //! create/extend/probe/stop/discard, `exec` for running a command, `output` for its bounded
 //! capture, `kill` for killing processes, `cgroup` for the cgroup each sandbox's processes run
-//! in, `snapshot` for taking, restoring and listing archives
+//! in, `spawn` for starting a command's shell born in that cgroup, `snapshot` for taking, restoring and listing archives
 //! (whose format is [`archive`]), `foreign` for archives of another installation (a store
 //! reset), `temp` for temporary paths and their sweep, and `fsutil` for
 //! durable file-system helpers. This file holds the provider itself and the
@@ -84,6 +84,7 @@ mod lifecycle;
 mod names;
 mod output;
 mod snapshot;
+mod spawn;
 mod temp;
 mod workspace;
 
