@@ -104,6 +104,10 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
             sandbox_id: sandbox_id.clone(),
             usage: None,
         },
+        Command::ReadUsage { sandbox_id } => Event::UsageRead {
+            sandbox_id: sandbox_id.clone(),
+            usage: None,
+        },
         Command::ExtendTimeout {
             sandbox_id,
             duration_ms,

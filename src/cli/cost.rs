@@ -144,9 +144,16 @@ fn print_ledger(l: &Ledger, backend: Option<&str>, prices: &Prices) {
     let priced = backend == Some(PRICED_BACKEND);
     if priced {
         println!(
-            "  sessions reported  {} (usage the platform reported as snapshots stopped them)",
+            "  sessions reported  {} (usage the platform reported as the sessions ended)",
             l.sessions_reported
         );
+        if l.sessions_unknown > 0 {
+            println!(
+                "  usage unknown      {} session(s): the platform did not answer when asked, so \
+                 their CPU, memory and transfer are missing below",
+                l.sessions_unknown
+            );
+        }
         println!("  active CPU         {:.6} vCPU-hours", l.vcpu_hours());
         println!("  memory             {:.6} GB-hours", l.memory_gb_hours());
         println!("  transfer           {:.6} GB", l.transfer_gb());

@@ -532,8 +532,9 @@ impl Config {
                 .max(t.sandbox_timeout_seconds)
                 .saturating_mul(1000),
             retry: RetryPolicy::default(),
-            // A provider's property, not the config's: the engine sets it.
+            // Providers' properties, not the config's: the engine sets them.
             late_checkpoint: false,
+            reports_usage: false,
         }
     }
 }

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::core::{FailureReason, ForkFrom, Reply, SnapshotRecord, Task, TaskSettings};
+use crate::core::{Event, FailureReason, ForkFrom, Reply, SnapshotRecord, Task, TaskSettings};
 use crate::ids::TaskId;
 use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
 use crate::retry::Jitter;
@@ -121,10 +121,12 @@ impl OrchestratorBuilder {
                 tx.clone(),
             )?),
         };
-        // What the lifecycle depends on: the configuration, and whether the provider keeps a
-        // sandbox's files past its deadline (then a late checkpoint saves them).
+        // What the lifecycle depends on: the configuration, whether the provider keeps a
+        // sandbox's files past its deadline (then a late checkpoint saves them), and whether it
+        // reports what a session used (then a session that ended unasked is read for the ledger).
         let mut settings = self.config.task_settings();
         settings.late_checkpoint = provider.keeps_files_after_deadline();
+        settings.reports_usage = provider.reports_usage();
         let max_creates = self.config.terminal.max_concurrent_creates.max(1) as usize;
         let lp = EventLoop {
             store,
@@ -139,6 +141,7 @@ impl OrchestratorBuilder {
             live: HashMap::new(),
             typed_commands: HashMap::new(),
             timers: HashMap::new(),
+            next_timer: 0,
             inflight: 0,
             creates: Arc::new(Semaphore::new(max_creates)),
             tx: tx.clone(),
@@ -428,10 +431,43 @@ impl Orchestrator {
             errors: Vec::new(),
         };
         if let Some(sb) = plan.sandbox {
-            match p.stop_sandbox(&sb).await {
-                Ok(()) => res.sandbox_stopped = Some(sb),
-                Err(e) if e.kind == crate::core::FailureKind::SandboxGone => {}
-                Err(e) => res.errors.push(format!("stop sandbox {sb}: {e}")),
+            // The stop as the engine makes it (`Call`, the one map): its outcome carries what
+            // the session used, and is journaled in the removed task's record, so the ledger
+            // has the session and its sandbox time ends here. A failed stop is left to gc.
+            let stop = crate::provider::Call::StopSandbox {
+                sandbox_id: sb.clone(),
+            };
+            match stop.perform(&**p).await.0 {
+                event @ Event::SandboxStopped { .. } => {
+                    res.sandbox_stopped = Some(sb.clone());
+                    let (tx, rx) = oneshot::channel();
+                    let journaled = self
+                        .inner
+                        .tx
+                        .send(Msg::RemovedOutcome {
+                            task: task.clone(),
+                            event,
+                            respond: tx,
+                        })
+                        .map_err(|_| EngineError::Stopped);
+                    let journaled = match journaled {
+                        Ok(()) => rx.await.map_err(|_| EngineError::Stopped).and_then(|r| r),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = journaled {
+                        res.errors
+                            .push(format!("journal the stop of sandbox {sb}: {e}"));
+                    }
+                }
+                Event::StopFailed { failure, .. }
+                    if failure.kind == crate::core::FailureKind::SandboxGone => {}
+                Event::StopFailed { failure, .. } => {
+                    res.errors.push(format!("stop sandbox {sb}: {failure}"))
+                }
+                other => res.errors.push(format!(
+                    "stop sandbox {sb}: unexpected outcome {}",
+                    other.name()
+                )),
             }
         }
         for snap in plan.delete {

@@ -1,5 +1,6 @@
 //! Which batches of the event loop wait for the disk sync ([`batch_sync`]): every batch that
-//! calls the provider (write-ahead), and a new task's first; the others ride on the next one.
+//! calls the provider (write-ahead) — but a command in a sandbox that has run one before — and
+//! a new task's first; the others ride on the next one.
 
 use super::event_loop::Staged;
 use crate::core::Command;
@@ -13,15 +14,36 @@ use crate::store::Sync;
 /// the next synced commit can lose it. That loses an outcome, never a decision: recovery then
 /// finds the command still running, reports it interrupted and probes the sandbox, exactly as
 /// after a power loss during the command; no provider call was made on the strength of it.
+///
+/// So does a command started in a sandbox that already ran one ([`Command::RunCommand`] with
+/// the sandbox marked `used` before the transition, nothing else calling the provider): the
+/// first command in a sandbox is synced before it runs, since it marks the sandbox as holding
+/// files no snapshot has (what a later restore tells the caller). A power loss that drops a
+/// later command's record leaves the journal as it was after the previous command — the same
+/// sandbox, already `used`, idle since then — so nothing decided from it changes: a snapshot is
+/// never skipped for it, only the idle timer counts from the previous command. The command
+/// itself dies with the machine (local) or finishes unwatched (Vercel, where the idle
+/// snapshot then stops it); its caller, gone with the power, had no answer either way.
 pub(super) fn batch_sync(staged: &[Staged]) -> Sync {
-    let calls_provider = staged
-        .iter()
-        .any(|s| s.task_before.is_none() || s.commands.iter().any(calls_provider));
-    if calls_provider {
+    if staged.iter().any(needs_sync) {
         Sync::Now
     } else {
         Sync::WithNext
     }
+}
+
+/// Whether one staged transition must be synced before its commands are performed.
+fn needs_sync(s: &Staged) -> bool {
+    let Some(before) = &s.task_before else {
+        return true; // a new task's first transition
+    };
+    s.commands.iter().any(|c| match c {
+        Command::RunCommand { sandbox_id, .. } => !before
+            .sandbox
+            .as_ref()
+            .is_some_and(|sb| sb.used && &sb.id == sandbox_id),
+        other => calls_provider(other),
+    })
 }
 
 /// Whether performing `cmd` calls the provider (no wildcard: a new command is decided here).
@@ -33,7 +55,8 @@ pub(super) fn calls_provider(cmd: &Command) -> bool {
         | Command::StopSandbox { .. }
         | Command::ExtendTimeout { .. }
         | Command::DeleteSnapshot { .. }
-        | Command::ProbeSandbox { .. } => true,
+        | Command::ProbeSandbox { .. }
+        | Command::ReadUsage { .. } => true,
         Command::ScheduleTimer { .. } | Command::Reply { .. } => false,
     }
 }
@@ -59,11 +82,13 @@ mod tests {
         (s, tr.next)
     }
 
-    /// A warm command makes one synced commit, before it runs (write-ahead of the command);
-    /// its result, which only answers the caller, rides on the next one. A new task's first
-    /// batch and anything that calls the provider are synced.
+    /// The first command in a sandbox makes one synced commit, before it runs (write-ahead of
+    /// the command, which marks the sandbox used); a later one and every result, which only
+    /// answers the caller, ride on the next sync. A new task's first batch and anything else
+    /// that calls the provider are synced.
     #[test]
-    fn a_warm_command_syncs_before_it_runs_and_its_result_rides_on_the_next_sync() {
+    fn a_sandbox_s_first_command_syncs_before_it_runs_and_later_ones_and_results_ride_on_the_next_sync(
+    ) {
         let id = TaskId::new("t").expect("a valid id");
         let task = Task::new(id, TaskSettings::default(), 0);
         let run = |request_id| Event::RunRequested {
@@ -89,7 +114,11 @@ mod tests {
             .commands
             .iter()
             .any(|c| matches!(c, Command::RunCommand { .. })));
-        assert_eq!(batch_sync(&[s]), Sync::Now, "write-ahead of the command");
+        assert_eq!(
+            batch_sync(&[s]),
+            Sync::Now,
+            "write-ahead of the sandbox's first command"
+        );
         let exited = |request_id| Event::CommandExited {
             request_id,
             exit_code: 0,
@@ -102,13 +131,75 @@ mod tests {
             s.commands
         );
         assert_eq!(batch_sync(&[s]), Sync::WithNext, "only an answer");
-        // Warm: the request runs at once (synced), its result is deferred.
-        let (s, task) = staged(&task, run(2), 4, false);
-        let (ran, task) = (s, task);
-        assert_eq!(batch_sync(std::slice::from_ref(&ran)), Sync::Now);
-        let (done, _) = staged(&task, exited(2), 5, false);
+        // Warm: the sandbox ran a command already, so the next one rides too, as its result.
+        let (ran, task) = staged(&task, run(2), 4, false);
+        assert!(ran
+            .commands
+            .iter()
+            .any(|c| matches!(c, Command::RunCommand { .. })));
+        assert_eq!(batch_sync(std::slice::from_ref(&ran)), Sync::WithNext);
+        let (done, task) = staged(&task, exited(2), 5, false);
         assert_eq!(batch_sync(std::slice::from_ref(&done)), Sync::WithNext);
-        // A batch with both is synced.
-        assert_eq!(batch_sync(&[done, ran]), Sync::Now);
+        assert_eq!(batch_sync(&[done, ran]), Sync::WithNext);
+        // Anything else that calls the provider is synced, with it or alone.
+        let (suspend, _) = staged(&task, Event::SuspendRequested { request_id: 3 }, 6, false);
+        assert!(suspend.commands.iter().any(calls_provider));
+        assert_eq!(batch_sync(&[suspend]), Sync::Now);
+    }
+
+    /// A command in a sandbox that never ran one (restored, say) is synced before it runs: it
+    /// marks the sandbox as holding files no snapshot has.
+    #[test]
+    fn a_command_in_an_unused_sandbox_is_synced_even_when_the_task_is_warm() {
+        let id = TaskId::new("t").expect("a valid id");
+        let task = Task::new(id, TaskSettings::default(), 0);
+        let (_, task) = staged(
+            &task,
+            Event::RunRequested {
+                request_id: 1,
+                command: "true".into(),
+                timeout_ms: 1_000,
+            },
+            1,
+            true,
+        );
+        let (_, mut task) = staged(
+            &task,
+            Event::SandboxReady {
+                generation: 1,
+                sandbox_id: "sbx".into(),
+                name: "sbx".into(),
+                deadline: 1_000_000,
+            },
+            2,
+            false,
+        );
+        let (_, t) = staged(
+            &task,
+            Event::CommandExited {
+                request_id: 1,
+                exit_code: 0,
+                timed_out: false,
+            },
+            3,
+            false,
+        );
+        task = t;
+        task.sandbox.as_mut().expect("a live sandbox").used = false;
+        let (ran, _) = staged(
+            &task,
+            Event::RunRequested {
+                request_id: 2,
+                command: "true".into(),
+                timeout_ms: 1_000,
+            },
+            4,
+            false,
+        );
+        assert!(ran
+            .commands
+            .iter()
+            .any(|c| matches!(c, Command::RunCommand { .. })));
+        assert_eq!(batch_sync(&[ran]), Sync::Now);
     }
 }

@@ -109,6 +109,7 @@ pub fn ledger_json(ledger: &Ledger, backend: Option<&str>, prices: &Prices) -> s
     if priced {
         let e = ledger.estimate(prices);
         v["sessions_reported"] = ledger.sessions_reported.into();
+        v["sessions_unknown"] = ledger.sessions_unknown.into();
         v["vcpu_hours"] = ledger.vcpu_hours().into();
         v["memory_gb_hours"] = ledger.memory_gb_hours().into();
         v["transfer_gb"] = ledger.transfer_gb().into();

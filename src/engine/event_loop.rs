@@ -51,6 +51,16 @@ pub(super) type QueryFn = Box<dyn FnOnce(&EventLoop) + Send>;
 /// Where a request's answer goes.
 type Responder = oneshot::Sender<Result<Answer, EngineError>>;
 
+/// A timer armed for a task: the sleep that will send [`Msg::Timer`], when the core asked for
+/// it, and which arming it is.
+pub(super) struct Armed {
+    pub(super) handle: JoinHandle<()>,
+    /// The core's time for it (`Command::ScheduleTimer::at`; a retry's sleep may be longer by
+    /// the jitter).
+    pub(super) at: Millis,
+    pub(super) token: u64,
+}
+
 /// Everything that reaches the loop: requests, provider outcomes, timers, queries, shutdown.
 pub(super) enum Msg {
     Request {
@@ -66,6 +76,9 @@ pub(super) enum Msg {
     Timer {
         task: TaskId,
         timer: TimerKind,
+        /// Which arming of the timer fired ([`Armed::token`]): a timer replaced since, or
+        /// applied already because another event of its task came after its time, is stale.
+        token: u64,
     },
     Query(QueryFn),
     /// A fleet: the renewal found the task's lease taken over by `owner`; stop driving it.
@@ -89,6 +102,14 @@ pub(super) enum Msg {
         task: TaskId,
         keep_snapshots: bool,
         respond: oneshot::Sender<Result<RemovalPlan, EngineError>>,
+    },
+    /// `taskbox rm`: the outcome of the removed task's stop (its session's usage with it), to
+    /// journal in the task's record: a removed task is unloaded, so it is stepped and
+    /// committed here, alone.
+    RemovedOutcome {
+        task: TaskId,
+        event: Event,
+        respond: oneshot::Sender<Result<(), EngineError>>,
     },
 }
 
@@ -119,7 +140,9 @@ pub(super) struct EventLoop {
     pub(super) live: HashMap<(TaskId, u64), ExecIo>,
     /// Commands as typed, by request, where they differ from the journaled (redacted) ones.
     pub(super) typed_commands: HashMap<(TaskId, u64), String>,
-    pub(super) timers: HashMap<(TaskId, TimerKind), JoinHandle<()>>,
+    pub(super) timers: HashMap<(TaskId, TimerKind), Armed>,
+    /// The token of the next timer armed.
+    pub(super) next_timer: u64,
     pub(super) inflight: usize,
     pub(super) creates: Arc<Semaphore>,
     pub(super) tx: mpsc::UnboundedSender<Msg>,
@@ -170,8 +193,8 @@ impl EventLoop {
                 break;
             }
         }
-        for (_, h) in self.timers.drain() {
-            h.abort();
+        for (_, armed) in self.timers.drain() {
+            armed.handle.abort();
         }
     }
 
@@ -183,6 +206,7 @@ impl EventLoop {
                         let _ = respond.send(Err(EngineError::Stopped));
                         return;
                     }
+                    self.fire_due_timers(&task);
                     self.on_request(task, req, respond);
                 }
                 Msg::Outcome {
@@ -191,6 +215,7 @@ impl EventLoop {
                     output,
                 } => {
                     self.inflight -= 1;
+                    self.fire_due_timers(&task);
                     if let (Some(out), Event::CommandExited { request_id, .. }) = (output, &event) {
                         self.outputs.insert((task.clone(), *request_id), out);
                     }
@@ -198,9 +223,16 @@ impl EventLoop {
                         warn!(task = %task, error = %e, "could not apply a provider outcome");
                     }
                 }
-                Msg::Timer { task, timer } => {
-                    self.timers.remove(&(task.clone(), timer));
-                    if self.shutdown.is_none() {
+                Msg::Timer { task, timer, token } => {
+                    let key = (task.clone(), timer);
+                    if self.timers.get(&key).map(|a| a.token) != Some(token) {
+                        return; // replaced since, or applied already (`fire_due_timers`)
+                    }
+                    // Timers of the task whose time came earlier go first (this one among
+                    // them, in its place), even when their sleeps wake later: a retry's is
+                    // longer by the jitter, which a re-drive does not apply.
+                    self.fire_due_timers(&task);
+                    if self.timers.remove(&key).is_some() && self.shutdown.is_none() {
                         if let Err(e) = self.apply(&task, Event::TimerFired { timer }) {
                             warn!(task = %task, error = %e, "could not apply a timer");
                         }
@@ -224,12 +256,50 @@ impl EventLoop {
                     self.flush();
                     let _ = respond.send(self.remove(&task, keep_snapshots));
                 }
+                Msg::RemovedOutcome {
+                    task,
+                    event,
+                    respond,
+                } => {
+                    self.flush();
+                    let _ = respond.send(self.journal_removed(&task, event));
+                }
                 Msg::Shutdown { done } => {
-                    for (_, h) in self.timers.drain() {
-                        h.abort();
+                    for (_, armed) in self.timers.drain() {
+                        armed.handle.abort();
                     }
                     self.shutdown = Some(done);
                 }
+            }
+        }
+    }
+
+    /// Applies `task`'s timers whose time has come (by the engine's clock, at the core's time
+    /// for them), oldest first, before another event of the task: a timer is applied no later
+    /// than the first event at or after its time. Their sleeps may still be pending — a loop
+    /// busy, a machine loaded, a retry's jitter — and a request, an outcome or another timer
+    /// arriving then must not overtake them, or the journal's order would depend on how late
+    /// a sleep woke, which a re-drive on virtual time (timers exactly on time, no jitter)
+    /// cannot reproduce.
+    fn fire_due_timers(&mut self, task: &TaskId) {
+        if self.shutdown.is_some() {
+            return;
+        }
+        let now = self.clock.now_ms();
+        let mut due: Vec<(Millis, u64, TimerKind)> = self
+            .timers
+            .iter()
+            .filter(|((t, _), armed)| t == task && armed.at <= now)
+            .map(|((_, kind), armed)| (armed.at, armed.token, *kind))
+            .collect();
+        // Oldest first; timers of one time in the order they were armed (tokens grow).
+        due.sort_unstable_by_key(|(at, token, _)| (*at, *token));
+        for (_, _, timer) in due {
+            if let Some(armed) = self.timers.remove(&(task.clone(), timer)) {
+                armed.handle.abort();
+            }
+            if let Err(e) = self.apply(task, Event::TimerFired { timer }) {
+                warn!(task = %task, error = %e, "could not apply a timer");
             }
         }
     }
@@ -452,6 +522,25 @@ impl EventLoop {
         Ok(())
     }
 
+    /// Journals `event`, the outcome of a call `taskbox rm` made for the removed task `id`
+    /// (its sandbox's stop), through `step` like any outcome, committed alone and synced: the
+    /// task is no longer loaded, so nothing else is staged for it and no command follows.
+    fn journal_removed(&mut self, id: &TaskId, event: Event) -> Result<(), EngineError> {
+        let Some(task) = self.store.load_task(id)? else {
+            return Ok(());
+        };
+        let now = self.clock.now_ms();
+        let tr = step(&task, event.clone(), now)?;
+        self.store.commit(&TransitionRecord {
+            at: now,
+            event: &event,
+            state_before: task.state,
+            task_after: &tr.next,
+            commands: &tr.commands,
+        })?;
+        Ok(())
+    }
+
     /// `taskbox rm`: refuses a task with an operation in flight; otherwise marks it removed in
     /// the store (durable before any provider call), unloads it and cancels its timers, and
     /// says what is left to stop and delete. The journal stays, for replay.
@@ -493,8 +582,8 @@ impl EventLoop {
             .cloned()
             .collect();
         for key in timers {
-            if let Some(h) = self.timers.remove(&key) {
-                h.abort();
+            if let Some(armed) = self.timers.remove(&key) {
+                armed.handle.abort();
             }
         }
         let (delete, kept) = if keep_snapshots {
@@ -666,8 +755,8 @@ impl EventLoop {
             .cloned()
             .collect();
         for key in timers {
-            if let Some(h) = self.timers.remove(&key) {
-                h.abort();
+            if let Some(armed) = self.timers.remove(&key) {
+                armed.handle.abort();
             }
         }
         self.outputs.retain(|(t, _), _| t != task);

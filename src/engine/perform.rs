@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::event_loop::{Answer, EventLoop, Msg};
+use super::event_loop::{Answer, Armed, EventLoop, Msg};
 use crate::core::{Command, Event, Failure, Millis, Reply, RequestId, TimerKind};
 use crate::ids::{SnapshotId, TaskId};
 use crate::provider::{Call, ExecIo};
@@ -83,15 +83,17 @@ impl EventLoop {
         }
         let key = (id.clone(), timer);
         if let Some(old) = self.timers.remove(&key) {
-            old.abort();
+            old.handle.abort();
         }
         let tx = self.tx.clone();
         let task = id.clone();
+        let token = self.next_timer;
+        self.next_timer += 1;
         let handle = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(delay)).await;
-            let _ = tx.send(Msg::Timer { task, timer });
+            let _ = tx.send(Msg::Timer { task, timer, token });
         });
-        self.timers.insert(key, handle);
+        self.timers.insert(key, Armed { handle, at, token });
     }
 
     /// The live side of an attempt to run `request_id`'s command: its caller's output and

@@ -77,6 +77,11 @@ pub enum Call<R = RequestId> {
         /// The sandbox.
         sandbox_id: SandboxId,
     },
+    /// [`Command::ReadUsage`]: `session_usage` of a session that ended.
+    ReadUsage {
+        /// The session.
+        sandbox_id: SandboxId,
+    },
 }
 
 /// A [`Call`] as the provider receives it: without the request an `exec` serves.
@@ -93,6 +98,7 @@ impl<R> Call<R> {
             Call::ExtendTimeout { .. } => "extend_timeout",
             Call::DeleteSnapshot { .. } => "delete_snapshot",
             Call::ProbeSandbox { .. } => "probe_sandbox",
+            Call::ReadUsage { .. } => "read_usage",
         }
     }
 
@@ -137,6 +143,9 @@ impl<R> Call<R> {
                 sandbox_id,
             } => Call::ProbeSandbox {
                 task_id: task_id.clone(),
+                sandbox_id: sandbox_id.clone(),
+            },
+            Call::ReadUsage { sandbox_id } => Call::ReadUsage {
                 sandbox_id: sandbox_id.clone(),
             },
         }
@@ -199,6 +208,9 @@ impl Call {
             },
             Command::ProbeSandbox { sandbox_id } => Call::ProbeSandbox {
                 task_id: task_id.clone(),
+                sandbox_id: sandbox_id.clone(),
+            },
+            Command::ReadUsage { sandbox_id } => Call::ReadUsage {
                 sandbox_id: sandbox_id.clone(),
             },
             Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
@@ -340,6 +352,11 @@ impl Call {
                     },
                 }
             }
+            // A failure to read it is journaled as unknown usage: it never holds the task up.
+            Call::ReadUsage { sandbox_id } => Event::UsageRead {
+                sandbox_id: sandbox_id.clone(),
+                usage: usage_of(p, sandbox_id).await,
+            },
         };
         (event, None)
     }

@@ -129,6 +129,11 @@ pub trait Decorator: Send + Sync {
     fn keeps_files_after_deadline(&self) -> bool {
         self.inner().keeps_files_after_deadline()
     }
+
+    /// See [`SandboxProvider::reports_usage`].
+    fn reports_usage(&self) -> bool {
+        self.inner().reports_usage()
+    }
 }
 
 impl<T: Decorator> SandboxProvider for T {
@@ -224,5 +229,9 @@ impl<T: Decorator> SandboxProvider for T {
 
     fn keeps_files_after_deadline(&self) -> bool {
         Decorator::keeps_files_after_deadline(self)
+    }
+
+    fn reports_usage(&self) -> bool {
+        Decorator::reports_usage(self)
     }
 }

@@ -353,11 +353,13 @@ pub trait SandboxProvider: Send + Sync {
         Box::pin(async { Ok(None) })
     }
 
-    /// After [`Self::probe_sandbox`] found a sandbox not running, or [`Self::stop_sandbox`]
-    /// stopped it: what the platform reports its session used (Vercel's session object), so
-    /// that a session ended without a taskbox snapshot is in the cost ledger too. Reading it
-    /// may fail; the caller then journals none. The default: none (the local and simulated
-    /// backends report no platform usage).
+    /// What the platform reports a session that ended used (Vercel's session object), so that
+    /// a session ended without a taskbox snapshot is in the cost ledger too: asked after
+    /// [`Self::probe_sandbox`] found a sandbox not running, after [`Self::stop_sandbox`]
+    /// stopped it (both may answer from what that call read), and for a session that ended
+    /// without the platform being asked ([`Self::reports_usage`]). Reading it may fail; the
+    /// caller then journals none. The default: none (the local and simulated backends report
+    /// no platform usage).
     fn session_usage<'a>(
         &'a self,
         sandbox_id: &'a SandboxId,
@@ -392,6 +394,16 @@ pub trait SandboxProvider: Send + Sync {
     ///
     /// [`TaskSettings::late_checkpoint`]: crate::core::TaskSettings::late_checkpoint
     fn keeps_files_after_deadline(&self) -> bool {
+        false
+    }
+
+    /// Whether [`Self::session_usage`] can read what a session used from the platform (Vercel).
+    /// The engine then asks for it when a session ends without the platform being asked (its
+    /// deadline passed, a command or a snapshot found it gone: [`TaskSettings::reports_usage`]).
+    /// The default: no (the local and simulated backends report no platform usage).
+    ///
+    /// [`TaskSettings::reports_usage`]: crate::core::TaskSettings::reports_usage
+    fn reports_usage(&self) -> bool {
         false
     }
 }
@@ -581,6 +593,9 @@ macro_rules! platform_provider {
                     let answer = <$ty>::$session_usage(self, sandbox_id).await;
                     answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "read session usage"))
                 })
+            }
+            fn reports_usage(&self) -> bool {
+                true
             }
             )?
             $(

@@ -238,7 +238,9 @@ pub trait Backend {
 }
 
 /// The JSON text of `value`, the `what` (`task`, `event` or `commands`) of the task `task_id`
-/// that a transition stores ([`StoreError::Serialize`] if it cannot be written).
+/// that a transition stores ([`StoreError::Serialize`] if it cannot be written). (The SQLite
+/// store serializes into buffers it reuses instead.)
+#[cfg(feature = "postgres")]
 pub(crate) fn to_json<T: Serialize + ?Sized>(
     task_id: &str,
     what: &'static str,

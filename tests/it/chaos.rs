@@ -688,11 +688,14 @@ fn over_http_files_come_back_from_the_platforms_snapshot_after_an_engine_death()
 /// Forks over HTTP: the workload forks tasks (and runs a command in each fork, restoring the
 /// parent's snapshot through the real client), under every fault and crashes, and the
 /// fork-source and deleted-while-referenced checks hold against the fake server's records.
+/// Every journal re-drives identically although requests and outcomes came in real time (a
+/// timer whose time passed goes before them), the sessions' usage reads included.
 #[test]
 fn over_http_forks_restore_their_parents_snapshot_and_no_shared_snapshot_is_deleted() {
-    let (mut opts, _work) = options(1, 3, 6);
+    let (mut opts, work) = options(1, 3, 6);
     opts.http = true;
     opts.jobs = 1;
+    opts.keep_all = true;
     let report = chaos::run(&opts, &no_progress).expect("http chaos run");
     assert_eq!(report.totals.violations, 0, "{:#?}", report.violating_seeds);
     assert!(
@@ -705,22 +708,21 @@ fn over_http_forks_restore_their_parents_snapshot_and_no_shared_snapshot_is_dele
         "{:?}",
         report.totals
     );
+    let (journals, tasks, forks) = redrive_every_journal(work.path());
+    assert_eq!(journals, 3, "every seed's journal was kept");
+    assert!(
+        forks > 0 && tasks >= 3 * 6 + forks,
+        "{tasks} tasks, {forks} forks"
+    );
 }
 
-/// `replay --redrive` takes a chaos run's journals, forks included: every task of every seed
-/// re-drives identically, one at a time (a child from its recorded lineage, a parent's fork
-/// requests re-driven, a snapshot released to a fork released again without a call), under
-/// faults and crashes. On the simulator, whose virtual time the re-drive's clock reproduces.
-#[test]
-fn simulated_journals_with_forks_redrive_identically() {
-    let (mut opts, work) = options(1, 4, 6);
-    opts.keep_all = true;
-    let report = chaos::run(&opts, &no_progress).expect("chaos run");
-    assert_eq!(report.totals.violations, 0, "{:#?}", report.violating_seeds);
+/// Re-drives every task of every seed's journal kept under `work`, each identically (every
+/// call made as recorded); returns how many journals, tasks and forks.
+fn redrive_every_journal(work: &std::path::Path) -> (usize, usize, usize) {
     let mut journals = 0;
     let mut forks = 0;
     let mut tasks = 0;
-    for dir in std::fs::read_dir(work.path()).expect("work dir") {
+    for dir in std::fs::read_dir(work).expect("work dir") {
         let path = dir.expect("entry").path().join("journal.jsonl");
         if !path.exists() {
             continue;
@@ -751,6 +753,20 @@ fn simulated_journals_with_forks_redrive_identically() {
             .filter(|e| matches!(e.event, taskbox::core::Event::Forked { .. }))
             .count();
     }
+    (journals, tasks, forks)
+}
+
+/// `replay --redrive` takes a chaos run's journals, forks included: every task of every seed
+/// re-drives identically, one at a time (a child from its recorded lineage, a parent's fork
+/// requests re-driven, a snapshot released to a fork released again without a call), under
+/// faults and crashes. On the simulator, whose virtual time the re-drive's clock reproduces.
+#[test]
+fn simulated_journals_with_forks_redrive_identically() {
+    let (mut opts, work) = options(1, 4, 6);
+    opts.keep_all = true;
+    let report = chaos::run(&opts, &no_progress).expect("chaos run");
+    assert_eq!(report.totals.violations, 0, "{:#?}", report.violating_seeds);
+    let (journals, tasks, forks) = redrive_every_journal(work.path());
     assert_eq!(journals, 4, "every seed's journal was kept");
     assert!(forks > 0, "no fork was re-driven");
     assert_eq!(

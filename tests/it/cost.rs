@@ -131,15 +131,7 @@ async fn vercel_sessions_that_end_without_a_taskbox_snapshot_are_in_the_ledger()
     orch.run(&task, "sleep 1; echo v1 > f", None)
         .await
         .expect("run");
-    let session = orch
-        .show(&task, 0)
-        .await
-        .expect("show")
-        .expect("the task")
-        .task
-        .sandbox
-        .expect("a live sandbox")
-        .id;
+    let session = crate::support::live_sandbox(&orch, &task).await;
     // The engine dies; the platform stops the sandbox, which snapshots itself.
     orch.abort().await;
     drop(orch);
@@ -460,4 +452,191 @@ fn the_ledger_folds_a_journal_into_units_and_prices() {
     let l = Ledger::of(Window::until(t0 + 3 * H), entries);
     assert_eq!(l.sessions_reported, 2);
     assert!((l.vcpu_hours() - 1.5).abs() < 1e-12, "{l:?}");
+}
+
+/// Waits (bounded) until `task`'s journal, as `show` reads it, has an entry `pick` finds.
+async fn journaled<T>(
+    orch: &taskbox::engine::Orchestrator,
+    task: &taskbox::TaskId,
+    mut pick: impl FnMut(&taskbox::core::Event) -> Option<T>,
+) -> T {
+    for _ in 0..300 {
+        let view = orch
+            .show(task, 1000)
+            .await
+            .expect("show")
+            .expect("the task");
+        if let Some(found) = view.journal.iter().find_map(|e| pick(&e.event)) {
+            return found;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("{task}: the journal never had the entry looked for");
+}
+
+/// The ledger of `task`'s stored journal: it has vCPU-hours and memory GB-hours for every
+/// session, and the exported journal replays cleanly, gives the same ledger and re-drives
+/// (the engine makes the same calls, the usage read among them).
+async fn ledger_reproduced(data: &std::path::Path, task: &str, sessions: u64) -> Ledger {
+    let s = Store::open_existing(&store_file(data)).expect("store");
+    let journal = s.journal(task).expect("journal");
+    let window = Window::until(u64::MAX / 2);
+    let l = ledger_of(&journal, window);
+    assert_eq!(l.sessions_reported, sessions, "{task}: {l:?}");
+    assert_eq!(l.sessions_unknown, 0, "{task}: {l:?}");
+    // The fake bills a command's wall time as active CPU: each session ran `sleep 1`.
+    assert!(l.active_cpu_ms >= 1000 * sessions, "{task}: {l:?}");
+    assert!(
+        l.vcpu_hours() > 0.0 && l.memory_gb_hours() > 0.0,
+        "{task}: {l:?}"
+    );
+    let mut buf = Vec::new();
+    taskbox::replay::export::write_journal(&mut buf, &journal, s.installation_id(), 0)
+        .expect("export");
+    let file = taskbox::replay::export::read_journal(buf.as_slice()).expect("reads back");
+    assert!(taskbox::replay::verify(&file.entries).is_clean(), "{task}");
+    assert_eq!(ledger_of(&file.entries, window), l, "{task}");
+    let entries = file.entries.clone();
+    let reports = tokio::task::spawn_blocking(move || taskbox::replay::redrive::redrive(&entries))
+        .await
+        .expect("re-drive thread")
+        .expect("re-drive runs");
+    for r in &reports {
+        assert!(r.divergence.is_none(), "{task}: {r:?}");
+    }
+    l
+}
+
+/// Sessions that end without the platform being asked have their usage read afterwards
+/// (`read_usage`, answered by `usage_read` in the journal): (a) the deadline passes while the
+/// engine watches, (b) a command is answered "sandbox gone" (the platform stopped the session
+/// early), (c) `taskbox rm` stops the sandbox. In each the ledger gets vCPU-hours and memory
+/// GB-hours for the session, and replay and re-drive reproduce it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vercel_sessions_that_end_unasked_have_their_usage_read() {
+    use crate::support::{live_sandbox, tid};
+    use crate::vercel_engine::{open, start_fake, vercel_config};
+    use taskbox::core::Event;
+
+    let dir = tempfile::tempdir().expect("dir");
+    let fake = start_fake(dir.path(), taskbox::fake::Faults::default()).await;
+    let cfg = vercel_config(&fake.base_url());
+    let usage_read = |session: taskbox::ids::SandboxId| {
+        move |e: &Event| match e {
+            Event::UsageRead { sandbox_id, usage } if *sandbox_id == session => Some(usage.clone()),
+            _ => None,
+        }
+    };
+
+    // (a) Not persistent, a 2 s timeout the plan cannot extend: the deadline timer ends it.
+    let mut short = cfg.clone();
+    short.terminal.container_persistent = false;
+    short.terminal.sandbox_timeout_seconds = 2;
+    short.terminal.max_sandbox_lifetime_seconds = 2;
+    let a_dir = dir.path().join("deadline");
+    let orch = open(&a_dir, &fake, &short).await;
+    let a = tid("deadline");
+    orch.run(&a, "sleep 1", None).await.expect("run");
+    let session = live_sandbox(&orch, &a).await;
+    let read = journaled(&orch, &a, usage_read(session.clone()))
+        .await
+        .expect("the platform answered what the session used");
+    assert_eq!(read.memory_mb, 2048, "{read:?}");
+    assert!(read.active_cpu_ms.unwrap_or(0) >= 1000, "{read:?}");
+    orch.shutdown().await;
+    ledger_reproduced(&a_dir, "deadline", 1).await;
+
+    // (b) The platform stops the session early; the next command's run request is answered
+    // "gone" (410): the command runs on a new sandbox, and the gone session's usage is read.
+    let b_dir = dir.path().join("gone");
+    let orch = open(&b_dir, &fake, &cfg).await;
+    let b = tid("gone");
+    orch.run(&b, "sleep 1", None).await.expect("run");
+    let session = live_sandbox(&orch, &b).await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/expire-session/{session}", fake.admin_url()))
+        .send()
+        .await
+        .expect("admin request");
+    assert!(resp.status().is_success(), "{}", resp.status());
+    orch.run(&b, "sleep 1", None)
+        .await
+        .expect("runs on a new sandbox");
+    let read = journaled(&orch, &b, usage_read(session.clone()))
+        .await
+        .expect("the platform answered what the session used");
+    assert!(read.stopped_at.is_some(), "{read:?}");
+    orch.suspend(&b).await.expect("suspend");
+    orch.shutdown().await;
+    // The gone session (read) and the second one (stopped by the suspend's snapshot).
+    ledger_reproduced(&b_dir, "gone", 2).await;
+
+    // (c) `rm` stops the live sandbox: the stop's usage is journaled in the removed task's
+    // record, and its sandbox time ends there.
+    let c_dir = dir.path().join("rm");
+    let orch = open(&c_dir, &fake, &cfg).await;
+    let c = tid("removed");
+    orch.run(&c, "sleep 1", None).await.expect("run");
+    let session = live_sandbox(&orch, &c).await;
+    let removed = orch.remove(&c, false).await.expect("rm");
+    assert_eq!(
+        removed.sandbox_stopped.as_ref(),
+        Some(&session),
+        "{removed:?}"
+    );
+    assert!(removed.errors.is_empty(), "{removed:?}");
+    orch.shutdown().await;
+    let s = Store::open_existing(&store_file(&c_dir)).expect("store");
+    let journal = s.journal("removed").expect("journal");
+    let last = journal.last().expect("entries");
+    assert!(
+        matches!(&last.event, Event::SandboxStopped { sandbox_id, usage: Some(_) } if *sandbox_id == session),
+        "{:?}",
+        last.event
+    );
+    assert!(last.task_after.sandbox.is_none(), "{:?}", last.task_after);
+    let l = ledger_reproduced(&c_dir, "removed", 1).await;
+    // Sandbox time ended with the stop, not at the window's end.
+    assert!(l.sandbox_ms < 60_000, "{l:?}");
+}
+
+/// A usage read the platform did not answer counts the session as unknown (once, and not after
+/// the session was reported); an answered read counts like any report, once per session; the
+/// text and JSON say how many are unknown.
+#[test]
+fn an_unanswered_usage_read_counts_the_session_as_unknown() {
+    use taskbox::core::{Event, SessionUsage, Task, TaskSettings};
+    use taskbox::engine::cost::ledger_json;
+
+    let idle = Task::new(crate::support::tid("t"), TaskSettings::default(), 0);
+    let read = |id: &str, usage: Option<SessionUsage>| Event::UsageRead {
+        sandbox_id: crate::support::sbx(id),
+        usage,
+    };
+    let used = SessionUsage {
+        started_at: 0,
+        stopped_at: Some(3_600_000),
+        vcpus: 1,
+        memory_mb: 2048,
+        active_cpu_ms: Some(1_800_000),
+        transfer_bytes: None,
+    };
+    let unknown = read("sbx_1", None);
+    let again = read("sbx_1", None);
+    let answered = read("sbx_2", Some(used.clone()));
+    let twice = read("sbx_2", None);
+    let entries = [
+        (10, &unknown, &idle),
+        (20, &again, &idle),
+        (30, &answered, &idle),
+        (40, &twice, &idle),
+    ];
+    let l = Ledger::of(Window::until(100), entries);
+    assert_eq!((l.sessions_reported, l.sessions_unknown), (1, 1), "{l:?}");
+    assert!((l.vcpu_hours() - 0.5).abs() < 1e-12, "{l:?}");
+    assert!((l.memory_gb_hours() - 2.0).abs() < 1e-12, "{l:?}");
+    let v = ledger_json(&l, Some("vercel_sandbox"), &Prices::default());
+    assert_eq!(v["sessions_unknown"], 1, "{v}");
+    // Summed over tasks, unknown sessions add up.
+    assert_eq!(Ledger::sum([&l, &l]).sessions_unknown, 2);
 }

@@ -519,3 +519,125 @@ fn a_transition_the_store_refuses_fails_its_request_and_nothing_else() {
         orch.shutdown().await;
     });
 }
+
+/// A simulated platform whose first command fails transiently 210 ms before its sandbox's
+/// deadline, so that the engine's retry falls 10 ms before the deadline.
+struct FailsBeforeTheDeadline {
+    inner: Arc<SimProvider>,
+    clock: Arc<TokioClock>,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl taskbox::provider::Decorator for FailsBeforeTheDeadline {
+    fn inner(&self) -> &dyn taskbox::provider::SandboxProvider {
+        &*self.inner
+    }
+    fn exec_live<'a>(
+        &'a self,
+        sandbox_id: &'a taskbox::ids::SandboxId,
+        req: &'a taskbox::provider::ExecRequest,
+        io: taskbox::provider::ExecIo,
+    ) -> taskbox::provider::ProviderFuture<'a, taskbox::provider::ExecOutput> {
+        use taskbox::clock::Clock;
+        use taskbox::provider::SandboxProvider;
+        Box::pin(async move {
+            if self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return self.inner.exec_live(sandbox_id, req, io).await;
+            }
+            let deadline = self
+                .inner
+                .probe_sandbox(sandbox_id)
+                .await?
+                .expect("a live sandbox");
+            let at = deadline - 210;
+            tokio::time::sleep(Duration::from_millis(at - self.clock.now_ms())).await;
+            Err(taskbox::provider::ProviderError::transient(
+                "run command",
+                "503 service unavailable",
+                None,
+            ))
+        })
+    }
+}
+
+/// A retry's sleep is longer than the core's delay by the jitter, and a re-drive applies none.
+/// A timer whose time falls between the two — here the sandbox's deadline, 10 ms after the
+/// retry's time and before its jittered sleep wakes — must not overtake the retry: the engine
+/// applies a timer whose time has passed before a later one, so the journal holds the retry
+/// (its command run again) and then the deadline, as the re-drive's clock has them, and
+/// re-drives identically.
+#[test]
+fn a_retry_lengthened_by_the_jitter_goes_before_a_later_timer_and_redrives() {
+    use taskbox::core::{Command, Event, TimerKind};
+    use taskbox::rng::SplitMix64;
+
+    // A seed whose first jittered 200 ms retry sleeps past the deadline (at least 230 ms).
+    let seed = (0..1000)
+        .find(|s| Jitter::Seeded(SplitMix64::new(*s)).apply(200) >= 230)
+        .expect("a seed");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let journal = paused_runtime().block_on(async {
+        let clock = Arc::new(TokioClock::starting_at(START_MS));
+        let sim = Arc::new(SimProvider::new(1, SimFaults::none(), clock.clone()));
+        let provider = Arc::new(FailsBeforeTheDeadline {
+            inner: sim,
+            clock: clock.clone(),
+            failed: false.into(),
+        });
+        let mut cfg = config();
+        cfg.terminal.container_persistent = false;
+        cfg.terminal.sandbox_timeout_seconds = 300;
+        cfg.terminal.max_sandbox_lifetime_seconds = 300;
+        cfg.terminal.lifetime_seconds = 3_600;
+        let orch = Orchestrator::builder(dir.path().to_path_buf(), cfg)
+            .provider(provider)
+            .clock(clock.clone())
+            .jitter(Jitter::Seeded(SplitMix64::new(seed)))
+            .reconcile_on_start(false)
+            .open()
+            .await
+            .expect("open");
+        let task = TaskId::new("jitter").expect("id");
+        // The deadline ends the sandbox under the retried command.
+        assert!(orch.run(&task, "true", None).await.is_err());
+        orch.shutdown().await;
+        Store::open_existing(&store_file(dir.path()))
+            .expect("store")
+            .journal("jitter")
+            .expect("journal")
+    });
+    let reports = taskbox::replay::redrive::redrive(&journal).expect("re-drive runs");
+    assert!(reports[0].divergence.is_none(), "{:?}", reports[0]);
+    let timers: Vec<TimerKind> = journal
+        .iter()
+        .filter_map(|e| match e.event {
+            Event::TimerFired {
+                timer: timer @ (TimerKind::Retry | TimerKind::Deadline),
+            } => Some(timer),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        timers,
+        [TimerKind::Retry, TimerKind::Deadline],
+        "{journal:#?}"
+    );
+    let retried = journal
+        .iter()
+        .find(|e| {
+            matches!(
+                e.event,
+                Event::TimerFired {
+                    timer: TimerKind::Retry
+                }
+            )
+        })
+        .expect("the retry");
+    assert!(
+        retried
+            .commands
+            .iter()
+            .any(|c| matches!(c, Command::RunCommand { .. })),
+        "{retried:#?}"
+    );
+}

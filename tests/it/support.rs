@@ -226,3 +226,19 @@ pub fn run_bounded(
         .map_err(|e| format!("{what}: {e}"))?;
     Ok((status.success(), text))
 }
+
+/// The id of `task`'s live sandbox as the engine shows it (a Vercel session id); panics when
+/// the task has none.
+pub async fn live_sandbox(
+    orch: &taskbox::engine::Orchestrator,
+    task: &taskbox::TaskId,
+) -> taskbox::ids::SandboxId {
+    orch.show(task, 0)
+        .await
+        .expect("show")
+        .expect("the task")
+        .task
+        .sandbox
+        .expect("a live sandbox")
+        .id
+}

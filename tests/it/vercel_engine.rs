@@ -335,8 +335,7 @@ async fn a_command_that_never_started_on_an_early_stopped_sandbox_runs_on_a_rest
     orch.suspend(&task).await.expect("suspend");
     let out = orch.run(&task, "cat f", None).await.expect("restore");
     assert_eq!(out.stdout, "v1\n");
-    let view = orch.show(&task, 0).await.expect("show").expect("the task");
-    let session = view.task.sandbox.expect("a live sandbox").id;
+    let session = crate::support::live_sandbox(&orch, &task).await;
 
     // The platform stops the session early, over the fake's admin endpoint.
     let resp = reqwest::Client::new()
@@ -363,8 +362,7 @@ async fn a_command_that_never_started_on_an_early_stopped_sandbox_runs_on_a_rest
         "{:?}",
         out.notices
     );
-    let view = orch.show(&task, 0).await.expect("show").expect("the task");
-    assert_ne!(view.task.sandbox.expect("a live sandbox").id, session);
+    assert_ne!(crate::support::live_sandbox(&orch, &task).await, session);
     orch.shutdown().await;
 }
 
@@ -382,15 +380,7 @@ async fn gc_before_the_probe_keeps_the_platforms_snapshot_for_the_task_to_adopt(
     orch.run(&task, "echo v1 > f", None).await.expect("run");
     orch.suspend(&task).await.expect("suspend");
     orch.run(&task, "echo v2 > f", None).await.expect("run");
-    let session = orch
-        .show(&task, 0)
-        .await
-        .expect("show")
-        .expect("the task")
-        .task
-        .sandbox
-        .expect("a live sandbox")
-        .id;
+    let session = crate::support::live_sandbox(&orch, &task).await;
     // The engine dies; the platform stops the sandbox while none watches.
     orch.abort().await;
     drop(orch);

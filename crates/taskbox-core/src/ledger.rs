@@ -6,7 +6,10 @@
 //! in the event by which the engine learns that the session ended: [`Event::SnapshotTaken`]
 //! (taskbox's snapshot stopped it), [`Event::SandboxProbed`] (found stopped: timed out, a
 //! persistent sandbox's own snapshot, stopped by someone else) or [`Event::SandboxStopped`]
-//! (taskbox stopped it without a snapshot), each as `usage`. A session reported twice (a probe
+//! (taskbox stopped it without a snapshot), each as `usage`; a session that ended without the
+//! platform being asked (its deadline passed while the engine watched, a command or snapshot
+//! found it gone) is read afterwards ([`Event::UsageRead`]), and one the platform did not
+//! answer for is counted as unknown. A session reported twice (a probe
 //! during a snapshot, then the snapshot) is counted once, at its first report. Sandbox time,
 //! creations and snapshot storage are read from the lifecycle itself, so they are known on
 //! every backend.
@@ -83,6 +86,11 @@ pub struct Ledger {
     pub sandbox_ms: u64,
     /// Sessions whose usage the platform reported.
     pub sessions_reported: u64,
+    /// Sessions that ended without the platform reporting their usage when asked
+    /// ([`Event::UsageRead`] with none): their CPU, memory and transfer are missing from the
+    /// figures. Absent (0) in ledgers serialized before it existed.
+    #[serde(default)]
+    pub sessions_unknown: u64,
     /// Active CPU the platform reported, ms.
     pub active_cpu_ms: u64,
     /// Provisioned memory times session wall time, MB·ms.
@@ -151,7 +159,21 @@ impl LedgerBuilder {
             | Event::SandboxStopped {
                 sandbox_id,
                 usage: Some(u),
+            }
+            | Event::UsageRead {
+                sandbox_id,
+                usage: Some(u),
             } => Some((Some(sandbox_id), u)),
+            // Asked, and the platform did not say: unknown, unless reported before.
+            Event::UsageRead {
+                sandbox_id,
+                usage: None,
+            } => {
+                if self.reported.insert(sandbox_id.clone()) && w.contains(at) {
+                    self.ledger.sessions_unknown += 1;
+                }
+                None
+            }
             _ => None,
         };
         if let Some((session, u)) = reported {
@@ -259,6 +281,7 @@ impl Ledger {
             t.creations += l.creations;
             t.sandbox_ms = t.sandbox_ms.saturating_add(l.sandbox_ms);
             t.sessions_reported += l.sessions_reported;
+            t.sessions_unknown += l.sessions_unknown;
             t.active_cpu_ms = t.active_cpu_ms.saturating_add(l.active_cpu_ms);
             t.memory_mb_ms = t.memory_mb_ms.saturating_add(l.memory_mb_ms);
             t.transfer_bytes = t.transfer_bytes.saturating_add(l.transfer_bytes);

@@ -52,6 +52,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
         t: task.clone(),
         cmds: Vec::new(),
         now,
+        usage_known: false,
     };
     match (task.state, event) {
         // ---- caller requests: queued in every state, then the queue is pumped ----
@@ -412,6 +413,18 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             Event::SnapshotFailed { .. },
         ) => {}
 
+        // running ---- its own sandbox stopped (`taskbox rm` stops it) ----> expired | idle
+        // Every other stop is of a sandbox the task no longer holds.
+        (Running, Event::SandboxStopped { sandbox_id, .. }) if cx.holds(&sandbox_id) => {
+            if let Some(sb) = cx.t.sandbox.take() {
+                if sb.used && cx.t.settings.persistent && cx.t.latest_complete().is_some() {
+                    // Commands ran after the latest snapshot in a sandbox that is gone now.
+                    cx.t.files_behind = true;
+                }
+            }
+            cx.clear_op();
+            cx.settle_without_sandbox();
+        }
         // ---- bookkeeping outcomes, absorbed in every state ----
         (
             Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
@@ -486,6 +499,8 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             match alive {
                 Some(deadline) => cx.sandbox_lives_until(deadline),
                 None if task.state == Running => {
+                    // The probe asked the platform for the session's usage already.
+                    cx.usage_known = true;
                     if let Some(found) = platform_snapshot {
                         cx.adopt_platform_snapshot(found);
                     }
@@ -512,6 +527,11 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
             Event::ProbeFailed { .. },
         ) => {} // stale: no probe of this sandbox is outstanding
+        // ---- usage, for the cost ledger only ----
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::UsageRead { .. },
+        ) => {}
 
         // ---- timers ----
         (state, Event::TimerFired { timer }) => cx.on_timer(state, timer),
@@ -532,6 +552,9 @@ struct Cx {
     t: Task,
     cmds: Vec<Command>,
     now: Millis,
+    /// The event itself reports what the ending session used (a probe that found it gone):
+    /// no [`Command::ReadUsage`] for it.
+    usage_known: bool,
 }
 
 impl Cx {
@@ -1215,11 +1238,16 @@ impl Cx {
     /// The sandbox is gone (platform deadline, or found dead): running/snapshotting ---->
     /// expired (files in the latest snapshot) | idle (nothing kept).
     fn expire(&mut self) {
-        let (deadline, used) = self
-            .t
-            .sandbox
-            .take()
+        let ended = self.t.sandbox.take();
+        let (deadline, used) = ended
+            .as_ref()
             .map_or((self.now, false), |s| (s.deadline.min(self.now), s.used));
+        // The session ended without the platform being asked: ask it what the session used.
+        if let Some(sb) = ended {
+            if self.t.settings.reports_usage && !self.usage_known {
+                self.cmds.push(Command::ReadUsage { sandbox_id: sb.id });
+            }
+        }
         let latest = if self.t.settings.persistent {
             self.t.latest_complete().map(|s| {
                 (

@@ -220,6 +220,18 @@ pub struct TaskSettings {
     /// absent (false) in journals written before it existed.
     #[serde(default)]
     pub late_checkpoint: bool,
+    /// The provider reports what a session used (Vercel): when a session ends without the
+    /// platform being asked — its deadline passed while the engine watched, or a command or a
+    /// snapshot found it gone — the engine reads its usage ([`Command::ReadUsage`]) for the
+    /// cost ledger. Set from the provider, not the config; absent (false) in journals written
+    /// before it existed, and not written while false, so other backends' journals read as
+    /// before.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reports_usage: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Default for TaskSettings {
@@ -234,6 +246,7 @@ impl Default for TaskSettings {
             max_sandbox_lifetime_ms: 300_000,
             retry: RetryPolicy::default(),
             late_checkpoint: false,
+            reports_usage: false,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Process isolation of a local sandbox with a cgroup v2 (Linux): every command of a sandbox
-//! joins the sandbox's own cgroup before it runs anything of the caller's, and stopping the
+//! runs in the sandbox's own cgroup from before it runs anything of the caller's, and stopping the
 //! sandbox kills the whole cgroup. A process cannot leave its cgroup by `setsid`, `env -i`, a
 //! cleared `TASKBOX_WORKSPACE` or double-forking (only by writing to another cgroup's
 //! `cgroup.procs`, which needs rights over it), so nothing a command started survives its sandbox.
@@ -11,13 +11,16 @@
 //! It lives from the sandbox's first command until the sandbox stops (`kill_all` removes it);
 //! the sweep (`remove_empty`) removes empty ones, which the next command makes again.
 //!
-//! A command joins in its own shell, as the first thing its `bash -c` script does (`Join::script`:
-//! `echo 0 > <cgroup>/cgroup.procs`, making the cgroup again if a sweep just removed it), not
-//! in the forked child before `exec`: a `pre_exec` hook makes the standard library fork the
-//! whole server instead of `posix_spawn`'s `vfork`, which costs a warm command a fifth of a
-//! millisecond and more. Nothing of the caller's runs before the join (bash reads only the
-//! server's own `BASH_ENV`, if it has one, before), so every process the command starts is in
-//! the cgroup; a join that fails runs nothing and the exec fails
+//! A command's shell is born in the cgroup where Linux can (`spawn`: `clone3` with
+//! `CLONE_INTO_CGROUP`, Linux 5.7+), so it never moves: a move (a write to `cgroup.procs`)
+//! waits for an RCU grace period, ~14 ms, unless another move happened just before. Otherwise
+//! (an older kernel, a seccomp filter, a cgroup that cannot be opened) the shell is spawned as
+//! usual and joins as the first thing its `bash -c` script does (`Join::script`:
+//! `echo 0 > <cgroup>/cgroup.procs`, making the cgroup again if a sweep just removed it), which
+//! keeps that spawn a `posix_spawn` (a `pre_exec` hook would fork the server and still move the
+//! process). Nothing of the caller's runs before the join (bash reads only the server's own
+//! `BASH_ENV`, if it has one, before), so every process the command starts is in the cgroup; a
+//! join that fails runs nothing and the exec fails
 //! (`Join::failed`). Where no writable cgroup v2 hierarchy is available (not Linux, cgroup v1
 //! only, no delegation to this user), [`support`] says why, `taskbox doctor` reports it, and
 //! only the environment sweep of `kill::kill_leftovers` (which those escapes evade) remains.
@@ -105,6 +108,11 @@ pub(super) struct Join {
 const JOIN_FAILED: &[u8] = b"!cgroup";
 
 impl Join {
+    /// The cgroup's directory.
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The start of a command's `bash -c` script (no newline, so the command's line numbers are
     /// unchanged): moves the shell into the cgroup, making the cgroup again and retrying if it
     /// is not there (a sweep may just have removed it); if that fails, writes [`JOIN_FAILED`] to
@@ -197,11 +205,11 @@ pub(super) fn remove_empty() {
     }
 }
 
-/// Kills every process in the cgroup `dir` and removes it. Returns how many processes it held.
-/// Blocking (waits up to a few seconds for the killed processes to leave).
-pub(super) fn kill_all(dir: &Path) -> usize {
+/// Kills every process in the cgroup `dir` and removes it. Returns whether the cgroup is gone
+/// (every process of it has exited, its open files released); blocking (waits up to a few
+/// seconds for the killed processes to leave).
+pub(super) fn kill_all(dir: &Path) -> bool {
     let procs = dir.join("cgroup.procs");
-    let count = read_pids(&procs).len();
     // `cgroup.kill` (Linux 5.14+) kills the whole cgroup at once, forks in flight included.
     if fs::write(dir.join("cgroup.kill"), b"1").is_err() {
         // Older kernels: kill what is listed until nothing is (a process forking meanwhile is
@@ -224,13 +232,13 @@ pub(super) fn kill_all(dir: &Path) -> usize {
     // A killed process leaves the cgroup as it exits; then the empty cgroup can be removed.
     for _ in 0..200 {
         match fs::remove_dir(dir) {
-            Ok(()) => return count,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return count,
+            Ok(()) => return true,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return true,
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
     }
     tracing::warn!(cgroup = %dir.display(), "a stopped sandbox's cgroup is not empty yet");
-    count
+    false
 }
 
 fn read_pids(procs: &Path) -> Vec<libc::pid_t> {

@@ -3,7 +3,7 @@
 //! ended in recorded for the next command. Its output is forwarded as it is read, and its stdin
 //! fed from the caller's, when the exec has a live side ([`ExecIo`]).
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
@@ -11,13 +11,16 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::cgroup::Join;
 use super::error::LocalError;
-use super::kill::{exited_unreaped, group_has_live_members, kill_group, signal_group, GroupGuard};
+use super::kill::{
+    exited_unreaped, group_has_live_members, kill_group, signal_group, signal_shell, GroupGuard,
+};
 use super::names::SandboxName;
 use super::output::{Captured, Pump};
+use super::spawn::{self, Spec, Started};
 use super::workspace::{relative_cwd, resolve_cwd};
 use super::{LocalProvider, Slot};
 use crate::provider::live::cancel_requested;
@@ -31,6 +34,19 @@ const DEADLINE_POLL: Duration = Duration::from_millis(50);
 /// How long a cancelled command (every process of its group, not only its shell) has to exit on
 /// the caller's signal before its group is killed.
 const CANCEL_GRACE: Duration = Duration::from_secs(3);
+
+/// How long, at most, a cancelled command's result waits for its group's processes to die of
+/// the grace's SIGKILL (so that none still runs when the result returns).
+const KILLED_WAIT: Duration = Duration::from_secs(2);
+
+/// When a cancelled command's shell still runs this long after the signal, it gets the signal
+/// once more, alone. bash blocks SIGINT and SIGTERM while it forks a process and, when one lands
+/// then, only notes it and acts on it once the child it then waits for exits: a cancel arriving
+/// as the shell starts a command would end the command only at the grace's SIGKILL (exit 137,
+/// and a caller waiting 3 s). A second signal of the same kind makes bash end at once (its EXIT
+/// trap run, dying of the signal) — a second Ctrl-C, sent to the shell only, so that the
+/// command's own processes, which have handled the first, do not see it twice.
+const CANCEL_NUDGE: Duration = Duration::from_millis(100);
 
 impl LocalProvider {
     pub(super) async fn exec_command(
@@ -61,6 +77,7 @@ impl LocalProvider {
                 fs::create_dir_all(dir).map_err(LocalError::io("create directory", dir))?;
             }
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
+            slot.commands.fetch_add(1, Ordering::SeqCst);
             // Subscribed under the lock: a discard after this point is seen by this command.
             (meta, slot.stopped.subscribe(), dir, workspace, run_dir)
         };
@@ -78,53 +95,80 @@ impl LocalProvider {
         // nothing it starts inherits one). Without `/proc` the trap writes `cwd_file` instead.
         let report = ReportPipe::open(&name)?;
         // The sandbox's cgroup, which no process leaves, so a stop kills everything the sandbox
-        // ever started (see `cgroup`): the script joins it before anything else.
+        // ever started (see `cgroup`): the shell is born in it where Linux can (`spawn`),
+        // otherwise its script joins it before anything else.
         let cgroup = super::cgroup::prepare(&sandbox_dir, &name.name);
-        let script = wrap_command(&req.command, &report.path, &cwd_file, cgroup.as_ref());
-
-        // No `pre_exec` hook: the standard library then spawns with `posix_spawn` (a `vfork`),
-        // not by forking this whole process.
-        let mut command = tokio::process::Command::new("bash");
-        command
-            .arg("-c")
-            .arg(script)
-            .current_dir(&cwd)
-            .stdin(if io.stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env("TASKBOX_TASK_ID", meta.task_id.as_str())
-            .env("TASKBOX_SANDBOX", name.name.as_str())
-            .env("TASKBOX_WORKSPACE", &workspace)
-            .env_remove("PWD")
-            .env_remove("OLDPWD")
-            // Its own process group, so a timeout kills everything the command started.
-            .process_group(0);
+        let env = [
+            ("TASKBOX_TASK_ID", OsStr::new(meta.task_id.as_str())),
+            ("TASKBOX_SANDBOX", OsStr::new(name.name.as_str())),
+            ("TASKBOX_WORKSPACE", workspace.as_os_str()),
+        ];
         let started = tokio::time::Instant::now();
-        let mut child = match command.spawn() {
-            Ok(child) => child,
-            // Discarded since the check above: its directory went away under the spawn.
-            Err(_) if stopped.has_changed().unwrap_or(true) => {
-                return Err(LocalError::gone(
-                    &name,
-                    "it was stopped as the command started",
-                ))
-            }
-            Err(source) => {
-                return Err(LocalError::Spawn {
+        let cloned = match &cgroup {
+            Some(join) => {
+                let script = wrap_command(&req.command, &report.path, &cwd_file, None);
+                let spec = Spec {
+                    program: "bash",
+                    args: &[OsStr::new("-c"), &script],
+                    cwd: &cwd,
+                    set: &env,
+                    remove: &["PWD", "OLDPWD"],
+                    stdin_piped: io.stdin.is_some(),
+                };
+                spawn::clone_into_cgroup(join.dir(), &spec).map_err(|source| LocalError::Spawn {
                     sandbox: name.name.clone(),
                     source,
-                })
+                })?
+            }
+            None => None,
+        };
+        let child = match cloned {
+            Some(child) => child,
+            None => {
+                let script = wrap_command(&req.command, &report.path, &cwd_file, cgroup.as_ref());
+                // No `pre_exec` hook: the standard library then spawns with `posix_spawn` (a
+                // `vfork`), not by forking this whole process.
+                let mut command = tokio::process::Command::new("bash");
+                command
+                    .arg("-c")
+                    .arg(script)
+                    .current_dir(&cwd)
+                    .stdin(if io.stdin.is_some() {
+                        Stdio::piped()
+                    } else {
+                        Stdio::null()
+                    })
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .envs(env)
+                    .env_remove("PWD")
+                    .env_remove("OLDPWD")
+                    // Its own process group, so a timeout kills everything the command started.
+                    .process_group(0);
+                match command.spawn() {
+                    Ok(child) => Started::spawned(child),
+                    // Discarded since the check above: its directory went away under the spawn.
+                    Err(_) if stopped.has_changed().unwrap_or(true) => {
+                        return Err(LocalError::gone(
+                            &name,
+                            "it was stopped as the command started",
+                        ))
+                    }
+                    Err(source) => {
+                        return Err(LocalError::Spawn {
+                            sandbox: name.name.clone(),
+                            source,
+                        })
+                    }
+                }
             }
         };
-        let pgid = child.id().expect("a child that was just spawned has a pid");
+        let mut proc = child.proc;
+        let pgid = proc.id().expect("a child that was just started has a pid");
         let mut group = GroupGuard { pgid: Some(pgid) };
-        let stdout = Pump::start(child.stdout.take(), OutputStream::Stdout, io.output.clone());
-        let stderr = Pump::start(child.stderr.take(), OutputStream::Stderr, io.output);
-        let feeder = feed_stdin(child.stdin.take(), io.stdin);
+        let stdout = Pump::start(child.stdout, OutputStream::Stdout, io.output.clone());
+        let stderr = Pump::start(child.stderr, OutputStream::Stderr, io.output);
+        let feeder = feed_stdin(child.stdin, io.stdin);
         let mut cancel = io.cancel;
 
         let command_timeout = tokio::time::sleep(Duration::from_millis(req.timeout_ms));
@@ -132,15 +176,23 @@ impl LocalProvider {
         // Armed by a cancel: the group is killed if the signal did not end it by then.
         let escalate = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(escalate);
+        // Armed by a cancel too: the shell's second signal (see `CANCEL_NUDGE`).
+        let nudge = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(nudge);
+        let mut nudge_armed = false;
         let mut cancelled = None;
         // Once a cancel signalled the group, the shell is no longer reaped as soon as it exits
         // (see the tick): the command has ended only when its whole group has.
-        let (mut signalled, mut killed) = (false, false);
+        let mut signalled = false;
+        // When the grace's SIGKILL went to the group: its processes are then waited for (they
+        // die as soon as they are scheduled), at most `KILLED_WAIT`, unless one is stuck in an
+        // uninterruptible sleep.
+        let mut killed: Option<tokio::time::Instant> = None;
         let mut tick = tokio::time::interval(DEADLINE_POLL);
         let mut exited = None;
         let outcome = loop {
             tokio::select! {
-                status = child.wait(), if !signalled => {
+                status = proc.wait(), if !signalled => {
                     exited = Some(status);
                     break Outcome::Exited;
                 }
@@ -153,10 +205,13 @@ impl LocalProvider {
                     // A signalled shell may exit while a process it started missed the signal
                     // (one sent as bash forks it, before it execs, is lost) and would run on:
                     // the shell stays unreaped, so its group id stays ours, until nothing else
-                    // of its group runs, or the grace ran out and the group was killed.
+                    // of its group runs, or the grace ran out and the group was killed (and died).
                     if signalled {
                         match exited_unreaped(pgid) {
-                            Ok(true) if killed || !group_has_live_members(pgid) => {
+                            Ok(true)
+                                if !group_has_live_members(pgid)
+                                    || killed.is_some_and(|at| at.elapsed() >= KILLED_WAIT) =>
+                            {
                                 break Outcome::Exited;
                             }
                             Ok(_) => {}
@@ -171,12 +226,23 @@ impl LocalProvider {
                     cancelled = Some(signal);
                     signalled = true;
                     escalate.as_mut().reset(tokio::time::Instant::now() + CANCEL_GRACE);
+                    nudge.as_mut().reset(tokio::time::Instant::now() + CANCEL_NUDGE);
+                    nudge_armed = true;
+                }
+                () = &mut nudge, if nudge_armed => {
+                    nudge_armed = false;
+                    // Not reaped (after a cancel only the tick ends the wait, before reaping):
+                    // the pid is still the shell's.
+                    if let (Some(signal), Ok(false)) = (cancelled, exited_unreaped(pgid)) {
+                        tracing::debug!(sandbox = %name.name, "a cancelled command's shell still runs; signalled again");
+                        signal_shell(pgid, signal.number());
+                    }
                 }
                 () = &mut escalate, if cancelled.is_some() => {
                     tracing::debug!(sandbox = %name.name, "a cancelled command outlived its grace; killed");
                     // Not reaped: after a cancel only the tick ends the wait, before reaping.
                     kill_group(pgid);
-                    killed = true;
+                    killed = Some(tokio::time::Instant::now());
                     cancelled = None;
                     cancel = None;
                 }
@@ -185,13 +251,13 @@ impl LocalProvider {
         if let Some(feeder) = feeder {
             feeder.abort();
         }
-        if outcome != Outcome::Exited && child.id().is_some() {
+        if outcome != Outcome::Exited && proc.id().is_some() {
             // Not reaped yet, so the group id cannot have been reused: safe to kill.
             kill_group(pgid);
         }
         let status = match exited {
             Some(status) => status,
-            None => child.wait().await,
+            None => proc.wait().await,
         };
         group.pgid = None; // reaped: the id may be reused from now on
         let stdout = stdout.finish().await;
@@ -348,7 +414,7 @@ impl ReportPipe {
 /// Writes the caller's stdin into the command's, on its own task; the end of the caller's is
 /// the end of the command's (the pipe is closed). A command that stops reading ends the feed.
 fn feed_stdin(
-    pipe: Option<tokio::process::ChildStdin>,
+    pipe: Option<Box<dyn AsyncWrite + Unpin + Send>>,
     source: Option<tokio::sync::mpsc::Receiver<Vec<u8>>>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let (mut pipe, mut source) = (pipe?, source?);

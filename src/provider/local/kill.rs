@@ -30,6 +30,19 @@ pub(super) fn signal_group(pgid: u32, signal: i32) {
     }
 }
 
+/// Sends `signal` to the command's shell alone (the cancel's second signal, see
+/// `exec::CANCEL_NUDGE`). Callers only pass a shell that is not reaped yet, as for
+/// [`kill_group`].
+pub(super) fn signal_shell(pid: u32, signal: i32) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill(2) takes two integers and touches no memory of ours, so it has no
+        // memory-safety preconditions. `pid` is an unreaped spawned child's pid (never 0).
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+}
+
 /// Whether our child `pid` has exited, without reaping it: it stays a zombie until it is waited
 /// for, so its pid (and with it its process group's id) cannot be reused meanwhile. An error
 /// (not our child, or reaped already) is returned as such.

@@ -8,6 +8,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
+use super::cas::{Limits, Tracker};
 use super::cgroup;
 use super::error::LocalError;
 use super::foreign;
@@ -77,22 +78,35 @@ impl LocalProvider {
     // -- discarding ----------------------------------------------------------------------------
 
     /// Kills the sandbox's running commands and leftover processes. The caller holds the lock.
+    /// Returns whether they are known to be gone with every file they had open released: its
+    /// cgroup emptied and removed, or (no cgroup recorded) this process never ran a command in
+    /// it — and no leftover found either way. Only then can a snapshot trust tracked changes
+    /// (a write through a mapping is reported when its file is released).
     pub(super) async fn stop_processes(
         &self,
         name: &SandboxName,
         slot: &Slot,
-    ) -> Result<(), LocalError> {
+    ) -> Result<bool, LocalError> {
         slot.stopped.send_modify(|n| *n += 1);
         let sandbox = name.name.clone();
         let cgroup = cgroup::recorded(&self.sandbox_dir(name), &name.name);
+        let no_commands = slot.commands.load(Ordering::SeqCst) == 0;
         run_blocking("stop the sandbox's processes", move || {
-            if let Some(cg) = &cgroup {
-                cgroup::kill_all(cg);
-            }
-            kill_leftovers(&sandbox);
-            Ok(())
+            let emptied = match &cgroup {
+                Some(cg) => cgroup::kill_all(cg),
+                None => no_commands,
+            };
+            let leftovers = kill_leftovers(&sandbox);
+            Ok(emptied && leftovers == 0)
         })
         .await
+    }
+
+    /// Drops the sandbox's change tracker, if this process has one (its thread joined, its
+    /// inotify descriptor closed).
+    pub(super) fn drop_tracker(&self, name: &SandboxName) {
+        let tracker = super::lock(&self.trackers).remove(&name.name);
+        drop(tracker);
     }
 
     /// Stops the sandbox and removes its files. Returns whether it existed. The caller holds the
@@ -103,6 +117,7 @@ impl LocalProvider {
         slot: &Slot,
     ) -> Result<bool, LocalError> {
         slot.stopped.send_modify(|n| *n += 1);
+        self.drop_tracker(name);
         let dir = self.sandbox_dir(name);
         let cgroup = cgroup::recorded(&dir, &name.name);
         let (trash, in_flight) = self.temp_path(
@@ -248,6 +263,7 @@ impl LocalProvider {
         let run_dir = staging.join("run");
         fs::create_dir(&run_dir).map_err(LocalError::io("create directory", &run_dir))?;
         let workspace = staging.join("workspace");
+        let mut restored: Option<Tracker> = None;
         // The working directory the snapshot was taken in carries over, as a VM's would.
         let cwd = match source {
             Some(snap) => {
@@ -255,10 +271,24 @@ impl LocalProvider {
                 let snap = snap.clone();
                 let workspace = workspace.clone();
                 let cas = self.cas.clone();
-                let header = run_blocking("restore a snapshot", move || {
-                    restore(&cas, &snap, &archive, &workspace)
+                let (header, tracker) = run_blocking("restore a snapshot", move || {
+                    let (header, index) = restore(&cas, &snap, &archive, &workspace)?;
+                    // Watching from before anything runs in it (see `cas::Tracker`).
+                    let tracker = index.and_then(|index| {
+                        match Tracker::start(&workspace, index, Limits::default()) {
+                            Ok(tracker) => Some(tracker),
+                            Err(e) => {
+                                tracing::info!(snapshot = %snap.id(), error = %e,
+                                    "the workspace's changes are not tracked; its next \
+                                     snapshot walks every file");
+                                None
+                            }
+                        }
+                    });
+                    Ok((header, tracker))
                 })
                 .await?;
+                restored = tracker;
                 header.cwd.unwrap_or_default()
             }
             None => {
@@ -299,6 +329,9 @@ impl LocalProvider {
             return Err(LocalError::io("move into place", &dest)(e));
         }
         sync_dir(&self.root.join("tasks"))?;
+        if let Some(tracker) = restored {
+            super::lock(&self.trackers).insert(name.name.clone(), tracker);
+        }
         Ok(meta)
     }
 

@@ -62,7 +62,7 @@
 //! ids, `workspace` for a sandbox's directory, meta and working directory, `lifecycle` for
 //! create/extend/probe/stop/discard, `exec` for running a command, `output` for its bounded
 //! capture, `kill` for killing processes, `cgroup` for the cgroup each sandbox's processes run
-//! in, `snapshot` for taking, restoring and listing archives
+//! in, `spawn` for starting a command's shell born in that cgroup, `snapshot` for taking, restoring and listing archives
 //! (whose format is [`archive`]), `foreign` for archives of another installation (a store
 //! reset), `temp` for temporary paths and their sweep, and `fsutil` for
 //! durable file-system helpers. This file holds the provider itself and the
@@ -84,6 +84,7 @@ mod lifecycle;
 mod names;
 mod output;
 mod snapshot;
+mod spawn;
 mod temp;
 mod workspace;
 
@@ -115,6 +116,9 @@ struct Slot {
     /// Bumped whenever the sandbox is discarded or its processes are stopped: running commands
     /// kill their process group and report the sandbox gone.
     stopped: watch::Sender<u64>,
+    /// Commands this process started in the sandbox (a snapshot trusts tracked changes without
+    /// a cgroup only if there were none: then no process of it can be writing).
+    commands: AtomicU64,
 }
 
 /// The local backend. See the module docs.
@@ -129,6 +133,9 @@ pub struct LocalProvider {
     counter: AtomicU64,
     /// The content store every snapshot of this root shares (`cas/`).
     cas: cas::Cas,
+    /// The change trackers of the live sandboxes this process restored, by sandbox name
+    /// (see `cas::Tracker`): dropped with their sandbox, consumed by its snapshot.
+    trackers: Mutex<HashMap<String, cas::Tracker>>,
 }
 
 impl std::fmt::Debug for LocalProvider {
@@ -177,6 +184,7 @@ impl LocalProvider {
             task_locks: Mutex::new(HashMap::new()),
             in_flight: Arc::new(Mutex::new(HashSet::new())),
             counter: AtomicU64::new(0),
+            trackers: Mutex::new(HashMap::new()),
         })
     }
 
@@ -203,6 +211,7 @@ impl LocalProvider {
                     lock: task_lock,
                     deadline: AtomicU64::new(0),
                     stopped: watch::channel(0).0,
+                    commands: AtomicU64::new(0),
                 })
             })
             .clone()

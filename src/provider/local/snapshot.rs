@@ -17,7 +17,7 @@ use std::io::{self, BufReader};
 use std::path::{Path, PathBuf};
 
 use super::archive::{self, ArchiveHeader};
-use super::cas::{Cas, Index, Manifest, PackedStats};
+use super::cas::{Cas, Index, Manifest, PackedStats, Tracked};
 use super::error::LocalError;
 use super::fsutil::{ignore_not_found, sync_dir};
 use super::lifecycle::check_owner;
@@ -135,7 +135,9 @@ impl LocalProvider {
         let mut meta = self.existing_meta(&name)?;
         check_owner(&name, "task", &meta.task_id, snap.task.as_str())?;
         // A VM is paused for its snapshot: stop every process so no file changes under the walk.
-        self.stop_processes(&name, &slot).await?;
+        // Its tracked changes count only once they are gone (see `stop_processes`).
+        let quiesced = self.stop_processes(&name, &slot).await?;
+        let tracker = super::lock(&self.trackers).remove(&name.name);
         let sandbox_dir = self.sandbox_dir(&name);
         meta.status = SandboxStatus::Snapshotting;
         self.write_meta(&sandbox_dir, &meta)?;
@@ -161,7 +163,26 @@ impl LocalProvider {
         let (snap2, path2, cas) = (snap.clone(), path.clone(), self.cas.clone());
         let written = run_blocking("write a snapshot", move || {
             let _in_flight = in_flight;
-            write_snapshot(&cas, &snap2, &workspace, &index, &header, &path2, &tmp)
+            let tracked = match tracker {
+                Some(tracker) if quiesced => tracker
+                    .finish()
+                    .inspect_err(|e| {
+                        tracing::info!(snapshot = %snap2.id(), reason = %e,
+                        "the snapshot walks every file")
+                    })
+                    .ok(),
+                Some(_) => {
+                    tracing::info!(snapshot = %snap2.id(), "the sandbox's processes are not \
+                        known to be gone: the snapshot walks every file");
+                    None
+                }
+                None => None,
+            };
+            let source = match tracked {
+                Some(tracked) => Walk::Tracked(tracked),
+                None => Walk::Full { index: &index },
+            };
+            write_snapshot(&cas, &snap2, &workspace, source, &header, &path2, &tmp)
         })
         .await;
         let (size_bytes, stats) = match written {
@@ -178,8 +199,9 @@ impl LocalProvider {
         }
         self.discard(&name, &slot).await?;
         tracing::debug!(snapshot = %snap.id(), size_bytes, entries = stats.entries,
-            files_read = stats.files_read, objects_written = stats.objects_written,
-            "local snapshot taken");
+            looked_at = stats.entries_looked_at, tracked = stats.tracked,
+            fell_back = ?stats.fell_back, files_read = stats.files_read,
+            objects_written = stats.objects_written, "local snapshot taken");
         Ok(SnapshotInfo {
             id: snap.id().into(),
             size_bytes,
@@ -344,11 +366,22 @@ const MAX_MANIFEST_BYTES: u64 = 1 << 30;
 /// directory: the snapshot exists only once all of it is durable. Returns the bytes of file data
 /// the snapshot keeps ([`data_bytes`], what a repeated call finds again in the manifest; the
 /// new contents are in the stats).
+/// How a snapshot finds what changed.
+enum Walk<'a> {
+    /// Every entry looked at, files matching the index at this path not read.
+    Full {
+        /// The workspace's index file.
+        index: &'a Path,
+    },
+    /// Only the entries a tracker saw change looked at (see `Cas::pack_tracked`).
+    Tracked(Tracked),
+}
+
 fn write_snapshot(
     cas: &Cas,
     snap: &SnapshotRef,
     workspace: &Path,
-    index: &Path,
+    walk: Walk<'_>,
     header: &ArchiveHeader,
     path: &Path,
     tmp: &Path,
@@ -360,8 +393,11 @@ fn write_snapshot(
     };
     // Held until the manifest is in place: gc cannot sweep what this snapshot stores or reuses.
     let _lock = cas.lock(false).map_err(content)?;
-    let index = Index::read(index);
-    let (manifest, stats) = cas.pack(workspace, index.as_ref()).map_err(content)?;
+    let (manifest, stats) = match walk {
+        Walk::Full { index } => cas.pack(workspace, Index::read(index).as_ref()),
+        Walk::Tracked(tracked) => cas.pack_tracked(workspace, &tracked),
+    }
+    .map_err(content)?;
     let dir = path.parent().expect("an archive path has a parent");
     let create = || {
         fs::create_dir_all(dir)?;
@@ -383,7 +419,8 @@ fn write_snapshot(
         let mut file = io::BufWriter::new(file);
         archive::write_prefix_version(&mut file, header, archive::VERSION).map_err(archive_err)?;
         let body = manifest.encode();
-        let mut encoder = zstd::Encoder::new(file, 3).map_err(LocalError::io("write", tmp))?;
+        // Level 1: the manifest is written by every snapshot, and its size matters less than its time.
+        let mut encoder = zstd::Encoder::new(file, 1).map_err(LocalError::io("write", tmp))?;
         encoder
             .include_checksum(true)
             .map_err(LocalError::io("write", tmp))?;
@@ -461,13 +498,13 @@ pub(super) fn read_manifest<R: io::Read>(reader: R) -> Result<Manifest, super::c
 /// Restores the snapshot `snap` into `workspace` (which must not exist yet): a version 3
 /// manifest from the content store (leaving the workspace's index next to it), an older tar
 /// archive by extraction. Returns its header (which carries the working directory to resume
-/// in).
+/// in) and the index written, if one was.
 pub(super) fn restore(
     cas: &Cas,
     snap: &SnapshotRef,
     path: &Path,
     workspace: &Path,
-) -> Result<ArchiveHeader, LocalError> {
+) -> Result<(ArchiveHeader, Option<Index>), LocalError> {
     let file = match fs::File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -489,7 +526,7 @@ pub(super) fn restore(
     if version < archive::VERSION {
         fs::create_dir(workspace).map_err(LocalError::io("create directory", workspace))?;
         archive::unpack_body(reader, workspace).map_err(archive_err)?;
-        return Ok(header);
+        return Ok((header, None));
     }
     let content = |source| LocalError::Content {
         snapshot: snap.id(),
@@ -500,13 +537,15 @@ pub(super) fn restore(
     let _lock = cas.lock(false).map_err(content)?;
     fs::create_dir(workspace).map_err(LocalError::io("create directory", workspace))?;
     let index = cas.restore(&manifest, workspace).map_err(content)?;
-    if let Some(dir) = workspace.parent() {
-        if let Err(e) = Index::write(&dir.join(INDEX_FILE), &index) {
-            tracing::warn!(error = %e, "could not write the workspace index; the next \
-                snapshot reads every file");
-        }
-    }
-    Ok(header)
+    let index = workspace.parent().and_then(|dir| {
+        Index::write_kept(&dir.join(INDEX_FILE), index)
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "could not write the workspace index; the next \
+                    snapshot reads every file")
+            })
+            .ok()
+    });
+    Ok((header, index))
 }
 
 impl LocalProvider {

@@ -92,6 +92,9 @@ impl VercelSetupError {
 pub struct ProviderOptions {
     /// How long a new session may stay `pending`.
     pub start_timeout: Duration,
+    /// How long to wait for a session that ended unasked (past its deadline) to stop, before
+    /// its usage is read as it stands.
+    pub usage_wait: Duration,
     /// Snapshot expiry sent with each snapshot (`None`: the platform default of 30 days from
     /// last use; `Some(0)`: never).
     pub snapshot_expiration_ms: Option<u64>,
@@ -103,6 +106,7 @@ impl Default for ProviderOptions {
     fn default() -> Self {
         ProviderOptions {
             start_timeout: Duration::from_secs(180),
+            usage_wait: Duration::from_secs(10),
             snapshot_expiration_ms: None,
             exec: ExecOptions::default(),
         }
@@ -121,10 +125,11 @@ pub struct VercelProvider {
     /// Session id → its working directory, as the session reports it (image-based sandboxes
     /// need not use `/vercel/sandbox`); read again after a restart.
     cwds: Mutex<HashMap<String, String>>,
-    /// Session id → what it used, as the probe that found it ended or the stop that ended it
-    /// read it; taken by [`SandboxProvider::session_usage`](crate::provider::SandboxProvider)
-    /// right after, so the ledger gets it without another request.
-    ended: Mutex<HashMap<String, crate::core::SessionUsage>>,
+    /// Session id → what it used (`None`: the platform knew the session no more), as the probe
+    /// that found it ended or the stop that ended it read it; taken by
+    /// [`SandboxProvider::session_usage`](crate::provider::SandboxProvider) right after, so the
+    /// ledger gets it without another request.
+    ended: Mutex<HashMap<String, Option<crate::core::SessionUsage>>>,
 }
 
 impl VercelProvider {
@@ -190,28 +195,43 @@ impl VercelProvider {
         }
     }
 
-    /// Keeps what an ended session used until [`Self::ended_usage`] takes it.
-    fn remember_usage(&self, session: &Session) {
-        if let (Some(usage), Ok(mut ended)) = (session.usage(), self.ended.lock()) {
-            // Stops made outside `Call` (gc, `rm`) leave theirs untaken: keep the map bounded.
+    /// Keeps what an ended session used (`None`: the platform answered that it is gone) until
+    /// [`Self::ended_usage`] takes it.
+    fn remember_usage(&self, session_id: &str, usage: Option<crate::core::SessionUsage>) {
+        if let Ok(mut ended) = self.ended.lock() {
+            // Stops made outside `Call` (gc) leave theirs untaken: keep the map bounded.
             if ended.len() >= 1024 {
                 ended.clear();
             }
-            ended.insert(session.id.clone(), usage);
+            ended.insert(session_id.to_string(), usage);
         }
     }
 
-    /// What the session used, as the probe that found it ended or the stop that ended it read
-    /// it (none for a session that was gone: the platform reports nothing of it).
+    /// What the session used: as the probe that found it ended or the stop that ended it read
+    /// it (none for a session that was gone: the platform reports nothing of it), else read
+    /// from the session now — a session that ended without the platform being asked (its
+    /// deadline passed, a command found it gone). A session not stopped yet (the platform
+    /// stops it a moment after its deadline) reports no stop time; the ledger then counts its
+    /// memory up to the time the answer was journaled. It is read once it has stopped, within
+    /// [`ProviderOptions::usage_wait`] (the platform stops a session a moment after its
+    /// deadline).
     async fn ended_usage(
         &self,
         session_id: &SandboxId,
     ) -> Result<Option<crate::core::SessionUsage>, ProviderError> {
-        Ok(self
+        let remembered = self
             .ended
             .lock()
             .ok()
-            .and_then(|mut ended| ended.remove(session_id.as_str())))
+            .and_then(|mut ended| ended.remove(session_id.as_str()));
+        match remembered {
+            Some(usage) => Ok(usage),
+            None => Ok(self
+                .client
+                .wait_until_ended(session_id, self.options.usage_wait)
+                .await?
+                .usage()),
+        }
     }
 
     fn remember_cwd(&self, session: &Session) {
@@ -504,8 +524,8 @@ impl VercelProvider {
     async fn stop(&self, sandbox_id: &SandboxId) -> Result<(), ProviderError> {
         match self.client.stop_session(sandbox_id).await {
             // The stop answers once the session has stopped: its usage is final.
-            Ok(answer) => self.remember_usage(&answer.session),
-            Err(e) if e.kind == FailureKind::SandboxGone => {}
+            Ok(answer) => self.remember_usage(sandbox_id, answer.session.usage()),
+            Err(e) if e.kind == FailureKind::SandboxGone => self.remember_usage(sandbox_id, None),
             Err(e) => return Err(e),
         }
         self.forget(sandbox_id);
@@ -554,11 +574,14 @@ impl VercelProvider {
                     ))
                 }
                 _ => {
-                    self.remember_usage(&s);
+                    self.remember_usage(session_id, s.usage());
                     Ok(None)
                 }
             },
-            Err(e) if e.kind == FailureKind::SandboxGone => Ok(None),
+            Err(e) if e.kind == FailureKind::SandboxGone => {
+                self.remember_usage(session_id, None);
+                Ok(None)
+            }
             Err(e) => Err(e),
         }
     }

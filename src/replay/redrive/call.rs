@@ -17,6 +17,7 @@ pub(super) enum Key {
     Extend(SandboxId),
     Delete(SnapshotId),
     Probe(SandboxId),
+    Usage(SandboxId),
 }
 
 pub(super) fn command_key(c: &Command) -> Option<Key> {
@@ -28,6 +29,7 @@ pub(super) fn command_key(c: &Command) -> Option<Key> {
         Command::ExtendTimeout { sandbox_id, .. } => Key::Extend(sandbox_id.clone()),
         Command::DeleteSnapshot { snapshot_id } => Key::Delete(snapshot_id.clone()),
         Command::ProbeSandbox { sandbox_id } => Key::Probe(sandbox_id.clone()),
+        Command::ReadUsage { sandbox_id } => Key::Usage(sandbox_id.clone()),
         Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
     })
 }
@@ -53,6 +55,7 @@ pub(super) fn outcome_key(e: &Event) -> Option<Key> {
         Event::SandboxProbed { sandbox_id, .. } | Event::ProbeFailed { sandbox_id, .. } => {
             Key::Probe(sandbox_id.clone())
         }
+        Event::UsageRead { sandbox_id, .. } => Key::Usage(sandbox_id.clone()),
         Event::RunRequested { .. }
         | Event::SuspendRequested { .. }
         | Event::ResumeRequested { .. }

@@ -145,10 +145,29 @@ pub fn redrive(entries: &[JournalEntry]) -> Result<Vec<RedriveReport>, RedriveEr
         .collect()
 }
 
+/// The entries up to a `taskbox rm`: the removal stops the live sandbox outside the event loop
+/// and journals that stop last (the one [`Event::SandboxStopped`] of the sandbox the task still
+/// held, which no command of the lifecycle makes), so the re-drive, which drives the event
+/// loop, stops before it.
+fn before_removal(mut entries: Vec<JournalEntry>) -> Vec<JournalEntry> {
+    let removal = match entries.as_slice() {
+        [.., held, last] => matches!(
+            (&last.event, &held.task_after.sandbox),
+            (Event::SandboxStopped { sandbox_id, .. }, Some(sb)) if *sandbox_id == sb.id
+        ),
+        _ => false,
+    };
+    if removal {
+        entries.pop();
+    }
+    entries
+}
+
 fn redrive_task(
     task_id: &TaskId,
     entries: Vec<JournalEntry>,
 ) -> Result<RedriveReport, RedriveError> {
+    let entries = before_removal(entries);
     let task = task_id.clone();
     let scratch = Scratch::new()?;
     let root = scratch.path.clone();
@@ -192,8 +211,8 @@ fn redrive_task(
     Ok(outcome)
 }
 
-/// The engine's settings come from a [`Config`] (and `late_checkpoint` from the provider, set
-/// on the [`ReplayProvider`]); this is the config that yields `settings`.
+/// The engine's settings come from a [`Config`] (and `late_checkpoint` and `reports_usage` from
+/// the provider, set on the [`ReplayProvider`]); this is the config that yields `settings`.
 fn config_for(task: &TaskId, settings: &TaskSettings) -> Result<Config, RedriveError> {
     let secs = |ms: u64| ms / 1000;
     let mut c = Config::default();
@@ -207,6 +226,7 @@ fn config_for(task: &TaskId, settings: &TaskSettings) -> Result<Config, RedriveE
     t.keep_snapshots = settings.keep_snapshots;
     let mut yields = c.task_settings();
     yields.late_checkpoint = settings.late_checkpoint;
+    yields.reports_usage = settings.reports_usage;
     if yields != *settings {
         return Err(RedriveError::Unsupported {
             task: task.clone(),
@@ -260,6 +280,7 @@ async fn drive(
             })?
         };
         provider.set_keeps_files_after_deadline(s.settings.late_checkpoint);
+        provider.set_reports_usage(s.settings.reports_usage);
         let orch = Orchestrator::builder(data_dir, config_for(&task_id, &s.settings)?)
             .provider(provider.clone())
             .clock(Arc::new(clock))

@@ -26,14 +26,18 @@ pub struct ReplayProvider {
     /// What the recorded provider said of its sandboxes' files past a deadline, as the
     /// session's settings recorded it.
     keeps_files: std::sync::atomic::AtomicBool,
+    /// Whether the recorded provider reported session usage (the session's `reports_usage`).
+    reports_usage: std::sync::atomic::AtomicBool,
     /// The task re-driven (each re-drive has a provider of its own): the probe's call names it.
     task_id: TaskId,
     /// The platform snapshot the last recorded probe of each sandbox found, answered by
     /// [`SandboxProvider::platform_snapshot`] right after that probe.
     platform_snapshots: Mutex<std::collections::HashMap<SandboxId, PlatformSnapshot>>,
-    /// The session usage the last recorded probe or stop of each sandbox reported, answered by
-    /// [`SandboxProvider::session_usage`] right after that call.
-    usages: Mutex<std::collections::HashMap<SandboxId, SessionUsage>>,
+    /// The session usage the last recorded probe (that found the sandbox gone) or stop of each
+    /// sandbox reported (or that it reported none), answered by
+    /// [`SandboxProvider::session_usage`] right after that call; a `session_usage` with nothing
+    /// stashed is the engine's own [`Call::ReadUsage`], answered from the recording.
+    usages: Mutex<std::collections::HashMap<SandboxId, Option<SessionUsage>>>,
 }
 
 pub(super) struct ReplayState {
@@ -64,6 +68,7 @@ impl ReplayProvider {
                 mismatch: None,
             }),
             keeps_files: std::sync::atomic::AtomicBool::new(false),
+            reports_usage: std::sync::atomic::AtomicBool::new(false),
             task_id,
             platform_snapshots: Mutex::default(),
             usages: Mutex::default(),
@@ -77,9 +82,17 @@ impl ReplayProvider {
             .store(keeps, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Keeps a recorded call's session usage for [`SandboxProvider::session_usage`].
+    /// Answers [`SandboxProvider::reports_usage`] as the recorded provider did (the session's
+    /// `reports_usage` setting).
+    pub(super) fn set_reports_usage(&self, reports: bool) {
+        self.reports_usage
+            .store(reports, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Keeps a recorded call's session usage (none included: the engine asks right after the
+    /// call all the same) for [`SandboxProvider::session_usage`].
     fn stash_usage(&self, sandbox_id: &SandboxId, usage: Option<SessionUsage>) {
-        if let (Some(usage), Ok(mut stash)) = (usage, self.usages.lock()) {
+        if let Ok(mut stash) = self.usages.lock() {
             stash.insert(sandbox_id.clone(), usage);
         }
     }
@@ -344,7 +357,10 @@ impl SandboxProvider for ReplayProvider {
                     usage,
                     ..
                 } => {
-                    self.stash_usage(sandbox_id, usage);
+                    // The engine asks for the usage only of a sandbox found not running.
+                    if alive.is_none() {
+                        self.stash_usage(sandbox_id, usage);
+                    }
                     if let (Some(found), Ok(mut stash)) =
                         (platform_snapshot, self.platform_snapshots.lock())
                     {
@@ -376,13 +392,29 @@ impl SandboxProvider for ReplayProvider {
         &'a self,
         sandbox_id: &'a SandboxId,
     ) -> ProviderFuture<'a, Option<SessionUsage>> {
-        // Part of the recorded probe's or stop's answer, not a call of its own.
-        let found = self
+        // Part of the recorded probe's or stop's answer, not a call of its own; else the
+        // engine's read of a session that ended unasked, a call of its own.
+        let stashed = self
             .usages
             .lock()
             .ok()
             .and_then(|mut stash| stash.remove(sandbox_id));
-        Box::pin(async move { Ok(found) })
+        Box::pin(async move {
+            if let Some(usage) = stashed {
+                return Ok(usage);
+            }
+            let call = Call::ReadUsage {
+                sandbox_id: sandbox_id.clone(),
+            };
+            match self.answer(call, "read session usage").await? {
+                Event::UsageRead { usage, .. } => Ok(usage),
+                other => Err(wrong_outcome("read session usage", &other)),
+            }
+        })
+    }
+
+    fn reports_usage(&self) -> bool {
+        self.reports_usage.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn list_sandboxes<'a>(

@@ -89,6 +89,10 @@ pub fn event_summary(ev: &Event, at: Millis) -> String {
             None => format!("{name}: gone"),
         },
         Event::ProbeFailed { sandbox_id, .. } => format!("{name} {sandbox_id}"),
+        Event::UsageRead { sandbox_id, usage } => match usage {
+            Some(_) => format!("{name} {sandbox_id}"),
+            None => format!("{name} {sandbox_id}: unknown"),
+        },
         Event::TimerFired { timer } => format!("{name} {}", timer_name(*timer)),
         Event::Loaded | Event::Recovered => name.to_string(),
     }
@@ -108,7 +112,9 @@ pub fn command_summary(c: &Command, at: Millis) -> String {
         },
         Command::RunCommand { request_id, .. } => format!("{name} #{request_id}"),
         Command::TakeSnapshot { seq, .. } => format!("{name} #{seq}"),
-        Command::StopSandbox { sandbox_id } | Command::ProbeSandbox { sandbox_id } => {
+        Command::StopSandbox { sandbox_id }
+        | Command::ProbeSandbox { sandbox_id }
+        | Command::ReadUsage { sandbox_id } => {
             format!("{name} {sandbox_id}")
         }
         Command::ExtendTimeout { duration_ms, .. } => format!("{name} +{}", fmt_dur(*duration_ms)),

@@ -5,7 +5,8 @@
 //! engine's write-ahead step, so a transition that returned is on disk before any of its
 //! commands is performed, and survives power loss. Each commit is one transaction that
 //!
-//! - upserts the task row (`tasks.data` holds the whole [`Task`] as JSON), refusing it with
+//! - upserts the task row (`tasks.data` holds the whole [`Task`] as JSON; in a batch, once per
+//!   task: the task after its last transition), refusing it with
 //!   [`StoreError::StateConflict`] if the stored state is not the transition's `state_before`
 //!   (a second writer would otherwise silently lose an update);
 //! - appends a `journal` row (the event, the commands, and the task after the transition) with
@@ -23,9 +24,10 @@
 //! Throughput: a commit costs one disk sync, which dominates; [`Backend::commit_batch`] puts many
 //! transitions behind one sync, and [`Backend::commit_batch_with`]`(…, `[`Sync::WithNext`]`)`
 //! lets a batch that performs nothing on a provider (the engine's answers: a command's result)
-//! ride on the next commit's sync. Statements are prepared once per connection (`prepare_cached`),
-//! and a transition that changes neither the task's snapshots nor its sandbox writes only the
-//! task row and the journal row.
+//! ride on the next commit's sync. Statements are prepared once per connection (`prepare_cached`);
+//! in a batch, each transition is serialized once and appends its journal row, a task's row is
+//! written once (from its last transition in the batch), the snapshot and sandbox rows only when
+//! the task's records changed, and nothing is read per transition (see `write::Known`).
 
 mod rows;
 mod write;
@@ -40,7 +42,7 @@ use super::{Backend, JournalEntry, SandboxRow, SnapshotRow, Sync, TaskMarks, Tra
 use crate::core::{Millis, Task};
 use crate::ids::TaskId;
 
-use write::{write_transition, Mirrors};
+use write::{write_batch, Buffers, Known};
 
 /// An open SQLite store file. Not `Sync`: give each thread its own store (they may share the
 /// file).
@@ -52,8 +54,10 @@ pub struct SqliteStore {
     /// The connection was left at `synchronous = NORMAL` (setting FULL back after a
     /// [`Sync::WithNext`] commit failed): every write sets FULL again before it writes.
     not_full: bool,
-    /// What the snapshot and sandbox rows hold, as far as this connection knows.
-    mirrors: Mirrors,
+    /// What the task, snapshot and sandbox rows hold, as far as this connection knows.
+    known: Known,
+    /// Serialization buffers, reused by every commit.
+    bufs: Buffers,
 }
 
 /// The columns `query_journal` decodes, in its order.
@@ -86,7 +90,8 @@ impl SqliteStore {
             path: path.to_path_buf(),
             installation_id,
             not_full: false,
-            mirrors: Mirrors::default(),
+            known: Known::default(),
+            bufs: Buffers::default(),
         })
     }
 
@@ -279,15 +284,7 @@ impl SqliteStore {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| StoreError::sql(path, "beginning a commit", first_task, e))?;
-        let mirrors = &mut self.mirrors;
-        let written = (|| {
-            mirrors.begin(&tx, path)?;
-            let mut seqs = Vec::with_capacity(recs.len());
-            for rec in recs {
-                seqs.push(write_transition(&tx, path, rec, mirrors)?);
-            }
-            Ok(seqs)
-        })();
+        let written = write_batch(&tx, path, recs, &mut self.known, &mut self.bufs);
         // An error drops `tx`, which rolls back every record written so far.
         let committed = written.and_then(|seqs| {
             tx.commit()
@@ -295,8 +292,8 @@ impl SqliteStore {
                 .map_err(|e| StoreError::sql(path, "committing a transition", first_task, e))
         });
         match &committed {
-            Ok(_) => mirrors.committed(),
-            Err(_) => mirrors.forget(),
+            Ok(_) => self.known.committed(),
+            Err(_) => self.known.forget(),
         }
         committed
     }

@@ -1,13 +1,23 @@
-//! The commit path's writes: one transition's task row, journal row, and the snapshot and
-//! sandbox rows mirrored from the task, inside the caller's transaction.
+//! The commit path's writes: a batch's task rows, journal rows, and the snapshot and sandbox
+//! rows mirrored from the tasks, inside the caller's transaction.
+//!
+//! Per transition: the task, the event and the commands are serialized once, into buffers the
+//! store reuses; one journal row is appended (its `task_seq` bound from what this connection
+//! knows, not looked up); the task row is written only by the task's last transition in the
+//! batch (and, for a task new to the store, also by its first, since the journal row refers to
+//! it); the snapshot and sandbox rows only when the task's records changed. Nothing is read per
+//! transition: the stored state and the last `task_seq` of a task come from [`Known`], read
+//! from the file once per task when this connection does not know them.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use rusqlite::{params, OptionalExtension, Transaction};
+use serde::Serialize;
 
 use crate::core::{Millis, SandboxRecord, SnapshotRecord, Task};
-use crate::store::{to_json, StoreError, TransitionRecord};
+use crate::store::{StoreError, TransitionRecord};
 
 /// An error mapper for a statement of the commit path.
 fn on<'a>(
@@ -18,99 +28,152 @@ fn on<'a>(
     move |e| StoreError::sql(path, operation, Some(task_id), e)
 }
 
-/// Writes one transition inside `tx`: task row, journal row, snapshot rows, sandbox rows.
-pub(super) fn write_transition(
+/// The serialization buffers a store reuses from one transition to the next.
+#[derive(Debug, Default)]
+pub(super) struct Buffers {
+    task: Vec<u8>,
+    event: Vec<u8>,
+    commands: Vec<u8>,
+}
+
+/// Serializes `value` (the `what` of the task `task_id`) into `buf`, replacing what it held.
+fn json_into<'b, T: Serialize + ?Sized>(
+    buf: &'b mut Vec<u8>,
+    task_id: &str,
+    what: &'static str,
+    value: &T,
+) -> Result<&'b str, StoreError> {
+    buf.clear();
+    serde_json::to_writer(&mut *buf, value).map_err(|source| StoreError::Serialize {
+        task_id: task_id.to_string(),
+        what,
+        source,
+    })?;
+    Ok(std::str::from_utf8(buf).expect("serde_json writes UTF-8"))
+}
+
+const UPSERT_TASK: &str = "INSERT INTO tasks (id, state, data, created_at, updated_at)
+     VALUES (?1, ?2, ?3, ?4, ?5)
+     ON CONFLICT (id) DO UPDATE
+        SET state = excluded.state, data = excluded.data, updated_at = excluded.updated_at";
+
+const APPEND_JOURNAL: &str = "INSERT INTO journal (task_id, task_seq, at, event_name, event,
+                                 state_before, state_after, commands, task_after)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+
+/// Writes the transitions `recs`, in order, inside `tx`; returns their journal `seq`s.
+pub(super) fn write_batch(
     tx: &Transaction<'_>,
     path: &Path,
-    rec: &TransitionRecord<'_>,
-    mirrors: &mut Mirrors,
-) -> Result<u64, StoreError> {
-    let task = rec.task_after;
-    let id = task.id.as_str();
-    let task_json = to_json(id, "task", task)?;
-    let event_json = to_json(id, "event", rec.event)?;
-    let commands_json = to_json(id, "commands", rec.commands)?;
+    recs: &[TransitionRecord<'_>],
+    known: &mut Known,
+    bufs: &mut Buffers,
+) -> Result<Vec<u64>, StoreError> {
+    known.begin(tx, path)?;
+    let first_task = recs.first().map_or("?", |r| r.task_after.id.as_str());
+    let mut upsert =
+        tx.prepare_cached(UPSERT_TASK)
+            .map_err(on(path, first_task, "writing the task"))?;
+    let mut append = tx.prepare_cached(APPEND_JOURNAL).map_err(on(
+        path,
+        first_task,
+        "appending to the journal",
+    ))?;
+    let last = last_of_each_task(recs);
+    let mut seqs = Vec::with_capacity(recs.len());
+    for (rec, is_last) in recs.iter().zip(last) {
+        let task = rec.task_after;
+        let id = task.id.as_str();
+        let head = known.head(tx, path, id)?;
+        if let Some(h) = head
+            .as_ref()
+            .filter(|h| h.state != rec.state_before.as_str())
+        {
+            // Another writer moved the task on since this transition's `state_before` was
+            // read; committing would silently drop its update.
+            return Err(StoreError::StateConflict {
+                task_id: id.to_string(),
+                expected: rec.state_before,
+                stored: h.state.to_string(),
+            });
+        }
+        let mirror = head.as_ref().and_then(|h| h.mirror.as_ref());
+        let snapshots_unchanged = mirror.is_some_and(|m| m.snapshots == task.snapshots);
+        let sandbox_unchanged = mirror.is_some_and(|m| m.sandbox == task.sandbox);
+        let task_seq = head.as_ref().map_or(0, |h| h.task_seq) + 1;
 
-    // The stored state, read under the write lock.
-    let stored: Option<String> = tx
-        .prepare_cached("SELECT state FROM tasks WHERE id = ?1")
-        .and_then(|mut s| s.query_row([id], |r| r.get(0)).optional())
-        .map_err(on(path, id, "reading the task"))?;
-    if let Some(stored) = stored.filter(|s| s != rec.state_before.as_str()) {
-        // Another writer moved the task on since this transition's `state_before` was read;
-        // committing would silently drop its update.
-        return Err(StoreError::StateConflict {
-            task_id: id.to_string(),
-            expected: rec.state_before,
-            stored,
-        });
-    }
-    // The snapshot and sandbox rows are rewritten only when they may differ from the task's
-    // records: when this connection does not know what they hold (see [`Mirrors`]) or the
-    // records changed. Most transitions change neither.
-    let known = mirrors.get(id);
-    let snapshots_unchanged = known.is_some_and(|m| m.snapshots == task.snapshots);
-    let sandbox_unchanged = known.is_some_and(|m| m.sandbox == task.sandbox);
+        let task_json = json_into(&mut bufs.task, id, "task", task)?;
+        let event_json = json_into(&mut bufs.event, id, "event", rec.event)?;
+        let commands_json = json_into(&mut bufs.commands, id, "commands", rec.commands)?;
 
-    tx.prepare_cached(
-        "INSERT INTO tasks (id, state, data, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5)
-         ON CONFLICT (id) DO UPDATE
-            SET state = excluded.state, data = excluded.data, updated_at = excluded.updated_at",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
-            id,
-            task.state.as_str(),
-            task_json,
-            task.created_at,
-            rec.at,
-        ])
-    })
-    .map_err(on(path, id, "writing the task"))?;
-
-    // The journal row, numbered after the task's last one (found through the unique index).
-    let seq: u64 = tx
-        .prepare_cached(
-            "INSERT INTO journal (task_id, task_seq, at, event_name, event, state_before,
-                                  state_after, commands, task_after)
-             VALUES (?1, (SELECT COALESCE(MAX(task_seq), 0) + 1 FROM journal WHERE task_id = ?1),
-                     ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-             RETURNING seq",
-        )
-        .and_then(|mut s| {
-            s.query_row(
-                params![
+        // The task row holds the task after the batch: its last transition writes it. A task
+        // new to the store needs its row before its first journal row (the foreign key).
+        if is_last || head.is_none() {
+            upsert
+                .execute(params![
                     id,
-                    rec.at,
-                    rec.event.name(),
-                    event_json,
-                    rec.state_before.as_str(),
                     task.state.as_str(),
-                    commands_json,
                     task_json,
-                ],
-                |r| r.get(0),
-            )
-        })
-        .map_err(on(path, id, "appending to the journal"))?;
+                    task.created_at,
+                    rec.at
+                ])
+                .map_err(on(path, id, "writing the task"))?;
+        }
+        append
+            .execute(params![
+                id,
+                task_seq,
+                rec.at,
+                rec.event.name(),
+                event_json,
+                rec.state_before.as_str(),
+                task.state.as_str(),
+                commands_json,
+                task_json,
+            ])
+            .map_err(on(path, id, "appending to the journal"))?;
+        let seq = u64::try_from(tx.last_insert_rowid()).expect("journal seqs are positive");
 
-    if !snapshots_unchanged {
-        sync_snapshots(tx, path, task)?;
-    }
-    if !sandbox_unchanged {
-        sync_sandboxes(tx, path, task, rec.at)?;
-    }
-    if !(snapshots_unchanged && sandbox_unchanged) {
-        mirrors.pending.insert(
-            id.to_string(),
-            Mirror {
+        // The snapshot and sandbox rows are rewritten only when they may differ from the
+        // task's records: when this connection does not know what they hold or the records
+        // changed. Most transitions change neither.
+        if !snapshots_unchanged {
+            sync_snapshots(tx, path, task, mirror.map(|m| m.snapshots.as_slice()))?;
+        }
+        if !sandbox_unchanged {
+            sync_sandboxes(tx, path, task, rec.at, mirror.map(|m| &m.sandbox))?;
+        }
+        let mirror = if snapshots_unchanged && sandbox_unchanged {
+            head.take().and_then(|h| h.mirror)
+        } else {
+            Some(Mirror {
                 snapshots: task.snapshots.clone(),
                 sandbox: task.sandbox.clone(),
-            },
-        );
+            })
+        };
+        *head = Some(Head {
+            state: Cow::Borrowed(task.state.as_str()),
+            task_seq,
+            mirror,
+        });
+        seqs.push(seq);
     }
-    Ok(seq)
+    Ok(seqs)
+}
+
+/// For each record, whether it is its task's last in `recs`.
+fn last_of_each_task(recs: &[TransitionRecord<'_>]) -> Vec<bool> {
+    if let [_] = recs {
+        return vec![true];
+    }
+    let mut seen = HashSet::with_capacity(recs.len());
+    let mut last: Vec<bool> = recs
+        .iter()
+        .rev()
+        .map(|r| seen.insert(r.task_after.id.as_str()))
+        .collect();
+    last.reverse();
+    last
 }
 
 /// What one task's `snapshots` and `sandboxes` rows mirror: the records they were last written
@@ -121,64 +184,122 @@ struct Mirror {
     sandbox: Option<SandboxRecord>,
 }
 
-/// What this connection knows the `snapshots` and `sandboxes` rows hold, per task: the records
-/// of the last transition it committed for the task. Only commits write those rows, so the
+/// What this connection knows of one task's rows.
+#[derive(Debug, Clone)]
+struct Head {
+    /// `tasks.state`.
+    state: Cow<'static, str>,
+    /// The task's last journal row's `task_seq` (0: none).
+    task_seq: u64,
+    /// What the snapshot and sandbox rows hold (`None`: not known).
+    mirror: Option<Mirror>,
+}
+
+/// What this connection knows the store holds, per task: the task row's state, its last
+/// journal `task_seq`, and the records its snapshot and sandbox rows were written from. Only
+/// commits write those (`claim_backend` and `mark_removed` touch other columns), so the
 /// knowledge stays true until another connection commits — which `PRAGMA data_version` (read
 /// under the write lock at the start of every commit) reveals, and then everything is forgotten.
-/// A task not known here has its rows rewritten (the writes are idempotent), so a cold or
-/// forgotten cache costs time, never correctness.
+/// A task not known here is read once per batch (its state and last `task_seq`) and has its
+/// mirrored rows rewritten (the writes are idempotent), so a cold or forgotten cache costs
+/// time, never correctness; a wrong `task_seq` could not pass the journal's unique index anyway.
 #[derive(Debug, Default)]
-pub(super) struct Mirrors {
+pub(super) struct Known {
     /// `data_version` as of this connection's last commit; `None`: nothing is known.
     version: Option<i64>,
-    known: HashMap<String, Mirror>,
-    /// What the transaction in progress wrote (applied to `known` once it commits).
-    pending: HashMap<String, Mirror>,
+    tasks: HashMap<String, Head>,
+    /// The tasks the transaction in progress touched, as it left them (`None`: no row yet);
+    /// applied to `tasks` once it commits.
+    pending: HashMap<String, Option<Head>>,
 }
 
 /// More tasks than this known and the knowledge is dropped (it is rebuilt as tasks commit).
 const MAX_KNOWN: usize = 100_000;
 
-impl Mirrors {
+impl Known {
     /// Starts a commit: forgets everything if another connection committed since this one's
     /// last commit. `tx` holds the write lock.
-    pub(super) fn begin(&mut self, tx: &Transaction<'_>, path: &Path) -> Result<(), StoreError> {
+    fn begin(&mut self, tx: &Transaction<'_>, path: &Path) -> Result<(), StoreError> {
         self.pending.clear();
         let version: i64 = tx
             .prepare_cached("PRAGMA data_version")
             .and_then(|mut s| s.query_row([], |r| r.get(0)))
             .map_err(|e| StoreError::sql(path, "reading the data version", None, e))?;
-        if self.version != Some(version) || self.known.len() > MAX_KNOWN {
-            self.known.clear();
+        if self.version != Some(version) || self.tasks.len() > MAX_KNOWN {
+            self.tasks.clear();
             self.version = Some(version);
         }
         Ok(())
     }
 
-    /// The rows of `task` as of this transaction: its own writes first.
-    fn get(&self, task: &str) -> Option<&Mirror> {
-        self.pending.get(task).or_else(|| self.known.get(task))
+    /// The task's rows as of this transaction (`None`: no task row), read from the file the
+    /// first time the batch meets a task this connection does not know.
+    fn head(
+        &mut self,
+        tx: &Transaction<'_>,
+        path: &Path,
+        id: &str,
+    ) -> Result<&mut Option<Head>, StoreError> {
+        if !self.pending.contains_key(id) {
+            let head = match self.tasks.get(id) {
+                Some(h) => Some(h.clone()),
+                None => tx
+                    .prepare_cached(
+                        "SELECT state, (SELECT COALESCE(MAX(task_seq), 0) FROM journal
+                                        WHERE task_id = ?1)
+                         FROM tasks WHERE id = ?1",
+                    )
+                    .and_then(|mut s| {
+                        s.query_row([id], |r| {
+                            Ok(Head {
+                                state: Cow::Owned(r.get(0)?),
+                                task_seq: r.get(1)?,
+                                mirror: None,
+                            })
+                        })
+                        .optional()
+                    })
+                    .map_err(on(path, id, "reading the task"))?,
+            };
+            self.pending.insert(id.to_string(), head);
+        }
+        Ok(self
+            .pending
+            .get_mut(id)
+            .expect("inserted above when missing"))
     }
 
     /// The transaction committed: what it wrote is what the rows hold.
     pub(super) fn committed(&mut self) {
-        self.known.extend(self.pending.drain());
+        for (id, head) in self.pending.drain() {
+            if let Some(head) = head {
+                self.tasks.insert(id, head);
+            }
+        }
     }
 
     /// The transaction did not commit (or may not have): nothing is known any more.
     pub(super) fn forget(&mut self) {
         self.pending.clear();
-        self.known.clear();
+        self.tasks.clear();
         self.version = None;
     }
 }
 
-/// Mirrors `task.snapshots` into the `snapshots` table. Unchanged rows are not rewritten (the
-/// guarded upsert), so a commit only dirties the pages of records that changed.
-fn sync_snapshots(tx: &Transaction<'_>, path: &Path, task: &Task) -> Result<(), StoreError> {
+/// Mirrors `task.snapshots` into the `snapshots` table. `old`: the records the rows are known to
+/// hold (`None`: not known, every record is written and every other row deleted). Unchanged rows
+/// are not rewritten (skipped when known, and the guarded upsert), so a commit only dirties the
+/// pages of records that changed.
+fn sync_snapshots(
+    tx: &Transaction<'_>,
+    path: &Path,
+    task: &Task,
+    old: Option<&[SnapshotRecord]>,
+) -> Result<(), StoreError> {
     let id = task.id.as_str();
     let err = on(path, id, "recording the task's snapshots");
-    if !task.snapshots.is_empty() {
+    let unchanged = |snap: &SnapshotRecord| old.is_some_and(|old| old.contains(snap));
+    if task.snapshots.iter().any(|s| !unchanged(s)) {
         let mut upsert = tx
             .prepare_cached(
                 "INSERT INTO snapshots (task_id, seq, provider_id, status, size_bytes, sandbox_id,
@@ -196,7 +317,7 @@ fn sync_snapshots(tx: &Transaction<'_>, path: &Path, task: &Task) -> Result<(), 
                                excluded.expires_at)",
             )
             .map_err(&err)?;
-        for snap in &task.snapshots {
+        for snap in task.snapshots.iter().filter(|s| !unchanged(s)) {
             upsert
                 .execute(params![
                     id,
@@ -212,7 +333,20 @@ fn sync_snapshots(tx: &Transaction<'_>, path: &Path, task: &Task) -> Result<(), 
                 .map_err(&err)?;
         }
     }
-    // Records the task no longer holds. The list of kept seqs travels as one JSON array so
+    // Records the task no longer holds: when the rows are known, those of the old records.
+    if let Some(old) = old {
+        let mut delete = tx
+            .prepare_cached("DELETE FROM snapshots WHERE task_id = ?1 AND seq = ?2")
+            .map_err(&err)?;
+        for gone in old
+            .iter()
+            .filter(|o| !task.snapshots.iter().any(|s| s.seq == o.seq))
+        {
+            delete.execute(params![id, gone.seq]).map_err(&err)?;
+        }
+        return Ok(());
+    }
+    // Otherwise every row but the records'. The list of kept seqs travels as one JSON array so
     // that the statement stays the same (and cached) whatever the number of snapshots.
     let kept = serde_json::to_string(&task.snapshots.iter().map(|s| s.seq).collect::<Vec<_>>())
         .expect("a list of integers always serializes");
@@ -226,15 +360,18 @@ fn sync_snapshots(tx: &Transaction<'_>, path: &Path, task: &Task) -> Result<(), 
 }
 
 /// Mirrors `task.sandbox` into the `sandboxes` table: the held sandbox is `running`; any other
-/// sandbox of the task still marked `running` becomes `released` at `at`.
+/// sandbox of the task still marked `running` becomes `released` at `at`. `old`: the sandbox the
+/// rows are known to hold as `running` (`None`: not known, both statements run).
 fn sync_sandboxes(
     tx: &Transaction<'_>,
     path: &Path,
     task: &Task,
     at: Millis,
+    old: Option<&Option<SandboxRecord>>,
 ) -> Result<(), StoreError> {
     let id = task.id.as_str();
     let err = on(path, id, "recording the task's sandbox");
+    // Called only when the rows may differ, so a held sandbox is always written.
     if let Some(sb) = &task.sandbox {
         // The guard skips both an unchanged row (no write) and a row of another task (no
         // takeover); the second case is told apart below.
@@ -278,6 +415,12 @@ fn sync_sandboxes(
                 });
             }
         }
+    }
+    // Known rows have no `running` sandbox of the task but the old one: release it only if the
+    // task no longer holds it.
+    let held = task.sandbox.as_ref().map(|s| &s.id);
+    if old.is_some_and(|old| old.as_ref().is_none_or(|o| Some(&o.id) == held)) {
+        return Ok(());
     }
     tx.prepare_cached(
         "UPDATE sandboxes SET status = 'released', released_at = ?3

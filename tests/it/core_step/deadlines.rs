@@ -370,3 +370,144 @@ fn a_command_that_never_started_runs_on_a_restored_sandbox() {
         }
     )));
 }
+
+fn read_usage(tr: &Transition) -> Vec<&SandboxId> {
+    tr.commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::ReadUsage { sandbox_id } => Some(sandbox_id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// On a provider that reports usage, a session that ends without the platform being asked —
+/// the deadline timer, a command or a snapshot answered "sandbox gone" — is read for the
+/// ledger (`ReadUsage`, once); a probe that found it gone asked already, a stop and a
+/// snapshot answer with it, and a provider that reports none is never asked. The answer,
+/// whatever it says, changes nothing but the journal.
+#[test]
+fn a_session_that_ends_unasked_has_its_usage_read_once() {
+    let mut t = used_after_snapshot(false);
+    t.settings.reports_usage = true;
+    let gone = |kind| Failure::new(kind, "410 sandbox_stopped");
+
+    // The deadline timer.
+    let tr = ok(
+        &t,
+        Event::TimerFired {
+            timer: TimerKind::Deadline,
+        },
+        DEADLINE,
+    );
+    assert_eq!(tr.next.state, TaskState::Expired);
+    assert_eq!(read_usage(&tr), [&SandboxId::from("s2")]);
+    // Its answer is absorbed in every state, read or not.
+    for usage in [
+        None,
+        Some(SessionUsage {
+            started_at: T0,
+            stopped_at: Some(DEADLINE),
+            vcpus: 1,
+            memory_mb: 2048,
+            active_cpu_ms: Some(1000),
+            transfer_bytes: None,
+        }),
+    ] {
+        let read = Event::UsageRead {
+            sandbox_id: "s2".into(),
+            usage,
+        };
+        let after = ok(&tr.next, read.clone(), DEADLINE + 5);
+        assert_eq!(after.next, tr.next);
+        assert!(after.commands.is_empty());
+        let running = ok(&t, read, DEADLINE - 5);
+        assert_eq!(running.next, t);
+    }
+
+    // A command answered "sandbox gone", whether it started or not.
+    let mut busy = ok(&t, run(4, "make"), T0 + 60).next;
+    busy.settings.reports_usage = true;
+    for ev in [
+        Event::CommandFailed {
+            request_id: 4,
+            failure: gone(FailureKind::SandboxGone),
+        },
+        Event::CommandNotStarted {
+            request_id: 4,
+            failure: gone(FailureKind::SandboxGone),
+        },
+    ] {
+        let tr = ok(&busy, ev, T0 + 70);
+        assert_eq!(read_usage(&tr), [&SandboxId::from("s2")], "{tr:?}");
+    }
+
+    // A snapshot answered "sandbox gone".
+    let snapping = ok(&t, Event::SuspendRequested { request_id: 4 }, T0 + 60).next;
+    assert_eq!(snapping.state, TaskState::Snapshotting);
+    let tr = ok(
+        &snapping,
+        Event::SnapshotFailed {
+            seq: 2,
+            failure: gone(FailureKind::SandboxGone),
+        },
+        T0 + 70,
+    );
+    assert_eq!(read_usage(&tr), [&SandboxId::from("s2")], "{tr:?}");
+
+    // A probe that found it gone read the usage itself.
+    let probing = ok(&t, Event::Loaded, T0 + 60).next;
+    let tr = ok(
+        &probing,
+        Event::SandboxProbed {
+            sandbox_id: "s2".into(),
+            alive: None,
+            platform_snapshot: None,
+            usage: None,
+        },
+        T0 + 70,
+    );
+    assert_eq!(tr.next.state, TaskState::Expired);
+    assert!(read_usage(&tr).is_empty(), "{tr:?}");
+
+    // A provider that reports no usage is never asked.
+    let mut local = t.clone();
+    local.settings.reports_usage = false;
+    let tr = ok(
+        &local,
+        Event::TimerFired {
+            timer: TimerKind::Deadline,
+        },
+        DEADLINE,
+    );
+    assert!(read_usage(&tr).is_empty(), "{tr:?}");
+}
+
+/// `taskbox rm` stops a running task's sandbox outside the lifecycle; its stop, journaled in
+/// the removed task's record, ends the sandbox there (a stop of any other sandbox stays
+/// absorbed).
+#[test]
+fn a_stop_of_the_live_sandbox_ends_it() {
+    let t = used_after_snapshot(false);
+    let other = ok(
+        &t,
+        Event::SandboxStopped {
+            sandbox_id: "s1".into(),
+            usage: None,
+        },
+        T0 + 60,
+    );
+    assert_eq!(other.next, t);
+    let tr = ok(
+        &t,
+        Event::SandboxStopped {
+            sandbox_id: "s2".into(),
+            usage: None,
+        },
+        T0 + 60,
+    );
+    assert!(tr.next.sandbox.is_none());
+    assert_eq!(tr.next.state, TaskState::Expired);
+    assert!(tr.next.files_behind, "v2 was written after snap-1");
+    assert!(tr.commands.is_empty(), "{:?}", tr.commands);
+}

@@ -28,5 +28,6 @@ fn settings() -> TaskSettings {
             multiplier: 2,
         },
         late_checkpoint: false,
+        reports_usage: false,
     }
 }

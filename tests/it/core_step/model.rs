@@ -453,6 +453,11 @@ impl Harness {
                     }
                 }
             },
+            // The ledger's business only: the lifecycle ignores what it says.
+            Command::ReadUsage { sandbox_id } => Event::UsageRead {
+                sandbox_id,
+                usage: None,
+            },
             Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
         })
     }

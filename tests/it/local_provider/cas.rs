@@ -24,7 +24,7 @@ use crate::support::snap;
 // The model of a tree: what a restore must reproduce
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Node {
+pub(super) enum Node {
     Dir {
         mode: u32,
         mtime: (i64, i64),
@@ -44,7 +44,7 @@ enum Node {
 }
 
 /// Every path below `root` and what it is.
-fn capture(root: &Path) -> BTreeMap<Vec<u8>, Node> {
+pub(super) fn capture(root: &Path) -> BTreeMap<Vec<u8>, Node> {
     let mut out = BTreeMap::new();
     let mut inodes: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
     let mut stack = vec![Vec::<u8>::new()];
@@ -102,7 +102,7 @@ fn capture(root: &Path) -> BTreeMap<Vec<u8>, Node> {
 
 /// Compares two captures, naming the first difference (hard links: the walk order is the
 /// same on both sides, so the first link of each inode is the same path).
-fn assert_same(expected: &BTreeMap<Vec<u8>, Node>, got: &BTreeMap<Vec<u8>, Node>) {
+pub(super) fn assert_same(expected: &BTreeMap<Vec<u8>, Node>, got: &BTreeMap<Vec<u8>, Node>) {
     let names = |m: &BTreeMap<Vec<u8>, Node>| m.keys().cloned().collect::<Vec<_>>();
     assert_eq!(
         names(expected)
@@ -166,7 +166,7 @@ const NAMES: &[&[u8]] = &[
 ];
 
 #[derive(Debug, Clone)]
-enum Op {
+pub(super) enum Op {
     Dir {
         parent: usize,
         name: usize,
@@ -197,7 +197,7 @@ enum Op {
 }
 
 #[derive(Debug, Clone)]
-enum Data {
+pub(super) enum Data {
     Small(Vec<u8>),
     /// A file larger than a chunk, from a seed.
     Big {
@@ -240,7 +240,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn big(len: u32, seed: u8) -> Vec<u8> {
+pub(super) fn big(len: u32, seed: u8) -> Vec<u8> {
     // Compressible in places, random in others, so both codecs are used.
     let mut x = u64::from(seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..len)
@@ -258,7 +258,7 @@ fn big(len: u32, seed: u8) -> Vec<u8> {
 }
 
 /// Builds the tree of `ops` under `root`; returns the mtimes to set last (directories).
-fn build(root: &Path, ops: &[Op]) {
+pub(super) fn build(root: &Path, ops: &[Op]) {
     let mut dirs: Vec<PathBuf> = vec![root.to_path_buf()];
     let mut files: Vec<PathBuf> = Vec::new();
     let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
@@ -330,13 +330,13 @@ fn build(root: &Path, ops: &[Op]) {
     }
 }
 
-fn tree() -> impl Strategy<Value = Vec<Op>> {
+pub(super) fn tree() -> impl Strategy<Value = Vec<Op>> {
     proptest::collection::vec(op(), 0..40)
 }
 
 /// A random edit of a tree that exists (by index into its files and directories).
 #[derive(Debug, Clone)]
-enum Edit {
+pub(super) enum Edit {
     /// Rewrite a file with other bytes.
     Rewrite {
         file: usize,
@@ -362,7 +362,7 @@ enum Edit {
     Add(Op),
 }
 
-fn edit() -> impl Strategy<Value = Edit> {
+pub(super) fn edit() -> impl Strategy<Value = Edit> {
     let idx = 0usize..64;
     prop_oneof![
         (idx.clone(), data()).prop_map(|(file, data)| Edit::Rewrite { file, data }),
@@ -375,7 +375,7 @@ fn edit() -> impl Strategy<Value = Edit> {
     ]
 }
 
-fn regular_files(root: &Path) -> Vec<PathBuf> {
+pub(super) fn regular_files(root: &Path) -> Vec<PathBuf> {
     capture(root)
         .into_iter()
         .filter(|(_, n)| matches!(n, Node::File { .. }))
@@ -383,7 +383,7 @@ fn regular_files(root: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-fn apply(root: &Path, edit: &Edit) {
+pub(super) fn apply(root: &Path, edit: &Edit) {
     let files = regular_files(root);
     let pick = |i: usize| files.get(i % files.len().max(1)).cloned();
     let writable = |p: &Path| {
@@ -450,14 +450,18 @@ fn apply(root: &Path, edit: &Edit) {
 }
 
 /// Makes every directory below `root` writable again, so the temp dir can be removed.
-fn unlock(root: &Path) {
+pub(super) fn unlock(root: &Path) {
     let _ = std::process::Command::new("chmod")
         .args(["-R", "u+rwx"])
         .arg(root)
         .status();
 }
 
-fn restore_into(cas: &Cas, manifest: &Manifest, dest: &Path) -> Result<Manifest, CasError> {
+pub(super) fn restore_into(
+    cas: &Cas,
+    manifest: &Manifest,
+    dest: &Path,
+) -> Result<Manifest, CasError> {
     fs::create_dir(dest).unwrap();
     let _lock = cas.lock(false)?;
     cas.restore(manifest, dest)

@@ -270,3 +270,42 @@ async fn a_cancel_kills_what_outlives_the_signalled_shell() {
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
     assert_eq!(env.run(&id, "echo next").await.stdout, "next\n");
 }
+
+/// A shell that lets the cancel's first signal go by (as bash does with one landing while it
+/// forks; here a trap that only resets itself) gets it a second time, alone, and ends of it at
+/// once — not at the grace's SIGKILL 3 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_signals_a_shell_that_let_the_first_signal_go_by_again() {
+    use taskbox::provider::{CancelSignal, Canceller, ExecIo, ExecRequest};
+    let env = Env::new();
+    let id = env.create("nudge", 1, None).await;
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    let (canceller, cancel) = Canceller::new();
+    let io = ExecIo {
+        output: Some(tx),
+        cancel: Some(cancel),
+        ..Default::default()
+    };
+    let req = ExecRequest {
+        command: "trap 'trap - TERM; echo first' TERM; echo ready; \
+                  while :; do sleep 0.05; done"
+            .to_string(),
+        timeout_ms: 60_000,
+    };
+    let started = std::time::Instant::now();
+    let signal_it = async {
+        rx.recv().await.expect("ready is printed");
+        canceller.cancel(CancelSignal::Terminate);
+        started.elapsed()
+    };
+    let (out, cancelled_after) = tokio::join!(env.provider.exec_live(&id, &req, io), signal_it);
+    let out = out.expect("exec");
+    // Died of the second SIGTERM, after its trap ran for the first.
+    assert_eq!(out.exit_code, 143, "{out:?}");
+    assert!(out.stdout.contains("first"), "{out:?}");
+    let ended_after_cancel = started.elapsed() - cancelled_after;
+    assert!(
+        ended_after_cancel < std::time::Duration::from_secs(2),
+        "ended {ended_after_cancel:?} after the cancel: the grace's kill, not the second signal"
+    );
+}

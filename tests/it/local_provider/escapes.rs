@@ -117,9 +117,9 @@ fn own_cgroup(out: &str) -> String {
         .to_string()
 }
 
-/// The command joins the sandbox's cgroup in its own shell (no `pre_exec` hook, so the server
-/// is not forked): it is in the cgroup the sandbox records, the cgroup stays between commands,
-/// a command finds it again after a sweep removed it, and a suspend removes it.
+/// The command's shell is born in the sandbox's cgroup (`clone3` into it, not a join in its
+/// script): it is in the cgroup the sandbox records, the cgroup stays between commands, a
+/// command finds it again after a sweep removed it, and a suspend removes it.
 #[test]
 fn every_command_runs_in_the_sandbox_cgroup_which_lives_until_the_sandbox_stops() {
     if !cgroups_or_skip(
@@ -128,9 +128,19 @@ fn every_command_runs_in_the_sandbox_cgroup_which_lives_until_the_sandbox_stops(
         return;
     }
     let home = Home::new();
-    let out = home.run(&["run", "-t", "cg", "--", "cat /proc/self/cgroup"]);
+    // The shell's own script: without a join, it was born in the cgroup (`clone3`).
+    let show = "cat /proc/self/cgroup; tr '\\0' ' ' < /proc/$$/cmdline";
+    let out = home.run(&["run", "-t", "cg", "--", show]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let joined = own_cgroup(&stdout(&out));
+    // Linux 5.7+ clones into a cgroup; CI's kernel is newer.
+    if must_run() {
+        assert!(
+            !stdout(&out).contains("cgroup.procs"),
+            "the shell joined its cgroup instead of being born in it: {}",
+            stdout(&out)
+        );
+    }
     let record = home.path().join("data/local/tasks/cg/cgroup");
     let recorded = std::fs::read_to_string(&record).expect("the sandbox records its cgroup");
     assert!(
@@ -152,9 +162,12 @@ fn every_command_runs_in_the_sandbox_cgroup_which_lives_until_the_sandbox_stops(
     );
     // A sweep removes empty cgroups; the next command makes it again and joins it.
     std::fs::remove_dir(&dir).expect("remove the empty cgroup, as the sweep does");
-    let out = home.run(&["run", "-t", "cg", "--", "cat /proc/self/cgroup"]);
+    let out = home.run(&["run", "-t", "cg", "--", show]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(own_cgroup(&stdout(&out)), joined);
+    if must_run() {
+        assert!(!stdout(&out).contains("cgroup.procs"), "{}", stdout(&out));
+    }
     let out = home.run(&["suspend", "cg"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(

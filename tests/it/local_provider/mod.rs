@@ -10,6 +10,7 @@ mod deadlines;
 mod escapes;
 mod listing;
 mod snapshots;
+mod tracked;
 
 use std::fs;
 use std::path::PathBuf;

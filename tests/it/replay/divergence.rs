@@ -169,3 +169,72 @@ fn redrive_catches_an_engine_decision_the_recording_lacks() {
         .expect("the call made");
     assert_eq!(call, "extend_timeout");
 }
+
+/// The live engine's timers are sleeps that may wake after their time (a busy loop, a loaded
+/// machine, a retry's jitter), while a re-drive's virtual clock fires them exactly on time. An
+/// event of the task handled in between must not overtake a timer whose time has passed, or
+/// the journal's order depends on how late the sleep woke and its re-drive diverges (seen with
+/// `chaos --http`, where requests and outcomes arrive in real time). Here the engine's clock
+/// runs ahead of its sleeps: the idle lifetime passes by the clock while the idle timer's sleep
+/// (30 s of real time) has not woken, and a request arrives. The idle timer is applied first —
+/// the idle snapshot, then the request restores it — and the journal re-drives identically.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timer_whose_time_passed_goes_before_a_later_request_and_redrives() {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+    use taskbox::clock::{Clock, SystemClock};
+    use taskbox::engine::{store_file, Orchestrator};
+
+    let dir = tempfile::tempdir().expect("dir");
+    // Starts at the real time: the local sandbox's deadline is the system clock's.
+    let clock = Arc::new(crate::support::ManualClock(AtomicU64::new(
+        SystemClock.now_ms(),
+    )));
+    let mut cfg = taskbox::config::Config::default();
+    cfg.terminal.lifetime_seconds = 30;
+    let orch = Orchestrator::builder(dir.path().to_path_buf(), cfg)
+        .clock(clock.clone())
+        .open()
+        .await
+        .expect("open");
+    let task = crate::support::tid("late");
+    orch.run(&task, "echo v1 > f", None).await.expect("run");
+    clock.advance(31_000);
+    let out = orch.run(&task, "cat f", None).await.expect("run");
+    assert_eq!(out.stdout, "v1\n");
+    orch.shutdown().await;
+
+    let store = taskbox::store::Store::open_existing(&store_file(dir.path())).expect("store");
+    let journal = store.journal("late").expect("journal");
+    assert!(verify(&journal).is_clean());
+    let recorded = journal.clone();
+    let reports = tokio::task::spawn_blocking(move || redrive::redrive(&recorded))
+        .await
+        .expect("re-drive thread")
+        .expect("re-drive runs");
+    assert!(reports[0].divergence.is_none(), "{:?}", reports[0]);
+    let pos = |pick: &dyn Fn(&Event) -> bool| {
+        journal
+            .iter()
+            .position(|e| pick(&e.event))
+            .unwrap_or_else(|| panic!("{journal:#?}"))
+    };
+    let idle = pos(&|e| {
+        matches!(
+            e,
+            Event::TimerFired {
+                timer: taskbox::core::TimerKind::Idle
+            }
+        )
+    });
+    let second = pos(&|e| matches!(e, Event::RunRequested { request_id: 2, .. }));
+    assert!(idle < second, "the idle timer goes first: {journal:#?}");
+    assert!(
+        journal[idle]
+            .commands
+            .iter()
+            .any(|c| matches!(c, taskbox::core::Command::TakeSnapshot { .. })),
+        "the idle snapshot: {:#?}",
+        journal[idle]
+    );
+}

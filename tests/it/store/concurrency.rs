@@ -122,3 +122,69 @@ fn commit_batch_equals_the_same_single_commits(db) {
     );
 }
 }
+
+on_both_stores! {
+/// A batch with several transitions of one task leaves the task row at the last of them
+/// (state, JSON, `updated_at`); a store that committed before notices another connection's
+/// commit (its stale view of the task's state is refused, not trusted); a store opened cold
+/// continues a task's journal numbering; and a reopened store reads the same tasks.
+fn a_batch_leaves_each_task_row_at_its_last_transition(db) {
+    let a = lifecycle("a", 1_000);
+    let b = lifecycle("b", 1_005);
+    assert_eq!(a.len(), 4, "the lifecycle this test walks");
+    let mut store = db.open();
+    store
+        .commit_batch(&[a[0].rec(), b[0].rec(), a[1].rec(), b[1].rec()])
+        .expect("batch");
+    assert_eq!(store.load_task("a").expect("load"), Some(a[1].task.clone()));
+    assert_eq!(store.load_task("b").expect("load"), Some(b[1].task.clone()));
+    let row = |id: &str| {
+        db.text(&format!(
+            "SELECT state || ' ' || CAST(updated_at AS TEXT) FROM tasks WHERE id = '{id}'"
+        ))
+    };
+    let last_task_after = |id: &str| {
+        db.text(&format!(
+            "SELECT CAST(task_after AS TEXT) FROM journal WHERE task_id = '{id}'
+             ORDER BY task_seq DESC LIMIT 1"
+        ))
+    };
+    let data = |id: &str| db.text(&format!("SELECT CAST(data AS TEXT) FROM tasks WHERE id = '{id}'"));
+    assert_eq!(row("a"), Some(format!("running {}", a[1].at)));
+    assert_eq!(data("a"), last_task_after("a"), "the row holds the last transition's task");
+    assert_eq!(data("b"), last_task_after("b"));
+
+    // Another connection moves `a` on; the first store must not trust what it last wrote.
+    db.open().commit(&a[2].rec()).expect("the other connection's commit");
+    let err = store.commit(&a[2].rec()).expect_err("a stale state_before");
+    assert!(
+        matches!(&err, StoreError::StateConflict { task_id, expected: TaskState::Running, stored }
+            if task_id == "a" && stored == "snapshotting"),
+        "{err:?}"
+    );
+    store.commit_batch(&[a[3].rec()]).expect("after the other's commit");
+    // A store opened cold reads where `b`'s journal stands.
+    db.open()
+        .commit_batch(&[b[2].rec(), b[3].rec()])
+        .expect("a cold store's batch");
+
+    for (id, steps) in [("a", &a), ("b", &b)] {
+        let journal = store.journal(id).expect("journal");
+        assert_eq!(
+            journal.iter().map(|e| e.task_seq).collect::<Vec<_>>(),
+            [1, 2, 3, 4],
+            "task {id}"
+        );
+        assert_eq!(
+            journal.iter().map(|e| e.task_after.clone()).collect::<Vec<_>>(),
+            steps.iter().map(|s| s.task.clone()).collect::<Vec<_>>()
+        );
+        assert_eq!(data(id), last_task_after(id));
+    }
+    assert_eq!(row("a"), Some(format!("expired {}", a[3].at)));
+    let tasks = store.load_tasks().expect("tasks");
+    assert_eq!(tasks, [a[3].task.clone(), b[3].task.clone()]);
+    drop(store);
+    assert_eq!(db.open().load_tasks().expect("tasks after reopening"), tasks);
+}
+}

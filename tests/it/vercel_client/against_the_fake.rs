@@ -63,6 +63,7 @@ fn provider_for(fake: &FakeServer, token: &str) -> VercelProvider {
     VercelProvider::new(client, settings).with_options(ProviderOptions {
         start_timeout: std::time::Duration::from_secs(10),
         snapshot_expiration_ms: None,
+        usage_wait: std::time::Duration::from_secs(5),
         exec: ExecOptions {
             max_poll_delay: std::time::Duration::from_millis(100),
             ..ExecOptions::default()

@@ -120,6 +120,15 @@ pub enum Command {
         /// The sandbox.
         sandbox_id: SandboxId,
     },
+    /// Emitted when a session ended without the platform being asked — the deadline timer found
+    /// it past its deadline, or a command or a snapshot was answered "sandbox gone" — on a
+    /// provider that reports usage ([`TaskSettings::reports_usage`](super::TaskSettings)):
+    /// read what the session used, for the cost ledger. Answered by
+    /// [`Event::UsageRead`](super::Event::UsageRead); nothing waits for it.
+    ReadUsage {
+        /// The session that ended.
+        sandbox_id: SandboxId,
+    },
     /// Emitted to arm a timer; a later timer of the same kind replaces it.
     ScheduleTimer {
         /// Which timer.
@@ -147,6 +156,7 @@ impl Command {
             Command::ExtendTimeout { .. } => "extend_timeout",
             Command::DeleteSnapshot { .. } => "delete_snapshot",
             Command::ProbeSandbox { .. } => "probe_sandbox",
+            Command::ReadUsage { .. } => "read_usage",
             Command::ScheduleTimer { .. } => "schedule_timer",
             Command::Reply { .. } => "reply",
         }

@@ -218,6 +218,16 @@ pub enum Event {
         /// Why.
         failure: Failure,
     },
+    /// `ReadUsage` answered: what the platform reports the session used, as
+    /// [`Event::SnapshotTaken`]'s `usage`; `None` when it could not be read (the ledger then
+    /// counts the session's usage as unknown). Absorbed in every state: the ledger reads it.
+    UsageRead {
+        /// The session.
+        sandbox_id: SandboxId,
+        /// What it used, when the platform answered.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<SessionUsage>,
+    },
     /// A timer fired.
     TimerFired {
         /// Which one.
@@ -262,6 +272,7 @@ impl Event {
             Event::DeleteFailed { .. } => "delete_failed",
             Event::SandboxProbed { .. } => "sandbox_probed",
             Event::ProbeFailed { .. } => "probe_failed",
+            Event::UsageRead { .. } => "usage_read",
             Event::TimerFired { .. } => "timer_fired",
             Event::Loaded => "loaded",
             Event::Recovered => "recovered",

@@ -285,11 +285,7 @@ pub(crate) fn walk_workspace<E>(
     let mut stack: Vec<Vec<u8>> = vec![Vec::new()];
     while let Some(dir) = stack.pop() {
         let dir_abs = workspace.join(os(&dir));
-        let listed = fs::read_dir(&dir_abs).and_then(|it| {
-            it.map(|e| e.map(|e| (e.file_name().into_vec(), e)))
-                .collect::<Result<Vec<_>, _>>()
-        });
-        let mut entries = match listed {
+        let entries = match list_sorted(&dir_abs) {
             Ok(entries) => entries,
             // Vanished between listing its parent and now: nothing to keep.
             Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_empty() => continue,
@@ -300,7 +296,6 @@ pub(crate) fn walk_workspace<E>(
                 continue;
             }
         };
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut subdirs = Vec::new();
         for (name, entry) in entries {
             let rel = if dir.is_empty() {
@@ -309,17 +304,7 @@ pub(crate) fn walk_workspace<E>(
                 [dir.as_slice(), b"/", name.as_slice()].concat()
             };
             let abs = workspace.join(os(&rel));
-            if abs.as_os_str().len() + RESTORE_PATH_SLACK >= PATH_MAX {
-                // It could be neither read by path nor restored: leave it (and what is below
-                // it) out rather than write a snapshot that cannot be restored.
-                omitted.push(Omitted {
-                    path: show(&rel),
-                    reason: format!(
-                        "its path is {} bytes long, too close to PATH_MAX ({PATH_MAX}) to be \
-                         restored",
-                        abs.as_os_str().len()
-                    ),
-                });
+            if too_long(omitted, &rel, &abs) {
                 continue;
             }
             // `DirEntry::metadata` does not follow symlinks.
@@ -339,6 +324,32 @@ pub(crate) fn walk_workspace<E>(
         stack.extend(subdirs.into_iter().rev());
     }
     Ok(())
+}
+
+/// A directory's entries, sorted by name (the walk's order).
+pub(crate) fn list_sorted(dir: &Path) -> io::Result<Vec<(Vec<u8>, fs::DirEntry)>> {
+    let mut entries = fs::read_dir(dir).and_then(|it| {
+        it.map(|e| e.map(|e| (e.file_name().into_vec(), e)))
+            .collect::<Result<Vec<_>, _>>()
+    })?;
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(entries)
+}
+
+/// Whether `abs` is too long to be read by path or restored; if so, leaves it (and what is
+/// below it) out with the reason, rather than write a snapshot that cannot be restored.
+pub(crate) fn too_long(omitted: &mut Vec<Omitted>, rel: &[u8], abs: &Path) -> bool {
+    if abs.as_os_str().len() + RESTORE_PATH_SLACK < PATH_MAX {
+        return false;
+    }
+    omitted.push(Omitted {
+        path: show(rel),
+        reason: format!(
+            "its path is {} bytes long, too close to PATH_MAX ({PATH_MAX}) to be restored",
+            abs.as_os_str().len()
+        ),
+    });
+    true
 }
 
 /// Leaves `rel` out of a snapshot: it could not be `what`-ed.

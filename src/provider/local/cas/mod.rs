@@ -60,9 +60,16 @@
 //! SIGKILL during gc leaves every marked chunk in a committed pack; the OS releases the lock
 //! of a killed process.
 //!
+//! **Tracked changes.** While the engine that restored a workspace lives, a [`Tracker`]
+//! (inotify, see `track`) keeps the paths that changed since the restore, and
+//! [`Cas::pack_tracked`] looks only at those: the others are taken from the index without a
+//! system call, giving the manifest a full walk would. Whenever tracking is not trustworthy
+//! the snapshot walks everything (see `track` for when).
+//!
 //! The code is split by concern: `object` (chunks: hash, codec, packs, catalog), `manifest`
-//! (the entries and their binary encoding), `pack` (the workspace walk into a manifest),
-//! `restore` (a manifest materialised), `gc` and `export` (a manifest as a plain tarball).
+//! (the entries and their binary encoding), `pack` (the workspace walk into a manifest, full or
+//! guided by tracked changes), `track` (the inotify watcher), `restore` (a manifest
+//! materialised), `gc` and `export` (a manifest as a plain tarball).
 
 mod export;
 mod gc;
@@ -70,6 +77,7 @@ mod manifest;
 mod object;
 mod pack;
 mod restore;
+mod track;
 
 pub use self::export::export_tar;
 pub use self::gc::GcStats;
@@ -78,6 +86,7 @@ pub(crate) use self::object::random_name;
 pub use self::object::{Catalog, Hash, CHUNK};
 pub use self::pack::PackedStats;
 pub use self::restore::Index;
+pub use self::track::{Changes, Limits, Tracked, Tracker, Untracked};
 
 use std::fs::{self, File};
 use std::io;

@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io;
-use std::os::unix::ffi::OsStringExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,8 +14,11 @@ use std::sync::Mutex;
 use super::manifest::{Chunk, Entry, EntryKind, FileStat, Manifest};
 use super::object::{compressor, sync_path, Hash, PackWriter, CHUNK};
 use super::restore::Index;
+use super::track::{Changes, Tracked};
 use super::{show, Cas, CasError};
-use crate::provider::local::archive::{data_segments, omit, walk_workspace, Omitted, Walked};
+use crate::provider::local::archive::{
+    data_segments, list_sorted, omit, too_long, walk_workspace, Omitted, Walked,
+};
 
 /// Threads reading, hashing and compressing file contents.
 const WORKERS: usize = 2;
@@ -40,6 +43,14 @@ pub struct PackedStats {
     pub bytes_written: u64,
     /// Entries left out: unreadable ones, and sockets, fifos and devices.
     pub omitted: Vec<Omitted>,
+    /// Entries whose `lstat` fields were read (a full walk: all of them; a tracked snapshot:
+    /// the changed ones, hard links and racy files).
+    pub entries_looked_at: u64,
+    /// Whether the walk was guided by tracked changes ([`Cas::pack_tracked`]); `false` for a
+    /// full walk, also when tracking fell back to one.
+    pub tracked: bool,
+    /// Why a tracked snapshot fell back to a full walk, if it did.
+    pub fell_back: Option<String>,
 }
 
 fn nanos(secs: i64, nsec: i64) -> i64 {
@@ -86,7 +97,45 @@ impl Cas {
         workspace: &Path,
         index: Option<&Index>,
     ) -> Result<(Manifest, PackedStats), CasError> {
-        let mut stats = PackedStats::default();
+        self.pack_with(workspace, index, None)
+            .map(|packed| packed.expect("a full walk always finishes"))
+    }
+
+    /// [`Cas::pack`] of a workspace whose changes since `tracked.index` were tracked
+    /// ([`Tracker`](super::Tracker)): only the changed entries are looked at (and read if their
+    /// stat fields moved), every other one is taken from the index, and the manifest is the
+    /// one a full walk would give. Hard links and racy entries are always looked at. It falls
+    /// back to a full walk (and says why in the stats) when a file turns out to have a link
+    /// count above one that the index does not explain: a link made during the sandbox's life
+    /// whose other names the walk would not visit.
+    pub fn pack_tracked(
+        &self,
+        workspace: &Path,
+        tracked: &Tracked,
+    ) -> Result<(Manifest, PackedStats), CasError> {
+        match self.pack_with(workspace, Some(&tracked.index), Some(&tracked.changes))? {
+            Ok(packed) => Ok(packed),
+            Err(why) => {
+                let (manifest, mut stats) = self.pack(workspace, Some(&tracked.index))?;
+                stats.fell_back = Some(why);
+                Ok((manifest, stats))
+            }
+        }
+    }
+
+    /// The walk and the reads. With `changes` (and an index), a tracked walk; `Ok(Err(why))`
+    /// when it must be redone as a full one.
+    #[allow(clippy::type_complexity)]
+    fn pack_with(
+        &self,
+        workspace: &Path,
+        index: Option<&Index>,
+        changes: Option<&Changes>,
+    ) -> Result<Result<(Manifest, PackedStats), String>, CasError> {
+        let mut stats = PackedStats {
+            tracked: changes.is_some(),
+            ..PackedStats::default()
+        };
         let mut entries: Vec<Entry> = Vec::new();
         let mut jobs: Vec<Job> = Vec::new();
         let known: HashMap<&[u8], &Entry> = index
@@ -101,125 +150,200 @@ impl Cas {
             .unwrap_or_default();
         let catalog = self.catalog()?;
         let mut first_link: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
-        walk_workspace(
-            workspace,
-            &mut stats.omitted,
-            |dir_abs, e| CasError::io("list directory", dir_abs)(e),
-            |omitted, Walked { rel, abs, meta }| {
-                let mode = meta.mode() & 0o7777;
-                let mtime_ns = nanos(meta.mtime(), meta.mtime_nsec());
-                let ft = meta.file_type();
-                let kind = if ft.is_dir() {
-                    EntryKind::Dir
-                } else if ft.is_symlink() {
-                    match fs::read_link(&abs) {
-                        Ok(target) => EntryKind::Symlink {
-                            target: target.into_os_string().into_vec(),
-                        },
+        // A tracked walk: the entries of the index's hard-link groups (always looked at) and
+        // their inodes (any other file with more than one link sends it back to a full walk).
+        let (mut linked, mut group_inodes): (HashSet<&[u8]>, HashSet<(u64, u64)>) =
+            Default::default();
+        if let (Some(index), Some(_)) = (index, changes) {
+            for e in &index.manifest.entries {
+                if let EntryKind::HardLink { target } = &e.kind {
+                    linked.insert(&e.path);
+                    linked.insert(target);
+                    if let Some(EntryKind::File { stat, .. }) =
+                        known.get(target.as_slice()).map(|t| &t.kind)
+                    {
+                        group_inodes.insert((stat.dev, stat.ino));
+                    }
+                }
+            }
+        }
+        let mut untrusted: Option<String> = None;
+        let mut looked_at = 0u64;
+        let visit = |omitted: &mut Vec<Omitted>, step: Step<'_>| -> Result<(), CasError> {
+            let Walked { rel, abs, meta } = match step {
+                Step::Walked(walked) => walked,
+                Step::Kept { rel, abs, entry } => {
+                    let keep = match &entry.kind {
+                        EntryKind::Dir | EntryKind::Symlink { .. } => true,
+                        EntryKind::File { stat, chunks, .. } => {
+                            let written = index.map_or(i64::MIN, |i| i.written_ns);
+                            stat.ctime_ns < written
+                                && chunks.iter().all(|c| catalog.contains(&c.hash))
+                        }
+                        EntryKind::HardLink { .. } => false,
+                    };
+                    if keep {
+                        entries.push(entry.clone());
+                        return Ok(());
+                    }
+                    match fs::symlink_metadata(&abs) {
+                        Ok(meta) => Walked { rel, abs, meta },
                         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
                         Err(e) => {
-                            omit(omitted, &rel, "read the symlink", &e);
+                            omit(omitted, &rel, "inspect", &e);
                             return Ok(());
                         }
                     }
-                } else if ft.is_file() {
-                    let inode = (meta.dev(), meta.ino());
-                    if meta.nlink() > 1 {
-                        if let Some(first) = first_link.get(&inode) {
-                            entries.push(Entry {
-                                path: rel,
-                                mode,
-                                mtime_ns,
-                                kind: EntryKind::HardLink {
-                                    target: first.clone(),
-                                },
-                            });
-                            return Ok(());
-                        }
-                        first_link.insert(inode, rel.clone());
+                }
+            };
+            looked_at += 1;
+            let mode = meta.mode() & 0o7777;
+            let mtime_ns = nanos(meta.mtime(), meta.mtime_nsec());
+            let ft = meta.file_type();
+            let kind = if ft.is_dir() {
+                EntryKind::Dir
+            } else if ft.is_symlink() {
+                match fs::read_link(&abs) {
+                    Ok(target) => EntryKind::Symlink {
+                        target: target.into_os_string().into_vec(),
+                    },
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                    Err(e) => {
+                        omit(omitted, &rel, "read the symlink", &e);
+                        return Ok(());
                     }
-                    let stat = FileStat {
-                        dev: meta.dev(),
-                        ino: meta.ino(),
-                        ctime_ns: nanos(meta.ctime(), meta.ctime_nsec()),
-                    };
-                    let reuse = index.and_then(|index| {
-                        let old = known.get(rel.as_slice())?;
-                        let EntryKind::File {
-                            size,
-                            stat: old_stat,
-                            chunks,
-                        } = &old.kind
-                        else {
-                            return None;
-                        };
-                        let same = *size == meta.len()
-                            && old.mtime_ns == mtime_ns
-                            && *old_stat == stat
-                            && stat.ctime_ns < index.written_ns;
-                        if !same {
-                            return None;
-                        }
-                        // Reused only while every chunk is still stored.
-                        chunks
-                            .iter()
-                            .all(|c| catalog.contains(&c.hash))
-                            .then(|| chunks.clone())
+                }
+            } else if ft.is_file() {
+                let inode = (meta.dev(), meta.ino());
+                if meta.nlink() > 1 && changes.is_some() && !group_inodes.contains(&inode) {
+                    untrusted.get_or_insert_with(|| {
+                        format!(
+                            "`{}` has {} links, which the index does not explain",
+                            show(&rel),
+                            meta.nlink()
+                        )
                     });
-                    match reuse {
-                        Some(chunks) => EntryKind::File {
-                            size: meta.len(),
-                            stat,
-                            chunks,
-                        },
-                        None => {
-                            let (size, entry) = (meta.len(), entries.len());
-                            let sparse = meta.blocks().saturating_mul(512) < size;
-                            if sparse || size <= PART {
+                }
+                if meta.nlink() > 1 {
+                    if let Some(first) = first_link.get(&inode) {
+                        entries.push(Entry {
+                            path: rel,
+                            mode,
+                            mtime_ns,
+                            kind: EntryKind::HardLink {
+                                target: first.clone(),
+                            },
+                        });
+                        return Ok(());
+                    }
+                    first_link.insert(inode, rel.clone());
+                }
+                let stat = FileStat {
+                    dev: meta.dev(),
+                    ino: meta.ino(),
+                    ctime_ns: nanos(meta.ctime(), meta.ctime_nsec()),
+                };
+                let reuse = index.and_then(|index| {
+                    let old = known.get(rel.as_slice())?;
+                    let EntryKind::File {
+                        size,
+                        stat: old_stat,
+                        chunks,
+                    } = &old.kind
+                    else {
+                        return None;
+                    };
+                    let same = *size == meta.len()
+                        && old.mtime_ns == mtime_ns
+                        && *old_stat == stat
+                        && stat.ctime_ns < index.written_ns;
+                    if !same {
+                        return None;
+                    }
+                    // Reused only while every chunk is still stored.
+                    chunks
+                        .iter()
+                        .all(|c| catalog.contains(&c.hash))
+                        .then(|| chunks.clone())
+                });
+                match reuse {
+                    Some(chunks) => EntryKind::File {
+                        size: meta.len(),
+                        stat,
+                        chunks,
+                    },
+                    None => {
+                        let (size, entry) = (meta.len(), entries.len());
+                        let sparse = meta.blocks().saturating_mul(512) < size;
+                        if sparse || size <= PART {
+                            jobs.push(Job {
+                                entry,
+                                abs,
+                                ino: meta.ino(),
+                                sparse,
+                                part: None,
+                            });
+                        } else {
+                            let mut start = 0;
+                            while start < size {
+                                let end = (start + PART).min(size);
                                 jobs.push(Job {
                                     entry,
-                                    abs,
+                                    abs: abs.clone(),
                                     ino: meta.ino(),
                                     sparse,
-                                    part: None,
+                                    part: Some(start..end),
                                 });
-                            } else {
-                                let mut start = 0;
-                                while start < size {
-                                    let end = (start + PART).min(size);
-                                    jobs.push(Job {
-                                        entry,
-                                        abs: abs.clone(),
-                                        ino: meta.ino(),
-                                        sparse,
-                                        part: Some(start..end),
-                                    });
-                                    start = end;
-                                }
-                            }
-                            EntryKind::File {
-                                size: meta.len(),
-                                stat,
-                                chunks: Vec::new(),
+                                start = end;
                             }
                         }
+                        EntryKind::File {
+                            size: meta.len(),
+                            stat,
+                            chunks: Vec::new(),
+                        }
                     }
-                } else {
-                    omitted.push(Omitted {
-                        path: show(&rel),
-                        reason: "sockets, fifos and devices are not kept in snapshots".into(),
-                    });
-                    return Ok(());
-                };
-                entries.push(Entry {
-                    path: rel,
-                    mode,
-                    mtime_ns,
-                    kind,
+                }
+            } else {
+                omitted.push(Omitted {
+                    path: show(&rel),
+                    reason: "sockets, fifos and devices are not kept in snapshots".into(),
                 });
-                Ok(())
-            },
-        )?;
+                return Ok(());
+            };
+            entries.push(Entry {
+                path: rel,
+                mode,
+                mtime_ns,
+                kind,
+            });
+            Ok(())
+        };
+        let root_err = |dir_abs: &Path, e| CasError::io("list directory", dir_abs)(e);
+        match (index, changes) {
+            (Some(index), Some(changes)) => walk_tracked(
+                workspace,
+                &index.manifest,
+                changes,
+                &linked,
+                &mut stats.omitted,
+                root_err,
+                visit,
+            )?,
+            _ => {
+                let mut visit = visit;
+                walk_workspace(
+                    workspace,
+                    &mut stats.omitted,
+                    root_err,
+                    |omitted, walked| visit(omitted, Step::Walked(walked)),
+                )?
+            }
+        }
+        stats.entries_looked_at = looked_at;
+        if let Some(why) = untrusted {
+            return Ok(Err(why));
+        }
 
         // Read, hash and store the contents on two threads, each into a pack of its own.
         let next = AtomicUsize::new(0);
@@ -361,8 +485,139 @@ impl Cas {
             });
         }
         stats.entries = entries.len() as u64;
-        Ok((Manifest { entries }, stats))
+        Ok(Ok((Manifest { entries }, stats)))
     }
+}
+
+/// What the tracked walk hands its visitor.
+enum Step<'m> {
+    /// An entry looked at (its `lstat` fields read), as the full walk gives it.
+    Walked(Walked),
+    /// An entry no event touched: the index's, unless the visitor decides to look.
+    Kept {
+        rel: Vec<u8>,
+        abs: std::path::PathBuf,
+        entry: &'m Entry,
+    },
+}
+
+/// The full walk's order and entries (see `walk_workspace`), with every path no change
+/// touched taken from `prev` (the index) without a system call: a directory is listed again
+/// only if its listing changed, is new or lies in a subtree created or moved in (walked whole),
+/// and an entry is looked at only if a change names it, it is new or it is in `linked`.
+fn walk_tracked<'m, E>(
+    workspace: &Path,
+    prev: &'m Manifest,
+    changes: &Changes,
+    linked: &HashSet<&[u8]>,
+    omitted: &mut Vec<Omitted>,
+    root_err: impl Fn(&Path, io::Error) -> E,
+    mut visit: impl FnMut(&mut Vec<Omitted>, Step<'m>) -> Result<(), E>,
+) -> Result<(), E> {
+    let os = |p: &[u8]| Path::new(std::ffi::OsStr::from_bytes(p)).to_path_buf();
+    let by_path: HashMap<&[u8], &'m Entry> = prev
+        .entries
+        .iter()
+        .map(|e| (e.path.as_slice(), e))
+        .collect();
+    // Each directory's children, in the walk's (name) order.
+    let mut children: HashMap<&[u8], Vec<&'m Entry>> = HashMap::new();
+    for e in &prev.entries {
+        let parent = e
+            .path
+            .iter()
+            .rposition(|b| *b == b'/')
+            .map_or(&[][..], |i| &e.path[..i]);
+        children.entry(parent).or_default().push(e);
+    }
+    let mut stack: Vec<(Vec<u8>, bool)> = vec![(Vec::new(), changes.trees.contains(&[][..]))];
+    while let Some((dir, whole)) = stack.pop() {
+        let dir_abs = workspace.join(os(&dir));
+        let known = dir.is_empty()
+            || matches!(by_path.get(dir.as_slice()), Some(e) if e.kind == EntryKind::Dir);
+        let whole = whole || !known;
+        let reuse = |rel: &[u8]| {
+            if whole || changes.paths.contains(rel) || linked.contains(rel) {
+                None
+            } else {
+                by_path.get(rel).copied()
+            }
+        };
+        let mut subdirs = Vec::new();
+        let child = |rel: &[u8]| {
+            if dir.is_empty() {
+                rel.to_vec()
+            } else {
+                [dir.as_slice(), b"/", rel].concat()
+            }
+        };
+        if whole || changes.listed.contains(&dir) {
+            let entries = match list_sorted(&dir_abs) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_empty() => continue,
+                Err(e) if dir.is_empty() => return Err(root_err(&dir_abs, e)),
+                Err(e) => {
+                    omit(omitted, &dir, "list the contents of", &e);
+                    continue;
+                }
+            };
+            for (name, dirent) in entries {
+                let rel = child(&name);
+                let abs = workspace.join(os(&rel));
+                if too_long(omitted, &rel, &abs) {
+                    continue;
+                }
+                if let Some(entry) = reuse(&rel) {
+                    if entry.kind == EntryKind::Dir {
+                        subdirs.push((rel.clone(), changes.trees.contains(&rel)));
+                    }
+                    visit(omitted, Step::Kept { rel, abs, entry })?;
+                    continue;
+                }
+                let meta = match dirent.metadata() {
+                    Ok(meta) => meta,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => {
+                        omit(omitted, &rel, "inspect", &e);
+                        continue;
+                    }
+                };
+                if meta.is_dir() {
+                    subdirs.push((rel.clone(), whole || changes.trees.contains(&rel)));
+                }
+                visit(omitted, Step::Walked(Walked { rel, abs, meta }))?;
+            }
+        } else {
+            for entry in children.get(dir.as_slice()).into_iter().flatten() {
+                let rel = entry.path.clone();
+                let abs = workspace.join(os(&rel));
+                if too_long(omitted, &rel, &abs) {
+                    continue;
+                }
+                if let Some(entry) = reuse(&rel) {
+                    if entry.kind == EntryKind::Dir {
+                        subdirs.push((rel.clone(), changes.trees.contains(&rel)));
+                    }
+                    visit(omitted, Step::Kept { rel, abs, entry })?;
+                    continue;
+                }
+                let meta = match fs::symlink_metadata(&abs) {
+                    Ok(meta) => meta,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => {
+                        omit(omitted, &rel, "inspect", &e);
+                        continue;
+                    }
+                };
+                if meta.is_dir() {
+                    subdirs.push((rel.clone(), changes.trees.contains(&rel)));
+                }
+                visit(omitted, Step::Walked(Walked { rel, abs, meta }))?;
+            }
+        }
+        stack.extend(subdirs.into_iter().rev());
+    }
+    Ok(())
 }
 
 /// Reads one file's data segments in chunks, handing each to `store`.

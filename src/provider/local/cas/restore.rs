@@ -62,6 +62,20 @@ impl Index {
         fs::rename(&tmp, path).map_err(CasError::io("move into place", path))
     }
 
+    /// [`Index::write`], returning the index as [`Index::read`] would give it back (without
+    /// reading the file again).
+    pub fn write_kept(path: &Path, manifest: Manifest) -> Result<Index, CasError> {
+        Index::write(path, &manifest)?;
+        let written = fs::symlink_metadata(path).map_err(CasError::io("inspect", path))?;
+        Ok(Index {
+            manifest,
+            written_ns: written
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(written.mtime_nsec()),
+        })
+    }
+
     /// The index at `path`; `None` if there is none or it is not one this code reads (then
     /// every file is read, which is always correct).
     pub fn read(path: &Path) -> Option<Index> {
@@ -329,12 +343,18 @@ impl Cas {
             fs::set_permissions(&path, fs::Permissions::from_mode(e.mode & 0o1777))
                 .map_err(CasError::io("set the mode of", &path))?;
         }
-        // The index: what each file is now.
+        // The index: what each entry is now (a full walk's view of it: the mode without the
+        // set-id bits the restore dropped, a symlink's own mtime), and each file's stat fields.
         let mut index = manifest.clone();
         for e in &mut index.entries {
+            let path = dest.join(os(&e.path));
+            let meta = fs::symlink_metadata(&path).map_err(CasError::io("inspect", &path))?;
+            e.mode = meta.mode() & 0o7777;
+            e.mtime_ns = meta
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(meta.mtime_nsec());
             if let EntryKind::File { stat, .. } = &mut e.kind {
-                let path = dest.join(os(&e.path));
-                let meta = fs::symlink_metadata(&path).map_err(CasError::io("inspect", &path))?;
                 *stat = FileStat {
                     dev: meta.dev(),
                     ino: meta.ino(),
@@ -343,10 +363,6 @@ impl Cas {
                         .saturating_mul(1_000_000_000)
                         .saturating_add(meta.ctime_nsec()),
                 };
-                e.mtime_ns = meta
-                    .mtime()
-                    .saturating_mul(1_000_000_000)
-                    .saturating_add(meta.mtime_nsec());
             }
         }
         Ok(index)

@@ -61,6 +61,27 @@ impl VercelClient {
         }
     }
 
+    /// Reads the session until it has ended (stopped, failed or aborted), for what it used: a
+    /// session found past its deadline may still be running or stopping for a moment, and its
+    /// figures (stop time, active CPU) are final only once it has stopped. After `max_wait`,
+    /// the session as last read (its figures so far).
+    pub async fn wait_until_ended(
+        &self,
+        session_id: &str,
+        max_wait: Duration,
+    ) -> Result<Session, ProviderError> {
+        let give_up = tokio::time::Instant::now() + max_wait;
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let session = self.get_session(session_id).await?;
+            if session.status.is_terminal() || tokio::time::Instant::now() + delay > give_up {
+                return Ok(session);
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+        }
+    }
+
     /// `POST …/stop` (blocks until stopped); a persistent sandbox's answer names the snapshot
     /// the platform took of it.
     pub async fn stop_session(&self, session_id: &str) -> Result<StopAnswer, ProviderError> {
