@@ -551,69 +551,55 @@ fn walk_tracked<'m, E>(
                 [dir.as_slice(), b"/", rel].concat()
             }
         };
-        if whole || changes.listed.contains(&dir) {
-            let entries = match list_sorted(&dir_abs) {
-                Ok(entries) => entries,
-                Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_empty() => continue,
-                Err(e) if dir.is_empty() => return Err(root_err(&dir_abs, e)),
+        // The directory's children: listed anew where it changed (a `DirEntry` each), else the
+        // index's (inspected by path).
+        let listing: Vec<(Vec<u8>, Option<fs::DirEntry>)> =
+            if whole || changes.listed.contains(&dir) {
+                match list_sorted(&dir_abs) {
+                    Ok(entries) => entries
+                        .into_iter()
+                        .map(|(name, dirent)| (child(&name), Some(dirent)))
+                        .collect(),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_empty() => continue,
+                    Err(e) if dir.is_empty() => return Err(root_err(&dir_abs, e)),
+                    Err(e) => {
+                        omit(omitted, &dir, "list the contents of", &e);
+                        continue;
+                    }
+                }
+            } else {
+                children
+                    .get(dir.as_slice())
+                    .into_iter()
+                    .flatten()
+                    .map(|e| (e.path.clone(), None))
+                    .collect()
+            };
+        for (rel, dirent) in listing {
+            let abs = workspace.join(os(&rel));
+            if too_long(omitted, &rel, &abs) {
+                continue;
+            }
+            if let Some(entry) = reuse(&rel) {
+                if entry.kind == EntryKind::Dir {
+                    subdirs.push((rel.clone(), changes.trees.contains(&rel)));
+                }
+                visit(omitted, Step::Kept { rel, abs, entry })?;
+                continue;
+            }
+            // Neither follows a symlink.
+            let meta = match dirent.map_or_else(|| fs::symlink_metadata(&abs), |d| d.metadata()) {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => {
-                    omit(omitted, &dir, "list the contents of", &e);
+                    omit(omitted, &rel, "inspect", &e);
                     continue;
                 }
             };
-            for (name, dirent) in entries {
-                let rel = child(&name);
-                let abs = workspace.join(os(&rel));
-                if too_long(omitted, &rel, &abs) {
-                    continue;
-                }
-                if let Some(entry) = reuse(&rel) {
-                    if entry.kind == EntryKind::Dir {
-                        subdirs.push((rel.clone(), changes.trees.contains(&rel)));
-                    }
-                    visit(omitted, Step::Kept { rel, abs, entry })?;
-                    continue;
-                }
-                let meta = match dirent.metadata() {
-                    Ok(meta) => meta,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => {
-                        omit(omitted, &rel, "inspect", &e);
-                        continue;
-                    }
-                };
-                if meta.is_dir() {
-                    subdirs.push((rel.clone(), whole || changes.trees.contains(&rel)));
-                }
-                visit(omitted, Step::Walked(Walked { rel, abs, meta }))?;
+            if meta.is_dir() {
+                subdirs.push((rel.clone(), whole || changes.trees.contains(&rel)));
             }
-        } else {
-            for entry in children.get(dir.as_slice()).into_iter().flatten() {
-                let rel = entry.path.clone();
-                let abs = workspace.join(os(&rel));
-                if too_long(omitted, &rel, &abs) {
-                    continue;
-                }
-                if let Some(entry) = reuse(&rel) {
-                    if entry.kind == EntryKind::Dir {
-                        subdirs.push((rel.clone(), changes.trees.contains(&rel)));
-                    }
-                    visit(omitted, Step::Kept { rel, abs, entry })?;
-                    continue;
-                }
-                let meta = match fs::symlink_metadata(&abs) {
-                    Ok(meta) => meta,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => {
-                        omit(omitted, &rel, "inspect", &e);
-                        continue;
-                    }
-                };
-                if meta.is_dir() {
-                    subdirs.push((rel.clone(), changes.trees.contains(&rel)));
-                }
-                visit(omitted, Step::Walked(Walked { rel, abs, meta }))?;
-            }
+            visit(omitted, Step::Walked(Walked { rel, abs, meta }))?;
         }
         stack.extend(subdirs.into_iter().rev());
     }
