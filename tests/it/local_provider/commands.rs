@@ -3,6 +3,7 @@
 
 use std::fs;
 
+use taskbox::ids::SandboxId;
 use taskbox::provider::SandboxProvider;
 
 use super::{pid_gone, spec, wait_for, Env, START_MS};
@@ -229,14 +230,14 @@ async fn a_stuck_live_reader_does_not_hold_the_result() {
     assert_eq!(env.run(&id, "echo next").await.stdout, "next\n");
 }
 
-/// A cancel ends the whole command, not only its shell: a process of its group that outlives
-/// the signalled shell (here one that ignores the signal; a signal sent while bash forks a
-/// process is lost the same way) is killed once the grace runs out, before the result returns.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancel_kills_what_outlives_the_signalled_shell() {
+/// Runs `command` in sandbox `id`, cancelling it (SIGTERM) as soon as its first output arrives:
+/// its result, that first output, and when (from the start) the cancel was sent.
+async fn cancel_at_first_output(
+    env: &Env,
+    id: &SandboxId,
+    command: &str,
+) -> (taskbox::provider::ExecOutput, String, std::time::Duration) {
     use taskbox::provider::{CancelSignal, Canceller, ExecIo, ExecRequest};
-    let env = Env::new();
-    let id = env.create("cancel", 1, None).await;
     let (tx, mut rx) = tokio::sync::mpsc::channel(64);
     let (canceller, cancel) = Canceller::new();
     let io = ExecIo {
@@ -245,21 +246,38 @@ async fn a_cancel_kills_what_outlives_the_signalled_shell() {
         ..Default::default()
     };
     let req = ExecRequest {
-        command: "bash -c 'trap \"\" TERM; echo $$; exec sleep 30'; echo never".to_string(),
+        command: command.to_string(),
         timeout_ms: 60_000,
     };
     let started = std::time::Instant::now();
     let signal_it = async {
-        let chunk = rx.recv().await.expect("the pid is printed");
-        let pid: u32 = String::from_utf8_lossy(&chunk.data)
-            .trim()
-            .parse()
-            .expect("a pid");
+        let chunk = rx.recv().await.expect("the command prints first");
         canceller.cancel(CancelSignal::Terminate);
-        pid
+        (
+            String::from_utf8_lossy(&chunk.data).into_owned(),
+            started.elapsed(),
+        )
     };
-    let (out, pid) = tokio::join!(env.provider.exec_live(&id, &req, io), signal_it);
-    let out = out.expect("exec");
+    let (out, (first, cancelled_after)) =
+        tokio::join!(env.provider.exec_live(id, &req, io), signal_it);
+    (out.expect("exec"), first, cancelled_after)
+}
+
+/// A cancel ends the whole command, not only its shell: a process of its group that outlives
+/// the signalled shell (here one that ignores the signal; a signal sent while bash forks a
+/// process is lost the same way) is killed once the grace runs out, before the result returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_kills_what_outlives_the_signalled_shell() {
+    let env = Env::new();
+    let id = env.create("cancel", 1, None).await;
+    let started = std::time::Instant::now();
+    let (out, first, _) = cancel_at_first_output(
+        &env,
+        &id,
+        "bash -c 'trap \"\" TERM; echo $$; exec sleep 30'; echo never",
+    )
+    .await;
+    let pid: u32 = first.trim().parse().expect("a pid");
     // The shell died of the signal; the sleep ignored it and was killed after the grace.
     assert_eq!(out.exit_code, 143, "{out:?}");
     assert!(!out.stdout.contains("never"), "{out:?}");
@@ -276,30 +294,15 @@ async fn a_cancel_kills_what_outlives_the_signalled_shell() {
 /// once — not at the grace's SIGKILL 3 s later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_signals_a_shell_that_let_the_first_signal_go_by_again() {
-    use taskbox::provider::{CancelSignal, Canceller, ExecIo, ExecRequest};
     let env = Env::new();
     let id = env.create("nudge", 1, None).await;
-    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
-    let (canceller, cancel) = Canceller::new();
-    let io = ExecIo {
-        output: Some(tx),
-        cancel: Some(cancel),
-        ..Default::default()
-    };
-    let req = ExecRequest {
-        command: "trap 'trap - TERM; echo first' TERM; echo ready; \
-                  while :; do sleep 0.05; done"
-            .to_string(),
-        timeout_ms: 60_000,
-    };
     let started = std::time::Instant::now();
-    let signal_it = async {
-        rx.recv().await.expect("ready is printed");
-        canceller.cancel(CancelSignal::Terminate);
-        started.elapsed()
-    };
-    let (out, cancelled_after) = tokio::join!(env.provider.exec_live(&id, &req, io), signal_it);
-    let out = out.expect("exec");
+    let (out, _, cancelled_after) = cancel_at_first_output(
+        &env,
+        &id,
+        "trap 'trap - TERM; echo first' TERM; echo ready; while :; do sleep 0.05; done",
+    )
+    .await;
     // Died of the second SIGTERM, after its trap ran for the first.
     assert_eq!(out.exit_code, 143, "{out:?}");
     assert!(out.stdout.contains("first"), "{out:?}");
