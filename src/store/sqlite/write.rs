@@ -10,7 +10,7 @@
 //! from the file once per task when this connection does not know them.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::Path;
 
 use rusqlite::{params, OptionalExtension, Transaction};
@@ -79,9 +79,9 @@ pub(super) fn write_batch(
         first_task,
         "appending to the journal",
     ))?;
-    let last = last_of_each_task(recs);
+    let order = batch_order(recs);
     let mut seqs = Vec::with_capacity(recs.len());
-    for (rec, is_last) in recs.iter().zip(last) {
+    for (rec, &Place { previous, is_last }) in recs.iter().zip(&order) {
         let task = rec.task_after;
         let id = task.id.as_str();
         let head = known.head(tx, path, id)?;
@@ -97,9 +97,6 @@ pub(super) fn write_batch(
                 stored: h.state.to_string(),
             });
         }
-        let mirror = head.as_ref().and_then(|h| h.mirror.as_ref());
-        let snapshots_unchanged = mirror.is_some_and(|m| m.snapshots == task.snapshots);
-        let sandbox_unchanged = mirror.is_some_and(|m| m.sandbox == task.sandbox);
         let task_seq = head.as_ref().map_or(0, |h| h.task_seq) + 1;
 
         let task_json = json_into(&mut bufs.task, id, "task", task)?;
@@ -107,7 +104,8 @@ pub(super) fn write_batch(
         let commands_json = json_into(&mut bufs.commands, id, "commands", rec.commands)?;
 
         // The task row holds the task after the batch: its last transition writes it. A task
-        // new to the store needs its row before its first journal row (the foreign key).
+        // new to the store needs its row before its first journal row (the foreign key of the
+        // snapshot and sandbox rows, and `known.head` of a later batch).
         if is_last || head.is_none() {
             upsert
                 .execute(params![
@@ -134,51 +132,116 @@ pub(super) fn write_batch(
             .map_err(on(path, id, "appending to the journal"))?;
         let seq = u64::try_from(tx.last_insert_rowid()).expect("journal seqs are positive");
 
-        // The snapshot and sandbox rows are rewritten only when they may differ from the
-        // task's records: when this connection does not know what they hold or the records
-        // changed. Most transitions change neither.
-        if !snapshots_unchanged {
-            sync_snapshots(tx, path, task, mirror.map(|m| m.snapshots.as_slice()))?;
-        }
-        if !sandbox_unchanged {
-            sync_sandboxes(tx, path, task, rec.at, mirror.map(|m| &m.sandbox))?;
-        }
-        let mirror = if snapshots_unchanged && sandbox_unchanged {
-            head.take().and_then(|h| h.mirror)
-        } else {
-            Some(Mirror {
-                snapshots: task.snapshots.clone(),
-                sandbox: task.sandbox.clone(),
-            })
+        // A task without a row has no snapshot or sandbox rows either (they refer to it).
+        let mirror = match head.take() {
+            Some(h) => h.mirror,
+            None => Some(Mirror::default()),
         };
+        // The sandbox the task's previous transition in this batch left it holding.
+        let held_before = previous.map(|j| recs[j].task_after.sandbox.as_ref());
+        let mirror = sync_mirrors(tx, path, rec, held_before, is_last, mirror)?;
         *head = Some(Head {
             state: Cow::Borrowed(task.state.as_str()),
             task_seq,
-            mirror,
+            mirror: Some(mirror),
         });
         seqs.push(seq);
     }
     Ok(seqs)
 }
 
-/// For each record, whether it is its task's last in `recs`.
-fn last_of_each_task(recs: &[TransitionRecord<'_>]) -> Vec<bool> {
-    if let [_] = recs {
-        return vec![true];
+/// Brings the snapshot and sandbox rows of `rec`'s task up to date as far as this transition
+/// requires; returns what they hold afterwards. `mirror`: what they held before (`None`: not
+/// known); `held_before`: the sandbox the task's previous transition in this batch left it
+/// holding (`None`: this is its first in the batch, and it held what the rows say).
+///
+/// The rows are the task's state after the batch, written once per task per batch where that
+/// gives the same rows (the transaction is all or nothing, so intermediate states are never
+/// seen):
+/// - the snapshot rows mirror the task's records: written by the task's last transition;
+/// - a sandbox row records the sandbox's last record while held and when it was released, so
+///   a change of the held sandbox is written when it happens (the old one's last record, then
+///   its release at this transition's time); a change of the same sandbox's record (a longer
+///   deadline) waits for the task's last transition or the sandbox's release.
+fn sync_mirrors(
+    tx: &Transaction<'_>,
+    path: &Path,
+    rec: &TransitionRecord<'_>,
+    held_before: Option<Option<&SandboxRecord>>,
+    is_last: bool,
+    mirror: Option<Mirror>,
+) -> Result<Mirror, StoreError> {
+    let task = rec.task_after;
+    let id = task.id.as_str();
+    let Some(mut m) = mirror else {
+        // This connection does not know the rows: write them all from the task.
+        sync_snapshots(tx, path, task, None)?;
+        sync_sandboxes(tx, path, id, task.sandbox.as_ref(), rec.at, None)?;
+        return Ok(Mirror {
+            snapshots: task.snapshots.clone(),
+            sandbox: task.sandbox.clone(),
+        });
+    };
+    let held = task.sandbox.as_ref();
+    let held_id = held.map(|s| &s.id);
+    let changed = match held_before {
+        Some(before) => before.map(|s| &s.id) != held_id,
+        None => m.sandbox.as_ref().map(|s| &s.id) != held_id,
+    };
+    if changed {
+        if let Some(before) = held_before.filter(|b| *b != m.sandbox.as_ref()) {
+            // The sandbox being let go has a record its row does not have yet.
+            sync_sandboxes(tx, path, id, before, rec.at, Some(&m.sandbox))?;
+            m.sandbox = before.cloned();
+        }
+        sync_sandboxes(tx, path, id, held, rec.at, Some(&m.sandbox))?;
+        m.sandbox = task.sandbox.clone();
+    } else if is_last && held != m.sandbox.as_ref() {
+        sync_sandboxes(tx, path, id, held, rec.at, Some(&m.sandbox))?;
+        m.sandbox = task.sandbox.clone();
     }
-    let mut seen = HashSet::with_capacity(recs.len());
-    let mut last: Vec<bool> = recs
-        .iter()
-        .rev()
-        .map(|r| seen.insert(r.task_after.id.as_str()))
-        .collect();
-    last.reverse();
-    last
+    if is_last && task.snapshots != m.snapshots {
+        sync_snapshots(tx, path, task, Some(&m.snapshots))?;
+        m.snapshots = task.snapshots.clone();
+    }
+    Ok(m)
+}
+
+/// Where a record stands among its task's records in a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Place {
+    /// The index of the task's previous record in the batch.
+    previous: Option<usize>,
+    /// Whether it is the task's last record in the batch.
+    is_last: bool,
+}
+
+/// The [`Place`] of each record of `recs`.
+fn batch_order(recs: &[TransitionRecord<'_>]) -> Vec<Place> {
+    if let [_] = recs {
+        return vec![Place {
+            previous: None,
+            is_last: true,
+        }];
+    }
+    let mut latest: HashMap<&str, usize> = HashMap::with_capacity(recs.len());
+    let mut order: Vec<Place> = Vec::with_capacity(recs.len());
+    for (i, r) in recs.iter().enumerate() {
+        let previous = latest.insert(r.task_after.id.as_str(), i);
+        if let Some(j) = previous {
+            order[j].is_last = false;
+        }
+        order.push(Place {
+            previous,
+            is_last: true,
+        });
+    }
+    order
 }
 
 /// What one task's `snapshots` and `sandboxes` rows mirror: the records they were last written
 /// from.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 struct Mirror {
     snapshots: Vec<SnapshotRecord>,
     sandbox: Option<SandboxRecord>,
@@ -359,20 +422,21 @@ fn sync_snapshots(
     Ok(())
 }
 
-/// Mirrors `task.sandbox` into the `sandboxes` table: the held sandbox is `running`; any other
-/// sandbox of the task still marked `running` becomes `released` at `at`. `old`: the sandbox the
-/// rows are known to hold as `running` (`None`: not known, both statements run).
+/// Mirrors the sandbox the task `id` holds (`held`) into the `sandboxes` table: the held sandbox
+/// is `running` with this record; the sandbox the task held before, if it is not `held`, becomes
+/// `released` at `at`. `old`: the sandbox the rows are known to hold as `running` (`None`: not
+/// known, and every other `running` sandbox of the task is released).
 fn sync_sandboxes(
     tx: &Transaction<'_>,
     path: &Path,
-    task: &Task,
+    id: &str,
+    held: Option<&SandboxRecord>,
     at: Millis,
     old: Option<&Option<SandboxRecord>>,
 ) -> Result<(), StoreError> {
-    let id = task.id.as_str();
     let err = on(path, id, "recording the task's sandbox");
     // Called only when the rows may differ, so a held sandbox is always written.
-    if let Some(sb) = &task.sandbox {
+    if let Some(sb) = held {
         // The guard skips both an unchanged row (no write) and a row of another task (no
         // takeover); the second case is told apart below.
         let changed = tx
@@ -416,23 +480,25 @@ fn sync_sandboxes(
             }
         }
     }
-    // Known rows have no `running` sandbox of the task but the old one: release it only if the
-    // task no longer holds it.
-    let held = task.sandbox.as_ref().map(|s| &s.id);
-    if old.is_some_and(|old| old.as_ref().is_none_or(|o| Some(&o.id) == held)) {
-        return Ok(());
+    let held_id = held.map(|s| s.id.as_str());
+    match old {
+        // Known rows: only the old sandbox can be `running` besides the held one.
+        Some(Some(o)) if Some(o.id.as_str()) != held_id => tx
+            .prepare_cached(
+                "UPDATE sandboxes SET status = 'released', released_at = ?3
+                 WHERE provider_id = ?2 AND task_id = ?1 AND status = 'running'",
+            )
+            .and_then(|mut s| s.execute(params![id, o.id.as_str(), at]))
+            .map(drop)
+            .map_err(&err),
+        Some(_) => Ok(()),
+        None => tx
+            .prepare_cached(
+                "UPDATE sandboxes SET status = 'released', released_at = ?3
+                 WHERE task_id = ?1 AND status = 'running' AND provider_id IS NOT ?2",
+            )
+            .and_then(|mut s| s.execute(params![id, held_id, at]))
+            .map(drop)
+            .map_err(&err),
     }
-    tx.prepare_cached(
-        "UPDATE sandboxes SET status = 'released', released_at = ?3
-         WHERE task_id = ?1 AND status = 'running' AND provider_id IS NOT ?2",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
-            id,
-            task.sandbox.as_ref().map(|s| s.id.as_str()),
-            at
-        ])
-    })
-    .map_err(&err)?;
-    Ok(())
 }

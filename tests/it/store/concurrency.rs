@@ -188,3 +188,161 @@ fn a_batch_leaves_each_task_row_at_its_last_transition(db) {
     assert_eq!(db.open().load_tasks().expect("tasks after reopening"), tasks);
 }
 }
+
+/// One change to a task's records in [`batch_splits_write_the_rows_single_commits_write`].
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    /// A new sandbox (the next generation) replaces whatever the task held.
+    NewSandbox,
+    /// The held sandbox's deadline moves (a timeout extension).
+    Extend,
+    /// The held sandbox ran its first command.
+    Use,
+    /// The task lets its sandbox go.
+    Release,
+    /// A snapshot attempt starts.
+    SnapStart,
+    /// The oldest pending snapshot completes.
+    SnapDone,
+    /// The oldest snapshot record is dropped.
+    SnapForget,
+    /// Nothing the rows mirror changes.
+    Nothing,
+}
+
+fn change() -> impl proptest::strategy::Strategy<Value = Change> {
+    use proptest::prelude::*;
+    prop_oneof![
+        Just(Change::NewSandbox),
+        Just(Change::Extend),
+        Just(Change::Use),
+        Just(Change::Release),
+        Just(Change::SnapStart),
+        Just(Change::SnapDone),
+        Just(Change::SnapForget),
+        Just(Change::Nothing),
+    ]
+}
+
+/// Applies `change` to `t` at `at`.
+fn apply(t: &mut Task, change: Change, at: taskbox::core::Millis) {
+    use taskbox::core::{SnapshotRecord, SnapshotStatus};
+    let id = t.id.to_string();
+    match change {
+        Change::NewSandbox => {
+            t.generation += 1;
+            t.sandbox = Some(super::sandbox(&id, t.generation, at));
+            t.state = TaskState::Running;
+        }
+        Change::Extend => {
+            if let Some(sb) = &mut t.sandbox {
+                sb.deadline += 1_000;
+            }
+        }
+        Change::Use => {
+            if let Some(sb) = &mut t.sandbox {
+                sb.used = true;
+            }
+        }
+        Change::Release => {
+            t.sandbox = None;
+            t.state = TaskState::Expired;
+        }
+        Change::SnapStart => {
+            let seq = t.snapshots.iter().map(|s| s.seq).max().unwrap_or(0) + 1;
+            t.snapshots.push(SnapshotRecord {
+                seq,
+                id: None,
+                status: SnapshotStatus::Pending,
+                size_bytes: 0,
+                sandbox_id: t
+                    .sandbox
+                    .as_ref()
+                    .map_or_else(|| format!("sbx_{id}_gone").into(), |s| s.id.clone()),
+                started_at: at,
+                created_at: None,
+                expires_at: None,
+                omitted: Vec::new(),
+                taken_by: None,
+            });
+            t.state = TaskState::Snapshotting;
+        }
+        Change::SnapDone => {
+            if let Some(s) = t
+                .snapshots
+                .iter_mut()
+                .find(|s| s.status == SnapshotStatus::Pending)
+            {
+                s.id = Some(format!("snap_{id}_{}", s.seq).into());
+                s.status = SnapshotStatus::Complete;
+                s.size_bytes = 4096 * s.seq;
+                s.created_at = Some(at);
+            }
+        }
+        Change::SnapForget => {
+            if !t.snapshots.is_empty() {
+                t.snapshots.remove(0);
+            }
+        }
+        Change::Nothing => t.last_activity = at,
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, max_shrink_iters: 200, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/store.txt"))), ..proptest::prelude::ProptestConfig::default() })]
+
+    /// Group commit writes the snapshot and sandbox rows once per task per batch where that
+    /// gives the same rows (a sandbox's release is written when it happens, at its time): for
+    /// random changes of three interleaved tasks split into random batches, the rows, tasks and
+    /// journals equal those of the same transitions committed one by one.
+    #[test]
+    fn batch_splits_write_the_rows_single_commits_write(
+        changes in proptest::collection::vec((0usize..3, change()), 1..40),
+        cuts in proptest::collection::vec(1usize..8, 1..40),
+    ) {
+        let single_db = super::TestDb::new(super::Kind::Sqlite).expect("sqlite");
+        let batch_db = single_db.sibling("batch");
+        let mut single = single_db.open();
+        let mut batch = batch_db.open();
+
+        let mut tasks: Vec<Task> = ["a", "b", "c"]
+            .iter()
+            .map(|id| Task::new(tid(id), TaskSettings::default(), 0))
+            .collect();
+        let mut steps = Vec::new();
+        for (n, (which, change)) in changes.into_iter().enumerate() {
+            let at = 1_000 + 10 * n as u64;
+            let task = &mut tasks[which];
+            let before = task.state;
+            apply(task, change, at);
+            steps.push(Owned {
+                at,
+                event: Event::TimerFired { timer: TimerKind::Idle },
+                before,
+                task: task.clone(),
+                commands: Vec::new(),
+            });
+        }
+        for s in &steps {
+            single.commit(&s.rec()).expect("commit");
+        }
+        let mut rest = steps.as_slice();
+        for cut in cuts.iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (now, later) = rest.split_at((*cut).min(rest.len()));
+            batch
+                .commit_batch(&now.iter().map(Owned::rec).collect::<Vec<_>>())
+                .expect("batch");
+            rest = later;
+        }
+
+        proptest::prop_assert_eq!(batch.sandboxes(None).expect("s"), single.sandboxes(None).expect("s"));
+        proptest::prop_assert_eq!(batch.snapshots(None).expect("s"), single.snapshots(None).expect("s"));
+        proptest::prop_assert_eq!(batch.load_tasks().expect("t"), single.load_tasks().expect("t"));
+        for id in ["a", "b", "c"] {
+            proptest::prop_assert_eq!(batch.journal(id).expect("j"), single.journal(id).expect("j"));
+        }
+    }
+}
