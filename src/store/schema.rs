@@ -104,6 +104,40 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     ALTER TABLE tasks ADD COLUMN removed_at INTEGER;
     ALTER TABLE tasks ADD COLUMN kept_snapshots INTEGER;
     "#,
+    // 3: the journal without `AUTOINCREMENT`, whose `sqlite_sequence` update every append paid.
+    // Seqs still only grow: a rowid table without AUTOINCREMENT reuses a seq only after its
+    // largest row is deleted, and the triggers refuse every DELETE. The rows are copied with
+    // their seqs; the index and the triggers are made again.
+    r#"
+    CREATE TABLE journal_v3 (
+        seq          INTEGER PRIMARY KEY,
+        task_id      TEXT NOT NULL REFERENCES tasks(id),
+        task_seq     INTEGER NOT NULL CHECK (task_seq >= 1),
+        at           INTEGER NOT NULL,
+        event_name   TEXT NOT NULL,
+        event        TEXT NOT NULL,
+        state_before TEXT NOT NULL,
+        state_after  TEXT NOT NULL,
+        commands     TEXT NOT NULL,
+        task_after   TEXT NOT NULL
+    );
+    INSERT INTO journal_v3 (seq, task_id, task_seq, at, event_name, event, state_before,
+                            state_after, commands, task_after)
+        SELECT seq, task_id, task_seq, at, event_name, event, state_before, state_after,
+               commands, task_after
+        FROM journal ORDER BY seq;
+    DROP TABLE journal;
+    ALTER TABLE journal_v3 RENAME TO journal;
+    CREATE UNIQUE INDEX journal_task_seq ON journal(task_id, task_seq);
+    CREATE TRIGGER journal_no_update BEFORE UPDATE ON journal
+    BEGIN
+        SELECT RAISE(ABORT, 'the journal is append-only: UPDATE refused');
+    END;
+    CREATE TRIGGER journal_no_delete BEFORE DELETE ON journal
+    BEGIN
+        SELECT RAISE(ABORT, 'the journal is append-only: DELETE refused');
+    END;
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -13,7 +13,10 @@
 //!   the next per-task sequence number. Triggers refuse any UPDATE or DELETE on the journal;
 //! - mirrors `task.snapshots` into `snapshots` (one row per record, rows of dropped records
 //!   removed) and `task.sandbox` into `sandboxes` (`running` while the task holds it,
-//!   `released` from the first transition whose task no longer does).
+//!   `released` from the first transition whose task no longer does). In a batch these rows
+//!   are written once per task, from its last transition, except that a change of the held
+//!   sandbox is written by the transition that makes it (the release's time is that
+//!   transition's).
 //!
 //! The `snapshots` and `sandboxes` tables duplicate what the task JSON says so that they can be
 //! queried (garbage collection, `taskbox status`) without decoding every task.
@@ -26,8 +29,9 @@
 //! lets a batch that performs nothing on a provider (the engine's answers: a command's result)
 //! ride on the next commit's sync. Statements are prepared once per connection (`prepare_cached`);
 //! in a batch, each transition is serialized once and appends its journal row, a task's row is
-//! written once (from its last transition in the batch), the snapshot and sandbox rows only when
-//! the task's records changed, and nothing is read per transition (see `write::Known`).
+//! written once (from its last transition in the batch), the snapshot and sandbox rows at most
+//! once per task (and only when its records changed), and nothing is read per transition (see
+//! `write::Known`). The journal's `seq` is a plain rowid (migration 3 dropped `AUTOINCREMENT`).
 
 mod rows;
 mod write;

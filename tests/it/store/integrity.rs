@@ -189,3 +189,104 @@ fn a_row_whose_task_id_is_not_a_task_id_is_corrupt(db) {
     assert!(err.to_string().contains("../evil"), "{err}");
 }
 }
+
+/// A store written before migration 3 (its journal with `AUTOINCREMENT`) keeps every journal
+/// row and its seq when opened; appends go on after the largest seq, the journal stays
+/// append-only and its rows still need their task.
+#[test]
+fn migration_3_keeps_the_journal_and_its_seqs() {
+    let (_dir, path) = temp_db();
+    let (a, b) = (lifecycle("a", 1_000), lifecycle("b", 2_000));
+    let mut store = Store::open(&path).expect("open");
+    for step in a.iter().take(2).chain(&b) {
+        store.commit(&step.rec()).expect("commit");
+    }
+    let before = (
+        store.journal("a").expect("a"),
+        store.journal("b").expect("b"),
+    );
+    drop(store);
+    // The journal as migrations 1 and 2 left it.
+    let conn = super::raw(&path);
+    conn.execute_batch(
+        "PRAGMA foreign_keys = OFF;
+         BEGIN;
+         CREATE TABLE journal_v2 (
+             seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+             task_id      TEXT NOT NULL REFERENCES tasks(id),
+             task_seq     INTEGER NOT NULL CHECK (task_seq >= 1),
+             at           INTEGER NOT NULL,
+             event_name   TEXT NOT NULL,
+             event        TEXT NOT NULL,
+             state_before TEXT NOT NULL,
+             state_after  TEXT NOT NULL,
+             commands     TEXT NOT NULL,
+             task_after   TEXT NOT NULL
+         );
+         INSERT INTO journal_v2 SELECT * FROM journal;
+         DROP TABLE journal;
+         ALTER TABLE journal_v2 RENAME TO journal;
+         CREATE UNIQUE INDEX journal_task_seq ON journal(task_id, task_seq);
+         CREATE TRIGGER journal_no_update BEFORE UPDATE ON journal
+         BEGIN SELECT RAISE(ABORT, 'the journal is append-only: UPDATE refused'); END;
+         CREATE TRIGGER journal_no_delete BEFORE DELETE ON journal
+         BEGIN SELECT RAISE(ABORT, 'the journal is append-only: DELETE refused'); END;
+         PRAGMA user_version = 2;
+         COMMIT;",
+    )
+    .expect("write a version 2 journal");
+    let count = |conn: &rusqlite::Connection, sql: &str| -> i64 {
+        conn.query_row(sql, [], |r| r.get(0)).expect(sql)
+    };
+    const SEQUENCE: &str = "SELECT COUNT(*) FROM sqlite_sequence WHERE name = 'journal'";
+    assert_eq!(
+        count(&conn, SEQUENCE),
+        1,
+        "the version 2 journal has its sequence"
+    );
+    let largest = count(&conn, "SELECT MAX(seq) FROM journal");
+    drop(conn);
+
+    let mut store = Store::open(&path).expect("open and migrate");
+    assert_eq!(
+        (
+            store.journal("a").expect("a"),
+            store.journal("b").expect("b")
+        ),
+        before,
+        "the rows and their seqs are kept"
+    );
+    for step in a.iter().skip(2) {
+        store
+            .commit(&step.rec())
+            .expect("commit after the migration");
+    }
+    let journal = store.journal("a").expect("a");
+    assert_eq!(journal.len(), a.len());
+    assert!(
+        journal[2..].iter().all(|e| e.seq > largest as u64),
+        "{journal:?}"
+    );
+    assert!(journal.windows(2).all(|w| w[0].seq < w[1].seq));
+    store
+        .integrity_check()
+        .expect("a sound store after the migration");
+    drop(store);
+
+    let conn = super::raw(&path);
+    assert!(count(&conn, "PRAGMA user_version") >= 3);
+    assert_eq!(count(&conn, SEQUENCE), 0, "AUTOINCREMENT is gone");
+    for (sql, refused) in [
+        ("UPDATE journal SET at = 0", "UPDATE refused"),
+        ("DELETE FROM journal", "DELETE refused"),
+    ] {
+        let err = conn.execute_batch(sql).expect_err(sql).to_string();
+        assert!(err.contains(refused), "{sql}: {err}");
+    }
+    let orphan = "PRAGMA foreign_keys = ON;
+        INSERT INTO journal (task_id, task_seq, at, event_name, event, state_before,
+                             state_after, commands, task_after)
+        VALUES ('nobody', 1, 0, 'x', '{}', 'idle', 'idle', '[]', '{}')";
+    let err = conn.execute_batch(orphan).expect_err("a row of no task");
+    assert!(err.to_string().contains("FOREIGN KEY"), "{err}");
+}
