@@ -10,7 +10,10 @@
 //! The raw baseline inserts one row per transition holding the same JSON (the event and the task
 //! after it) into a one-table database beside the store's, one transaction per row
 //! (`journal.commit`) or `BATCH` rows per transaction (`journal.batch`, against
-//! [`Store::commit_batch`]). This module's SQL exists only to be that baseline.
+//! [`Store::commit_batch`]). This module's SQL exists only to be that baseline. Both sides start
+//! from the same in-memory transitions, so the baseline serializes its two JSON documents inside
+//! its clock, into buffers it reuses, as the store does: a journal of transitions cannot skip
+//! writing them down.
 //!
 //! `journal.postgres` (with `bench --postgres URL`) does the same against a PostgreSQL store:
 //! [`Store::commit`] (one `taskbox_commit` statement per transition) against a raw
@@ -66,12 +69,27 @@ impl Rec {
     }
 }
 
-/// The row the raw loop inserts for one transition.
-struct RawRow {
-    task_id: String,
-    at: i64,
-    event: String,
-    task_after: String,
+/// The raw loop's serialization buffers, reused from one row to the next (as the store's are).
+#[derive(Default)]
+struct RawBufs {
+    event: Vec<u8>,
+    task_after: Vec<u8>,
+}
+
+impl RawBufs {
+    /// The event and the task after it, as JSON text.
+    fn encode(&mut self, r: &Rec) -> Result<(&str, &str), BenchError> {
+        let enc =
+            |e: serde_json::Error| BenchError::failed(BENCH, format!("encoding a transition: {e}"));
+        self.event.clear();
+        serde_json::to_writer(&mut self.event, &r.event).map_err(enc)?;
+        self.task_after.clear();
+        serde_json::to_writer(&mut self.task_after, &r.task_after).map_err(enc)?;
+        fn text(b: &[u8]) -> &str {
+            std::str::from_utf8(b).expect("serde_json writes UTF-8")
+        }
+        Ok((text(&self.event), text(&self.task_after)))
+    }
 }
 
 /// The outcome a provider that always succeeds would report for `cmd`.
@@ -201,21 +219,6 @@ fn interleaved(
     }
 }
 
-fn raw_rows(recs: &[Rec]) -> Result<Vec<RawRow>, BenchError> {
-    let enc =
-        |e: serde_json::Error| BenchError::failed(BENCH, format!("encoding a transition: {e}"));
-    recs.iter()
-        .map(|r| {
-            Ok(RawRow {
-                task_id: r.task_after.id.to_string(),
-                at: r.at as i64,
-                event: serde_json::to_string(&r.event).map_err(enc)?,
-                task_after: serde_json::to_string(&r.task_after).map_err(enc)?,
-            })
-        })
-        .collect()
-}
-
 /// The raw baseline's database: one table, WAL, `synchronous = FULL`, like the store's file.
 fn raw_open(path: &Path) -> Result<Connection, BenchError> {
     let sql = |e: rusqlite::Error| BenchError::failed(BENCH, format!("raw SQLite baseline: {e}"));
@@ -259,33 +262,41 @@ impl DurableProbe {
 
     /// Commits one row in its own transaction; returns the time it took, ms.
     pub(super) fn commit_one(&mut self) -> Result<f64, BenchError> {
-        let row = RawRow {
-            task_id: "probe".into(),
-            at: 0,
-            event: "{}".into(),
-            task_after: "{}".into(),
-        };
+        let sql =
+            |e: rusqlite::Error| BenchError::failed(BENCH, format!("raw SQLite baseline: {e}"));
         let t = Instant::now();
-        raw_insert(&mut self.conn, std::slice::from_ref(&row), 1)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        tx.prepare_cached(INSERT_RAW)
+            .and_then(|mut stmt| stmt.execute(params!["probe", 0, "{}", "{}"]))
+            .map_err(sql)?;
+        tx.commit().map_err(sql)?;
         Ok(t.elapsed().as_secs_f64() * 1000.0)
     }
 }
 
-/// Inserts `rows`, `per_tx` rows per transaction.
-fn raw_insert(conn: &mut Connection, rows: &[RawRow], per_tx: usize) -> Result<(), BenchError> {
+const INSERT_RAW: &str =
+    "INSERT INTO journal (task_id, at, event, task_after) VALUES (?1, ?2, ?3, ?4)";
+
+/// Inserts a row per transition of `recs`, `per_tx` rows per transaction.
+fn raw_insert(
+    conn: &mut Connection,
+    bufs: &mut RawBufs,
+    recs: &[Rec],
+    per_tx: usize,
+) -> Result<(), BenchError> {
     let sql = |e: rusqlite::Error| BenchError::failed(BENCH, format!("raw SQLite baseline: {e}"));
-    for chunk in rows.chunks(per_tx) {
+    for chunk in recs.chunks(per_tx) {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql)?;
         {
-            let mut stmt = tx
-                .prepare_cached(
-                    "INSERT INTO journal (task_id, at, event, task_after) VALUES (?1, ?2, ?3, ?4)",
-                )
-                .map_err(sql)?;
+            let mut stmt = tx.prepare_cached(INSERT_RAW).map_err(sql)?;
             for r in chunk {
-                stmt.execute(params![r.task_id, r.at, r.event, r.task_after])
+                let (event, task_after) = bufs.encode(r)?;
+                stmt.execute(params![r.task_after.id.as_str(), r.at, event, task_after])
                     .map_err(sql)?;
             }
         }
@@ -337,6 +348,7 @@ fn measure(
         }
     })?;
     let mut raw = raw_open(&dir.join(format!("{label}-raw.db")))?;
+    let mut bufs = RawBufs::default();
     interleave_rounds(
         label,
         rounds,
@@ -344,7 +356,7 @@ fn measure(
         per_tx,
         settings,
         |recs| store_commit(&mut store, recs, per_tx),
-        |rows| raw_insert(&mut raw, rows, per_tx),
+        |recs| raw_insert(&mut raw, &mut bufs, recs, per_tx),
     )
 }
 
@@ -357,7 +369,7 @@ fn interleave_rounds(
     per_tx: usize,
     settings: &TaskSettings,
     mut subject_run: impl FnMut(&[Rec]) -> Result<(), BenchError>,
-    mut baseline_run: impl FnMut(&[RawRow]) -> Result<(), BenchError>,
+    mut baseline_run: impl FnMut(&[Rec]) -> Result<(), BenchError>,
 ) -> Result<Rates, BenchError> {
     let per_task = lifecycle("probe", settings)?.len();
     let mut rates = Rates {
@@ -373,7 +385,6 @@ fn interleave_rounds(
             settings,
         )?;
         recs.truncate(per_round);
-        let rows = raw_rows(&recs)?;
         let mut subject = || -> Result<f64, BenchError> {
             let t = Instant::now();
             subject_run(&recs)?;
@@ -381,7 +392,7 @@ fn interleave_rounds(
         };
         let mut baseline = || -> Result<f64, BenchError> {
             let t = Instant::now();
-            baseline_run(&rows)?;
+            baseline_run(&recs)?;
             Ok(t.elapsed().as_secs_f64())
         };
         let (s, b) = if round % 2 == 0 {
@@ -451,11 +462,16 @@ impl PgRaw {
         Ok(PgRaw { rt, client, insert })
     }
 
-    fn insert(&self, rows: &[RawRow]) -> Result<(), BenchError> {
+    fn insert(&self, bufs: &mut RawBufs, recs: &[Rec]) -> Result<(), BenchError> {
         self.rt.block_on(async {
-            for r in rows {
+            for r in recs {
+                let (event, task_after) = bufs.encode(r)?;
+                let at = r.at as i64;
                 self.client
-                    .execute(&self.insert, &[&r.task_id, &r.at, &r.event, &r.task_after])
+                    .execute(
+                        &self.insert,
+                        &[&r.task_after.id.as_str(), &at, &event, &task_after],
+                    )
                     .await
                     .map_err(|e| {
                         BenchError::failed(BENCH, format!("raw PostgreSQL baseline: {e}"))
@@ -479,6 +495,7 @@ fn measure_postgres(
         source: Box::new(source),
     })?;
     let raw = PgRaw::open(url)?;
+    let mut bufs = RawBufs::default();
     // Task ids unique to this run: the database outlives it.
     let label = format!(
         "pg{}",
@@ -516,7 +533,7 @@ fn measure_postgres(
             }
             store_commit(&mut store, recs, 1)
         },
-        |rows| raw.insert(rows),
+        |recs| raw.insert(&mut bufs, recs),
     )
 }
 
