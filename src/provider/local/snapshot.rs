@@ -419,8 +419,11 @@ fn write_snapshot(
         let mut file = io::BufWriter::new(file);
         archive::write_prefix_version(&mut file, header, archive::VERSION).map_err(archive_err)?;
         let body = manifest.encode();
-        // Level 1: the manifest is written by every snapshot, and its size matters less than its time.
-        let mut encoder = zstd::Encoder::new(file, 1).map_err(LocalError::io("write", tmp))?;
+        // Level -1 (`zstd --fast=1`): the manifest is written by every snapshot, and its size
+        // matters less than its time. On the 17,000-entry `--full` bench tree (2.5 MB encoded)
+        // it compresses at 760 MB/s against level 1's 520 MB/s, for 0.2 % more bytes: a third of
+        // its 32-byte chunk hashes, which no level compresses.
+        let mut encoder = zstd::Encoder::new(file, -1).map_err(LocalError::io("write", tmp))?;
         encoder
             .include_checksum(true)
             .map_err(LocalError::io("write", tmp))?;

@@ -472,3 +472,54 @@ for i in $(seq 1 500); do [ -e ready ] && break; sleep 0.01; done; test -e ready
     assert_eq!(fs::read_to_string(ws4.join("plain")).unwrap(), "two\n");
     restarted.stop_sandbox(&sb).await.unwrap();
 }
+
+/// Whether a descriptor of this process is an inotify instance watching the inode `ino` (from
+/// `/proc/self/fdinfo`: one `inotify wd:… ino:<hex> …` line per watch).
+fn watched_by_this_process(ino: u64) -> bool {
+    let needle = format!(" ino:{ino:x} ");
+    fs::read_dir("/proc/self/fdinfo")
+        .unwrap()
+        .flatten()
+        .any(|fd| {
+            fs::read_to_string(fd.path()).is_ok_and(|info| {
+                info.lines()
+                    .any(|l| l.starts_with("inotify") && l.contains(&needle))
+            })
+        })
+}
+
+/// A tracker that finished, or was dropped, lets go of its watches: its descriptor is closed
+/// (on a thread of its own, so the snapshot does not wait for the kernel to remove them).
+#[test]
+fn a_finished_or_dropped_tracker_lets_go_of_its_watches() {
+    use std::os::unix::fs::MetadataExt;
+    let ops: Vec<Op> = (0..12)
+        .map(|name| Op::Dir {
+            parent: 0,
+            name,
+            mode: 0o755,
+        })
+        .collect();
+    for finish in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let cas = Cas::open(dir.path().join("cas")).unwrap();
+        let (ws, _, tracker) = restored(dir.path(), &cas, &ops, Limits::default());
+        let ino = fs::metadata(&ws).unwrap().ino();
+        assert!(watched_by_this_process(ino), "the tracker watches nothing");
+        if finish {
+            tracker.finish().unwrap();
+        } else {
+            drop(tracker);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while watched_by_this_process(ino) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the tracker's watches are still there 20 s after it {}",
+                if finish { "finished" } else { "was dropped" }
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        unlock(dir.path());
+    }
+}

@@ -138,12 +138,13 @@ impl Cas {
         };
         let mut entries: Vec<Entry> = Vec::new();
         let mut jobs: Vec<Job> = Vec::new();
+        // The index's entries by path (files for the reuse check, all of them for the tracked
+        // walk), built once.
         let known: HashMap<&[u8], &Entry> = index
             .map(|i| {
                 i.manifest
                     .entries
                     .iter()
-                    .filter(|e| matches!(e.kind, EntryKind::File { .. }))
                     .map(|e| (e.path.as_slice(), e))
                     .collect()
             })
@@ -324,6 +325,7 @@ impl Cas {
             (Some(index), Some(changes)) => walk_tracked(
                 workspace,
                 &index.manifest,
+                &known,
                 changes,
                 &linked,
                 &mut stats.omitted,
@@ -505,9 +507,12 @@ enum Step<'m> {
 /// touched taken from `prev` (the index) without a system call: a directory is listed again
 /// only if its listing changed, is new or lies in a subtree created or moved in (walked whole),
 /// and an entry is looked at only if a change names it, it is new or it is in `linked`.
+/// `by_path` is `prev`'s entries by path.
+#[allow(clippy::too_many_arguments)]
 fn walk_tracked<'m, E>(
     workspace: &Path,
     prev: &'m Manifest,
+    by_path: &HashMap<&'m [u8], &'m Entry>,
     changes: &Changes,
     linked: &HashSet<&[u8]>,
     omitted: &mut Vec<Omitted>,
@@ -515,11 +520,6 @@ fn walk_tracked<'m, E>(
     mut visit: impl FnMut(&mut Vec<Omitted>, Step<'m>) -> Result<(), E>,
 ) -> Result<(), E> {
     let os = |p: &[u8]| Path::new(std::ffi::OsStr::from_bytes(p)).to_path_buf();
-    let by_path: HashMap<&[u8], &'m Entry> = prev
-        .entries
-        .iter()
-        .map(|e| (e.path.as_slice(), e))
-        .collect();
     // Each directory's children, in the walk's (name) order.
     let mut children: HashMap<&[u8], Vec<&'m Entry>> = HashMap::new();
     for e in &prev.entries {

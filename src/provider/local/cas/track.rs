@@ -115,7 +115,8 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 
 /// A live workspace's watcher. See the module docs.
 pub struct Tracker {
-    inotify: Arc<File>,
+    /// `None` once dropped: handed to [`release`].
+    inotify: Option<Arc<File>>,
     state: Arc<Mutex<State>>,
     index: Option<Index>,
     /// Closing it (dropping) tells the reader thread to drain the queue and stop.
@@ -208,7 +209,7 @@ impl Tracker {
             (None, None)
         };
         Ok(Tracker {
-            inotify,
+            inotify: Some(inotify),
             state,
             index: Some(index),
             stop,
@@ -220,7 +221,9 @@ impl Tracker {
     /// why they cannot be trusted. Call it once the workspace's writers are gone.
     pub fn finish(mut self) -> Result<Tracked, Untracked> {
         self.stop_reader();
-        drain(&self.inotify, &self.state);
+        if let Some(inotify) = &self.inotify {
+            drain(inotify, &self.state);
+        }
         let mut state = lock(&self.state);
         if let Some(why) = state.broken.take() {
             return Err(Untracked(why));
@@ -245,7 +248,27 @@ impl Tracker {
 impl Drop for Tracker {
     fn drop(&mut self) {
         self.stop_reader();
+        // The reader thread is joined: this holds the descriptor's last reference.
+        let watches = std::mem::take(&mut lock(&self.state).watches);
+        release(self.inotify.take(), watches);
     }
+}
+
+/// Closes a finished tracker's inotify descriptor and frees its table of watches on a thread
+/// of their own. Closing the descriptor removes every watch, one by one in the kernel (about
+/// 1 µs each: 17–33 ms for a workspace of 17,000 entries, measured), and the table is freed entry
+/// by entry: neither is work a snapshot or a stop should wait for, and nothing reads the
+/// descriptor any more (the events still queued in it, such as those of the workspace's
+/// removal, are dropped with it). If no thread can be started, it is done here.
+fn release(inotify: Option<Arc<File>>, watches: HashMap<i32, (Vec<u8>, bool)>) {
+    let work = move || {
+        drop(inotify);
+        drop(watches);
+    };
+    // A failed spawn drops the closure, and with it the descriptor and the table, here.
+    let _ = std::thread::Builder::new()
+        .name("taskbox-unwatch".into())
+        .spawn(work);
 }
 
 /// The reader thread: waits for events or the stop signal (its peer closed), handles them.
