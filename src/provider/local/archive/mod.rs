@@ -53,7 +53,9 @@ pub use self::format::{
     read_prefix, read_prefix_versioned, write_prefix, write_prefix_version, ArchiveHeader, MAGIC,
     MAX_HEADER_LEN, OLDEST_READABLE, TAR_VERSION, VERSION,
 };
-pub(crate) use self::write::{data_segments, list_sorted, omit, too_long, walk_workspace, Walked};
+pub(crate) use self::write::{
+    data_segments, fits, list_sorted, omit, too_long, walk_workspace, Walked,
+};
 pub use self::write::{pack, Omitted, PackStats, ZSTD_LEVEL};
 
 use std::io;

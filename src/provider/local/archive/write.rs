@@ -336,8 +336,15 @@ pub(crate) fn list_sorted(dir: &Path) -> io::Result<Vec<(Vec<u8>, fs::DirEntry)>
     Ok(entries)
 }
 
+/// Whether `rel` is short enough in `workspace` for [`too_long`] to pass it, told without
+/// building the path (it may count one byte more than the path has: a no is checked again).
+pub(crate) fn fits(workspace: &Path, rel: &[u8]) -> bool {
+    workspace.as_os_str().len() + 1 + rel.len() + RESTORE_PATH_SLACK < PATH_MAX
+}
+
 /// Whether `abs` is too long to be read by path or restored; if so, leaves it (and what is
 /// below it) out with the reason, rather than write a snapshot that cannot be restored.
+
 pub(crate) fn too_long(omitted: &mut Vec<Omitted>, rel: &[u8], abs: &Path) -> bool {
     if abs.as_os_str().len() + RESTORE_PATH_SLACK < PATH_MAX {
         return false;

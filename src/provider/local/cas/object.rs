@@ -80,7 +80,7 @@ pub(super) struct Location {
 #[derive(Debug, Default)]
 pub struct Catalog {
     packs: Vec<String>,
-    map: HashMap<Hash, Location>,
+    map: HashMap<Hash, Location, ahash::RandomState>,
     /// Packs whose index could not be read, and why: their chunks are unknown, so a chunk not
     /// found is not "definitely missing" while there are any, and gc keeps these packs.
     unreadable: Vec<(String, String)>,

@@ -17,7 +17,7 @@ use super::restore::Index;
 use super::track::{Changes, Tracked};
 use super::{show, Cas, CasError};
 use crate::provider::local::archive::{
-    data_segments, list_sorted, omit, too_long, walk_workspace, Omitted, Walked,
+    data_segments, fits, list_sorted, omit, too_long, walk_workspace, Omitted, Walked,
 };
 
 /// Threads reading, hashing and compressing file contents.
@@ -140,7 +140,7 @@ impl Cas {
         let mut jobs: Vec<Job> = Vec::new();
         // The index's entries by path (files for the reuse check, all of them for the tracked
         // walk), built once.
-        let known: HashMap<&[u8], &Entry> = index
+        let known: HashMap<&[u8], &Entry, ahash::RandomState> = index
             .map(|i| {
                 i.manifest
                     .entries
@@ -173,7 +173,7 @@ impl Cas {
         let visit = |omitted: &mut Vec<Omitted>, step: Step<'_>| -> Result<(), CasError> {
             let Walked { rel, abs, meta } = match step {
                 Step::Walked(walked) => walked,
-                Step::Kept { rel, abs, entry } => {
+                Step::Kept { entry } => {
                     let keep = match &entry.kind {
                         EntryKind::Dir | EntryKind::Symlink { .. } => true,
                         EntryKind::File { stat, chunks, .. } => {
@@ -187,6 +187,8 @@ impl Cas {
                         entries.push(entry.clone());
                         return Ok(());
                     }
+                    let rel = entry.path.clone();
+                    let abs = workspace.join(std::ffi::OsStr::from_bytes(&rel));
                     match fs::symlink_metadata(&abs) {
                         Ok(meta) => Walked { rel, abs, meta },
                         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -495,12 +497,17 @@ impl Cas {
 enum Step<'m> {
     /// An entry looked at (its `lstat` fields read), as the full walk gives it.
     Walked(Walked),
-    /// An entry no event touched: the index's, unless the visitor decides to look.
-    Kept {
-        rel: Vec<u8>,
-        abs: std::path::PathBuf,
-        entry: &'m Entry,
-    },
+    /// An entry no event touched: the index's, unless the visitor decides to look (its path
+    /// in the workspace is not too long: checked by the walk).
+    Kept { entry: &'m Entry },
+}
+
+/// A directory's child in a tracked walk.
+enum Child<'m> {
+    /// The index's entry, taken as it is (its path is not too long here).
+    Kept(&'m Entry),
+    /// A path to look at: its `DirEntry` if the directory was listed.
+    Look(Vec<u8>, Option<fs::DirEntry>),
 }
 
 /// The full walk's order and entries (see `walk_workspace`), with every path no change
@@ -512,7 +519,7 @@ enum Step<'m> {
 fn walk_tracked<'m, E>(
     workspace: &Path,
     prev: &'m Manifest,
-    by_path: &HashMap<&'m [u8], &'m Entry>,
+    by_path: &HashMap<&'m [u8], &'m Entry, ahash::RandomState>,
     changes: &Changes,
     linked: &HashSet<&[u8]>,
     omitted: &mut Vec<Omitted>,
@@ -521,7 +528,7 @@ fn walk_tracked<'m, E>(
 ) -> Result<(), E> {
     let os = |p: &[u8]| Path::new(std::ffi::OsStr::from_bytes(p)).to_path_buf();
     // Each directory's children, in the walk's (name) order.
-    let mut children: HashMap<&[u8], Vec<&'m Entry>> = HashMap::new();
+    let mut children: HashMap<&[u8], Vec<&'m Entry>, ahash::RandomState> = HashMap::default();
     for e in &prev.entries {
         let parent = e
             .path
@@ -536,8 +543,9 @@ fn walk_tracked<'m, E>(
         let known = dir.is_empty()
             || matches!(by_path.get(dir.as_slice()), Some(e) if e.kind == EntryKind::Dir);
         let whole = whole || !known;
+        let looked_at = |rel: &[u8]| whole || changes.paths.contains(rel) || linked.contains(rel);
         let reuse = |rel: &[u8]| {
-            if whole || changes.paths.contains(rel) || linked.contains(rel) {
+            if looked_at(rel) {
                 None
             } else {
                 by_path.get(rel).copied()
@@ -552,30 +560,49 @@ fn walk_tracked<'m, E>(
             }
         };
         // The directory's children: listed anew where it changed (a `DirEntry` each), else the
-        // index's (inspected by path).
-        let listing: Vec<(Vec<u8>, Option<fs::DirEntry>)> =
-            if whole || changes.listed.contains(&dir) {
-                match list_sorted(&dir_abs) {
-                    Ok(entries) => entries
-                        .into_iter()
-                        .map(|(name, dirent)| (child(&name), Some(dirent)))
-                        .collect(),
-                    Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_empty() => continue,
-                    Err(e) if dir.is_empty() => return Err(root_err(&dir_abs, e)),
-                    Err(e) => {
-                        omit(omitted, &dir, "list the contents of", &e);
-                        continue;
-                    }
-                }
-            } else {
-                children
-                    .get(dir.as_slice())
+        // index's (inspected by path). Most of a tracked walk is the index's entries no change
+        // touched: they are handed over as they are, without a copy of their path.
+        // The directory's children in name order: listed anew where it changed (a `DirEntry`
+        // each), else the index's. Most of a tracked walk is the index's entries no change
+        // touched: they are handed over as they are, without copying their paths.
+        let listing: Vec<Child<'m>> = if whole || changes.listed.contains(&dir) {
+            match list_sorted(&dir_abs) {
+                Ok(entries) => entries
                     .into_iter()
-                    .flatten()
-                    .map(|e| (e.path.clone(), None))
-                    .collect()
+                    .map(|(name, dirent)| Child::Look(child(&name), Some(dirent)))
+                    .collect(),
+                Err(e) if e.kind() == io::ErrorKind::NotFound && !dir.is_empty() => continue,
+                Err(e) if dir.is_empty() => return Err(root_err(&dir_abs, e)),
+                Err(e) => {
+                    omit(omitted, &dir, "list the contents of", &e);
+                    continue;
+                }
+            }
+        } else {
+            children
+                .get(dir.as_slice())
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    if looked_at(&e.path) || !fits(workspace, &e.path) {
+                        Child::Look(e.path.clone(), None)
+                    } else {
+                        Child::Kept(e)
+                    }
+                })
+                .collect()
+        };
+        for item in listing {
+            let (rel, dirent) = match item {
+                Child::Kept(entry) => {
+                    if entry.kind == EntryKind::Dir {
+                        subdirs.push((entry.path.clone(), changes.trees.contains(&entry.path)));
+                    }
+                    visit(omitted, Step::Kept { entry })?;
+                    continue;
+                }
+                Child::Look(rel, dirent) => (rel, dirent),
             };
-        for (rel, dirent) in listing {
             let abs = workspace.join(os(&rel));
             if too_long(omitted, &rel, &abs) {
                 continue;
@@ -584,7 +611,7 @@ fn walk_tracked<'m, E>(
                 if entry.kind == EntryKind::Dir {
                     subdirs.push((rel.clone(), changes.trees.contains(&rel)));
                 }
-                visit(omitted, Step::Kept { rel, abs, entry })?;
+                visit(omitted, Step::Kept { entry })?;
                 continue;
             }
             // Neither follows a symlink.
