@@ -344,7 +344,6 @@ pub(crate) fn fits(workspace: &Path, rel: &[u8]) -> bool {
 
 /// Whether `abs` is too long to be read by path or restored; if so, leaves it (and what is
 /// below it) out with the reason, rather than write a snapshot that cannot be restored.
-
 pub(crate) fn too_long(omitted: &mut Vec<Omitted>, rel: &[u8], abs: &Path) -> bool {
     if abs.as_os_str().len() + RESTORE_PATH_SLACK < PATH_MAX {
         return false;

@@ -494,6 +494,9 @@ impl Cas {
 }
 
 /// What the tracked walk hands its visitor.
+// Handed over by value, one at a time, never stored: a boxed `Walked` would cost an allocation
+// per entry looked at.
+#[allow(clippy::large_enum_variant)]
 enum Step<'m> {
     /// An entry looked at (its `lstat` fields read), as the full walk gives it.
     Walked(Walked),
