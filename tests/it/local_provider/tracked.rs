@@ -313,19 +313,24 @@ proptest! {
     }
 }
 
+/// Twelve directories at the top of the workspace.
+fn twelve_dirs() -> Vec<Op> {
+    (0..12)
+        .map(|name| Op::Dir {
+            parent: 0,
+            name,
+            mode: 0o755,
+        })
+        .collect()
+}
+
 /// One small change in a tree of many files: the tracked snapshot looks at that file and its
 /// directory, not at the rest, and reads one file.
 #[test]
 fn a_tracked_snapshot_looks_only_at_what_changed() {
     let dir = tempfile::tempdir().unwrap();
     let cas = Cas::open(dir.path().join("cas")).unwrap();
-    let ops: Vec<Op> = (0..12)
-        .map(|name| Op::Dir {
-            parent: 0,
-            name,
-            mode: 0o755,
-        })
-        .collect();
+    let ops = twelve_dirs();
     let (ws, _index, tracker) = restored(dir.path(), &cas, &ops, Limits::default());
     for d in fs::read_dir(&ws).unwrap() {
         let d = d.unwrap().path();
@@ -493,13 +498,7 @@ fn watched_by_this_process(ino: u64) -> bool {
 #[test]
 fn a_finished_or_dropped_tracker_lets_go_of_its_watches() {
     use std::os::unix::fs::MetadataExt;
-    let ops: Vec<Op> = (0..12)
-        .map(|name| Op::Dir {
-            parent: 0,
-            name,
-            mode: 0o755,
-        })
-        .collect();
+    let ops = twelve_dirs();
     for finish in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let cas = Cas::open(dir.path().join("cas")).unwrap();
