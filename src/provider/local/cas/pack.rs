@@ -136,7 +136,8 @@ impl Cas {
             tracked: changes.is_some(),
             ..PackedStats::default()
         };
-        let mut entries: Vec<Entry> = Vec::new();
+        let mut entries: Vec<Entry> =
+            Vec::with_capacity(index.map_or(0, |i| i.manifest.entries.len()));
         let mut jobs: Vec<Job> = Vec::new();
         // The index's entries by path (files for the reuse check, all of them for the tracked
         // walk), built once.
@@ -562,9 +563,6 @@ fn walk_tracked<'m, E>(
                 [dir.as_slice(), b"/", rel].concat()
             }
         };
-        // The directory's children: listed anew where it changed (a `DirEntry` each), else the
-        // index's (inspected by path). Most of a tracked walk is the index's entries no change
-        // touched: they are handed over as they are, without a copy of their path.
         // The directory's children in name order: listed anew where it changed (a `DirEntry`
         // each), else the index's. Most of a tracked walk is the index's entries no change
         // touched: they are handed over as they are, without copying their paths.
