@@ -594,40 +594,39 @@ fn walk_tracked<'m, E>(
                 .collect()
         };
         for item in listing {
-            let (rel, dirent) = match item {
-                Child::Kept(entry) => {
-                    if entry.kind == EntryKind::Dir {
-                        subdirs.push((entry.path.clone(), changes.trees.contains(&entry.path)));
+            let entry = match item {
+                Child::Kept(entry) => entry,
+                Child::Look(rel, dirent) => {
+                    let abs = workspace.join(os(&rel));
+                    if too_long(omitted, &rel, &abs) {
+                        continue;
                     }
-                    visit(omitted, Step::Kept { entry })?;
-                    continue;
-                }
-                Child::Look(rel, dirent) => (rel, dirent),
-            };
-            let abs = workspace.join(os(&rel));
-            if too_long(omitted, &rel, &abs) {
-                continue;
-            }
-            if let Some(entry) = reuse(&rel) {
-                if entry.kind == EntryKind::Dir {
-                    subdirs.push((rel.clone(), changes.trees.contains(&rel)));
-                }
-                visit(omitted, Step::Kept { entry })?;
-                continue;
-            }
-            // Neither follows a symlink.
-            let meta = match dirent.map_or_else(|| fs::symlink_metadata(&abs), |d| d.metadata()) {
-                Ok(meta) => meta,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => {
-                    omit(omitted, &rel, "inspect", &e);
-                    continue;
+                    if let Some(entry) = reuse(&rel) {
+                        entry
+                    } else {
+                        // Neither follows a symlink.
+                        let meta = match dirent
+                            .map_or_else(|| fs::symlink_metadata(&abs), |d| d.metadata())
+                        {
+                            Ok(meta) => meta,
+                            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                            Err(e) => {
+                                omit(omitted, &rel, "inspect", &e);
+                                continue;
+                            }
+                        };
+                        if meta.is_dir() {
+                            subdirs.push((rel.clone(), whole || changes.trees.contains(&rel)));
+                        }
+                        visit(omitted, Step::Walked(Walked { rel, abs, meta }))?;
+                        continue;
+                    }
                 }
             };
-            if meta.is_dir() {
-                subdirs.push((rel.clone(), whole || changes.trees.contains(&rel)));
+            if entry.kind == EntryKind::Dir {
+                subdirs.push((entry.path.clone(), changes.trees.contains(&entry.path)));
             }
-            visit(omitted, Step::Walked(Walked { rel, abs, meta }))?;
+            visit(omitted, Step::Kept { entry })?;
         }
         stack.extend(subdirs.into_iter().rev());
     }
