@@ -96,10 +96,14 @@ pub fn kill_server_of(data: &Path) {
 pub fn sigkill(pid: i32) {
     // SAFETY: signalling a process this test started (directly or through the CLI).
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    // It is not our child when the CLI started it: wait for it to be gone.
-    wait_for(Duration::from_secs(10), || {
+    // It is not our child when the CLI started it: wait for it to be gone (its descriptors,
+    // the serve lock's among them, are closed by then). A killed process caught in a disk sync
+    // exits only when the sync returns, which on a loaded disk (a CI machine writing back a
+    // fresh build) can take more than 10 s: wait long, and say so if it never goes.
+    wait_for(Duration::from_secs(120), || {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         // Gone, or a zombie awaiting its parent.
         (stat.is_empty() || stat.contains(") Z")).then_some(())
-    });
+    })
+    .unwrap_or_else(|| panic!("process {pid} is still alive 120 s after its SIGKILL"));
 }
