@@ -138,6 +138,13 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         SELECT RAISE(ABORT, 'the journal is append-only: DELETE refused');
     END;
     "#,
+    // 4: journal rows that store what changed (`sqlite/delta.rs`). NULL: `task_after` is the
+    // whole task (every row written before); otherwise it is a delta against the task's row
+    // before, and `task_key` is the `task_seq` of the keyframe the chain of deltas starts from.
+    r#"
+    ALTER TABLE journal ADD COLUMN task_key INTEGER
+        CHECK (task_key IS NULL OR (task_key >= 1 AND task_key < task_seq));
+    "#,
 ];
 
 /// The schema version this build writes.

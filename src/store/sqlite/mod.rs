@@ -10,7 +10,9 @@
 //!   [`StoreError::StateConflict`] if the stored state is not the transition's `state_before`
 //!   (a second writer would otherwise silently lose an update);
 //! - appends a `journal` row (the event, the commands, and the task after the transition) with
-//!   the next per-task sequence number. Triggers refuse any UPDATE or DELETE on the journal;
+//!   the next per-task sequence number. The task after it is stored as what changed since the
+//!   task's row before, with the whole task every so often ([`delta`]); the readers rebuild it.
+//!   Triggers refuse any UPDATE or DELETE on the journal;
 //! - mirrors `task.snapshots` into `snapshots` (one row per record, rows of dropped records
 //!   removed) and `task.sandbox` into `sandboxes` (`running` while the task holds it,
 //!   `released` from the first transition whose task no longer does). In a batch these rows
@@ -33,6 +35,7 @@
 //! once per task (and only when its records changed), and nothing is read per transition (see
 //! `write::Known`). The journal's `seq` is a plain rowid (migration 3 dropped `AUTOINCREMENT`).
 
+mod delta;
 mod rows;
 mod write;
 
@@ -304,9 +307,11 @@ impl SqliteStore {
 
     /// The task's whole journal, oldest first.
     pub fn journal(&self, task_id: &str) -> Result<Vec<JournalEntry>, StoreError> {
-        let sql =
-            format!("SELECT {JOURNAL_COLUMNS} FROM journal WHERE task_id = ?1 ORDER BY task_seq");
-        self.query_journal(&sql, params![task_id], task_id)
+        let sql = format!(
+            "SELECT {JOURNAL_COLUMNS}, task_key FROM journal WHERE task_id = ?1 \
+             ORDER BY task_seq"
+        );
+        self.query_journal(&sql, params![task_id], task_id, 0)
     }
 
     /// The task's last `limit` journal entries, oldest first.
@@ -315,13 +320,41 @@ impl SqliteStore {
         task_id: &str,
         limit: usize,
     ) -> Result<Vec<JournalEntry>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // The last `limit` rows, and the rows from the keyframe the first of them rebuilds from.
         let sql = format!(
-            "SELECT {JOURNAL_COLUMNS} FROM journal WHERE task_id = ?1 \
-             ORDER BY task_seq DESC LIMIT ?2"
+            "WITH tail AS (SELECT task_seq, task_key FROM journal WHERE task_id = ?1 \
+                           ORDER BY task_seq DESC LIMIT ?2) \
+             SELECT {JOURNAL_COLUMNS}, task_key FROM journal \
+             WHERE task_id = ?1 \
+               AND task_seq >= (SELECT MIN(COALESCE(task_key, task_seq)) FROM tail) \
+             ORDER BY task_seq"
         );
+        // One read transaction: both statements see the same journal.
+        let read = self
+            .conn
+            .unchecked_transaction()
+            .map_err(|e| self.sql("reading the journal", Some(task_id), e))?;
+        let first: Option<u64> = read
+            .prepare_cached(
+                "SELECT MIN(task_seq) FROM (SELECT task_seq FROM journal WHERE task_id = ?1 \
+                 ORDER BY task_seq DESC LIMIT ?2)",
+            )
+            .and_then(|mut s| {
+                s.query_row(
+                    params![task_id, i64::try_from(limit).unwrap_or(i64::MAX)],
+                    |r| r.get(0),
+                )
+            })
+            .map_err(|e| self.sql("reading the journal", Some(task_id), e))?;
+        let Some(first) = first else {
+            return Ok(Vec::new());
+        };
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut entries = self.query_journal(&sql, params![task_id, limit], task_id)?;
-        entries.reverse();
+        let entries = self.query_journal(&sql, params![task_id, limit], task_id, first)?;
+        drop(read);
         Ok(entries)
     }
 

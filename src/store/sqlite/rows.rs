@@ -4,7 +4,7 @@
 use rusqlite::types::FromSql;
 use rusqlite::Row;
 
-use super::SqliteStore;
+use super::{delta, SqliteStore};
 use crate::store::rows::{self, Col, Columns, RowContext};
 use crate::store::{JournalEntry, StoreError};
 
@@ -21,15 +21,62 @@ impl SqliteStore {
         Ok(cx)
     }
 
+    /// Reads one task's journal rows, which `sql` selects (`JOURNAL_COLUMNS`, then `task_key`)
+    /// in `task_seq` order without gaps, rebuilding the whole task of each delta row from the
+    /// row before ([`super::delta`]). Rows before `from` (a `task_seq`) are read only to
+    /// rebuild the ones after: they are not decoded or returned.
     pub(super) fn query_journal(
         &self,
         sql: &str,
         params: &[&dyn rusqlite::ToSql],
         task_id: &str,
+        from: u64,
     ) -> Result<Vec<JournalEntry>, StoreError> {
+        // The whole task text of the row read last, and its `task_seq`.
+        let mut prev: Option<(u64, String)> = None;
+        let mut out = Vec::new();
         self.query_rows("reading the journal", sql, params, Some(task_id), |row| {
-            rows::decode_journal(&self.path, row)
-        })
+            let mut cx = self.row_context(row, "journal.task_id", 1)?;
+            cx.seq = Some(get(&cx, row, 0, "journal.seq")?);
+            // A bad task id is reported as such before its rows are put together.
+            cx.task()?;
+            let task_seq: u64 = get(&cx, row, 2, "journal.task_seq")?;
+            let key: Option<u64> = get(&cx, row, 9, "journal.task_key")?;
+            let text = row.json_text(&cx, (8, "journal.task_after"))?;
+            let whole = match key {
+                None => text.to_string(),
+                Some(_) => {
+                    let before = prev
+                        .as_ref()
+                        .filter(|(seq, _)| *seq + 1 == task_seq)
+                        .ok_or_else(|| {
+                            cx.corrupt(
+                                "journal.task_after",
+                                format!(
+                                    "a delta against the task's row {}, which was not read \
+                                     before it",
+                                    task_seq.saturating_sub(1)
+                                ),
+                                None,
+                            )
+                        })?;
+                    let mut whole = String::new();
+                    delta::apply(&before.1, text, &mut whole)
+                        .map_err(|e| cx.corrupt("journal.task_after", e, None))?;
+                    whole
+                }
+            };
+            if task_seq >= from {
+                let rebuilt = Rebuilt {
+                    row,
+                    task_after: &whole,
+                };
+                out.push(rows::decode_journal(&self.path, &rebuilt)?);
+            }
+            prev = Some((task_seq, whole));
+            Ok(())
+        })?;
+        Ok(out)
     }
 
     /// Runs `sql` (`operation` names it in errors, with `task_id`) and decodes each row with
@@ -85,5 +132,37 @@ impl Columns for Row<'_> {
 
     fn opt_uint(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<u64>, StoreError> {
         get(cx, self, col.0, col.1)
+    }
+}
+
+/// A journal row whose `task_after` (column 8) was rebuilt from a delta.
+struct Rebuilt<'r, 's> {
+    row: &'r Row<'s>,
+    task_after: &'r str,
+}
+
+impl Columns for Rebuilt<'_, '_> {
+    fn text(&self, cx: &RowContext<'_>, col: Col) -> Result<String, StoreError> {
+        self.row.text(cx, col)
+    }
+
+    fn opt_text(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<String>, StoreError> {
+        self.row.opt_text(cx, col)
+    }
+
+    fn json_text(&self, cx: &RowContext<'_>, col: Col) -> Result<&str, StoreError> {
+        if col.0 == 8 {
+            Ok(self.task_after)
+        } else {
+            self.row.json_text(cx, col)
+        }
+    }
+
+    fn uint(&self, cx: &RowContext<'_>, col: Col) -> Result<u64, StoreError> {
+        self.row.uint(cx, col)
+    }
+
+    fn opt_uint(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<u64>, StoreError> {
+        self.row.opt_uint(cx, col)
     }
 }

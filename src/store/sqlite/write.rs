@@ -3,19 +3,24 @@
 //!
 //! Per transition: the task, the event and the commands are serialized once, into buffers the
 //! store reuses; one journal row is appended (its `task_seq` bound from what this connection
-//! knows, not looked up); the task row is written only by the task's last transition in the
+//! knows, not looked up; its `task_after` a delta against the task's row before when this
+//! connection wrote that row, see [`super::delta`]); the task row is written only by the task's last transition in the
 //! batch (and, for a task new to the store, also by its first, since the journal row refers to
 //! it); the snapshot and sandbox rows only when the task's records changed. Nothing is read per
 //! transition: the stored state and the last `task_seq` of a task come from [`Known`], read
 //! from the file once per task when this connection does not know them.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::io;
 use std::path::Path;
 
 use rusqlite::{params, OptionalExtension, Transaction};
 use serde::Serialize;
+use serde_json::ser::Formatter;
 
+use super::delta::{self, Member, KEYFRAME_EVERY};
 use crate::core::{Millis, SandboxRecord, SnapshotRecord, Task};
 use crate::store::{StoreError, TransitionRecord};
 
@@ -34,6 +39,10 @@ pub(super) struct Buffers {
     task: Vec<u8>,
     event: Vec<u8>,
     commands: Vec<u8>,
+    /// The members of `task`.
+    members: Vec<Member>,
+    /// The delta written for `task`.
+    delta: Vec<u8>,
 }
 
 /// Serializes `value` (the `what` of the task `task_id`) into `buf`, replacing what it held.
@@ -52,14 +61,126 @@ fn json_into<'b, T: Serialize + ?Sized>(
     Ok(std::str::from_utf8(buf).expect("serde_json writes UTF-8"))
 }
 
+/// Serializes `task` into `buf` (replacing what it held) as [`json_into`] does, and notes where
+/// its members lie into `members`, for [`delta::encode`].
+fn task_json_into<'b>(
+    buf: &'b mut Vec<u8>,
+    members: &mut Vec<Member>,
+    task: &Task,
+) -> Result<&'b str, StoreError> {
+    buf.clear();
+    members.clear();
+    let len = Cell::new(0);
+    let writer = Tracked {
+        buf: &mut *buf,
+        len: &len,
+    };
+    let spans = Spans {
+        len: &len,
+        depth: 0,
+        start: 0,
+        members,
+    };
+    task.serialize(&mut serde_json::Serializer::with_formatter(writer, spans))
+        .map_err(|source| StoreError::Serialize {
+            task_id: task.id.to_string(),
+            what: "task",
+            source,
+        })?;
+    Ok(std::str::from_utf8(buf).expect("serde_json writes UTF-8"))
+}
+
+/// A writer that keeps the length of what it wrote where [`Spans`] can read it.
+struct Tracked<'a> {
+    buf: &'a mut Vec<u8>,
+    len: &'a Cell<usize>,
+}
+
+impl io::Write for Tracked<'_> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.write_all(bytes)?;
+        Ok(bytes.len())
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.buf.extend_from_slice(bytes);
+        self.len.set(self.buf.len());
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// serde_json's compact output (its default [`Formatter`] methods write every other byte),
+/// noting where each member of the top-level object lies: the members come with the
+/// serialization instead of a second pass over it.
+struct Spans<'a> {
+    len: &'a Cell<usize>,
+    /// Objects open around the output's end.
+    depth: usize,
+    /// Where the member being written began (its name's, then its value's, first byte).
+    start: usize,
+    members: &'a mut Vec<Member>,
+}
+
+impl Formatter for Spans<'_> {
+    fn begin_object<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.depth += 1;
+        writer.write_all(b"{")
+    }
+
+    fn end_object<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.depth -= 1;
+        writer.write_all(b"}")
+    }
+
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if !first {
+            writer.write_all(b",")?;
+        }
+        if self.depth == 1 {
+            self.start = self.len.get();
+        }
+        Ok(())
+    }
+
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        let key_end = self.len.get();
+        writer.write_all(b":")?;
+        if self.depth == 1 {
+            self.members.push(Member {
+                key: self.start..key_end,
+                value: 0..0,
+            });
+            self.start = self.len.get();
+        }
+        Ok(())
+    }
+
+    fn end_object_value<W: ?Sized + io::Write>(&mut self, _writer: &mut W) -> io::Result<()> {
+        if self.depth == 1 {
+            if let Some(m) = self.members.last_mut() {
+                m.value = self.start..self.len.get();
+            }
+        }
+        Ok(())
+    }
+}
+
 const UPSERT_TASK: &str = "INSERT INTO tasks (id, state, data, created_at, updated_at)
      VALUES (?1, ?2, ?3, ?4, ?5)
      ON CONFLICT (id) DO UPDATE
         SET state = excluded.state, data = excluded.data, updated_at = excluded.updated_at";
 
 const APPEND_JOURNAL: &str = "INSERT INTO journal (task_id, task_seq, at, event_name, event,
-                                 state_before, state_after, commands, task_after)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+                                 state_before, state_after, commands, task_after, task_key)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
 
 /// Writes the transitions `recs`, in order, inside `tx`; returns their journal `seq`s.
 pub(super) fn write_batch(
@@ -99,9 +220,17 @@ pub(super) fn write_batch(
         }
         let task_seq = head.as_ref().map_or(0, |h| h.task_seq) + 1;
 
-        let task_json = json_into(&mut bufs.task, id, "task", task)?;
+        let task_json = task_json_into(&mut bufs.task, &mut bufs.members, task)?;
         let event_json = json_into(&mut bufs.event, id, "event", rec.event)?;
         let commands_json = json_into(&mut bufs.commands, id, "commands", rec.commands)?;
+        let last = head.as_mut().and_then(|h| h.last.take());
+        let (task_after, task_key) = journal_task(
+            last.as_ref(),
+            task_seq,
+            task_json,
+            &bufs.members,
+            &mut bufs.delta,
+        );
 
         // The task row holds the task after the batch: its last transition writes it. A task
         // new to the store needs its row before its first journal row (the foreign key of the
@@ -127,7 +256,8 @@ pub(super) fn write_batch(
                 rec.state_before.as_str(),
                 task.state.as_str(),
                 commands_json,
-                task_json,
+                task_after,
+                task_key,
             ])
             .map_err(on(path, id, "appending to the journal"))?;
         let seq = u64::try_from(tx.last_insert_rowid()).expect("journal seqs are positive");
@@ -140,14 +270,48 @@ pub(super) fn write_batch(
         // The sandbox the task's previous transition in this batch left it holding.
         let held_before = previous.map(|j| recs[j].task_after.sandbox.as_ref());
         let mirror = sync_mirrors(tx, path, rec, held_before, is_last, mirror)?;
+        let mut last = last.unwrap_or_default();
+        last.key = task_key.unwrap_or(task_seq);
+        last.text.clear();
+        last.text.extend_from_slice(task_json.as_bytes());
+        last.members.clone_from(&bufs.members);
         *head = Some(Head {
             state: Cow::Borrowed(task.state.as_str()),
             task_seq,
             mirror: Some(mirror),
+            last: Some(last),
         });
         seqs.push(seq);
     }
     Ok(seqs)
+}
+
+/// What the journal row of the task's transition number `task_seq` stores as `task_after`
+/// (`task_json`, whose members are `members`), and its `task_key`: a delta against `last` (the
+/// task's row before, `None`: not known) when one may be written and is smaller, else the
+/// whole task (a keyframe, `task_key` NULL).
+fn journal_task<'t>(
+    last: Option<&Last>,
+    task_seq: u64,
+    task_json: &'t str,
+    members: &[Member],
+    delta_buf: &'t mut Vec<u8>,
+) -> (&'t str, Option<u64>) {
+    let Some(last) = last.filter(|l| task_seq - l.key < KEYFRAME_EVERY) else {
+        return (task_json, None);
+    };
+    if !delta::encode(
+        &last.text,
+        &last.members,
+        task_json.as_bytes(),
+        members,
+        delta_buf,
+    ) || delta_buf.len() >= task_json.len()
+    {
+        return (task_json, None);
+    }
+    let delta = std::str::from_utf8(delta_buf).expect("slices of UTF-8 at ASCII boundaries");
+    (delta, Some(last.key))
 }
 
 /// Brings the snapshot and sandbox rows of `rec`'s task up to date as far as this transition
@@ -256,6 +420,17 @@ struct Head {
     task_seq: u64,
     /// What the snapshot and sandbox rows hold (`None`: not known).
     mirror: Option<Mirror>,
+    /// The task's last journal row, when this connection wrote it (a delta may follow it).
+    last: Option<Last>,
+}
+
+/// The whole task text of a task's last journal row, as this connection wrote it.
+#[derive(Debug, Clone, Default)]
+struct Last {
+    text: Vec<u8>,
+    members: Vec<Member>,
+    /// The `task_seq` of the keyframe its chain starts from (its own when it is one).
+    key: u64,
 }
 
 /// What this connection knows the store holds, per task: the task row's state, its last
@@ -304,8 +479,10 @@ impl Known {
         id: &str,
     ) -> Result<&mut Option<Head>, StoreError> {
         if !self.pending.contains_key(id) {
-            let head = match self.tasks.get(id) {
-                Some(h) => Some(h.clone()),
+            // Taken, not copied: the transaction's end puts it back (`committed`) or forgets
+            // everything (`forget`).
+            let head = match self.tasks.remove(id) {
+                Some(h) => Some(h),
                 None => tx
                     .prepare_cached(
                         "SELECT state, (SELECT COALESCE(MAX(task_seq), 0) FROM journal
@@ -318,6 +495,7 @@ impl Known {
                                 state: Cow::Owned(r.get(0)?),
                                 task_seq: r.get(1)?,
                                 mirror: None,
+                                last: None,
                             })
                         })
                         .optional()
@@ -500,5 +678,57 @@ fn sync_sandboxes(
             .and_then(|mut s| s.execute(params![id, held_id, at]))
             .map(drop)
             .map_err(&err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Lineage, Request, SnapshotStatus, TaskSettings};
+    use crate::ids::TaskId;
+
+    /// The members noted while serializing are those a scan of the text finds, and the text is
+    /// serde_json's own, for a task with nested objects, arrays, escapes and enums.
+    #[test]
+    fn the_members_noted_while_serializing_are_the_texts_members() {
+        let mut task = Task::new(
+            TaskId::new("a-1").expect("an id"),
+            TaskSettings::default(),
+            7,
+        );
+        let check = |task: &Task| {
+            let (mut buf, mut noted, mut scanned) = (Vec::new(), Vec::new(), Vec::new());
+            let text = task_json_into(&mut buf, &mut noted, task)
+                .expect("serializes")
+                .to_string();
+            assert_eq!(text, serde_json::to_string(task).expect("serializes"));
+            delta::members(text.as_bytes(), &mut scanned).expect("an object");
+            assert_eq!(noted, scanned, "{text}");
+        };
+        check(&task);
+        task.queue.push_back(Request::Run {
+            id: 3,
+            command: "printf '{\"x\": [1]}\\n' \u{e9}".into(),
+            timeout_ms: 5,
+        });
+        task.snapshots.push(SnapshotRecord {
+            seq: 1,
+            id: Some("snap-1".into()),
+            status: SnapshotStatus::Complete,
+            size_bytes: 10,
+            sandbox_id: "sb-1".into(),
+            started_at: 1,
+            created_at: Some(2),
+            expires_at: None,
+            omitted: vec!["a\"b".into()],
+            taken_by: None,
+        });
+        task.lineage = Some(Lineage {
+            parent: TaskId::new("p").expect("an id"),
+            snapshot: "snap-p".into(),
+            parent_seq: 4,
+            forked_at: 3,
+        });
+        check(&task);
     }
 }

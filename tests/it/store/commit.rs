@@ -295,3 +295,118 @@ fn a_commit_that_syncs_with_the_next_is_committed_at_once_and_in_order(db) {
     store.integrity_check().expect("intact");
 }
 }
+
+/// SQLite journal rows hold what changed: a delta against the task's row before, with a
+/// keyframe (the whole task) on a task's first row, at least every 32 rows, after another
+/// connection wrote (this one no longer knows the row before) and when a member appears. They
+/// read back whole: `journal` and every `journal_tail` give the committed tasks, and the rows
+/// take a fraction of the room of whole tasks. A damaged delta is reported as corrupt, and
+/// only the rows that rebuild from it are lost to readers.
+#[test]
+fn journal_rows_hold_what_changed_and_read_back_whole() {
+    let (_dir, path) = super::temp_db();
+    let mut s = Script::new("a", 1_000);
+    for i in 0..100u64 {
+        s.step(
+            Event::RunRequested {
+                request_id: i + 1,
+                command: format!("echo {i}"),
+                timeout_ms: 1_000,
+            },
+            Vec::new(),
+            |t| {
+                t.last_request_id = i + 1;
+                t.last_activity = 2_000 + i;
+                t.attempts = (i % 3) as u32;
+                if i == 50 {
+                    t.settings.idle_lifetime_ms += 1;
+                }
+                if i == 80 {
+                    t.lineage = Some(taskbox::core::Lineage {
+                        parent: crate::support::tid("p"),
+                        snapshot: "snap-p-1".into(),
+                        parent_seq: 1,
+                        forked_at: 900,
+                    });
+                }
+            },
+        );
+    }
+    let steps = s.steps;
+    let mut store = taskbox::store::Store::open(&path).expect("open");
+    for chunk in steps[..40].chunks(7) {
+        let recs: Vec<_> = chunk.iter().map(|o| o.rec()).collect();
+        store.commit_batch(&recs).expect("batch");
+    }
+    taskbox::store::Store::open(&path)
+        .expect("a second connection")
+        .commit(&steps[40].rec())
+        .expect("its commit");
+    for step in &steps[41..] {
+        store.commit(&step.rec()).expect("commit");
+    }
+
+    let journal = store.journal("a").expect("journal");
+    let tasks: Vec<_> = journal.iter().map(|e| e.task_after.clone()).collect();
+    let expected: Vec<_> = steps.iter().map(|o| o.task.clone()).collect();
+    assert!(
+        tasks == expected,
+        "the journal gives back every committed task"
+    );
+    assert!(journal.iter().zip(1..).all(|(e, n)| e.task_seq == n));
+    for n in 0..=journal.len() + 2 {
+        let tail = store.journal_tail("a", n).expect("tail");
+        assert_eq!(
+            tail,
+            journal[journal.len().saturating_sub(n)..],
+            "the last {n} rows"
+        );
+    }
+
+    let conn = raw(&path);
+    let keyframes: Vec<u64> = conn
+        .prepare("SELECT task_seq FROM journal WHERE task_key IS NULL ORDER BY task_seq")
+        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+        .expect("keyframes");
+    // The first row, a new chain every 32 rows, row 41 (the other connection's), row 42 (this
+    // connection's first after it) and row 81 (the lineage appears).
+    assert_eq!(keyframes, [1, 33, 41, 42, 74, 81], "{keyframes:?}");
+    let (stored, whole): (i64, usize) = (
+        conn.query_row("SELECT SUM(length(task_after)) FROM journal", [], |r| {
+            r.get(0)
+        })
+        .expect("sum"),
+        expected
+            .iter()
+            .map(|t| serde_json::to_string(t).expect("serializes").len())
+            .sum(),
+    );
+    assert!(
+        (stored as usize) * 3 < whole,
+        "rows of {stored} bytes for {whole} bytes of tasks"
+    );
+
+    // A damaged row in the middle of a chain: the rows rebuilt through it are corrupt, and
+    // the last ones, on a later keyframe, still read.
+    conn.execute_batch(
+        "DROP TRIGGER journal_no_update;
+         UPDATE journal SET task_after = '[1]' WHERE task_seq = 20;",
+    )
+    .expect("damage a row");
+    let err = store.journal("a").expect_err("a damaged delta");
+    assert!(
+        matches!(
+            &err,
+            StoreError::Corrupt {
+                column: "journal.task_after",
+                seq: Some(_),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        store.journal_tail("a", 10).expect("the last rows"),
+        journal[journal.len() - 10..]
+    );
+}
