@@ -562,6 +562,36 @@ fn row(
     )
 }
 
+/// What the journal rows of the `label` databases hold per transition: the store's JSON (the
+/// event, the commands, the task after it: whole or what changed) against the raw rows' (the
+/// event and the whole task).
+fn json_bytes(dir: &Path, label: &str) -> Result<String, BenchError> {
+    let average = |file: String, columns: &str| -> Result<f64, BenchError> {
+        let sql =
+            |e: rusqlite::Error| BenchError::failed(BENCH, format!("reading back {file}: {e}"));
+        let conn = Connection::open(dir.join(&file)).map_err(sql)?;
+        conn.query_row(
+            &format!("SELECT COALESCE(AVG({columns}), 0) FROM journal"),
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sql)
+    };
+    let store = average(
+        format!("{label}-taskbox.db"),
+        "length(event) + length(commands) + length(task_after)",
+    )?;
+    let raw = average(
+        format!("{label}-raw.db"),
+        "length(event) + length(task_after)",
+    )?;
+    Ok(format!(
+        "journal rows: {} bytes of JSON per transition (event, commands, the task or what of it changed) against the raw rows' {} (event, task)",
+        super::fmt_num(store),
+        super::fmt_num(raw),
+    ))
+}
+
 pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
     // Short rounds, many of them: the two sides alternate every few disk syncs, so a burst of
     // a neighbour's I/O hits both alike.
@@ -601,6 +631,9 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             rounds,
             BATCH_TARGET_RATIO,
         ));
+        if let Some(last) = rows.last_mut() {
+            last.notes.push(json_bytes(&dir, "batch")?);
+        }
     }
     if ctx.wants("journal.postgres") {
         match ctx.opts.postgres.clone() {
