@@ -30,7 +30,8 @@
 //! transitions behind one sync, and [`Backend::commit_batch_with`]`(…, `[`Sync::WithNext`]`)`
 //! lets a batch that performs nothing on a provider (the engine's answers: a command's result)
 //! ride on the next commit's sync. Statements are prepared once per connection (`prepare_cached`);
-//! in a batch, each transition is serialized once and appends its journal row, a task's row is
+//! in a batch, each transition is serialized once (its task as what changed, see [`delta`]) and
+//! appends its journal row, a task's row is
 //! written once (from its last transition in the batch), the snapshot and sandbox rows at most
 //! once per task (and only when its records changed), and nothing is read per transition (see
 //! `write::Known`). The journal's `seq` is a plain rowid (migration 3 dropped `AUTOINCREMENT`).

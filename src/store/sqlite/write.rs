@@ -1,26 +1,25 @@
 //! The commit path's writes: a batch's task rows, journal rows, and the snapshot and sandbox
 //! rows mirrored from the tasks, inside the caller's transaction.
 //!
-//! Per transition: the task, the event and the commands are serialized once, into buffers the
-//! store reuses; one journal row is appended (its `task_seq` bound from what this connection
-//! knows, not looked up; its `task_after` a delta against the task's row before when this
-//! connection wrote that row, see [`super::delta`]); the task row is written only by the task's last transition in the
-//! batch (and, for a task new to the store, also by its first, since the journal row refers to
-//! it); the snapshot and sandbox rows only when the task's records changed. Nothing is read per
-//! transition: the stored state and the last `task_seq` of a task come from [`Known`], read
+//! Per transition: the event and the commands are serialized once, into buffers the store
+//! reuses; one journal row is appended (its `task_seq` bound from what this connection knows,
+//! not looked up; its `task_after` the members that changed since the task's row before when
+//! this connection wrote that row, compared field by field by [`task_delta`], else the whole
+//! task: see [`super::delta`]); the whole task is serialized only for such a keyframe and for
+//! the task row, which is written only by the task's last transition in the batch (and, for a
+//! task new to the store, also by its first, since the journal row refers to it); the snapshot
+//! and sandbox rows only when the task's records changed. Nothing is read per transition: the
+//! stored state and the last `task_seq` of a task come from [`Known`], read
 //! from the file once per task when this connection does not know them.
 
 use std::borrow::Cow;
-use std::cell::Cell;
 use std::collections::HashMap;
-use std::io;
 use std::path::Path;
 
 use rusqlite::{params, OptionalExtension, Transaction};
 use serde::Serialize;
-use serde_json::ser::Formatter;
 
-use super::delta::{self, Member, KEYFRAME_EVERY};
+use super::delta::KEYFRAME_EVERY;
 use crate::core::{Millis, SandboxRecord, SnapshotRecord, Task};
 use crate::store::{StoreError, TransitionRecord};
 
@@ -39,8 +38,6 @@ pub(super) struct Buffers {
     task: Vec<u8>,
     event: Vec<u8>,
     commands: Vec<u8>,
-    /// The members of `task`.
-    members: Vec<Member>,
     /// The delta written for `task`.
     delta: Vec<u8>,
 }
@@ -59,118 +56,6 @@ fn json_into<'b, T: Serialize + ?Sized>(
         source,
     })?;
     Ok(std::str::from_utf8(buf).expect("serde_json writes UTF-8"))
-}
-
-/// Serializes `task` into `buf` (replacing what it held) as [`json_into`] does, and notes where
-/// its members lie into `members`, for [`delta::encode`].
-fn task_json_into<'b>(
-    buf: &'b mut Vec<u8>,
-    members: &mut Vec<Member>,
-    task: &Task,
-) -> Result<&'b str, StoreError> {
-    buf.clear();
-    members.clear();
-    let len = Cell::new(0);
-    let writer = Tracked {
-        buf: &mut *buf,
-        len: &len,
-    };
-    let spans = Spans {
-        len: &len,
-        depth: 0,
-        start: 0,
-        members,
-    };
-    task.serialize(&mut serde_json::Serializer::with_formatter(writer, spans))
-        .map_err(|source| StoreError::Serialize {
-            task_id: task.id.to_string(),
-            what: "task",
-            source,
-        })?;
-    Ok(std::str::from_utf8(buf).expect("serde_json writes UTF-8"))
-}
-
-/// A writer that keeps the length of what it wrote where [`Spans`] can read it.
-struct Tracked<'a> {
-    buf: &'a mut Vec<u8>,
-    len: &'a Cell<usize>,
-}
-
-impl io::Write for Tracked<'_> {
-    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        self.write_all(bytes)?;
-        Ok(bytes.len())
-    }
-
-    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.buf.extend_from_slice(bytes);
-        self.len.set(self.buf.len());
-        Ok(())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// serde_json's compact output (its default [`Formatter`] methods write every other byte),
-/// noting where each member of the top-level object lies: the members come with the
-/// serialization instead of a second pass over it.
-struct Spans<'a> {
-    len: &'a Cell<usize>,
-    /// Objects open around the output's end.
-    depth: usize,
-    /// Where the member being written began (its name's, then its value's, first byte).
-    start: usize,
-    members: &'a mut Vec<Member>,
-}
-
-impl Formatter for Spans<'_> {
-    fn begin_object<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
-        self.depth += 1;
-        writer.write_all(b"{")
-    }
-
-    fn end_object<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
-        self.depth -= 1;
-        writer.write_all(b"}")
-    }
-
-    fn begin_object_key<W: ?Sized + io::Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> io::Result<()> {
-        if !first {
-            writer.write_all(b",")?;
-        }
-        if self.depth == 1 {
-            self.start = self.len.get();
-        }
-        Ok(())
-    }
-
-    fn begin_object_value<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
-        let key_end = self.len.get();
-        writer.write_all(b":")?;
-        if self.depth == 1 {
-            self.members.push(Member {
-                key: self.start..key_end,
-                value: 0..0,
-            });
-            self.start = self.len.get();
-        }
-        Ok(())
-    }
-
-    fn end_object_value<W: ?Sized + io::Write>(&mut self, _writer: &mut W) -> io::Result<()> {
-        if self.depth == 1 {
-            if let Some(m) = self.members.last_mut() {
-                m.value = self.start..self.len.get();
-            }
-        }
-        Ok(())
-    }
 }
 
 const UPSERT_TASK: &str = "INSERT INTO tasks (id, state, data, created_at, updated_at)
@@ -220,17 +105,38 @@ pub(super) fn write_batch(
         }
         let task_seq = head.as_ref().map_or(0, |h| h.task_seq) + 1;
 
-        let task_json = task_json_into(&mut bufs.task, &mut bufs.members, task)?;
         let event_json = json_into(&mut bufs.event, id, "event", rec.event)?;
         let commands_json = json_into(&mut bufs.commands, id, "commands", rec.commands)?;
-        let last = head.as_mut().and_then(|h| h.last.take());
-        let (task_after, task_key) = journal_task(
-            last.as_ref(),
-            task_seq,
-            task_json,
-            &bufs.members,
-            &mut bufs.delta,
-        );
+        // The task's row before, when this connection wrote it (in this batch, or as the
+        // cache kept it), and the keyframe its chain starts from: a delta may follow it.
+        let chain = head
+            .as_mut()
+            .and_then(|h| h.last.take())
+            .filter(|l| task_seq - l.key < KEYFRAME_EVERY)
+            .and_then(|l| match previous {
+                Some(j) => Some((Cow::Borrowed(recs[j].task_after), l.key)),
+                None => l.task.map(|t| (Cow::Owned(t), l.key)),
+            });
+        let task_key = match &chain {
+            Some((prev, key)) => task_delta(prev, task, &mut bufs.delta)
+                .map_err(|source| StoreError::Serialize {
+                    task_id: id.to_string(),
+                    what: "task",
+                    source,
+                })?
+                .then_some(*key),
+            None => None,
+        };
+        // The whole task: for a keyframe, and for the task row.
+        let task_json = if task_key.is_none() || is_last || head.is_none() {
+            json_into(&mut bufs.task, id, "task", task)?
+        } else {
+            ""
+        };
+        let task_after = match task_key {
+            Some(_) => std::str::from_utf8(&bufs.delta).expect("serde_json writes UTF-8"),
+            None => task_json,
+        };
 
         // The task row holds the task after the batch: its last transition writes it. A task
         // new to the store needs its row before its first journal row (the foreign key of the
@@ -270,48 +176,133 @@ pub(super) fn write_batch(
         // The sandbox the task's previous transition in this batch left it holding.
         let held_before = previous.map(|j| recs[j].task_after.sandbox.as_ref());
         let mirror = sync_mirrors(tx, path, rec, held_before, is_last, mirror)?;
-        let mut last = last.unwrap_or_default();
-        last.key = task_key.unwrap_or(task_seq);
-        last.text.clear();
-        last.text.extend_from_slice(task_json.as_bytes());
-        last.members.clone_from(&bufs.members);
         *head = Some(Head {
             state: Cow::Borrowed(task.state.as_str()),
             task_seq,
             mirror: Some(mirror),
-            last: Some(last),
+            last: Some(Last {
+                key: task_key.unwrap_or(task_seq),
+                // The next batch's first row of the task compares with it; within this batch
+                // the records themselves are at hand.
+                task: is_last.then(|| task.clone()),
+            }),
         });
         seqs.push(seq);
     }
     Ok(seqs)
 }
 
-/// What the journal row of the task's transition number `task_seq` stores as `task_after`
-/// (`task_json`, whose members are `members`), and its `task_key`: a delta against `last` (the
-/// task's row before, `None`: not known) when one may be written and is smaller, else the
-/// whole task (a keyframe, `task_key` NULL).
-fn journal_task<'t>(
-    last: Option<&Last>,
-    task_seq: u64,
-    task_json: &'t str,
-    members: &[Member],
-    delta_buf: &'t mut Vec<u8>,
-) -> (&'t str, Option<u64>) {
-    let Some(last) = last.filter(|l| task_seq - l.key < KEYFRAME_EVERY) else {
-        return (task_json, None);
-    };
-    if !delta::encode(
-        &last.text,
-        &last.members,
-        task_json.as_bytes(),
-        members,
-        delta_buf,
-    ) || delta_buf.len() >= task_json.len()
-    {
-        return (task_json, None);
+/// Writes into `out` the members of `cur` whose value differs from `prev`'s, as a JSON object in
+/// the order serde writes them (a delta, [`super::delta`]); `false` (and `out` unspecified)
+/// when a member appears or disappears, which only a keyframe can say. Compared field by field
+/// instead of serializing both tasks: the destructuring names every field, so a new one does not
+/// compile until it is listed here, and a test holds the result to serde's own text.
+fn task_delta(prev: &Task, cur: &Task, out: &mut Vec<u8>) -> Result<bool, serde_json::Error> {
+    let Task {
+        id,
+        state,
+        settings,
+        generation,
+        sandbox,
+        restore_source,
+        snapshots,
+        snapshot_reason,
+        queue,
+        running,
+        attempts,
+        retry_at,
+        last_request_id,
+        last_activity,
+        checkpoint_due,
+        notices,
+        created_at,
+        probing,
+        files_behind,
+        recent_creates,
+        lineage,
+    } = cur;
+    // `lineage` is left out of the JSON when it is `None`.
+    if prev.lineage.is_some() != lineage.is_some() {
+        return Ok(false);
     }
-    let delta = std::str::from_utf8(delta_buf).expect("slices of UTF-8 at ASCII boundaries");
-    (delta, Some(last.key))
+    out.clear();
+    out.push(b'{');
+    let mut member = |name: &str, changed: bool, value: &dyn erased::Value| {
+        if !changed {
+            return Ok(());
+        }
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        out.push(b'"');
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\":");
+        value.write(out)
+    };
+    member("id", prev.id != *id, id)?;
+    member("state", prev.state != *state, state)?;
+    member("settings", prev.settings != *settings, settings)?;
+    member("generation", prev.generation != *generation, generation)?;
+    member("sandbox", prev.sandbox != *sandbox, sandbox)?;
+    member(
+        "restore_source",
+        prev.restore_source != *restore_source,
+        restore_source,
+    )?;
+    member("snapshots", prev.snapshots != *snapshots, snapshots)?;
+    member(
+        "snapshot_reason",
+        prev.snapshot_reason != *snapshot_reason,
+        snapshot_reason,
+    )?;
+    member("queue", prev.queue != *queue, queue)?;
+    member("running", prev.running != *running, running)?;
+    member("attempts", prev.attempts != *attempts, attempts)?;
+    member("retry_at", prev.retry_at != *retry_at, retry_at)?;
+    member(
+        "last_request_id",
+        prev.last_request_id != *last_request_id,
+        last_request_id,
+    )?;
+    member(
+        "last_activity",
+        prev.last_activity != *last_activity,
+        last_activity,
+    )?;
+    member(
+        "checkpoint_due",
+        prev.checkpoint_due != *checkpoint_due,
+        checkpoint_due,
+    )?;
+    member("notices", prev.notices != *notices, notices)?;
+    member("created_at", prev.created_at != *created_at, created_at)?;
+    member("probing", prev.probing != *probing, probing)?;
+    member(
+        "files_behind",
+        prev.files_behind != *files_behind,
+        files_behind,
+    )?;
+    member(
+        "recent_creates",
+        prev.recent_creates != *recent_creates,
+        recent_creates,
+    )?;
+    member("lineage", prev.lineage != *lineage, lineage)?;
+    out.push(b'}');
+    Ok(true)
+}
+
+/// One member's value, serialized into a buffer whatever its type.
+mod erased {
+    pub(super) trait Value {
+        fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error>;
+    }
+
+    impl<T: serde::Serialize> Value for T {
+        fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+            serde_json::to_writer(out, self)
+        }
+    }
 }
 
 /// Brings the snapshot and sandbox rows of `rec`'s task up to date as far as this transition
@@ -424,13 +415,14 @@ struct Head {
     last: Option<Last>,
 }
 
-/// The whole task text of a task's last journal row, as this connection wrote it.
-#[derive(Debug, Clone, Default)]
+/// A task's last journal row, as this connection wrote it.
+#[derive(Debug, Clone)]
 struct Last {
-    text: Vec<u8>,
-    members: Vec<Member>,
     /// The `task_seq` of the keyframe its chain starts from (its own when it is one).
     key: u64,
+    /// The task it holds, kept when the row was the task's last in its batch (the next batch
+    /// compares with it); `None` within a batch, whose records are at hand.
+    task: Option<Task>,
 }
 
 /// What this connection knows the store holds, per task: the task row's state, its last
@@ -684,34 +676,28 @@ fn sync_sandboxes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{Lineage, Request, SnapshotStatus, TaskSettings};
+    use crate::core::{
+        Lineage, Notice, Request, RunningCommand, SnapshotReason, SnapshotStatus, TaskSettings,
+        TaskState,
+    };
     use crate::ids::TaskId;
+    use crate::store::sqlite::delta;
 
-    /// The members noted while serializing are those a scan of the text finds, and the text is
-    /// serde_json's own, for a task with nested objects, arrays, escapes and enums.
+    /// The delta the store writes, field by field, is the delta of the two tasks' serde texts:
+    /// the same members, names and order, byte for byte; a member that appears asks for a
+    /// keyframe. Every field changes once, then several at a time.
     #[test]
-    fn the_members_noted_while_serializing_are_the_texts_members() {
-        let mut task = Task::new(
-            TaskId::new("a-1").expect("an id"),
-            TaskSettings::default(),
-            7,
-        );
-        let check = |task: &Task| {
-            let (mut buf, mut noted, mut scanned) = (Vec::new(), Vec::new(), Vec::new());
-            let text = task_json_into(&mut buf, &mut noted, task)
-                .expect("serializes")
-                .to_string();
-            assert_eq!(text, serde_json::to_string(task).expect("serializes"));
-            delta::members(text.as_bytes(), &mut scanned).expect("an object");
-            assert_eq!(noted, scanned, "{text}");
+    fn the_field_by_field_delta_is_the_delta_of_the_serialized_tasks() {
+        let sandbox = SandboxRecord {
+            id: "sb-1".into(),
+            name: "taskbox-a-1".into(),
+            generation: 1,
+            created_at: 5,
+            deadline: 9,
+            source_snapshot: None,
+            used: true,
         };
-        check(&task);
-        task.queue.push_back(Request::Run {
-            id: 3,
-            command: "printf '{\"x\": [1]}\\n' \u{e9}".into(),
-            timeout_ms: 5,
-        });
-        task.snapshots.push(SnapshotRecord {
+        let snapshot = SnapshotRecord {
             seq: 1,
             id: Some("snap-1".into()),
             status: SnapshotStatus::Complete,
@@ -722,13 +708,94 @@ mod tests {
             expires_at: None,
             omitted: vec!["a\"b".into()],
             taken_by: None,
-        });
-        task.lineage = Some(Lineage {
+        };
+        type Change = Box<dyn Fn(&mut Task)>;
+        let changes: Vec<Change> = vec![
+            Box::new(|t| t.id = TaskId::new("b").expect("an id")),
+            Box::new(|t| t.state = TaskState::Running),
+            Box::new(|t| t.settings.idle_lifetime_ms += 1),
+            Box::new(|t| t.generation += 1),
+            Box::new(move |t| t.sandbox = Some(sandbox.clone())),
+            Box::new(|t| t.restore_source = Some("snap-0".into())),
+            Box::new(move |t| t.snapshots.push(snapshot.clone())),
+            Box::new(|t| t.snapshot_reason = Some(SnapshotReason::Suspend { request_id: 2 })),
+            Box::new(|t| {
+                t.queue.push_back(Request::Run {
+                    id: 3,
+                    command: "printf '{\"x\": [1]}\\n' \u{e9}".into(),
+                    timeout_ms: 5,
+                })
+            }),
+            Box::new(|t| {
+                t.running = Some(RunningCommand {
+                    request_id: 3,
+                    command: "ls".into(),
+                    timeout_ms: 5,
+                    started_at: 6,
+                })
+            }),
+            Box::new(|t| t.attempts += 1),
+            Box::new(|t| t.retry_at = Some(8)),
+            Box::new(|t| t.last_request_id += 1),
+            Box::new(|t| t.last_activity += 1),
+            Box::new(|t| t.checkpoint_due = true),
+            Box::new(|t| t.notices.push(Notice::FilesLost { reason: "x".into() })),
+            Box::new(|t| t.created_at += 1),
+            Box::new(|t| t.probing = true),
+            Box::new(|t| t.files_behind = true),
+            Box::new(|t| t.recent_creates.push(4)),
+            Box::new(|t| {
+                t.state = TaskState::Idle;
+                t.running = None;
+                t.queue.clear();
+                t.last_activity += 7;
+            }),
+        ];
+        let text = |t: &Task| serde_json::to_string(t).expect("serializes");
+        let mut prev = Task::new(TaskId::new("a").expect("an id"), TaskSettings::default(), 7);
+        let mut out = Vec::new();
+        for change in &changes {
+            let mut cur = prev.clone();
+            change(&mut cur);
+            assert_ne!(cur, prev);
+            assert!(task_delta(&prev, &cur, &mut out).expect("serializes"));
+            let (p, c) = (text(&prev), text(&cur));
+            let (mut pm, mut cm, mut expected) = (Vec::new(), Vec::new(), Vec::new());
+            delta::members(p.as_bytes(), &mut pm).expect("an object");
+            delta::members(c.as_bytes(), &mut cm).expect("an object");
+            assert!(delta::encode(
+                p.as_bytes(),
+                &pm,
+                c.as_bytes(),
+                &cm,
+                &mut expected
+            ));
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&expected)
+            );
+            let mut rebuilt = String::new();
+            delta::apply(&p, std::str::from_utf8(&out).expect("UTF-8"), &mut rebuilt)
+                .expect("applies");
+            assert_eq!(rebuilt, c);
+            prev = cur;
+        }
+        assert!(task_delta(&prev, &prev, &mut out).expect("serializes"));
+        assert_eq!(out, b"{}");
+        let mut forked = prev.clone();
+        forked.lineage = Some(Lineage {
             parent: TaskId::new("p").expect("an id"),
             snapshot: "snap-p".into(),
             parent_seq: 4,
             forked_at: 3,
         });
-        check(&task);
+        assert!(!task_delta(&prev, &forked, &mut out).expect("serializes"));
+        assert!(!task_delta(&forked, &prev, &mut out).expect("serializes"));
+        let mut moved = forked.clone();
+        if let Some(l) = moved.lineage.as_mut() {
+            l.parent_seq += 1;
+        }
+        assert!(task_delta(&forked, &moved, &mut out).expect("serializes"));
+        assert!(String::from_utf8_lossy(&out).starts_with("{\"lineage\":"));
     }
 }
