@@ -227,82 +227,59 @@ fn task_delta(prev: &Task, cur: &Task, out: &mut Vec<u8>) -> Result<bool, serde_
     }
     out.clear();
     out.push(b'{');
-    let mut member = |name: &str, changed: bool, value: &dyn erased::Value| {
-        if !changed {
-            return Ok(());
-        }
-        if out.len() > 1 {
-            out.push(b',');
-        }
-        out.push(b'"');
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b"\":");
-        value.write(out)
-    };
-    member("id", prev.id != *id, id)?;
-    member("state", prev.state != *state, state)?;
-    member("settings", prev.settings != *settings, settings)?;
-    member("generation", prev.generation != *generation, generation)?;
-    member("sandbox", prev.sandbox != *sandbox, sandbox)?;
+    member(out, "id", &prev.id, id)?;
+    member(out, "state", &prev.state, state)?;
+    member(out, "settings", &prev.settings, settings)?;
+    member(out, "generation", &prev.generation, generation)?;
+    member(out, "sandbox", &prev.sandbox, sandbox)?;
+    member(out, "restore_source", &prev.restore_source, restore_source)?;
+    member(out, "snapshots", &prev.snapshots, snapshots)?;
     member(
-        "restore_source",
-        prev.restore_source != *restore_source,
-        restore_source,
-    )?;
-    member("snapshots", prev.snapshots != *snapshots, snapshots)?;
-    member(
+        out,
         "snapshot_reason",
-        prev.snapshot_reason != *snapshot_reason,
+        &prev.snapshot_reason,
         snapshot_reason,
     )?;
-    member("queue", prev.queue != *queue, queue)?;
-    member("running", prev.running != *running, running)?;
-    member("attempts", prev.attempts != *attempts, attempts)?;
-    member("retry_at", prev.retry_at != *retry_at, retry_at)?;
+    member(out, "queue", &prev.queue, queue)?;
+    member(out, "running", &prev.running, running)?;
+    member(out, "attempts", &prev.attempts, attempts)?;
+    member(out, "retry_at", &prev.retry_at, retry_at)?;
     member(
+        out,
         "last_request_id",
-        prev.last_request_id != *last_request_id,
+        &prev.last_request_id,
         last_request_id,
     )?;
-    member(
-        "last_activity",
-        prev.last_activity != *last_activity,
-        last_activity,
-    )?;
-    member(
-        "checkpoint_due",
-        prev.checkpoint_due != *checkpoint_due,
-        checkpoint_due,
-    )?;
-    member("notices", prev.notices != *notices, notices)?;
-    member("created_at", prev.created_at != *created_at, created_at)?;
-    member("probing", prev.probing != *probing, probing)?;
-    member(
-        "files_behind",
-        prev.files_behind != *files_behind,
-        files_behind,
-    )?;
-    member(
-        "recent_creates",
-        prev.recent_creates != *recent_creates,
-        recent_creates,
-    )?;
-    member("lineage", prev.lineage != *lineage, lineage)?;
+    member(out, "last_activity", &prev.last_activity, last_activity)?;
+    member(out, "checkpoint_due", &prev.checkpoint_due, checkpoint_due)?;
+    member(out, "notices", &prev.notices, notices)?;
+    member(out, "created_at", &prev.created_at, created_at)?;
+    member(out, "probing", &prev.probing, probing)?;
+    member(out, "files_behind", &prev.files_behind, files_behind)?;
+    member(out, "recent_creates", &prev.recent_creates, recent_creates)?;
+    member(out, "lineage", &prev.lineage, lineage)?;
     out.push(b'}');
     Ok(true)
 }
 
-/// One member's value, serialized into a buffer whatever its type.
-mod erased {
-    pub(super) trait Value {
-        fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error>;
+/// Appends `"name":cur` to the delta object being written in `out` when `cur` differs from
+/// `prev`.
+fn member<T: Serialize + PartialEq>(
+    out: &mut Vec<u8>,
+    name: &str,
+    prev: &T,
+    cur: &T,
+) -> Result<(), serde_json::Error> {
+    if prev == cur {
+        return Ok(());
     }
-
-    impl<T: serde::Serialize> Value for T {
-        fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
-            serde_json::to_writer(out, self)
-        }
+    if out.len() > 1 {
+        out.push(b',');
     }
+    out.push(b'"');
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\":");
+    serde_json::to_writer(out, cur)
 }
 
 /// Brings the snapshot and sandbox rows of `rec`'s task up to date as far as this transition
