@@ -324,37 +324,35 @@ impl SqliteStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        // The last `limit` rows, and the rows from the keyframe the first of them rebuilds from.
-        let sql = format!(
-            "WITH tail AS (SELECT task_seq, task_key FROM journal WHERE task_id = ?1 \
-                           ORDER BY task_seq DESC LIMIT ?2) \
-             SELECT {JOURNAL_COLUMNS}, task_key FROM journal \
-             WHERE task_id = ?1 \
-               AND task_seq >= (SELECT MIN(COALESCE(task_key, task_seq)) FROM tail) \
-             ORDER BY task_seq"
-        );
         // One read transaction: both statements see the same journal.
         let read = self
             .conn
             .unchecked_transaction()
             .map_err(|e| self.sql("reading the journal", Some(task_id), e))?;
-        let first: Option<u64> = read
+        // The first of the last `limit` rows, and the keyframe it rebuilds from.
+        let first: Option<(u64, u64)> = read
             .prepare_cached(
-                "SELECT MIN(task_seq) FROM (SELECT task_seq FROM journal WHERE task_id = ?1 \
-                 ORDER BY task_seq DESC LIMIT ?2)",
+                "SELECT task_seq, COALESCE(task_key, task_seq) FROM journal
+                 WHERE task_id = ?1 AND task_seq = (
+                     SELECT MIN(task_seq) FROM (SELECT task_seq FROM journal WHERE task_id = ?1
+                                                ORDER BY task_seq DESC LIMIT ?2))",
             )
             .and_then(|mut s| {
                 s.query_row(
                     params![task_id, i64::try_from(limit).unwrap_or(i64::MAX)],
-                    |r| r.get(0),
+                    |r| Ok((r.get(0)?, r.get(1)?)),
                 )
+                .optional()
             })
             .map_err(|e| self.sql("reading the journal", Some(task_id), e))?;
-        let Some(first) = first else {
+        let Some((first, start)) = first else {
             return Ok(Vec::new());
         };
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let entries = self.query_journal(&sql, params![task_id, limit], task_id, first)?;
+        let sql = format!(
+            "SELECT {JOURNAL_COLUMNS}, task_key FROM journal \
+             WHERE task_id = ?1 AND task_seq >= ?2 ORDER BY task_seq"
+        );
+        let entries = self.query_journal(&sql, params![task_id, start], task_id, first)?;
         drop(read);
         Ok(entries)
     }
