@@ -145,6 +145,15 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     ALTER TABLE journal ADD COLUMN task_key INTEGER
         CHECK (task_key IS NULL OR (task_key >= 1 AND task_key < task_seq));
     "#,
+    // 5: a task row whose commits write its state, not the whole task: `data` is the task as of
+    // its journal row `data_seq` (0: before any), and the journal rows after that one bring it
+    // up to date (`sqlite/write.rs` rewrites `data` every so often). Until now `data` was the
+    // task after its last journal row.
+    r#"
+    ALTER TABLE tasks ADD COLUMN data_seq INTEGER NOT NULL DEFAULT 0 CHECK (data_seq >= 0);
+    UPDATE tasks SET data_seq = (SELECT COALESCE(MAX(task_seq), 0) FROM journal
+                                 WHERE journal.task_id = tasks.id);
+    "#,
 ];
 
 /// The schema version this build writes.

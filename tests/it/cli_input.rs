@@ -87,17 +87,27 @@ fn tasks_does_not_call_a_sandbox_past_its_deadline_running() {
     ok(&home.run(&["run", "-t", "late", "--", "true"]));
     let tasks = ok(&home.run(&["tasks"]));
     assert!(tasks.contains("running"), "{tasks}");
-    // The store as a process that died long ago left it: running, deadline in the past.
-    let db = rusqlite::Connection::open(home.path().join("data").join("taskbox.db"))
+    // The store as a process that died long ago left it: running, deadline in the past (its
+    // last transition committed as if the deadline had moved there).
+    let mut store = taskbox::store::Store::open(&home.path().join("data").join("taskbox.db"))
         .expect("open the store");
-    let n = db
-        .execute(
-            "UPDATE tasks SET data = json_set(data, '$.sandbox.deadline', 1000) WHERE id = 'late'",
-            [],
-        )
-        .expect("update");
-    assert_eq!(n, 1);
-    drop(db);
+    let mut task = store.load_task("late").expect("load").expect("the task");
+    let sandbox = task.sandbox.as_mut().expect("a sandbox");
+    sandbox.deadline = 1000;
+    let event = taskbox::core::Event::TimeoutExtended {
+        sandbox_id: sandbox.id.clone(),
+        deadline: 1000,
+    };
+    store
+        .commit(&taskbox::store::TransitionRecord {
+            at: task.last_activity,
+            event: &event,
+            state_before: task.state,
+            task_after: &task,
+            commands: &[],
+        })
+        .expect("commit");
+    drop(store);
     let o = home.run(&["tasks"]);
     let table = ok(&o);
     let row = table

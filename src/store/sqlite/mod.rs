@@ -5,10 +5,13 @@
 //! engine's write-ahead step, so a transition that returned is on disk before any of its
 //! commands is performed, and survives power loss. Each commit is one transaction that
 //!
-//! - upserts the task row (`tasks.data` holds the whole [`Task`] as JSON; in a batch, once per
-//!   task: the task after its last transition), refusing it with
+//! - writes the task row (in a batch, once per task, from its last transition), refusing it with
 //!   [`StoreError::StateConflict`] if the stored state is not the transition's `state_before`
-//!   (a second writer would otherwise silently lose an update);
+//!   (a second writer would otherwise silently lose an update). Most commits write its state
+//!   only: `tasks.data` holds the whole [`Task`] as JSON as of the journal row `data_seq`, and
+//!   is rewritten when the task is new, when the batch's last row of it is a keyframe, and when
+//!   it is [`delta::KEYFRAME_EVERY`] rows behind. Loading a task reads `data` and the journal
+//!   rows after `data_seq` (`LOAD_TASKS`) and rebuilds it as the journal's readers do;
 //! - appends a `journal` row (the event, the commands, and the task after the transition) with
 //!   the next per-task sequence number. The task after it is stored as what changed since the
 //!   task's row before, with the whole task every so often ([`delta`]); the readers rebuild it.
@@ -68,6 +71,14 @@ pub struct SqliteStore {
     bufs: Buffers,
 }
 
+/// What `query_tasks` reads: each task row with the journal rows after its `data_seq`, which
+/// bring its `data` up to date (`ORDER BY` and any `WHERE` are added by the caller). One
+/// statement, so the rows are of one commit.
+const LOAD_TASKS: &str = "SELECT t.id, t.state, t.data, t.data_seq, j.task_seq, j.task_key, \
+                          j.task_after \
+                          FROM tasks t LEFT JOIN journal j \
+                          ON j.task_id = t.id AND j.task_seq > t.data_seq";
+
 /// The columns `query_journal` decodes, in its order.
 const JOURNAL_COLUMNS: &str = "seq, task_id, task_seq, at, event, state_before, state_after, \
                                commands, task_after";
@@ -115,31 +126,16 @@ impl SqliteStore {
 
     /// The task with this id, if it was ever committed.
     pub fn load_task(&self, id: &str) -> Result<Option<Task>, StoreError> {
-        let op = "loading a task";
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT id, state, data FROM tasks WHERE id = ?1")
-            .map_err(|e| self.sql(op, Some(id), e))?;
-        let mut rows = stmt.query([id]).map_err(|e| self.sql(op, Some(id), e))?;
-        match rows.next().map_err(|e| self.sql(op, Some(id), e))? {
-            Some(row) => Ok(Some(super::rows::decode_task(&self.path, row)?)),
-            None => Ok(None),
-        }
+        let sql = format!("{LOAD_TASKS} WHERE t.id = ?1 ORDER BY j.task_seq");
+        Ok(self
+            .query_tasks("loading a task", &sql, params![id], Some(id))?
+            .pop())
     }
 
     /// Every task, ordered by id.
     pub fn load_tasks(&self) -> Result<Vec<Task>, StoreError> {
-        let op = "loading tasks";
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT id, state, data FROM tasks ORDER BY id")
-            .map_err(|e| self.sql(op, None, e))?;
-        let mut rows = stmt.query([]).map_err(|e| self.sql(op, None, e))?;
-        let mut tasks = Vec::new();
-        while let Some(row) = rows.next().map_err(|e| self.sql(op, None, e))? {
-            tasks.push(super::rows::decode_task(&self.path, row)?);
-        }
-        Ok(tasks)
+        let sql = format!("{LOAD_TASKS} ORDER BY t.id, j.task_seq");
+        self.query_tasks("loading tasks", &sql, &[], None)
     }
 
     /// The ids of every task, ordered.

@@ -5,6 +5,7 @@ use rusqlite::types::FromSql;
 use rusqlite::Row;
 
 use super::{delta, SqliteStore};
+use crate::core::Task;
 use crate::store::rows::{self, Col, Columns, RowContext};
 use crate::store::{JournalEntry, StoreError};
 
@@ -79,6 +80,95 @@ impl SqliteStore {
         Ok(out)
     }
 
+    /// Reads tasks with `sql` ([`super::LOAD_TASKS`], ordered by task id and then `task_seq`):
+    /// each task's `data`, brought up to date by its journal rows after `data_seq`, decoded and
+    /// checked against its row.
+    pub(super) fn query_tasks(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[&dyn rusqlite::ToSql],
+        task_id: Option<&str>,
+    ) -> Result<Vec<Task>, StoreError> {
+        let mut tasks = Vec::new();
+        let mut loading: Option<Loading> = None;
+        self.query_rows(operation, sql, params, task_id, |row| {
+            let id = row
+                .get_ref(0)
+                .and_then(|v| v.as_str().map_err(Into::into))
+                .map_err(|e| {
+                    RowContext::new(&self.path, "?", "tasks.id").corrupt(
+                        "tasks.id",
+                        e.to_string(),
+                        None,
+                    )
+                })?;
+            if loading.as_ref().is_none_or(|l| l.id != id) {
+                if let Some(done) = loading.take() {
+                    tasks.push(done.finish(&self.path)?);
+                }
+                let mut cx = RowContext::new(&self.path, "?", "tasks.id");
+                cx.read_task(row, 0, "tasks.id")?;
+                loading = Some(Loading {
+                    id: id.to_string(),
+                    state: get(&cx, row, 1, "tasks.state")?,
+                    text: row.json_text(&cx, (2, "tasks.data"))?.to_string(),
+                    seq: get(&cx, row, 3, "tasks.data_seq")?,
+                    from_data: true,
+                });
+            }
+            let l = loading.as_mut().expect("set above");
+            let mut cx = RowContext::new(&self.path, &l.id, "tasks.id");
+            let Some(task_seq) = get::<Option<u64>>(&cx, row, 4, "journal.task_seq")? else {
+                // No journal row after `data_seq`: `data` is the task.
+                return Ok(());
+            };
+            cx.seq = Some(task_seq);
+            let key: Option<u64> = get(&cx, row, 5, "journal.task_key")?;
+            let text = row.json_text(&cx, (6, "journal.task_after"))?;
+            if task_seq != l.seq + 1 {
+                return Err(cx.corrupt(
+                    "journal.task_seq",
+                    format!(
+                        "the task's journal goes from row {} to row {task_seq}",
+                        l.seq
+                    ),
+                    None,
+                ));
+            }
+            match key {
+                None => {
+                    l.text.clear();
+                    l.text.push_str(text);
+                    l.from_data = false;
+                }
+                Some(_) => {
+                    let mut whole = String::new();
+                    delta::apply(&l.text, text, &mut whole).map_err(|e| {
+                        if l.from_data {
+                            cx.corrupt(
+                                "tasks.data",
+                                format!(
+                                    "the journal row {task_seq}'s change does not apply to it: {e}"
+                                ),
+                                None,
+                            )
+                        } else {
+                            cx.corrupt("journal.task_after", e, None)
+                        }
+                    })?;
+                    l.text = whole;
+                }
+            }
+            l.seq = task_seq;
+            Ok(())
+        })?;
+        if let Some(done) = loading {
+            tasks.push(done.finish(&self.path)?);
+        }
+        Ok(tasks)
+    }
+
     /// Runs `sql` (`operation` names it in errors, with `task_id`) and decodes each row with
     /// `decode`, in order.
     pub(super) fn query_rows<T>(
@@ -132,6 +222,53 @@ impl Columns for Row<'_> {
 
     fn opt_uint(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<u64>, StoreError> {
         get(cx, self, col.0, col.1)
+    }
+}
+
+/// A task being read by `query_tasks`: its row and the task's text as of the journal row `seq`.
+struct Loading {
+    id: String,
+    state: String,
+    text: String,
+    seq: u64,
+    /// `text` is still `tasks.data` or built on it (no keyframe read since).
+    from_data: bool,
+}
+
+impl Loading {
+    /// Decodes the task, checked against its row's columns.
+    fn finish(self, path: &std::path::Path) -> Result<Task, StoreError> {
+        rows::decode_task(path, &self)
+    }
+}
+
+/// The columns `rows::decode_task` reads: `id, state, data`, the data rebuilt.
+impl Columns for Loading {
+    fn text(&self, cx: &RowContext<'_>, col: Col) -> Result<String, StoreError> {
+        match col.0 {
+            0 => Ok(self.id.clone()),
+            1 => Ok(self.state.clone()),
+            _ => Err(cx.corrupt(col.1, "not a text column".to_string(), None)),
+        }
+    }
+
+    fn opt_text(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<String>, StoreError> {
+        self.text(cx, col).map(Some)
+    }
+
+    fn json_text(&self, cx: &RowContext<'_>, col: Col) -> Result<&str, StoreError> {
+        match col.0 {
+            2 => Ok(&self.text),
+            _ => Err(cx.corrupt(col.1, "not a JSON column".to_string(), None)),
+        }
+    }
+
+    fn uint(&self, cx: &RowContext<'_>, col: Col) -> Result<u64, StoreError> {
+        Err(cx.corrupt(col.1, "not an integer column".to_string(), None))
+    }
+
+    fn opt_uint(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<u64>, StoreError> {
+        self.uint(cx, col).map(Some)
     }
 }
 

@@ -5,18 +5,20 @@
 //! reuses; one journal row is appended (its `task_seq` bound from what this connection knows,
 //! not looked up; its `task_after` the members that changed since the task's row before when
 //! this connection wrote that row, compared field by field by [`task_delta`], else the whole
-//! task: see [`super::delta`]); the whole task is serialized only for such a keyframe and for
-//! the task row, which is written only by the task's last transition in the batch (and, for a
-//! task new to the store, also by its first, since the journal row refers to it); the snapshot
-//! and sandbox rows only when the task's records changed. Nothing is read per transition: the
-//! stored state and the last `task_seq` of a task come from [`Known`], read
+//! task: see [`super::delta`]); the task row is written by the task's last transition in the
+//! batch (and, for a task new to the store, by its first, since the journal row refers to it),
+//! usually its state only: the whole task is serialized only for a keyframe and for the row's
+//! `data` (a new task, a keyframe at the batch's end, or `data` [`KEYFRAME_EVERY`] rows behind);
+//! the snapshot and sandbox rows only when what they hold of the task's records changed. Each
+//! statement is taken from the connection's cache once per batch ([`Stmts`]). Nothing is read
+//! per transition: the stored state and the last `task_seq` of a task come from [`Known`], read
 //! from the file once per task when this connection does not know them.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
-use rusqlite::{params, OptionalExtension, Transaction};
+use rusqlite::{params, CachedStatement, Connection, OptionalExtension, Transaction};
 use serde::Serialize;
 
 use super::delta::KEYFRAME_EVERY;
@@ -58,14 +60,138 @@ fn json_into<'b, T: Serialize + ?Sized>(
     Ok(std::str::from_utf8(buf).expect("serde_json writes UTF-8"))
 }
 
-const UPSERT_TASK: &str = "INSERT INTO tasks (id, state, data, created_at, updated_at)
-     VALUES (?1, ?2, ?3, ?4, ?5)
-     ON CONFLICT (id) DO UPDATE
-        SET state = excluded.state, data = excluded.data, updated_at = excluded.updated_at";
+/// The commit path's statements.
+#[derive(Debug, Clone, Copy)]
+enum Sql {
+    /// Whether another connection committed since (`Known::begin`).
+    DataVersion,
+    /// A task's row as `Known::head` reads it.
+    ReadHead,
+    /// A task new to the store: its row, with the task after its first journal row.
+    InsertTask,
+    /// A transition's journal row.
+    AppendJournal,
+    /// A batch's end, most of the time: the task row's state only (its `data` stays the task as of
+    /// an earlier journal row, which the rows after it bring up to date).
+    UpdateState,
+    /// A batch's end, every [`KEYFRAME_EVERY`] journal rows of the task or so: the task row's state
+    /// and the whole task, as of the journal row `data_seq`.
+    UpdateData,
+    /// A snapshot record's row, rewritten only when it differs.
+    UpsertSnapshot,
+    /// The row of a snapshot record the task no longer holds.
+    DeleteSnapshot,
+    /// Every row of the task's but the records' (the list of kept seqs is one JSON array, so the
+    /// statement stays the same whatever the number of snapshots).
+    DeleteOtherSnapshots,
+    /// The held sandbox's row, unless it is unchanged or another task's.
+    UpsertSandbox,
+    /// Who holds a sandbox's row.
+    SandboxOwner,
+    /// The sandbox the task held before, released.
+    ReleaseSandbox,
+    /// Every `running` sandbox of the task but the held one, released.
+    ReleaseOtherSandboxes,
+}
 
-const APPEND_JOURNAL: &str = "INSERT INTO journal (task_id, task_seq, at, event_name, event,
-                                 state_before, state_after, commands, task_after, task_key)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
+/// How many [`Sql`] statements there are: keep [`Sql::ReleaseOtherSandboxes`] the last variant.
+const SQL_COUNT: usize = Sql::ReleaseOtherSandboxes as usize + 1;
+
+impl Sql {
+    fn text(self) -> &'static str {
+        match self {
+            Sql::DataVersion => "PRAGMA data_version",
+            Sql::ReadHead => {
+                "SELECT state, data_seq,
+                        (SELECT COALESCE(MAX(task_seq), 0) FROM journal WHERE task_id = ?1)
+                 FROM tasks WHERE id = ?1"
+            }
+            Sql::InsertTask => {
+                "INSERT INTO tasks (id, state, data, data_seq, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+            }
+            Sql::AppendJournal => {
+                "INSERT INTO journal (task_id, task_seq, at, event_name, event, state_before,
+                                      state_after, commands, task_after, task_key)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+            }
+            Sql::UpdateState => "UPDATE tasks SET state = ?2, updated_at = ?3 WHERE id = ?1",
+            Sql::UpdateData => {
+                "UPDATE tasks SET state = ?2, data = ?3, data_seq = ?4, updated_at = ?5
+                 WHERE id = ?1"
+            }
+            Sql::UpsertSnapshot => {
+                "INSERT INTO snapshots (task_id, seq, provider_id, status, size_bytes, sandbox_id,
+                                        started_at, created_at, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                 ON CONFLICT (task_id, seq) DO UPDATE
+                    SET provider_id = excluded.provider_id, status = excluded.status,
+                        size_bytes = excluded.size_bytes, sandbox_id = excluded.sandbox_id,
+                        started_at = excluded.started_at, created_at = excluded.created_at,
+                        expires_at = excluded.expires_at
+                    WHERE (provider_id, status, size_bytes, sandbox_id, started_at, created_at,
+                           expires_at)
+                       IS NOT (excluded.provider_id, excluded.status, excluded.size_bytes,
+                               excluded.sandbox_id, excluded.started_at, excluded.created_at,
+                               excluded.expires_at)"
+            }
+            Sql::DeleteSnapshot => "DELETE FROM snapshots WHERE task_id = ?1 AND seq = ?2",
+            Sql::DeleteOtherSnapshots => {
+                "DELETE FROM snapshots
+                 WHERE task_id = ?1 AND seq NOT IN (SELECT value FROM json_each(?2))"
+            }
+            Sql::UpsertSandbox => {
+                "INSERT INTO sandboxes (provider_id, name, task_id, generation, created_at,
+                                        deadline, source_snapshot, status, released_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', NULL)
+                 ON CONFLICT (provider_id) DO UPDATE
+                    SET name = excluded.name, generation = excluded.generation,
+                        created_at = excluded.created_at, deadline = excluded.deadline,
+                        source_snapshot = excluded.source_snapshot, status = 'running',
+                        released_at = NULL
+                    WHERE task_id = excluded.task_id
+                      AND (name, generation, created_at, deadline, source_snapshot, status)
+                          IS NOT (excluded.name, excluded.generation, excluded.created_at,
+                                  excluded.deadline, excluded.source_snapshot, 'running')"
+            }
+            Sql::SandboxOwner => "SELECT task_id FROM sandboxes WHERE provider_id = ?1",
+            Sql::ReleaseSandbox => {
+                "UPDATE sandboxes SET status = 'released', released_at = ?3
+                 WHERE provider_id = ?2 AND task_id = ?1 AND status = 'running'"
+            }
+            Sql::ReleaseOtherSandboxes => {
+                "UPDATE sandboxes SET status = 'released', released_at = ?3
+                 WHERE task_id = ?1 AND status = 'running' AND provider_id IS NOT ?2"
+            }
+        }
+    }
+}
+
+/// The statements of one commit, each taken from the connection's statement cache the first
+/// time the commit runs it and held until the commit ends: the cache hashes a statement's whole
+/// text each time it is taken and each time it is given back, which cost more than some of
+/// the statements themselves.
+pub(super) struct Stmts<'c> {
+    conn: &'c Connection,
+    held: [Option<CachedStatement<'c>>; SQL_COUNT],
+}
+
+impl<'c> Stmts<'c> {
+    pub(super) fn new(conn: &'c Connection) -> Self {
+        Stmts {
+            conn,
+            held: std::array::from_fn(|_| None),
+        }
+    }
+
+    fn get(&mut self, sql: Sql) -> rusqlite::Result<&mut CachedStatement<'c>> {
+        let slot = &mut self.held[sql as usize];
+        if slot.is_none() {
+            *slot = Some(self.conn.prepare_cached(sql.text())?);
+        }
+        Ok(slot.as_mut().expect("prepared above"))
+    }
+}
 
 /// Writes the transitions `recs`, in order, inside `tx`; returns their journal `seq`s.
 pub(super) fn write_batch(
@@ -75,22 +201,14 @@ pub(super) fn write_batch(
     known: &mut Known,
     bufs: &mut Buffers,
 ) -> Result<Vec<u64>, StoreError> {
-    known.begin(tx, path)?;
-    let first_task = recs.first().map_or("?", |r| r.task_after.id.as_str());
-    let mut upsert =
-        tx.prepare_cached(UPSERT_TASK)
-            .map_err(on(path, first_task, "writing the task"))?;
-    let mut append = tx.prepare_cached(APPEND_JOURNAL).map_err(on(
-        path,
-        first_task,
-        "appending to the journal",
-    ))?;
+    let mut st = Stmts::new(tx);
+    known.begin(&mut st, path)?;
     let order = batch_order(recs);
     let mut seqs = Vec::with_capacity(recs.len());
     for (rec, &Place { previous, is_last }) in recs.iter().zip(&order) {
         let task = rec.task_after;
         let id = task.id.as_str();
-        let head = known.head(tx, path, id)?;
+        let head = known.head(&mut st, path, id)?;
         if let Some(h) = head
             .as_ref()
             .filter(|h| h.state != rec.state_before.as_str())
@@ -115,7 +233,7 @@ pub(super) fn write_batch(
             .filter(|l| task_seq - l.key < KEYFRAME_EVERY)
             .and_then(|l| match previous {
                 Some(j) => Some((Cow::Borrowed(recs[j].task_after), l.key)),
-                None => l.task.map(|t| (Cow::Owned(t), l.key)),
+                None => l.task.map(|t| (Cow::Owned(*t), l.key)),
             });
         let task_key = match &chain {
             Some((prev, key)) => task_delta(prev, task, &mut bufs.delta)
@@ -127,8 +245,14 @@ pub(super) fn write_batch(
                 .then_some(*key),
             None => None,
         };
-        // The whole task: for a keyframe, and for the task row.
-        let task_json = if task_key.is_none() || is_last || head.is_none() {
+        // The task row's `data` is written when the task is new to the store, and at a batch's
+        // end when the row would be the whole task anyway (a keyframe) or when it lags
+        // `KEYFRAME_EVERY` journal rows behind; otherwise only its state is.
+        let data_seq = head.as_ref().map_or(0, |h| h.data_seq);
+        let write_data = head.is_none()
+            || (is_last && (task_key.is_none() || task_seq - data_seq >= KEYFRAME_EVERY));
+        // The whole task: for a keyframe, and for the task row's `data`.
+        let task_json = if task_key.is_none() || write_data {
             json_into(&mut bufs.task, id, "task", task)?
         } else {
             ""
@@ -138,33 +262,53 @@ pub(super) fn write_batch(
             None => task_json,
         };
 
-        // The task row holds the task after the batch: its last transition writes it. A task
-        // new to the store needs its row before its first journal row (the foreign key of the
-        // snapshot and sandbox rows, and `known.head` of a later batch).
-        if is_last || head.is_none() {
-            upsert
-                .execute(params![
-                    id,
-                    task.state.as_str(),
-                    task_json,
-                    task.created_at,
-                    rec.at
-                ])
+        // A task new to the store needs its row before its first journal row (the foreign key
+        // of the journal, snapshot and sandbox rows, and `known.head` of a later batch).
+        if head.is_none() {
+            st.get(Sql::InsertTask)
+                .and_then(|s| {
+                    s.execute(params![
+                        id,
+                        task.state.as_str(),
+                        task_json,
+                        task_seq,
+                        task.created_at,
+                        rec.at
+                    ])
+                })
                 .map_err(on(path, id, "writing the task"))?;
+        } else if is_last {
+            let written = if write_data {
+                st.get(Sql::UpdateData).and_then(|s| {
+                    s.execute(params![
+                        id,
+                        task.state.as_str(),
+                        task_json,
+                        task_seq,
+                        rec.at
+                    ])
+                })
+            } else {
+                st.get(Sql::UpdateState)
+                    .and_then(|s| s.execute(params![id, task.state.as_str(), rec.at]))
+            };
+            written.map_err(on(path, id, "writing the task"))?;
         }
-        append
-            .execute(params![
-                id,
-                task_seq,
-                rec.at,
-                rec.event.name(),
-                event_json,
-                rec.state_before.as_str(),
-                task.state.as_str(),
-                commands_json,
-                task_after,
-                task_key,
-            ])
+        st.get(Sql::AppendJournal)
+            .and_then(|s| {
+                s.execute(params![
+                    id,
+                    task_seq,
+                    rec.at,
+                    rec.event.name(),
+                    event_json,
+                    rec.state_before.as_str(),
+                    task.state.as_str(),
+                    commands_json,
+                    task_after,
+                    task_key,
+                ])
+            })
             .map_err(on(path, id, "appending to the journal"))?;
         let seq = u64::try_from(tx.last_insert_rowid()).expect("journal seqs are positive");
 
@@ -175,16 +319,17 @@ pub(super) fn write_batch(
         };
         // The sandbox the task's previous transition in this batch left it holding.
         let held_before = previous.map(|j| recs[j].task_after.sandbox.as_ref());
-        let mirror = sync_mirrors(tx, path, rec, held_before, is_last, mirror)?;
+        let mirror = sync_mirrors(&mut st, path, rec, held_before, is_last, mirror)?;
         *head = Some(Head {
             state: Cow::Borrowed(task.state.as_str()),
             task_seq,
+            data_seq: if write_data { task_seq } else { data_seq },
             mirror: Some(mirror),
             last: Some(Last {
                 key: task_key.unwrap_or(task_seq),
                 // The next batch's first row of the task compares with it; within this batch
                 // the records themselves are at hand.
-                task: is_last.then(|| task.clone()),
+                task: is_last.then(|| Box::new(task.clone())),
             }),
         });
         seqs.push(seq);
@@ -296,7 +441,7 @@ fn member<T: Serialize + PartialEq>(
 ///   its release at this transition's time); a change of the same sandbox's record (a longer
 ///   deadline) waits for the task's last transition or the sandbox's release.
 fn sync_mirrors(
-    tx: &Transaction<'_>,
+    st: &mut Stmts<'_>,
     path: &Path,
     rec: &TransitionRecord<'_>,
     held_before: Option<Option<&SandboxRecord>>,
@@ -307,8 +452,8 @@ fn sync_mirrors(
     let id = task.id.as_str();
     let Some(mut m) = mirror else {
         // This connection does not know the rows: write them all from the task.
-        sync_snapshots(tx, path, task, None)?;
-        sync_sandboxes(tx, path, id, task.sandbox.as_ref(), rec.at, None)?;
+        sync_snapshots(st, path, task, None)?;
+        sync_sandboxes(st, path, id, task.sandbox.as_ref(), rec.at, None)?;
         return Ok(Mirror {
             snapshots: task.snapshots.clone(),
             sandbox: task.sandbox.clone(),
@@ -321,22 +466,85 @@ fn sync_mirrors(
         None => m.sandbox.as_ref().map(|s| &s.id) != held_id,
     };
     if changed {
-        if let Some(before) = held_before.filter(|b| *b != m.sandbox.as_ref()) {
+        if let Some(before) = held_before.filter(|b| !same_sandbox_row(*b, m.sandbox.as_ref())) {
             // The sandbox being let go has a record its row does not have yet.
-            sync_sandboxes(tx, path, id, before, rec.at, Some(&m.sandbox))?;
+            sync_sandboxes(st, path, id, before, rec.at, Some(&m.sandbox))?;
             m.sandbox = before.cloned();
         }
-        sync_sandboxes(tx, path, id, held, rec.at, Some(&m.sandbox))?;
+        sync_sandboxes(st, path, id, held, rec.at, Some(&m.sandbox))?;
         m.sandbox = task.sandbox.clone();
-    } else if is_last && held != m.sandbox.as_ref() {
-        sync_sandboxes(tx, path, id, held, rec.at, Some(&m.sandbox))?;
+    } else if is_last && !same_sandbox_row(held, m.sandbox.as_ref()) {
+        sync_sandboxes(st, path, id, held, rec.at, Some(&m.sandbox))?;
         m.sandbox = task.sandbox.clone();
     }
-    if is_last && task.snapshots != m.snapshots {
-        sync_snapshots(tx, path, task, Some(&m.snapshots))?;
+    if is_last && !same_snapshot_rows(&task.snapshots, &m.snapshots) {
+        sync_snapshots(st, path, task, Some(&m.snapshots))?;
         m.snapshots = task.snapshots.clone();
     }
     Ok(m)
+}
+
+/// Whether the sandbox records `a` and `b` give the same `sandboxes` row (`None`: no row). The
+/// row leaves out `used`, which every first command of a sandbox sets: comparing whole records
+/// would rewrite an unchanged row for it. Every field is named, so a new one does not compile
+/// until it is sorted into the row or out of it.
+fn same_sandbox_row(a: Option<&SandboxRecord>, b: Option<&SandboxRecord>) -> bool {
+    let (Some(a), Some(b)) = (a, b) else {
+        return a.is_none() && b.is_none();
+    };
+    let SandboxRecord {
+        id,
+        name,
+        generation,
+        created_at,
+        deadline,
+        source_snapshot,
+        used: _,
+    } = a;
+    (id, name, generation, created_at, deadline, source_snapshot)
+        == (
+            &b.id,
+            &b.name,
+            &b.generation,
+            &b.created_at,
+            &b.deadline,
+            &b.source_snapshot,
+        )
+}
+
+/// Whether the snapshot records `a` and `b` give the same `snapshots` row: the row leaves out
+/// what the provider could not keep (`omitted`) and who took it (`taken_by`). Every field is
+/// named, as in [`same_sandbox_row`].
+fn same_snapshot_row(a: &SnapshotRecord, b: &SnapshotRecord) -> bool {
+    let SnapshotRecord {
+        seq,
+        id,
+        status,
+        size_bytes,
+        sandbox_id,
+        started_at,
+        created_at,
+        expires_at,
+        omitted: _,
+        taken_by: _,
+    } = a;
+    (
+        seq, id, status, size_bytes, sandbox_id, started_at, created_at, expires_at,
+    ) == (
+        &b.seq,
+        &b.id,
+        &b.status,
+        &b.size_bytes,
+        &b.sandbox_id,
+        &b.started_at,
+        &b.created_at,
+        &b.expires_at,
+    )
+}
+
+/// Whether two lists of snapshot records give the same `snapshots` rows.
+fn same_snapshot_rows(a: &[SnapshotRecord], b: &[SnapshotRecord]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_snapshot_row(a, b))
 }
 
 /// Where a record stands among its task's records in a batch.
@@ -386,6 +594,8 @@ struct Head {
     state: Cow<'static, str>,
     /// The task's last journal row's `task_seq` (0: none).
     task_seq: u64,
+    /// `tasks.data_seq`: the journal row whose task `tasks.data` holds.
+    data_seq: u64,
     /// What the snapshot and sandbox rows hold (`None`: not known).
     mirror: Option<Mirror>,
     /// The task's last journal row, when this connection wrote it (a delta may follow it).
@@ -398,8 +608,9 @@ struct Last {
     /// The `task_seq` of the keyframe its chain starts from (its own when it is one).
     key: u64,
     /// The task it holds, kept when the row was the task's last in its batch (the next batch
-    /// compares with it); `None` within a batch, whose records are at hand.
-    task: Option<Task>,
+    /// compares with it); `None` within a batch, whose records are at hand. Boxed: the cache's
+    /// table moves its entries as it grows.
+    task: Option<Box<Task>>,
 }
 
 /// What this connection knows the store holds, per task: the task row's state, its last
@@ -426,11 +637,11 @@ const MAX_KNOWN: usize = 100_000;
 impl Known {
     /// Starts a commit: forgets everything if another connection committed since this one's
     /// last commit. `tx` holds the write lock.
-    fn begin(&mut self, tx: &Transaction<'_>, path: &Path) -> Result<(), StoreError> {
+    fn begin(&mut self, st: &mut Stmts<'_>, path: &Path) -> Result<(), StoreError> {
         self.pending.clear();
-        let version: i64 = tx
-            .prepare_cached("PRAGMA data_version")
-            .and_then(|mut s| s.query_row([], |r| r.get(0)))
+        let version: i64 = st
+            .get(Sql::DataVersion)
+            .and_then(|s| s.query_row([], |r| r.get(0)))
             .map_err(|e| StoreError::sql(path, "reading the data version", None, e))?;
         if self.version != Some(version) || self.tasks.len() > MAX_KNOWN {
             self.tasks.clear();
@@ -443,7 +654,7 @@ impl Known {
     /// first time the batch meets a task this connection does not know.
     fn head(
         &mut self,
-        tx: &Transaction<'_>,
+        st: &mut Stmts<'_>,
         path: &Path,
         id: &str,
     ) -> Result<&mut Option<Head>, StoreError> {
@@ -452,17 +663,14 @@ impl Known {
             // everything (`forget`).
             let head = match self.tasks.remove(id) {
                 Some(h) => Some(h),
-                None => tx
-                    .prepare_cached(
-                        "SELECT state, (SELECT COALESCE(MAX(task_seq), 0) FROM journal
-                                        WHERE task_id = ?1)
-                         FROM tasks WHERE id = ?1",
-                    )
-                    .and_then(|mut s| {
+                None => st
+                    .get(Sql::ReadHead)
+                    .and_then(|s| {
                         s.query_row([id], |r| {
                             Ok(Head {
                                 state: Cow::Owned(r.get(0)?),
-                                task_seq: r.get(1)?,
+                                data_seq: r.get(1)?,
+                                task_seq: r.get(2)?,
                                 mirror: None,
                                 last: None,
                             })
@@ -501,32 +709,18 @@ impl Known {
 /// are not rewritten (skipped when known, and the guarded upsert), so a commit only dirties the
 /// pages of records that changed.
 fn sync_snapshots(
-    tx: &Transaction<'_>,
+    st: &mut Stmts<'_>,
     path: &Path,
     task: &Task,
     old: Option<&[SnapshotRecord]>,
 ) -> Result<(), StoreError> {
     let id = task.id.as_str();
     let err = on(path, id, "recording the task's snapshots");
-    let unchanged = |snap: &SnapshotRecord| old.is_some_and(|old| old.contains(snap));
+    let unchanged = |snap: &SnapshotRecord| {
+        old.is_some_and(|old| old.iter().any(|o| same_snapshot_row(o, snap)))
+    };
     if task.snapshots.iter().any(|s| !unchanged(s)) {
-        let mut upsert = tx
-            .prepare_cached(
-                "INSERT INTO snapshots (task_id, seq, provider_id, status, size_bytes, sandbox_id,
-                                        started_at, created_at, expires_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-                 ON CONFLICT (task_id, seq) DO UPDATE
-                    SET provider_id = excluded.provider_id, status = excluded.status,
-                        size_bytes = excluded.size_bytes, sandbox_id = excluded.sandbox_id,
-                        started_at = excluded.started_at, created_at = excluded.created_at,
-                        expires_at = excluded.expires_at
-                    WHERE (provider_id, status, size_bytes, sandbox_id, started_at, created_at,
-                           expires_at)
-                       IS NOT (excluded.provider_id, excluded.status, excluded.size_bytes,
-                               excluded.sandbox_id, excluded.started_at, excluded.created_at,
-                               excluded.expires_at)",
-            )
-            .map_err(&err)?;
+        let upsert = st.get(Sql::UpsertSnapshot).map_err(&err)?;
         for snap in task.snapshots.iter().filter(|s| !unchanged(s)) {
             upsert
                 .execute(params![
@@ -545,9 +739,7 @@ fn sync_snapshots(
     }
     // Records the task no longer holds: when the rows are known, those of the old records.
     if let Some(old) = old {
-        let mut delete = tx
-            .prepare_cached("DELETE FROM snapshots WHERE task_id = ?1 AND seq = ?2")
-            .map_err(&err)?;
+        let delete = st.get(Sql::DeleteSnapshot).map_err(&err)?;
         for gone in old
             .iter()
             .filter(|o| !task.snapshots.iter().any(|s| s.seq == o.seq))
@@ -560,12 +752,9 @@ fn sync_snapshots(
     // that the statement stays the same (and cached) whatever the number of snapshots.
     let kept = serde_json::to_string(&task.snapshots.iter().map(|s| s.seq).collect::<Vec<_>>())
         .expect("a list of integers always serializes");
-    tx.prepare_cached(
-        "DELETE FROM snapshots
-         WHERE task_id = ?1 AND seq NOT IN (SELECT value FROM json_each(?2))",
-    )
-    .and_then(|mut s| s.execute(params![id, kept]))
-    .map_err(&err)?;
+    st.get(Sql::DeleteOtherSnapshots)
+        .and_then(|s| s.execute(params![id, kept]))
+        .map_err(&err)?;
     Ok(())
 }
 
@@ -574,7 +763,7 @@ fn sync_snapshots(
 /// `released` at `at`. `old`: the sandbox the rows are known to hold as `running` (`None`: not
 /// known, and every other `running` sandbox of the task is released).
 fn sync_sandboxes(
-    tx: &Transaction<'_>,
+    st: &mut Stmts<'_>,
     path: &Path,
     id: &str,
     held: Option<&SandboxRecord>,
@@ -586,22 +775,9 @@ fn sync_sandboxes(
     if let Some(sb) = held {
         // The guard skips both an unchanged row (no write) and a row of another task (no
         // takeover); the second case is told apart below.
-        let changed = tx
-            .prepare_cached(
-                "INSERT INTO sandboxes (provider_id, name, task_id, generation, created_at,
-                                        deadline, source_snapshot, status, released_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', NULL)
-                 ON CONFLICT (provider_id) DO UPDATE
-                    SET name = excluded.name, generation = excluded.generation,
-                        created_at = excluded.created_at, deadline = excluded.deadline,
-                        source_snapshot = excluded.source_snapshot, status = 'running',
-                        released_at = NULL
-                    WHERE task_id = excluded.task_id
-                      AND (name, generation, created_at, deadline, source_snapshot, status)
-                          IS NOT (excluded.name, excluded.generation, excluded.created_at,
-                                  excluded.deadline, excluded.source_snapshot, 'running')",
-            )
-            .and_then(|mut s| {
+        let changed = st
+            .get(Sql::UpsertSandbox)
+            .and_then(|s| {
                 s.execute(params![
                     sb.id.as_str(),
                     sb.name,
@@ -614,9 +790,9 @@ fn sync_sandboxes(
             })
             .map_err(&err)?;
         if changed == 0 {
-            let owner: String = tx
-                .prepare_cached("SELECT task_id FROM sandboxes WHERE provider_id = ?1")
-                .and_then(|mut s| s.query_row([sb.id.as_str()], |r| r.get(0)))
+            let owner: String = st
+                .get(Sql::SandboxOwner)
+                .and_then(|s| s.query_row([sb.id.as_str()], |r| r.get(0)))
                 .map_err(&err)?;
             if owner != id {
                 return Err(StoreError::SandboxOwned {
@@ -630,21 +806,15 @@ fn sync_sandboxes(
     let held_id = held.map(|s| s.id.as_str());
     match old {
         // Known rows: only the old sandbox can be `running` besides the held one.
-        Some(Some(o)) if Some(o.id.as_str()) != held_id => tx
-            .prepare_cached(
-                "UPDATE sandboxes SET status = 'released', released_at = ?3
-                 WHERE provider_id = ?2 AND task_id = ?1 AND status = 'running'",
-            )
-            .and_then(|mut s| s.execute(params![id, o.id.as_str(), at]))
+        Some(Some(o)) if Some(o.id.as_str()) != held_id => st
+            .get(Sql::ReleaseSandbox)
+            .and_then(|s| s.execute(params![id, o.id.as_str(), at]))
             .map(drop)
             .map_err(&err),
         Some(_) => Ok(()),
-        None => tx
-            .prepare_cached(
-                "UPDATE sandboxes SET status = 'released', released_at = ?3
-                 WHERE task_id = ?1 AND status = 'running' AND provider_id IS NOT ?2",
-            )
-            .and_then(|mut s| s.execute(params![id, held_id, at]))
+        None => st
+            .get(Sql::ReleaseOtherSandboxes)
+            .and_then(|s| s.execute(params![id, held_id, at]))
             .map(drop)
             .map_err(&err),
     }

@@ -237,6 +237,7 @@ fn migration_3_keeps_the_journal_and_its_seqs() {
          BEGIN SELECT RAISE(ABORT, 'the journal is append-only: UPDATE refused'); END;
          CREATE TRIGGER journal_no_delete BEFORE DELETE ON journal
          BEGIN SELECT RAISE(ABORT, 'the journal is append-only: DELETE refused'); END;
+         ALTER TABLE tasks DROP COLUMN data_seq;
          PRAGMA user_version = 2;
          COMMIT;",
     )
@@ -261,6 +262,19 @@ fn migration_3_keeps_the_journal_and_its_seqs() {
         ),
         before,
         "the rows and their seqs are kept"
+    );
+    // Migration 5: the task rows' `data` was the task after their last journal row.
+    let data_seq = |id: &str| {
+        count(
+            &super::raw(&path),
+            &format!("SELECT data_seq FROM tasks WHERE id = '{id}'"),
+        )
+    };
+    assert_eq!((data_seq("a"), data_seq("b")), (2, b.len() as i64));
+    assert_eq!(store.load_task("a").expect("a"), Some(a[1].task.clone()));
+    assert_eq!(
+        store.load_task("b").expect("b"),
+        b.last().map(|s| s.task.clone())
     );
     for step in a.iter().skip(2) {
         store
