@@ -154,6 +154,13 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     UPDATE tasks SET data_seq = (SELECT COALESCE(MAX(task_seq), 0) FROM journal
                                  WHERE journal.task_id = tasks.id);
     "#,
+    // 6: the sandboxes' index by task without their status, which releasing a sandbox changes
+    // (its entry was rewritten on every release). A task has few sandboxes: reading its
+    // `running` ones through the task alone costs nothing.
+    r#"
+    DROP INDEX sandboxes_task;
+    CREATE INDEX sandboxes_by_task ON sandboxes(task_id);
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -238,6 +238,8 @@ fn migration_3_keeps_the_journal_and_its_seqs() {
          CREATE TRIGGER journal_no_delete BEFORE DELETE ON journal
          BEGIN SELECT RAISE(ABORT, 'the journal is append-only: DELETE refused'); END;
          ALTER TABLE tasks DROP COLUMN data_seq;
+         DROP INDEX sandboxes_by_task;
+         CREATE INDEX sandboxes_task ON sandboxes(task_id, status);
          PRAGMA user_version = 2;
          COMMIT;",
     )
@@ -295,6 +297,21 @@ fn migration_3_keeps_the_journal_and_its_seqs() {
 
     let conn = super::raw(&path);
     assert!(count(&conn, "PRAGMA user_version") >= 3);
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'index' AND name = 'sandboxes_task'"
+        ),
+        0,
+        "migration 6 replaced the sandboxes' index by task and status"
+    );
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'index' AND name = 'sandboxes_by_task'"
+        ),
+        1
+    );
     assert_eq!(count(&conn, SEQUENCE), 0, "AUTOINCREMENT is gone");
     for (sql, refused) in [
         ("UPDATE journal SET at = 0", "UPDATE refused"),
