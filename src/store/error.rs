@@ -90,6 +90,25 @@ pub enum StoreError {
         source: Box<rusqlite::Error>,
     },
 
+    /// Migration 5 stops storing a task in its row (the journal holds it) and found a task row
+    /// whose task is not the one its journal rebuilds: the row was edited, or the journal
+    /// damaged. Nothing was changed.
+    #[error(
+        "migrating the store {} to schema version 5 refused: the row of task `{task_id}` holds \
+         another task than its journal's last row ({reason}); the migration keeps only the \
+         journal's, so it changed nothing. Make them agree (or remove the task) with the taskbox \
+         that wrote this store, or restore the file from a backup",
+        path.display()
+    )]
+    TaskRowDisagrees {
+        /// The store file.
+        path: PathBuf,
+        /// The task.
+        task_id: String,
+        /// How they differ, or why the journal could not be read.
+        reason: String,
+    },
+
     /// The installation id could not be generated.
     #[error("cannot read random bytes from /dev/urandom for the installation id")]
     Random {

@@ -113,16 +113,22 @@ impl<'a> RowContext<'a> {
     }
 }
 
-/// Decodes `SELECT id, state, data FROM tasks`, checking that the columns agree with the JSON
-/// (they are written together; a mismatch means the row was edited by hand).
-pub(crate) fn decode_task(path: &Path, row: &impl Columns) -> Result<Task, StoreError> {
+/// Decodes a task's id, state and task JSON (`SELECT id, state, data FROM tasks` on PostgreSQL;
+/// on SQLite the JSON is rebuilt from the journal: `data_column` names where it comes from),
+/// checking that the columns agree with the JSON (they are written together; a mismatch means
+/// the row was edited by hand).
+pub(crate) fn decode_task(
+    path: &Path,
+    row: &impl Columns,
+    data_column: &'static str,
+) -> Result<Task, StoreError> {
     let mut cx = RowContext::new(path, "?", "tasks.id");
     cx.read_task(row, 0, "tasks.id")?;
     let state: TaskState = cx.name(row, 1, "tasks.state")?;
-    let task: Task = cx.json(row, 2, "tasks.data")?;
+    let task: Task = cx.json(row, 2, data_column)?;
     if task.id.as_str() != cx.task_id {
         return Err(cx.corrupt(
-            "tasks.data",
+            data_column,
             format!("the JSON is of task `{}`", task.id),
             None,
         ));

@@ -145,14 +145,12 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     ALTER TABLE journal ADD COLUMN task_key INTEGER
         CHECK (task_key IS NULL OR (task_key >= 1 AND task_key < task_seq));
     "#,
-    // 5: a task row whose commits write its state, not the whole task: `data` is the task as of
-    // its journal row `data_seq` (0: before any), and the journal rows after that one bring it
-    // up to date (`sqlite/write.rs` rewrites `data` every so often). Until now `data` was the
-    // task after its last journal row.
+    // 5: the task row holds the task's state, not the task: its journal holds it (the chain
+    // of the last row rebuilds it, `sqlite/rows.rs`), so a commit no longer writes a whole task
+    // per task per batch. Until now `data` held the task after the task's last journal row:
+    // `migrate` checks that every row's is the one its journal rebuilds before dropping it.
     r#"
-    ALTER TABLE tasks ADD COLUMN data_seq INTEGER NOT NULL DEFAULT 0 CHECK (data_seq >= 0);
-    UPDATE tasks SET data_seq = (SELECT COALESCE(MAX(task_seq), 0) FROM journal
-                                 WHERE journal.task_id = tasks.id);
+    ALTER TABLE tasks DROP COLUMN data;
     "#,
     // 6: the sandboxes' index by task without their status, which releasing a sandbox changes
     // (its entry was rewritten on every release). A task has few sandboxes: reading its
@@ -293,6 +291,9 @@ fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
         check_version(path, current)?;
         if current >= version {
             continue;
+        }
+        if version == 5 {
+            super::sqlite::check_rows_before_5(&tx, path)?;
         }
         tx.execute_batch(sql).map_err(mig_err)?;
         tx.pragma_update(None, "user_version", version)

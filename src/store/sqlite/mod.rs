@@ -7,11 +7,10 @@
 //!
 //! - writes the task row (in a batch, once per task, from its last transition), refusing it with
 //!   [`StoreError::StateConflict`] if the stored state is not the transition's `state_before`
-//!   (a second writer would otherwise silently lose an update). Most commits write its state
-//!   only: `tasks.data` holds the whole [`Task`] as JSON as of the journal row `data_seq`, and
-//!   is rewritten when the task is new, when the batch's last row of it is a keyframe, and when
-//!   it is [`delta::KEYFRAME_EVERY`] rows behind. Loading a task reads `data` and the journal
-//!   rows after `data_seq` (`LOAD_TASKS`) and rebuilds it as the journal's readers do;
+//!   (a second writer would otherwise silently lose an update). The row holds the task's state,
+//!   not the task (migration 5): the journal holds it, and loading a task rebuilds it from the
+//!   journal's rows from the keyframe its last row's chain starts from (`LOAD_TASKS`, at most
+//!   [`delta::KEYFRAME_EVERY`] rows), as the journal's readers do;
 //! - appends a `journal` row (the event, the commands, and the task after the transition) with
 //!   the next per-task sequence number. The task after it is stored as what changed since the
 //!   task's row before, with the whole task every so often ([`delta`]); the readers rebuild it.
@@ -55,6 +54,8 @@ use crate::ids::TaskId;
 
 use write::{write_batch, Buffers, Known};
 
+pub(crate) use rows::check_rows_before_5;
+
 /// An open SQLite store file. Not `Sync`: give each thread its own store (they may share the
 /// file).
 #[derive(Debug)]
@@ -71,13 +72,13 @@ pub struct SqliteStore {
     bufs: Buffers,
 }
 
-/// What `query_tasks` reads: each task row with the journal rows after its `data_seq`, which
-/// bring its `data` up to date (`ORDER BY` and any `WHERE` are added by the caller). One
+/// What `rows::query_tasks` reads: each task row with its journal's rows from the keyframe its
+/// last row's chain starts from (`ORDER BY` and any `WHERE` are added by the caller). One
 /// statement, so the rows are of one commit.
-const LOAD_TASKS: &str = "SELECT t.id, t.state, t.data, t.data_seq, j.task_seq, j.task_key, \
-                          j.task_after \
-                          FROM tasks t LEFT JOIN journal j \
-                          ON j.task_id = t.id AND j.task_seq > t.data_seq";
+pub(crate) const LOAD_TASKS: &str = "SELECT t.id, t.state, j.task_seq, j.task_key, j.task_after \
+     FROM tasks t LEFT JOIN journal j ON j.task_id = t.id AND j.task_seq >= \
+     (SELECT COALESCE(l.task_key, l.task_seq) FROM journal l WHERE l.task_id = t.id \
+      ORDER BY l.task_seq DESC LIMIT 1)";
 
 /// The columns `query_journal` decodes, in its order.
 const JOURNAL_COLUMNS: &str = "seq, task_id, task_seq, at, event, state_before, state_after, \
@@ -127,15 +128,21 @@ impl SqliteStore {
     /// The task with this id, if it was ever committed.
     pub fn load_task(&self, id: &str) -> Result<Option<Task>, StoreError> {
         let sql = format!("{LOAD_TASKS} WHERE t.id = ?1 ORDER BY j.task_seq");
-        Ok(self
-            .query_tasks("loading a task", &sql, params![id], Some(id))?
-            .pop())
+        Ok(rows::query_tasks(
+            &self.conn,
+            &self.path,
+            "loading a task",
+            &sql,
+            params![id],
+            Some(id),
+        )?
+        .pop())
     }
 
     /// Every task, ordered by id.
     pub fn load_tasks(&self) -> Result<Vec<Task>, StoreError> {
         let sql = format!("{LOAD_TASKS} ORDER BY t.id, j.task_seq");
-        self.query_tasks("loading tasks", &sql, &[], None)
+        rows::query_tasks(&self.conn, &self.path, "loading tasks", &sql, &[], None)
     }
 
     /// The ids of every task, ordered.

@@ -1,6 +1,8 @@
 //! Reading rows back: running a query, and the [`Columns`] reads of a SQLite row that the
 //! shared decoders (`store/rows.rs`) and the marks here decode with.
 
+use std::path::Path;
+
 use rusqlite::types::FromSql;
 use rusqlite::Row;
 
@@ -80,95 +82,6 @@ impl SqliteStore {
         Ok(out)
     }
 
-    /// Reads tasks with `sql` ([`super::LOAD_TASKS`], ordered by task id and then `task_seq`):
-    /// each task's `data`, brought up to date by its journal rows after `data_seq`, decoded and
-    /// checked against its row.
-    pub(super) fn query_tasks(
-        &self,
-        operation: &'static str,
-        sql: &str,
-        params: &[&dyn rusqlite::ToSql],
-        task_id: Option<&str>,
-    ) -> Result<Vec<Task>, StoreError> {
-        let mut tasks = Vec::new();
-        let mut loading: Option<Loading> = None;
-        self.query_rows(operation, sql, params, task_id, |row| {
-            let id = row
-                .get_ref(0)
-                .and_then(|v| v.as_str().map_err(Into::into))
-                .map_err(|e| {
-                    RowContext::new(&self.path, "?", "tasks.id").corrupt(
-                        "tasks.id",
-                        e.to_string(),
-                        None,
-                    )
-                })?;
-            if loading.as_ref().is_none_or(|l| l.id != id) {
-                if let Some(done) = loading.take() {
-                    tasks.push(done.finish(&self.path)?);
-                }
-                let mut cx = RowContext::new(&self.path, "?", "tasks.id");
-                cx.read_task(row, 0, "tasks.id")?;
-                loading = Some(Loading {
-                    id: id.to_string(),
-                    state: get(&cx, row, 1, "tasks.state")?,
-                    text: row.json_text(&cx, (2, "tasks.data"))?.to_string(),
-                    seq: get(&cx, row, 3, "tasks.data_seq")?,
-                    from_data: true,
-                });
-            }
-            let l = loading.as_mut().expect("set above");
-            let mut cx = RowContext::new(&self.path, &l.id, "tasks.id");
-            let Some(task_seq) = get::<Option<u64>>(&cx, row, 4, "journal.task_seq")? else {
-                // No journal row after `data_seq`: `data` is the task.
-                return Ok(());
-            };
-            cx.seq = Some(task_seq);
-            let key: Option<u64> = get(&cx, row, 5, "journal.task_key")?;
-            let text = row.json_text(&cx, (6, "journal.task_after"))?;
-            if task_seq != l.seq + 1 {
-                return Err(cx.corrupt(
-                    "journal.task_seq",
-                    format!(
-                        "the task's journal goes from row {} to row {task_seq}",
-                        l.seq
-                    ),
-                    None,
-                ));
-            }
-            match key {
-                None => {
-                    l.text.clear();
-                    l.text.push_str(text);
-                    l.from_data = false;
-                }
-                Some(_) => {
-                    let mut whole = String::new();
-                    delta::apply(&l.text, text, &mut whole).map_err(|e| {
-                        if l.from_data {
-                            cx.corrupt(
-                                "tasks.data",
-                                format!(
-                                    "the journal row {task_seq}'s change does not apply to it: {e}"
-                                ),
-                                None,
-                            )
-                        } else {
-                            cx.corrupt("journal.task_after", e, None)
-                        }
-                    })?;
-                    l.text = whole;
-                }
-            }
-            l.seq = task_seq;
-            Ok(())
-        })?;
-        if let Some(done) = loading {
-            tasks.push(done.finish(&self.path)?);
-        }
-        Ok(tasks)
-    }
-
     /// Runs `sql` (`operation` names it in errors, with `task_id`) and decodes each row with
     /// `decode`, in order.
     pub(super) fn query_rows<T>(
@@ -188,6 +101,79 @@ impl SqliteStore {
         }
         Ok(out)
     }
+}
+
+/// Reads tasks with `sql` ([`super::LOAD_TASKS`], ordered by task id and then `task_seq`): each
+/// task rebuilt from its journal's rows from the keyframe its last row's chain starts from,
+/// decoded and checked against its row. On `conn`, which need not be a store's yet (migration
+/// 5 checks with it); `operation` names the read in errors.
+pub(crate) fn query_tasks(
+    conn: &rusqlite::Connection,
+    path: &Path,
+    operation: &'static str,
+    sql: &str,
+    params: &[&dyn rusqlite::ToSql],
+    task_id: Option<&str>,
+) -> Result<Vec<Task>, StoreError> {
+    let err = |e| StoreError::sql(path, operation, task_id, e);
+    let mut stmt = conn.prepare_cached(sql).map_err(err)?;
+    let mut rows = stmt.query(params).map_err(err)?;
+    let mut tasks = Vec::new();
+    let mut loading: Option<Loading> = None;
+    while let Some(row) = rows.next().map_err(err)? {
+        let mut cx = RowContext::new(path, "?", "tasks.id");
+        cx.read_task(row, 0, "tasks.id")?;
+        if loading.as_ref().is_none_or(|l| l.id != cx.task_id) {
+            if let Some(done) = loading.take() {
+                tasks.push(done.finish(path)?);
+            }
+            loading = Some(Loading {
+                id: cx.task_id.clone(),
+                state: get(&cx, row, 1, "tasks.state")?,
+                text: String::new(),
+                seq: None,
+            });
+        }
+        let l = loading.as_mut().expect("set above");
+        let Some(task_seq) = get::<Option<u64>>(&cx, row, 2, "journal.task_seq")? else {
+            return Err(cx.corrupt(
+                "journal.task_id",
+                "the task has a row but no journal row holds it".to_string(),
+                None,
+            ));
+        };
+        cx.seq = Some(task_seq);
+        let key: Option<u64> = get(&cx, row, 3, "journal.task_key")?;
+        let text = row.json_text(&cx, (4, "journal.task_after"))?;
+        match (l.seq, key) {
+            (_, None) => {
+                l.text.clear();
+                l.text.push_str(text);
+            }
+            (Some(before), Some(_)) if before + 1 == task_seq => {
+                let mut whole = String::new();
+                delta::apply(&l.text, text, &mut whole)
+                    .map_err(|e| cx.corrupt("journal.task_after", e, None))?;
+                l.text = whole;
+            }
+            (before, Some(key)) => {
+                return Err(cx.corrupt(
+                    "journal.task_after",
+                    format!(
+                        "a delta against the task's row {}, which was not read before it \
+                         (its chain starts at row {key}; the row read before: {before:?})",
+                        task_seq.saturating_sub(1)
+                    ),
+                    None,
+                ))
+            }
+        }
+        l.seq = Some(task_seq);
+    }
+    if let Some(done) = loading {
+        tasks.push(done.finish(path)?);
+    }
+    Ok(tasks)
 }
 
 /// A column of a plain SQL type (a NULL, a negative number or a wrong type is corrupt).
@@ -225,24 +211,23 @@ impl Columns for Row<'_> {
     }
 }
 
-/// A task being read by `query_tasks`: its row and the task's text as of the journal row `seq`.
+/// A task being read by `query_tasks`: its row's id and state, and the task's text as of its
+/// journal row `seq`.
 struct Loading {
     id: String,
     state: String,
     text: String,
-    seq: u64,
-    /// `text` is still `tasks.data` or built on it (no keyframe read since).
-    from_data: bool,
+    seq: Option<u64>,
 }
 
 impl Loading {
     /// Decodes the task, checked against its row's columns.
-    fn finish(self, path: &std::path::Path) -> Result<Task, StoreError> {
-        rows::decode_task(path, &self)
+    fn finish(self, path: &Path) -> Result<Task, StoreError> {
+        rows::decode_task(path, &self, "journal.task_after")
     }
 }
 
-/// The columns `rows::decode_task` reads: `id, state, data`, the data rebuilt.
+/// The columns `rows::decode_task` reads: `id, state, data`, the data rebuilt from the journal.
 impl Columns for Loading {
     fn text(&self, cx: &RowContext<'_>, col: Col) -> Result<String, StoreError> {
         match col.0 {
@@ -302,4 +287,45 @@ impl Columns for Rebuilt<'_, '_> {
     fn opt_uint(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<u64>, StoreError> {
         self.row.opt_uint(cx, col)
     }
+}
+
+/// Before migration 5 drops `tasks.data`: checks on `conn` (inside the migration's transaction)
+/// that every task row's `data` is the task its journal rebuilds, so that dropping it loses
+/// nothing. Refuses with [`StoreError::TaskRowDisagrees`] otherwise.
+pub(crate) fn check_rows_before_5(
+    conn: &rusqlite::Connection,
+    path: &Path,
+) -> Result<(), StoreError> {
+    let op = "checking the task rows before migration 5";
+    let ids_and_data: Vec<(String, String)> = conn
+        .prepare("SELECT id, data FROM tasks ORDER BY id")
+        .and_then(|mut s| {
+            s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()
+        })
+        .map_err(|e| StoreError::sql(path, op, None, e))?;
+    let sql = format!("{} WHERE t.id = ?1 ORDER BY j.task_seq", super::LOAD_TASKS);
+    for (id, data) in ids_and_data {
+        let disagree = |reason: String| StoreError::TaskRowDisagrees {
+            path: path.to_path_buf(),
+            task_id: id.clone(),
+            reason,
+        };
+        let row: Task = serde_json::from_str(&data)
+            .map_err(|e| disagree(format!("its row's data does not decode: {e}")))?;
+        let rebuilt = query_tasks(conn, path, op, &sql, rusqlite::params![id], Some(&id))
+            .map_err(|e| disagree(format!("its journal does not read back: {e}")))?;
+        match rebuilt.as_slice() {
+            [task] if *task == row => {}
+            [task] => {
+                return Err(disagree(format!(
+                    "the row's task is in state `{}` at request {}, the journal's in state `{}` \
+                     at request {}",
+                    row.state, row.last_request_id, task.state, task.last_request_id
+                )))
+            }
+            _ => return Err(disagree("its journal does not read back".to_string())),
+        }
+    }
+    Ok(())
 }

@@ -5,11 +5,11 @@
 //! reuses; one journal row is appended (its `task_seq` bound from what this connection knows,
 //! not looked up; its `task_after` the members that changed since the task's row before when
 //! this connection wrote that row, compared field by field by [`task_delta`], else the whole
-//! task: see [`super::delta`]); the task row is written by the task's last transition in the
-//! batch (and, for a task new to the store, by its first, since the journal row refers to it),
-//! usually its state only: the whole task is serialized only for a keyframe and for the row's
-//! `data` (a new task, a keyframe at the batch's end, or `data` [`KEYFRAME_EVERY`] rows behind);
-//! the snapshot and sandbox rows only when what they hold of the task's records changed. Each
+//! task: see [`super::delta`]: the whole task is serialized only for such a keyframe); the task
+//! row, which holds the task's state and not the task (migration 5: the journal holds it), is
+//! written by the task's last transition in the batch (and, for a task new to the store, by its
+//! first, since the journal row refers to it); the snapshot and sandbox rows only when what they
+//! hold of the task's records changed. Each
 //! statement is taken from the connection's cache once per batch ([`Stmts`]). Nothing is read
 //! per transition: the stored state and the last `task_seq` of a task come from [`Known`], read
 //! from the file once per task when this connection does not know them.
@@ -67,16 +67,12 @@ enum Sql {
     DataVersion,
     /// A task's row as `Known::head` reads it.
     ReadHead,
-    /// A task new to the store: its row, with the task after its first journal row.
+    /// A task new to the store: its row.
     InsertTask,
     /// A transition's journal row.
     AppendJournal,
-    /// A batch's end, most of the time: the task row's state only (its `data` stays the task as of
-    /// an earlier journal row, which the rows after it bring up to date).
+    /// A batch's end: the task row's state (the task itself is its journal's).
     UpdateState,
-    /// A batch's end, every [`KEYFRAME_EVERY`] journal rows of the task or so: the task row's state
-    /// and the whole task, as of the journal row `data_seq`.
-    UpdateData,
     /// A snapshot record's row, rewritten only when it differs.
     UpsertSnapshot,
     /// The row of a snapshot record the task no longer holds.
@@ -102,13 +98,12 @@ impl Sql {
         match self {
             Sql::DataVersion => "PRAGMA data_version",
             Sql::ReadHead => {
-                "SELECT state, data_seq,
+                "SELECT state,
                         (SELECT COALESCE(MAX(task_seq), 0) FROM journal WHERE task_id = ?1)
                  FROM tasks WHERE id = ?1"
             }
             Sql::InsertTask => {
-                "INSERT INTO tasks (id, state, data, data_seq, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+                "INSERT INTO tasks (id, state, created_at, updated_at) VALUES (?1, ?2, ?3, ?4)"
             }
             Sql::AppendJournal => {
                 "INSERT INTO journal (task_id, task_seq, at, event_name, event, state_before,
@@ -116,10 +111,6 @@ impl Sql {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
             }
             Sql::UpdateState => "UPDATE tasks SET state = ?2, updated_at = ?3 WHERE id = ?1",
-            Sql::UpdateData => {
-                "UPDATE tasks SET state = ?2, data = ?3, data_seq = ?4, updated_at = ?5
-                 WHERE id = ?1"
-            }
             Sql::UpsertSnapshot => {
                 "INSERT INTO snapshots (task_id, seq, provider_id, status, size_bytes, sandbox_id,
                                         started_at, created_at, expires_at)
@@ -245,55 +236,25 @@ pub(super) fn write_batch(
                 .then_some(*key),
             None => None,
         };
-        // The task row's `data` is written when the task is new to the store, and at a batch's
-        // end when the row would be the whole task anyway (a keyframe) or when it lags
-        // `KEYFRAME_EVERY` journal rows behind; otherwise only its state is.
-        let data_seq = head.as_ref().map_or(0, |h| h.data_seq);
-        let write_data = head.is_none()
-            || (is_last && (task_key.is_none() || task_seq - data_seq >= KEYFRAME_EVERY));
-        // The whole task: for a keyframe, and for the task row's `data`.
-        let task_json = if task_key.is_none() || write_data {
-            json_into(&mut bufs.task, id, "task", task)?
-        } else {
-            ""
-        };
+        // The whole task: for a keyframe.
         let task_after = match task_key {
             Some(_) => std::str::from_utf8(&bufs.delta).expect("serde_json writes UTF-8"),
-            None => task_json,
+            None => json_into(&mut bufs.task, id, "task", task)?,
         };
 
         // A task new to the store needs its row before its first journal row (the foreign key
-        // of the journal, snapshot and sandbox rows, and `known.head` of a later batch).
-        if head.is_none() {
+        // of the journal, snapshot and sandbox rows, and `known.head` of a later batch); the
+        // row holds the task's state as of the batch's end.
+        let written = if head.is_none() {
             st.get(Sql::InsertTask)
-                .and_then(|s| {
-                    s.execute(params![
-                        id,
-                        task.state.as_str(),
-                        task_json,
-                        task_seq,
-                        task.created_at,
-                        rec.at
-                    ])
-                })
-                .map_err(on(path, id, "writing the task"))?;
+                .and_then(|s| s.execute(params![id, task.state.as_str(), task.created_at, rec.at]))
         } else if is_last {
-            let written = if write_data {
-                st.get(Sql::UpdateData).and_then(|s| {
-                    s.execute(params![
-                        id,
-                        task.state.as_str(),
-                        task_json,
-                        task_seq,
-                        rec.at
-                    ])
-                })
-            } else {
-                st.get(Sql::UpdateState)
-                    .and_then(|s| s.execute(params![id, task.state.as_str(), rec.at]))
-            };
-            written.map_err(on(path, id, "writing the task"))?;
-        }
+            st.get(Sql::UpdateState)
+                .and_then(|s| s.execute(params![id, task.state.as_str(), rec.at]))
+        } else {
+            Ok(0)
+        };
+        written.map_err(on(path, id, "writing the task"))?;
         st.get(Sql::AppendJournal)
             .and_then(|s| {
                 s.execute(params![
@@ -323,7 +284,6 @@ pub(super) fn write_batch(
         *head = Some(Head {
             state: Cow::Borrowed(task.state.as_str()),
             task_seq,
-            data_seq: if write_data { task_seq } else { data_seq },
             mirror: Some(mirror),
             last: Some(Last {
                 key: task_key.unwrap_or(task_seq),
@@ -594,8 +554,6 @@ struct Head {
     state: Cow<'static, str>,
     /// The task's last journal row's `task_seq` (0: none).
     task_seq: u64,
-    /// `tasks.data_seq`: the journal row whose task `tasks.data` holds.
-    data_seq: u64,
     /// What the snapshot and sandbox rows hold (`None`: not known).
     mirror: Option<Mirror>,
     /// The task's last journal row, when this connection wrote it (a delta may follow it).
@@ -669,8 +627,7 @@ impl Known {
                         s.query_row([id], |r| {
                             Ok(Head {
                                 state: Cow::Owned(r.get(0)?),
-                                data_seq: r.get(1)?,
-                                task_seq: r.get(2)?,
+                                task_seq: r.get(1)?,
                                 mirror: None,
                                 last: None,
                             })

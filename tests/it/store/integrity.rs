@@ -68,21 +68,36 @@ fn corrupt_rows_are_typed_errors_naming_task_and_column(db) {
     for step in lifecycle("a", 1_000) {
         store.commit(&step.rec()).expect("commit");
     }
-    db.exec("UPDATE tasks SET data = '{\"id\": \"a\"}' WHERE id = 'a'")
-        .expect("corrupt the task");
+    // The task as stored: on PostgreSQL the task row's JSON, on SQLite its journal's (the last
+    // row, a change of the task, rebuilt on the rows before it).
+    let (damage, column) = match db.kind {
+        Kind::Sqlite => (
+            "DROP TRIGGER journal_no_update;
+             UPDATE journal SET task_after = '{\"state\": 5}' WHERE task_id = 'a' AND task_seq = 4;
+             CREATE TRIGGER journal_no_update BEFORE UPDATE ON journal
+             BEGIN SELECT RAISE(ABORT, 'the journal is append-only: UPDATE refused'); END;",
+            "journal.task_after",
+        ),
+        Kind::Postgres => (
+            "UPDATE tasks SET data = '{\"id\": \"a\"}' WHERE id = 'a'",
+            "tasks.data",
+        ),
+    };
+    db.exec(damage).expect("corrupt the task");
     for err in [
         store.load_task("a").expect_err("corrupt data"),
         store.load_tasks().expect_err("corrupt data"),
     ] {
         assert!(
-            matches!(&err, StoreError::Corrupt { task_id, column: "tasks.data", .. }
-                if task_id == "a"),
+            matches!(&err, StoreError::Corrupt { task_id, column: c, .. }
+                if task_id == "a" && *c == column),
             "{err:?}"
         );
         assert!(err.to_string().contains("task `a`"), "{err}");
     }
-    // The next transition replaces the damaged row whole (its JSON lacks the `snapshots` and
-    // `sandbox` the commit compares against).
+    // The next transition replaces the damaged task whole: the task row on PostgreSQL (its
+    // JSON lacks the `snapshots` and `sandbox` the commit compares against), a keyframe on
+    // SQLite (another connection wrote since this one's last commit).
     let mut next = lifecycle("a", 1_000).pop().expect("steps");
     next.before = TaskState::Expired;
     next.event = Event::Recovered;
@@ -190,6 +205,73 @@ fn a_row_whose_task_id_is_not_a_task_id_is_corrupt(db) {
 }
 }
 
+/// Migration 5 drops the task rows' `data` only when every row holds the task its journal
+/// rebuilds: a row edited by hand refuses it, naming the task, and leaves the file as it was.
+#[test]
+fn migration_5_refuses_a_task_row_its_journal_disagrees_with() {
+    let (_dir, path) = temp_db();
+    let steps = lifecycle("a", 1_000);
+    let mut store = Store::open(&path).expect("open");
+    for step in &steps {
+        store.commit(&step.rec()).expect("commit");
+    }
+    drop(store);
+    // The row as a version-4 store held it, but edited: the task after its second transition.
+    let conn = super::raw(&path);
+    conn.execute_batch("ALTER TABLE tasks ADD COLUMN data TEXT NOT NULL DEFAULT ''")
+        .expect("the data column");
+    conn.execute(
+        "UPDATE tasks SET data = ?1 WHERE id = 'a'",
+        [serde_json::to_string(&steps[1].task).expect("serializes")],
+    )
+    .expect("the task's data");
+    conn.execute_batch(
+        "DROP INDEX sandboxes_by_task;
+         CREATE INDEX sandboxes_task ON sandboxes(task_id, status);
+         PRAGMA user_version = 4;",
+    )
+    .expect("version 4");
+    drop(conn);
+
+    let err = Store::open(&path).expect_err("a row that disagrees");
+    assert!(
+        matches!(&err, StoreError::TaskRowDisagrees { task_id, .. } if task_id == "a"),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("task `a`")
+            && text.contains("schema version 5")
+            && text.contains("changed nothing"),
+        "{text}"
+    );
+    let conn = super::raw(&path);
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .expect("version");
+    assert_eq!(version, 4, "the file stays at version 4");
+    let data: String = conn
+        .query_row("SELECT data FROM tasks WHERE id = 'a'", [], |r| r.get(0))
+        .expect("the row keeps its data");
+    assert_eq!(
+        data,
+        serde_json::to_string(&steps[1].task).expect("serializes")
+    );
+
+    // Made to agree, it migrates, and the task reads back from its journal.
+    conn.execute(
+        "UPDATE tasks SET data = ?1 WHERE id = 'a'",
+        [serde_json::to_string(&steps[steps.len() - 1].task).expect("serializes")],
+    )
+    .expect("the task's data");
+    drop(conn);
+    let store = Store::open(&path).expect("migrates");
+    assert_eq!(
+        store.load_task("a").expect("load"),
+        Some(steps[steps.len() - 1].task.clone())
+    );
+}
+
 /// A store written before migration 3 (its journal with `AUTOINCREMENT`) keeps every journal
 /// row and its seq when opened; appends go on after the largest seq, the journal stays
 /// append-only and its rows still need their task.
@@ -210,9 +292,23 @@ fn migration_3_keeps_the_journal_and_its_seqs() {
         store.journal("a").expect("a"),
         store.journal("b").expect("b"),
     );
+    let tasks = store.load_tasks().expect("tasks");
     drop(store);
-    // The journal as migrations 1 and 2 left it.
+    // The journal as migrations 1 and 2 left it, and the task rows with their `data` (the task
+    // after its last journal row) as before migration 5.
     let conn = super::raw(&path);
+    conn.execute_batch("ALTER TABLE tasks ADD COLUMN data TEXT NOT NULL DEFAULT ''")
+        .expect("the data column");
+    for task in &tasks {
+        conn.execute(
+            "UPDATE tasks SET data = ?2 WHERE id = ?1",
+            [
+                task.id.as_str(),
+                &serde_json::to_string(task).expect("serializes"),
+            ],
+        )
+        .expect("the task's data");
+    }
     conn.execute_batch(
         "PRAGMA foreign_keys = OFF;
          BEGIN;
@@ -237,7 +333,6 @@ fn migration_3_keeps_the_journal_and_its_seqs() {
          BEGIN SELECT RAISE(ABORT, 'the journal is append-only: UPDATE refused'); END;
          CREATE TRIGGER journal_no_delete BEFORE DELETE ON journal
          BEGIN SELECT RAISE(ABORT, 'the journal is append-only: DELETE refused'); END;
-         ALTER TABLE tasks DROP COLUMN data_seq;
          DROP INDEX sandboxes_by_task;
          CREATE INDEX sandboxes_task ON sandboxes(task_id, status);
          PRAGMA user_version = 2;
@@ -265,19 +360,8 @@ fn migration_3_keeps_the_journal_and_its_seqs() {
         before,
         "the rows and their seqs are kept"
     );
-    // Migration 5: the task rows' `data` was the task after their last journal row.
-    let data_seq = |id: &str| {
-        count(
-            &super::raw(&path),
-            &format!("SELECT data_seq FROM tasks WHERE id = '{id}'"),
-        )
-    };
-    assert_eq!((data_seq("a"), data_seq("b")), (2, b.len() as i64));
-    assert_eq!(store.load_task("a").expect("a"), Some(a[1].task.clone()));
-    assert_eq!(
-        store.load_task("b").expect("b"),
-        b.last().map(|s| s.task.clone())
-    );
+    // Migration 5 dropped the task rows' `data`: the tasks read back from the journal.
+    assert_eq!(store.load_tasks().expect("tasks"), tasks);
     for step in a.iter().skip(2) {
         store
             .commit(&step.rec())
