@@ -35,8 +35,7 @@ impl SqliteStore {
         task_id: &str,
         from: u64,
     ) -> Result<Vec<JournalEntry>, StoreError> {
-        // The whole task text of the row read last, and its `task_seq`.
-        let mut prev: Option<(u64, String)> = None;
+        let mut chain = Chain::default();
         let mut out = Vec::new();
         self.query_rows("reading the journal", sql, params, Some(task_id), |row| {
             let mut cx = self.row_context(row, "journal.task_id", 1)?;
@@ -46,37 +45,14 @@ impl SqliteStore {
             let task_seq: u64 = get(&cx, row, 2, "journal.task_seq")?;
             let key: Option<u64> = get(&cx, row, 9, "journal.task_key")?;
             let text = row.json_text(&cx, (8, "journal.task_after"))?;
-            let whole = match key {
-                None => text.to_string(),
-                Some(_) => {
-                    let before = prev
-                        .as_ref()
-                        .filter(|(seq, _)| *seq + 1 == task_seq)
-                        .ok_or_else(|| {
-                            cx.corrupt(
-                                "journal.task_after",
-                                format!(
-                                    "a delta against the task's row {}, which was not read \
-                                     before it",
-                                    task_seq.saturating_sub(1)
-                                ),
-                                None,
-                            )
-                        })?;
-                    let mut whole = String::new();
-                    delta::apply(&before.1, text, &mut whole)
-                        .map_err(|e| cx.corrupt("journal.task_after", e, None))?;
-                    whole
-                }
-            };
+            chain.next(&cx, task_seq, key, text)?;
             if task_seq >= from {
                 let rebuilt = Rebuilt {
                     row,
-                    task_after: &whole,
+                    task_after: &chain.text,
                 };
                 out.push(rows::decode_journal(&self.path, &rebuilt)?);
             }
-            prev = Some((task_seq, whole));
             Ok(())
         })?;
         Ok(out)
@@ -130,8 +106,7 @@ pub(crate) fn query_tasks(
             loading = Some(Loading {
                 id: cx.task_id.clone(),
                 state: get(&cx, row, 1, "tasks.state")?,
-                text: String::new(),
-                seq: None,
+                chain: Chain::default(),
             });
         }
         let l = loading.as_mut().expect("set above");
@@ -145,30 +120,7 @@ pub(crate) fn query_tasks(
         cx.seq = Some(task_seq);
         let key: Option<u64> = get(&cx, row, 3, "journal.task_key")?;
         let text = row.json_text(&cx, (4, "journal.task_after"))?;
-        match (l.seq, key) {
-            (_, None) => {
-                l.text.clear();
-                l.text.push_str(text);
-            }
-            (Some(before), Some(_)) if before + 1 == task_seq => {
-                let mut whole = String::new();
-                delta::apply(&l.text, text, &mut whole)
-                    .map_err(|e| cx.corrupt("journal.task_after", e, None))?;
-                l.text = whole;
-            }
-            (before, Some(key)) => {
-                return Err(cx.corrupt(
-                    "journal.task_after",
-                    format!(
-                        "a delta against the task's row {}, which was not read before it \
-                         (its chain starts at row {key}; the row read before: {before:?})",
-                        task_seq.saturating_sub(1)
-                    ),
-                    None,
-                ))
-            }
-        }
-        l.seq = Some(task_seq);
+        l.chain.next(&cx, task_seq, key, text)?;
     }
     if let Some(done) = loading {
         tasks.push(done.finish(path)?);
@@ -211,13 +163,58 @@ impl Columns for Row<'_> {
     }
 }
 
-/// A task being read by `query_tasks`: its row's id and state, and the task's text as of its
-/// journal row `seq`.
+/// One task's journal rows read in `task_seq` order: the whole task text of the row read last.
+#[derive(Default)]
+struct Chain {
+    /// The `task_seq` of the row read last (`None`: none yet).
+    seq: Option<u64>,
+    /// That row's whole task text.
+    text: String,
+}
+
+impl Chain {
+    /// Reads the row `task_seq` (`key`: its `task_key`; `text`: its `task_after`): a keyframe
+    /// replaces the text, a delta is applied to the row read just before it ([`super::delta`]).
+    fn next(
+        &mut self,
+        cx: &RowContext<'_>,
+        task_seq: u64,
+        key: Option<u64>,
+        text: &str,
+    ) -> Result<(), StoreError> {
+        match (self.seq, key) {
+            (_, None) => {
+                self.text.clear();
+                self.text.push_str(text);
+            }
+            (Some(before), Some(_)) if before + 1 == task_seq => {
+                let mut whole = String::new();
+                delta::apply(&self.text, text, &mut whole)
+                    .map_err(|e| cx.corrupt("journal.task_after", e, None))?;
+                self.text = whole;
+            }
+            (before, Some(key)) => {
+                return Err(cx.corrupt(
+                    "journal.task_after",
+                    format!(
+                        "a delta against the task's row {}, which was not read before it \
+                         (its chain starts at row {key}; the row read before: {before:?})",
+                        task_seq.saturating_sub(1)
+                    ),
+                    None,
+                ))
+            }
+        }
+        self.seq = Some(task_seq);
+        Ok(())
+    }
+}
+
+/// A task being read by `query_tasks`: its row's id and state, and its journal's rows.
 struct Loading {
     id: String,
     state: String,
-    text: String,
-    seq: Option<u64>,
+    chain: Chain,
 }
 
 impl Loading {
@@ -243,7 +240,7 @@ impl Columns for Loading {
 
     fn json_text(&self, cx: &RowContext<'_>, col: Col) -> Result<&str, StoreError> {
         match col.0 {
-            2 => Ok(&self.text),
+            2 => Ok(&self.chain.text),
             _ => Err(cx.corrupt(col.1, "not a JSON column".to_string(), None)),
         }
     }
