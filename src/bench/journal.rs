@@ -330,6 +330,11 @@ struct Rates {
     baseline: Vec<f64>,
     /// Subject's time per transaction, ms (for the notes).
     per_tx_ms: Vec<f64>,
+    /// Unmeasured rounds before the measured ones.
+    warmup: usize,
+    /// Whether the files settled before the measured rounds ([`WalWatch`]); `None`: there
+    /// were none to watch.
+    settled: Option<bool>,
 }
 
 fn measure(
@@ -349,25 +354,77 @@ fn measure(
     })?;
     let mut raw = raw_open(&dir.join(format!("{label}-raw.db")))?;
     let mut bufs = RawBufs::default();
+    let mut wals = WalWatch::new([
+        dir.join(format!("{label}-taskbox.db-wal")),
+        dir.join(format!("{label}-raw.db-wal")),
+    ]);
     interleave_rounds(
         label,
         rounds,
         per_round,
         per_tx,
         settings,
+        || wals.settled().map(Some),
         |recs| store_commit(&mut store, recs, per_tx),
         |recs| raw_insert(&mut raw, &mut bufs, recs, per_tx),
     )
 }
 
-/// Runs `rounds` measured rounds (after one unmeasured) of `per_round` fresh transitions on
-/// each side, alternating which side goes first.
+/// Whether both sides' write-ahead logs have reached the size they keep.
+///
+/// SQLite does not shrink a WAL after a checkpoint: the next commits overwrite it from its
+/// start. So a long-running engine's commits rewrite a file of a settled size, while a fresh
+/// file's first cycle (up to the first automatic checkpoint, 1,000 pages) extends the file at
+/// every commit, which makes each disk sync also allocate blocks and write the file's size:
+/// measured here, a round of the raw loop took 0.82–1.06 ms while its WAL grew and 0.58–0.77 ms
+/// after (medians of a run's rounds, 2 CPUs, load under 1). The two sides fill their logs at different speeds (they write different pages), so
+/// rounds measured from a fresh file compare one side's growing log with the other's settled
+/// one for part of the run, and the ratio moved with that (0.69–0.86× for one build). The
+/// measured rounds start once neither log grew during a whole round.
+struct WalWatch {
+    paths: [std::path::PathBuf; 2],
+    sizes: [Option<u64>; 2],
+}
+
+impl WalWatch {
+    fn new(paths: [std::path::PathBuf; 2]) -> WalWatch {
+        WalWatch {
+            paths,
+            sizes: [None, None],
+        }
+    }
+
+    /// Whether neither log grew since the last call (and both exist).
+    fn settled(&mut self) -> Result<bool, BenchError> {
+        let mut settled = true;
+        for (path, last) in self.paths.iter().zip(&mut self.sizes) {
+            let size = std::fs::metadata(path)
+                .map_err(BenchError::io(BENCH, format!("stat {}", path.display())))?
+                .len();
+            settled &= *last == Some(size);
+            *last = Some(size);
+        }
+        Ok(settled)
+    }
+}
+
+/// Unmeasured rounds at most, waiting for [`WalWatch::settled`]: a log fills its 1,000 pages in
+/// about 30 rounds here.
+const MAX_WARMUP_ROUNDS: usize = 400;
+
+/// Runs `rounds` measured rounds of `per_round` fresh transitions on each side, alternating
+/// which side goes first, after unmeasured ones: at least one (file creation, page cache,
+/// statement cache), then as many as it takes for `settled` to say the files are as a
+/// long-running store's are ([`WalWatch`]; `None`: nothing to wait for), up to
+/// [`MAX_WARMUP_ROUNDS`].
+#[allow(clippy::too_many_arguments)]
 fn interleave_rounds(
     label: &str,
     rounds: usize,
     per_round: usize,
     per_tx: usize,
     settings: &TaskSettings,
+    mut settled: impl FnMut() -> Result<Option<bool>, BenchError>,
     mut subject_run: impl FnMut(&[Rec]) -> Result<(), BenchError>,
     mut baseline_run: impl FnMut(&[Rec]) -> Result<(), BenchError>,
 ) -> Result<Rates, BenchError> {
@@ -376,9 +433,12 @@ fn interleave_rounds(
         subject: Vec::new(),
         baseline: Vec::new(),
         per_tx_ms: Vec::new(),
+        warmup: 0,
+        settled: Some(false),
     };
-    // One unmeasured round first: file creation, page cache, statement cache.
-    for round in 0..=rounds {
+    let mut round = 0;
+    let mut warming = true;
+    while rates.subject.len() < rounds {
         let mut recs = interleaved(
             &format!("{label}{round}"),
             per_round.div_ceil(per_task),
@@ -402,7 +462,13 @@ fn interleave_rounds(
             let b = baseline()?;
             (subject()?, b)
         };
-        if round == 0 {
+        round += 1;
+        if warming {
+            // The first round is never measured: it set the files up. Nor is the one that
+            // showed them settled.
+            rates.settled = if round > 1 { settled()? } else { Some(false) };
+            warming = rates.settled == Some(false) && round < MAX_WARMUP_ROUNDS;
+            rates.warmup = round;
             continue;
         }
         let n = recs.len() as f64;
@@ -514,6 +580,8 @@ fn measure_postgres(
         per_round,
         1,
         settings,
+        // The server's WAL is its own, shared with whatever else it serves.
+        || Ok(None),
         |recs| {
             if let Store::Postgres(pg) = &store {
                 for r in recs {
@@ -554,12 +622,30 @@ fn row(
         None,
         Target::RatioAtLeast { ratio: target },
         rounds,
-        vec![format!(
-            "subject {} ms per transaction (median; p90 {} ms); rates are medians of {rounds} interleaved rounds",
-            super::fmt_num(median(&r.per_tx_ms)),
-            super::fmt_num(percentile(&r.per_tx_ms, 90.0)),
-        )],
+        vec![
+            format!(
+                "subject {} ms per transaction (median; p90 {} ms); rates are medians of {rounds} interleaved rounds",
+                super::fmt_num(median(&r.per_tx_ms)),
+                super::fmt_num(percentile(&r.per_tx_ms, 90.0)),
+            ),
+            warmup_note(r),
+        ],
     )
+}
+
+/// How the measured rounds were preceded.
+fn warmup_note(r: &Rates) -> String {
+    match r.settled {
+        None => format!("measured after {} unmeasured rounds", r.warmup),
+        Some(true) => format!(
+            "measured after {} unmeasured rounds, once neither side's SQLite WAL grew during a round (as a long-running store's does not)",
+            r.warmup
+        ),
+        Some(false) => format!(
+            "measured after {} unmeasured rounds, the most allowed, while a SQLite WAL was still growing: part of a side's rounds paid for extending its file",
+            r.warmup
+        ),
+    }
 }
 
 /// What the journal rows of the `label` databases hold per transition: the store's JSON (the
@@ -660,6 +746,47 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wal_settles_once_a_checkpoint_has_wrapped_it() {
+        let dir = super::super::tempdir_in(&std::env::temp_dir()).unwrap();
+        let paths = ["a.db", "b.db"].map(|n| dir.path.join(n));
+        let mut probes = paths.clone().map(|p| DurableProbe::open(&p).unwrap());
+        // A short cycle, so the test does not wait for 1,000 pages.
+        for p in &probes {
+            p.conn.pragma_update(None, "wal_autocheckpoint", 8).unwrap();
+        }
+        let mut watch = WalWatch::new(paths.map(|p| p.with_extension("db-wal")));
+        let mut rounds = 0;
+        let mut settled_at = None;
+        while settled_at.is_none() && rounds < 200 {
+            for p in &mut probes {
+                for _ in 0..3 {
+                    p.commit_one().unwrap();
+                }
+            }
+            rounds += 1;
+            if watch.settled().unwrap() {
+                settled_at = Some(rounds);
+            }
+        }
+        // Growing at first (a round appends pages), settled once the log is rewritten.
+        let at = settled_at.expect("the logs settled");
+        assert!(at > 2, "settled after {at} rounds");
+        // Settled stays settled: the next rounds rewrite the log in place.
+        for _ in 0..5 {
+            for p in &mut probes {
+                for _ in 0..3 {
+                    p.commit_one().unwrap();
+                }
+            }
+            assert!(watch.settled().unwrap());
+        }
+        // A missing log is an error naming it.
+        let mut gone = WalWatch::new([dir.path.join("none-wal"), dir.path.join("a.db-wal")]);
+        let err = gone.settled().unwrap_err().to_string();
+        assert!(err.contains("none-wal"), "{err}");
+    }
 
     #[test]
     fn a_lifecycle_provisions_runs_snapshots_and_restores() {
