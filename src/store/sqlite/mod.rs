@@ -39,6 +39,7 @@
 //! `write::Known`). The journal's `seq` is a plain rowid (migration 3 dropped `AUTOINCREMENT`).
 
 mod delta;
+mod derived;
 mod rows;
 mod write;
 

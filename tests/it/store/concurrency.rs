@@ -120,6 +120,16 @@ fn commit_batch_equals_the_same_single_commits(db) {
         batch.sandboxes(None).expect("s"),
         single.sandboxes(None).expect("s")
     );
+    if let Store::Sqlite(s) = &batch {
+        assert_eq!(
+            s.sandboxes_from_journal(None).expect("derived"),
+            s.sandboxes(None).expect("rows")
+        );
+        assert_eq!(
+            s.snapshots_from_journal(None).expect("derived"),
+            s.snapshots(None).expect("rows")
+        );
+    }
 }
 }
 
@@ -344,6 +354,15 @@ proptest::proptest! {
 
         proptest::prop_assert_eq!(batch.sandboxes(None).expect("s"), single.sandboxes(None).expect("s"));
         proptest::prop_assert_eq!(batch.snapshots(None).expect("s"), single.snapshots(None).expect("s"));
+        // And they are what the journal implies, whichever way it was cut.
+        for store in [&batch, &single] {
+            let Store::Sqlite(s) = store else { unreachable!("a SQLite test") };
+            proptest::prop_assert_eq!(s.sandboxes_from_journal(None).expect("d"), s.sandboxes(None).expect("s"));
+            proptest::prop_assert_eq!(s.snapshots_from_journal(None).expect("d"), s.snapshots(None).expect("s"));
+            for id in ["a", "b", "c"] {
+                proptest::prop_assert_eq!(s.sandboxes_from_journal(Some(id)).expect("d"), s.sandboxes(Some(id)).expect("s"));
+            }
+        }
         proptest::prop_assert_eq!(batch.load_tasks().expect("t"), single.load_tasks().expect("t"));
         for id in ["a", "b", "c"] {
             proptest::prop_assert_eq!(batch.journal(id).expect("j"), single.journal(id).expect("j"));

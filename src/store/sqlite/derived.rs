@@ -1,0 +1,139 @@
+//! The `sandboxes` and `snapshots` rows, derived from the journal instead of read from their
+//! tables.
+//!
+//! The commit path writes those tables as mirrors of the task's records, and they cost the
+//! `journal.batch` benchmark most of what separates the store from a raw insert loop (README,
+//! Performance). A store that did not write them would answer [`SqliteStore::sandboxes`] and
+//! [`SqliteStore::snapshots`] with these readers; until it does, the property test that cuts
+//! random histories into random batches holds them equal to the tables, row for row.
+
+use super::SqliteStore;
+use crate::core::SandboxRecord;
+use crate::ids::TaskId;
+use crate::store::{SandboxRow, SandboxStatus, SnapshotRow, StoreError};
+
+impl SqliteStore {
+    /// The rows [`SqliteStore::sandboxes`] reads (of one task or of all, in the same order),
+    /// derived from the tasks' journals: one per sandbox a task ever held, with its last record
+    /// while held, `running` while the task's last row holds it, else `released` at the time of
+    /// the first row after it that did not. Reads every row of each task's journal.
+    pub fn sandboxes_from_journal(
+        &self,
+        task_id: Option<&str>,
+    ) -> Result<Vec<SandboxRow>, StoreError> {
+        let ids = match task_id {
+            Some(id) => vec![id.to_string()],
+            None => self
+                .task_ids()?
+                .iter()
+                .map(|t| t.as_str().to_string())
+                .collect(),
+        };
+        let mut out = Vec::new();
+        for id in &ids {
+            let mut rows: Vec<SandboxRow> = Vec::new();
+            // The index in `rows` of the sandbox the task's row before held.
+            let mut held: Option<usize> = None;
+            for entry in self.journal(id)? {
+                let now = entry.task_after.sandbox.as_ref();
+                if let (Some(i), Some(sb)) = (held, now) {
+                    if rows[i].provider_id == sb.id {
+                        record_into(&mut rows[i], sb);
+                        continue;
+                    }
+                }
+                if let Some(i) = held.take() {
+                    rows[i].status = SandboxStatus::Released;
+                    rows[i].released_at = Some(entry.at);
+                }
+                if let Some(sb) = now {
+                    let i = match rows.iter().position(|r| r.provider_id == sb.id) {
+                        Some(i) => i,
+                        None => {
+                            rows.push(new_row(&entry.task_id, sb));
+                            rows.len() - 1
+                        }
+                    };
+                    record_into(&mut rows[i], sb);
+                    rows[i].status = SandboxStatus::Running;
+                    rows[i].released_at = None;
+                    held = Some(i);
+                }
+            }
+            rows.sort_by(|a, b| {
+                (a.generation, a.provider_id.as_str()).cmp(&(b.generation, b.provider_id.as_str()))
+            });
+            out.extend(rows);
+        }
+        Ok(out)
+    }
+
+    /// The rows [`SqliteStore::snapshots`] reads (of one task or of all, in the same order),
+    /// derived from the tasks as their journals rebuild them: one per snapshot record.
+    pub fn snapshots_from_journal(
+        &self,
+        task_id: Option<&str>,
+    ) -> Result<Vec<SnapshotRow>, StoreError> {
+        let tasks = match task_id {
+            Some(id) => self.load_task(id)?.into_iter().collect(),
+            None => self.load_tasks()?,
+        };
+        let mut out = Vec::new();
+        for task in &tasks {
+            let mut rows: Vec<SnapshotRow> = task
+                .snapshots
+                .iter()
+                .map(|s| SnapshotRow {
+                    task_id: task.id.clone(),
+                    seq: s.seq,
+                    provider_id: s.id.clone(),
+                    status: s.status,
+                    size_bytes: s.size_bytes,
+                    sandbox_id: s.sandbox_id.clone(),
+                    started_at: s.started_at,
+                    created_at: s.created_at,
+                    expires_at: s.expires_at,
+                })
+                .collect();
+            rows.sort_by_key(|r| r.seq);
+            out.extend(rows);
+        }
+        Ok(out)
+    }
+}
+
+/// A sandbox's row before its record is written into it.
+fn new_row(task_id: &TaskId, sb: &SandboxRecord) -> SandboxRow {
+    SandboxRow {
+        provider_id: sb.id.clone(),
+        name: String::new(),
+        task_id: task_id.clone(),
+        generation: 0,
+        created_at: 0,
+        deadline: 0,
+        source_snapshot: None,
+        status: SandboxStatus::Running,
+        released_at: None,
+    }
+}
+
+/// Writes what the row holds of the sandbox's record into it (the row leaves out `used`). Every
+/// field is named, so a new one does not compile until it is sorted in or out, as in the commit
+/// path's comparison.
+fn record_into(row: &mut SandboxRow, sb: &SandboxRecord) {
+    let SandboxRecord {
+        id,
+        name,
+        generation,
+        created_at,
+        deadline,
+        source_snapshot,
+        used: _,
+    } = sb;
+    row.provider_id = id.clone();
+    row.name = name.clone();
+    row.generation = *generation;
+    row.created_at = *created_at;
+    row.deadline = *deadline;
+    row.source_snapshot = source_snapshot.clone();
+}
