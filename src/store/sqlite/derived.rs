@@ -7,6 +7,7 @@
 //! [`SqliteStore::snapshots`] with these readers; until it does, the property test that cuts
 //! random histories into random batches holds them equal to the tables, row for row.
 
+use super::write::sandbox_row_part;
 use super::SqliteStore;
 use crate::core::SandboxRecord;
 use crate::ids::TaskId;
@@ -117,23 +118,14 @@ fn new_row(task_id: &TaskId, sb: &SandboxRecord) -> SandboxRow {
     }
 }
 
-/// Writes what the row holds of the sandbox's record into it (the row leaves out `used`). Every
-/// field is named, so a new one does not compile until it is sorted in or out, as in the commit
-/// path's comparison.
+/// Writes what the row holds of the sandbox's record into it ([`sandbox_row_part`], as the
+/// commit path compares it).
 fn record_into(row: &mut SandboxRow, sb: &SandboxRecord) {
-    let SandboxRecord {
-        id,
-        name,
-        generation,
-        created_at,
-        deadline,
-        source_snapshot,
-        used: _,
-    } = sb;
+    let (id, name, generation, created_at, deadline, source_snapshot) = sandbox_row_part(sb);
     row.provider_id = id.clone();
-    row.name = name.clone();
-    row.generation = *generation;
-    row.created_at = *created_at;
-    row.deadline = *deadline;
-    row.source_snapshot = source_snapshot.clone();
+    row.name = name.to_string();
+    row.generation = generation;
+    row.created_at = created_at;
+    row.deadline = deadline;
+    row.source_snapshot = source_snapshot.cloned();
 }

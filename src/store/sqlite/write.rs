@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use super::delta::KEYFRAME_EVERY;
 use crate::core::{Millis, SandboxRecord, SnapshotRecord, Task};
+use crate::ids::{SandboxId, SnapshotId};
 use crate::store::{StoreError, TransitionRecord};
 
 /// An error mapper for a statement of the commit path.
@@ -444,14 +445,21 @@ fn sync_mirrors(
     Ok(m)
 }
 
-/// Whether the sandbox records `a` and `b` give the same `sandboxes` row (`None`: no row). The
-/// row leaves out `used`, which every first command of a sandbox sets: comparing whole records
-/// would rewrite an unchanged row for it. Every field is named, so a new one does not compile
-/// until it is sorted into the row or out of it.
-fn same_sandbox_row(a: Option<&SandboxRecord>, b: Option<&SandboxRecord>) -> bool {
-    let (Some(a), Some(b)) = (a, b) else {
-        return a.is_none() && b.is_none();
-    };
+/// What a `sandboxes` row holds of a sandbox record: its id, name, generation, creation,
+/// deadline and source snapshot. It leaves out `used`, which every first command of a sandbox
+/// sets: comparing whole records would rewrite an unchanged row for it. Every field is named,
+/// so a new one does not compile until it is sorted into the row or out of it.
+pub(super) type SandboxRowPart<'r> = (
+    &'r SandboxId,
+    &'r str,
+    u64,
+    Millis,
+    Millis,
+    Option<&'r SnapshotId>,
+);
+
+/// [`SandboxRowPart`] of `sb`.
+pub(super) fn sandbox_row_part(sb: &SandboxRecord) -> SandboxRowPart<'_> {
     let SandboxRecord {
         id,
         name,
@@ -460,21 +468,25 @@ fn same_sandbox_row(a: Option<&SandboxRecord>, b: Option<&SandboxRecord>) -> boo
         deadline,
         source_snapshot,
         used: _,
-    } = a;
-    (id, name, generation, created_at, deadline, source_snapshot)
-        == (
-            &b.id,
-            &b.name,
-            &b.generation,
-            &b.created_at,
-            &b.deadline,
-            &b.source_snapshot,
-        )
+    } = sb;
+    (
+        id,
+        name,
+        *generation,
+        *created_at,
+        *deadline,
+        source_snapshot.as_ref(),
+    )
+}
+
+/// Whether the sandbox records `a` and `b` give the same `sandboxes` row (`None`: no row).
+fn same_sandbox_row(a: Option<&SandboxRecord>, b: Option<&SandboxRecord>) -> bool {
+    a.map(sandbox_row_part) == b.map(sandbox_row_part)
 }
 
 /// Whether the snapshot records `a` and `b` give the same `snapshots` row: the row leaves out
 /// what the provider could not keep (`omitted`) and who took it (`taken_by`). Every field is
-/// named, as in [`same_sandbox_row`].
+/// named, as in [`sandbox_row_part`].
 fn same_snapshot_row(a: &SnapshotRecord, b: &SnapshotRecord) -> bool {
     let SnapshotRecord {
         seq,
