@@ -7,17 +7,25 @@
 //! [`SqliteStore::snapshots`] with these readers; until it does, the property test that cuts
 //! random histories into random batches holds them equal to the tables, row for row.
 
+use super::rows::get;
 use super::write::sandbox_row_part;
 use super::SqliteStore;
-use crate::core::SandboxRecord;
+use crate::core::{Millis, SandboxRecord};
 use crate::ids::TaskId;
+use crate::store::rows::Columns;
 use crate::store::{SandboxRow, SandboxStatus, SnapshotRow, StoreError};
 
 impl SqliteStore {
     /// The rows [`SqliteStore::sandboxes`] reads (of one task or of all, in the same order),
     /// derived from the tasks' journals: one per sandbox a task ever held, with its last record
     /// while held, `running` while the task's last row holds it, else `released` at the time of
-    /// the first row after it that did not. Reads every row of each task's journal.
+    /// the first row after it that did not.
+    ///
+    /// Reads only the rows that hold a `sandbox` member, and only that member: every keyframe
+    /// (a whole task) and every delta that changed it, which a delta's text says with
+    /// `"sandbox":` (inside a JSON string a quote is escaped, so that text is a member name;
+    /// the parse below decides, the filter only skips rows without it). A delta without the
+    /// member left the sandbox as it was.
     pub fn sandboxes_from_journal(
         &self,
         task_id: Option<&str>,
@@ -30,14 +38,34 @@ impl SqliteStore {
                 .map(|t| t.as_str().to_string())
                 .collect(),
         };
+        let sql = "SELECT task_id, task_seq, at, task_after FROM journal \
+                   WHERE task_id = ?1 AND (task_key IS NULL OR instr(task_after, '\"sandbox\":') > 0) \
+                   ORDER BY task_seq";
         let mut out = Vec::new();
         for id in &ids {
             let mut rows: Vec<SandboxRow> = Vec::new();
             // The index in `rows` of the sandbox the task's row before held.
             let mut held: Option<usize> = None;
-            for entry in self.journal(id)? {
-                let now = entry.task_after.sandbox.as_ref();
-                if let (Some(i), Some(sb)) = (held, now) {
+            let changes =
+                self.query_rows("deriving a task's sandboxes", sql, &[id], Some(id), |row| {
+                    let mut cx = self.row_context(row, "journal.task_id", 0)?;
+                    cx.seq = Some(get(&cx, row, 1, "journal.task_seq")?);
+                    let at: Millis = get(&cx, row, 2, "journal.at")?;
+                    let text = row.json_text(&cx, (3, "journal.task_after"))?;
+                    let member: SandboxMember = serde_json::from_str(text).map_err(|e| {
+                        cx.corrupt(
+                            "journal.task_after",
+                            "not a task or a change of one".into(),
+                            Some(e),
+                        )
+                    })?;
+                    match member.sandbox {
+                        Some(sb) => Ok(Some((cx.task()?, at, sb))),
+                        None => Ok(None),
+                    }
+                })?;
+            for (task, at, now) in changes.into_iter().flatten() {
+                if let (Some(i), Some(sb)) = (held, now.as_ref()) {
                     if rows[i].provider_id == sb.id {
                         record_into(&mut rows[i], sb);
                         continue;
@@ -45,13 +73,13 @@ impl SqliteStore {
                 }
                 if let Some(i) = held.take() {
                     rows[i].status = SandboxStatus::Released;
-                    rows[i].released_at = Some(entry.at);
+                    rows[i].released_at = Some(at);
                 }
-                if let Some(sb) = now {
+                if let Some(sb) = now.as_ref() {
                     let i = match rows.iter().position(|r| r.provider_id == sb.id) {
                         Some(i) => i,
                         None => {
-                            rows.push(new_row(&entry.task_id, sb));
+                            rows.push(new_row(&task, sb));
                             rows.len() - 1
                         }
                     };
@@ -101,6 +129,21 @@ impl SqliteStore {
         }
         Ok(out)
     }
+}
+
+/// The `sandbox` member of a journal row's `task_after`: absent (`None`: the row did not change
+/// it), `null` (`Some(None)`), or the record held after the row.
+#[derive(serde::Deserialize)]
+struct SandboxMember {
+    #[serde(default, deserialize_with = "present")]
+    sandbox: Option<Option<SandboxRecord>>,
+}
+
+/// A member that is present, whatever its value (`null` included).
+fn present<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Option<SandboxRecord>>, D::Error> {
+    serde::Deserialize::deserialize(d).map(Some)
 }
 
 /// A sandbox's row before its record is written into it.

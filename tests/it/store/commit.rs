@@ -432,3 +432,64 @@ fn journal_rows_hold_what_changed_and_read_back_whole() {
         journal[journal.len() - 10..]
     );
 }
+
+/// The sandbox rows derived from the journal read a row's `sandbox` member, not text that looks
+/// like it: a queued command holding `"sandbox":` (escaped inside the JSON) and a sandbox
+/// record that changes only its deadline, then another sandbox, then none, give the table's
+/// rows — the released one at the time of the row that let it go.
+#[test]
+fn sandboxes_derived_from_the_journal_read_the_member_not_its_text() {
+    let db = super::TestDb::new(Kind::Sqlite).expect("sqlite");
+    let mut store = db.open();
+    let mut s = Script::new("q", 1_000);
+    s.step(Event::Recovered, vec![], |t| {
+        t.queue.push_back(taskbox::core::Request::Run {
+            id: 1,
+            command: r#"echo '{"sandbox": null, "sandbox":{}}'"#.into(),
+            timeout_ms: 5,
+        });
+    });
+    s.step(Event::Recovered, vec![], |t| {
+        t.state = TaskState::Running;
+        t.sandbox = Some(super::sandbox("q", 1, 1_010));
+    });
+    s.step(Event::Recovered, vec![], |t| {
+        t.queue.clear();
+        t.last_activity += 1;
+    });
+    s.step(Event::Recovered, vec![], |t| {
+        if let Some(sb) = t.sandbox.as_mut() {
+            sb.deadline += 60_000;
+            sb.used = true;
+        }
+    });
+    s.step(Event::Recovered, vec![], |t| {
+        t.sandbox = Some(super::sandbox("q", 2, 1_040));
+    });
+    s.step(Event::Recovered, vec![], |t| {
+        t.state = TaskState::Idle;
+        t.sandbox = None;
+    });
+    for step in &s.steps {
+        store.commit(&step.rec()).expect("commit");
+    }
+    let taskbox::store::Store::Sqlite(sqlite) = &store else {
+        unreachable!("a SQLite store")
+    };
+    let rows = sqlite.sandboxes(Some("q")).expect("rows");
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].deadline, 1_010 + 300_000 + 60_000);
+    assert_eq!(
+        (rows[0].status, rows[0].released_at),
+        (SandboxStatus::Released, Some(s.steps[4].at))
+    );
+    assert_eq!(
+        (rows[1].status, rows[1].released_at),
+        (SandboxStatus::Released, Some(s.steps[5].at))
+    );
+    assert_eq!(
+        sqlite.sandboxes_from_journal(Some("q")).expect("derived"),
+        rows
+    );
+    assert_eq!(sqlite.sandboxes_from_journal(None).expect("derived"), rows);
+}
