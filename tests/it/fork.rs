@@ -189,8 +189,44 @@ fn scenario(seed: u64, actions: Vec<Action>) -> Result<(), TestCaseError> {
         }
         check_retained(&orch, &sim, &removed).await?;
         orch.shutdown_within(Duration::from_secs(600)).await;
-        Ok(())
+        check_derived(dir.path())
     })
+}
+
+/// The snapshot and sandbox rows, and who retains each snapshot, are what the journal implies
+/// (`sqlite/derived.rs`): the rows row for row; the holders of every snapshot a task names,
+/// the task itself left out (as the engine leaves out the task that asks).
+fn check_derived(dir: &std::path::Path) -> Result<(), TestCaseError> {
+    let store = taskbox::store::Store::open_existing(&dir.join("taskbox.db")).expect("store");
+    let taskbox::store::Store::Sqlite(s) = &store else {
+        unreachable!("the engine's default store")
+    };
+    prop_assert_eq!(
+        s.sandboxes_from_journal(None).expect("derived"),
+        s.sandboxes(None).expect("rows")
+    );
+    prop_assert_eq!(
+        s.snapshots_from_journal(None).expect("derived"),
+        s.snapshots(None).expect("rows")
+    );
+    for t in s.load_tasks().expect("tasks") {
+        for p in t.snapshots.iter().filter_map(|r| r.id.as_ref()) {
+            let others = |v: Vec<String>| -> Vec<String> {
+                v.into_iter().filter(|h| h != t.id.as_str()).collect()
+            };
+            prop_assert_eq!(
+                others(
+                    s.snapshot_holders_from_lineage(p.as_str())
+                        .expect("derived")
+                ),
+                others(s.snapshot_holders(p.as_str()).expect("rows")),
+                "holders of {} asked by {}",
+                p.as_str(),
+                t.id
+            );
+        }
+    }
+    Ok(())
 }
 
 proptest! {

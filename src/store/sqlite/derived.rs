@@ -10,7 +10,7 @@
 use super::rows::get;
 use super::write::sandbox_row_part;
 use super::SqliteStore;
-use crate::core::{Millis, SandboxRecord};
+use crate::core::{Millis, SandboxRecord, SnapshotStatus};
 use crate::ids::TaskId;
 use crate::store::rows::Columns;
 use crate::store::{SandboxRow, SandboxStatus, SnapshotRow, StoreError};
@@ -128,6 +128,52 @@ impl SqliteStore {
             out.extend(rows);
         }
         Ok(out)
+    }
+}
+
+impl SqliteStore {
+    /// The tasks that retain the provider snapshot `provider_id` (a record of it `complete` or
+    /// `pending`, the task not removed unless `taskbox rm --keep-snapshots` kept them), found
+    /// through forks instead of the `snapshots` table: a snapshot is retained by a task other
+    /// than the one that took it only because a fork shares it, so the candidates are the
+    /// tasks whose lineage names it and the tasks they were forked from (the taker among
+    /// them, whatever the depth: a fork of a fork from the same snapshot names its own
+    /// parent, which names the taker). The one answer it does not give is the taker alone
+    /// when no fork shares the snapshot — which only the taker itself asks, and the engine
+    /// leaves the asking task out of [`SqliteStore::snapshot_holders`]'s answer anyway.
+    ///
+    /// Reads every task (its lineage); a store that answered with it would keep the forks'
+    /// (snapshot, child, parent) in a table written by the rare `forked` commit instead.
+    pub fn snapshot_holders_from_lineage(
+        &self,
+        provider_id: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let tasks = self.load_tasks()?;
+        let mut candidates: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+        for t in &tasks {
+            if let Some(l) = t
+                .lineage
+                .as_ref()
+                .filter(|l| l.snapshot.as_str() == provider_id)
+            {
+                candidates.insert(t.id.as_str());
+                candidates.insert(l.parent.as_str());
+            }
+        }
+        let mut holders = Vec::new();
+        for t in tasks.iter().filter(|t| candidates.contains(t.id.as_str())) {
+            let retains = t.snapshots.iter().any(|s| {
+                s.id.as_ref().is_some_and(|id| id.as_str() == provider_id)
+                    && matches!(s.status, SnapshotStatus::Complete | SnapshotStatus::Pending)
+            });
+            let gone = self
+                .task_marks(t.id.as_str())?
+                .is_some_and(|m| m.removed_at.is_some() && !m.kept_snapshots);
+            if retains && !gone {
+                holders.push(t.id.to_string());
+            }
+        }
+        Ok(holders)
     }
 }
 
