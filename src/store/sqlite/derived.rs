@@ -1,11 +1,13 @@
-//! The `sandboxes` and `snapshots` rows, derived from the journal instead of read from their
-//! tables.
+//! The `sandboxes` and `snapshots` rows, and who retains a snapshot, derived from the journal
+//! and the forks' lineage instead of read from their tables.
 //!
 //! The commit path writes those tables as mirrors of the task's records, and they cost the
 //! `journal.batch` benchmark most of what separates the store from a raw insert loop (README,
-//! Performance). A store that did not write them would answer [`SqliteStore::sandboxes`] and
-//! [`SqliteStore::snapshots`] with these readers; until it does, the property test that cuts
-//! random histories into random batches holds them equal to the tables, row for row.
+//! Performance). A store that did not write them would answer [`SqliteStore::sandboxes`],
+//! [`SqliteStore::snapshots`] and [`SqliteStore::snapshot_holders`] with these readers; until
+//! it does, the property tests hold them equal to the tables: the store's (random histories
+//! cut into random batches), the engine's (a faulty provider) and the forks' (forks,
+//! retention, gc, removals and crashes).
 
 use super::rows::get;
 use super::write::sandbox_row_part;
@@ -129,9 +131,7 @@ impl SqliteStore {
         }
         Ok(out)
     }
-}
 
-impl SqliteStore {
     /// The tasks that retain the provider snapshot `provider_id` (a record of it `complete` or
     /// `pending`, the task not removed unless `taskbox rm --keep-snapshots` kept them), found
     /// through forks instead of the `snapshots` table: a snapshot is retained by a task other
