@@ -69,7 +69,7 @@ impl SqliteStore {
             for (task, at, now) in changes.into_iter().flatten() {
                 if let (Some(i), Some(sb)) = (held, now.as_ref()) {
                     if rows[i].provider_id == sb.id {
-                        record_into(&mut rows[i], sb);
+                        rows[i] = held_row(&task, sb);
                         continue;
                     }
                 }
@@ -78,16 +78,18 @@ impl SqliteStore {
                     rows[i].released_at = Some(at);
                 }
                 if let Some(sb) = now.as_ref() {
+                    // A sandbox held again takes its row back, running.
+                    let row = held_row(&task, sb);
                     let i = match rows.iter().position(|r| r.provider_id == sb.id) {
-                        Some(i) => i,
+                        Some(i) => {
+                            rows[i] = row;
+                            i
+                        }
                         None => {
-                            rows.push(new_row(&task, sb));
+                            rows.push(row);
                             rows.len() - 1
                         }
                     };
-                    record_into(&mut rows[i], sb);
-                    rows[i].status = SandboxStatus::Running;
-                    rows[i].released_at = None;
                     held = Some(i);
                 }
             }
@@ -192,29 +194,19 @@ fn present<'de, D: serde::Deserializer<'de>>(
     serde::Deserialize::deserialize(d).map(Some)
 }
 
-/// A sandbox's row before its record is written into it.
-fn new_row(task_id: &TaskId, sb: &SandboxRecord) -> SandboxRow {
+/// The row of a sandbox the task `task_id` holds, from its record ([`sandbox_row_part`]: what
+/// the commit path compares).
+fn held_row(task_id: &TaskId, sb: &SandboxRecord) -> SandboxRow {
+    let (id, name, generation, created_at, deadline, source_snapshot) = sandbox_row_part(sb);
     SandboxRow {
-        provider_id: sb.id.clone(),
-        name: String::new(),
+        provider_id: id.clone(),
+        name: name.to_string(),
         task_id: task_id.clone(),
-        generation: 0,
-        created_at: 0,
-        deadline: 0,
-        source_snapshot: None,
+        generation,
+        created_at,
+        deadline,
+        source_snapshot: source_snapshot.cloned(),
         status: SandboxStatus::Running,
         released_at: None,
     }
-}
-
-/// Writes what the row holds of the sandbox's record into it ([`sandbox_row_part`], as the
-/// commit path compares it).
-fn record_into(row: &mut SandboxRow, sb: &SandboxRecord) {
-    let (id, name, generation, created_at, deadline, source_snapshot) = sandbox_row_part(sb);
-    row.provider_id = id.clone();
-    row.name = name.to_string();
-    row.generation = generation;
-    row.created_at = created_at;
-    row.deadline = deadline;
-    row.source_snapshot = source_snapshot.cloned();
 }
