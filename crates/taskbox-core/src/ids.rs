@@ -1,5 +1,7 @@
-//! Ids: the task ids taskbox accepts from callers, and the sandbox and snapshot ids providers
-//! hand back.
+//! Ids: the task ids taskbox accepts from callers, the sandbox and snapshot ids providers hand
+//! back, and the sandbox names made from a task's id ([`sandbox_name`]), which the providers
+//! create sandboxes under and the store reads back ([`parse_sandbox_name`]) to refuse a record
+//! named for another task.
 //!
 //! Task ids become directory names (local backend) and sandbox names (Vercel), so only safe names
 //! are accepted: 1 to 64 characters of `[A-Za-z0-9_-]`, starting with a letter or digit.
@@ -227,6 +229,51 @@ provider_id! {
     /// a delete names it by. Not the snapshot's per-task sequence number, which is taskbox's own
     /// idempotency key and exists before the provider has answered.
     SnapshotId
+}
+
+/// The sandbox name for a task's `generation`: deterministic, so a create is safe to repeat,
+/// and scoped by the installation (the first 8 characters of its id), so two installations
+/// sharing a platform account never claim each other's sandboxes for equal task ids:
+/// `taskbox-<task>-g<generation>-<installation prefix>`.
+pub fn sandbox_name(installation_id: &str, task_id: &str, generation: u64) -> String {
+    format!(
+        "taskbox-{task_id}-g{generation}-{}",
+        installation_prefix(installation_id)
+    )
+}
+
+/// The part of an installation id that goes into sandbox names.
+pub fn installation_prefix(installation_id: &str) -> String {
+    installation_id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(8)
+        .collect::<String>()
+        .to_ascii_lowercase()
+}
+
+/// Splits a name made by [`sandbox_name`] into (installation prefix, task id, generation).
+/// `None` for any other shape.
+pub fn parse_sandbox_name(name: &str) -> Option<(String, String, u64)> {
+    let rest = name.strip_prefix("taskbox-")?;
+    let (rest, inst) = rest.rsplit_once('-')?;
+    let (task, generation) = rest.rsplit_once("-g")?;
+    if inst.is_empty()
+        || !inst
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+    {
+        return None;
+    }
+    if generation.is_empty()
+        || !generation.bytes().all(|b| b.is_ascii_digit())
+        || (generation.len() > 1 && generation.starts_with('0'))
+    {
+        return None;
+    }
+    let generation: u64 = generation.parse().ok()?;
+    TaskId::new(task).ok()?;
+    Some((inst.to_string(), task.to_string(), generation))
 }
 
 #[cfg(test)]
