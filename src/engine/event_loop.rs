@@ -477,9 +477,9 @@ impl EventLoop {
         };
         let mut holders: Vec<String> = self
             .store
-            .snapshot_holders(snapshot_id)?
+            .snapshot_holders(snapshot_id, except)?
             .into_iter()
-            .filter(|t| t != except && !self.tasks.contains_key(t.as_str()))
+            .filter(|t| !self.tasks.contains_key(t.as_str()))
             .collect();
         holders.extend(
             self.tasks

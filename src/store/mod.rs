@@ -119,7 +119,8 @@ pub struct TaskMarks {
     pub kept_snapshots: bool,
 }
 
-/// One row of the `sandboxes` table.
+/// A sandbox a task held: a row of PostgreSQL's `sandboxes` table; on SQLite, derived from the
+/// task's journal.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxRow {
     /// The provider's handle.
@@ -142,7 +143,8 @@ pub struct SandboxRow {
     pub released_at: Option<Millis>,
 }
 
-/// One row of the `snapshots` table.
+/// A snapshot record of a task: a row of PostgreSQL's `snapshots` table; on SQLite, read from
+/// the task's record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotRow {
     /// The task.
@@ -183,11 +185,16 @@ pub trait Backend {
     /// What the store knows of a task beyond the core's record (`None`: no such task).
     fn task_marks(&self, id: &str) -> Result<Option<TaskMarks>, StoreError>;
 
-    /// The tasks that retain the provider snapshot `provider_id` (a record of it `complete` or
-    /// `pending`), ordered by id: a fork shares its parent's snapshot, and a snapshot is deleted
-    /// only when no task retains it. A removed task retains its snapshots only when
-    /// `taskbox rm --keep-snapshots` kept them.
-    fn snapshot_holders(&self, provider_id: &str) -> Result<Vec<String>, StoreError>;
+    /// The tasks other than `asking` that retain the provider snapshot `provider_id` (a record
+    /// of it `complete` or `pending`), ordered by id: a fork shares its parent's snapshot, and a
+    /// snapshot is deleted only when no task retains it. A removed task retains its snapshots
+    /// only when `taskbox rm --keep-snapshots` kept them.
+    ///
+    /// `asking` is a task that holds a record of the snapshot (it took it, or was forked from
+    /// it): only a fork gives a task a record of another's snapshot, so the SQLite store looks
+    /// for the others among the forks that share it and the tasks they were forked from
+    /// (`fork_shares`), not through every task's records.
+    fn snapshot_holders(&self, provider_id: &str, asking: &str) -> Result<Vec<String>, StoreError>;
 
     /// The marks of every removed task, by id.
     fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError>;
@@ -200,8 +207,8 @@ pub trait Backend {
     /// record and journal stay.
     fn mark_removed(&mut self, id: &str, at: Millis, kept: bool) -> Result<(), StoreError>;
 
-    /// Commits one transition in one transaction: the task row, a journal row, and the
-    /// snapshot and sandbox rows. Returns the journal `seq`.
+    /// Commits one transition in one transaction: the task row and a journal row (PostgreSQL:
+    /// and the snapshot and sandbox rows). Returns the journal `seq`.
     fn commit(&mut self, rec: &TransitionRecord<'_>) -> Result<u64, StoreError> {
         let seqs = self.commit_batch(std::slice::from_ref(rec))?;
         Ok(seqs
@@ -375,8 +382,12 @@ impl Store {
         each!(self, s => Backend::task_marks(s, id))
     }
     /// See [`Backend::snapshot_holders`].
-    pub fn snapshot_holders(&self, provider_id: &str) -> Result<Vec<String>, StoreError> {
-        each!(self, s => Backend::snapshot_holders(s, provider_id))
+    pub fn snapshot_holders(
+        &self,
+        provider_id: &str,
+        asking: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        each!(self, s => Backend::snapshot_holders(s, provider_id, asking))
     }
     /// See [`Backend::removed_tasks`].
     pub fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {

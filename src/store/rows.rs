@@ -1,13 +1,14 @@
 //! Decoding rows back, for both stores: [`RowContext`] names the row and column of anything
-//! corrupt, [`Columns`] is how a driver reads one typed column, and the decoders of tasks,
-//! journal entries, sandbox and snapshot rows (and their checks: the task JSON against
-//! its columns, a sandbox's status) are written once on top of them.
+//! corrupt, [`Columns`] is how a driver reads one typed column, and the decoders of tasks and
+//! journal entries (and their checks: the task JSON against its columns) are written once on
+//! top of them. (The sandbox and snapshot rows are tables only on PostgreSQL, whose `rows.rs`
+//! decodes them.)
 
 use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
-use super::{JournalEntry, SandboxRow, SandboxStatus, SnapshotRow, StoreError};
+use super::{JournalEntry, StoreError};
 use crate::core::{Task, TaskState};
 use crate::ids::TaskId;
 
@@ -19,13 +20,16 @@ pub(crate) type Col = (usize, &'static str);
 pub(crate) trait Columns {
     /// A TEXT column.
     fn text(&self, cx: &RowContext<'_>, col: Col) -> Result<String, StoreError>;
-    /// A TEXT column that may be NULL.
+    /// A TEXT column that may be NULL (read by PostgreSQL's rows; SQLite's store has no such
+    /// column left to read, but its rows keep the trait whole).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn opt_text(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<String>, StoreError>;
     /// The text of a JSON column, before it is parsed.
     fn json_text(&self, cx: &RowContext<'_>, col: Col) -> Result<&str, StoreError>;
     /// An integer column that must not be negative.
     fn uint(&self, cx: &RowContext<'_>, col: Col) -> Result<u64, StoreError>;
-    /// An integer column that must not be negative, or NULL.
+    /// An integer column that must not be negative, or NULL (as [`Columns::opt_text`]).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     fn opt_uint(&self, cx: &RowContext<'_>, col: Col) -> Result<Option<u64>, StoreError>;
 }
 
@@ -163,59 +167,5 @@ pub(crate) fn decode_journal(path: &Path, row: &impl Columns) -> Result<JournalE
         state_after: cx.name(row, 6, "journal.state_after")?,
         commands: cx.json(row, 7, "journal.commands")?,
         task_after: cx.json(row, 8, "journal.task_after")?,
-    })
-}
-
-/// Decodes a sandbox row: `provider_id, name, task_id, generation, created_at, deadline,
-/// source_snapshot, status, released_at`.
-pub(crate) fn decode_sandbox(path: &Path, row: &impl Columns) -> Result<SandboxRow, StoreError> {
-    let mut cx = RowContext::new(path, "?", "sandboxes.task_id");
-    cx.read_task(row, 2, "sandboxes.task_id")?;
-    let status = row.text(&cx, (7, "sandboxes.status"))?;
-    let status = match status.as_str() {
-        "running" => SandboxStatus::Running,
-        "released" => SandboxStatus::Released,
-        other => {
-            return Err(cx.corrupt(
-                "sandboxes.status",
-                format!("unknown status `{other}`"),
-                None,
-            ))
-        }
-    };
-    Ok(SandboxRow {
-        provider_id: row.text(&cx, (0, "sandboxes.provider_id"))?.into(),
-        name: row.text(&cx, (1, "sandboxes.name"))?,
-        task_id: cx.task()?,
-        generation: row.uint(&cx, (3, "sandboxes.generation"))?,
-        created_at: row.uint(&cx, (4, "sandboxes.created_at"))?,
-        deadline: row.uint(&cx, (5, "sandboxes.deadline"))?,
-        source_snapshot: row
-            .opt_text(&cx, (6, "sandboxes.source_snapshot"))?
-            .map(Into::into),
-        status,
-        released_at: row.opt_uint(&cx, (8, "sandboxes.released_at"))?,
-    })
-}
-
-/// Decodes a snapshot row: `task_id, seq, provider_id, status, size_bytes, sandbox_id,
-/// started_at, created_at, expires_at`.
-pub(crate) fn decode_snapshot(path: &Path, row: &impl Columns) -> Result<SnapshotRow, StoreError> {
-    let mut cx = RowContext::new(path, "?", "snapshots.task_id");
-    cx.read_task(row, 0, "snapshots.task_id")?;
-    let seq = row.uint(&cx, (1, "snapshots.seq"))?;
-    cx.seq = Some(seq);
-    Ok(SnapshotRow {
-        task_id: cx.task()?,
-        seq,
-        provider_id: row
-            .opt_text(&cx, (2, "snapshots.provider_id"))?
-            .map(Into::into),
-        status: cx.name(row, 3, "snapshots.status")?,
-        size_bytes: row.uint(&cx, (4, "snapshots.size_bytes"))?,
-        sandbox_id: row.text(&cx, (5, "snapshots.sandbox_id"))?.into(),
-        started_at: row.uint(&cx, (6, "snapshots.started_at"))?,
-        created_at: row.opt_uint(&cx, (7, "snapshots.created_at"))?,
-        expires_at: row.opt_uint(&cx, (8, "snapshots.expires_at"))?,
     })
 }

@@ -159,6 +159,27 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     DROP INDEX sandboxes_task;
     CREATE INDEX sandboxes_by_task ON sandboxes(task_id);
     "#,
+    // 7: a commit writes the journal, not tables that repeat it. The sandbox and snapshot rows
+    // are read from the tasks' journals (`sqlite/derived.rs`), which hold everything the tables
+    // held; who retains a snapshot is found through the forks that share it: `fork_shares`
+    // (a fork, the snapshot it started from, its parent), written by a fork's first row and
+    // filled here from every row that names a lineage (a keyframe, or the delta that set it).
+    r#"
+    CREATE TABLE fork_shares (
+        snapshot TEXT NOT NULL,
+        child    TEXT NOT NULL REFERENCES tasks(id),
+        parent   TEXT NOT NULL,
+        PRIMARY KEY (snapshot, child)
+    ) WITHOUT ROWID;
+    INSERT OR IGNORE INTO fork_shares (snapshot, child, parent)
+        SELECT json_extract(task_after, '$.lineage.snapshot'), task_id,
+               json_extract(task_after, '$.lineage.parent')
+        FROM journal
+        WHERE instr(task_after, '"lineage":') > 0
+          AND json_type(task_after, '$.lineage') = 'object';
+    DROP TABLE snapshots;
+    DROP TABLE sandboxes;
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -193,33 +193,22 @@ fn scenario(seed: u64, actions: Vec<Action>) -> Result<(), TestCaseError> {
     })
 }
 
-/// The snapshot and sandbox rows, and who retains each snapshot, are what the journal implies
-/// (`sqlite/derived.rs`): the rows row for row; the holders of every snapshot a task names,
-/// the task itself left out (as the engine leaves out the task that asks).
+/// The snapshot and sandbox rows, and who retains each snapshot, are what the tasks' histories
+/// imply (`store::model`): the rows row for row; the holders of every snapshot a task names,
+/// asked by that task (the store finds them through the forks' shares, the model through every
+/// task's records).
 fn check_derived(dir: &std::path::Path) -> Result<(), TestCaseError> {
     let store = taskbox::store::Store::open_existing(&dir.join("taskbox.db")).expect("store");
-    let taskbox::store::Store::Sqlite(s) = &store else {
-        unreachable!("the engine's default store")
-    };
-    prop_assert_eq!(
-        s.sandboxes_from_journal(None).expect("derived"),
-        s.sandboxes(None).expect("rows")
-    );
-    prop_assert_eq!(
-        s.snapshots_from_journal(None).expect("derived"),
-        s.snapshots(None).expect("rows")
-    );
-    for t in s.load_tasks().expect("tasks") {
+    let (sandboxes, snapshots) = crate::store::model::rows_of(&store, None);
+    prop_assert_eq!(store.sandboxes(None).expect("rows"), sandboxes);
+    prop_assert_eq!(store.snapshots(None).expect("rows"), snapshots);
+    for t in store.load_tasks().expect("tasks") {
         for p in t.snapshots.iter().filter_map(|r| r.id.as_ref()) {
-            let others = |v: Vec<String>| -> Vec<String> {
-                v.into_iter().filter(|h| h != t.id.as_str()).collect()
-            };
             prop_assert_eq!(
-                others(
-                    s.snapshot_holders_from_lineage(p.as_str())
-                        .expect("derived")
-                ),
-                others(s.snapshot_holders(p.as_str()).expect("rows")),
+                store
+                    .snapshot_holders(p.as_str(), t.id.as_str())
+                    .expect("holders"),
+                crate::store::model::holders(&store, p.as_str(), t.id.as_str()),
                 "holders of {} asked by {}",
                 p.as_str(),
                 t.id

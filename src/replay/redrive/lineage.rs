@@ -9,10 +9,11 @@
 //!   finds it `expired` with that snapshot, and its restore makes the recorded create call.
 //! - **A snapshot another task retains.** Dropping a snapshot it shares, a task's engine
 //!   releases it without a provider call while another task retains it
-//!   ([`Event::SnapshotReleased`]), and deletes it otherwise. The recording says which: a
-//!   stand-in task ([`HOLDER`]) is committed retaining exactly the snapshots this task's
-//!   recording released, so the re-driven engine releases those and deletes the others, as
-//!   the recorded one did. (A task drops a snapshot once, so whether another held it then is
+//!   ([`Event::SnapshotReleased`]), and deletes it otherwise. The recording says which: one
+//!   stand-in task per snapshot this task's recording released ([`HOLDER`]`-1`, `-2`, …) is
+//!   committed retaining it, as a fork of this task from it (the store finds a snapshot's
+//!   other holders among the forks that share it), so the re-driven engine releases those and
+//!   deletes the others, as the recorded one did. (A task drops a snapshot once, so whether another held it then is
 //!   one fact per snapshot. A delete that failed and was then answered by a release is the one
 //!   history this cannot reproduce.)
 //! - **A parent's fork request** is re-driven (it may snapshot the parent first, a provider
@@ -21,11 +22,12 @@
 //!   child had let go of by the time the parent dropped it — the stand-in answers for the
 //!   ones it still retained.
 
-use crate::core::{Event, SnapshotRecord, SnapshotStatus, Task, TaskState};
+use crate::core::{Event, Lineage, SnapshotRecord, SnapshotStatus, Task, TaskState};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::store::{JournalEntry, Store, StoreError, TransitionRecord};
 
-/// The stand-in that retains the snapshots another task retained in the recording.
+/// The stand-ins that retain the snapshots another task retained in the recording are named
+/// `HOLDER-1`, `HOLDER-2`, … (another prefix when the re-driven task's own id starts with it).
 pub(super) const HOLDER: &str = "redrive-holder";
 
 /// How many of `entries` are a child's creation and its [`Event::Forked`] (2), or 0 for a task
@@ -38,7 +40,7 @@ pub(super) fn lineage_len(entries: &[JournalEntry]) -> usize {
 }
 
 /// Commits to `store` (the scratch store, before the first session opens it) what the other
-/// tasks of `task_id`'s fork did: its creation as a fork, and the stand-in holder.
+/// tasks of `task_id`'s fork did: its creation as a fork, and the stand-in holders.
 pub(super) fn seed(
     store: &mut Store,
     task_id: &TaskId,
@@ -53,48 +55,60 @@ pub(super) fn seed(
             commands: &e.commands,
         })?;
     }
-    let released: Vec<&SnapshotId> = entries
-        .iter()
-        .filter_map(|e| match &e.event {
-            Event::SnapshotReleased { snapshot_id, .. } => Some(snapshot_id),
-            _ => None,
-        })
-        .collect();
-    let (Some(first), false) = (entries.first(), released.is_empty()) else {
+    let mut released: Vec<&SnapshotId> = Vec::new();
+    for e in entries {
+        if let Event::SnapshotReleased { snapshot_id, .. } = &e.event {
+            if !released.contains(&snapshot_id) {
+                released.push(snapshot_id);
+            }
+        }
+    }
+    let Some(first) = entries.first() else {
         return Ok(());
     };
-    let name = if task_id.as_str() == HOLDER {
-        "redrive-holder-2"
+    let prefix = if task_id.as_str().starts_with(HOLDER) {
+        "redrive-stand-in"
     } else {
         HOLDER
     };
-    let holder_id = TaskId::new(name).expect("a valid task id");
-    let mut holder = Task::new(holder_id, first.task_after.settings.clone(), first.at);
-    holder.snapshots = released
-        .into_iter()
-        .enumerate()
-        .map(|(i, id)| SnapshotRecord {
-            seq: i as u64 + 1,
+    let settings = Event::SettingsChanged {
+        settings: first.task_after.settings.clone(),
+    };
+    for (i, id) in released.into_iter().enumerate() {
+        let name = format!("{prefix}-{}", i + 1);
+        let holder_id = TaskId::new(&name).expect("a valid task id");
+        let mut holder = Task::new(holder_id, first.task_after.settings.clone(), first.at);
+        // The seq the re-driven task gave the snapshot, as a fork's lineage names it.
+        let parent_seq = entries
+            .iter()
+            .flat_map(|e| &e.task_after.snapshots)
+            .find(|s| s.id.as_ref() == Some(id))
+            .map_or(0, |s| s.seq);
+        holder.lineage = Some(Lineage {
+            parent: task_id.clone(),
+            snapshot: id.clone(),
+            parent_seq,
+            forked_at: first.at,
+        });
+        holder.snapshots = vec![SnapshotRecord {
+            seq: 0,
             id: Some(id.clone()),
             status: SnapshotStatus::Complete,
             size_bytes: 0,
-            sandbox_id: SandboxId::from(name),
+            sandbox_id: SandboxId::from(name.as_str()),
             started_at: first.at,
             created_at: Some(first.at),
             expires_at: None,
             omitted: Vec::new(),
             taken_by: None,
-        })
-        .collect();
-    let settings = Event::SettingsChanged {
-        settings: holder.settings.clone(),
-    };
-    store.commit(&TransitionRecord {
-        at: first.at,
-        event: &settings,
-        state_before: TaskState::Idle,
-        task_after: &holder,
-        commands: &[],
-    })?;
+        }];
+        store.commit(&TransitionRecord {
+            at: first.at,
+            event: &settings,
+            state_before: TaskState::Idle,
+            task_after: &holder,
+            commands: &[],
+        })?;
+    }
     Ok(())
 }

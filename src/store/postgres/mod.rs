@@ -239,16 +239,20 @@ impl Backend for PgStore {
         rows.first().map(|r| self.decode_marks(r, 0)).transpose()
     }
 
-    fn snapshot_holders(&self, provider_id: &str) -> Result<Vec<String>, StoreError> {
+    fn snapshot_holders(&self, provider_id: &str, asking: &str) -> Result<Vec<String>, StoreError> {
         let rows = self.query(
             "finding the tasks that retain a snapshot",
             None,
             "SELECT DISTINCT s.task_id FROM snapshots s JOIN tasks t ON t.id = s.task_id
-             WHERE s.provider_id = $1 AND s.status IN ('complete', 'pending')
+             WHERE s.provider_id = $1 AND s.task_id <> $2
+               AND s.status IN ('complete', 'pending')
                AND (t.removed_at IS NULL OR t.kept_snapshots)
              ORDER BY s.task_id"
                 .to_string(),
-            vec![Box::new(provider_id.to_string())],
+            vec![
+                Box::new(provider_id.to_string()),
+                Box::new(asking.to_string()),
+            ],
         )?;
         rows.iter()
             .map(|r| rows::get(&self.cx(None), r, 0, "snapshots.task_id"))
@@ -376,7 +380,7 @@ impl Backend for PgStore {
         )?;
         let path = std::path::Path::new(self.target.redacted());
         rows.iter()
-            .map(|row| super::rows::decode_sandbox(path, row))
+            .map(|row| rows::decode_sandbox(path, row))
             .collect()
     }
 
@@ -393,7 +397,7 @@ impl Backend for PgStore {
         )?;
         let path = std::path::Path::new(self.target.redacted());
         rows.iter()
-            .map(|row| super::rows::decode_snapshot(path, row))
+            .map(|row| rows::decode_snapshot(path, row))
             .collect()
     }
 }

@@ -10,7 +10,7 @@ use super::PgStore;
 use crate::core::Task;
 use crate::ids::TaskId;
 use crate::store::rows::{self, Col, Columns, RowContext};
-use crate::store::{JournalEntry, StoreError, TaskMarks};
+use crate::store::{JournalEntry, SandboxRow, SandboxStatus, SnapshotRow, StoreError, TaskMarks};
 
 /// The columns journal reads decode, in this order.
 pub(super) const JOURNAL_COLUMNS: &str =
@@ -117,4 +117,58 @@ impl Columns for Row {
         let v: Option<i64> = get(cx, self, col.0, col.1)?;
         v.map(|v| to_uint(cx, v, col.1)).transpose()
     }
+}
+
+/// Decodes a sandbox row: `provider_id, name, task_id, generation, created_at, deadline,
+/// source_snapshot, status, released_at`.
+pub(super) fn decode_sandbox(path: &Path, row: &impl Columns) -> Result<SandboxRow, StoreError> {
+    let mut cx = RowContext::new(path, "?", "sandboxes.task_id");
+    cx.read_task(row, 2, "sandboxes.task_id")?;
+    let status = row.text(&cx, (7, "sandboxes.status"))?;
+    let status = match status.as_str() {
+        "running" => SandboxStatus::Running,
+        "released" => SandboxStatus::Released,
+        other => {
+            return Err(cx.corrupt(
+                "sandboxes.status",
+                format!("unknown status `{other}`"),
+                None,
+            ))
+        }
+    };
+    Ok(SandboxRow {
+        provider_id: row.text(&cx, (0, "sandboxes.provider_id"))?.into(),
+        name: row.text(&cx, (1, "sandboxes.name"))?,
+        task_id: cx.task()?,
+        generation: row.uint(&cx, (3, "sandboxes.generation"))?,
+        created_at: row.uint(&cx, (4, "sandboxes.created_at"))?,
+        deadline: row.uint(&cx, (5, "sandboxes.deadline"))?,
+        source_snapshot: row
+            .opt_text(&cx, (6, "sandboxes.source_snapshot"))?
+            .map(Into::into),
+        status,
+        released_at: row.opt_uint(&cx, (8, "sandboxes.released_at"))?,
+    })
+}
+
+/// Decodes a snapshot row: `task_id, seq, provider_id, status, size_bytes, sandbox_id,
+/// started_at, created_at, expires_at`.
+pub(super) fn decode_snapshot(path: &Path, row: &impl Columns) -> Result<SnapshotRow, StoreError> {
+    let mut cx = RowContext::new(path, "?", "snapshots.task_id");
+    cx.read_task(row, 0, "snapshots.task_id")?;
+    let seq = row.uint(&cx, (1, "snapshots.seq"))?;
+    cx.seq = Some(seq);
+    Ok(SnapshotRow {
+        task_id: cx.task()?,
+        seq,
+        provider_id: row
+            .opt_text(&cx, (2, "snapshots.provider_id"))?
+            .map(Into::into),
+        status: cx.name(row, 3, "snapshots.status")?,
+        size_bytes: row.uint(&cx, (4, "snapshots.size_bytes"))?,
+        sandbox_id: row.text(&cx, (5, "snapshots.sandbox_id"))?.into(),
+        started_at: row.uint(&cx, (6, "snapshots.started_at"))?,
+        created_at: row.opt_uint(&cx, (7, "snapshots.created_at"))?,
+        expires_at: row.opt_uint(&cx, (8, "snapshots.expires_at"))?,
+    })
 }

@@ -1,16 +1,14 @@
-//! The `sandboxes` and `snapshots` rows, and who retains a snapshot, derived from the journal
-//! and the forks' lineage instead of read from their tables.
-//!
-//! The commit path writes those tables as mirrors of the task's records, and they cost the
-//! `journal.batch` benchmark most of what separates the store from a raw insert loop (README,
-//! Performance). A store that did not write them would answer [`SqliteStore::sandboxes`],
-//! [`SqliteStore::snapshots`] and [`SqliteStore::snapshot_holders`] with these readers; until
-//! it does, the property tests hold them equal to the tables: the store's (random histories
-//! cut into random batches), the engine's (a faulty provider) and the forks' (forks,
-//! retention, gc, removals and crashes).
+//! The sandbox and snapshot rows ([`SqliteStore::sandboxes`], [`SqliteStore::snapshots`]) and
+//! who retains a snapshot ([`SqliteStore::snapshot_holders`]), derived from the journal and the
+//! forks' shares: a commit writes journal rows (and a new task's row, and a fork's share), not
+//! tables that repeat what the tasks' records say (migration 7 dropped them; they cost the
+//! `journal.batch` benchmark most of what separated the store from a raw insert loop: README,
+//! Performance). PostgreSQL's store keeps its tables; the stores' tests hold both to the same
+//! answers, and the property tests hold these to a model computed from the tasks' histories.
+
+use std::collections::BTreeSet;
 
 use super::rows::get;
-use super::write::sandbox_row_part;
 use super::SqliteStore;
 use crate::core::{Millis, SandboxRecord, SnapshotStatus};
 use crate::ids::TaskId;
@@ -18,8 +16,8 @@ use crate::store::rows::Columns;
 use crate::store::{SandboxRow, SandboxStatus, SnapshotRow, StoreError};
 
 impl SqliteStore {
-    /// The rows [`SqliteStore::sandboxes`] reads (of one task or of all, in the same order),
-    /// derived from the tasks' journals: one per sandbox a task ever held, with its last record
+    /// Sandbox rows, of one task or of all, ordered by task, generation and id, derived from
+    /// the tasks' journals: one per sandbox a task ever held, with its last record
     /// while held, `running` while the task's last row holds it, else `released` at the time of
     /// the first row after it that did not.
     ///
@@ -28,10 +26,7 @@ impl SqliteStore {
     /// `"sandbox":` (inside a JSON string a quote is escaped, so that text is a member name;
     /// the parse below decides, the filter only skips rows without it). A delta without the
     /// member left the sandbox as it was.
-    pub fn sandboxes_from_journal(
-        &self,
-        task_id: Option<&str>,
-    ) -> Result<Vec<SandboxRow>, StoreError> {
+    pub fn sandboxes(&self, task_id: Option<&str>) -> Result<Vec<SandboxRow>, StoreError> {
         let ids = match task_id {
             Some(id) => vec![id.to_string()],
             None => self
@@ -101,12 +96,9 @@ impl SqliteStore {
         Ok(out)
     }
 
-    /// The rows [`SqliteStore::snapshots`] reads (of one task or of all, in the same order),
-    /// derived from the tasks as their journals rebuild them: one per snapshot record.
-    pub fn snapshots_from_journal(
-        &self,
-        task_id: Option<&str>,
-    ) -> Result<Vec<SnapshotRow>, StoreError> {
+    /// Snapshot rows, of one task or of all, ordered by task and seq, from the tasks as their
+    /// journals rebuild them: one per snapshot record.
+    pub fn snapshots(&self, task_id: Option<&str>) -> Result<Vec<SnapshotRow>, StoreError> {
         let tasks = match task_id {
             Some(id) => self.load_task(id)?.into_iter().collect(),
             None => self.load_tasks()?,
@@ -134,45 +126,48 @@ impl SqliteStore {
         Ok(out)
     }
 
-    /// The tasks that retain the provider snapshot `provider_id` (a record of it `complete` or
-    /// `pending`, the task not removed unless `taskbox rm --keep-snapshots` kept them), found
-    /// through forks instead of the `snapshots` table: a snapshot is retained by a task other
-    /// than the one that took it only because a fork shares it, so the candidates are the
-    /// tasks whose lineage names it and the tasks they were forked from (the taker among
-    /// them, whatever the depth: a fork of a fork from the same snapshot names its own
-    /// parent, which names the taker). The one answer it does not give is the taker alone
-    /// when no fork shares the snapshot — which only the taker itself asks, and the engine
-    /// leaves the asking task out of [`SqliteStore::snapshot_holders`]'s answer anyway.
+    /// The tasks other than `asking` that retain the provider snapshot `provider_id` (a record
+    /// of it `complete` or `pending`, the task not removed unless `taskbox rm --keep-snapshots`
+    /// kept them), ordered by id; `asking` holds a record of it ([`Backend::snapshot_holders`]).
     ///
-    /// Reads every task (its lineage); a store that answered with it would keep the forks'
-    /// (snapshot, child, parent) in a table written by the rare `forked` commit instead.
-    pub fn snapshot_holders_from_lineage(
+    /// Only a fork gives a task a record of a snapshot it did not take, so the tasks that may
+    /// retain it besides the one that took it are the forks that share it and the tasks they
+    /// were forked from (the taker among them, whatever the depth: a fork of a fork from the
+    /// same snapshot names its own parent, which names the taker), which `fork_shares` lists.
+    /// When no fork shares it, the taker is the only task with a record of it: the one asking.
+    ///
+    /// [`Backend::snapshot_holders`]: crate::store::Backend::snapshot_holders
+    pub fn snapshot_holders(
         &self,
         provider_id: &str,
+        asking: &str,
     ) -> Result<Vec<String>, StoreError> {
-        let tasks = self.load_tasks()?;
-        let mut candidates: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
-        for t in &tasks {
-            if let Some(l) = t
-                .lineage
-                .as_ref()
-                .filter(|l| l.snapshot.as_str() == provider_id)
-            {
-                candidates.insert(t.id.as_str());
-                candidates.insert(l.parent.as_str());
-            }
-        }
+        let op = "finding the tasks that retain a snapshot";
+        let sql = "SELECT child, parent FROM fork_shares WHERE snapshot = ?1";
+        let shares = self.query_rows(op, sql, &[&provider_id], None, |row| {
+            let child = self.row_context(row, "fork_shares.child", 0)?.task()?;
+            let parent = self.row_context(row, "fork_shares.parent", 1)?.task()?;
+            Ok([child, parent])
+        })?;
+        let candidates: BTreeSet<TaskId> = shares
+            .into_iter()
+            .flatten()
+            .filter(|t| t.as_str() != asking)
+            .collect();
         let mut holders = Vec::new();
-        for t in tasks.iter().filter(|t| candidates.contains(t.id.as_str())) {
-            let retains = t.snapshots.iter().any(|s| {
+        for id in candidates {
+            let Some(task) = self.load_task(id.as_str())? else {
+                continue;
+            };
+            let retains = task.snapshots.iter().any(|s| {
                 s.id.as_ref().is_some_and(|id| id.as_str() == provider_id)
                     && matches!(s.status, SnapshotStatus::Complete | SnapshotStatus::Pending)
             });
             let gone = self
-                .task_marks(t.id.as_str())?
+                .task_marks(id.as_str())?
                 .is_some_and(|m| m.removed_at.is_some() && !m.kept_snapshots);
             if retains && !gone {
-                holders.push(t.id.to_string());
+                holders.push(id.to_string());
             }
         }
         Ok(holders)
@@ -194,18 +189,27 @@ fn present<'de, D: serde::Deserializer<'de>>(
     serde::Deserialize::deserialize(d).map(Some)
 }
 
-/// The row of a sandbox the task `task_id` holds, from its record ([`sandbox_row_part`]: what
-/// the commit path compares).
+/// The row of a sandbox the task `task_id` holds, from its record. It leaves out `used`, which
+/// every first command of a sandbox sets. Every field is named, so a new one does not compile
+/// until it is sorted into the row or out of it.
 fn held_row(task_id: &TaskId, sb: &SandboxRecord) -> SandboxRow {
-    let (id, name, generation, created_at, deadline, source_snapshot) = sandbox_row_part(sb);
-    SandboxRow {
-        provider_id: id.clone(),
-        name: name.to_string(),
-        task_id: task_id.clone(),
+    let SandboxRecord {
+        id,
+        name,
         generation,
         created_at,
         deadline,
-        source_snapshot: source_snapshot.cloned(),
+        source_snapshot,
+        used: _,
+    } = sb;
+    SandboxRow {
+        provider_id: id.clone(),
+        name: name.clone(),
+        task_id: task_id.clone(),
+        generation: *generation,
+        created_at: *created_at,
+        deadline: *deadline,
+        source_snapshot: source_snapshot.clone(),
         status: SandboxStatus::Running,
         released_at: None,
     }

@@ -1,5 +1,5 @@
-//! The SQLite store ([`SqliteStore`]): tasks, their journal, and the snapshot and sandbox tables
-//! derived from them, in one file of a data directory.
+//! The SQLite store ([`SqliteStore`]): tasks and their journal, in one file of a data directory;
+//! the sandbox and snapshot rows and a snapshot's holders are derived from them (`derived`).
 //!
 //! One file per data directory, in WAL mode with `synchronous = FULL`: [`Backend::commit`] is the
 //! engine's write-ahead step, so a transition that returned is on disk before any of its
@@ -15,15 +15,14 @@
 //!   the next per-task sequence number. The task after it is stored as what changed since the
 //!   task's row before, with the whole task every so often ([`delta`]); the readers rebuild it.
 //!   Triggers refuse any UPDATE or DELETE on the journal;
-//! - mirrors `task.snapshots` into `snapshots` (one row per record, rows of dropped records
-//!   removed) and `task.sandbox` into `sandboxes` (`running` while the task holds it,
-//!   `released` from the first transition whose task no longer does). In a batch these rows
-//!   are written once per task, from its last transition, except that a change of the held
-//!   sandbox is written by the transition that makes it (the release's time is that
-//!   transition's).
+//! - for a fork, records its share of its parent's snapshot (`fork_shares`, insert-only), which
+//!   [`SqliteStore::snapshot_holders`] looks through;
+//! - refuses, in memory, a sandbox record named for another task
+//!   ([`StoreError::SandboxOwned`]).
 //!
-//! The `snapshots` and `sandboxes` tables duplicate what the task JSON says so that they can be
-//! queried (garbage collection, `taskbox status`) without decoding every task.
+//! Nothing else: the `snapshots` and `sandboxes` tables that repeated the tasks' records were
+//! dropped by migration 7 (their rows are read from the journal now, `derived`), because
+//! writing them was most of what a commit cost beyond its journal row.
 //!
 //! Several processes may open the same file: writes take the lock up front (`BEGIN IMMEDIATE`)
 //! and wait up to 10 s for it instead of failing ([`StoreError::Busy`] after that).
@@ -33,10 +32,9 @@
 //! lets a batch that performs nothing on a provider (the engine's answers: a command's result)
 //! ride on the next commit's sync. Statements are prepared once per connection (`prepare_cached`);
 //! in a batch, each transition is serialized once (its task as what changed, see [`delta`]) and
-//! appends its journal row, a task's row is
-//! written once (from its last transition in the batch), the snapshot and sandbox rows at most
-//! once per task (and only when its records changed), and nothing is read per transition (see
-//! `write::Known`). The journal's `seq` is a plain rowid (migration 3 dropped `AUTOINCREMENT`).
+//! appends its journal row, a task's row is written once (from its last transition in the
+//! batch), and nothing is read per transition (see `write::Known`). The journal's `seq` is a
+//! plain rowid (migration 3 dropped `AUTOINCREMENT`).
 
 mod delta;
 mod derived;
@@ -67,7 +65,7 @@ pub struct SqliteStore {
     /// The connection was left at `synchronous = NORMAL` (setting FULL back after a
     /// [`Sync::WithNext`] commit failed): every write sets FULL again before it writes.
     not_full: bool,
-    /// What the task, snapshot and sandbox rows hold, as far as this connection knows.
+    /// What the task rows and the journal hold, as far as this connection knows.
     known: Known,
     /// Serialization buffers, reused by every commit.
     bufs: Buffers,
@@ -172,28 +170,6 @@ impl SqliteStore {
             .map_err(|e| self.sql(op, Some(id), e))
     }
 
-    /// The tasks that retain the provider snapshot `provider_id` (a record of it `complete` or
-    /// `pending`), ordered by id: a fork shares its parent's snapshot, and a snapshot is deleted
-    /// only when no task retains it. A removed task retains its snapshots only when
-    /// `taskbox rm --keep-snapshots` kept them.
-    pub fn snapshot_holders(&self, provider_id: &str) -> Result<Vec<String>, StoreError> {
-        let op = "finding the tasks that retain a snapshot";
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT DISTINCT s.task_id FROM snapshots s JOIN tasks t ON t.id = s.task_id
-                 WHERE s.provider_id = ?1 AND s.status IN ('complete', 'pending')
-                   AND (t.removed_at IS NULL OR t.kept_snapshots = 1)
-                 ORDER BY s.task_id",
-            )
-            .map_err(|e| self.sql(op, None, e))?;
-        let rows = stmt
-            .query_map([provider_id], |r| r.get::<_, String>(0))
-            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-            .map_err(|e| self.sql(op, None, e))?;
-        Ok(rows)
-    }
-
     /// The marks of every removed task, by id.
     pub fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {
         let sql = "SELECT id, backend, removed_at, kept_snapshots FROM tasks
@@ -233,8 +209,8 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// Commits one transition in one transaction: the task row, a journal row, and the
-    /// snapshot and sandbox rows. Returns the journal `seq`. Nothing is written if any part
+    /// Commits one transition in one transaction: the task row and a journal row (and a fork's
+    /// share of its parent's snapshot). Returns the journal `seq`. Nothing is written if any part
     /// fails; once it returns `Ok`, the transition is durable.
     pub fn commit(&mut self, rec: &TransitionRecord<'_>) -> Result<u64, StoreError> {
         let seqs = self.commit_batch(std::slice::from_ref(rec))?;
@@ -403,28 +379,6 @@ impl SqliteStore {
         }
     }
 
-    /// Sandbox rows, of one task or of all, ordered by task, generation and id.
-    pub fn sandboxes(&self, task_id: Option<&str>) -> Result<Vec<SandboxRow>, StoreError> {
-        let sql = "SELECT provider_id, name, task_id, generation, created_at, deadline, \
-                          source_snapshot, status, released_at
-                   FROM sandboxes WHERE ?1 IS NULL OR task_id = ?1
-                   ORDER BY task_id, generation, provider_id";
-        self.query_rows("listing sandboxes", sql, params![task_id], task_id, |row| {
-            super::rows::decode_sandbox(&self.path, row)
-        })
-    }
-
-    /// Snapshot rows, of one task or of all, ordered by task and seq.
-    pub fn snapshots(&self, task_id: Option<&str>) -> Result<Vec<SnapshotRow>, StoreError> {
-        let sql = "SELECT task_id, seq, provider_id, status, size_bytes, sandbox_id, started_at, \
-                          created_at, expires_at
-                   FROM snapshots WHERE ?1 IS NULL OR task_id = ?1
-                   ORDER BY task_id, seq";
-        self.query_rows("listing snapshots", sql, params![task_id], task_id, |row| {
-            super::rows::decode_snapshot(&self.path, row)
-        })
-    }
-
     fn sql(
         &self,
         operation: &'static str,
@@ -451,8 +405,8 @@ impl Backend for SqliteStore {
     fn task_marks(&self, id: &str) -> Result<Option<TaskMarks>, StoreError> {
         SqliteStore::task_marks(self, id)
     }
-    fn snapshot_holders(&self, provider_id: &str) -> Result<Vec<String>, StoreError> {
-        SqliteStore::snapshot_holders(self, provider_id)
+    fn snapshot_holders(&self, provider_id: &str, asking: &str) -> Result<Vec<String>, StoreError> {
+        SqliteStore::snapshot_holders(self, provider_id, asking)
     }
     fn removed_tasks(&self) -> Result<Vec<(TaskId, TaskMarks)>, StoreError> {
         SqliteStore::removed_tasks(self)

@@ -1,5 +1,5 @@
-//! The commit path's writes: a batch's task rows, journal rows, and the snapshot and sandbox
-//! rows mirrored from the tasks, inside the caller's transaction.
+//! The commit path's writes: a batch's task rows and journal rows (and a fork's share of its
+//! parent's snapshot), inside the caller's transaction.
 //!
 //! Per transition: the event and the commands are serialized once, into buffers the store
 //! reuses; one journal row is appended (its `task_seq` bound from what this connection knows,
@@ -8,11 +8,12 @@
 //! task: see [`super::delta`]: the whole task is serialized only for such a keyframe); the task
 //! row, which holds the task's state and not the task (migration 5: the journal holds it), is
 //! written by the task's last transition in the batch (and, for a task new to the store, by its
-//! first, since the journal row refers to it); the snapshot and sandbox rows only when what they
-//! hold of the task's records changed. Each
-//! statement is taken from the connection's cache once per batch ([`Stmts`]). Nothing is read
-//! per transition: the stored state and the last `task_seq` of a task come from [`Known`], read
-//! from the file once per task when this connection does not know them.
+//! first, since the journal row refers to it). A sandbox record named for another task is
+//! refused in memory ([`check_sandbox`]); a fork's share of its parent's snapshot is inserted
+//! with its keyframes. Each statement is taken from the connection's cache once per batch
+//! ([`Stmts`]). Nothing is read per transition: the stored state and the last `task_seq` of a
+//! task come from [`Known`], read from the file once per task when this connection does not
+//! know them.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -22,8 +23,8 @@ use rusqlite::{params, CachedStatement, Connection, OptionalExtension, Transacti
 use serde::Serialize;
 
 use super::delta::KEYFRAME_EVERY;
-use crate::core::{Millis, SandboxRecord, SnapshotRecord, Task};
-use crate::ids::{SandboxId, SnapshotId};
+use crate::core::Task;
+use crate::ids::parse_sandbox_name;
 use crate::store::{StoreError, TransitionRecord};
 
 /// An error mapper for a statement of the commit path.
@@ -74,25 +75,13 @@ enum Sql {
     AppendJournal,
     /// A batch's end: the task row's state (the task itself is its journal's).
     UpdateState,
-    /// A snapshot record's row, rewritten only when it differs.
-    UpsertSnapshot,
-    /// The row of a snapshot record the task no longer holds.
-    DeleteSnapshot,
-    /// Every row of the task's but the records' (the list of kept seqs is one JSON array, so the
-    /// statement stays the same whatever the number of snapshots).
-    DeleteOtherSnapshots,
-    /// The held sandbox's row, unless it is unchanged or another task's.
-    UpsertSandbox,
-    /// Who holds a sandbox's row.
-    SandboxOwner,
-    /// The sandbox the task held before, released.
-    ReleaseSandbox,
-    /// Every `running` sandbox of the task but the held one, released.
-    ReleaseOtherSandboxes,
+    /// A fork's share of its parent's snapshot (`fork_shares`), written again (and ignored)
+    /// with every keyframe of the fork.
+    InsertShare,
 }
 
-/// How many [`Sql`] statements there are: keep [`Sql::ReleaseOtherSandboxes`] the last variant.
-const SQL_COUNT: usize = Sql::ReleaseOtherSandboxes as usize + 1;
+/// How many [`Sql`] statements there are: keep [`Sql::InsertShare`] the last variant.
+const SQL_COUNT: usize = Sql::InsertShare as usize + 1;
 
 impl Sql {
     fn text(self) -> &'static str {
@@ -112,48 +101,8 @@ impl Sql {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
             }
             Sql::UpdateState => "UPDATE tasks SET state = ?2, updated_at = ?3 WHERE id = ?1",
-            Sql::UpsertSnapshot => {
-                "INSERT INTO snapshots (task_id, seq, provider_id, status, size_bytes, sandbox_id,
-                                        started_at, created_at, expires_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-                 ON CONFLICT (task_id, seq) DO UPDATE
-                    SET provider_id = excluded.provider_id, status = excluded.status,
-                        size_bytes = excluded.size_bytes, sandbox_id = excluded.sandbox_id,
-                        started_at = excluded.started_at, created_at = excluded.created_at,
-                        expires_at = excluded.expires_at
-                    WHERE (provider_id, status, size_bytes, sandbox_id, started_at, created_at,
-                           expires_at)
-                       IS NOT (excluded.provider_id, excluded.status, excluded.size_bytes,
-                               excluded.sandbox_id, excluded.started_at, excluded.created_at,
-                               excluded.expires_at)"
-            }
-            Sql::DeleteSnapshot => "DELETE FROM snapshots WHERE task_id = ?1 AND seq = ?2",
-            Sql::DeleteOtherSnapshots => {
-                "DELETE FROM snapshots
-                 WHERE task_id = ?1 AND seq NOT IN (SELECT value FROM json_each(?2))"
-            }
-            Sql::UpsertSandbox => {
-                "INSERT INTO sandboxes (provider_id, name, task_id, generation, created_at,
-                                        deadline, source_snapshot, status, released_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', NULL)
-                 ON CONFLICT (provider_id) DO UPDATE
-                    SET name = excluded.name, generation = excluded.generation,
-                        created_at = excluded.created_at, deadline = excluded.deadline,
-                        source_snapshot = excluded.source_snapshot, status = 'running',
-                        released_at = NULL
-                    WHERE task_id = excluded.task_id
-                      AND (name, generation, created_at, deadline, source_snapshot, status)
-                          IS NOT (excluded.name, excluded.generation, excluded.created_at,
-                                  excluded.deadline, excluded.source_snapshot, 'running')"
-            }
-            Sql::SandboxOwner => "SELECT task_id FROM sandboxes WHERE provider_id = ?1",
-            Sql::ReleaseSandbox => {
-                "UPDATE sandboxes SET status = 'released', released_at = ?3
-                 WHERE provider_id = ?2 AND task_id = ?1 AND status = 'running'"
-            }
-            Sql::ReleaseOtherSandboxes => {
-                "UPDATE sandboxes SET status = 'released', released_at = ?3
-                 WHERE task_id = ?1 AND status = 'running' AND provider_id IS NOT ?2"
+            Sql::InsertShare => {
+                "INSERT OR IGNORE INTO fork_shares (snapshot, child, parent) VALUES (?1, ?2, ?3)"
             }
         }
     }
@@ -219,22 +168,25 @@ pub(super) fn write_batch(
         let commands_json = json_into(&mut bufs.commands, id, "commands", rec.commands)?;
         // The task's row before, when this connection wrote it (in this batch, or as the
         // cache kept it), and the keyframe its chain starts from: a delta may follow it.
-        let chain = head
-            .as_mut()
-            .and_then(|h| h.last.take())
-            .filter(|l| task_seq - l.key < KEYFRAME_EVERY)
-            .and_then(|l| match previous {
-                Some(j) => Some((Cow::Borrowed(recs[j].task_after), l.key)),
-                None => l.task.map(|t| (Cow::Owned(*t), l.key)),
-            });
-        let task_key = match &chain {
+        let last = head.as_mut().and_then(|h| h.last.take());
+        let key = last.as_ref().map(|l| l.key);
+        let prev: Option<Cow<'_, Task>> = match previous {
+            Some(j) => Some(Cow::Borrowed(recs[j].task_after)),
+            None => last.and_then(|l| l.task).map(|t| Cow::Owned(*t)),
+        };
+        check_sandbox(id, task, prev.as_deref())?;
+        let chain = prev
+            .as_deref()
+            .zip(key)
+            .filter(|(_, k)| task_seq - k < KEYFRAME_EVERY);
+        let task_key = match chain {
             Some((prev, key)) => task_delta(prev, task, &mut bufs.delta)
                 .map_err(|source| StoreError::Serialize {
                     task_id: id.to_string(),
                     what: "task",
                     source,
                 })?
-                .then_some(*key),
+                .then_some(key),
             None => None,
         };
         // The whole task: for a keyframe.
@@ -244,7 +196,7 @@ pub(super) fn write_batch(
         };
 
         // A task new to the store needs its row before its first journal row (the foreign key
-        // of the journal, snapshot and sandbox rows, and `known.head` of a later batch); the
+        // of the journal and fork-share rows, and `known.head` of a later batch); the
         // row holds the task's state as of the batch's end.
         let written = if head.is_none() {
             st.get(Sql::InsertTask)
@@ -274,18 +226,22 @@ pub(super) fn write_batch(
             .map_err(on(path, id, "appending to the journal"))?;
         let seq = u64::try_from(tx.last_insert_rowid()).expect("journal seqs are positive");
 
-        // A task without a row has no snapshot or sandbox rows either (they refer to it).
-        let mirror = match head.take() {
-            Some(h) => h.mirror,
-            None => Some(Mirror::default()),
-        };
-        // The sandbox the task's previous transition in this batch left it holding.
-        let held_before = previous.map(|j| recs[j].task_after.sandbox.as_ref());
-        let mirror = sync_mirrors(&mut st, path, rec, held_before, is_last, mirror)?;
+        // A fork's share of its parent's snapshot: with the fork's first row, and again (ignored)
+        // with every keyframe, so a store that lost it gets it back.
+        if let Some(l) = task.lineage.as_ref().filter(|l| {
+            task_key.is_none() || prev.as_ref().is_none_or(|p| p.lineage.as_ref() != Some(*l))
+        }) {
+            st.get(Sql::InsertShare)
+                .and_then(|s| s.execute(params![l.snapshot.as_str(), id, l.parent.as_str()]))
+                .map_err(on(
+                    path,
+                    id,
+                    "recording the fork's share of its parent's snapshot",
+                ))?;
+        }
         *head = Some(Head {
             state: Cow::Borrowed(task.state.as_str()),
             task_seq,
-            mirror: Some(mirror),
             last: Some(Last {
                 key: task_key.unwrap_or(task_seq),
                 // The next batch's first row of the task compares with it; within this batch
@@ -388,135 +344,30 @@ fn member<T: Serialize + PartialEq>(
     serde_json::to_writer(out, cur)
 }
 
-/// Brings the snapshot and sandbox rows of `rec`'s task up to date as far as this transition
-/// requires; returns what they hold afterwards. `mirror`: what they held before (`None`: not
-/// known); `held_before`: the sandbox the task's previous transition in this batch left it
-/// holding (`None`: this is its first in the batch, and it held what the rows say).
-///
-/// The rows are the task's state after the batch, written once per task per batch where that
-/// gives the same rows (the transaction is all or nothing, so intermediate states are never
-/// seen):
-/// - the snapshot rows mirror the task's records: written by the task's last transition;
-/// - a sandbox row records the sandbox's last record while held and when it was released, so
-///   a change of the held sandbox is written when it happens (the old one's last record, then
-///   its release at this transition's time); a change of the same sandbox's record (a longer
-///   deadline) waits for the task's last transition or the sandbox's release.
-fn sync_mirrors(
-    st: &mut Stmts<'_>,
-    path: &Path,
-    rec: &TransitionRecord<'_>,
-    held_before: Option<Option<&SandboxRecord>>,
-    is_last: bool,
-    mirror: Option<Mirror>,
-) -> Result<Mirror, StoreError> {
-    let task = rec.task_after;
-    let id = task.id.as_str();
-    let Some(mut m) = mirror else {
-        // This connection does not know the rows: write them all from the task.
-        sync_snapshots(st, path, task, None)?;
-        sync_sandboxes(st, path, id, task.sandbox.as_ref(), rec.at, None)?;
-        return Ok(Mirror {
-            snapshots: task.snapshots.clone(),
-            sandbox: task.sandbox.clone(),
-        });
+/// Refuses a transition whose task holds a sandbox named for another task
+/// ([`StoreError::SandboxOwned`]): two tasks sharing one sandbox would see each other's files.
+/// A sandbox's name is [`sandbox_name`]`(installation, task, generation)`, so the record says
+/// whose it is; a name of another shape (a journal written before names had one) passes.
+/// Checked when the task starts holding a sandbox, or holds one under another name; `prev`:
+/// the task before this transition, when this connection knows it.
+fn check_sandbox(id: &str, task: &Task, prev: Option<&Task>) -> Result<(), StoreError> {
+    let Some(sb) = task.sandbox.as_ref() else {
+        return Ok(());
     };
-    let held = task.sandbox.as_ref();
-    let held_id = held.map(|s| &s.id);
-    let changed = match held_before {
-        Some(before) => before.map(|s| &s.id) != held_id,
-        None => m.sandbox.as_ref().map(|s| &s.id) != held_id,
-    };
-    if changed {
-        if let Some(before) = held_before.filter(|b| !same_sandbox_row(*b, m.sandbox.as_ref())) {
-            // The sandbox being let go has a record its row does not have yet.
-            sync_sandboxes(st, path, id, before, rec.at, Some(&m.sandbox))?;
-            m.sandbox = before.cloned();
-        }
-        sync_sandboxes(st, path, id, held, rec.at, Some(&m.sandbox))?;
-        m.sandbox = task.sandbox.clone();
-    } else if is_last && !same_sandbox_row(held, m.sandbox.as_ref()) {
-        sync_sandboxes(st, path, id, held, rec.at, Some(&m.sandbox))?;
-        m.sandbox = task.sandbox.clone();
+    let unchanged = prev
+        .and_then(|p| p.sandbox.as_ref())
+        .is_some_and(|p| p.id == sb.id && p.name == sb.name);
+    if unchanged {
+        return Ok(());
     }
-    if is_last && !same_snapshot_rows(&task.snapshots, &m.snapshots) {
-        sync_snapshots(st, path, task, Some(&m.snapshots))?;
-        m.snapshots = task.snapshots.clone();
+    match parse_sandbox_name(&sb.name) {
+        Some((_, owner, _)) if owner != id => Err(StoreError::SandboxOwned {
+            task_id: id.to_string(),
+            sandbox_id: sb.id.clone(),
+            owner,
+        }),
+        _ => Ok(()),
     }
-    Ok(m)
-}
-
-/// What a `sandboxes` row holds of a sandbox record: its id, name, generation, creation,
-/// deadline and source snapshot. It leaves out `used`, which every first command of a sandbox
-/// sets: comparing whole records would rewrite an unchanged row for it. Every field is named,
-/// so a new one does not compile until it is sorted into the row or out of it.
-pub(super) type SandboxRowPart<'r> = (
-    &'r SandboxId,
-    &'r str,
-    u64,
-    Millis,
-    Millis,
-    Option<&'r SnapshotId>,
-);
-
-/// [`SandboxRowPart`] of `sb`.
-pub(super) fn sandbox_row_part(sb: &SandboxRecord) -> SandboxRowPart<'_> {
-    let SandboxRecord {
-        id,
-        name,
-        generation,
-        created_at,
-        deadline,
-        source_snapshot,
-        used: _,
-    } = sb;
-    (
-        id,
-        name,
-        *generation,
-        *created_at,
-        *deadline,
-        source_snapshot.as_ref(),
-    )
-}
-
-/// Whether the sandbox records `a` and `b` give the same `sandboxes` row (`None`: no row).
-fn same_sandbox_row(a: Option<&SandboxRecord>, b: Option<&SandboxRecord>) -> bool {
-    a.map(sandbox_row_part) == b.map(sandbox_row_part)
-}
-
-/// Whether the snapshot records `a` and `b` give the same `snapshots` row: the row leaves out
-/// what the provider could not keep (`omitted`) and who took it (`taken_by`). Every field is
-/// named, as in [`sandbox_row_part`].
-fn same_snapshot_row(a: &SnapshotRecord, b: &SnapshotRecord) -> bool {
-    let SnapshotRecord {
-        seq,
-        id,
-        status,
-        size_bytes,
-        sandbox_id,
-        started_at,
-        created_at,
-        expires_at,
-        omitted: _,
-        taken_by: _,
-    } = a;
-    (
-        seq, id, status, size_bytes, sandbox_id, started_at, created_at, expires_at,
-    ) == (
-        &b.seq,
-        &b.id,
-        &b.status,
-        &b.size_bytes,
-        &b.sandbox_id,
-        &b.started_at,
-        &b.created_at,
-        &b.expires_at,
-    )
-}
-
-/// Whether two lists of snapshot records give the same `snapshots` rows.
-fn same_snapshot_rows(a: &[SnapshotRecord], b: &[SnapshotRecord]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_snapshot_row(a, b))
 }
 
 /// Where a record stands among its task's records in a batch.
@@ -551,14 +402,6 @@ fn batch_order(recs: &[TransitionRecord<'_>]) -> Vec<Place> {
     order
 }
 
-/// What one task's `snapshots` and `sandboxes` rows mirror: the records they were last written
-/// from.
-#[derive(Debug, Clone, Default, PartialEq)]
-struct Mirror {
-    snapshots: Vec<SnapshotRecord>,
-    sandbox: Option<SandboxRecord>,
-}
-
 /// What this connection knows of one task's rows.
 #[derive(Debug, Clone)]
 struct Head {
@@ -566,8 +409,6 @@ struct Head {
     state: Cow<'static, str>,
     /// The task's last journal row's `task_seq` (0: none).
     task_seq: u64,
-    /// What the snapshot and sandbox rows hold (`None`: not known).
-    mirror: Option<Mirror>,
     /// The task's last journal row, when this connection wrote it (a delta may follow it).
     last: Option<Last>,
 }
@@ -584,13 +425,14 @@ struct Last {
 }
 
 /// What this connection knows the store holds, per task: the task row's state, its last
-/// journal `task_seq`, and the records its snapshot and sandbox rows were written from. Only
-/// commits write those (`claim_backend` and `mark_removed` touch other columns), so the
-/// knowledge stays true until another connection commits — which `PRAGMA data_version` (read
-/// under the write lock at the start of every commit) reveals, and then everything is forgotten.
-/// A task not known here is read once per batch (its state and last `task_seq`) and has its
-/// mirrored rows rewritten (the writes are idempotent), so a cold or forgotten cache costs
-/// time, never correctness; a wrong `task_seq` could not pass the journal's unique index anyway.
+/// journal `task_seq`, and the task that row holds. Only commits write those (`claim_backend`
+/// and `mark_removed` touch other columns), so the knowledge stays true until another
+/// connection commits — which `PRAGMA data_version` (read under the write lock at the start of
+/// every commit) reveals, and then everything is forgotten. A task not known here is read once
+/// per batch (its state and last `task_seq`), gets a keyframe, and has its sandbox's name
+/// checked and a fork's share inserted again (ignored when present), so a cold or forgotten
+/// cache costs time, never correctness; a wrong `task_seq` could not pass the journal's unique
+/// index anyway.
 #[derive(Debug, Default)]
 pub(super) struct Known {
     /// `data_version` as of this connection's last commit; `None`: nothing is known.
@@ -640,7 +482,6 @@ impl Known {
                             Ok(Head {
                                 state: Cow::Owned(r.get(0)?),
                                 task_seq: r.get(1)?,
-                                mirror: None,
                                 last: None,
                             })
                         })
@@ -673,128 +514,12 @@ impl Known {
     }
 }
 
-/// Mirrors `task.snapshots` into the `snapshots` table. `old`: the records the rows are known to
-/// hold (`None`: not known, every record is written and every other row deleted). Unchanged rows
-/// are not rewritten (skipped when known, and the guarded upsert), so a commit only dirties the
-/// pages of records that changed.
-fn sync_snapshots(
-    st: &mut Stmts<'_>,
-    path: &Path,
-    task: &Task,
-    old: Option<&[SnapshotRecord]>,
-) -> Result<(), StoreError> {
-    let id = task.id.as_str();
-    let err = on(path, id, "recording the task's snapshots");
-    let unchanged = |snap: &SnapshotRecord| {
-        old.is_some_and(|old| old.iter().any(|o| same_snapshot_row(o, snap)))
-    };
-    if task.snapshots.iter().any(|s| !unchanged(s)) {
-        let upsert = st.get(Sql::UpsertSnapshot).map_err(&err)?;
-        for snap in task.snapshots.iter().filter(|s| !unchanged(s)) {
-            upsert
-                .execute(params![
-                    id,
-                    snap.seq,
-                    snap.id.as_deref(),
-                    snap.status.as_str(),
-                    snap.size_bytes,
-                    snap.sandbox_id.as_str(),
-                    snap.started_at,
-                    snap.created_at,
-                    snap.expires_at,
-                ])
-                .map_err(&err)?;
-        }
-    }
-    // Records the task no longer holds: when the rows are known, those of the old records.
-    if let Some(old) = old {
-        let delete = st.get(Sql::DeleteSnapshot).map_err(&err)?;
-        for gone in old
-            .iter()
-            .filter(|o| !task.snapshots.iter().any(|s| s.seq == o.seq))
-        {
-            delete.execute(params![id, gone.seq]).map_err(&err)?;
-        }
-        return Ok(());
-    }
-    // Otherwise every row but the records'. The list of kept seqs travels as one JSON array so
-    // that the statement stays the same (and cached) whatever the number of snapshots.
-    let kept = serde_json::to_string(&task.snapshots.iter().map(|s| s.seq).collect::<Vec<_>>())
-        .expect("a list of integers always serializes");
-    st.get(Sql::DeleteOtherSnapshots)
-        .and_then(|s| s.execute(params![id, kept]))
-        .map_err(&err)?;
-    Ok(())
-}
-
-/// Mirrors the sandbox the task `id` holds (`held`) into the `sandboxes` table: the held sandbox
-/// is `running` with this record; the sandbox the task held before, if it is not `held`, becomes
-/// `released` at `at`. `old`: the sandbox the rows are known to hold as `running` (`None`: not
-/// known, and every other `running` sandbox of the task is released).
-fn sync_sandboxes(
-    st: &mut Stmts<'_>,
-    path: &Path,
-    id: &str,
-    held: Option<&SandboxRecord>,
-    at: Millis,
-    old: Option<&Option<SandboxRecord>>,
-) -> Result<(), StoreError> {
-    let err = on(path, id, "recording the task's sandbox");
-    // Called only when the rows may differ, so a held sandbox is always written.
-    if let Some(sb) = held {
-        // The guard skips both an unchanged row (no write) and a row of another task (no
-        // takeover); the second case is told apart below.
-        let changed = st
-            .get(Sql::UpsertSandbox)
-            .and_then(|s| {
-                s.execute(params![
-                    sb.id.as_str(),
-                    sb.name,
-                    id,
-                    sb.generation,
-                    sb.created_at,
-                    sb.deadline,
-                    sb.source_snapshot.as_deref(),
-                ])
-            })
-            .map_err(&err)?;
-        if changed == 0 {
-            let owner: String = st
-                .get(Sql::SandboxOwner)
-                .and_then(|s| s.query_row([sb.id.as_str()], |r| r.get(0)))
-                .map_err(&err)?;
-            if owner != id {
-                return Err(StoreError::SandboxOwned {
-                    task_id: id.to_string(),
-                    sandbox_id: sb.id.clone(),
-                    owner,
-                });
-            }
-        }
-    }
-    let held_id = held.map(|s| s.id.as_str());
-    match old {
-        // Known rows: only the old sandbox can be `running` besides the held one.
-        Some(Some(o)) if Some(o.id.as_str()) != held_id => st
-            .get(Sql::ReleaseSandbox)
-            .and_then(|s| s.execute(params![id, o.id.as_str(), at]))
-            .map(drop)
-            .map_err(&err),
-        Some(_) => Ok(()),
-        None => st
-            .get(Sql::ReleaseOtherSandboxes)
-            .and_then(|s| s.execute(params![id, held_id, at]))
-            .map(drop)
-            .map_err(&err),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::core::{
-        Lineage, Notice, Request, RunningCommand, SnapshotReason, SnapshotStatus, TaskSettings,
-        TaskState,
+        Lineage, Notice, Request, RunningCommand, SandboxRecord, SnapshotReason, SnapshotRecord,
+        SnapshotStatus, TaskSettings, TaskState,
     };
     use crate::ids::TaskId;
     use crate::store::sqlite::delta;

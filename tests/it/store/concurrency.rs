@@ -120,16 +120,19 @@ fn commit_batch_equals_the_same_single_commits(db) {
         batch.sandboxes(None).expect("s"),
         single.sandboxes(None).expect("s")
     );
-    if let Store::Sqlite(s) = &batch {
-        assert_eq!(
-            s.sandboxes_from_journal(None).expect("derived"),
-            s.sandboxes(None).expect("rows")
-        );
-        assert_eq!(
-            s.snapshots_from_journal(None).expect("derived"),
-            s.snapshots(None).expect("rows")
-        );
-    }
+    // And both are what the transitions imply.
+    let (sandboxes, snapshots): (Vec<_>, Vec<_>) = {
+        let rows = |t: &[Owned]| crate::store::model::sandbox_rows(t.iter().map(|s| (s.at, &s.task)));
+        (
+            [rows(&a), rows(&b)].concat(),
+            [&a, &b]
+                .iter()
+                .flat_map(|t| crate::store::model::snapshot_rows(&t.last().expect("steps").task))
+                .collect(),
+        )
+    };
+    assert_eq!(batch.sandboxes(None).expect("s"), sandboxes);
+    assert_eq!(batch.snapshots(None).expect("s"), snapshots);
 }
 }
 
@@ -354,14 +357,21 @@ proptest::proptest! {
 
         proptest::prop_assert_eq!(batch.sandboxes(None).expect("s"), single.sandboxes(None).expect("s"));
         proptest::prop_assert_eq!(batch.snapshots(None).expect("s"), single.snapshots(None).expect("s"));
-        // And they are what the journal implies, whichever way it was cut.
-        for store in [&batch, &single] {
-            let Store::Sqlite(s) = store else { unreachable!("a SQLite test") };
-            proptest::prop_assert_eq!(s.sandboxes_from_journal(None).expect("d"), s.sandboxes(None).expect("s"));
-            proptest::prop_assert_eq!(s.snapshots_from_journal(None).expect("d"), s.snapshots(None).expect("s"));
-            for id in ["a", "b", "c"] {
-                proptest::prop_assert_eq!(s.sandboxes_from_journal(Some(id)).expect("d"), s.sandboxes(Some(id)).expect("s"));
-            }
+        // And they are what the transitions imply, whichever way they were cut.
+        let mut ids: Vec<&str> = steps.iter().map(|s| s.task.id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let history = |id: &str| -> Vec<(taskbox::core::Millis, &Task)> {
+            steps.iter().filter(|s| s.task.id.as_str() == id).map(|s| (s.at, &s.task)).collect()
+        };
+        let last = |id: &str| history(id).last().map(|(_, t)| (*t).clone()).expect("a task");
+        let sandboxes: Vec<_> = ids.iter().flat_map(|id| crate::store::model::sandbox_rows(history(id))).collect();
+        let snapshots: Vec<_> = ids.iter().flat_map(|id| crate::store::model::snapshot_rows(&last(id))).collect();
+        proptest::prop_assert_eq!(batch.sandboxes(None).expect("s"), sandboxes);
+        proptest::prop_assert_eq!(batch.snapshots(None).expect("s"), snapshots);
+        for id in &ids {
+            proptest::prop_assert_eq!(batch.sandboxes(Some(id)).expect("s"), crate::store::model::sandbox_rows(history(id)));
+            proptest::prop_assert_eq!(batch.snapshots(Some(id)).expect("s"), crate::store::model::snapshot_rows(&last(id)));
         }
         proptest::prop_assert_eq!(batch.load_tasks().expect("t"), single.load_tasks().expect("t"));
         for id in ["a", "b", "c"] {

@@ -161,29 +161,50 @@ fn a_row_whose_task_id_is_not_a_task_id_is_corrupt(db) {
             "DROP TRIGGER journal_no_update ON journal;",
         ),
     };
-    db.exec(&format!(
-        "{prelude} UPDATE snapshots SET task_id = '../evil'"
-    ))
-    .expect("corrupt the snapshot rows");
-    let err = store.snapshots(None).expect_err("a path for a task id");
-    assert!(
-        matches!(&err, StoreError::Corrupt { task_id, column: "snapshots.task_id", .. }
-            if task_id == "../evil"),
-        "{err:?}"
-    );
-    db.exec(&format!("{prelude} UPDATE sandboxes SET task_id = '../evil'"))
-        .expect("corrupt the sandbox rows");
-    let err = store.sandboxes(None).expect_err("a path for a task id");
-    assert!(
-        matches!(
-            &err,
-            StoreError::Corrupt {
-                column: "sandboxes.task_id",
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    match db.kind {
+        // SQLite derives those rows from the journal (below); its own table of task ids is the
+        // forks' shares.
+        Kind::Sqlite => {
+            db.exec(&format!(
+                "{prelude} INSERT INTO fork_shares (snapshot, child, parent) \
+                 VALUES ('snap-x', '../evil', 'a')"
+            ))
+            .expect("corrupt the forks' shares");
+            let err = store
+                .snapshot_holders("snap-x", "a")
+                .expect_err("a path for a task id");
+            assert!(
+                matches!(&err, StoreError::Corrupt { task_id, column: "fork_shares.child", .. }
+                    if task_id == "../evil"),
+                "{err:?}"
+            );
+        }
+        Kind::Postgres => {
+            db.exec(&format!(
+                "{prelude} UPDATE snapshots SET task_id = '../evil'"
+            ))
+            .expect("corrupt the snapshot rows");
+            let err = store.snapshots(None).expect_err("a path for a task id");
+            assert!(
+                matches!(&err, StoreError::Corrupt { task_id, column: "snapshots.task_id", .. }
+                    if task_id == "../evil"),
+                "{err:?}"
+            );
+            db.exec(&format!("{prelude} UPDATE sandboxes SET task_id = '../evil'"))
+                .expect("corrupt the sandbox rows");
+            let err = store.sandboxes(None).expect_err("a path for a task id");
+            assert!(
+                matches!(
+                    &err,
+                    StoreError::Corrupt {
+                        column: "sandboxes.task_id",
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+        }
+    }
     // (`tasks.id` has a CHECK of its own; the journal's column has none.)
     db.exec(&format!(
         "{prelude} {drop_trigger} UPDATE journal SET task_id = '../evil' WHERE task_seq = 2;"
@@ -218,6 +239,7 @@ fn migration_5_refuses_a_task_row_its_journal_disagrees_with() {
     drop(store);
     // The row as a version-4 store held it, but edited: the task after its second transition.
     let conn = super::raw(&path);
+    back_to_6(&conn);
     conn.execute_batch("ALTER TABLE tasks ADD COLUMN data TEXT NOT NULL DEFAULT ''")
         .expect("the data column");
     conn.execute(
@@ -297,6 +319,7 @@ fn migration_3_keeps_the_journal_and_its_seqs() {
     // The journal as migrations 1 and 2 left it, and the task rows with their `data` (the task
     // after its last journal row) as before migration 5.
     let conn = super::raw(&path);
+    back_to_6(&conn);
     conn.execute_batch("ALTER TABLE tasks ADD COLUMN data TEXT NOT NULL DEFAULT ''")
         .expect("the data column");
     for task in &tasks {
@@ -384,17 +407,10 @@ fn migration_3_keeps_the_journal_and_its_seqs() {
     assert_eq!(
         count(
             &conn,
-            "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'index' AND name = 'sandboxes_task'"
+            "SELECT COUNT(*) FROM sqlite_schema WHERE name LIKE 'sandboxes%'"
         ),
         0,
-        "migration 6 replaced the sandboxes' index by task and status"
-    );
-    assert_eq!(
-        count(
-            &conn,
-            "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'index' AND name = 'sandboxes_by_task'"
-        ),
-        1
+        "migration 6 replaced the sandboxes' index, and migration 7 dropped the table"
     );
     assert_eq!(count(&conn, SEQUENCE), 0, "AUTOINCREMENT is gone");
     for (sql, refused) in [
@@ -410,4 +426,126 @@ fn migration_3_keeps_the_journal_and_its_seqs() {
         VALUES ('nobody', 1, 0, 'x', '{}', 'idle', 'idle', '[]', '{}')";
     let err = conn.execute_batch(orphan).expect_err("a row of no task");
     assert!(err.to_string().contains("FOREIGN KEY"), "{err}");
+}
+
+/// Takes a file of this version back to schema version 6: the snapshot and sandbox tables as
+/// migrations 1 and 6 left them (empty: migration 7 drops them whatever they hold), and no
+/// forks' shares.
+fn back_to_6(conn: &rusqlite::Connection) {
+    conn.execute_batch(
+        "DROP TABLE fork_shares;
+         CREATE TABLE snapshots (
+             task_id     TEXT NOT NULL REFERENCES tasks(id),
+             seq         INTEGER NOT NULL,
+             provider_id TEXT,
+             status      TEXT NOT NULL,
+             size_bytes  INTEGER NOT NULL,
+             sandbox_id  TEXT NOT NULL,
+             started_at  INTEGER NOT NULL,
+             created_at  INTEGER,
+             expires_at  INTEGER,
+             PRIMARY KEY (task_id, seq)
+         ) WITHOUT ROWID;
+         CREATE INDEX snapshots_provider_id ON snapshots(provider_id)
+             WHERE provider_id IS NOT NULL;
+         CREATE TABLE sandboxes (
+             provider_id     TEXT PRIMARY KEY NOT NULL,
+             name            TEXT NOT NULL,
+             task_id         TEXT NOT NULL REFERENCES tasks(id),
+             generation      INTEGER NOT NULL,
+             created_at      INTEGER NOT NULL,
+             deadline        INTEGER NOT NULL,
+             source_snapshot TEXT,
+             status          TEXT NOT NULL CHECK (status IN ('running', 'released')),
+             released_at     INTEGER,
+             CHECK ((status = 'released') = (released_at IS NOT NULL))
+         ) WITHOUT ROWID;
+         CREATE INDEX sandboxes_by_task ON sandboxes(task_id);
+         PRAGMA user_version = 6;",
+    )
+    .expect("back to version 6");
+}
+
+/// A fork's commit records its share of its parent's snapshot, through which the store finds
+/// who else retains it; migration 7 fills the shares of the forks made before it from their
+/// journals (the row that set the lineage, or a keyframe), and drops the tables a commit no
+/// longer writes. A removed fork stops retaining it, unless its snapshots were kept.
+#[test]
+fn migration_7_finds_the_forks_in_the_journal() {
+    use taskbox::core::{Lineage, TaskState};
+    let (_dir, path) = temp_db();
+    let parent = lifecycle("p", 1_000);
+    let taken = parent
+        .last()
+        .and_then(|s| s.task.snapshots.first().cloned())
+        .expect("the parent's snapshot");
+    let snap = taken.id.clone().expect("complete");
+    let mut child = super::Script::new("c", 2_000);
+    child.step(Event::Recovered, vec![], |t| {
+        t.state = TaskState::Expired;
+        t.lineage = Some(Lineage {
+            parent: crate::support::tid("p"),
+            snapshot: snap.clone(),
+            parent_seq: taken.seq,
+            forked_at: 2_000,
+        });
+        t.restore_source = Some(snap.clone());
+        t.snapshots.push(taskbox::core::SnapshotRecord {
+            seq: 0,
+            ..taken.clone()
+        });
+    });
+    // Later rows of the fork are deltas that do not name its lineage.
+    for _ in 0..3 {
+        child.step(Event::Recovered, vec![], |t| t.last_activity += 1);
+    }
+    let mut store = Store::open(&path).expect("open");
+    for step in parent.iter().chain(&child.steps) {
+        store.commit(&step.rec()).expect("commit");
+    }
+    let holders = |store: &Store| {
+        (
+            store
+                .snapshot_holders(snap.as_str(), "p")
+                .expect("asked by p"),
+            store
+                .snapshot_holders(snap.as_str(), "c")
+                .expect("asked by c"),
+        )
+    };
+    assert_eq!(
+        holders(&store),
+        (vec!["c".to_string()], vec!["p".to_string()])
+    );
+    drop(store);
+
+    let conn = super::raw(&path);
+    back_to_6(&conn);
+    drop(conn);
+    let mut store = Store::open(&path).expect("migrates");
+    assert_eq!(
+        holders(&store),
+        (vec!["c".to_string()], vec!["p".to_string()])
+    );
+    let conn = super::raw(&path);
+    let tables: Vec<String> = conn
+        .prepare(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite%' \
+             ORDER BY name",
+        )
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .expect("tables");
+    assert_eq!(tables, ["fork_shares", "journal", "meta", "tasks"]);
+    let shares: (String, String, String) = conn
+        .query_row("SELECT snapshot, child, parent FROM fork_shares", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .expect("one share");
+    assert_eq!(shares, (snap.to_string(), "c".into(), "p".into()));
+    drop(conn);
+
+    // Removed without keeping its snapshots, the fork retains nothing.
+    store.mark_removed("c", 3_000, false).expect("remove");
+    assert_eq!(holders(&store), (vec![], vec!["p".to_string()]));
+    store.integrity_check().expect("a sound store");
 }

@@ -75,7 +75,7 @@ fn snapshot_and_sandbox_rows_follow_the_task(db) {
         (rows[0].provider_id.as_str(), rows[0].status),
         ("sbx_t_1", SandboxStatus::Running)
     );
-    assert_eq!(rows[0].name, "taskbox-t-1");
+    assert_eq!(rows[0].name, "taskbox-t-g1-0f1e2d3c");
     assert_eq!(rows[0].generation, 1);
     assert_eq!(rows[0].released_at, None);
     assert!(store.snapshots(Some("t")).expect("snapshots").is_empty());
@@ -155,12 +155,11 @@ fn integrity_check_reports_dangling_rows(db) {
             conn.pragma_update(None, "foreign_keys", false)
                 .expect("foreign keys off");
             conn.execute(
-                "INSERT INTO snapshots (task_id, seq, status, size_bytes, sandbox_id, started_at)
-                     VALUES ('ghost', 1, 'complete', 0, 'sbx', 0)",
+                "INSERT INTO fork_shares (snapshot, child, parent) VALUES ('snap', 'ghost', 't')",
                 [],
             )
             .expect("insert dangling row");
-            "snapshots"
+            "fork_shares"
         }
         Kind::Postgres => {
             db.exec("DROP TRIGGER journal_no_update ON journal")
