@@ -118,17 +118,19 @@ impl<'a> RowContext<'a> {
 }
 
 /// Decodes a task's id, state and task JSON (`SELECT id, state, data FROM tasks` on PostgreSQL;
-/// on SQLite the JSON is rebuilt from the journal: `data_column` names where it comes from),
-/// checking that the columns agree with the JSON (they are written together; a mismatch means
-/// the row was edited by hand).
+/// on SQLite the state is the task's last journal row's `state_after` and the JSON is rebuilt
+/// from the journal: `state_column` and `data_column` name where they come from), checking that
+/// the columns agree with the JSON (they are written together; a mismatch means the row was
+/// edited by hand).
 pub(crate) fn decode_task(
     path: &Path,
     row: &impl Columns,
+    state_column: &'static str,
     data_column: &'static str,
 ) -> Result<Task, StoreError> {
     let mut cx = RowContext::new(path, "?", "tasks.id");
     cx.read_task(row, 0, "tasks.id")?;
-    let state: TaskState = cx.name(row, 1, "tasks.state")?;
+    let state: TaskState = cx.name(row, 1, state_column)?;
     let task: Task = cx.json(row, 2, data_column)?;
     if task.id.as_str() != cx.task_id {
         return Err(cx.corrupt(
@@ -139,7 +141,7 @@ pub(crate) fn decode_task(
     }
     if task.state != state {
         return Err(cx.corrupt(
-            "tasks.state",
+            state_column,
             format!(
                 "the column says `{state}` but the JSON says `{}`",
                 task.state

@@ -159,11 +159,14 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     DROP INDEX sandboxes_task;
     CREATE INDEX sandboxes_by_task ON sandboxes(task_id);
     "#,
-    // 7: a commit writes the journal, not tables that repeat it. The sandbox and snapshot rows
+    // 7: a commit writes the journal (and a new task's row), not tables that repeat it. The sandbox and snapshot rows
     // are read from the tasks' journals (`sqlite/derived.rs`), which hold everything the tables
     // held; who retains a snapshot is found through the forks that share it: `fork_shares`
     // (a fork, the snapshot it started from, its parent), written by a fork's first row and
     // filled here from every row that names a lineage (a keyframe, or the delta that set it).
+    // The task row keeps what the journal does not hold (its backend, its removal): a task's
+    // state is its last journal row's `state_after`, so the row's `state` and `updated_at`,
+    // which every batch rewrote, go too.
     r#"
     CREATE TABLE fork_shares (
         snapshot TEXT NOT NULL,
@@ -179,6 +182,8 @@ pub(crate) const MIGRATIONS: &[&str] = &[
           AND json_type(task_after, '$.lineage') = 'object';
     DROP TABLE snapshots;
     DROP TABLE sandboxes;
+    ALTER TABLE tasks DROP COLUMN state;
+    ALTER TABLE tasks DROP COLUMN updated_at;
     "#,
 ];
 

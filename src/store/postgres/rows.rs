@@ -59,7 +59,12 @@ impl PgStore {
     }
 
     pub(super) fn decode_task(&self, row: &Row) -> Result<Task, StoreError> {
-        rows::decode_task(Path::new(self.target.redacted()), row, "tasks.data")
+        rows::decode_task(
+            Path::new(self.target.redacted()),
+            row,
+            "tasks.state",
+            "tasks.data",
+        )
     }
 
     pub(super) fn decode_journal(&self, rows: &[Row]) -> Result<Vec<JournalEntry>, StoreError> {

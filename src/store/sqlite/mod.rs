@@ -5,12 +5,14 @@
 //! engine's write-ahead step, so a transition that returned is on disk before any of its
 //! commands is performed, and survives power loss. Each commit is one transaction that
 //!
-//! - writes the task row (in a batch, once per task, from its last transition), refusing it with
-//!   [`StoreError::StateConflict`] if the stored state is not the transition's `state_before`
-//!   (a second writer would otherwise silently lose an update). The row holds the task's state,
-//!   not the task (migration 5): the journal holds it, and loading a task rebuilds it from the
-//!   journal's rows from the keyframe its last row's chain starts from (`LOAD_TASKS`, at most
-//!   [`delta::KEYFRAME_EVERY`] rows), as the journal's readers do;
+//! - refuses it with [`StoreError::StateConflict`] if the task's stored state (its last journal
+//!   row's `state_after`) is not the transition's `state_before` (a second writer would
+//!   otherwise silently lose an update);
+//! - writes the task's row when the task is new to the store. The row holds what the journal
+//!   does not (the task's backend, its removal): not the task (migration 5) nor its state
+//!   (migration 7). Loading a task rebuilds it from the journal's rows from the keyframe its
+//!   last row's chain starts from (`LOAD_TASKS`, at most [`delta::KEYFRAME_EVERY`] rows), as
+//!   the journal's readers do;
 //! - appends a `journal` row (the event, the commands, and the task after the transition) with
 //!   the next per-task sequence number. The task after it is stored as what changed since the
 //!   task's row before, with the whole task every so often ([`delta`]); the readers rebuild it.
@@ -32,8 +34,7 @@
 //! lets a batch that performs nothing on a provider (the engine's answers: a command's result)
 //! ride on the next commit's sync. Statements are prepared once per connection (`prepare_cached`);
 //! in a batch, each transition is serialized once (its task as what changed, see [`delta`]) and
-//! appends its journal row, a task's row is written once (from its last transition in the
-//! batch), and nothing is read per transition (see `write::Known`). The journal's `seq` is a
+//! appends its journal row, and nothing is read per transition (see `write::Known`). The journal's `seq` is a
 //! plain rowid (migration 3 dropped `AUTOINCREMENT`).
 
 mod delta;
@@ -74,7 +75,8 @@ pub struct SqliteStore {
 /// What `rows::query_tasks` reads: each task row with its journal's rows from the keyframe its
 /// last row's chain starts from (`ORDER BY` and any `WHERE` are added by the caller). One
 /// statement, so the rows are of one commit.
-pub(crate) const LOAD_TASKS: &str = "SELECT t.id, t.state, j.task_seq, j.task_key, j.task_after \
+pub(crate) const LOAD_TASKS: &str =
+    "SELECT t.id, j.state_after, j.task_seq, j.task_key, j.task_after \
      FROM tasks t LEFT JOIN journal j ON j.task_id = t.id AND j.task_seq >= \
      (SELECT COALESCE(l.task_key, l.task_seq) FROM journal l WHERE l.task_id = t.id \
       ORDER BY l.task_seq DESC LIMIT 1)";
@@ -209,7 +211,7 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// Commits one transition in one transaction: the task row and a journal row (and a fork's
+    /// Commits one transition in one transaction: a journal row (and a new task's row, a fork's
     /// share of its parent's snapshot). Returns the journal `seq`. Nothing is written if any part
     /// fails; once it returns `Ok`, the transition is durable.
     pub fn commit(&mut self, rec: &TransitionRecord<'_>) -> Result<u64, StoreError> {

@@ -105,7 +105,7 @@ pub(crate) fn query_tasks(
             }
             loading = Some(Loading {
                 id: cx.task_id.clone(),
-                state: get(&cx, row, 1, "tasks.state")?,
+                state: String::new(),
                 chain: Chain::default(),
             });
         }
@@ -118,6 +118,8 @@ pub(crate) fn query_tasks(
             ));
         };
         cx.seq = Some(task_seq);
+        // The task's state is its last row's (the rows come in `task_seq` order).
+        l.state = get(&cx, row, 1, "journal.state_after")?;
         let key: Option<u64> = get(&cx, row, 3, "journal.task_key")?;
         let text = row.json_text(&cx, (4, "journal.task_after"))?;
         l.chain.next(&cx, task_seq, key, text)?;
@@ -210,7 +212,8 @@ impl Chain {
     }
 }
 
-/// A task being read by `query_tasks`: its row's id and state, and its journal's rows.
+/// A task being read by `query_tasks`: its row's id, its last journal row's state, and its
+/// journal's rows.
 struct Loading {
     id: String,
     state: String,
@@ -220,7 +223,7 @@ struct Loading {
 impl Loading {
     /// Decodes the task, checked against its row's columns.
     fn finish(self, path: &Path) -> Result<Task, StoreError> {
-        rows::decode_task(path, &self, "journal.task_after")
+        rows::decode_task(path, &self, "journal.state_after", "journal.task_after")
     }
 }
 

@@ -5,10 +5,10 @@
 //! reuses; one journal row is appended (its `task_seq` bound from what this connection knows,
 //! not looked up; its `task_after` the members that changed since the task's row before when
 //! this connection wrote that row, compared field by field by [`task_delta`], else the whole
-//! task: see [`super::delta`]: the whole task is serialized only for such a keyframe); the task
-//! row, which holds the task's state and not the task (migration 5: the journal holds it), is
-//! written by the task's last transition in the batch (and, for a task new to the store, by its
-//! first, since the journal row refers to it). A sandbox record named for another task is
+//! task: see [`super::delta`]: the whole task is serialized only for such a keyframe); a task
+//! new to the store gets its row first (the journal row refers to it), and no other task row is
+//! written: the row holds neither the task (migration 5) nor its state (migration 7), which
+//! are its journal's. A sandbox record named for another task is
 //! refused in memory ([`check_sandbox`]); a fork's share of its parent's snapshot is inserted
 //! with its keyframes. Each statement is taken from the connection's cache once per batch
 //! ([`Stmts`]). Nothing is read per transition: the stored state and the last `task_seq` of a
@@ -67,14 +67,12 @@ fn json_into<'b, T: Serialize + ?Sized>(
 enum Sql {
     /// Whether another connection committed since (`Known::begin`).
     DataVersion,
-    /// A task's row as `Known::head` reads it.
+    /// A task's last journal row, as `Known::head` reads it.
     ReadHead,
     /// A task new to the store: its row.
     InsertTask,
     /// A transition's journal row.
     AppendJournal,
-    /// A batch's end: the task row's state (the task itself is its journal's).
-    UpdateState,
     /// A fork's share of its parent's snapshot (`fork_shares`), written again (and ignored)
     /// with every keyframe of the fork.
     InsertShare,
@@ -88,19 +86,15 @@ impl Sql {
         match self {
             Sql::DataVersion => "PRAGMA data_version",
             Sql::ReadHead => {
-                "SELECT state,
-                        (SELECT COALESCE(MAX(task_seq), 0) FROM journal WHERE task_id = ?1)
-                 FROM tasks WHERE id = ?1"
+                "SELECT state_after, task_seq FROM journal WHERE task_id = ?1
+                 ORDER BY task_seq DESC LIMIT 1"
             }
-            Sql::InsertTask => {
-                "INSERT INTO tasks (id, state, created_at, updated_at) VALUES (?1, ?2, ?3, ?4)"
-            }
+            Sql::InsertTask => "INSERT INTO tasks (id, created_at) VALUES (?1, ?2)",
             Sql::AppendJournal => {
                 "INSERT INTO journal (task_id, task_seq, at, event_name, event, state_before,
                                       state_after, commands, task_after, task_key)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
             }
-            Sql::UpdateState => "UPDATE tasks SET state = ?2, updated_at = ?3 WHERE id = ?1",
             Sql::InsertShare => {
                 "INSERT OR IGNORE INTO fork_shares (snapshot, child, parent) VALUES (?1, ?2, ?3)"
             }
@@ -196,18 +190,14 @@ pub(super) fn write_batch(
         };
 
         // A task new to the store needs its row before its first journal row (the foreign key
-        // of the journal and fork-share rows, and `known.head` of a later batch); the
-        // row holds the task's state as of the batch's end.
-        let written = if head.is_none() {
+        // of the journal and fork-share rows, and `known.head` of a later batch). The row holds
+        // what the journal does not (its backend, its removal); the task's state is its last
+        // journal row's.
+        if head.is_none() {
             st.get(Sql::InsertTask)
-                .and_then(|s| s.execute(params![id, task.state.as_str(), task.created_at, rec.at]))
-        } else if is_last {
-            st.get(Sql::UpdateState)
-                .and_then(|s| s.execute(params![id, task.state.as_str(), rec.at]))
-        } else {
-            Ok(0)
-        };
-        written.map_err(on(path, id, "writing the task"))?;
+                .and_then(|s| s.execute(params![id, task.created_at]))
+                .map_err(on(path, id, "writing the task"))?;
+        }
         st.get(Sql::AppendJournal)
             .and_then(|s| {
                 s.execute(params![
@@ -405,7 +395,7 @@ fn batch_order(recs: &[TransitionRecord<'_>]) -> Vec<Place> {
 /// What this connection knows of one task's rows.
 #[derive(Debug, Clone)]
 struct Head {
-    /// `tasks.state`.
+    /// The task's last journal row's `state_after`: what a transition must start from.
     state: Cow<'static, str>,
     /// The task's last journal row's `task_seq` (0: none).
     task_seq: u64,
@@ -424,12 +414,12 @@ struct Last {
     task: Option<Box<Task>>,
 }
 
-/// What this connection knows the store holds, per task: the task row's state, its last
-/// journal `task_seq`, and the task that row holds. Only commits write those (`claim_backend`
+/// What this connection knows the store holds, per task: its last journal row's state,
+/// `task_seq` and task. Only commits write those (`claim_backend`
 /// and `mark_removed` touch other columns), so the knowledge stays true until another
 /// connection commits — which `PRAGMA data_version` (read under the write lock at the start of
 /// every commit) reveals, and then everything is forgotten. A task not known here is read once
-/// per batch (its state and last `task_seq`), gets a keyframe, and has its sandbox's name
+/// per batch (its last row's state and `task_seq`), gets a keyframe, and has its sandbox's name
 /// checked and a fork's share inserted again (ignored when present), so a cold or forgotten
 /// cache costs time, never correctness; a wrong `task_seq` could not pass the journal's unique
 /// index anyway.

@@ -428,12 +428,16 @@ fn migration_3_keeps_the_journal_and_its_seqs() {
     assert!(err.to_string().contains("FOREIGN KEY"), "{err}");
 }
 
-/// Takes a file of this version back to schema version 6: the snapshot and sandbox tables as
-/// migrations 1 and 6 left them (empty: migration 7 drops them whatever they hold), and no
-/// forks' shares.
+/// Takes a file of this version back to schema version 6: the task rows with their state (the
+/// last journal row's) and `updated_at`, the snapshot and sandbox tables as migrations 1 and 6
+/// left them (empty: migration 7 drops them whatever they hold), and no forks' shares.
 fn back_to_6(conn: &rusqlite::Connection) {
     conn.execute_batch(
         "DROP TABLE fork_shares;
+         ALTER TABLE tasks ADD COLUMN state TEXT NOT NULL DEFAULT '';
+         ALTER TABLE tasks ADD COLUMN updated_at INTEGER NOT NULL DEFAULT 0;
+         UPDATE tasks SET state = (SELECT state_after FROM journal WHERE task_id = tasks.id
+                                   ORDER BY task_seq DESC LIMIT 1);
          CREATE TABLE snapshots (
              task_id     TEXT NOT NULL REFERENCES tasks(id),
              seq         INTEGER NOT NULL,
