@@ -131,7 +131,7 @@ pub enum LocalError {
         source: serde_json::Error,
     },
     /// `bash` could not be started.
-    #[error("cannot start `bash` in sandbox `{sandbox}` (is bash installed and on PATH?)")]
+    #[error("cannot start `bash` in sandbox `{sandbox}` ({})", spawn_hint(source))]
     Spawn {
         /// The sandbox.
         sandbox: String,
@@ -247,6 +247,22 @@ impl crate::provider::PlatformError for LocalError {
     }
 }
 
+/// Why `bash` may not have started, from the spawn's error: a missing program is the usual
+/// reason, but a process out of descriptors or the system out of processes is not helped by
+/// looking for bash.
+fn spawn_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) => {
+            "the engine's process has as many files open as its limit allows: raise its \
+             open-files limit (`ulimit -n` where `taskbox serve` starts) and restart it"
+        }
+        Some(libc::ENFILE) => "the system's table of open files is full",
+        Some(libc::EAGAIN) => "the system or this user has too many processes",
+        Some(libc::ENOMEM) => "out of memory",
+        _ => "is bash installed and on PATH?",
+    }
+}
+
 /// I/O errors are permanent unless they are clearly about momentary resource pressure.
 fn io_kind(e: &io::Error) -> FailureKind {
     let transient = matches!(
@@ -264,5 +280,34 @@ fn io_kind(e: &io::Error) -> FailureKind {
         FailureKind::Invalid
     } else {
         FailureKind::Permanent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A spawn that failed for lack of descriptors names the limit, not a missing bash; one
+    /// whose program is missing still asks about bash.
+    #[test]
+    fn a_spawn_error_says_why_bash_did_not_start() {
+        let spawn = |errno| LocalError::Spawn {
+            sandbox: "taskbox-t-g1-abc".into(),
+            source: io::Error::from_raw_os_error(errno),
+        };
+        let emfile = spawn(libc::EMFILE).to_string();
+        assert!(
+            emfile.contains("open-files limit") && !emfile.contains("is bash installed"),
+            "{emfile}"
+        );
+        let missing = spawn(libc::ENOENT).to_string();
+        assert!(
+            missing.contains("is bash installed and on PATH?"),
+            "{missing}"
+        );
+        assert!(matches!(
+            spawn(libc::EMFILE).kind(),
+            FailureKind::Transient { .. }
+        ));
     }
 }
