@@ -143,6 +143,11 @@ impl Server {
     /// Takes the data dir's serve lock, binds the socket (and TCP), opens the engine and starts
     /// loading the tasks with live sandboxes.
     pub async fn start(opts: ServeOptions) -> Result<Server, ServerError> {
+        match raise_open_files_limit() {
+            Ok(Some((from, to))) => tracing::info!(from, to, "raised the open-files limit"),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
+        }
         let token = match (&opts.listen, &opts.token) {
             (Some(_), None) => return Err(ServerError::TokenRequired),
             (Some(_), Some(t)) if t.trim().is_empty() => return Err(ServerError::TokenRequired),
@@ -286,6 +291,33 @@ impl Server {
 }
 
 /// SIGTERM, SIGINT or SIGHUP.
+/// Raises this process's soft limit on open files to its hard limit; the limits before and
+/// after when it raised it. A server holds two descriptors per task it has driven (the task's
+/// lock file and its lock socket, `engine::lock`) besides its connections and the commands'
+/// pipes, so the common soft limit of 1,024 would stop it with EMFILE near 500 tasks while the
+/// hard limit (often 524,288) allows far more. Commands inherit the raised limit, as they
+/// would inside a container whose limit is high.
+fn raise_open_files_limit() -> std::io::Result<Option<(u64, u64)>> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the `rlimit` it is given, a valid one held for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let from = lim.rlim_cur;
+    if from >= lim.rlim_max {
+        return Ok(None);
+    }
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: setrlimit only reads the `rlimit` it is given, valid and initialised above.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Some((from, lim.rlim_cur)))
+}
+
 async fn signals() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut streams = Vec::new();

@@ -248,3 +248,66 @@ fn always_fails_with_a_hint_when_no_server_runs() {
         "nothing ran"
     );
 }
+
+/// A server started under a low soft limit on open files raises it to the hard limit: it holds
+/// two descriptors per task it has driven (the task's lock file and its lock socket), so under
+/// a soft limit of 64 it used to fail the 22nd new task with EMFILE. Forty tasks each run a
+/// command through it.
+#[test]
+fn a_server_raises_a_low_open_files_limit() {
+    use std::os::unix::process::CommandExt;
+    let h = ServerHome::new();
+    let log = std::fs::File::create(h.home.path().join("serve.stderr")).expect("log");
+    let mut cmd = h.home.cmd();
+    cmd.arg("serve")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
+    // SAFETY: the hook only calls getrlimit and setrlimit, which are async-signal-safe, on a
+    // `rlimit` of its own.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut lim = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            lim.rlim_cur = 64.min(lim.rlim_max);
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut server = cmd.spawn().expect("spawn serve");
+    let pid = h.wait_for_server();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let open_files: Vec<&str> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("the open-files line")
+        .split_whitespace()
+        .collect();
+    // "Max open files <soft> <hard> files"
+    assert_eq!(
+        open_files[3], open_files[4],
+        "soft raised to hard: {limits}"
+    );
+    for n in 1..=40 {
+        let task = format!("t{n}");
+        assert_eq!(
+            ok(&h.home.run(&["run", "-t", &task, "--", "echo ok"])),
+            "ok\n",
+            "task {task}"
+        );
+    }
+    assert!(
+        h.serve_stderr().contains("raised the open-files limit"),
+        "{}",
+        h.serve_stderr()
+    );
+    ok(&h.home.run(&["serve", "--stop"]));
+    let _ = server.wait();
+}
