@@ -476,33 +476,9 @@ fn back_to_6(conn: &rusqlite::Connection) {
 /// longer writes. A removed fork stops retaining it, unless its snapshots were kept.
 #[test]
 fn migration_7_finds_the_forks_in_the_journal() {
-    use taskbox::core::{Lineage, TaskState};
     let (_dir, path) = temp_db();
     let parent = lifecycle("p", 1_000);
-    let taken = parent
-        .last()
-        .and_then(|s| s.task.snapshots.first().cloned())
-        .expect("the parent's snapshot");
-    let snap = taken.id.clone().expect("complete");
-    let mut child = super::Script::new("c", 2_000);
-    child.step(Event::Recovered, vec![], |t| {
-        t.state = TaskState::Expired;
-        t.lineage = Some(Lineage {
-            parent: crate::support::tid("p"),
-            snapshot: snap.clone(),
-            parent_seq: taken.seq,
-            forked_at: 2_000,
-        });
-        t.restore_source = Some(snap.clone());
-        t.snapshots.push(taskbox::core::SnapshotRecord {
-            seq: 0,
-            ..taken.clone()
-        });
-    });
-    // Later rows of the fork are deltas that do not name its lineage.
-    for _ in 0..3 {
-        child.step(Event::Recovered, vec![], |t| t.last_activity += 1);
-    }
+    let (child, snap) = super::fork_of(&parent, "c", 2_000);
     let mut store = Store::open(&path).expect("open");
     for step in parent.iter().chain(&child.steps) {
         store.commit(&step.rec()).expect("commit");

@@ -78,6 +78,36 @@ impl Script {
     }
 }
 
+/// A fork `child` of the task whose steps are `parent`, from the parent's first snapshot: its
+/// first row names its lineage and holds a record of that snapshot (as `Event::Forked` leaves
+/// it), three more rows do not (deltas). Returns the fork's steps and the snapshot.
+fn fork_of(parent: &[Owned], child: &str, at: Millis) -> (Script, taskbox::ids::SnapshotId) {
+    let taken = parent
+        .last()
+        .and_then(|s| s.task.snapshots.first().cloned())
+        .expect("the parent's snapshot");
+    let snap = taken.id.clone().expect("complete");
+    let mut s = Script::new(child, at);
+    s.step(Event::Recovered, vec![], |t| {
+        t.state = TaskState::Expired;
+        t.lineage = Some(taskbox::core::Lineage {
+            parent: parent[0].task.id.clone(),
+            snapshot: snap.clone(),
+            parent_seq: taken.seq,
+            forked_at: at,
+        });
+        t.restore_source = Some(snap.clone());
+        t.snapshots.push(SnapshotRecord {
+            seq: 0,
+            ..taken.clone()
+        });
+    });
+    for _ in 0..3 {
+        s.step(Event::Recovered, vec![], |t| t.last_activity += 1);
+    }
+    (s, snap)
+}
+
 /// The installation the test sandboxes' names are made for.
 const INSTALLATION: &str = "0f1e2d3c4b5a6978";
 

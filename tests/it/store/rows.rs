@@ -4,7 +4,7 @@
 use taskbox::core::{Event, Millis, SnapshotRecord, SnapshotStatus, Task, TaskState, TimerKind};
 use taskbox::store::{SandboxStatus, StoreError};
 
-use super::{assert_rows_mirror, on_both_stores, raw, sandbox, Kind, Owned, Script};
+use super::{assert_rows_mirror, lifecycle, on_both_stores, raw, sandbox, Kind, Owned, Script};
 
 /// A running task whose sandbox is replaced and extended, whose snapshots come, change status
 /// and fall out of retention, and which finally loses its sandbox.
@@ -224,5 +224,32 @@ fn rows_mirror_the_task_after_every_commit_including_no_op_ones(db) {
     assert_rows_mirror(&other, &theirs);
     store.commit(&quiet(base.clone(), 90_010).rec()).expect("commit");
     assert_rows_mirror(&store, &base);
+}
+}
+
+on_both_stores! {
+/// Who else retains a snapshot: a fork shares its parent's, so each is the other's holder (the
+/// asking task left out); a fork of the fork from the same snapshot holds it too; a task removed
+/// without keeping its snapshots holds nothing, one removed keeping them still does.
+fn a_fork_and_its_parent_hold_their_shared_snapshot(db) {
+    let mut store = db.open();
+    let parent = lifecycle("p", 1_000);
+    let (child, snap) = crate::store::fork_of(&parent, "c", 2_000);
+    let (grandchild, same) = crate::store::fork_of(&child.steps, "g", 3_000);
+    assert_eq!(same, snap, "the grandchild is forked from the snapshot the child shares");
+    for step in parent.iter().chain(&child.steps).chain(&grandchild.steps) {
+        store.commit(&step.rec()).expect("commit");
+    }
+    let holders = |store: &taskbox::store::Store, asking: &str| {
+        store.snapshot_holders(snap.as_str(), asking).expect("holders")
+    };
+    assert_eq!(holders(&store, "p"), ["c", "g"]);
+    assert_eq!(holders(&store, "c"), ["g", "p"]);
+    assert_eq!(holders(&store, "g"), ["c", "p"]);
+    assert!(store.snapshot_holders("snap_nobody", "p").expect("holders").is_empty());
+    store.mark_removed("c", 4_000, false).expect("remove c");
+    store.mark_removed("g", 4_000, true).expect("remove g, keeping its snapshots");
+    assert_eq!(holders(&store, "p"), ["g"]);
+    assert_eq!(holders(&store, "g"), ["p"]);
 }
 }
