@@ -167,6 +167,37 @@ pub struct SnapshotRow {
     pub expires_at: Option<Millis>,
 }
 
+impl SnapshotRow {
+    /// The row of the task `task_id`'s snapshot record `rec`. It leaves out what the provider
+    /// could not keep (`omitted`) and who took it (`taken_by`); every field is named, so a new
+    /// one does not compile until it is sorted into the row or out of it.
+    pub fn of_record(task_id: &TaskId, rec: &crate::core::SnapshotRecord) -> SnapshotRow {
+        let crate::core::SnapshotRecord {
+            seq,
+            id,
+            status,
+            size_bytes,
+            sandbox_id,
+            started_at,
+            created_at,
+            expires_at,
+            omitted: _,
+            taken_by: _,
+        } = rec;
+        SnapshotRow {
+            task_id: task_id.clone(),
+            seq: *seq,
+            provider_id: id.clone(),
+            status: *status,
+            size_bytes: *size_bytes,
+            sandbox_id: sandbox_id.clone(),
+            started_at: *started_at,
+            created_at: *created_at,
+            expires_at: *expires_at,
+        }
+    }
+}
+
 /// What the engine, replay, chaos and the CLI need of a store. Every write is one transaction,
 /// durable when it returns `Ok`; nothing is written when it returns an error.
 pub trait Backend {

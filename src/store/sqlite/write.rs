@@ -1,5 +1,5 @@
-//! The commit path's writes: a batch's task rows and journal rows (and a fork's share of its
-//! parent's snapshot), inside the caller's transaction.
+//! The commit path's writes: a batch's journal rows (and a new task's row, a fork's share of
+//! its parent's snapshot), inside the caller's transaction.
 //!
 //! Per transition: the event and the commands are serialized once, into buffers the store
 //! reuses; one journal row is appended (its `task_seq` bound from what this connection knows,

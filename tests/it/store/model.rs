@@ -61,17 +61,7 @@ pub(crate) fn snapshot_rows(task: &Task) -> Vec<SnapshotRow> {
     let mut rows: Vec<SnapshotRow> = task
         .snapshots
         .iter()
-        .map(|s| SnapshotRow {
-            task_id: task.id.clone(),
-            seq: s.seq,
-            provider_id: s.id.clone(),
-            status: s.status,
-            size_bytes: s.size_bytes,
-            sandbox_id: s.sandbox_id.clone(),
-            started_at: s.started_at,
-            created_at: s.created_at,
-            expires_at: s.expires_at,
-        })
+        .map(|s| SnapshotRow::of_record(&task.id, s))
         .collect();
     rows.sort_by_key(|r| r.seq);
     rows
