@@ -13,13 +13,13 @@
 //!   stand-in task per snapshot this task's recording released ([`HOLDER`]`-1`, `-2`, …) is
 //!   committed retaining it, as a fork of this task from it (the store finds a snapshot's
 //!   other holders among the forks that share it), so the re-driven engine releases those and
-//!   deletes the others, as the recorded one did. (A task drops a snapshot once, so whether another held it then is
-//!   one fact per snapshot. A delete that failed and was then answered by a release is the one
-//!   history this cannot reproduce.)
+//!   deletes the others, as the recorded one did. (A task drops a snapshot once, so whether
+//!   another held it then is one fact per snapshot. A delete that failed and was then answered
+//!   by a release is the one history this cannot reproduce.)
 //! - **A parent's fork request** is re-driven (it may snapshot the parent first, a provider
 //!   call); the child it makes in the scratch store is removed at once (its snapshots released,
 //!   not deleted, since the parent retains them), so that it retains nothing the recording's
-//!   child had let go of by the time the parent dropped it — the stand-in answers for the
+//!   child had let go of by the time the parent dropped it — the stand-ins answer for the
 //!   ones it still retained.
 
 use crate::core::{Event, Lineage, SnapshotRecord, SnapshotStatus, Task, TaskState};

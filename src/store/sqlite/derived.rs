@@ -133,6 +133,11 @@ impl SqliteStore {
         asking: &str,
     ) -> Result<Vec<String>, StoreError> {
         let op = "finding the tasks that retain a snapshot";
+        // One read transaction: the shares, the tasks and their marks as of one commit.
+        let read = self
+            .conn
+            .unchecked_transaction()
+            .map_err(|e| self.sql(op, None, e))?;
         let sql = "SELECT child, parent FROM fork_shares WHERE snapshot = ?1";
         let shares = self.query_rows(op, sql, &[&provider_id], None, |row| {
             let child = self.row_context(row, "fork_shares.child", 0)?.task()?;
@@ -160,6 +165,7 @@ impl SqliteStore {
                 holders.push(id.to_string());
             }
         }
+        drop(read);
         Ok(holders)
     }
 }
