@@ -14,8 +14,8 @@ use super::batch::batch_sync;
 use super::{EngineError, StateChange};
 use crate::clock::Clock;
 use crate::core::{
-    step, Command, Event, FailureReason, ForkFrom, Millis, Reply, SnapshotRecord, SnapshotStatus,
-    Task, TaskSettings, TaskState, TimerKind,
+    step, Command, Event, FailureReason, ForkFrom, Millis, Reply, SnapshotRecord, Task,
+    TaskSettings, TaskState, TimerKind,
 };
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
@@ -469,12 +469,6 @@ impl EventLoop {
         snapshot_id: &str,
         except: &str,
     ) -> Result<Vec<String>, EngineError> {
-        let retains = |t: &Task| {
-            t.snapshots.iter().any(|s| {
-                s.id.as_deref() == Some(snapshot_id)
-                    && matches!(s.status, SnapshotStatus::Complete | SnapshotStatus::Pending)
-            })
-        };
         let mut holders: Vec<String> = self
             .store
             .snapshot_holders(snapshot_id, except)?
@@ -484,7 +478,7 @@ impl EventLoop {
         holders.extend(
             self.tasks
                 .values()
-                .filter(|t| t.id.as_str() != except && retains(t))
+                .filter(|t| t.id.as_str() != except && t.holds_snapshot(snapshot_id))
                 .map(|t| t.id.to_string()),
         );
         holders.sort();

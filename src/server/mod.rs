@@ -290,7 +290,6 @@ impl Server {
     }
 }
 
-/// SIGTERM, SIGINT or SIGHUP.
 /// Raises this process's soft limit on open files to its hard limit; the limits before and
 /// after when it raised it. A server holds two descriptors per task it has driven (the task's
 /// lock file and its lock socket, `engine::lock`) besides its connections and the commands'
@@ -318,6 +317,7 @@ fn raise_open_files_limit() -> std::io::Result<Option<(u64, u64)>> {
     Ok(Some((from, lim.rlim_cur)))
 }
 
+/// SIGTERM, SIGINT or SIGHUP.
 async fn signals() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut streams = Vec::new();

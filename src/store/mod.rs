@@ -238,8 +238,9 @@ pub trait Backend {
     /// record and journal stay.
     fn mark_removed(&mut self, id: &str, at: Millis, kept: bool) -> Result<(), StoreError>;
 
-    /// Commits one transition in one transaction: the task row and a journal row (PostgreSQL:
-    /// and the snapshot and sandbox rows). Returns the journal `seq`.
+    /// Commits one transition in one transaction: a journal row, and the task row (SQLite: only
+    /// for a task new to the store; PostgreSQL: always, with the snapshot and sandbox rows).
+    /// Returns the journal `seq`.
     fn commit(&mut self, rec: &TransitionRecord<'_>) -> Result<u64, StoreError> {
         let seqs = self.commit_batch(std::slice::from_ref(rec))?;
         Ok(seqs

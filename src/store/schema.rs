@@ -159,9 +159,9 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     DROP INDEX sandboxes_task;
     CREATE INDEX sandboxes_by_task ON sandboxes(task_id);
     "#,
-    // 7: a commit writes the journal (and a new task's row), not tables that repeat it. The sandbox and snapshot rows
-    // are read from the tasks' journals (`sqlite/derived.rs`), which hold everything the tables
-    // held; who retains a snapshot is found through the forks that share it: `fork_shares`
+    // 7: a commit writes the journal (and a new task's row), not tables that repeat it. The
+    // sandbox and snapshot rows are read from the tasks' journals (`sqlite/derived.rs`), which
+    // hold everything the tables held; who retains a snapshot is found through the forks that share it: `fork_shares`
     // (a fork, the snapshot it started from, its parent), written by a fork's first row and
     // filled here from every row that names a lineage (a keyframe, or the delta that set it).
     // The task row keeps what the journal does not hold (its backend, its removal): a task's

@@ -671,6 +671,16 @@ impl Task {
             .find(|s| s.status == SnapshotStatus::Complete)
     }
 
+    /// Whether the task keeps the provider snapshot `id` for itself (a record of it complete,
+    /// or pending): what makes a task one of the snapshot's holders, whose delete of a shared
+    /// snapshot becomes a release while another holds it.
+    pub fn holds_snapshot(&self, id: &str) -> bool {
+        self.snapshots.iter().any(|s| {
+            s.id.as_deref() == Some(id)
+                && matches!(s.status, SnapshotStatus::Complete | SnapshotStatus::Pending)
+        })
+    }
+
     /// Snapshots retained on the provider (complete, or superseded but not yet deleted).
     pub fn retained_snapshot_ids(&self) -> impl Iterator<Item = &SnapshotId> {
         self.snapshots.iter().filter_map(|s| match s.status {

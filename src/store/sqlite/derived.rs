@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use super::rows::get;
 use super::SqliteStore;
-use crate::core::{Millis, SandboxRecord, SnapshotStatus};
+use crate::core::{Millis, SandboxRecord};
 use crate::ids::TaskId;
 use crate::store::rows::Columns;
 use crate::store::{SandboxRow, SandboxStatus, SnapshotRow, StoreError};
@@ -154,10 +154,7 @@ impl SqliteStore {
             let Some(task) = self.load_task(id.as_str())? else {
                 continue;
             };
-            let retains = task.snapshots.iter().any(|s| {
-                s.id.as_ref().is_some_and(|id| id.as_str() == provider_id)
-                    && matches!(s.status, SnapshotStatus::Complete | SnapshotStatus::Pending)
-            });
+            let retains = task.holds_snapshot(provider_id);
             let gone = self
                 .task_marks(id.as_str())?
                 .is_some_and(|m| m.removed_at.is_some() && !m.kept_snapshots);
