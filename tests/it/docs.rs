@@ -319,3 +319,60 @@ fn anchors_are_githubs() {
     let a = anchors("# A\n## Notes\n### Notes\n");
     assert!(a.contains("notes") && a.contains("notes-1"), "{a:?}");
 }
+
+#[test]
+fn every_docs_file_is_linked_from_the_readme() {
+    let root = root();
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("read README.md");
+    let linked = link_targets(&readme);
+    for doc in in_docs(&root) {
+        let name = format!(
+            "docs/{}",
+            doc.file_name().expect("a file").to_string_lossy()
+        );
+        assert!(
+            linked
+                .iter()
+                .any(|t| t == &name || t.starts_with(&format!("{name}#"))),
+            "README.md links nowhere to {name}: add it to its \"Documentation\" list"
+        );
+    }
+}
+
+#[test]
+fn the_codemap_has_a_line_for_every_room() {
+    let root = root();
+    let architecture =
+        std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("read ARCHITECTURE.md");
+    let codemap = architecture
+        .split("\n## Codemap\n")
+        .nth(1)
+        .expect("ARCHITECTURE.md has a \"## Codemap\" section")
+        .split("\n## ")
+        .next()
+        .expect("a section");
+    let mut rooms = vec!["crates/taskbox-core".to_string()];
+    for entry in std::fs::read_dir(root.join("src")).expect("read src/") {
+        let path = entry.expect("src/ entry").path();
+        let name = path
+            .file_name()
+            .expect("a name")
+            .to_string_lossy()
+            .into_owned();
+        rooms.push(match name.strip_suffix(".rs") {
+            // The crate root only re-exports the rooms.
+            Some("lib") => continue,
+            Some(_) => format!("src/{name}"),
+            None => format!("src/{name}/"),
+        });
+    }
+    let missing: Vec<&String> = rooms
+        .iter()
+        .filter(|room| !codemap.contains(&format!("`{room}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md's codemap has no line for {missing:?}: add one (what it owns, what it \
+         must not do)"
+    );
+}
