@@ -296,11 +296,7 @@ class TaskboxEnvironment(BaseEnvironment):
             logger.info("taskbox: %r is outside task %s's sandbox; commands start in %s",
                         cwd, task, self.sandbox_root or "its root")
         elif initial:
-            self.cwd = (
-                os.path.join(self.sandbox_root, initial)
-                if self.sandbox_root and not os.path.isabs(initial)
-                else initial
-            )
+            self.cwd = initial
 
     #: Directories Hermes gives a backend when nothing was configured (``tools/terminal_tool.py``:
     #: ``/root`` for container and plugin backends, ``~`` for ssh).

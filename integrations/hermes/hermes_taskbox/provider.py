@@ -157,7 +157,7 @@ class TaskboxProvider(_ProviderBase):  # type: ignore[misc,valid-type]
             "The taskbox binary: `cargo install --path .` in a taskbox checkout, or set "
             "terminal.backends.taskbox.taskbox_bin (or $TASKBOX_BIN).",
             "taskbox's own settings (backend, timeouts, Vercel credentials): `taskbox config set terminal.KEY VALUE`.",
-            "Check it: `hermes doctor` (runs `taskbox doctor`).",
+            "Check it: `hermes status --full` (its taskbox rows run `taskbox doctor`).",
         ]
 
     def doctor_checks(self) -> List[Tuple[bool, str, str]]:
