@@ -97,8 +97,8 @@ def test_timeout_cancels_the_command_not_the_sandbox(home, provider):
     # What the command printed before the timeout reaches Hermes, then Hermes's note.
     assert result["output"].startswith("started\n")
     assert "[Command timed out after 2s]" in result["output"]
-    # Measured 2.1 s; ten times that, for a busy machine.
-    assert elapsed < 21, f"the timeout took {elapsed:.1f} s"
+    # Measured 2.2-2.3 s (load 14 on 2 cores); ten times that, for a busier machine.
+    assert elapsed < 22, f"the timeout took {elapsed:.1f} s"
     over = run_over(env)
     assert not over["timed_out"], "the server's timeout stopped the command, not the plugin's cancel"
     assert over["exit_code"] != 0, f"the command was not cancelled: {over}"
@@ -127,8 +127,8 @@ def test_interrupt_cancels_just_that_command(home, provider):
         set_interrupt(False, tid)
     assert result["returncode"] == 130, result
     assert result["output"].startswith("working\n") and "[Command interrupted]" in result["output"]
-    # Measured 1.6 s (1.5 s of it the timer); ten times that, for a busy machine.
-    assert elapsed < 16, f"the interrupt took {elapsed:.1f} s"
+    # Measured 1.8 s (1.5 s of it the timer; load 14 on 2 cores); ten times that.
+    assert elapsed < 18, f"the interrupt took {elapsed:.1f} s"
     over = run_over(env)
     assert over["exit_code"] != 0 and not over["timed_out"], over
     check = env.execute(f"cat kept.txt; ls; kill -0 {bg_pid} && echo bg-alive")
