@@ -157,6 +157,45 @@ def test_two_sessions_in_two_projects_see_different_files(home, hermes, tmp_path
     assert len([t for t in tasks if str(t).startswith("project-")]) == 2, tasks
 
 
+def hermes_cli(hermes_home: Path, *args: str) -> subprocess.CompletedProcess:
+    """The ``hermes`` command of the Hermes under test, with its own HERMES_HOME."""
+    exe = Path(sys.executable).with_name("hermes")
+    env = dict(os.environ, HERMES_HOME=str(hermes_home), PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run(
+        [str(exe), *args], env=env, capture_output=True, text=True, timeout=DRIVER_TIMEOUT,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_the_documented_commands_configure_and_check_it(home, tmp_path):
+    """README: `plugins.enabled` in config.yaml, `hermes config set terminal.backend taskbox`
+    without a warning, `hermes status --full` showing the taskbox rows; a
+    `terminal.backends.taskbox.*` key set with `hermes config set` warns but is used."""
+    hermes_home = tmp_path / "hermes-cli"
+    hermes_home.mkdir()
+    (hermes_home / "config.yaml").write_text("plugins:\n  enabled: [taskbox]\n")
+    out = hermes_cli(hermes_home, "config", "set", "terminal.backend", "taskbox")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "not a recognized config key" not in out.stdout + out.stderr
+    status = hermes_cli(hermes_home, "status", "--full")
+    text = status.stdout + status.stderr
+    assert status.returncode == 0, text
+    for row in ("taskbox binary: ✓", "taskbox server: ✓", "taskbox backend: ✓ local",
+                "taskbox persistence: ✓"):
+        assert row in text, f"`hermes status --full` has no {row!r} row:\n{text}"
+    assert "✗" not in "".join(l for l in text.splitlines() if "taskbox" in l), text
+    assert not (home.data_dir / "taskbox.sock").exists(), "hermes status started a server"
+    # The plugin's own keys: saved with a warning, and read by the plugin all the same.
+    data_dir = tmp_path / "set-data"
+    out = hermes_cli(hermes_home, "config", "set", "terminal.backends.taskbox.data_dir", str(data_dir))
+    assert out.returncode == 0, out.stdout + out.stderr
+    probe = subprocess.run(
+        [sys.executable, "-c", "from hermes_taskbox import TaskboxProvider; print(TaskboxProvider().settings().data_dir)"],
+        env=dict(os.environ, HERMES_HOME=str(hermes_home)), capture_output=True, text=True, timeout=120,
+    )
+    assert probe.stdout.strip() == str(data_dir), probe.stdout + probe.stderr
+
+
 # -- Hermes's plugin-backend registry, with the taskbox provider ---------------------------------
 
 from agent import terminal_env_registry as reg  # noqa: E402
