@@ -270,7 +270,11 @@ def _alias_for_session(env: Any, session_id: str) -> None:
     except Exception:
         return
     with lock:
-        table.setdefault(session_id, env)
+        existing = table.get(session_id)
+        # An earlier alias of ours (its "default" entry was reaped or cleaned up since) gives way
+        # to the new environment; an environment Hermes keyed by the session id itself stays.
+        if existing is None or getattr(existing, "hermes_task_id", None) == HERMES_SHARED_TASK_ID:
+            table[session_id] = env
 
 
 def _run_taskbox(s: _settings.Settings, args: List[str], timeout: float = 15) -> Optional[Tuple[int, str, str]]:

@@ -8,7 +8,8 @@ JSON list with each step's answer. Steps:
 - ``{"terminal": COMMAND, "task_id": ID}``: the model's terminal tool call, through Hermes's real
   tool dispatcher (``model_tools.handle_function_call``); the answer is the tool's JSON result;
 - ``{"cleanup_vm": ID}``: ``cleanup_vm(ID)``, as ``AIAgent.close()`` does with its session id;
-- ``{"cleanup_all": true}``: ``cleanup_all_environments()``, as Hermes does when it exits.
+- ``{"cleanup_all": true}``: ``cleanup_all_environments()``, as Hermes does when it exits;
+- ``{"reap": true}``: Hermes's idle reaper, as if every environment had been idle too long.
 
 Everything else comes from the environment: ``HERMES_HOME`` (its config.yaml), ``TASKBOX_BIN``,
 ``TASKBOX_HOME``.
@@ -43,6 +44,10 @@ def main() -> None:
             answers.append(cleanup_vm(step["cleanup_vm"]))
         elif "cleanup_all" in step:
             answers.append(cleanup_all_environments())
+        elif "reap" in step:
+            from tools.terminal_tool_lifecycle import _cleanup_inactive_envs
+
+            answers.append(_cleanup_inactive_envs(lifetime_seconds=-1))
         else:
             raise SystemExit(f"unknown step {step!r}")
     # Hermes may print its own lines: the answers are the one line with this prefix.

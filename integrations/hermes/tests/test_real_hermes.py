@@ -110,13 +110,23 @@ def test_the_agents_commands_run_in_the_tasks_sandbox(home, hermes, tmp_path):
     assert view["task"]["sandbox"] is None, "cleanup_vm of the agent's id did not stop its sandbox"
     complete = [s for s in view["snapshots"] if s["status"] == "complete"]
     assert len(complete) >= 2 and all(s["size_bytes"] > 0 for s in complete), complete
+    # A later process: Hermes's idle reaper suspends the task, the next command restores it,
+    # and cleanup_vm of the agent's id still reaches the environment that command made.
     again = hermes([
         {"session": agent},
         {"terminal": "cat f.txt", "task_id": agent},
-        {"cleanup_all": True},
+        {"reap": True},
+        {"terminal": "echo third >> f.txt; cat f.txt", "task_id": agent},
+        {"cleanup_vm": agent},
     ], cwd=project)
     output, code = answer(again[1])
     assert code == 0 and output.splitlines()[:2] == ["hi", "again"], output
+    output, code = answer(again[3])
+    assert code == 0 and output.splitlines()[:3] == ["hi", "again", "third"], output
+    view = home.task(task)
+    assert view["task"]["sandbox"] is None, "cleanup_vm after a reap did not stop the sandbox"
+    latest = max((s for s in view["snapshots"] if s["status"] == "complete"), key=lambda s: s["seq"])
+    assert latest["size_bytes"] >= len("hi\nagain\nthird\n"), latest
 
 
 def test_two_sessions_in_two_projects_see_different_files(home, hermes, tmp_path):
