@@ -11,6 +11,7 @@ use std::mem;
 use super::types::*;
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::reason::FailureReason;
+use crate::retention;
 
 /// The outcome of one step: the task after the event, and the effects to perform — in order,
 /// after the transition has been committed to the journal.
@@ -1303,21 +1304,12 @@ impl Cx {
         self.pump();
     }
 
-    /// Keeps the newest `keep_snapshots` complete snapshots; the rest are deleted.
+    /// Keeps the newest `keep_snapshots` complete snapshots; the rest are deleted
+    /// ([`retention::to_retire`]).
     fn prune_snapshots(&mut self) {
-        let keep = self.t.settings.keep_snapshots.max(1) as usize;
-        let complete: Vec<usize> = self
-            .t
-            .snapshots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.status == SnapshotStatus::Complete)
-            .map(|(i, _)| i)
-            .collect();
-        if complete.len() > keep {
-            for &i in &complete[..complete.len() - keep] {
-                self.t.snapshots[i].status = SnapshotStatus::Deleting;
-            }
+        let keep = retention::keep_count(&self.t.settings);
+        for i in retention::to_retire(&self.t.snapshots, keep) {
+            self.t.snapshots[i].status = SnapshotStatus::Deleting;
         }
         self.emit_pending_deletes();
     }
