@@ -4,8 +4,8 @@
 //! [`Backend`] is what the engine, replay, chaos and the CLI need of a store; it has two
 //! implementations, and [`Store`] is the one type they hold, either of them:
 //!
-//! - [`SqliteStore`] (`sqlite/`, `schema.rs`): one SQLite file per data directory, the
-//!   default;
+//! - [`SqliteStore`] (`sqlite/`, its schema in `sqlite/schema.rs`): one SQLite file per data
+//!   directory, the default;
 //! - `PgStore` (`postgres/`, cargo feature `postgres`): a PostgreSQL database that many servers
 //!   share (`terminal.store = "postgres://…"`).
 //!
@@ -20,7 +20,6 @@ mod error;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rows;
-mod schema;
 mod sqlite;
 
 use std::path::Path;
@@ -290,6 +289,15 @@ pub(crate) fn to_json<T: Serialize + ?Sized>(
         what,
         source,
     })
+}
+
+/// 128 random bits as 32 hex digits (an installation id), from `/dev/urandom`.
+pub(crate) fn random_hex_128() -> Result<String, StoreError> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(|source| StoreError::Random { source })?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// `location` (a `terminal.store` value) as it may be shown: a URL's password replaced.
