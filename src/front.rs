@@ -33,7 +33,7 @@ use std::process::ExitCode;
 /// The engine's file name: the full `taskbox`, next to this binary.
 const ENGINE: &str = "taskbox-engine";
 
-/// Exit code for taskbox's own failures (as `run_io::EXIT_TASKBOX_ERROR`).
+/// Exit code for taskbox's own failures (as `cli::output::EXIT_TASKBOX_ERROR`).
 const EXIT_TASKBOX_ERROR: u8 = 125;
 
 fn main() -> ExitCode {

@@ -52,7 +52,7 @@ fn route(_: &Paths) -> Result<Route, Failure> {
     Ok(Route::InProcess)
 }
 
-pub use run_io::EXIT_TASKBOX_ERROR;
+pub use output::EXIT_TASKBOX_ERROR;
 
 /// Gives every agent task its own sandbox: runs each command in the task's sandbox, creating it
 /// on first use, and keeps the task's files in snapshots across sandboxes.

@@ -11,7 +11,8 @@ use taskbox::config::ConfigError;
 use taskbox::core::{Millis, Notice, SnapshotStatus, Task};
 use taskbox::engine::{EngineError, GcItem, GcReport, TaskView};
 
-use super::run_io::EXIT_TASKBOX_ERROR;
+/// Exit code for taskbox's own failures (the command's own codes pass through).
+pub const EXIT_TASKBOX_ERROR: u8 = 125;
 
 /// A taskbox failure as the user sees it: `error:`, `caused by:` lines, and a `hint:`.
 #[derive(Debug)]

@@ -14,8 +14,6 @@ use taskbox::TaskId;
 
 use super::output::{self, print_json, Failure};
 
-/// Exit code for taskbox's own failures (the command's own codes pass through).
-pub const EXIT_TASKBOX_ERROR: u8 = 125;
 /// Exit code of a command killed by its timeout.
 pub const EXIT_TIMEOUT: u8 = 124;
 

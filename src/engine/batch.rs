@@ -2,9 +2,23 @@
 //! calls the provider (write-ahead) — but a command in a sandbox that has run one before — and
 //! a new task's first; the others ride on the next one.
 
-use super::event_loop::Staged;
-use crate::core::Command;
+use crate::core::{Command, Event, Millis, Task, TaskState};
+use crate::ids::TaskId;
 use crate::store::Sync;
+
+/// A transition waiting for the group commit: applied to the in-memory task already, its
+/// commands held back until it is durable.
+pub(super) struct Staged {
+    pub(super) task: TaskId,
+    pub(super) at: Millis,
+    pub(super) event: Event,
+    pub(super) state_before: TaskState,
+    /// The task before the transition (`None`: it did not exist), restored if the transition
+    /// cannot be committed.
+    pub(super) task_before: Option<Task>,
+    pub(super) task_after: Task,
+    pub(super) commands: Vec<Command>,
+}
 
 /// When a batch must be on disk: before any provider call it performs (write-ahead), and
 /// before a new task's first transition (its backend is claimed right after). A batch that
@@ -82,6 +96,16 @@ mod tests {
         (s, tr.next)
     }
 
+    /// The first sandbox of a task becomes ready.
+    fn ready() -> Event {
+        Event::SandboxReady {
+            generation: 1,
+            sandbox_id: "sbx".into(),
+            name: "sbx".into(),
+            deadline: 1_000_000,
+        }
+    }
+
     /// The first command in a sandbox makes one synced commit, before it runs (write-ahead of
     /// the command, which marks the sandbox used); a later one and every result, which only
     /// answers the caller, ride on the next sync. A new task's first batch and anything else
@@ -99,17 +123,7 @@ mod tests {
         // Cold: a new task, and a create.
         let (s, task) = staged(&task, run(1), 1, true);
         assert_eq!(batch_sync(&[s]), Sync::Now, "a new task's first commit");
-        let (s, task) = staged(
-            &task,
-            Event::SandboxReady {
-                generation: 1,
-                sandbox_id: "sbx".into(),
-                name: "sbx".into(),
-                deadline: 1_000_000,
-            },
-            2,
-            false,
-        );
+        let (s, task) = staged(&task, ready(), 2, false);
         assert!(s
             .commands
             .iter()
@@ -163,17 +177,7 @@ mod tests {
             1,
             true,
         );
-        let (_, mut task) = staged(
-            &task,
-            Event::SandboxReady {
-                generation: 1,
-                sandbox_id: "sbx".into(),
-                name: "sbx".into(),
-                deadline: 1_000_000,
-            },
-            2,
-            false,
-        );
+        let (_, mut task) = staged(&task, ready(), 2, false);
         let (_, t) = staged(
             &task,
             Event::CommandExited {

@@ -10,12 +10,12 @@ use tokio::sync::{broadcast, mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::{debug, info_span, warn};
 
-use super::batch::batch_sync;
+use super::batch::{batch_sync, Staged};
 use super::{EngineError, StateChange};
 use crate::clock::Clock;
 use crate::core::{
-    step, Command, Event, FailureReason, ForkFrom, Millis, Reply, SnapshotRecord, Task,
-    TaskSettings, TaskState, TimerKind,
+    step, Event, FailureReason, ForkFrom, Millis, Reply, RequestId, SnapshotRecord, Task,
+    TaskSettings, TimerKind,
 };
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
@@ -151,25 +151,11 @@ pub(super) struct EventLoop {
     /// Transitions stepped but not yet committed; see [`EventLoop::flush`].
     pub(super) staged: Vec<Staged>,
     /// A fleet's leases (PostgreSQL store); `None` under the `flock`s of the SQLite store.
-    pub(super) fence: Option<Arc<dyn super::owner::Fence>>,
+    pub(super) fence: Option<Arc<dyn super::fence::Fence>>,
 }
 
 /// Most messages handled before their transitions are committed together.
 const MAX_BATCH_MESSAGES: usize = 512;
-
-/// A transition waiting for the group commit: applied to the in-memory task already, its
-/// commands held back until it is durable.
-pub(super) struct Staged {
-    pub(super) task: TaskId,
-    pub(super) at: Millis,
-    pub(super) event: Event,
-    pub(super) state_before: TaskState,
-    /// The task before the transition (`None`: it did not exist), restored if the transition
-    /// cannot be committed.
-    pub(super) task_before: Option<Task>,
-    pub(super) task_after: Task,
-    pub(super) commands: Vec<Command>,
-}
 
 impl EventLoop {
     /// Group commit: every message already waiting is handled (stepped, the tasks updated in
@@ -193,9 +179,7 @@ impl EventLoop {
                 break;
             }
         }
-        for (_, armed) in self.timers.drain() {
-            armed.handle.abort();
-        }
+        self.cancel_timers(None);
     }
 
     fn handle(&mut self, msg: Msg) {
@@ -265,9 +249,7 @@ impl EventLoop {
                     let _ = respond.send(self.journal_removed(&task, event));
                 }
                 Msg::Shutdown { done } => {
-                    for (_, armed) in self.timers.drain() {
-                        armed.handle.abort();
-                    }
+                    self.cancel_timers(None);
                     self.shutdown = Some(done);
                 }
             }
@@ -569,17 +551,7 @@ impl EventLoop {
         let now = self.clock.now_ms();
         self.store.mark_removed(id, now, keep_snapshots)?;
         self.tasks.remove(id);
-        let timers: Vec<_> = self
-            .timers
-            .keys()
-            .filter(|(t, _)| t == id)
-            .cloned()
-            .collect();
-        for key in timers {
-            if let Some(armed) = self.timers.remove(&key) {
-                armed.handle.abort();
-            }
-        }
+        self.cancel_timers(Some(id));
         let (delete, kept) = if keep_snapshots {
             (Vec::new(), snapshots)
         } else {
@@ -720,14 +692,7 @@ impl EventLoop {
     /// flight for it are ignored until then (`apply` skips a task not loaded).
     fn unload_after_failed_commit(&mut self, s: &Staged, err: crate::store::StoreError) {
         // The request whose own transition failed gets the error itself; the others a copy.
-        let own = match &s.event {
-            Event::RunRequested { request_id, .. }
-            | Event::SuspendRequested { request_id }
-            | Event::ResumeRequested { request_id }
-            | Event::ForkRequested { request_id, .. } => Some(*request_id),
-            _ => None,
-        };
-        self.unload(&s.task, own, err);
+        self.unload(&s.task, request_of(&s.event), err);
     }
 
     /// Unloads `task` after `err` (see [`EventLoop::unload_after_failed_commit`]), answering
@@ -742,17 +707,7 @@ impl EventLoop {
             fence.lost(task);
         }
         self.tasks.remove(task);
-        let timers: Vec<_> = self
-            .timers
-            .keys()
-            .filter(|(t, _)| t == task)
-            .cloned()
-            .collect();
-        for key in timers {
-            if let Some(armed) = self.timers.remove(&key) {
-                armed.handle.abort();
-            }
-        }
+        self.cancel_timers(Some(task));
         self.outputs.retain(|(t, _), _| t != task);
         let waiting: Vec<_> = self
             .waiters
@@ -805,17 +760,37 @@ impl EventLoop {
 
     /// If `s` was a caller's request, answers it with `err`.
     fn fail_request(&mut self, s: &Staged, err: EngineError) {
-        let request_id = match &s.event {
-            Event::RunRequested { request_id, .. }
-            | Event::SuspendRequested { request_id }
-            | Event::ResumeRequested { request_id }
-            | Event::ForkRequested { request_id, .. } => *request_id,
-            _ => return,
+        let Some(request_id) = request_of(&s.event) else {
+            return;
         };
         self.live.remove(&(s.task.clone(), request_id));
         self.typed_commands.remove(&(s.task.clone(), request_id));
         if let Some(w) = self.waiters.remove(&(s.task.clone(), request_id)) {
             let _ = w.send(Err(err));
         }
+    }
+}
+
+impl EventLoop {
+    /// Cancels the armed timers of `task`, or every timer (`None`: the loop is stopping).
+    fn cancel_timers(&mut self, task: Option<&TaskId>) {
+        self.timers.retain(|(t, _), armed| {
+            let cancel = task.is_none_or(|task| t == task);
+            if cancel {
+                armed.handle.abort();
+            }
+            !cancel
+        });
+    }
+}
+
+/// The caller's request an event is, if it is one: the id its answer is waited on by.
+fn request_of(event: &Event) -> Option<RequestId> {
+    match event {
+        Event::RunRequested { request_id, .. }
+        | Event::SuspendRequested { request_id }
+        | Event::ResumeRequested { request_id }
+        | Event::ForkRequested { request_id, .. } => Some(*request_id),
+        _ => None,
     }
 }

@@ -3,12 +3,13 @@
 //!
 //! A fenced commit that is refused (another server took the lease: `StoreError::LeaseLost`)
 //! goes the way of every failed commit — the task is unloaded and its callers are answered
-//! (`EventLoop::unload`, which also tells the [`Fence`](super::owner::Fence)). Here: the
+//! (`EventLoop::unload`, which also tells the [`Fence`](super::fence::Fence)). Here: the
 //! renewal timer's report of a lost lease, and a lease that lapsed by this server's own clock
 //! between a commit and its provider calls (a server paused, or cut off from the database).
 
 use super::batch::calls_provider;
-use super::event_loop::{EventLoop, Staged};
+use super::batch::Staged;
+use super::event_loop::EventLoop;
 use crate::ids::TaskId;
 use crate::store::StoreError;
 

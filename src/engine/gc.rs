@@ -85,9 +85,9 @@ impl Orchestrator {
             .map(|(id, m)| (id, m.kept_snapshots))
             .collect();
         for t in &mut tasks {
-            if let Some(kept) = removed.get(t.id.as_str()) {
+            if let Some(&kept) = removed.get(t.id.as_str()) {
                 t.sandbox = None;
-                if !kept {
+                if !crate::core::retention::removed_task_holds(true, kept) {
                     t.snapshots.clear();
                 }
             }

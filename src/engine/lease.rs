@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::event_loop::Msg;
-use super::owner::Fence;
+use super::fence::Fence;
 use super::EngineError;
 use crate::ids::TaskId;
 use crate::store::{Lease, PgStore};

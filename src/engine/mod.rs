@@ -31,6 +31,7 @@ mod batch;
 pub mod cost;
 mod error;
 mod event_loop;
+mod fence;
 mod fleet;
 mod gc;
 // A lease's freshness is measured on this process's monotonic clock (`Instant`), and renewals

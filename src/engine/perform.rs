@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use super::event_loop::{Answer, Armed, EventLoop, Msg};
+use crate::core::retention::{self, Disposal};
 use crate::core::{Command, Event, Failure, Millis, Reply, RequestId, TimerKind};
 use crate::ids::{SnapshotId, TaskId};
 use crate::provider::{Call, ExecIo};
@@ -52,11 +53,11 @@ impl EventLoop {
     /// record stays `deleting` and is retried), never performed blind.
     fn released(&mut self, task: &TaskId, snapshot_id: &SnapshotId) -> bool {
         let event = match self.snapshot_holders(snapshot_id, task.as_str()) {
-            Ok(holders) => match holders.into_iter().next() {
-                None => return false,
-                Some(holder) => Event::SnapshotReleased {
+            Ok(holders) => match retention::disposal(holders) {
+                Disposal::Delete => return false,
+                Disposal::Release { held_by } => Event::SnapshotReleased {
                     snapshot_id: snapshot_id.clone(),
-                    held_by: TaskId::new(&holder).expect("stored task ids are valid"),
+                    held_by: TaskId::new(&held_by).expect("stored task ids are valid"),
                 },
             },
             Err(e) => Event::DeleteFailed {

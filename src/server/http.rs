@@ -14,36 +14,10 @@ use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-use super::idle::Activity;
+use super::answer::{engine_failure, failure, task_id, Failure};
+use super::AppState;
 use crate::client::wire::{ApiError, GcRequest, Health, LiveTask, API_PREFIX};
-use crate::core::{FailureReason, Millis};
-use crate::engine::{EngineError, Orchestrator};
-use crate::ids::TaskId;
-use crate::store::StoreError;
-
-/// What every handler shares.
-#[derive(Clone)]
-pub(super) struct AppState {
-    pub(super) orch: Orchestrator,
-    pub(super) activity: Arc<Activity>,
-    pub(super) info: Arc<Info>,
-    /// Asks the server to stop (`POST /v1/shutdown`).
-    pub(super) stop: Arc<tokio::sync::Notify>,
-    /// Runs in progress (for their cancel and stdin endpoints).
-    pub(super) runs: Arc<super::runs::Runs>,
-    /// Turns true when the server stops accepting requests (ends the watch streams).
-    pub(super) closing: tokio::sync::watch::Receiver<bool>,
-}
-
-/// The server's fixed facts, for `GET /v1/health`.
-pub(super) struct Info {
-    pub(super) pid: u32,
-    pub(super) started_at: Millis,
-    pub(super) data_dir: String,
-    pub(super) auto: bool,
-    pub(super) idle_exit_seconds: u64,
-    pub(super) tcp: Option<String>,
-}
+use crate::engine::EngineError;
 
 /// The API's routes.
 pub(super) fn router(state: AppState) -> Router {
@@ -73,31 +47,7 @@ pub(super) fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// An error answer: a status and an [`ApiError`] body.
-pub(super) struct Failure(StatusCode, pub(super) Box<ApiError>);
-
-impl IntoResponse for Failure {
-    fn into_response(self) -> Response {
-        (self.0, Json(*self.1)).into_response()
-    }
-}
-
-pub(super) fn failure(status: StatusCode, err: ApiError) -> Failure {
-    Failure(status, Box::new(err))
-}
-
 type Answer<T> = Result<Json<T>, Failure>;
-
-pub(super) fn task_id(s: &str) -> Result<TaskId, Failure> {
-    TaskId::new(s).map_err(|e| {
-        failure(
-            StatusCode::BAD_REQUEST,
-            ApiError::new("invalid_task_id", e.to_string()).hint(
-                "a task id is 1 to 64 letters, digits, `-` or `_`, starting with a letter or digit",
-            ),
-        )
-    })
-}
 
 fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -109,67 +59,6 @@ fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
             ApiError::new("bad_request", format!("the request body is not valid: {e}")),
         )
     })
-}
-
-/// An engine error as the API answers it: a stable code per kind, the message, its causes,
-/// the hint the CLI would print, and the notices.
-pub(super) fn engine_failure(err: EngineError) -> Failure {
-    let status = match &err {
-        EngineError::TaskId(_) => StatusCode::BAD_REQUEST,
-        // A fork's refusals are about the request, not the provider.
-        EngineError::Request { reason, .. } => match **reason {
-            FailureReason::UnknownSnapshot { .. } => StatusCode::NOT_FOUND,
-            FailureReason::NothingToFork { .. } => StatusCode::CONFLICT,
-            _ => StatusCode::BAD_GATEWAY,
-        },
-        EngineError::Provider { .. } => StatusCode::BAD_GATEWAY,
-        // A fleet: the task is another server's (now); the error names it.
-        EngineError::Store(StoreError::LeaseLost { .. } | StoreError::LeaseHeld { .. }) => {
-            StatusCode::CONFLICT
-        }
-        EngineError::Busy { .. }
-        | EngineError::WrongBackend { .. }
-        | EngineError::TaskExists { .. }
-        | EngineError::InFlight { .. } => StatusCode::CONFLICT,
-        EngineError::NoTask { .. } => StatusCode::NOT_FOUND,
-        EngineError::Removed { .. } => StatusCode::GONE,
-        EngineError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
-        EngineError::Store(_)
-        | EngineError::Config(_)
-        | EngineError::Step(_)
-        | EngineError::Lock { .. } => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    let code = err.code();
-    let hint = match &err {
-        EngineError::Stopped => Some("the server is stopping; run the command again".to_string()),
-        other => other.hint(),
-    };
-    let notices = match &err {
-        EngineError::Request { notices, .. } => notices.clone(),
-        _ => Vec::new(),
-    };
-    let retryable = err.is_retryable();
-    let message = err.to_string();
-    let mut causes = Vec::new();
-    let mut source = std::error::Error::source(&err);
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !message.contains(&text) {
-            causes.push(text);
-        }
-        source = s.source();
-    }
-    failure(
-        status,
-        ApiError {
-            code: code.to_string(),
-            message,
-            causes,
-            hint,
-            notices,
-            retryable,
-        },
-    )
 }
 
 async fn health(State(st): State<AppState>) -> Answer<Health> {

@@ -13,6 +13,7 @@
 //! `POST /v1/shutdown` a server suspends the tasks with live sandboxes (their files go to
 //! snapshots) before it exits, so that no live sandbox outlives its engine.
 
+mod answer;
 mod http;
 mod runs;
 mod watch;
@@ -31,8 +32,34 @@ use std::time::Duration;
 use crate::client::SOCKET_FILE;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
+use crate::core::Millis;
 use crate::engine::{EngineError, Orchestrator};
 use crate::ids::TaskId;
+use idle::Activity;
+
+/// What every handler shares.
+#[derive(Clone)]
+struct AppState {
+    orch: Orchestrator,
+    activity: Arc<Activity>,
+    info: Arc<Info>,
+    /// Asks the server to stop (`POST /v1/shutdown`).
+    stop: Arc<tokio::sync::Notify>,
+    /// Runs in progress (for their cancel and stdin endpoints).
+    runs: Arc<runs::Runs>,
+    /// Turns true when the server stops accepting requests (ends the watch streams).
+    closing: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The server's fixed facts, for `GET /v1/health`.
+struct Info {
+    pid: u32,
+    started_at: Millis,
+    data_dir: String,
+    auto: bool,
+    idle_exit_seconds: u64,
+    tcp: Option<String>,
+}
 
 /// How long in-flight HTTP requests get to finish once the server is told to stop.
 const REQUEST_GRACE: Duration = Duration::from_secs(10);
@@ -215,11 +242,11 @@ impl Server {
             .and_then(|(l, _)| l.local_addr().ok())
             .map(|a| a.to_string());
         let (closing_tx, closing) = tokio::sync::watch::channel(false);
-        let state = http::AppState {
+        let state = AppState {
             runs: Default::default(),
             orch: orch.clone(),
             activity: activity.clone(),
-            info: Arc::new(http::Info {
+            info: Arc::new(Info {
                 pid: std::process::id(),
                 started_at,
                 data_dir: opts.data_dir.display().to_string(),

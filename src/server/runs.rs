@@ -19,7 +19,8 @@ use axum::Json;
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 
-use super::http::{engine_failure, failure, task_id, AppState, Failure};
+use super::answer::{engine_failure, failure, task_id, Failure};
+use super::AppState;
 use crate::client::body::ChannelBody;
 use crate::client::wire::{ApiError, CancelRequest, RunEvent, RunRequest};
 use crate::provider::live::OUTPUT_CHANNEL_CHUNKS;

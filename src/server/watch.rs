@@ -13,7 +13,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use tokio::sync::{broadcast, mpsc};
 
-use super::http::{engine_failure, failure, task_id, AppState, Failure};
+use super::answer::{engine_failure, failure, task_id, Failure};
+use super::AppState;
 use crate::client::wire::{ApiError, WatchEvent};
 use crate::core::Task;
 use crate::engine::{Orchestrator, StateChange};

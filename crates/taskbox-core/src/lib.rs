@@ -39,6 +39,7 @@
 pub mod ids;
 pub mod ledger;
 pub mod reason;
+pub mod retention;
 mod step;
 mod types;
 

@@ -673,21 +673,17 @@ impl Task {
 
     /// Whether the task keeps the provider snapshot `id` for itself (a record of it complete,
     /// or pending): what makes a task one of the snapshot's holders, whose delete of a shared
-    /// snapshot becomes a release while another holds it.
+    /// snapshot becomes a release while another holds it ([`crate::retention::task_holds`]).
     pub fn holds_snapshot(&self, id: &str) -> bool {
-        self.snapshots.iter().any(|s| {
-            s.id.as_deref() == Some(id)
-                && matches!(s.status, SnapshotStatus::Complete | SnapshotStatus::Pending)
-        })
+        crate::retention::task_holds(self, id)
     }
 
-    /// Snapshots retained on the provider (complete, or superseded but not yet deleted).
+    /// Snapshots retained on the provider (complete, or superseded but not yet deleted):
+    /// [`crate::retention::on_provider`].
     pub fn retained_snapshot_ids(&self) -> impl Iterator<Item = &SnapshotId> {
-        self.snapshots.iter().filter_map(|s| match s.status {
-            SnapshotStatus::Complete | SnapshotStatus::Deleting | SnapshotStatus::Pending => {
-                s.id.as_ref()
-            }
-            _ => None,
-        })
+        self.snapshots
+            .iter()
+            .filter(|s| crate::retention::on_provider(s.status))
+            .filter_map(|s| s.id.as_ref())
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::core::retention;
 use crate::core::{
     Command, Event, FailureKind, Notice, Reply, RetryDecision, SnapshotStatus, Task, TaskState,
     TimerKind,
@@ -217,12 +218,8 @@ fn task_journal(
                     .iter()
                     .any(|o| o.seq == rec.seq && o.status == SnapshotStatus::Complete);
                 if was_complete && rec.status == SnapshotStatus::Deleting {
-                    let newer = t
-                        .snapshots
-                        .iter()
-                        .filter(|o| o.seq > rec.seq && o.status == SnapshotStatus::Complete)
-                        .count();
-                    let keep = t.settings.keep_snapshots.max(1) as usize;
+                    let newer = retention::newer_complete(&t.snapshots, rec.seq);
+                    let keep = retention::keep_count(&t.settings);
                     if newer < keep {
                         out.push(v(
                             Invariant::SnapshotKept,

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use super::archive::ArchiveError;
 use super::cas::CasError;
-use super::names::SandboxName;
 use crate::core::FailureKind;
 use crate::ids::TaskIdError;
 use crate::provider::ProviderError;
@@ -186,13 +185,6 @@ impl LocalError {
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(io::Error) -> Self {
         IoContext::wrap(operation, path)
-    }
-
-    pub(super) fn gone(sandbox: &SandboxName, reason: impl Into<String>) -> Self {
-        LocalError::SandboxGone {
-            sandbox: sandbox.name.clone(),
-            reason: reason.into(),
-        }
     }
 
     /// How the engine must treat this failure.

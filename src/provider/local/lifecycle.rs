@@ -14,7 +14,7 @@ use super::error::LocalError;
 use super::foreign;
 use super::fsutil::{remove_tree, sync_dir};
 use super::kill::kill_leftovers;
-use super::names::{SandboxName, SnapshotRef};
+use super::names::{check_owner, SandboxName, SnapshotRef};
 use super::snapshot::restore;
 use super::workspace::{read_meta_at, SandboxMeta, SandboxStatus, META_FORMAT};
 use super::{run_blocking, LocalProvider, Slot};
@@ -471,21 +471,4 @@ impl LocalProvider {
         found.dedup_by(|a, b| a.id == b.id);
         Ok(found)
     }
-}
-
-pub(super) fn check_owner(
-    name: &SandboxName,
-    what: &'static str,
-    owner: &str,
-    expected: &str,
-) -> Result<(), LocalError> {
-    if owner == expected {
-        return Ok(());
-    }
-    Err(LocalError::Ownership {
-        sandbox: name.name.clone(),
-        what,
-        owner: owner.to_string(),
-        expected: expected.to_string(),
-    })
 }

@@ -131,6 +131,35 @@ pub(super) fn parse_canonical_u64(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
+/// That the sandbox `name`'s `what` (its task, its installation) is `expected`, as its
+/// metadata says `owner`.
+pub(super) fn check_owner(
+    name: &SandboxName,
+    what: &'static str,
+    owner: &str,
+    expected: &str,
+) -> Result<(), LocalError> {
+    if owner == expected {
+        return Ok(());
+    }
+    Err(LocalError::Ownership {
+        sandbox: name.name.clone(),
+        what,
+        owner: owner.to_string(),
+        expected: expected.to_string(),
+    })
+}
+
+impl LocalError {
+    /// The sandbox `sandbox` is gone, for `reason`.
+    pub(super) fn gone(sandbox: &SandboxName, reason: impl Into<String>) -> Self {
+        LocalError::SandboxGone {
+            sandbox: sandbox.name.clone(),
+            reason: reason.into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

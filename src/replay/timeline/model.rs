@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::core::{
-    Command, Event, FailureKind, Millis, Reply, SnapshotReason, Task, TaskState, TimerKind,
+    Command, Event, Failure, FailureKind, FailureReason, Millis, Reply, RequestId, SnapshotReason,
+    Task, TaskState, TimerKind,
 };
-use crate::ids::TaskId;
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::replay::diff::shorten;
 use crate::store::JournalEntry;
 
@@ -212,33 +213,18 @@ fn row(e: &JournalEntry, prev: Option<&Task>, in_state_ms: u64) -> Row {
     } else {
         ""
     };
+    let facts = Facts::of(&e.event);
     let mut error = failure_of(&e.event).map(|(kind, msg)| format!("{kind}{stale}: {msg}"));
-    match &e.event {
-        Event::SnapshotTaken { snapshot_id, .. } | Event::SnapshotDeleted { snapshot_id } => {
-            snapshots.push(snapshot_id.to_string())
-        }
-        _ => {}
+    if let Some(id) = facts.snapshot {
+        snapshots.push(id.to_string());
     }
     for c in &e.commands {
-        match c {
-            Command::CreateSandbox {
-                source_snapshot: Some(id),
-                ..
-            }
-            | Command::DeleteSnapshot { snapshot_id: id }
-            | Command::Reply {
-                reply:
-                    Reply::Suspended {
-                        snapshot_id: Some(id),
-                        ..
-                    },
-                ..
-            } => snapshots.push(id.to_string()),
-            Command::Reply {
-                request_id,
-                reply: Reply::Failed { reason: msg, .. },
-            } if error.is_none() => error = Some(format!("request #{request_id} failed: {msg}")),
-            _ => {}
+        let (snapshot, failed) = command_facts(c);
+        if let Some(id) = snapshot {
+            snapshots.push(id.to_string());
+        }
+        if let (Some((request_id, msg)), None) = (failed, &error) {
+            error = Some(format!("request #{request_id} failed: {msg}"));
         }
     }
     snapshots.dedup();
@@ -249,7 +235,7 @@ fn row(e: &JournalEntry, prev: Option<&Task>, in_state_ms: u64) -> Row {
             fmt_dur(r.saturating_sub(e.at))
         )),
         (None, n) if n > 1 => Some(format!("attempt {n}")),
-        _ => None,
+        (None, _) => None,
     };
     Row {
         task_seq: e.task_seq,
@@ -323,17 +309,136 @@ fn settings_change(old: &crate::core::TaskSettings, new: &crate::core::TaskSetti
 }
 
 fn failure_of(ev: &Event) -> Option<(&'static str, &str)> {
-    let f = match ev {
-        Event::CreateFailed { failure, .. }
-        | Event::CommandFailed { failure, .. }
-        | Event::CommandNotStarted { failure, .. }
-        | Event::SnapshotFailed { failure, .. }
-        | Event::StopFailed { failure, .. }
-        | Event::ExtendFailed { failure, .. }
-        | Event::DeleteFailed { failure, .. } => failure,
-        _ => return None,
-    };
+    let f = Facts::of(ev).failure?;
     Some((kind_name(&f.kind), f.message.as_str()))
+}
+
+/// What the timeline reads of an event. [`Facts::of`] is the one match over [`Event`], with no
+/// wildcard: a new event is sorted here, into what it marks or deliberately into nothing,
+/// before it compiles, so it cannot vanish from timelines unseen.
+#[derive(Default)]
+struct Facts<'a> {
+    /// The snapshot it names (taken or deleted), for the row.
+    snapshot: Option<&'a SnapshotId>,
+    /// The failure it reports.
+    failure: Option<&'a Failure>,
+    /// Whether its failure, "sandbox gone", means the sandbox died under the task.
+    failure_is_death: bool,
+    /// A sandbox became ready (a restore, when it takes the task from restoring to running).
+    ready: Option<&'a SandboxId>,
+    /// A snapshot was taken: its seq, id and size.
+    taken: Option<(u64, &'a SnapshotId, u64)>,
+    /// A caller's request: its id, and whether it is marked (suspend, resume).
+    request: Option<(RequestId, bool)>,
+    /// A load or recovery after a (re)start.
+    loaded: bool,
+    /// The timer that fired.
+    timer: Option<TimerKind>,
+    /// A probe found the sandbox gone.
+    probed_gone: bool,
+    /// A command exited: its request, exit code and whether its timeout killed it.
+    exited: Option<(RequestId, i32, bool)>,
+}
+
+impl<'a> Facts<'a> {
+    fn of(ev: &'a Event) -> Facts<'a> {
+        let none = Facts::default();
+        let failed = |failure, failure_is_death| Facts {
+            failure: Some(failure),
+            failure_is_death,
+            ..Facts::default()
+        };
+        match ev {
+            Event::RunRequested { request_id, .. } => Facts {
+                request: Some((*request_id, false)),
+                ..none
+            },
+            Event::SuspendRequested { request_id } | Event::ResumeRequested { request_id } => {
+                Facts {
+                    request: Some((*request_id, true)),
+                    ..none
+                }
+            }
+            Event::ForkRequested { .. } | Event::Forked { .. } | Event::SettingsChanged { .. } => {
+                none
+            }
+            Event::SandboxReady { sandbox_id, .. } => Facts {
+                ready: Some(sandbox_id),
+                ..none
+            },
+            Event::CommandExited {
+                request_id,
+                exit_code,
+                timed_out,
+            } => Facts {
+                exited: Some((*request_id, *exit_code, *timed_out)),
+                ..none
+            },
+            Event::CommandFailed { failure, .. }
+            | Event::CommandNotStarted { failure, .. }
+            | Event::SnapshotFailed { failure, .. } => failed(failure, true),
+            Event::CreateFailed { failure, .. }
+            | Event::StopFailed { failure, .. }
+            | Event::ExtendFailed { failure, .. }
+            | Event::DeleteFailed { failure, .. } => failed(failure, false),
+            Event::SnapshotTaken {
+                seq,
+                snapshot_id,
+                size_bytes,
+                ..
+            } => Facts {
+                snapshot: Some(snapshot_id),
+                taken: Some((*seq, snapshot_id, *size_bytes)),
+                ..none
+            },
+            Event::SnapshotDeleted { snapshot_id } => Facts {
+                snapshot: Some(snapshot_id),
+                ..none
+            },
+            // A release, a stop, an extension and a usage reading change no mark; a failed
+            // probe is retried and shows in its row.
+            Event::SnapshotReleased { .. }
+            | Event::SandboxStopped { .. }
+            | Event::TimeoutExtended { .. }
+            | Event::UsageRead { .. }
+            | Event::ProbeFailed { .. } => none,
+            Event::SandboxProbed { alive, .. } => Facts {
+                probed_gone: alive.is_none(),
+                ..none
+            },
+            Event::TimerFired { timer } => Facts {
+                timer: Some(*timer),
+                ..none
+            },
+            Event::Loaded | Event::Recovered => Facts {
+                loaded: true,
+                ..none
+            },
+        }
+    }
+}
+
+/// What the timeline reads of a command: the snapshot it names (a restore's source, a delete,
+/// a suspend's answer) and a failed request's id and reason. One match, no wildcard.
+fn command_facts(c: &Command) -> (Option<&SnapshotId>, Option<(RequestId, &FailureReason)>) {
+    match c {
+        Command::CreateSandbox {
+            source_snapshot, ..
+        } => (source_snapshot.as_ref(), None),
+        Command::DeleteSnapshot { snapshot_id } => (Some(snapshot_id), None),
+        Command::Reply { request_id, reply } => match reply {
+            Reply::Suspended { snapshot_id, .. } => (snapshot_id.as_ref(), None),
+            Reply::Failed { reason, .. } => (None, Some((*request_id, reason))),
+            Reply::Ran { .. } | Reply::Forked { .. } | Reply::Resumed { .. } => (None, None),
+        },
+        Command::RunCommand { .. }
+        | Command::TakeSnapshot { .. }
+        | Command::StopSandbox { .. }
+        | Command::ExtendTimeout { .. }
+        | Command::ProbeSandbox { .. }
+        | Command::ReadUsage { .. }
+        | Command::ScheduleTimer { .. } => (None, None),
+    }
 }
 
 fn mark_entry(
@@ -357,69 +462,63 @@ fn mark_entry(
         t.and_then(|t| t.sandbox.as_ref())
             .map_or_else(|| "the sandbox".to_string(), |s| s.id.to_string())
     };
-    match &e.event {
-        Event::SandboxReady { sandbox_id, .. }
-            if from == TaskState::Restoring && to == TaskState::Running =>
-        {
-            let source = e
-                .task_after
-                .sandbox
-                .as_ref()
-                .and_then(|s| s.source_snapshot.clone())
-                .unwrap_or_else(|| "a snapshot".into());
-            let why = e
-                .task_after
-                .snapshots
-                .iter()
-                .find(|s| s.id.as_deref() == Some(source.as_str()))
-                .map(|s| {
-                    format!(
-                        " (#{}, taken {}: the latest complete snapshot)",
-                        s.seq,
-                        clock_time(s.created_at.unwrap_or(s.started_at))
-                    )
-                })
-                .unwrap_or_default();
-            mark(
-                MarkKind::Restore,
-                format!("{sandbox_id} restored from snapshot {source}{why}"),
-            );
-        }
-        Event::SnapshotTaken {
-            seq,
-            snapshot_id,
-            size_bytes,
-            ..
-        } if from == TaskState::Snapshotting && to != TaskState::Snapshotting => {
-            let why = match prev.and_then(|t| t.snapshot_reason) {
-                Some(SnapshotReason::Suspend { .. }) => "suspend",
-                Some(SnapshotReason::Fork { .. }) => "fork",
-                Some(SnapshotReason::IdleReap) => "idle reap",
-                Some(SnapshotReason::Checkpoint) => "checkpoint before the deadline",
-                Some(SnapshotReason::LateCheckpoint { .. }) => "late checkpoint after the deadline",
-                None => "snapshot",
-            };
-            mark(
-                MarkKind::Snapshot,
+    let facts = Facts::of(&e.event);
+    let restored = from == TaskState::Restoring && to == TaskState::Running;
+    let snapshotted = from == TaskState::Snapshotting && to != TaskState::Snapshotting;
+    if let Some(sandbox_id) = facts.ready.filter(|_| restored) {
+        let source = e
+            .task_after
+            .sandbox
+            .as_ref()
+            .and_then(|s| s.source_snapshot.clone())
+            .unwrap_or_else(|| "a snapshot".into());
+        let why = e
+            .task_after
+            .snapshots
+            .iter()
+            .find(|s| s.id.as_deref() == Some(source.as_str()))
+            .map(|s| {
                 format!(
-                    "snapshot #{seq} {snapshot_id} ({}, {why})",
-                    fmt_bytes(*size_bytes)
-                ),
-            );
-        }
-        Event::SuspendRequested { request_id } | Event::ResumeRequested { request_id } => mark(
+                    " (#{}, taken {}: the latest complete snapshot)",
+                    s.seq,
+                    clock_time(s.created_at.unwrap_or(s.started_at))
+                )
+            })
+            .unwrap_or_default();
+        mark(
+            MarkKind::Restore,
+            format!("{sandbox_id} restored from snapshot {source}{why}"),
+        );
+    } else if let Some((seq, snapshot_id, size_bytes)) = facts.taken.filter(|_| snapshotted) {
+        let why = match prev.and_then(|t| t.snapshot_reason) {
+            Some(SnapshotReason::Suspend { .. }) => "suspend",
+            Some(SnapshotReason::Fork { .. }) => "fork",
+            Some(SnapshotReason::IdleReap) => "idle reap",
+            Some(SnapshotReason::Checkpoint) => "checkpoint before the deadline",
+            Some(SnapshotReason::LateCheckpoint { .. }) => "late checkpoint after the deadline",
+            None => "snapshot",
+        };
+        mark(
+            MarkKind::Snapshot,
+            format!(
+                "snapshot #{seq} {snapshot_id} ({}, {why})",
+                fmt_bytes(size_bytes)
+            ),
+        );
+    } else if let Some((request_id, true)) = facts.request {
+        mark(
             MarkKind::Request,
             format!("{} #{request_id}", e.event.name()),
-        ),
+        );
+    } else if facts.loaded && !e.commands.is_empty() {
         // Every process that drives the task journals `loaded`; only a load that found
         // something to recover (as every older `recovered` did) is marked.
-        Event::Loaded | Event::Recovered if !e.commands.is_empty() => mark(
+        mark(
             MarkKind::Recovery,
             format!("taskbox (re)started and recovered the task in state {from}"),
-        ),
-        Event::TimerFired {
-            timer: TimerKind::Retry,
-        } if !e.commands.is_empty() => mark(
+        );
+    } else if facts.timer == Some(TimerKind::Retry) && !e.commands.is_empty() {
+        mark(
             MarkKind::Retry,
             format!(
                 "retry: attempt {} ({})",
@@ -430,28 +529,23 @@ fn mark_entry(
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
-        ),
-        _ => {}
+        );
     }
     // The sandbox died under the task: it leaves the live states because of a deadline, a
     // probe that found it gone, an operation that answered "sandbox gone", or a request that
     // came after the recorded deadline (taskbox was not running when it passed).
     let live = |s: TaskState| matches!(s, TaskState::Running | TaskState::Snapshotting);
-    let died = match &e.event {
-        Event::TimerFired {
-            timer: TimerKind::Deadline,
-        }
-        | Event::SandboxProbed { alive: None, .. } => true,
-        Event::CommandFailed { failure, .. }
-        | Event::CommandNotStarted { failure, .. }
-        | Event::SnapshotFailed { failure, .. } => failure.kind == FailureKind::SandboxGone,
-        Event::RunRequested { .. }
-        | Event::ResumeRequested { .. }
-        | Event::SuspendRequested { .. } => prev
-            .and_then(|p| p.sandbox.as_ref())
-            .is_some_and(|sb| e.at >= sb.deadline),
-        _ => false,
+    let past_deadline = || {
+        prev.and_then(|p| p.sandbox.as_ref())
+            .is_some_and(|sb| e.at >= sb.deadline)
     };
+    let died = facts.timer == Some(TimerKind::Deadline)
+        || facts.probed_gone
+        || (facts.failure_is_death
+            && facts
+                .failure
+                .is_some_and(|f| f.kind == FailureKind::SandboxGone))
+        || (facts.request.is_some() && past_deadline());
     let expired = died && live(from) && !live(to);
     // Where the provider keeps the files past a deadline, the sandbox is snapshotted first.
     let late_checkpoint = died
@@ -473,7 +567,10 @@ fn mark_entry(
     } else if expired {
         let after = match to {
             TaskState::Idle | TaskState::Provisioning => "no snapshot holds its files",
-            _ => "its files are in the latest snapshot",
+            TaskState::Running
+            | TaskState::Snapshotting
+            | TaskState::Expired
+            | TaskState::Restoring => "its files are in the latest snapshot",
         };
         mark(
             MarkKind::Expiry,
@@ -497,29 +594,20 @@ fn mark_entry(
                 .or_insert((e.at, e.task_seq, shorten(command, 80)));
         }
     }
-    let finished: Vec<(u64, String)> = match &e.event {
-        Event::CommandExited {
+    let finished: Vec<(u64, String)> = match facts.exited {
+        Some((request_id, exit_code, timed_out)) => vec![(
             request_id,
-            exit_code,
-            timed_out,
-        } => vec![(
-            *request_id,
-            if *timed_out {
+            if timed_out {
                 "timed out".to_string()
             } else {
                 format!("exit {exit_code}")
             },
         )],
-        _ => e
+        None => e
             .commands
             .iter()
-            .filter_map(|c| match c {
-                Command::Reply {
-                    request_id,
-                    reply: Reply::Failed { .. },
-                } => Some((*request_id, "failed".to_string())),
-                _ => None,
-            })
+            .filter_map(|c| command_facts(c).1)
+            .map(|(request_id, _)| (request_id, "failed".to_string()))
             .collect(),
     };
     for (request_id, how) in finished {

@@ -239,6 +239,9 @@ impl Backend for PgStore {
         rows.first().map(|r| self.decode_marks(r, 0)).transpose()
     }
 
+    /// The SQL mirrors `taskbox_core::retention::holds` (the status list) and
+    /// `retention::removed_task_holds` (the removal marks); the store model test
+    /// (`tests/it/store/rows.rs`, against `store::model::holders`) holds it equal to them.
     fn snapshot_holders(&self, provider_id: &str, asking: &str) -> Result<Vec<String>, StoreError> {
         let rows = self.query(
             "finding the tasks that retain a snapshot",

@@ -19,7 +19,7 @@ pub(super) const JOURNAL_COLUMNS: &str =
 
 impl PgStore {
     pub(super) fn read_installation_id(&self) -> Result<String, StoreError> {
-        let candidate = crate::store::schema::random_hex_128()?;
+        let candidate = crate::store::random_hex_128()?;
         let rows = self.query(
             "reading the installation id",
             None,

@@ -156,10 +156,10 @@ impl SqliteStore {
                 continue;
             };
             let retains = task.holds_snapshot(provider_id);
-            let gone = self
-                .task_marks(id.as_str())?
-                .is_some_and(|m| m.removed_at.is_some() && !m.kept_snapshots);
-            if retains && !gone {
+            let marks_keep = self.task_marks(id.as_str())?.is_none_or(|m| {
+                crate::core::retention::removed_task_holds(m.removed_at.is_some(), m.kept_snapshots)
+            });
+            if retains && marks_keep {
                 holders.push(id.to_string());
             }
         }

@@ -40,6 +40,7 @@
 mod delta;
 mod derived;
 mod rows;
+mod schema;
 mod write;
 
 use std::path::{Path, PathBuf};
@@ -47,14 +48,11 @@ use std::path::{Path, PathBuf};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::error::StoreError;
-use super::schema;
 use super::{Backend, JournalEntry, SandboxRow, SnapshotRow, Sync, TaskMarks, TransitionRecord};
 use crate::core::{Millis, Task};
 use crate::ids::TaskId;
 
 use write::{write_batch, Buffers, Known};
-
-pub(crate) use rows::check_rows_before_5;
 
 /// An open SQLite store file. Not `Sync`: give each thread its own store (they may share the
 /// file).

@@ -5,7 +5,7 @@
 //! member, and finding holders through the forks' shares); the PostgreSQL store keeps tables
 //! its commit writes. This model does neither: it folds over whole tasks, one after another.
 
-use taskbox::core::{Millis, SnapshotStatus, Task};
+use taskbox::core::{retention, Millis, Task};
 use taskbox::store::{SandboxRow, SandboxStatus, SnapshotRow, Store};
 
 /// The sandbox rows a task's history (each transition's time and the task after it, in order)
@@ -89,21 +89,21 @@ pub(crate) fn rows_of(store: &Store, task: Option<&str>) -> (Vec<SandboxRow>, Ve
     (sandboxes, snapshots)
 }
 
-/// The tasks other than `asking` whose records retain the provider snapshot `snapshot` (a
-/// record of it `complete` or `pending`), not removed unless their snapshots were kept: every
-/// task of `store` looked at.
+/// The tasks other than `asking` whose records retain the provider snapshot `snapshot`
+/// (`retention::task_holds`), not removed unless their snapshots were kept
+/// (`retention::removed_task_holds`): every task of `store` looked at. Both stores' readers are
+/// held to it, the PostgreSQL one's SQL above all, which cannot call the Rust rule.
 pub(crate) fn holders(store: &Store, snapshot: &str, asking: &str) -> Vec<String> {
     let mut out = Vec::new();
     for t in store.load_tasks().expect("tasks") {
-        let retains = t.snapshots.iter().any(|s| {
-            s.id.as_deref() == Some(snapshot)
-                && matches!(s.status, SnapshotStatus::Complete | SnapshotStatus::Pending)
-        });
-        let gone = store
+        let retains = retention::task_holds(&t, snapshot);
+        let marks_keep = store
             .task_marks(t.id.as_str())
             .expect("marks")
-            .is_some_and(|m| m.removed_at.is_some() && !m.kept_snapshots);
-        if t.id.as_str() != asking && retains && !gone {
+            .is_none_or(|m| {
+                retention::removed_task_holds(m.removed_at.is_some(), m.kept_snapshots)
+            });
+        if t.id.as_str() != asking && retains && marks_keep {
             out.push(t.id.to_string());
         }
     }

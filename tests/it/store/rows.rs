@@ -243,13 +243,49 @@ fn a_fork_and_its_parent_hold_their_shared_snapshot(db) {
     let holders = |store: &taskbox::store::Store, asking: &str| {
         store.snapshot_holders(snap.as_str(), asking).expect("holders")
     };
+    // The store's answer is the model's, which applies `core::retention`: on PostgreSQL that
+    // holds its SQL equal to the Rust rule.
+    let as_model = |store: &taskbox::store::Store| {
+        for asking in ["p", "c", "g"] {
+            assert_eq!(
+                store.snapshot_holders(snap.as_str(), asking).expect("holders"),
+                crate::store::model::holders(store, snap.as_str(), asking),
+                "holders asked by {asking}"
+            );
+        }
+    };
     assert_eq!(holders(&store, "p"), ["c", "g"]);
     assert_eq!(holders(&store, "c"), ["g", "p"]);
     assert_eq!(holders(&store, "g"), ["c", "p"]);
+    as_model(&store);
     assert!(store.snapshot_holders("snap_nobody", "p").expect("holders").is_empty());
+    // The child's record of the shared snapshot through every status: only the statuses
+    // `retention::holds` names keep it a holder.
+    let mut last = child.steps.last().expect("steps").clone();
+    for status in [
+        SnapshotStatus::Pending,
+        SnapshotStatus::Deleting,
+        SnapshotStatus::Failed,
+        SnapshotStatus::Gone,
+        SnapshotStatus::Released,
+        SnapshotStatus::Deleted,
+        SnapshotStatus::Complete,
+    ] {
+        last.at += 10;
+        last.before = last.task.state;
+        last.task.snapshots[0].status = status;
+        store.commit(&last.rec()).expect("commit");
+        as_model(&store);
+        assert_eq!(
+            holders(&store, "p").contains(&"c".to_string()),
+            taskbox::core::retention::holds(status),
+            "{status:?}"
+        );
+    }
     store.mark_removed("c", 4_000, false).expect("remove c");
     store.mark_removed("g", 4_000, true).expect("remove g, keeping its snapshots");
     assert_eq!(holders(&store, "p"), ["g"]);
     assert_eq!(holders(&store, "g"), ["p"]);
+    as_model(&store);
 }
 }

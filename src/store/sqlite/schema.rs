@@ -7,12 +7,11 @@
 //! refused before anything is written to it.
 
 use std::fs;
-use std::io::Read;
 use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
-use super::error::{StoreError, BUSY_TIMEOUT};
+use crate::store::error::{StoreError, BUSY_TIMEOUT};
 
 /// The schema, one migration per entry, applied in order, each in its own transaction.
 ///
@@ -319,7 +318,7 @@ fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
             continue;
         }
         if version == 5 {
-            super::sqlite::check_rows_before_5(&tx, path)?;
+            super::rows::check_rows_before_5(&tx, path)?;
         }
         tx.execute_batch(sql).map_err(mig_err)?;
         tx.pragma_update(None, "user_version", version)
@@ -352,7 +351,7 @@ pub(crate) fn installation_id(conn: &Connection, path: &Path) -> Result<String, 
     {
         return Ok(id);
     }
-    let id = random_hex_128()?;
+    let id = crate::store::random_hex_128()?;
     tx.execute(
         "INSERT INTO meta (key, value) VALUES ('installation_id', ?1)",
         [&id],
@@ -360,12 +359,4 @@ pub(crate) fn installation_id(conn: &Connection, path: &Path) -> Result<String, 
     .map_err(err)?;
     tx.commit().map_err(err)?;
     Ok(id)
-}
-
-pub(crate) fn random_hex_128() -> Result<String, StoreError> {
-    let mut bytes = [0u8; 16];
-    fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|source| StoreError::Random { source })?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }

@@ -1,0 +1,153 @@
+//! Snapshot retention, in one room: how many complete snapshots a task keeps, which of its
+//! records make it a holder of a provider snapshot, and whether a retired snapshot is deleted
+//! or only released.
+//!
+//! The rule is written once here and called from every place that applies it: the transition
+//! table (`step`: pruning after a snapshot), [`Task::holds_snapshot`] and
+//! [`Task::retained_snapshot_ids`], the engine (who else holds a snapshot before a delete;
+//! `gc`'s retained set), the SQLite store's reader of holders and the chaos checker. The
+//! PostgreSQL store answers holders in SQL, which cannot call Rust: its query names
+//! [`holds`] and [`removed_task_holds`] beside it, and the store model test holds the two
+//! stores equal to them.
+//!
+//! Deleting is the last holder's to do: a fork shares its parent's snapshot, so a task that
+//! retires a snapshot another task still holds only releases it ([`Disposal::Release`]).
+
+use crate::types::{SnapshotRecord, SnapshotStatus, Task, TaskSettings};
+
+/// How many complete snapshots a task keeps: its `keep_snapshots`, and never fewer than one,
+/// since the latest complete snapshot is the one a restore uses.
+pub fn keep_count(settings: &TaskSettings) -> usize {
+    settings.keep_snapshots.max(1) as usize
+}
+
+/// The positions in `snapshots` (oldest first) of the complete snapshots to retire: all but the
+/// newest `keep`.
+pub fn to_retire(snapshots: &[SnapshotRecord], keep: usize) -> Vec<usize> {
+    let complete: Vec<usize> = snapshots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.status == SnapshotStatus::Complete)
+        .map(|(i, _)| i)
+        .collect();
+    let excess = complete.len().saturating_sub(keep);
+    complete[..excess].to_vec()
+}
+
+/// How many complete snapshots of `snapshots` are newer than `seq`: retiring `seq` keeps the
+/// rule while that is at least [`keep_count`] (what the chaos checker asks of every retirement).
+pub fn newer_complete(snapshots: &[SnapshotRecord], seq: u64) -> usize {
+    snapshots
+        .iter()
+        .filter(|s| s.seq > seq && s.status == SnapshotStatus::Complete)
+        .count()
+}
+
+/// Whether a record of a snapshot in `status` makes its task one of the snapshot's holders:
+/// complete (a restore candidate) or pending (being taken). A holder's retention decides; any
+/// other task's delete of a snapshot it holds becomes a release.
+pub fn holds(status: SnapshotStatus) -> bool {
+    matches!(status, SnapshotStatus::Complete | SnapshotStatus::Pending)
+}
+
+/// Whether a record in `status` still stands for a snapshot on the provider that its task
+/// accounts for: held, or superseded with its delete outstanding. `gc` deletes only what no
+/// task accounts for.
+pub fn on_provider(status: SnapshotStatus) -> bool {
+    holds(status) || status == SnapshotStatus::Deleting
+}
+
+/// Whether a task's records still hold snapshots after its removal marks: a task not removed
+/// does; one `taskbox rm` removed does only if it kept its snapshots (`--keep-snapshots`).
+pub fn removed_task_holds(removed: bool, kept_snapshots: bool) -> bool {
+    !removed || kept_snapshots
+}
+
+/// Whether `task` holds the provider snapshot `id` (a record of it that [`holds`]).
+pub fn task_holds(task: &Task, id: &str) -> bool {
+    task.snapshots
+        .iter()
+        .any(|s| s.id.as_deref() == Some(id) && holds(s.status))
+}
+
+/// What becomes of a snapshot a task retires.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Disposal<H> {
+    /// No other task holds it: the provider deletes it.
+    Delete,
+    /// Another task holds it (the first of its holders, named): it stays on the provider and
+    /// the retiring task only lets go of it.
+    Release {
+        /// The holder that keeps it.
+        held_by: H,
+    },
+}
+
+/// Delete vs release, from the other tasks that hold the snapshot (ordered; the first is named).
+pub fn disposal<H>(other_holders: impl IntoIterator<Item = H>) -> Disposal<H> {
+    match other_holders.into_iter().next() {
+        None => Disposal::Delete,
+        Some(held_by) => Disposal::Release { held_by },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(seq: u64, status: SnapshotStatus) -> SnapshotRecord {
+        SnapshotRecord {
+            seq,
+            id: Some(format!("snap_{seq}").into()),
+            status,
+            size_bytes: 0,
+            sandbox_id: "sbx".into(),
+            started_at: 0,
+            created_at: None,
+            expires_at: None,
+            omitted: Vec::new(),
+            taken_by: None,
+        }
+    }
+
+    #[test]
+    fn keep_n_retires_the_oldest_complete_and_skips_the_others() {
+        use SnapshotStatus::*;
+        let s = [
+            rec(1, Complete),
+            rec(2, Failed),
+            rec(3, Complete),
+            rec(4, Pending),
+            rec(5, Complete),
+        ];
+        assert_eq!(to_retire(&s, 2), [0]);
+        assert_eq!(to_retire(&s, 1), [0, 2]);
+        assert!(to_retire(&s, 3).is_empty());
+        assert_eq!(newer_complete(&s, 1), 2);
+        assert_eq!(newer_complete(&s, 3), 1);
+    }
+
+    #[test]
+    fn keep_count_is_at_least_one() {
+        let settings = TaskSettings {
+            keep_snapshots: 0,
+            ..TaskSettings::default()
+        };
+        assert_eq!(keep_count(&settings), 1);
+    }
+
+    #[test]
+    fn holders_are_complete_or_pending_and_deleting_is_still_on_the_provider() {
+        use SnapshotStatus::*;
+        let all = [Pending, Complete, Failed, Deleting, Deleted, Gone, Released];
+        let held: Vec<_> = all.iter().copied().filter(|s| holds(*s)).collect();
+        assert_eq!(held, [Pending, Complete]);
+        let kept: Vec<_> = all.iter().copied().filter(|s| on_provider(*s)).collect();
+        assert_eq!(kept, [Pending, Complete, Deleting]);
+        assert!(removed_task_holds(false, false));
+        assert!(removed_task_holds(true, true));
+        assert!(!removed_task_holds(true, false));
+        assert_eq!(disposal(Vec::<&str>::new()), Disposal::Delete);
+        assert_eq!(disposal(["a", "b"]), Disposal::Release { held_by: "a" });
+    }
+}
