@@ -107,6 +107,79 @@ fn check_restores(sim: &SimProvider, dir: &Path, task: &str) -> Result<(), TestC
     let retired = taskbox::chaos::check::retired_at_for(&journal, &BTreeMap::new(), task);
     let violations = taskbox::chaos::check::restores(&sandboxes, &snapshots, &retired, task);
     prop_assert!(violations.is_empty(), "{:?}", violations);
+    check_retention(&journal)?;
+    Ok(())
+}
+
+/// Retention counted by a model of its own: walking the journal's *events* (not the core's
+/// delete commands or snapshot statuses), a snapshot is confirmed when a `snapshot_taken`
+/// ends the snapshotting state, and is gone when a restore from it fails with "snapshot
+/// gone"; after each confirmation all but the newest `keep_snapshots` confirmed snapshots
+/// still there are dropped. After every transition the task's complete snapshots must be
+/// exactly the model's kept ones: the same count and the same ids.
+fn check_retention(journal: &[taskbox::store::JournalEntry]) -> Result<(), TestCaseError> {
+    use taskbox::core::{Command, Event, FailureKind, SnapshotStatus};
+    let keep = config().terminal.keep_snapshots.max(1) as usize;
+    let mut confirmed: Vec<String> = Vec::new();
+    let mut dropped: std::collections::BTreeSet<String> = Default::default();
+    let mut sources: BTreeMap<u64, Option<String>> = BTreeMap::new();
+    for entry in journal {
+        match &entry.event {
+            Event::SnapshotTaken { snapshot_id, .. }
+                if entry.state_before == TaskState::Snapshotting
+                    && entry.state_after != TaskState::Snapshotting =>
+            {
+                confirmed.push(snapshot_id.to_string());
+                let kept: Vec<&String> = confirmed
+                    .iter()
+                    .filter(|id| !dropped.contains(*id))
+                    .collect();
+                let excess = kept.len().saturating_sub(keep);
+                let out: Vec<String> = kept.into_iter().take(excess).cloned().collect();
+                dropped.extend(out);
+            }
+            Event::CreateFailed {
+                generation,
+                failure,
+            } if failure.kind == FailureKind::SnapshotGone
+                && entry.state_before == TaskState::Restoring =>
+            {
+                if let Some(Some(source)) = sources.get(generation) {
+                    dropped.insert(source.clone());
+                }
+            }
+            _ => {}
+        }
+        for cmd in &entry.commands {
+            if let Command::CreateSandbox {
+                generation,
+                source_snapshot,
+                ..
+            } = cmd
+            {
+                sources.insert(*generation, source_snapshot.as_ref().map(|s| s.to_string()));
+            }
+        }
+        let kept: Vec<&str> = confirmed
+            .iter()
+            .filter(|id| !dropped.contains(*id))
+            .map(String::as_str)
+            .collect();
+        let complete: Vec<&str> = entry
+            .task_after
+            .snapshots
+            .iter()
+            .filter(|s| s.status == SnapshotStatus::Complete)
+            .filter_map(|s| s.id.as_deref())
+            .collect();
+        prop_assert_eq!(
+            &complete,
+            &kept,
+            "retention after journal entry {} ({})",
+            entry.task_seq,
+            entry.event.name()
+        );
+    }
     Ok(())
 }
 
