@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::support::{install_lock, run_bounded, under_ci};
+use crate::support::{install_lock, run_bounded, skip};
 
 /// What the venv holds; a change (or a change of the plugin's pyproject) reinstalls.
 const REQUIREMENTS: [&str; 2] = ["hermes-agent==0.19.0", "pytest"];
@@ -102,13 +102,7 @@ fn ensure_venv(venv: &Path) -> Result<(), String> {
 fn hermes_backend_passes_its_pytest_suite() {
     let venv = target_dir().join("hermes-venv");
     if let Err(reason) = ensure_venv(&venv) {
-        assert!(
-            !under_ci(),
-            "the Hermes backend's tests cannot run under CI: {reason}"
-        );
-        eprintln!(
-            "SKIPPED hermes_backend_passes_its_pytest_suite: {reason} (see integrations/hermes/README.md)"
-        );
+        skip(format!("{reason} (see integrations/hermes/README.md)"));
         return;
     }
     let scratch = tempfile::tempdir().expect("temp dir");
