@@ -18,6 +18,7 @@ use super::{
 };
 use crate::clock::{Clock, TokioClock};
 use crate::config::Config;
+use crate::core::Millis;
 use crate::provider::sim::{SimFaults, SimProvider};
 use crate::provider::SandboxProvider;
 
@@ -112,6 +113,11 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// How late past a sandbox's idle deadline (`lifetime_seconds` below after its last activity)
+/// the reap may come on the virtual clock: the timer fires when due, so this only covers the
+/// time the event loop takes to get to it.
+const IDLE_SLACK_MS: Millis = 10_000;
+
 /// The engine configuration of a chaos run: short lifetimes, so that idle reaps, checkpoints
 /// and expiries happen within a few minutes of virtual time.
 fn config() -> Config {
@@ -161,7 +167,7 @@ async fn seed_run(
     // The workload, under faults; then faults off, and every task settles.
     let (tally, mut violations) = driver::run_workload(&d, plans, WORKLOAD_BOUND).await;
     sim.set_faults(SimFaults::none());
-    let (settled, crashes) = driver::settle(d, &task_ids, SETTLE).await;
+    let (settled, crashes, crash_times) = driver::settle(d, &task_ids, SETTLE).await;
     violations.extend(settled);
     let virtual_ms = clock.now_ms() - START_MS;
 
@@ -196,6 +202,10 @@ async fn seed_run(
             deleted_at: &witness.deleted_at(),
             now: clock.now_ms(),
             keep_all: opts.keep_all,
+            idle: Some(driver::IdleCheck {
+                crashes: &crash_times,
+                slack_ms: IDLE_SLACK_MS,
+            }),
         },
         &mut violations,
     );
