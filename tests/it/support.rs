@@ -144,6 +144,19 @@ pub fn under_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "FALSE" | "False"))
 }
 
+/// Whether any process runs a command line containing `marker` (a zombie's is empty).
+pub fn process_running(marker: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten().any(|e| {
+                std::fs::read(e.path().join("cmdline"))
+                    .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                    .unwrap_or(false)
+            })
+        })
+        .unwrap_or(false)
+}
+
 /// The cargo target dir (the binary is `<target>/<profile>/taskbox`).
 pub fn target_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_BIN_EXE_taskbox"))
