@@ -251,7 +251,7 @@ fn scenario(seed: u64, actions: Vec<Action>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 200, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/engine.txt"))), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::support::proptest_cases(48, 48), max_shrink_iters: 200, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/engine.txt"))), ..ProptestConfig::default() })]
 
     #[test]
     fn a_resumed_task_restores_its_latest_complete_snapshot(seed in any::<u64>(), actions in proptest::collection::vec(action(), 1..30)) {

@@ -157,6 +157,22 @@ pub fn process_running(marker: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// How many cases a property test runs: `PROPTEST_CASES` when it is set (proptest's own
+/// variable, which the tests' explicit case counts would otherwise hide — e.g.
+/// `PROPTEST_CASES=2000 cargo test --test it cas::` for a long local run), else `ci` under CI
+/// ([`under_ci`]), else `local` (a quick everyday run).
+pub fn proptest_cases(local: u32, ci: u32) -> u32 {
+    match std::env::var("PROPTEST_CASES") {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().unwrap_or_else(|_| {
+            panic!(
+                "PROPTEST_CASES={v:?} is not a number of cases: set it to e.g. 1000, or unset it"
+            )
+        }),
+        _ if under_ci() => ci,
+        _ => local,
+    }
+}
+
 /// The cargo target dir (the binary is `<target>/<profile>/taskbox`).
 pub fn target_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_BIN_EXE_taskbox"))

@@ -590,7 +590,7 @@ impl Harness {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2048, max_shrink_iters: 4000, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/core_step.txt"))), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::support::proptest_cases(2048, 2048), max_shrink_iters: 4000, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/core_step.txt"))), ..ProptestConfig::default() })]
 
     /// Invariants hold after every step, whatever the interleaving of requests, outcomes,
     /// timers and crashes; every restore picks the latest confirmed snapshot.

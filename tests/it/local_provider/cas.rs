@@ -468,7 +468,7 @@ pub(super) fn restore_into(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::support::proptest_cases(24, 128), ..ProptestConfig::default() })]
 
     /// Snapshot → restore gives the same tree, byte for byte and metadata for metadata.
     #[test]
