@@ -23,7 +23,7 @@ pub struct BenchArgs {
     /// Print the results as JSON on stdout.
     #[arg(long, conflicts_with = "markdown")]
     json: bool,
-    /// Print the results as a Markdown table (what the README shows).
+    /// Print the results as a Markdown table (as docs/performance.md shows them).
     #[arg(long)]
     markdown: bool,
     /// Run only this group (overhead, journal, scale, snapshot, vercel, fleet) or benchmark (such as

@@ -132,7 +132,7 @@ enum Cmd {
     /// Write a task's local snapshot (its latest complete one, or SNAPSHOT) as a plain
     /// zstd-compressed tarball on stdout: `taskbox export-snapshot TASK > files.tar.zst`.
     ExportSnapshot(ExportSnapshotArgs),
-    /// Measure taskbox's overhead against baselines run side by side (see the README).
+    /// Measure taskbox's overhead against baselines run side by side (see docs/performance.md).
     #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
 }

@@ -591,24 +591,27 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_lists_every_key_with_its_default_and_variable() {
-        let readme = include_str!("../../README.md");
+    fn the_docs_list_every_key_with_its_default_and_variable() {
+        let doc = include_str!("../../docs/configuration.md");
         for k in KEYS {
-            let row = readme
+            let row = doc
                 .lines()
                 .find(|l| l.starts_with(&format!("| `{}` |", k.name)))
-                .unwrap_or_else(|| panic!("README's configuration table lacks {}", k.name));
+                .unwrap_or_else(|| panic!("docs/configuration.md's table lacks {}", k.name));
             let default = match k.default_value().as_str() {
                 "none" => "unset".to_string(),
                 d => format!("`{d}`"),
             };
             assert!(
                 row.starts_with(&format!("| `{}` | {default} |", k.name)),
-                "README's default for {} is not {default}: {row}",
+                "docs/configuration.md's default for {} is not {default}: {row}",
                 k.name
             );
             if let Some(env) = k.env {
-                assert!(row.contains(env), "README does not name {env}: {row}");
+                assert!(
+                    row.contains(env),
+                    "docs/configuration.md does not name {env}: {row}"
+                );
             }
         }
     }

@@ -1,7 +1,7 @@
 """hermes-taskbox: taskbox as a Hermes Agent terminal backend.
 
-``pip install ./integrations/hermes``, ``hermes plugins enable taskbox``,
-``hermes config set terminal.backend taskbox``. See README.md.
+``pip install ./integrations/hermes``, then ``plugins.enabled: [taskbox]`` and
+``terminal.backend: taskbox`` in Hermes's config.yaml. See README.md.
 """
 
 from __future__ import annotations

@@ -238,8 +238,8 @@ class Client:
                 "no_server",
                 f"no taskbox server answers on {settings.socket} and "
                 "terminal.backends.taskbox.server is `always`",
-                "start one (`taskbox serve`), or `hermes config set "
-                "terminal.backends.taskbox.server auto`",
+                "start one (`taskbox serve`), or set terminal.backends.taskbox.server: auto "
+                "in Hermes's config.yaml",
             )
         if not settings.taskbox_bin:
             raise TaskboxError("no_binary", f"cannot start a taskbox server: {missing_binary_message(settings)}")

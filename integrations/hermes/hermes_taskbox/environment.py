@@ -37,6 +37,13 @@ SERVER_TIMEOUT_SLACK_SECS = 5
 POLL_WAIT_SECS = 0.05
 #: The signal a timeout or an interrupt sends (then SIGKILL 3 s later, server-side).
 CANCEL_SIGNAL = "TERM"
+#: Moves a command to its sandbox's root: the task's workspace, which taskbox's local backend
+#: names in ``TASKBOX_WORKSPACE``, else Vercel's ``/vercel/sandbox``. (A sandbox's commands start
+#: where its previous command ended.)
+CD_SANDBOX_ROOT = (
+    'if [ -n "${TASKBOX_WORKSPACE:-}" ]; then builtin cd -- "$TASKBOX_WORKSPACE"; '
+    "elif [ -d /vercel/sandbox ]; then builtin cd /vercel/sandbox; fi\n"
+)
 
 
 def notice_text(notice: Dict[str, Any]) -> str:
@@ -246,10 +253,10 @@ class TaskboxRun:
 class TaskboxEnvironment(BaseEnvironment):
     """A Hermes terminal environment backed by one taskbox task.
 
-    ``cwd``: the sandbox's own root (the task's workspace: ``tasks/<task>/workspace`` in the data
-    dir on the local backend, ``/vercel/sandbox`` on Vercel) unless Hermes passes a relative path
-    (then under that root); an absolute path Hermes made up for a container (``/root``) or the
-    host's directory means nothing in the task's sandbox and is not used.
+    Working directories (see :meth:`sandbox_cwd`): commands run in the task's sandbox, never in
+    a directory Hermes made up for a container or took from the host. The sandbox's root is the
+    task's workspace (``tasks/<task>/workspace`` in the data dir on the local backend,
+    ``/vercel/sandbox`` on Vercel), learnt from the session's first command.
     """
 
     # stdin goes through the API's stdin endpoint, not a heredoc in the (journaled) command.
@@ -263,23 +270,103 @@ class TaskboxEnvironment(BaseEnvironment):
         self._client = Client(settings)
         self._used = False
         self._closed = False
+        #: The cwd Hermes created the environment with: its default for every command.
+        self._hermes_default_cwd = (cwd or "").strip()
+        #: The sandbox's root, once the session's first command reported it.
+        self.sandbox_root: Optional[str] = None
         #: The last run (for tests and diagnostics).
         self.last_run: Optional[TaskboxRun] = None
-        super().__init__(cwd=self._initial_cwd(cwd), timeout=timeout, env=env)
+        #: What the server told about the session's first run (a sandbox recreated from a
+        #: snapshot), for the first command's output: the agent never sees init_session's.
+        self._pending_notes: List[str] = []
+        super().__init__(cwd=".", timeout=timeout, env=env)
+        # The session's first command starts at the sandbox's root (a sandbox's runs otherwise
+        # start where its last one ended), so Hermes's marker reports the root.
+        self._at_root_next = True
         self.init_session()
+        self._at_root_next = False
+        if self.last_run is not None and self.last_run.notes:
+            self._pending_notes = list(self.last_run.notes)
+        if os.path.isabs(self.cwd):
+            self.sandbox_root = os.path.normpath(self.cwd)
+        initial = self.sandbox_cwd(cwd)
+        if initial is None:
+            # A host directory as the environment's cwd (terminal.cwd, or Hermes's launch
+            # directory): it is not in the sandbox; the sandbox's root is used instead.
+            logger.info("taskbox: %r is outside task %s's sandbox; commands start in %s",
+                        cwd, task, self.sandbox_root or "its root")
+        elif initial:
+            self.cwd = initial
 
-    @staticmethod
-    def _initial_cwd(cwd: str) -> str:
+    #: Directories Hermes gives a backend when nothing was configured (``tools/terminal_tool.py``:
+    #: ``/root`` for container and plugin backends, ``~`` for ssh).
+    HERMES_DEFAULT_CWDS = ("/root", "~", "~/")
+
+    def sandbox_cwd(self, cwd: Optional[str]) -> Optional[str]:
+        """Where a command Hermes asked to run in ``cwd`` runs, or ``None`` when it must not run.
+
+        - empty: the environment's current directory (Hermes's own rule);
+        - the directory Hermes's cwd marker last reported (``self.cwd``), or any path inside the
+          sandbox's root: kept;
+        - Hermes's defaults (``/root``, ``~``, the cwd the environment was created with, this
+          user's ``$HOME``): the sandbox's root; ``/root/x`` and ``~/x``: ``x`` under the root;
+        - a relative path: under the root;
+        - any other absolute path is a host directory outside the sandbox: ``None`` (refused).
+        """
         cwd = (cwd or "").strip()
-        if cwd and not os.path.isabs(cwd) and not cwd.startswith("~"):
+        if not cwd:
+            return ""
+        root = self.sandbox_root
+        if cwd == self.cwd or self._inside_root(cwd):
             return cwd
-        return "."
+        home = os.path.expanduser("~")
+        defaults = set(self.HERMES_DEFAULT_CWDS) | {home}
+        if self._hermes_default_cwd:
+            defaults.add(self._hermes_default_cwd)
+        if cwd in defaults or cwd.rstrip("/") in defaults:
+            return root or ""
+        for prefix in ("~/", "/root/"):
+            if cwd.startswith(prefix):
+                rest = cwd[len(prefix):].lstrip("/")
+                return os.path.join(root, rest) if root else rest
+        if not os.path.isabs(cwd):
+            return os.path.join(root, cwd) if root else cwd
+        return None
+
+    def _inside_root(self, path: str) -> bool:
+        root = self.sandbox_root
+        if root is None or not os.path.isabs(path):
+            return False
+        norm = os.path.normpath(path)
+        return norm == root or norm.startswith(root.rstrip("/") + "/")
+
+    def execute(self, command: str, cwd: str = "", **kwargs: Any) -> dict:
+        """Hermes's ``execute()``, in the directory :meth:`sandbox_cwd` chooses; a host directory
+        outside the sandbox fails the command (exit 126, as a failed ``cd`` does) without running
+        it."""
+        where = self.sandbox_cwd(cwd)
+        if where is None:
+            return {
+                "output": (
+                    f"taskbox: the working directory {cwd} is outside task {self.task}'s sandbox "
+                    f"(its root is {self.sandbox_root or 'the task workspace'}); the command did "
+                    "not run\nhint: use a path inside the sandbox, a relative path, or none\n"
+                ),
+                "returncode": 126,
+            }
+        result = super().execute(command, where, **kwargs)
+        if self._pending_notes and isinstance(result.get("output"), str):
+            notes, self._pending_notes = self._pending_notes, []
+            result["output"] += "\n" + "\n".join(notes) + "\n"
+        return result
 
     def _run_bash(self, cmd_string: str, *, login: bool = False, timeout: int = 120,
                   stdin_data: Optional[str] = None) -> TaskboxRun:
         if self._closed:
             # A command after cleanup(): the task was suspended; running again restores it.
             self._closed = False
+        if getattr(self, "_at_root_next", False):
+            cmd_string = CD_SANDBOX_ROOT + cmd_string
         if login:
             # The profile runs first (it may `cd ~`), then the script starts where a non-login
             # run would: in the directory the sandbox started the command in.

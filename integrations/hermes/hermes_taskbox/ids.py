@@ -7,12 +7,18 @@ taskbox accepts is used as it is, so ``taskbox show <id>`` finds the task Hermes
 id is *mapped*, never refused: its safe characters are kept as a readable prefix and a digest of
 the whole id is appended, so the mapping is deterministic (the same Hermes id always reaches the
 same task, in every process) and two different ids do not share a task.
+
+Hermes's ``"default"`` is not a task but "nothing distinguishes this environment" (every CLI
+session, every project): :func:`shared_task_id` derives the task from the Hermes session, else
+the project directory.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+from typing import Optional
 
 #: The longest task id taskbox accepts (``MAX_TASK_ID_LEN``).
 MAX_TASK_ID_LEN = 64
@@ -42,3 +48,23 @@ def taskbox_task_id(hermes_task_id: object) -> str:
     prefix = _UNSAFE_RUN.sub("-", raw).lstrip("-_")
     prefix = prefix[: MAX_TASK_ID_LEN - 1 - _DIGEST_LEN].rstrip("-_")
     return f"{prefix or 'hermes'}-{digest}"
+
+
+#: The task id Hermes gives every environment it does not key by task or session
+#: (``tools/terminal_tool.py`` ``_resolve_container_task_id``: the CLI, cron, persistent mode).
+HERMES_SHARED_TASK_ID = "default"
+
+
+def shared_task_id(session_id: Optional[str], project_dir: Optional[str]) -> str:
+    """The taskbox task for Hermes's shared ``"default"`` environment: one per Hermes session
+    (``session-<id>``) when there is a session id, else one per project directory
+    (``project-<dir name>-<digest of the whole path>``), so two sessions or two projects never
+    share files by accident. Both are valid taskbox ids (mapped as :func:`taskbox_task_id`
+    maps any other)."""
+    if session_id and session_id.strip() and session_id.strip() != HERMES_SHARED_TASK_ID:
+        return taskbox_task_id(f"session-{session_id.strip()}")
+    path = os.path.realpath(project_dir or os.getcwd())
+    digest = hashlib.sha256(path.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_LEN]
+    name = _UNSAFE_RUN.sub("-", os.path.basename(path.rstrip("/")) or "root").strip("-_")
+    name = name[: MAX_TASK_ID_LEN - len("project--") - _DIGEST_LEN].rstrip("-_")
+    return f"project-{name}-{digest}" if name else f"project-{digest}"

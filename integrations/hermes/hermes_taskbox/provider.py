@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import settings as _settings
 from .client import Client, TaskboxError
-from .ids import taskbox_task_id
+from .ids import HERMES_SHARED_TASK_ID, shared_task_id, taskbox_task_id
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class TaskboxProvider(_ProviderBase):  # type: ignore[misc,valid-type]
             "The taskbox binary: `cargo install --path .` in a taskbox checkout, or set "
             "terminal.backends.taskbox.taskbox_bin (or $TASKBOX_BIN).",
             "taskbox's own settings (backend, timeouts, Vercel credentials): `taskbox config set terminal.KEY VALUE`.",
-            "Check it: `hermes doctor` (runs `taskbox doctor`).",
+            "Check it: `hermes status --full` (its taskbox rows run `taskbox doctor`).",
         ]
 
     def doctor_checks(self) -> List[Tuple[bool, str, str]]:
@@ -213,20 +214,67 @@ class TaskboxProvider(_ProviderBase):  # type: ignore[misc,valid-type]
                            image: Optional[str] = None,
                            container_config: Optional[Dict[str, Any]] = None,
                            backend_config: Optional[Mapping[str, Any]] = None, **kwargs: Any):
-        """The environment of Hermes task ``task_id`` (mapped to a taskbox task id, see
-        :func:`hermes_taskbox.ids.taskbox_task_id`). ``image`` and ``container_config`` are
-        Hermes's container knobs; taskbox's own config decides its sandboxes. Unknown keyword
-        arguments are accepted and ignored."""
+        """The environment of Hermes task ``task_id``: the taskbox task
+        :func:`hermes_taskbox.ids.taskbox_task_id` maps it to, or, for Hermes's shared
+        ``"default"``, the ``task`` setting, else one task per Hermes session, else per project
+        directory (:func:`hermes_taskbox.ids.shared_task_id`). ``image`` and
+        ``container_config`` are Hermes's container knobs; taskbox's own config decides its
+        sandboxes. Unknown keyword arguments are accepted and ignored."""
         from .environment import TaskboxEnvironment
 
         s = self.settings(backend_config)
-        return TaskboxEnvironment(
-            task=taskbox_task_id(task_id),
+        session_id = current_session_id()
+        if task_id == HERMES_SHARED_TASK_ID:
+            task = s.task or shared_task_id(session_id, os.getcwd())
+        else:
+            task = taskbox_task_id(task_id)
+        env = TaskboxEnvironment(
+            task=task,
             hermes_task_id=task_id,
             settings=s,
             cwd=cwd,
             timeout=timeout,
         )
+        if task_id == HERMES_SHARED_TASK_ID and session_id:
+            _alias_for_session(env, session_id)
+        return env
+
+
+def current_session_id() -> str:
+    """The Hermes session this thread works for (``HERMES_SESSION_ID``, which Hermes keeps in a
+    context variable and mirrors in the environment), or ``""``."""
+    try:
+        from gateway.session_context import get_session_env  # type: ignore
+
+        value = get_session_env("HERMES_SESSION_ID", "")
+    except Exception:
+        value = os.environ.get("HERMES_SESSION_ID", "")
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _alias_for_session(env: Any, session_id: str) -> None:
+    """Makes ``cleanup_vm(<session id>)`` reach the environment Hermes keys as ``"default"``.
+
+    Hermes closes an agent with ``cleanup_vm(session_id)`` (``AIAgent.close()``), which looks the
+    environment up under that id only; a shared environment lives under ``"default"``, so the
+    session's task would never be suspended. The environment is also entered under the session
+    id in Hermes's table of live environments — without an activity stamp, so the idle reaper
+    keeps timing the ``"default"`` entry alone; ``cleanup()`` is idempotent, so the two entries
+    suspend the task once. A Hermes without that table (0.19.0) is left as it is.
+    """
+    try:
+        from tools import terminal_tool  # type: ignore
+
+        table = terminal_tool._active_environments
+        lock = terminal_tool._env_lock
+    except Exception:
+        return
+    with lock:
+        existing = table.get(session_id)
+        # An earlier alias of ours (its "default" entry was reaped or cleaned up since) gives way
+        # to the new environment; an environment Hermes keyed by the session id itself stays.
+        if existing is None or getattr(existing, "hermes_task_id", None) == HERMES_SHARED_TASK_ID:
+            table[session_id] = env
 
 
 def _run_taskbox(s: _settings.Settings, args: List[str], timeout: float = 15) -> Optional[Tuple[int, str, str]]:

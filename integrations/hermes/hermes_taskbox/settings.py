@@ -17,6 +17,14 @@ to find taskbox:
 ``taskbox_bin``
     the ``taskbox`` binary, needed to start a server and for ``hermes doctor``. Default:
     ``$TASKBOX_BIN``, else ``taskbox`` on ``PATH``.
+``task``
+    the taskbox task of Hermes's shared ``"default"`` environment (the CLI's, with
+    ``container_persistent``), for a user who wants every session to share one task's files.
+    Default: empty — one task per Hermes session, else per project directory
+    (:func:`hermes_taskbox.ids.shared_task_id`).
+
+Released Hermes (0.22's provider interface) does not pass these to the provider and its
+``hermes config set`` does not know them: the plugin reads them from config.yaml itself.
 """
 
 from __future__ import annotations
@@ -58,6 +66,12 @@ CONFIG_SCHEMA: Dict[str, Dict[str, Any]] = {
         "description": "The taskbox binary. Empty: $TASKBOX_BIN, else taskbox on PATH.",
         "default": "",
     },
+    "task": {
+        "type": "string",
+        "description": "The taskbox task of Hermes's shared environment (the CLI's). Empty: one "
+        "task per Hermes session, else per project directory.",
+        "default": "",
+    },
 }
 
 
@@ -79,6 +93,8 @@ class Settings:
     taskbox_bin: Optional[str]
     #: Where ``taskbox_bin`` came from (for messages): a config key, an env var or ``PATH``.
     taskbox_bin_source: str
+    #: The task of Hermes's shared ``"default"`` environment, or ``None`` (derived).
+    task: Optional[str] = None
 
     @property
     def socket(self) -> Path:
@@ -143,7 +159,7 @@ def resolve(config: Optional[Mapping[str, Any]], env: Optional[Mapping[str, str]
         if not data_dir.is_absolute():
             raise SettingsError(
                 f"{CONFIG_PREFIX}.data_dir must be an absolute path (or start with ~), "
-                f"not {data_dir_text!r}: `hermes config set {CONFIG_PREFIX}.data_dir /path/to/dir`"
+                f"not {data_dir_text!r}: set {CONFIG_PREFIX}.data_dir: /path/to/dir in Hermes's config.yaml"
             )
     else:
         data_dir = default_data_dir(env)
@@ -172,7 +188,17 @@ def resolve(config: Optional[Mapping[str, Any]], env: Optional[Mapping[str, str]
     else:
         taskbox_bin = shutil.which("taskbox", path=env.get("PATH"))
         source = "taskbox on PATH"
+    task = text("task") or None
+    if task is not None:
+        from .ids import is_valid_task_id
+
+        if not is_valid_task_id(task):
+            raise SettingsError(
+                f"{CONFIG_PREFIX}.task must be a taskbox task id (1 to 64 of A-Z a-z 0-9 _ -, "
+                f"starting with a letter or digit), not {task!r}"
+            )
     return Settings(
+        task=task,
         data_dir=data_dir,
         data_dir_explicit=bool(data_dir_text),
         server=server,
@@ -192,7 +218,7 @@ def missing_binary_message(settings: Settings) -> str:
     """Why there is no binary, and the three ways to name one."""
     return (
         f"the taskbox binary was not found ({settings.taskbox_bin_source}); set "
-        f"`hermes config set {CONFIG_PREFIX}.taskbox_bin /path/to/taskbox`, set ${BIN_ENV}, "
+        f"{CONFIG_PREFIX}.taskbox_bin: /path/to/taskbox in Hermes's config.yaml, set ${BIN_ENV}, "
         "or put taskbox on PATH"
     )
 

@@ -22,6 +22,21 @@ def sandbox_id(home, task: str) -> str:
     return home.task(task)["task"]["sandbox"]["id"]
 
 
+def ran(result: dict) -> tuple:
+    """What a command gave: its output and exit code. Hermes versions add keys of their own
+    (``cwd``, ``cwd_observed`` since 0.22), which are not the backend's to check."""
+    return result["output"], result["returncode"]
+
+
+def run_over(env: TaskboxEnvironment) -> dict:
+    """The result line of the environment's last run, once the server sent it (Hermes returns
+    at its timeout or interrupt without waiting for the cancelled command to end)."""
+    run = env.last_run
+    assert run is not None and run.wait(120) is not None, "the run did not end within 120 s"
+    assert run.result is not None, f"the run ended without a result: {run.notes}"
+    return run.result
+
+
 def test_is_a_real_hermes_environment_and_starts_a_server(home, provider):
     assert not (home.data_dir / "taskbox.sock").exists()
     env = provider.create_environment(cwd="/root", timeout=60, task_id="run-basic")
@@ -32,11 +47,9 @@ def test_is_a_real_hermes_environment_and_starts_a_server(home, provider):
     assert env.cwd == str(home.data_dir / "local" / "tasks" / "run-basic" / "workspace")
     assert (home.data_dir / "taskbox.sock").exists(), "the plugin did not start a server"
 
-    result = env.execute("echo hello; echo oops >&2; exit 3")
-    assert result == {"output": "hello\noops\n", "returncode": 3}
+    assert ran(env.execute("echo hello; echo oops >&2; exit 3")) == ("hello\noops\n", 3)
     # The markers are stripped; the output is passed through unchanged.
-    result = env.execute("printf 'exact'")
-    assert result == {"output": "exact", "returncode": 0}
+    assert ran(env.execute("printf 'exact'")) == ("exact", 0)
 
 
 def test_stdout_and_stderr_keep_the_commands_order(home, provider):
@@ -44,7 +57,7 @@ def test_stdout_and_stderr_keep_the_commands_order(home, provider):
     script = "for i in 1 2 3 4 5 6 7 8; do echo out$i; echo err$i >&2; done"
     expected = "".join(f"out{i}\nerr{i}\n" for i in range(1, 9))
     for _ in range(5):
-        assert env.execute(script) == {"output": expected, "returncode": 0}
+        assert ran(env.execute(script)) == (expected, 0)
 
 
 def test_commands_reuse_one_sandbox_and_carry_cwd_and_env(home, provider):
@@ -72,18 +85,24 @@ def test_stdin_reaches_the_command(home, provider):
 
 
 def test_timeout_cancels_the_command_not_the_sandbox(home, provider):
-    env = provider.create_environment(cwd="", timeout=60, task_id="timeout")
+    # The environment's own timeout (2 s). The server's timeout for the run is 5 s later (7 s),
+    # after the command would have ended by itself (5 s): only the plugin's cancel at Hermes's
+    # timeout stops it before it touches `finished`.
+    env = provider.create_environment(cwd="", timeout=2, task_id="timeout")
     before = sandbox_id(home, "timeout")
     started = time.monotonic()
-    result = env.execute("echo started; sleep 30; touch finished", timeout=2)
+    result = env.execute("echo started; sleep 5; touch finished")
     elapsed = time.monotonic() - started
     assert result["returncode"] == 124
     # What the command printed before the timeout reaches Hermes, then Hermes's note.
     assert result["output"].startswith("started\n")
     assert "[Command timed out after 2s]" in result["output"]
-    assert elapsed < 10, f"the timeout took {elapsed:.1f} s"
-    time.sleep(1)
-    after = env.execute("ls; echo alive")
+    # Measured 2.2-2.3 s (load 14 on 2 cores); ten times that, for a busier machine.
+    assert elapsed < 22, f"the timeout took {elapsed:.1f} s"
+    over = run_over(env)
+    assert not over["timed_out"], "the server's timeout stopped the command, not the plugin's cancel"
+    assert over["exit_code"] != 0, f"the command was not cancelled: {over}"
+    after = env.execute("ls; echo alive", timeout=60)
     assert after["returncode"] == 0 and after["output"].endswith("alive\n")
     assert "finished" not in after["output"], "the timed-out command kept running"
     assert sandbox_id(home, "timeout") == before, "a timeout must not replace the sandbox"
@@ -108,8 +127,10 @@ def test_interrupt_cancels_just_that_command(home, provider):
         set_interrupt(False, tid)
     assert result["returncode"] == 130, result
     assert result["output"].startswith("working\n") and "[Command interrupted]" in result["output"]
-    assert elapsed < 10
-    time.sleep(1)
+    # Measured 1.8 s (1.5 s of it the timer; load 14 on 2 cores); ten times that.
+    assert elapsed < 18, f"the interrupt took {elapsed:.1f} s"
+    over = run_over(env)
+    assert over["exit_code"] != 0 and not over["timed_out"], over
     check = env.execute(f"cat kept.txt; ls; kill -0 {bg_pid} && echo bg-alive")
     assert check["output"].startswith("kept\n")
     assert "finished" not in check["output"]
@@ -128,8 +149,10 @@ def test_cleanup_suspends_and_a_new_environment_finds_the_files(home, provider):
     assert view["snapshots"], "cleanup must snapshot the task's files"
     # The task is suspended, not removed: a new environment for it restores the files.
     env2 = provider.create_environment(cwd="", timeout=60, task_id="persist")
-    result = env2.execute("cat notes/a.txt")
-    assert result == {"output": "written before cleanup\n", "returncode": 0}
+    output, code = ran(env2.execute("cat notes/a.txt"))
+    assert code == 0 and output.startswith("written before cleanup\n"), output
+    # The new environment's first command tells the agent where its files came from.
+    assert "[taskbox: the sandbox was recreated from snapshot" in output and "the files are back" in output
     assert home.task("persist")["task"]["sandbox"]["generation"] == 2
 
 
@@ -259,3 +282,108 @@ def test_racing_starters_start_one_server(home, provider):
     assert log.count("serving socket=") == 1, log
     # ... and no starter spawned a server that lost the data dir to another.
     assert "error" not in log.lower(), log
+
+
+# -- where commands run ---------------------------------------------------------------------------
+
+def test_hermes_default_cwds_mean_the_sandbox_root(home, provider, tmp_path, monkeypatch):
+    """Hermes gives plugin backends `/root` (ssh: `~`) at creation and with every command; a
+    file written there must land in the task's workspace, never in the host's /root or HOME."""
+    fake_home = tmp_path / "user-home"
+    fake_home.mkdir()
+    monkeypatch.setenv("HOME", str(fake_home))
+    env = provider.create_environment(cwd="/root", timeout=60, task_id="cwd-default")
+    root = str(home.data_dir / "local" / "tasks" / "cwd-default" / "workspace")
+    assert env.sandbox_root == root and env.cwd == root
+    marker = f"cwd-{os.getpid()}-{id(env)}.txt"
+    for cwd in ("/root", "~", "~/", str(fake_home), "/root/"):
+        assert ran(env.execute(f"pwd; echo hi > {marker}", cwd=cwd)) == (f"{root}\n", 0), cwd
+    assert (Path(root) / marker).read_text() == "hi\n"
+    assert not (Path("/root") / marker).exists(), "a command ran in the host's /root"
+    assert not (fake_home / marker).exists(), "a command ran in the host's HOME"
+    assert not (Path.cwd() / marker).exists(), "a command ran in Hermes's own directory"
+    # Under Hermes's home spellings, a path is under the sandbox's root.
+    assert ran(env.execute("mkdir -p sub/deeper"))[1] == 0
+    assert ran(env.execute("pwd", cwd="~/sub")) == (f"{root}/sub\n", 0)
+    assert ran(env.execute("pwd", cwd="/root/sub/deeper")) == (f"{root}/sub/deeper\n", 0)
+    # A relative cwd is relative to the root; a path inside the sandbox is kept.
+    assert ran(env.execute("pwd", cwd="sub")) == (f"{root}/sub\n", 0)
+    assert ran(env.execute("pwd", cwd=f"{root}/sub/deeper")) == (f"{root}/sub/deeper\n", 0)
+    for unset in ("~", ""):
+        other = provider.create_environment(cwd=unset, timeout=60, task_id="cwd-default")
+        assert other.cwd == root, unset
+
+
+def test_a_cwd_reported_by_hermes_marker_is_kept(home, provider):
+    env = provider.create_environment(cwd="/root", timeout=60, task_id="cwd-marker")
+    root = env.sandbox_root
+    assert ran(env.execute("mkdir -p a/b && cd a/b"))[1] == 0
+    assert env.cwd == f"{root}/a/b"
+    # The terminal tool passes the cwd its marker reported back as the next command's cwd.
+    assert ran(env.execute("pwd", cwd=env.cwd)) == (f"{root}/a/b\n", 0)
+    # Even outside the workspace: the marker saw the shell there, in the sandbox.
+    assert ran(env.execute("cd /"))[1] == 0 and env.cwd == "/"
+    assert ran(env.execute("pwd", cwd="/")) == ("/\n", 0)
+
+
+def test_a_host_directory_outside_the_sandbox_is_refused(home, provider, tmp_path):
+    env = provider.create_environment(cwd="", timeout=60, task_id="cwd-host")
+    host_dir = tmp_path / "host-project"
+    host_dir.mkdir()
+    output, code = ran(env.execute("touch ran-here", cwd=str(host_dir)))
+    assert code == 126
+    assert f"the working directory {host_dir} is outside task cwd-host's sandbox" in output
+    assert env.sandbox_root in output and "did not run" in output
+    assert not (host_dir / "ran-here").exists() and not (Path(env.sandbox_root) / "ran-here").exists()
+    # A host directory as the environment's cwd (terminal.cwd) starts it at the root instead.
+    placed = provider.create_environment(cwd=str(host_dir), timeout=60, task_id="cwd-host")
+    assert placed.cwd == env.sandbox_root
+    assert ran(placed.execute("pwd", cwd=str(host_dir))) == (f"{env.sandbox_root}\n", 0)
+
+
+# -- which task Hermes's shared "default" environment is -------------------------------------------
+
+def test_the_shared_default_environment_is_one_task_per_session(home, provider, monkeypatch):
+    monkeypatch.setenv("HERMES_SESSION_ID", "20261206_001122_a1b2c3")
+    env = provider.create_environment(cwd="/root", timeout=60, task_id="default")
+    assert env.task == "session-20261206_001122_a1b2c3" and env.hermes_task_id == "default"
+    assert ran(env.execute("echo one > f.txt"))[1] == 0
+    monkeypatch.setenv("HERMES_SESSION_ID", "20261206_001122_d4e5f6")
+    other = provider.create_environment(cwd="/root", timeout=60, task_id="default")
+    assert other.task == "session-20261206_001122_d4e5f6"
+    assert ran(other.execute("ls")) == ("", 0)
+    assert ran(env.execute("cat f.txt")) == ("one\n", 0)
+
+
+def test_without_a_session_the_shared_environment_is_one_task_per_project(home, provider, monkeypatch, tmp_path):
+    monkeypatch.delenv("HERMES_SESSION_ID", raising=False)
+    (tmp_path / "alpha").mkdir()
+    (tmp_path / "beta").mkdir()
+    monkeypatch.chdir(tmp_path / "alpha")
+    a = provider.create_environment(cwd="/root", timeout=60, task_id="default")
+    assert ran(a.execute("echo from-alpha > f.txt"))[1] == 0
+    monkeypatch.chdir(tmp_path / "beta")
+    b = provider.create_environment(cwd="/root", timeout=60, task_id="default")
+    assert a.task.startswith("project-alpha-") and b.task.startswith("project-beta-")
+    assert ran(b.execute("cat f.txt 2>/dev/null; echo $?")) == ("1\n", 0)
+    # The same project reaches the same task again, in any process.
+    monkeypatch.chdir(tmp_path / "alpha")
+    again = provider.create_environment(cwd="/root", timeout=60, task_id="default")
+    assert again.task == a.task and ran(again.execute("cat f.txt")) == ("from-alpha\n", 0)
+    # Nothing in the project directories themselves.
+    assert not (tmp_path / "alpha" / "f.txt").exists() and not (tmp_path / "beta" / "f.txt").exists()
+
+
+def test_a_configured_task_names_the_shared_environment(home, monkeypatch):
+    from hermes_taskbox import TaskboxProvider
+
+    monkeypatch.setenv("HERMES_SESSION_ID", "some-session")
+    env = TaskboxProvider(config={"task": "shared-work"}).create_environment(
+        cwd="", timeout=60, task_id="default"
+    )
+    assert env.task == "shared-work"
+    # A task Hermes names itself keeps its own id.
+    named = TaskboxProvider(config={"task": "shared-work"}).create_environment(
+        cwd="", timeout=60, task_id="rl-rollout-7"
+    )
+    assert named.task == "rl-rollout-7"

@@ -1,14 +1,15 @@
 """The provider: registration, task id mapping, settings, probe and doctor.
 
-Registration is tested two ways. hermes-agent 0.19.0 (the PyPI release these tests install) finds
-the plugin through its real entry-point scan and loads it, but has no terminal backend registry
-yet (``agent.terminal_env_provider`` / ``register_terminal_environment_provider`` came later); the
+Registration is tested two ways here (and through Hermes 0.22's real registry in
+``test_real_hermes.py``). hermes-agent 0.19.0 finds the plugin through its real entry-point scan
+and loads it, but has no terminal backend registry (``agent.terminal_env_provider`` / ``register_terminal_environment_provider`` came later); the
 provider's side of that registry is tested against the interface as Hermes documents it
 (``RecordingContext`` stands for ``PluginContext``; the schema rules are the documented ones).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import logging
@@ -24,6 +25,8 @@ from hermes_taskbox.settings import SettingsError, resolve
 # Hermes's built-in backend names, which a plugin may not register (documented).
 BUILTIN_BACKENDS = {"local", "docker", "singularity", "modal", "managed_modal", "daytona",
                     "vercel_sandbox", "ssh"}
+#: Whether this Hermes has terminal backend plugins (0.22; 0.19.0 has not).
+HAS_BACKEND_PLUGINS = importlib.util.find_spec("agent.terminal_env_registry") is not None
 # The documented field types of a provider's config schema.
 SCHEMA_TYPES = {"boolean", "list", "number", "secret", "select", "string", "text"}
 
@@ -102,7 +105,7 @@ def test_register_registers_the_taskbox_provider_as_documented():
 
 def test_config_schema_follows_the_documented_rules():
     schema = TaskboxProvider().get_config_schema()
-    assert set(schema) == {"data_dir", "server", "taskbox_bin"}
+    assert set(schema) == {"data_dir", "server", "taskbox_bin", "task"}
     for key, entry in schema.items():
         assert re.fullmatch(r"[A-Za-z0-9_-]+", key)
         assert entry["type"] in SCHEMA_TYPES
@@ -112,7 +115,7 @@ def test_config_schema_follows_the_documented_rules():
     assert schema["server"]["options"] == ["auto", "always"]
 
 
-def test_hermes_0_19_finds_and_loads_the_plugin_by_its_entry_point(caplog):
+def test_hermes_finds_and_loads_the_plugin_by_its_entry_point(caplog):
     from hermes_cli.plugins import PluginManager
 
     manager = PluginManager()
@@ -122,8 +125,15 @@ def test_hermes_0_19_finds_and_loads_the_plugin_by_its_entry_point(caplog):
         manager._load_plugin(manifests[0])
     loaded = manager._plugins["taskbox"]
     assert loaded.error is None and loaded.enabled
-    # 0.19.0's PluginContext has no terminal backends: the plugin says so instead of failing.
-    assert "no terminal backend plugins" in caplog.text
+    if HAS_BACKEND_PLUGINS:
+        # A Hermes with terminal backend plugins (0.22): the provider is in its registry.
+        from agent import terminal_env_registry
+
+        assert isinstance(terminal_env_registry.get_provider("taskbox"), TaskboxProvider)
+        assert "no terminal backend plugins" not in caplog.text
+    else:
+        # 0.19.0's PluginContext has no terminal backends: the plugin says so instead of failing.
+        assert "no terminal backend plugins" in caplog.text
 
 
 # -- settings -----------------------------------------------------------------------------------
@@ -142,6 +152,10 @@ def test_bad_settings_name_the_key_and_the_fix(tmp_path):
     with pytest.raises(SettingsError):
         TaskboxProvider(config={"server": "sometimes"}).create_environment(cwd="", timeout=1, task_id="x")
     assert TaskboxProvider(config={"server": "sometimes"}).check_requirements({}) is False
+    with pytest.raises(SettingsError, match=r"terminal\.backends\.taskbox\.task must be a taskbox task id"):
+        resolve({"task": "my project"})
+    assert resolve({"task": "my-project"}).task == "my-project"
+    assert resolve({}).task is None
 
 
 def test_where_the_binary_comes_from(tmp_path, taskbox_bin, monkeypatch):

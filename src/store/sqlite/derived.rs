@@ -2,9 +2,10 @@
 //! who retains a snapshot ([`SqliteStore::snapshot_holders`]), derived from the journal and the
 //! forks' shares: a commit writes journal rows (and a new task's row, and a fork's share), not
 //! tables that repeat what the tasks' records say (migration 7 dropped them; they cost the
-//! `journal.batch` benchmark most of what separated the store from a raw insert loop: README,
-//! Performance). PostgreSQL's store keeps its tables; the stores' tests hold both to the same
-//! answers, and the property tests hold these to a model computed from the tasks' histories.
+//! `journal.batch` benchmark most of what separated the store from a raw insert loop:
+//! docs/performance.md, "The journal-only commit"). PostgreSQL's store keeps its tables; the
+//! stores' tests hold both to the same answers, and the property tests hold these to a model
+//! computed from the tasks' histories.
 
 use std::collections::BTreeSet;
 
