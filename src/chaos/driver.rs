@@ -47,6 +47,8 @@ pub(super) struct Driver {
     waiting: Mutex<BTreeMap<String, oneshot::Sender<()>>>,
     crash_lock: tokio::sync::Mutex<()>,
     crashes: AtomicU64,
+    /// When each crash killed the engine (the clock's time at the abort).
+    crash_times: Mutex<Vec<Millis>>,
     pending_crashes: Mutex<Vec<JoinHandle<()>>>,
     errors: Mutex<Vec<String>>,
     while_dead: Mutex<Option<WhileDead>>,
@@ -72,6 +74,7 @@ impl Driver {
             waiting: Mutex::new(BTreeMap::new()),
             crash_lock: tokio::sync::Mutex::new(()),
             crashes: AtomicU64::new(0),
+            crash_times: Mutex::new(Vec::new()),
             pending_crashes: Mutex::new(Vec::new()),
             errors: Mutex::new(Vec::new()),
             while_dead: Mutex::new(None),
@@ -136,6 +139,10 @@ impl Driver {
             tokio::time::sleep(Duration::from_millis(after_ms)).await;
             let _one_at_a_time = d.crash_lock.lock().await;
             let (epoch, orch) = d.current();
+            d.crash_times
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(d.clock.now_ms());
             orch.abort().await;
             drop(orch);
             d.crashes.fetch_add(1, Ordering::Relaxed);
@@ -412,14 +419,14 @@ pub(super) async fn reconcile(orch: &Orchestrator, violations: &mut Vec<Violatio
 
 /// With faults already off: lets calls in flight finish (`settle`), runs one last command in
 /// every task (which recovers and restores it), reconciles orphans, and shuts the engine down.
-/// Returns the violations found and the number of crashes.
+/// Returns the violations found, the number of crashes and when each killed the engine.
 // Settling is a wait on the runtime's clock (virtual in a simulated seed).
 #[allow(clippy::disallowed_methods)]
 pub(super) async fn settle(
     d: Arc<Driver>,
     task_ids: &[String],
     settle: Duration,
-) -> (Vec<Violation>, u64) {
+) -> (Vec<Violation>, u64, Vec<Millis>) {
     let mut violations = Vec::new();
     tokio::time::sleep(settle).await;
     let (_, orch) = d.current();
@@ -457,7 +464,12 @@ pub(super) async fn settle(
         violations.push(Violation::new(Invariant::EngineError, None, e));
     }
     let crashes = d.crashes.load(Ordering::Relaxed);
-    (violations, crashes)
+    let crash_times = d
+        .crash_times
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    (violations, crashes, crash_times)
 }
 
 /// What the store holds after a seed.
@@ -508,6 +520,7 @@ pub(super) fn check_all(
     snapshots: &[PlatformSnapshot],
     live: &[PlatformSandbox],
     deleted_at: &BTreeMap<String, Millis>,
+    idle: Option<IdleCheck<'_>>,
 ) -> Checked {
     let mut violations = Vec::new();
     let adopted_ids = check::adopted_sandboxes(&rec.entries);
@@ -546,6 +559,13 @@ pub(super) fn check_all(
     violations.extend(check::unsettled(&rec.tasks));
     let (counts, journal_violations) = check::journal(&rec.entries);
     violations.extend(journal_violations);
+    if let Some(idle) = idle {
+        violations.extend(check::idle_reaped(
+            &rec.entries,
+            idle.crashes,
+            idle.slack_ms,
+        ));
+    }
     // Folding the journal's events through today's core must reproduce every entry.
     for d in crate::replay::verify(&rec.entries).divergences() {
         violations.push(Violation::new(
@@ -582,6 +602,18 @@ pub(super) struct Evidence<'a> {
     pub(super) now: Millis,
     /// Export the journal even when nothing is violated.
     pub(super) keep_all: bool,
+    /// Whether (and how) idle-reaped is judged: on a virtual clock only, where a timer fires
+    /// when it is due (on a real clock two busy cores make any slack a guess).
+    pub(super) idle: Option<IdleCheck<'a>>,
+}
+
+/// What the idle-reaped check needs beside the journal ([`check::idle_reaped`]).
+#[derive(Clone, Copy)]
+pub(super) struct IdleCheck<'a> {
+    /// When the engine died (no timers fire until it is back).
+    pub(super) crashes: &'a [Millis],
+    /// How late past the idle deadline a reap may come.
+    pub(super) slack_ms: Millis,
 }
 
 /// Every check ([`check_all`]) added to `violations`, then the journal exported
@@ -598,6 +630,7 @@ pub(super) fn check_and_export(
         ev.snapshots,
         ev.live,
         ev.deleted_at,
+        ev.idle,
     );
     violations.append(&mut checked.violations);
     let journal_file = if violations.is_empty() && !ev.keep_all {

@@ -559,6 +559,7 @@ async fn seed_run(
             deleted_at: &witness.deleted_at(),
             now: clock.now_ms(),
             keep_all: opts.keep_all,
+            idle: None,
         },
         &mut violations,
     );

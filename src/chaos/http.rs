@@ -234,7 +234,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
     stop.store(true, Ordering::Relaxed);
     let _ = fault_driver.await;
     let _ = fake.set_faults(Faults::default());
-    let (settled, crashes) = driver::settle(d, &task_ids, SETTLE).await;
+    let (settled, crashes, _) = driver::settle(d, &task_ids, SETTLE).await;
     violations.extend(settled);
 
     // ---- the history, checked against what the server reports ----
@@ -411,6 +411,7 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
             deleted_at: &witness.deleted_at(),
             now,
             keep_all: opts.keep_all,
+            idle: None,
         },
         &mut violations,
     );

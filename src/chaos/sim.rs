@@ -18,6 +18,7 @@ use super::{
 };
 use crate::clock::{Clock, TokioClock};
 use crate::config::Config;
+use crate::core::Millis;
 use crate::provider::sim::{SimFaults, SimProvider};
 use crate::provider::SandboxProvider;
 
@@ -96,21 +97,55 @@ pub fn run_seed(seed: u64, opts: &ChaosOptions) -> Result<SeedReport, ChaosError
     Ok(report)
 }
 
-/// Copies the directory tree `from` to `to` (regular files and directories: what a seed's data
-/// dir holds), creating `to`.
+/// Copies the directory tree `from` to `to`, creating `to`: directories and regular files,
+/// symlinks as symlinks; anything else (a socket a server left behind) is skipped. An entry
+/// that vanishes between the listing and its copy is skipped too — the tree is a seed's
+/// leftovers, and a file deleted as the seed's last processes wound down (a SQLite `-wal`
+/// or `-shm` file, a workspace the fake platform discarded) was not part of what it left;
+/// that race is what made this move fail with `NotFound`. Any other error names the path.
 fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let target = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
-            copy_tree(&entry.path(), &target)?;
+    let named = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+    };
+    let gone =
+        |r: &std::io::Result<()>| matches!(r, Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+    std::fs::create_dir_all(to).map_err(named(to))?;
+    let entries = match std::fs::read_dir(from) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        other => other.map_err(named(from))?,
+    };
+    for entry in entries {
+        let entry = entry.map_err(named(from))?;
+        let (source, target) = (entry.path(), to.join(entry.file_name()));
+        let kind = match entry.file_type() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            other => other.map_err(named(&source))?,
+        };
+        let copied = if kind.is_dir() {
+            copy_tree(&source, &target)
+        } else if kind.is_symlink() {
+            std::fs::read_link(&source)
+                .and_then(|link| std::os::unix::fs::symlink(link, &target))
+                .map_err(named(&source))
+        } else if kind.is_file() {
+            std::fs::copy(&source, &target)
+                .map(drop)
+                .map_err(named(&source))
         } else {
-            std::fs::copy(entry.path(), &target)?;
+            Ok(())
+        };
+        if !gone(&copied) {
+            copied?;
         }
     }
     Ok(())
 }
+
+/// How late past a sandbox's idle deadline (`lifetime_seconds` below after its last activity)
+/// the reap may come on the virtual clock: the timer fires when due, so this only covers the
+/// time the event loop takes to get to it.
+const IDLE_SLACK_MS: Millis = 10_000;
 
 /// The engine configuration of a chaos run: short lifetimes, so that idle reaps, checkpoints
 /// and expiries happen within a few minutes of virtual time.
@@ -161,7 +196,7 @@ async fn seed_run(
     // The workload, under faults; then faults off, and every task settles.
     let (tally, mut violations) = driver::run_workload(&d, plans, WORKLOAD_BOUND).await;
     sim.set_faults(SimFaults::none());
-    let (settled, crashes) = driver::settle(d, &task_ids, SETTLE).await;
+    let (settled, crashes, crash_times) = driver::settle(d, &task_ids, SETTLE).await;
     violations.extend(settled);
     let virtual_ms = clock.now_ms() - START_MS;
 
@@ -196,6 +231,10 @@ async fn seed_run(
             deleted_at: &witness.deleted_at(),
             now: clock.now_ms(),
             keep_all: opts.keep_all,
+            idle: Some(driver::IdleCheck {
+                crashes: &crash_times,
+                slack_ms: IDLE_SLACK_MS,
+            }),
         },
         &mut violations,
     );

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{ok, stdout, Home};
+use crate::support::{ok, process_running, stdout, wait_for, Home};
 
 /// A tiny deterministic generator, so a failing round can be replayed from its seed.
 struct Rng(u64);
@@ -110,15 +110,19 @@ fn an_engine_dead_through_a_platform_stop_gets_the_files_back_from_the_platforms
         ok(&home.run(&["run", "-t", task, "--", "echo v1 > f"]));
         ok(&home.run(&["suspend", task]));
         ok(&home.run(&["run", "-t", task, "--", "echo v2 > f"]));
-        // The engine dies mid-command.
+        // The engine dies mid-command: once the command says it runs (the fake platform
+        // runs it as a process of this machine).
+        let started = home.path().join("mid-command-started");
+        let command = format!("touch {}; sleep 30", started.display());
         let child = home
             .cmd()
-            .args(["run", "-t", task, "--", "sleep 30"])
+            .args(["run", "-t", task, "--", &command])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("spawn taskbox run");
-        std::thread::sleep(Duration::from_millis(1500));
+        wait_for(Duration::from_secs(60), || started.exists().then_some(()))
+            .expect("the command started");
         kill(child);
         let session = show(&home, task)["task"]["sandbox"]["id"]
             .as_str()
@@ -242,7 +246,8 @@ fn kill_rounds(home: &Home, vercel: bool, seed: u64, rounds: u32) {
                 "-t".into(),
                 task.into(),
                 "--".into(),
-                format!("sleep 0.1; echo {value} > marker"),
+                // The `sleep`'s odd length marks the command's processes.
+                format!("sleep 0.1{seed}{round}7; echo {value} > marker"),
             ],
             1 => vec!["suspend".into(), task.into()],
             2 => vec!["resume".into(), task.into()],
@@ -265,7 +270,11 @@ fn kill_rounds(home: &Home, vercel: bool, seed: u64, rounds: u32) {
             possible.insert(value);
             // Like a command in a microVM, a command whose caller died runs on in its sandbox:
             // let it finish before looking at its files.
-            std::thread::sleep(Duration::from_millis(300));
+            let marker = format!("sleep 0.1{seed}{round}7");
+            wait_for(Duration::from_secs(60), || {
+                (!process_running(&marker)).then_some(())
+            })
+            .expect("the killed run's command ends");
         }
         let after = show(home, task)["task"]["state"]
             .as_str()

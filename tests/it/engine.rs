@@ -107,6 +107,79 @@ fn check_restores(sim: &SimProvider, dir: &Path, task: &str) -> Result<(), TestC
     let retired = taskbox::chaos::check::retired_at_for(&journal, &BTreeMap::new(), task);
     let violations = taskbox::chaos::check::restores(&sandboxes, &snapshots, &retired, task);
     prop_assert!(violations.is_empty(), "{:?}", violations);
+    check_retention(&journal)?;
+    Ok(())
+}
+
+/// Retention counted by a model of its own: walking the journal's *events* (not the core's
+/// delete commands or snapshot statuses), a snapshot is confirmed when a `snapshot_taken`
+/// ends the snapshotting state, and is gone when a restore from it fails with "snapshot
+/// gone"; after each confirmation all but the newest `keep_snapshots` confirmed snapshots
+/// still there are dropped. After every transition the task's complete snapshots must be
+/// exactly the model's kept ones: the same count and the same ids.
+fn check_retention(journal: &[taskbox::store::JournalEntry]) -> Result<(), TestCaseError> {
+    use taskbox::core::{Command, Event, FailureKind, SnapshotStatus};
+    let keep = config().terminal.keep_snapshots.max(1) as usize;
+    let mut confirmed: Vec<String> = Vec::new();
+    let mut dropped: std::collections::BTreeSet<String> = Default::default();
+    let mut sources: BTreeMap<u64, Option<String>> = BTreeMap::new();
+    for entry in journal {
+        match &entry.event {
+            Event::SnapshotTaken { snapshot_id, .. }
+                if entry.state_before == TaskState::Snapshotting
+                    && entry.state_after != TaskState::Snapshotting =>
+            {
+                confirmed.push(snapshot_id.to_string());
+                let kept: Vec<&String> = confirmed
+                    .iter()
+                    .filter(|id| !dropped.contains(*id))
+                    .collect();
+                let excess = kept.len().saturating_sub(keep);
+                let out: Vec<String> = kept.into_iter().take(excess).cloned().collect();
+                dropped.extend(out);
+            }
+            Event::CreateFailed {
+                generation,
+                failure,
+            } if failure.kind == FailureKind::SnapshotGone
+                && entry.state_before == TaskState::Restoring =>
+            {
+                if let Some(Some(source)) = sources.get(generation) {
+                    dropped.insert(source.clone());
+                }
+            }
+            _ => {}
+        }
+        for cmd in &entry.commands {
+            if let Command::CreateSandbox {
+                generation,
+                source_snapshot,
+                ..
+            } = cmd
+            {
+                sources.insert(*generation, source_snapshot.as_ref().map(|s| s.to_string()));
+            }
+        }
+        let kept: Vec<&str> = confirmed
+            .iter()
+            .filter(|id| !dropped.contains(*id))
+            .map(String::as_str)
+            .collect();
+        let complete: Vec<&str> = entry
+            .task_after
+            .snapshots
+            .iter()
+            .filter(|s| s.status == SnapshotStatus::Complete)
+            .filter_map(|s| s.id.as_deref())
+            .collect();
+        prop_assert_eq!(
+            &complete,
+            &kept,
+            "retention after journal entry {} ({})",
+            entry.task_seq,
+            entry.event.name()
+        );
+    }
     Ok(())
 }
 
@@ -178,7 +251,7 @@ fn scenario(seed: u64, actions: Vec<Action>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 200, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/engine.txt"))), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::support::proptest_cases(48, 48), max_shrink_iters: 200, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/engine.txt"))), ..ProptestConfig::default() })]
 
     #[test]
     fn a_resumed_task_restores_its_latest_complete_snapshot(seed in any::<u64>(), actions in proptest::collection::vec(action(), 1..30)) {
@@ -240,8 +313,13 @@ fn crash_and_reload_is_equivalent_to_running_through() {
 
 /// Idle sandboxes are snapshotted and stopped after `terminal.lifetime_seconds`; the next
 /// command restores them. The reaper never stops a sandbox under a running command.
+/// The idle reaper, not the checkpoint timer: the lifetime is 120 s and the checkpoint comes at
+/// 270 s (a 300 s sandbox, a 30 s margin), so a sandbox left idle after a short command must be
+/// snapshotted at its last activity plus 120 s — by the Idle timer (the journal says which) —
+/// and not a moment before. A command longer than the lifetime is activity, not idleness.
 #[test]
 fn idle_reap_snapshots_and_the_next_command_restores() {
+    use taskbox::clock::Clock;
     paused_runtime().block_on(async {
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(TokioClock::starting_at(START_MS));
@@ -249,22 +327,64 @@ fn idle_reap_snapshots_and_the_next_command_restores() {
         let orch = open(dir.path(), &sim, &clock).await;
         let task = TaskId::new("idle").expect("id");
         let mut changes = orch.watch();
+        let created = clock.now_ms();
         orch.run(&task, "write f kept", None).await.expect("run");
+        let checkpoint_at = created + (300 - 30) * 1_000;
         // A command longer than the idle lifetime is activity, not idleness.
         let out = orch
-            .run(&task, "sleep 150000; cat f", Some(Duration::from_secs(200)))
+            .run(&task, "sleep 121000; cat f", Some(Duration::from_secs(200)))
             .await
             .expect("run");
         assert_eq!(out.stdout, "kept");
+        let last_activity = clock.now_ms();
+        let due = last_activity + 120_000;
+        assert!(
+            due + 10_000 < checkpoint_at,
+            "the test needs the idle deadline ({due}) well before the checkpoint ({checkpoint_at})"
+        );
         assert!(sim.live_sandboxes().iter().any(|s| s.task_id == "idle"));
-        // Now idle past the lifetime: reaped into a snapshot.
-        tokio::time::sleep(Duration::from_secs(125)).await;
+        // Five seconds before the lifetime is over: still live, nothing snapshotted.
+        tokio::time::sleep(Duration::from_millis(due - 5_000 - clock.now_ms())).await;
         let mut saw_snapshotting = false;
         while let Ok(c) = changes.try_recv() {
-            saw_snapshotting |= c.to == TaskState::Snapshotting;
+            saw_snapshotting |= c.task_id == task && c.to == TaskState::Snapshotting;
         }
-        assert!(saw_snapshotting, "the idle reaper snapshotted the sandbox");
+        assert!(
+            !saw_snapshotting,
+            "snapshotted before the idle lifetime was over"
+        );
+        assert!(sim.live_sandboxes().iter().any(|s| s.task_id == "idle"));
+        // Ten seconds later (still 10 s or more before the checkpoint): reaped into a snapshot.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let mut snapshotting_at = None;
+        while let Ok(c) = changes.try_recv() {
+            if c.task_id == task && c.to == TaskState::Snapshotting && snapshotting_at.is_none() {
+                snapshotting_at = Some(c.at);
+            }
+        }
+        let at = snapshotting_at.expect("the idle reaper snapshotted the sandbox");
+        assert!(
+            (due..due + 5_000).contains(&at),
+            "snapshotted at {at}, the idle deadline was {due}"
+        );
         assert!(sim.live_sandboxes().iter().all(|s| s.task_id != "idle"));
+        let view = orch.show(&task, 1_000).await.expect("show").expect("task");
+        assert!(
+            view.journal
+                .iter()
+                .any(|e| e.state_after == TaskState::Snapshotting
+                    && matches!(
+                        e.event,
+                        taskbox::core::Event::TimerFired {
+                            timer: taskbox::core::TimerKind::Idle
+                        }
+                    )),
+            "the Idle timer (not the checkpoint) took the sandbox into a snapshot: {:?}",
+            view.journal
+                .iter()
+                .map(|e| (e.event.name(), e.state_after))
+                .collect::<Vec<_>>()
+        );
         let out = orch.run(&task, "cat f", None).await.expect("run");
         assert_eq!(out.stdout, "kept");
         assert!(

@@ -219,7 +219,7 @@ fn check_derived(dir: &std::path::Path) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 200, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/fork.txt"))), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::support::proptest_cases(32, 128), max_shrink_iters: 200, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/fork.txt"))), ..ProptestConfig::default() })]
 
     /// Any interleaving of runs, suspends, forks, retention, gc, removals and crashes never
     /// deletes a snapshot that some task retains — its latest complete one above all.

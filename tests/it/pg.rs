@@ -36,11 +36,7 @@ pub fn private_server() -> Option<Server> {
     match start_cluster() {
         Ok(s) => Some(s),
         Err(why) => {
-            assert!(
-                !under_ci(),
-                "the PostgreSQL tests cannot run under CI: {why}"
-            );
-            eprintln!("skipped: {why}");
+            crate::support::skip(format!("PostgreSQL is not available: {why}"));
             None
         }
     }
@@ -147,11 +143,6 @@ fn server_options(port: u16, dir: &Path) -> String {
          -c fsync=off -c full_page_writes=off -c max_connections=200",
         dir.display()
     )
-}
-
-/// Whether this is a CI run, which must not skip for want of PostgreSQL.
-pub fn under_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "FALSE" | "False"))
 }
 
 /// The directory of `initdb`, `pg_ctl` and `postgres`.
@@ -279,11 +270,7 @@ pub fn database() -> Option<Db> {
     match server() {
         Ok(s) => Some(s.database()),
         Err(why) => {
-            assert!(
-                !under_ci(),
-                "the PostgreSQL tests cannot run under CI: {why}"
-            );
-            eprintln!("skipped: {why}");
+            crate::support::skip(format!("PostgreSQL is not available: {why}"));
             None
         }
     }

@@ -138,9 +138,76 @@ pub fn snap(id: &str) -> taskbox::ids::SnapshotId {
 }
 
 /// Whether this is a CI run (`CI` set to anything but empty, `0` or `false`), which must not
-/// skip a test for want of a tool or the network.
+/// skip a test for want of a tool, a privilege or the network. The one place the suite decides
+/// "CI": every skip goes through [`skip`].
 pub fn under_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "FALSE" | "False"))
+}
+
+/// Whether any process runs a command line containing `marker` (a zombie's is empty).
+pub fn process_running(marker: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten().any(|e| {
+                std::fs::read(e.path().join("cmdline"))
+                    .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                    .unwrap_or(false)
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// How many cases a property test runs: `PROPTEST_CASES` when it is set (proptest's own
+/// variable, which the tests' explicit case counts would otherwise hide — e.g.
+/// `PROPTEST_CASES=2000 cargo test --test it cas::` for a long local run), else `ci` under CI
+/// ([`under_ci`]), else `local` (a quick everyday run).
+pub fn proptest_cases(local: u32, ci: u32) -> u32 {
+    match std::env::var("PROPTEST_CASES") {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().unwrap_or_else(|_| {
+            panic!(
+                "PROPTEST_CASES={v:?} is not a number of cases: set it to e.g. 1000, or unset it"
+            )
+        }),
+        _ if under_ci() => ci,
+        _ => local,
+    }
+}
+
+/// The cargo target dir (the binary is `<target>/<profile>/taskbox`).
+pub fn target_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_taskbox"))
+        .parent()
+        .and_then(Path::parent)
+        .expect("the taskbox binary lives in <target>/<profile>/")
+        .to_path_buf()
+}
+
+/// The file every skip of the integration tests is appended to (one line each).
+pub fn skips_file() -> std::path::PathBuf {
+    target_dir().join("taskbox-skipped-tests.txt")
+}
+
+/// Says that the calling test skips, and why: the caller returns right after. Under CI
+/// ([`under_ci`]) a skip is a failure, so this panics. Otherwise it writes one line,
+/// `SKIPPED <test>: <why>`, straight to the process's stderr — libtest captures only the
+/// `print!`/`eprint!` macros, so the line shows in a plain `cargo test` too, between the
+/// `test … ok` lines — and appends it to [`skips_file`] for a look after the run.
+pub fn skip(why: impl std::fmt::Display) {
+    use std::io::Write;
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a test");
+    assert!(
+        !under_ci(),
+        "{test} would skip, and CI never skips (unset CI to allow it): {why}"
+    );
+    let line = format!("SKIPPED {test}: {why}\n");
+    // A test that cannot print its skip still skips: both writes are best effort.
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    let _ = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(skips_file())
+        .and_then(|mut f| f.write_all(line.as_bytes()));
 }
 
 /// Creates `path` and holds an exclusive `flock` on it (waiting for another holder) while the

@@ -30,6 +30,11 @@
 //!   ([`deleted_while_referenced`]). The chaos workload removes no task (a removed task's
 //!   journal still shows what it retained).
 //!
+//! - **idle-reaped**: a live sandbox left idle (nothing running, nothing queued) is
+//!   snapshotted — or stopped, for a task that keeps nothing — by its last activity plus its
+//!   idle lifetime plus some slack; a gap in which the engine died is not judged
+//!   ([`idle_reaped`]).
+//!
 //! - **one-writer-per-token** (`taskbox chaos --fleet`, several engines on one PostgreSQL
 //!   store): every entry was written under a lease's fencing token, by one writer per token,
 //!   and never with a token older than an earlier entry's — no stale owner wrote after a
@@ -37,9 +42,10 @@
 //!
 //! The rooms: `platform.rs` is the platform's records as the checks read them, `snapshots.rs`
 //! the checks of restores and snapshots against them, `journal_rules.rs` the checks made by
-//! walking each task's journal, `writers.rs` the fleet's writer check; the reconciliation and settling checks and the report's types
+//! walking each task's journal, `idle.rs` the idle reaper's, `writers.rs` the fleet's writer check; the reconciliation and settling checks and the report's types
 //! are here.
 
+mod idle;
 mod journal_rules;
 mod platform;
 mod snapshots;
@@ -52,6 +58,7 @@ use serde::Serialize;
 
 use crate::core::Task;
 
+pub use idle::idle_reaped;
 pub use journal_rules::journal;
 pub use platform::{PlatformSandbox, PlatformSnapshot};
 pub use snapshots::{
@@ -86,6 +93,8 @@ pub enum Invariant {
     ForkSource,
     /// The platform deleted a snapshot that a task still retained.
     DeletedWhileReferenced,
+    /// A live sandbox stayed idle past its idle lifetime (plus slack) without being reaped.
+    IdleReaped,
     /// On a shared store: an entry written without a fencing token, by a second writer at one
     /// token, or with a token older than an earlier entry's (a stale owner after a takeover).
     OneWriterPerToken,
@@ -106,6 +115,7 @@ impl Invariant {
             Invariant::EngineError => "engine-error",
             Invariant::ForkSource => "fork-source",
             Invariant::DeletedWhileReferenced => "deleted-while-referenced",
+            Invariant::IdleReaped => "idle-reaped",
             Invariant::OneWriterPerToken => "one-writer-per-token",
         }
     }

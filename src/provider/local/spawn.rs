@@ -609,17 +609,46 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A cgroup of this test's own where sandbox cgroups are made (`None`: none here, skipped;
-    /// the integration tests fail under CI as root when cgroups are missing).
-    #[allow(clippy::print_stderr)] // a skip says so, as the integration tests' skips do
+    /// A cgroup of this test's own where sandbox cgroups are made (`None`: none here, and the
+    /// test skips — a failure under CI, as every skip of the integration tests is).
     fn test_cgroup(test: &str) -> Option<PathBuf> {
-        let Ok(base) = super::super::cgroup::support() else {
-            eprintln!("SKIPPED {test}: no sandbox cgroups here");
-            return None;
+        let base = match super::super::cgroup::support() {
+            Ok(base) => base,
+            Err(why) => {
+                skip(test, &format!("no sandbox cgroups here: {why}"));
+                return None;
+            }
         };
         let dir = base.join(format!("taskbox-unit-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("make the test's cgroup");
         Some(dir)
+    }
+
+    /// The unit tests' copy of `tests/it/support.rs`'s `skip` (a library's unit tests cannot
+    /// use the integration tests' helpers; the two decide "CI" the same way): under `CI` a skip
+    /// panics; otherwise one line goes straight to stderr — past libtest's capture, which only
+    /// catches the `eprint!` macros — and to `<target>/taskbox-skipped-tests.txt`.
+    fn skip(test: &str, why: &str) {
+        use std::io::Write;
+        let ci = std::env::var("CI")
+            .is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "FALSE" | "False"));
+        assert!(
+            !ci,
+            "{test} would skip, and CI never skips (unset CI to allow it): {why}"
+        );
+        let line = format!("SKIPPED {test}: {why}\n");
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        // The test binary is `<target>/<profile>/deps/taskbox-…`.
+        if let Some(target) = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.ancestors().nth(3).map(PathBuf::from))
+        {
+            let _ = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(target.join("taskbox-skipped-tests.txt"))
+                .and_then(|mut f| f.write_all(line.as_bytes()));
+        }
     }
 
     async fn read_all(r: Option<Box<dyn AsyncRead + Unpin + Send>>) -> String {

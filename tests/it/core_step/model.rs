@@ -75,8 +75,11 @@ struct Model {
     confirmed: Vec<String>,
     /// Snapshots the provider said are gone.
     gone: BTreeSet<String>,
-    /// Snapshots the core chose to delete (fell out of retention).
+    /// Snapshots that fell out of retention, by the model's own count: when a snapshot is
+    /// confirmed, all but the newest `keep` confirmed snapshots still there.
     pruned: BTreeSet<String>,
+    /// `keep_snapshots` as the test set it (not read back from the task).
+    keep: usize,
     /// Requests answered (each exactly once).
     replied: BTreeSet<RequestId>,
     /// Requests made.
@@ -84,11 +87,32 @@ struct Model {
 }
 
 impl Model {
-    fn latest_valid(&self) -> Option<&String> {
+    fn new() -> Model {
+        Model {
+            keep: settings().keep_snapshots.max(1) as usize,
+            ..Model::default()
+        }
+    }
+
+    /// The confirmed snapshots still kept, oldest first.
+    fn kept(&self) -> Vec<&String> {
         self.confirmed
             .iter()
-            .rev()
-            .find(|id| !self.gone.contains(*id) && !self.pruned.contains(*id))
+            .filter(|id| !self.gone.contains(*id) && !self.pruned.contains(*id))
+            .collect()
+    }
+
+    fn latest_valid(&self) -> Option<&String> {
+        self.kept().last().copied()
+    }
+
+    /// A snapshot the core accepted: it joins the kept ones, and the oldest beyond `keep`
+    /// fall out of retention.
+    fn confirm(&mut self, id: String) {
+        self.confirmed.push(id);
+        let kept: Vec<String> = self.kept().into_iter().cloned().collect();
+        let excess = kept.len().saturating_sub(self.keep);
+        self.pruned.extend(kept.into_iter().take(excess));
     }
 }
 
@@ -108,7 +132,7 @@ impl Harness {
             task: Task::new(tid("t"), settings(), T0),
             now: T0,
             inflight: Vec::new(),
-            model: Model::default(),
+            model: Model::new(),
             next_request: 1,
             deadlines: BTreeMap::new(),
             steps: 0,
@@ -129,7 +153,7 @@ impl Harness {
                 .filter(|s| s.status == SnapshotStatus::Pending)
                 .map(|s| s.seq);
             if before.state == TaskState::Snapshotting && pending == Some(*seq) {
-                self.model.confirmed.push(snapshot_id.to_string());
+                self.model.confirm(snapshot_id.to_string());
             }
         }
         // A platform's snapshot counts when a probe of the sandbox a running, persistent task
@@ -143,7 +167,7 @@ impl Harness {
         {
             let holds = before.sandbox.as_ref().is_some_and(|s| &s.id == sandbox_id);
             if before.state == TaskState::Running && holds && before.settings.persistent {
-                self.model.confirmed.push(found.snapshot_id.to_string());
+                self.model.confirm(found.snapshot_id.to_string());
             }
         }
         let tr = step(&before, event.clone(), self.now)
@@ -216,7 +240,12 @@ impl Harness {
                         Some(snapshot_id),
                         after.latest_complete().and_then(|s| s.id.as_ref())
                     );
-                    self.model.pruned.insert(snapshot_id.to_string());
+                    prop_assert!(
+                        self.model.pruned.contains(snapshot_id.as_str()),
+                        "{} deleted, but the model keeps it (kept: {:?})",
+                        snapshot_id,
+                        self.model.kept()
+                    );
                 } else {
                     // ...or a late success the core never adopted.
                     prop_assert!(!self.model.confirmed.contains(&snapshot_id.to_string()));
@@ -287,13 +316,17 @@ impl Harness {
             "{}",
             ctx()
         );
-        // Retention: never more complete snapshots than the setting.
-        let complete = t
+        // Retention, counted by the model: the core's complete snapshots are exactly the newest
+        // `keep` confirmed ones still there — the same ids, in the same order.
+        let complete: Vec<&str> = t
             .snapshots
             .iter()
             .filter(|s| s.status == SnapshotStatus::Complete)
-            .count();
-        prop_assert!(complete <= t.settings.keep_snapshots as usize, "{}", ctx());
+            .filter_map(|s| s.id.as_deref())
+            .collect();
+        let kept: Vec<&str> = self.model.kept().into_iter().map(String::as_str).collect();
+        prop_assert_eq!(&complete, &kept, "retention: {}", ctx());
+        prop_assert!(complete.len() <= self.model.keep, "{}", ctx());
         // The snapshot sequence grows.
         prop_assert!(
             t.snapshots.windows(2).all(|w| w[0].seq < w[1].seq),
@@ -557,7 +590,7 @@ impl Harness {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2048, max_shrink_iters: 4000, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/core_step.txt"))), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::support::proptest_cases(2048, 2048), max_shrink_iters: 4000, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/core_step.txt"))), ..ProptestConfig::default() })]
 
     /// Invariants hold after every step, whatever the interleaving of requests, outcomes,
     /// timers and crashes; every restore picks the latest confirmed snapshot.

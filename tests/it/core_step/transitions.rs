@@ -229,6 +229,78 @@ fn restore_falls_back_to_older_snapshot_only_when_gone() {
         .any(|n| matches!(n, Notice::FilesLost { .. })));
 }
 
+/// The idle reaper at every step of its life: a command's end arms the Idle timer at
+/// `last_activity + idle_lifetime`; a timer that fires a millisecond early (a clock that runs
+/// fast, a timer armed for an earlier activity) leaves the sandbox alone; at the due time, with
+/// nothing running or queued, a persistent task snapshots with reason `IdleReap`.
+#[test]
+fn the_idle_timer_snapshots_at_last_activity_plus_lifetime_and_not_before() {
+    let t = running_task();
+    let tr = run_step(
+        &t,
+        Event::RunRequested {
+            request_id: 2,
+            command: "true".into(),
+            timeout_ms: 5_000,
+        },
+    );
+    let done_at = T0 + 500;
+    let tr = step(
+        &tr.next,
+        Event::CommandExited {
+            request_id: 2,
+            exit_code: 0,
+            timed_out: false,
+        },
+        done_at,
+    )
+    .expect("valid");
+    let idle = tr.next.clone();
+    assert_eq!(idle.state, TaskState::Running);
+    assert_eq!(idle.last_activity, done_at, "the command's end is activity");
+    let due = done_at + settings().idle_lifetime_ms;
+    assert!(
+        tr.commands.iter().any(|c| matches!(
+            c,
+            Command::ScheduleTimer { timer: TimerKind::Idle, at } if *at == due
+        )),
+        "the Idle timer is armed at last_activity + lifetime: {:?}",
+        tr.commands
+    );
+    let fired = Event::TimerFired {
+        timer: TimerKind::Idle,
+    };
+    // A millisecond early: nothing happens.
+    let early = step(&idle, fired.clone(), due - 1).expect("valid");
+    assert_eq!(
+        early.next.state,
+        TaskState::Running,
+        "not idle long enough yet"
+    );
+    assert!(
+        !early.commands.iter().any(|c| matches!(
+            c,
+            Command::TakeSnapshot { .. } | Command::StopSandbox { .. }
+        )),
+        "{:?}",
+        early.commands
+    );
+    // At the due time exactly: reaped into a snapshot of the live sandbox.
+    for now in [due, due + 1] {
+        let reap = step(&idle, fired.clone(), now).expect("valid");
+        assert_eq!(reap.next.state, TaskState::Snapshotting, "at {now}");
+        assert_eq!(reap.next.snapshot_reason, Some(SnapshotReason::IdleReap));
+        assert!(
+            reap.commands.iter().any(|c| matches!(
+                c,
+                Command::TakeSnapshot { sandbox_id, .. } if sandbox_id.as_str() == "s"
+            )),
+            "{:?}",
+            reap.commands
+        );
+    }
+}
+
 #[test]
 fn idle_reaper_never_stops_a_sandbox_mid_command() {
     let t = running_task();

@@ -12,7 +12,7 @@ use std::time::Duration;
 use taskbox::fake::Endpoint;
 
 use super::{bounded, start_with, TOKEN};
-use crate::support::{install_lock, under_ci};
+use crate::support::{install_lock, skip};
 
 /// The file that says the SDK is installed.
 const SDK_MARKER: &str = "node_modules/@vercel/sandbox/package.json";
@@ -86,11 +86,7 @@ async fn the_official_sdk_conforms() {
     .and_then(|joined| joined.map_err(|e| format!("the install panicked: {e}")))
     .and_then(|r| r);
     if let Err(reason) = ready {
-        assert!(
-            !under_ci(),
-            "the SDK conformance test cannot run under CI: {reason}"
-        );
-        eprintln!("SKIPPED the_official_sdk_conforms: {reason} (run `npm ci --prefix tests/sdk`)");
+        skip(format!("{reason} (run `npm ci --prefix tests/sdk`)"));
         return;
     }
     bounded(async {

@@ -1,6 +1,7 @@
 //! Malicious archives: hand-made tar files that try to write outside the workspace are refused
 //! and write nothing, while well-formed archives with inner links are accepted.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,7 @@ use taskbox::core::FailureKind;
 use taskbox::provider::local::archive::{self, ArchiveHeader};
 use taskbox::provider::{sandbox_name, SandboxProvider};
 
-use super::{assert_kind, Env, INSTALLATION, START_MS};
+use super::{assert_kind, assert_untouched, tree_state, Env, INSTALLATION, START_MS};
 
 /// One raw tar entry, written without the `tar` crate's own path checks.
 struct Raw<'a> {
@@ -118,6 +119,8 @@ async fn malicious_archives_are_refused_and_write_nothing_outside() {
     let outside = env.outside();
     let outside_str = outside.to_str().unwrap().to_string();
     let through_abs = format!("{outside_str}/evil");
+    // Something outside to overwrite: a write through a link must leave it as it is.
+    fs::write(outside.join("victim"), "original").unwrap();
     let before = tree(env.dir.path());
     let cases: Vec<(&str, Vec<Raw<'_>>, &str)> = vec![
         (
@@ -135,6 +138,29 @@ async fn malicious_archives_are_refused_and_write_nothing_outside() {
             "abs-symlink-then-write",
             vec![link(Symlink, "etc", &outside_str), file("etc/evil", "x")],
             "etc",
+        ),
+        (
+            "abs-symlink-then-overwrite",
+            vec![
+                link(Symlink, "etc", &outside_str),
+                file("etc/victim", "overwritten"),
+            ],
+            "etc",
+        ),
+        (
+            // `..` from the workspace is the provider's own directory of workspaces.
+            "parent-symlink-then-write",
+            vec![link(Symlink, "up", ".."), file("up/evil", "x")],
+            "up",
+        ),
+        (
+            "mid-path-parent-symlink",
+            vec![
+                dir("a"),
+                link(Symlink, "a/b", "../.."),
+                file("a/b/evil", "x"),
+            ],
+            "a/b",
         ),
         (
             "inner-symlink-then-write",
@@ -234,11 +260,19 @@ async fn malicious_archives_are_refused_and_write_nothing_outside() {
             "f/d",
         ),
     ];
+    let snapshots = env.root().join("snapshots");
     for (task, entries, named) in &cases {
         plant_archive(&env, task, entries);
+        let untouched = tree_state(env.dir.path(), std::slice::from_ref(&snapshots));
         let result = env
             .try_create(task, 2, Some(&format!("{task}.s1")), 60_000)
             .await;
+        // First what the refusal did to the files (whatever the error says): nothing.
+        assert_untouched(
+            task,
+            &untouched,
+            &tree_state(env.dir.path(), std::slice::from_ref(&snapshots)),
+        );
         let msg = assert_kind(result, FailureKind::Permanent);
         assert!(msg.contains("refused archive entry"), "{task}: {msg}");
         assert!(msg.contains(named), "{task}: `{named}` not named in: {msg}");
@@ -260,7 +294,10 @@ async fn malicious_archives_are_refused_and_write_nothing_outside() {
         .filter(|p| !p.starts_with(env.root().join("snapshots")))
         .collect();
     assert_eq!(after, before);
-    assert!(fs::read_dir(&outside).unwrap().next().is_none());
+    assert_eq!(
+        fs::read_to_string(outside.join("victim")).unwrap(),
+        "original"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,6 +335,7 @@ async fn hostile_symlinks_are_restored_verbatim_and_never_written_through() {
     let env = Env::new();
     let outside = env.outside();
     let outside_str = outside.to_str().unwrap().to_string();
+    fs::write(outside.join("victim"), "original").unwrap();
     plant_archive(
         &env,
         "links",
@@ -314,6 +352,8 @@ async fn hostile_symlinks_are_restored_verbatim_and_never_written_through() {
             file("a/after", "kept"),
         ],
     );
+    let snapshots = env.root().join("snapshots");
+    let untouched = tree_state(env.dir.path(), std::slice::from_ref(&snapshots));
     let id = env.create("links", 2, Some("links.s1")).await;
     let ws = env.provider.workspace_path(&id).unwrap();
     for (link, target) in [
@@ -332,8 +372,16 @@ async fn hostile_symlinks_are_restored_verbatim_and_never_written_through() {
         );
     }
     assert_eq!(fs::read_to_string(ws.join("a/after")).unwrap(), "kept");
-    // Nothing was written through any of them.
-    assert!(fs::read_dir(&outside).unwrap().next().is_none());
+    // Nothing was written through any of them: outside the new sandbox's own directory (its
+    // workspace and records), every path is as it was.
+    let own = env.root().join("tasks/links");
+    assert!(ws.starts_with(&own), "{}", ws.display());
+    let after = tree_state(env.dir.path(), &[snapshots.clone(), own.clone()]);
+    let before: BTreeMap<PathBuf, String> = untouched
+        .into_iter()
+        .filter(|(p, _)| !p.starts_with(&own))
+        .collect();
+    assert_untouched("links", &before, &after);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

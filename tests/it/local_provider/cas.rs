@@ -17,7 +17,7 @@ use taskbox::core::FailureKind;
 use taskbox::provider::local::cas::{Cas, CasError, EntryKind, Index, Manifest};
 use taskbox::provider::SandboxProvider;
 
-use super::{assert_kind, Env};
+use super::{assert_kind, assert_untouched, tree_state, Env};
 use crate::support::snap;
 
 // ---------------------------------------------------------------------------------------------
@@ -468,7 +468,7 @@ pub(super) fn restore_into(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::support::proptest_cases(24, 128), ..ProptestConfig::default() })]
 
     /// Snapshot → restore gives the same tree, byte for byte and metadata for metadata.
     #[test]
@@ -631,6 +631,14 @@ fn a_file_read_in_parts_restores_in_order_and_an_append_stores_only_new_chunks()
 fn hostile_manifests_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let cas = Cas::open(dir.path().join("cas")).unwrap();
+    // Something outside the target to write into or over: it must stay as it is.
+    let outside = dir.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("victim"), "original").unwrap();
+    let outside_bytes = outside.as_os_str().as_bytes().to_vec();
+    let symlink = |target: &[u8]| EntryKind::Symlink {
+        target: target.to_vec(),
+    };
     let entry = |path: &[u8], kind: EntryKind| taskbox::provider::local::cas::Entry {
         path: path.to_vec(),
         mode: 0o644,
@@ -647,13 +655,23 @@ fn hostile_manifests_are_refused() {
         vec![entry(b"/etc/evil", file())],
         vec![entry(b"a/./b", file())],
         vec![
-            entry(
-                b"l",
-                EntryKind::Symlink {
-                    target: b"/tmp".to_vec(),
-                },
-            ),
+            entry(b"l", symlink(&outside_bytes)),
             entry(b"l/evil", file()),
+        ],
+        vec![
+            entry(b"l", symlink(&outside_bytes)),
+            entry(b"l/victim", file()),
+        ],
+        // `..` from the target is the directory that holds it (and `outside`).
+        vec![entry(b"up", symlink(b"..")), entry(b"up/evil", file())],
+        vec![
+            entry(b"up", symlink(b"..")),
+            entry(b"up/outside/victim", file()),
+        ],
+        vec![
+            entry(b"a", EntryKind::Dir),
+            entry(b"a/b", symlink(b"../..")),
+            entry(b"a/b/evil", file()),
         ],
         vec![entry(b"nodir/evil", file())],
         vec![entry(b"f", file()), entry(b"f", file())],
@@ -666,16 +684,31 @@ fn hostile_manifests_are_refused() {
     ];
     for (i, entries) in cases.into_iter().enumerate() {
         let dest = dir.path().join(format!("d{i}"));
-        match restore_into(&cas, &Manifest { entries }, &dest) {
-            Err(CasError::UnsafeEntry { .. }) => {}
-            other => panic!("case {i}: expected a refusal, got {other:?}"),
-        }
+        // The target, and the store's lock file (made on first use).
+        let own = [dest.clone(), dir.path().join("cas/lock")];
+        let untouched = tree_state(dir.path(), &own);
+        let result = restore_into(&cas, &Manifest { entries }, &dest);
+        // First what the refusal did to the files around the target (whatever the error
+        // says): nothing. The target itself is left empty.
+        assert_untouched(
+            &format!("case {i}"),
+            &untouched,
+            &tree_state(dir.path(), &own),
+        );
         assert_eq!(
             fs::read_dir(&dest).unwrap().count(),
             0,
             "case {i}: nothing created"
         );
+        match result {
+            Err(CasError::UnsafeEntry { .. }) => {}
+            other => panic!("case {i}: expected a refusal, got {other:?}"),
+        }
     }
+    assert_eq!(
+        fs::read_to_string(outside.join("victim")).unwrap(),
+        "original"
+    );
 }
 
 /// Through the provider: a corrupt content fails the restore (permanently, the manifest kept);

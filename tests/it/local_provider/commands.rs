@@ -285,7 +285,8 @@ async fn a_cancel_kills_what_outlives_the_signalled_shell() {
         pid_gone(pid),
         "the process that ignored the signal still runs"
     );
-    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    // Loose: about ten times the 3 s grace.
+    assert!(started.elapsed() < std::time::Duration::from_secs(40));
     assert_eq!(env.run(&id, "echo next").await.stdout, "next\n");
 }
 
@@ -303,12 +304,16 @@ async fn a_cancel_signals_a_shell_that_let_the_first_signal_go_by_again() {
         "trap 'trap - TERM; echo first' TERM; echo ready; while :; do sleep 0.05; done",
     )
     .await;
-    // Died of the second SIGTERM, after its trap ran for the first.
-    assert_eq!(out.exit_code, 143, "{out:?}");
+    // Died of the second SIGTERM (143), after its trap ran for the first — not of the
+    // grace's SIGKILL 3 s later (137): the exit code says which, whatever the machine's load.
+    assert_eq!(
+        out.exit_code, 143,
+        "the grace's kill, not the second signal: {out:?}"
+    );
     assert!(out.stdout.contains("first"), "{out:?}");
     let ended_after_cancel = started.elapsed() - cancelled_after;
     assert!(
-        ended_after_cancel < std::time::Duration::from_secs(2),
-        "ended {ended_after_cancel:?} after the cancel: the grace's kill, not the second signal"
+        ended_after_cancel < std::time::Duration::from_secs(30),
+        "ended {ended_after_cancel:?} after the cancel"
     );
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use taskbox::provider::local::cgroup;
 
-use crate::support::{stderr, stdout, Home};
+use crate::support::{skip, stderr, stdout, under_ci, Home};
 
 /// Whether `pid` is a live process (a zombie waiting for its parent counts as dead).
 fn alive(pid: u32) -> bool {
@@ -19,24 +19,9 @@ fn alive(pid: u32) -> bool {
     }
 }
 
-/// Whether a CI run on a machine with a writable cgroup v2 (where the test must not skip).
-fn must_run() -> bool {
-    let ci = std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false"));
-    let cgroup2 = std::fs::read_to_string("/proc/self/mountinfo")
-        .is_ok_and(|m| m.lines().any(|l| l.contains(" - cgroup2 ")));
-    // SAFETY: geteuid(2) takes nothing and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    ci && cgroup2 && root
-}
-
 #[test]
 fn processes_that_leave_the_process_group_do_not_survive_suspend() {
-    if let Err(why) = cgroup::support() {
-        assert!(
-            !must_run(),
-            "CI runs as root on a machine with cgroup v2, but the sandbox cgroups are not available: {why}"
-        );
-        eprintln!("SKIPPED processes_that_leave_the_process_group_do_not_survive_suspend: {why}");
+    if !cgroups_or_skip() {
         return;
     }
     let home = Home::new();
@@ -96,13 +81,13 @@ fn processes_that_leave_the_process_group_do_not_survive_suspend() {
     );
 }
 
-/// Skips (with a message) where the sandbox cgroups are not available, except under CI as root.
-fn cgroups_or_skip(test: &str) -> bool {
+/// Skips (with a message, [`skip`]) where the sandbox cgroups are not available; under CI
+/// that is a failure.
+fn cgroups_or_skip() -> bool {
     match cgroup::support() {
         Ok(_) => true,
         Err(why) => {
-            assert!(!must_run(), "CI runs as root with cgroup v2, but: {why}");
-            eprintln!("SKIPPED {test}: {why}");
+            skip(format!("the sandbox cgroups are not available: {why}"));
             false
         }
     }
@@ -122,9 +107,7 @@ fn own_cgroup(out: &str) -> String {
 /// command finds it again after a sweep removed it, and a suspend removes it.
 #[test]
 fn every_command_runs_in_the_sandbox_cgroup_which_lives_until_the_sandbox_stops() {
-    if !cgroups_or_skip(
-        "every_command_runs_in_the_sandbox_cgroup_which_lives_until_the_sandbox_stops",
-    ) {
+    if !cgroups_or_skip() {
         return;
     }
     let home = Home::new();
@@ -134,7 +117,7 @@ fn every_command_runs_in_the_sandbox_cgroup_which_lives_until_the_sandbox_stops(
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let joined = own_cgroup(&stdout(&out));
     // Linux 5.7+ clones into a cgroup; CI's kernel is newer.
-    if must_run() {
+    if under_ci() {
         assert!(
             !stdout(&out).contains("cgroup.procs"),
             "the shell joined its cgroup instead of being born in it: {}",
@@ -165,7 +148,7 @@ fn every_command_runs_in_the_sandbox_cgroup_which_lives_until_the_sandbox_stops(
     let out = home.run(&["run", "-t", "cg", "--", show]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(own_cgroup(&stdout(&out)), joined);
-    if must_run() {
+    if under_ci() {
         assert!(!stdout(&out).contains("cgroup.procs"), "{}", stdout(&out));
     }
     let out = home.run(&["suspend", "cg"]);
@@ -181,7 +164,7 @@ fn every_command_runs_in_the_sandbox_cgroup_which_lives_until_the_sandbox_stops(
 /// names the cgroup, rather than running outside it.
 #[test]
 fn a_command_that_cannot_join_the_cgroup_runs_nothing() {
-    if !cgroups_or_skip("a_command_that_cannot_join_the_cgroup_runs_nothing") {
+    if !cgroups_or_skip() {
         return;
     }
     let home = Home::new();

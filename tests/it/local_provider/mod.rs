@@ -12,6 +12,7 @@ mod listing;
 mod snapshots;
 mod tracked;
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -168,4 +169,74 @@ fn assert_kind<T: std::fmt::Debug>(result: Result<T, ProviderError>, kind: Failu
         }
         Ok(v) => panic!("expected {kind:?}, got {v:?}"),
     }
+}
+
+/// What every path below `root` is — a file's mode, mtime, size and bytes; a symlink's target;
+/// a directory's mode — leaving out the subtrees in `skip`. Taken before and after a refused
+/// restore, it shows whether anything appeared or changed outside the target, whatever the
+/// error said. (A directory's mtime is left out: the provider's temporaries come and go.)
+fn tree_state(root: &std::path::Path, skip: &[PathBuf]) -> BTreeMap<PathBuf, String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).expect("read a directory of the test's tree") {
+            let path = entry.expect("a directory entry").path();
+            if skip.iter().any(|s| path.starts_with(s)) {
+                continue;
+            }
+            let meta = fs::symlink_metadata(&path).expect("stat a path of the test's tree");
+            let what = if meta.file_type().is_symlink() {
+                format!(
+                    "symlink -> {}",
+                    fs::read_link(&path).expect("readlink").display()
+                )
+            } else if meta.is_dir() {
+                stack.push(path.clone());
+                format!("dir {:o}", meta.mode() & 0o7777)
+            } else if meta.is_file() {
+                format!(
+                    "file {:o} mtime {}.{} {} bytes {:?}",
+                    meta.mode() & 0o7777,
+                    meta.mtime(),
+                    meta.mtime_nsec(),
+                    meta.len(),
+                    String::from_utf8_lossy(&fs::read(&path).expect("read a file"))
+                )
+            } else {
+                format!("special {:o}", meta.mode())
+            };
+            out.insert(path, what);
+        }
+    }
+    out
+}
+
+/// Asserts that `after` has the same paths as `before` with the same contents, naming each
+/// path that appeared, vanished or changed.
+fn assert_untouched(
+    case: &str,
+    before: &BTreeMap<PathBuf, String>,
+    after: &BTreeMap<PathBuf, String>,
+) {
+    let mut diff = Vec::new();
+    for (path, was) in before {
+        match after.get(path) {
+            None => diff.push(format!("vanished: {}", path.display())),
+            Some(now) if now != was => {
+                diff.push(format!("changed: {} ({was} -> {now})", path.display()))
+            }
+            Some(_) => {}
+        }
+    }
+    for (path, now) in after {
+        if !before.contains_key(path) {
+            diff.push(format!("appeared: {} ({now})", path.display()));
+        }
+    }
+    assert!(
+        diff.is_empty(),
+        "{case}: files outside the target changed:\n{}",
+        diff.join("\n")
+    );
 }

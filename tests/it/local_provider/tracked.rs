@@ -277,7 +277,7 @@ fn restored(dir: &Path, cas: &Cas, ops: &[Op], limits: Limits) -> (PathBuf, Inde
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/tracked.txt"))), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::support::proptest_cases(32, 32), failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/tracked.txt"))), ..ProptestConfig::default() })]
 
     /// For random trees and random live edits, the snapshot guided by the tracked changes is
     /// the manifest a full walk gives (which the content store's own tests show restores the

@@ -135,7 +135,7 @@ fn a_task_started_through_one_server_continues_through_another_after_a_sigkill()
     // A dies. Once its lease expires, B takes the task over and finds the file.
     a_serve.kill().expect("SIGKILL A");
     let _ = a_serve.wait();
-    let started = std::time::Instant::now();
+    // Ten times the 3 s lease: on two busy cores the takeover may be slow, never stuck.
     let out = wait_for(Duration::from_secs(30), || {
         match run_json(&b, "moving", "cat f") {
             Ok(out) => Some(out),
@@ -148,7 +148,6 @@ fn a_task_started_through_one_server_continues_through_another_after_a_sigkill()
     })
     .expect("B takes the task over once A's lease expired");
     assert_eq!(out, "hello\n");
-    assert!(started.elapsed() < Duration::from_secs(20));
     // B drives it from now on, in the same journal.
     assert_eq!(run_json(&b, "moving", "cat f"), Ok("hello\n".to_string()));
     ok(&b.home.run(&["serve", "--stop"]));
@@ -181,26 +180,22 @@ fn a_server_paused_past_its_lease_cannot_commit_and_answers_task_moved() {
         run_json(&a, "paused", "echo one > f; cat f"),
         Ok("one\n".to_string())
     );
-    // A caller waits on A for a command that outlasts A's pause.
+    // A caller waits on A for a command that outlasts A's pause; the command says when it
+    // runs (the fake platform runs it as a process of this machine).
+    let started = fake_home.path().join("paused-command-started");
+    let command = format!("touch {}; sleep 3; echo late > g", started.display());
     let waiting = a
         .home
         .cmd()
-        .args([
-            "run",
-            "--json",
-            "-t",
-            "paused",
-            "--",
-            "sleep 3; echo late > g",
-        ])
+        .args(["run", "--json", "-t", "paused", "--", &command])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn the waiting run");
-    std::thread::sleep(Duration::from_millis(1_000));
+    wait_for(Duration::from_secs(30), || started.exists().then_some(()))
+        .expect("A's command started");
     signal(a_serve.id(), libc::SIGSTOP);
-    // Past A's lease (2 s): B takes the task over at its first request.
-    std::thread::sleep(Duration::from_millis(3_000));
+    // Once A's lease (2 s) is past, B takes the task over at a request.
     let out = wait_for(Duration::from_secs(30), || {
         match run_json(&b, "paused", "cat f") {
             Ok(out) => Some(out),

@@ -90,8 +90,31 @@ fn a_warm_command_through_the_server_is_one_request() {
     let (h, fake) = vercel_home();
     ok(&h.home.run(&["run", "-t", "w", "--", "echo warm"]));
     h.wait_for_server();
-    // The server's start-up reconcile may still be listing: let it finish first.
-    std::thread::sleep(Duration::from_millis(500));
+    // The server's start-up reconcile may still be listing: wait until it has listed both the
+    // sandboxes and the snapshots (on Vercel a snapshot listing starts with a sandbox listing
+    // of its own, so two in all) and every request has its answer, before counting.
+    wait_for(Duration::from_secs(30), || {
+        let stats = admin_stats(&fake, "GET");
+        let answered = |endpoint: &str| -> u64 {
+            stats["responses"][endpoint]
+                .as_object()
+                .map_or(0, |by_status| {
+                    by_status.values().filter_map(Value::as_u64).sum()
+                })
+        };
+        let all_answered = stats["requests"].as_object().is_some_and(|requests| {
+            requests
+                .iter()
+                .all(|(endpoint, n)| n.as_u64() == Some(answered(endpoint)))
+        });
+        (answered("list_sandboxes") >= 2 && all_answered).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the server's start-up reconcile never finished listing: {}",
+            admin_stats(&fake, "GET")
+        )
+    });
     admin_stats(&fake, "DELETE");
     for i in 0..5 {
         assert_eq!(

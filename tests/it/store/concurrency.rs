@@ -311,7 +311,7 @@ fn apply(t: &mut Task, change: Change, at: taskbox::core::Millis) {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig { cases: 48, max_shrink_iters: 200, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/store.txt"))), ..proptest::prelude::ProptestConfig::default() })]
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: crate::support::proptest_cases(48, 48), max_shrink_iters: 200, failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/store.txt"))), ..proptest::prelude::ProptestConfig::default() })]
 
     /// Group commit writes the snapshot and sandbox rows once per task per batch where that
     /// gives the same rows (a sandbox's release is written when it happens, at its time): for
