@@ -43,7 +43,7 @@
 //! fsynced. What a crash leaves in `tmp/` or as `*.tmp` is removed by
 //! [`LocalProvider::sweep_temporaries`].
 //!
-//! Every id that reaches a path is validated first: task ids by [`TaskId`](crate::ids::TaskId),
+//! Every id that reaches a path is validated first: task ids by [`TaskId`],
 //! sandbox names by their `taskbox-<task>-g<N>-<installation>` shape, snapshot ids by
 //! `<task>.s<seq>`.
 //!
