@@ -18,9 +18,9 @@
 //! sandboxes/<sandbox name>/...          the same, for a sandbox parked out of its task's
 //!                                       directory by a newer generation it did not know of
 //! snapshots/<task id>/<seq>.<nonce>.tbx snapshot manifests (older ones: whole archives; see
-//!                                       `archive` and `snapshot`)
+//!                                       `snapshot_store::archive` and `snapshot`)
 //! cas/                                  the contents they refer to, stored once by hash and
-//!                                       shared by every task (see `cas`)
+//!                                       shared by every task (see `snapshot_store::cas`)
 //! tasks/<task id>/index                 what the restore wrote (the change detection's index)
 //! tmp/                                  sandboxes being created
 //! trash/                                discarded sandboxes' files being removed (in the
@@ -71,8 +71,6 @@
 // Every `unsafe` block here (process signals) must say why it is sound.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod archive;
-pub mod cas;
 pub mod cgroup;
 pub mod doctor;
 mod error;
@@ -106,6 +104,8 @@ use super::{
 use crate::clock::Clock;
 use crate::core::Millis;
 use crate::ids::{SandboxId, SnapshotId, TaskId};
+// The snapshot store, as the local provider's submodules name it (`super::cas`).
+use crate::snapshot_store::{archive, cas};
 
 /// The local backend in the [registry](crate::provider::registry): its sandboxes and snapshots
 /// live under the data dir's `local/`, where `export-snapshot` reads them; nothing is priced.
