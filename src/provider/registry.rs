@@ -188,15 +188,12 @@ mod tests {
 
     #[test]
     fn every_configurable_backend_is_registered_once_under_its_name() {
-        // Exhaustive: a new configurable backend does not compile until it is listed here.
-        let all = [Backend::Local, Backend::VercelSandbox].map(|b| match b {
-            Backend::Local | Backend::VercelSandbox => b,
-        });
-        for backend in all {
+        for backend in Backend::ALL {
             assert_eq!(entry(backend).backend, backend);
             assert_eq!(named(backend.as_str()).map(|e| e.backend), Some(backend));
         }
-        assert_eq!(BACKENDS.len(), 2);
+        assert_eq!(BACKENDS.len(), Backend::ALL.len());
+        assert!(BACKENDS.iter().all(|e| Backend::ALL.contains(&e.backend)));
         assert!(named("sim").is_none());
         assert!(named("replay").is_none());
     }
