@@ -12,6 +12,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+use taskbox::chaos::PlantedBug;
 use taskbox::clock::{Clock, SystemClock, TokioClock};
 use taskbox::core::{FailureKind, Millis};
 use taskbox::fake::{DropCreate, DropMode, FakeOptions, FakeServer, Faults};
@@ -527,7 +528,7 @@ impl Subject for Local {
 /// The simulated provider on paused virtual time, without faults.
 struct Sim {
     clock: Arc<TokioClock>,
-    provider: SimProvider,
+    provider: Arc<SimProvider>,
 }
 
 impl Subject for Sim {
@@ -538,13 +539,13 @@ impl Subject for Sim {
     {
         paused_runtime().block_on(async {
             let clock = Arc::new(TokioClock::starting_at(START_MS));
-            let provider = SimProvider::new(7, SimFaults::none(), clock.clone());
+            let provider = Arc::new(SimProvider::new(7, SimFaults::none(), clock.clone()));
             promise(Sim { clock, provider }).await;
         });
     }
 
     fn provider(&self) -> &dyn SandboxProvider {
-        &self.provider
+        &*self.provider
     }
 
     fn now(&self) -> Millis {
@@ -688,6 +689,76 @@ impl Subject for Vercel {
     fn heal(&self) {
         self.fake.set_faults(Faults::default()).expect("no faults");
     }
+}
+
+/// The simulated provider behind the chaos run's planted bug `oldest-restore` (every restore
+/// uses the task's oldest snapshot): a provider that breaks a promise, for the suite to fail.
+struct Planted {
+    sim: Sim,
+    broken: Arc<dyn SandboxProvider>,
+}
+
+impl Subject for Planted {
+    fn run<F, Fut>(promise: F)
+    where
+        F: FnOnce(Self) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        Sim::run(|sim| {
+            let broken = PlantedBug::OldestRestore.wrap(sim.provider.clone());
+            promise(Planted { sim, broken })
+        });
+    }
+
+    fn provider(&self) -> &dyn SandboxProvider {
+        &*self.broken
+    }
+
+    fn now(&self) -> Millis {
+        self.sim.now()
+    }
+
+    async fn pass(&self, ms: u64) {
+        self.sim.pass(ms).await;
+    }
+
+    fn write(path: &str, content: &str) -> String {
+        Sim::write(path, content)
+    }
+
+    fn cat(path: &str) -> String {
+        Sim::cat(path)
+    }
+
+    fn rm(path: &str) -> String {
+        Sim::rm(path)
+    }
+
+    fn long(marker: &str) -> String {
+        Sim::long(marker)
+    }
+
+    fn lose_next_create(&self) -> bool {
+        self.sim.lose_next_create()
+    }
+
+    fn heal(&self) {
+        self.sim.heal();
+    }
+}
+
+/// The suite can fail: against a provider that restores a stale snapshot, "snapshot then restore
+/// is exact" does (and the promises that restore no second snapshot still hold).
+#[test]
+fn the_suite_fails_a_provider_that_restores_a_stale_snapshot() {
+    let broken = std::panic::catch_unwind(|| {
+        Planted::run(snapshot_then_restore_is_exact::<Planted>);
+    });
+    assert!(
+        broken.is_err(),
+        "snapshot_then_restore_is_exact passed against a provider that restores the oldest snapshot"
+    );
+    Planted::run(probe_after_stop_says_gone::<Planted>);
 }
 
 /// The tests of one provider: one per promise, `provider_contract::<module>::<promise>`.
