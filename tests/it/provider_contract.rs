@@ -52,17 +52,30 @@ trait Subject: Sized + 'static {
     fn pass(&self, ms: u64) -> impl Future<Output = ()>;
 
     /// A command that sets `path` (relative to the working directory, in a directory that may
-    /// not exist yet) to exactly `content` (one word).
-    fn write(path: &str, content: &str) -> String;
+    /// not exist yet) to exactly `content` (one word). The default speaks `bash -c`, as local
+    /// and Vercel sandboxes do.
+    fn write(path: &str, content: &str) -> String {
+        let path = plain(path);
+        format!(
+            "mkdir -p \"$(dirname {path})\" && printf %s {} > {path}",
+            plain(content)
+        )
+    }
 
     /// A command that prints `path` exactly, failing if it does not exist.
-    fn cat(path: &str) -> String;
+    fn cat(path: &str) -> String {
+        format!("cat {}", plain(path))
+    }
 
     /// A command that removes `path`.
-    fn rm(path: &str) -> String;
+    fn rm(path: &str) -> String {
+        format!("rm {}", plain(path))
+    }
 
     /// A command that sets `marker` and then runs for 30 s.
-    fn long(marker: &str) -> String;
+    fn long(marker: &str) -> String {
+        format!("touch {}; sleep 30", plain(marker))
+    }
 
     /// Makes the platform lose the answer of the next create after making the sandbox; `false`
     /// if it has no answers to lose (the local provider's calls are function calls).
@@ -425,34 +438,14 @@ async fn a_fork_starts_from_the_snapshot<S: Subject>(s: S) {
 // ---------------------------------------------------------------------------------------------
 // The subjects
 
-fn bash_quote(word: &str) -> String {
+/// A word the tests' commands use as it is: no quoting needed in `bash` or the sim's language.
+fn plain(word: &str) -> &str {
     assert!(
         word.chars()
             .all(|c| c.is_ascii_alphanumeric() || "/._-".contains(c)),
         "a plain word: {word}"
     );
-    word.to_string()
-}
-
-/// Commands for the providers whose sandboxes run `bash -c`.
-fn bash_write(path: &str, content: &str) -> String {
-    let path = bash_quote(path);
-    format!(
-        "mkdir -p \"$(dirname {path})\" && printf %s {} > {path}",
-        bash_quote(content)
-    )
-}
-
-fn bash_cat(path: &str) -> String {
-    format!("cat {}", bash_quote(path))
-}
-
-fn bash_rm(path: &str) -> String {
-    format!("rm {}", bash_quote(path))
-}
-
-fn bash_long(marker: &str) -> String {
-    format!("touch {}; sleep 30", bash_quote(marker))
+    word
 }
 
 /// The local provider: real processes and files under a temporary data dir, on a manual clock.
@@ -500,22 +493,6 @@ impl Subject for Local {
         self.clock.advance(ms);
         // Real processes run in real time: give them a moment to get where the test waits.
         tokio::time::sleep(Duration::from_millis(ms.min(20))).await;
-    }
-
-    fn write(path: &str, content: &str) -> String {
-        bash_write(path, content)
-    }
-
-    fn cat(path: &str) -> String {
-        bash_cat(path)
-    }
-
-    fn rm(path: &str) -> String {
-        bash_rm(path)
-    }
-
-    fn long(marker: &str) -> String {
-        bash_long(marker)
     }
 
     fn lose_next_create(&self) -> bool {
@@ -655,22 +632,6 @@ impl Subject for Vercel {
 
     async fn pass(&self, ms: u64) {
         tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
-
-    fn write(path: &str, content: &str) -> String {
-        bash_write(path, content)
-    }
-
-    fn cat(path: &str) -> String {
-        bash_cat(path)
-    }
-
-    fn rm(path: &str) -> String {
-        bash_rm(path)
-    }
-
-    fn long(marker: &str) -> String {
-        bash_long(marker)
     }
 
     fn lose_next_create(&self) -> bool {
