@@ -448,6 +448,15 @@ fn plain(word: &str) -> &str {
     word
 }
 
+/// A runtime on real time with two workers, for providers of real processes and sockets.
+fn real_time_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 /// The local provider: real processes and files under a temporary data dir, on a manual clock.
 struct Local {
     _dir: tempfile::TempDir,
@@ -461,11 +470,7 @@ impl Subject for Local {
         F: FnOnce(Self) -> Fut,
         Fut: Future<Output = ()>,
     {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let rt = real_time_runtime();
         let dir = tempfile::tempdir().expect("temp dir");
         let clock = Arc::new(ManualClock(AtomicU64::new(START_MS)));
         let provider = LocalProvider::new(
@@ -575,11 +580,7 @@ impl Subject for Vercel {
         F: FnOnce(Self) -> Fut,
         Fut: Future<Output = ()>,
     {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let rt = real_time_runtime();
         rt.block_on(async {
             const TOKEN: &str = "contract-token";
             let dir = tempfile::tempdir().expect("temp dir");
