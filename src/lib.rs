@@ -44,6 +44,8 @@ pub mod rng;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod shell;
+// The snapshot store works on files: it spawns no process and reads no clock.
+pub mod snapshot_store;
 pub mod store;
 
 pub use ids::{TaskId, TaskIdError};

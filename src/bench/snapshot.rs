@@ -1,4 +1,4 @@
-//! Local snapshots (content-addressed: [`cas`](crate::provider::local::cas)):
+//! Local snapshots (content-addressed: [`cas`](crate::snapshot_store::cas)):
 //! [`LocalProvider::snapshot`] and a restore (`create_sandbox` from the snapshot) of a
 //! generated, realistic workspace, against `tar | zstd -1 -T1` and `zstd -d | tar -x` of the
 //! same tree; the next snapshot after a small change and after an append to a large file against

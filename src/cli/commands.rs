@@ -3,6 +3,8 @@
 //! dispatches.
 
 use super::*;
+use taskbox::config::Backend;
+use taskbox::provider::registry;
 
 pub(super) async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     let task = task_id(&args.task)?;
@@ -261,13 +263,26 @@ pub(super) fn export_snapshot(
     let Some(view) = view else {
         return Err(no_task(paths, &task));
     };
-    if let Some(backend) = view.marks.backend.as_deref().filter(|b| *b != "local") {
+    // The task's backend, as its marks record it, says whether its snapshots can be read here;
+    // one not recorded yet is read as local, as it always was.
+    let backend = view
+        .marks
+        .backend
+        .as_deref()
+        .unwrap_or(Backend::Local.as_str());
+    let Some(export) = registry::named(backend).and_then(|b| b.export_snapshot) else {
+        let readable: Vec<&str> = registry::BACKENDS
+            .iter()
+            .filter(|b| b.export_snapshot.is_some())
+            .map(|b| b.name())
+            .collect();
         return Err(Failure::new(format!(
             "task `{task}` keeps its snapshots on the `{backend}` backend; export-snapshot reads \
-             local snapshots only"
+             {} snapshots only",
+            readable.join(", ")
         ))
         .code("invalid"));
-    }
+    };
     let complete: Vec<_> = view
         .task
         .snapshots
@@ -309,15 +324,14 @@ pub(super) fn export_snapshot(
             )),
         );
     }
-    let out = std::io::BufWriter::with_capacity(256 * 1024, stdout.lock());
-    let out = taskbox::provider::local::export_snapshot(&paths.data_dir.join("local"), id, out)
-        .map_err(|e| {
-            let code = match e.kind() {
-                taskbox::core::FailureKind::SnapshotGone => "snapshot_not_found",
-                _ => "error",
-            };
-            Failure::new(e.into_provider("export a snapshot").to_string()).code(code)
-        })?;
+    let mut out = std::io::BufWriter::with_capacity(256 * 1024, stdout.lock());
+    export(&paths.data_dir, id, &mut out).map_err(|e| {
+        let code = match e.kind {
+            taskbox::core::FailureKind::SnapshotGone => "snapshot_not_found",
+            _ => "error",
+        };
+        Failure::new(e.to_string()).code(code)
+    })?;
     let _ = out
         .into_inner()
         .map_err(|e| Failure::new(format!("cannot write the tarball: {}", e.error())))?;

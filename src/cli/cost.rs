@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::Args;
 use taskbox::config::Config;
 use taskbox::core::ledger::{Ledger, Prices};
-use taskbox::engine::cost::{self, ESTIMATE_BASIS, PRICED_BACKEND};
+use taskbox::engine::cost::{self, ESTIMATE_BASIS};
 use taskbox::engine::Paths;
 use taskbox::store::StoreError;
 use taskbox::TaskId;
@@ -141,7 +141,7 @@ fn print_ledger(l: &Ledger, backend: Option<&str>, prices: &Prices) {
         l.sandbox_hours()
     );
     println!("  creations          {}", l.creations);
-    let priced = backend == Some(PRICED_BACKEND);
+    let priced = cost::is_priced(backend);
     if priced {
         println!(
             "  sessions reported  {} (usage the platform reported as the sessions ended)",

@@ -4,10 +4,8 @@ use std::process::ExitCode;
 
 use serde::{Deserialize, Serialize};
 
-use taskbox::config::{Backend, Config};
+use taskbox::config::Config;
 use taskbox::engine::Paths;
-use taskbox::provider::local::cgroup;
-use taskbox::provider::local::doctor::{bash_version, BashError};
 use taskbox::provider::local::foreign;
 use taskbox::store::Store;
 
@@ -37,16 +35,6 @@ impl Check {
         }
     }
 
-    pub fn warn(name: &str, detail: impl Into<String>, hint: impl Into<String>) -> Check {
-        Check {
-            name: name.into(),
-            ok: true,
-            detail: detail.into(),
-            hint: Some(hint.into()),
-            warning: true,
-        }
-    }
-
     pub fn fail(name: &str, detail: impl Into<String>, hint: impl Into<String>) -> Check {
         Check {
             name: name.into(),
@@ -58,8 +46,8 @@ impl Check {
     }
 }
 
-impl From<taskbox::provider::vercel::doctor::Check> for Check {
-    fn from(c: taskbox::provider::vercel::doctor::Check) -> Check {
+impl From<taskbox::provider::registry::Check> for Check {
+    fn from(c: taskbox::provider::registry::Check) -> Check {
         Check {
             name: c.name,
             ok: c.ok,
@@ -112,22 +100,8 @@ pub async fn run(paths: &Paths, args: DoctorArgs) -> Result<ExitCode, Failure> {
     };
     if let Some(cfg) = &config {
         checks.push(Check::pass("backend", cfg.terminal.backend.as_str()));
-        match cfg.terminal.backend {
-            Backend::Local => {
-                checks.push(bash_check());
-                checks.push(isolation_check());
-                checks.push(Check::pass(
-                    "persistence",
-                    if cfg.terminal.container_persistent {
-                        "terminal.container_persistent = true: files are kept in snapshots across sandboxes"
-                    } else {
-                        "terminal.container_persistent = false: every new sandbox starts fresh"
-                    },
-                ));
-            }
-            // The Vercel checks include the persistence line.
-            Backend::VercelSandbox => checks.extend(super::vercel_checks(cfg).await),
-        }
+        let backend = taskbox::provider::registry::entry(cfg.terminal.backend);
+        checks.extend((backend.checks)(cfg).await.into_iter().map(Check::from));
     }
     checks.push(data_dir_check(paths));
     checks.push(sqlite_check(paths));
@@ -172,45 +146,6 @@ pub async fn run(paths: &Paths, args: DoctorArgs) -> Result<ExitCode, Failure> {
     } else {
         ExitCode::from(1)
     })
-}
-
-fn bash_check() -> Check {
-    match bash_version() {
-        Ok(version) => Check::pass(
-            "bash",
-            format!("bash {version} runs the local backend's commands"),
-        ),
-        Err(e @ BashError::Exited(_)) => Check::fail("bash", e.to_string(), "install bash"),
-        Err(e @ BashError::Spawn(_)) => Check::fail(
-            "bash",
-            e.to_string(),
-            "install bash (the local backend runs commands with `bash -c`)",
-        ),
-    }
-}
-
-/// Whether a local sandbox's processes are isolated so that a stop kills them all.
-fn isolation_check() -> Check {
-    match cgroup::support() {
-        Ok(base) => Check::pass(
-            "isolation",
-            format!(
-                "each local sandbox runs in its own cgroup v2 (under {}); stopping it kills \
-                 every process it started",
-                base.display()
-            ),
-        ),
-        Err(why) => Check::warn(
-            "isolation",
-            format!(
-                "no cgroup v2 for local sandboxes ({why}): a stop kills the command's process \
-                 group and processes carrying the sandbox's TASKBOX_WORKSPACE, but processes \
-                 started with `setsid` and `env -i`, or with TASKBOX_WORKSPACE unset, survive it"
-            ),
-            "run taskbox as root or in a cgroup delegated to your user (systemd `Delegate=yes`) \
-             on a Linux with cgroup v2",
-        ),
-    }
 }
 
 fn data_dir_check(paths: &Paths) -> Check {

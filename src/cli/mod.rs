@@ -651,33 +651,3 @@ async fn open_with(paths: &Paths, reconcile: bool) -> Result<Orchestrator, Failu
         .await
         .map_err(Failure::from_engine)
 }
-
-/// The Vercel backend's checks for `taskbox doctor`: config, credentials (never their values)
-/// and, when those pass, an authenticated call to the API.
-async fn vercel_checks(cfg: &Config) -> Vec<doctor::Check> {
-    use taskbox::clock::{Clock, SystemClock};
-    use taskbox::provider::vercel::{doctor as vd, VercelProvider};
-    let env = |k: &str| std::env::var(k).ok();
-    let cwd = std::env::current_dir().unwrap_or_else(|_| ".".into());
-    let mut checks: Vec<doctor::Check> =
-        vd::static_checks(&cfg.terminal, &env, &cwd, SystemClock.now_ms())
-            .into_iter()
-            .map(doctor::Check::from)
-            .collect();
-    if checks.iter().all(|c| c.ok) {
-        match VercelProvider::from_config(
-            &cfg.terminal,
-            &env,
-            &cwd,
-            std::sync::Arc::new(SystemClock),
-        ) {
-            Ok(p) => checks.push(vd::reachability(p.client()).await.into()),
-            Err(e) => checks.push(doctor::Check::fail(
-                "vercel api",
-                e.to_string(),
-                e.hint().unwrap_or_else(|| "fix the checks above".into()),
-            )),
-        }
-    }
-    checks
-}

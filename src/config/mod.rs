@@ -145,7 +145,9 @@ pub const MAX_SERVER_IDLE_SECONDS: u64 = 30 * 24 * 60 * 60;
 /// `@vercel/sandbox` 3.0).
 pub const DEFAULT_VERCEL_IMAGE: &str = "vercel/sandbox/universal";
 
-/// The sandbox backend.
+/// The sandbox backend. A new one is a variant here, in [`Backend::ALL`] and
+/// [`Backend::as_str`], and an entry in `provider::registry::BACKENDS` (its test holds the two
+/// lists equal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
@@ -157,6 +159,10 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// Every backend: what `terminal.backend` accepts (and `provider::registry` has an entry
+    /// for each).
+    pub const ALL: [Backend; 2] = [Backend::Local, Backend::VercelSandbox];
+
     /// The name as written in the config.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -542,6 +548,18 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_is_one_of_the_listed_names_or_the_vercel_short_name() {
+        for b in Backend::ALL {
+            assert_eq!(backend(&format!(" {} ", b.as_str())), Ok(b));
+        }
+        assert_eq!(backend("vercel"), Ok(Backend::VercelSandbox));
+        assert_eq!(
+            backend("docker"),
+            Err("one of: local, vercel_sandbox".to_string())
+        );
+    }
 
     #[test]
     fn every_key_reads_back_what_it_stores() {

@@ -118,9 +118,12 @@ impl Render for Option<u32> {
 
 pub(super) fn backend(value: &str) -> Result<Backend, String> {
     match value.trim() {
-        "local" => Ok(Backend::Local),
-        "vercel_sandbox" | "vercel" => Ok(Backend::VercelSandbox),
-        _ => Err("one of: local, vercel_sandbox".into()),
+        // The short name the Vercel backend is also known by.
+        "vercel" => Ok(Backend::VercelSandbox),
+        name => Backend::ALL
+            .into_iter()
+            .find(|b| b.as_str() == name)
+            .ok_or_else(|| format!("one of: {}", Backend::ALL.map(Backend::as_str).join(", "))),
     }
 }
 

@@ -13,8 +13,13 @@ use crate::store::{JournalEntry, Store};
 
 use super::EngineError;
 
-/// The backend name whose ledger is priced.
-pub const PRICED_BACKEND: &str = "vercel_sandbox";
+/// Whether the ledger of a task on `backend` (as its journal names it) is priced: its
+/// backend's registry entry says so ([`Entry::priced`](crate::provider::registry::Entry::priced)).
+pub fn is_priced(backend: Option<&str>) -> bool {
+    backend
+        .and_then(crate::provider::registry::named)
+        .is_some_and(|entry| entry.priced)
+}
 
 /// What the output says of an estimate.
 pub const ESTIMATE_BASIS: &str = "estimate at list price";
@@ -96,7 +101,7 @@ pub fn window(since_ms: Option<u64>, now: Millis) -> Window {
 
 /// A ledger as JSON: the resource figures, and for the Vercel backend the estimate at `prices`.
 pub fn ledger_json(ledger: &Ledger, backend: Option<&str>, prices: &Prices) -> serde_json::Value {
-    let priced = backend == Some(PRICED_BACKEND);
+    let priced = is_priced(backend);
     let mut v = serde_json::json!({
         "backend": backend,
         "sandbox_seconds": ledger.sandbox_ms / 1000,

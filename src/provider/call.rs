@@ -401,10 +401,11 @@ mod tests {
         fn create_sandbox<'a>(&'a self, _: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
             down("create sandbox")
         }
-        fn exec<'a>(
+        fn exec_live<'a>(
             &'a self,
             _: &'a SandboxId,
             _: &'a ExecRequest,
+            _: ExecIo,
         ) -> ProviderFuture<'a, ExecOutput> {
             down("run command")
         }

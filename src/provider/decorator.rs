@@ -4,11 +4,11 @@
 //! snapshots were deleted, plant a bug, count creations in flight). Written against
 //! [`SandboxProvider`] directly, each such wrapper repeats every operation just to forward it;
 //! a [`Decorator`] names its inner provider and overrides only what it changes, and the blanket
-//! implementation makes it a [`SandboxProvider`].
+//! implementation makes it a [`Platform`] (and so a [`SandboxProvider`]).
 
 use super::{
-    ExecIo, ExecOutput, ExecRequest, ListedResource, ProviderFuture, SandboxInfo, SandboxProvider,
-    SandboxSpec, SnapshotInfo,
+    ExecIo, ExecOutput, ExecRequest, ListedResource, Platform, ProviderError, ProviderFuture,
+    SandboxInfo, SandboxProvider, SandboxSpec, SnapshotInfo,
 };
 use crate::core::{Millis, PlatformSnapshot, SessionUsage};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
@@ -30,17 +30,7 @@ pub trait Decorator: Send + Sync {
         self.inner().create_sandbox(spec)
     }
 
-    /// See [`SandboxProvider::exec`].
-    fn exec<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-        req: &'a ExecRequest,
-    ) -> ProviderFuture<'a, ExecOutput> {
-        self.inner().exec(sandbox_id, req)
-    }
-
-    /// See [`SandboxProvider::exec_live`]. A decorator that overrides [`Decorator::exec`]
-    /// overrides this too (the engine runs commands through it).
+    /// See [`SandboxProvider::exec_live`] (which [`SandboxProvider::exec`] runs too).
     fn exec_live<'a>(
         &'a self,
         sandbox_id: &'a SandboxId,
@@ -136,95 +126,88 @@ pub trait Decorator: Send + Sync {
     }
 }
 
-impl<T: Decorator> SandboxProvider for T {
+// A decorator is a platform whose error is already a provider error (it names its operation,
+// so the blanket's naming leaves it as it is).
+impl<T: Decorator> Platform for T {
+    type Error = ProviderError;
+
     fn name(&self) -> &'static str {
         Decorator::name(self)
     }
 
-    fn create_sandbox<'a>(&'a self, spec: &'a SandboxSpec) -> ProviderFuture<'a, SandboxInfo> {
-        Decorator::create_sandbox(self, spec)
+    async fn create_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxInfo, ProviderError> {
+        Decorator::create_sandbox(self, spec).await
     }
 
-    fn exec<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-        req: &'a ExecRequest,
-    ) -> ProviderFuture<'a, ExecOutput> {
-        Decorator::exec(self, sandbox_id, req)
-    }
-
-    fn exec_live<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-        req: &'a ExecRequest,
+    async fn exec_live(
+        &self,
+        sandbox_id: &SandboxId,
+        req: &ExecRequest,
         io: ExecIo,
-    ) -> ProviderFuture<'a, ExecOutput> {
-        Decorator::exec_live(self, sandbox_id, req, io)
+    ) -> Result<ExecOutput, ProviderError> {
+        Decorator::exec_live(self, sandbox_id, req, io).await
     }
 
-    fn snapshot<'a>(
-        &'a self,
-        task_id: &'a TaskId,
-        sandbox_id: &'a SandboxId,
+    async fn snapshot(
+        &self,
+        task_id: &TaskId,
+        sandbox_id: &SandboxId,
         seq: u64,
-    ) -> ProviderFuture<'a, SnapshotInfo> {
-        Decorator::snapshot(self, task_id, sandbox_id, seq)
+    ) -> Result<SnapshotInfo, ProviderError> {
+        Decorator::snapshot(self, task_id, sandbox_id, seq).await
     }
 
-    fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()> {
-        Decorator::stop_sandbox(self, sandbox_id)
+    async fn stop_sandbox(&self, sandbox_id: &SandboxId) -> Result<(), ProviderError> {
+        Decorator::stop_sandbox(self, sandbox_id).await
     }
 
-    fn extend_timeout<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
+    async fn extend_timeout(
+        &self,
+        sandbox_id: &SandboxId,
         duration_ms: u64,
-    ) -> ProviderFuture<'a, Millis> {
-        Decorator::extend_timeout(self, sandbox_id, duration_ms)
+    ) -> Result<Millis, ProviderError> {
+        Decorator::extend_timeout(self, sandbox_id, duration_ms).await
     }
 
-    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> ProviderFuture<'a, ()> {
-        Decorator::delete_snapshot(self, snapshot_id)
+    async fn delete_snapshot(&self, snapshot_id: &SnapshotId) -> Result<(), ProviderError> {
+        Decorator::delete_snapshot(self, snapshot_id).await
     }
 
-    fn probe_sandbox<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-    ) -> ProviderFuture<'a, Option<Millis>> {
-        Decorator::probe_sandbox(self, sandbox_id)
+    async fn probe_sandbox(&self, sandbox_id: &SandboxId) -> Result<Option<Millis>, ProviderError> {
+        Decorator::probe_sandbox(self, sandbox_id).await
     }
 
-    fn platform_snapshot<'a>(
-        &'a self,
-        task_id: &'a TaskId,
-        sandbox_id: &'a SandboxId,
-    ) -> ProviderFuture<'a, Option<PlatformSnapshot>> {
-        Decorator::platform_snapshot(self, task_id, sandbox_id)
+    async fn platform_snapshot(
+        &self,
+        task_id: &TaskId,
+        sandbox_id: &SandboxId,
+    ) -> Result<Option<PlatformSnapshot>, ProviderError> {
+        Decorator::platform_snapshot(self, task_id, sandbox_id).await
     }
 
-    fn session_usage<'a>(
-        &'a self,
-        sandbox_id: &'a SandboxId,
-    ) -> ProviderFuture<'a, Option<SessionUsage>> {
-        Decorator::session_usage(self, sandbox_id)
+    async fn session_usage(
+        &self,
+        sandbox_id: &SandboxId,
+    ) -> Result<Option<SessionUsage>, ProviderError> {
+        Decorator::session_usage(self, sandbox_id).await
     }
 
-    fn list_sandboxes<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        Decorator::list_sandboxes(self, installation_id)
+    async fn list_sandboxes(
+        &self,
+        installation_id: &str,
+    ) -> Result<Vec<ListedResource>, ProviderError> {
+        Decorator::list_sandboxes(self, installation_id).await
     }
 
-    fn list_snapshots<'a>(
-        &'a self,
-        installation_id: &'a str,
-    ) -> ProviderFuture<'a, Vec<ListedResource>> {
-        Decorator::list_snapshots(self, installation_id)
+    async fn list_snapshots(
+        &self,
+        installation_id: &str,
+    ) -> Result<Vec<ListedResource>, ProviderError> {
+        Decorator::list_snapshots(self, installation_id).await
     }
 
-    fn sweep_temporaries(&self) -> ProviderFuture<'_, usize> {
-        Decorator::sweep_temporaries(self)
+    async fn sweep_temporaries(&self) -> Result<usize, ProviderError> {
+        Decorator::sweep_temporaries(self).await
     }
 
     fn keeps_files_after_deadline(&self) -> bool {

@@ -112,6 +112,21 @@ impl ExecIo {
     pub fn cancelled(&self) -> Option<CancelSignal> {
         self.cancel.as_ref().and_then(|c| *c.borrow())
     }
+
+    /// The live side of a platform that has none: forwards `out`'s captured output to
+    /// [`ExecIo::output`] once the command has run (stdin stays unread, a cancel unseen).
+    pub async fn forward_capture(self, out: &super::ExecOutput) {
+        let Some(tx) = self.output else { return };
+        for (stream, text) in [
+            (OutputStream::Stdout, &out.stdout),
+            (OutputStream::Stderr, &out.stderr),
+        ] {
+            if !text.is_empty() {
+                let data = text.as_bytes().to_vec();
+                let _ = tx.send(OutputChunk { stream, data }).await;
+            }
+        }
+    }
 }
 
 /// Waits until `cancel` asks for a signal; never returns when there is no cancel or its sender

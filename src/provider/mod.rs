@@ -1,6 +1,11 @@
 //! Sandbox providers: the only code that knows processes (local), HTTP (vercel_sandbox) or a
 //! simulated world (sim). The engine talks to them through [`SandboxProvider`].
 //!
+//! A platform implements [`Platform`] (plain `async fn`s, its own typed error) and is a
+//! [`SandboxProvider`] by the blanket implementation in `platform.rs`; the [`registry`] says
+//! what config, `doctor`, `cost` and `export-snapshot` need of each backend; and
+//! `tests/it/provider_contract.rs` holds every provider to the promises below.
+//!
 //! Every operation except [`SandboxProvider::exec`] is idempotent by its key, which is what lets
 //! the engine recover from a crash by re-issuing the operation that was in flight:
 //! - `create_sandbox` by the sandbox name (task id + generation): a second call finds the first
@@ -12,6 +17,8 @@
 mod call;
 mod decorator;
 pub mod live;
+mod platform;
+pub mod registry;
 // Providers are where processes and waiting on the platform live: `local` spawns `bash` and
 // polls its processes, `sim` sleeps its latencies on (paused) tokio time, `vercel` waits out
 // retry-afters and long polls.
@@ -25,6 +32,8 @@ pub mod vercel;
 pub use call::{Call, ReceivedCall};
 pub use decorator::Decorator;
 pub use live::{CancelSignal, Canceller, ExecIo, OutputChunk, OutputStream};
+pub use platform::{Platform, PlatformError};
+pub use registry::{from_config, SetupError};
 
 use std::future::Future;
 use std::pin::Pin;
@@ -238,40 +247,26 @@ pub trait SandboxProvider: Send + Sync {
 
     /// Runs one command; cancelling by timeout kills the command, never the sandbox.
     /// A sandbox that is gone (or expires under the command) is [`FailureKind::SandboxGone`].
+    /// It is [`SandboxProvider::exec_live`] with no live side.
     fn exec<'a>(
         &'a self,
         sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
-    ) -> ProviderFuture<'a, ExecOutput>;
+    ) -> ProviderFuture<'a, ExecOutput> {
+        self.exec_live(sandbox_id, req, ExecIo::default())
+    }
 
     /// [`SandboxProvider::exec`] with its live side: output forwarded to `io.output` as it is
     /// produced, `io.stdin` as the command's stdin, and `io.cancel` signalling the command (its
     /// process group, never the sandbox; what the command then exits with is its result). The
-    /// result still carries the bounded capture. Platforms without a live side need not
-    /// override: the default runs [`SandboxProvider::exec`] and forwards the captured output
-    /// once it has run (stdin stays empty, a cancel is not seen).
+    /// result still carries the bounded capture. A platform without a live side forwards the
+    /// captured output once the command has run ([`ExecIo::forward_capture`]).
     fn exec_live<'a>(
         &'a self,
         sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
         io: ExecIo,
-    ) -> ProviderFuture<'a, ExecOutput> {
-        Box::pin(async move {
-            let out = self.exec(sandbox_id, req).await?;
-            if let Some(tx) = io.output {
-                for (stream, text) in [
-                    (OutputStream::Stdout, &out.stdout),
-                    (OutputStream::Stderr, &out.stderr),
-                ] {
-                    if !text.is_empty() {
-                        let data = text.as_bytes().to_vec();
-                        let _ = tx.send(OutputChunk { stream, data }).await;
-                    }
-                }
-            }
-            Ok(out)
-        })
-    }
+    ) -> ProviderFuture<'a, ExecOutput>;
 
     /// Snapshots the sandbox's filesystem and stops it. Idempotent by (`task_id`, `seq`).
     fn snapshot<'a>(
@@ -365,206 +360,6 @@ pub trait SandboxProvider: Send + Sync {
     }
 }
 
-/// A platform's own error, turned into a [`ProviderError`] naming the operation that failed
-/// (a [`ProviderError`] already names it).
-pub trait PlatformError {
-    /// The provider error for a failure of `operation` (`create sandbox`, `run command`, ...).
-    fn into_provider(self, operation: &'static str) -> ProviderError;
-}
-
-impl PlatformError for ProviderError {
-    fn into_provider(self, _operation: &'static str) -> ProviderError {
-        self
-    }
-}
-
-/// Implements [`SandboxProvider`] for a platform whose operations are its own `async fn`s with
-/// the trait's arguments, failing with a [`PlatformError`]: each trait method boxes the named
-/// method's future and names the operation in its error, so the glue is written once instead
-/// of once per platform. `sweep_temporaries` and `keeps_files_after_deadline` keep the trait's
-/// defaults unless named. A platform with a live side names its exec as `exec_live: f` (`f`
-/// takes the [`ExecIo`] too); one without as `exec: f`, and gets the trait's default `exec_live`.
-macro_rules! platform_provider {
-    // `exec: f` — a platform without a live side: `f(sandbox_id, req)`, and the trait's default
-    // `exec_live` (the capture forwarded once the command ran).
-    (@exec $ty:ty, exec, $exec:ident) => {
-        fn exec<'a>(
-            &'a self,
-            sandbox_id: &'a $crate::ids::SandboxId,
-            req: &'a $crate::provider::ExecRequest,
-        ) -> $crate::provider::ProviderFuture<'a, $crate::provider::ExecOutput> {
-            Box::pin(async move {
-                let answer = <$ty>::$exec(self, sandbox_id, req).await;
-                answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "run command"))
-            })
-        }
-    };
-    // `exec_live: f` — a platform with a live side: `f(sandbox_id, req, io)` serves both
-    // `exec` (with no live side) and `exec_live`.
-    (@exec $ty:ty, exec_live, $exec:ident) => {
-        fn exec<'a>(
-            &'a self,
-            sandbox_id: &'a $crate::ids::SandboxId,
-            req: &'a $crate::provider::ExecRequest,
-        ) -> $crate::provider::ProviderFuture<'a, $crate::provider::ExecOutput> {
-            $crate::provider::SandboxProvider::exec_live(
-                self,
-                sandbox_id,
-                req,
-                $crate::provider::ExecIo::default(),
-            )
-        }
-        fn exec_live<'a>(
-            &'a self,
-            sandbox_id: &'a $crate::ids::SandboxId,
-            req: &'a $crate::provider::ExecRequest,
-            io: $crate::provider::ExecIo,
-        ) -> $crate::provider::ProviderFuture<'a, $crate::provider::ExecOutput> {
-            Box::pin(async move {
-                let answer = <$ty>::$exec(self, sandbox_id, req, io).await;
-                answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "run command"))
-            })
-        }
-    };
-    ($ty:ty, $name:literal, {
-        create_sandbox: $create:ident,
-        $exec_kind:ident: $exec:ident,
-        snapshot: $snapshot:ident,
-        stop_sandbox: $stop:ident,
-        extend_timeout: $extend:ident,
-        delete_snapshot: $delete:ident,
-        probe_sandbox: $probe:ident,
-        list_sandboxes: $list_sandboxes:ident,
-        list_snapshots: $list_snapshots:ident,
-        $(sweep_temporaries: $sweep:ident,)?
-        $(platform_snapshot: $platform_snapshot:ident,)?
-        $(session_usage: $session_usage:ident,)?
-        $(keeps_files_after_deadline: $keeps:literal,)?
-    }) => {
-        impl $crate::provider::SandboxProvider for $ty {
-            fn name(&self) -> &'static str {
-                $name
-            }
-            fn create_sandbox<'a>(
-                &'a self,
-                spec: &'a $crate::provider::SandboxSpec,
-            ) -> $crate::provider::ProviderFuture<'a, $crate::provider::SandboxInfo> {
-                Box::pin(async move {
-                    let answer = <$ty>::$create(self, spec).await;
-                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "create sandbox"))
-                })
-            }
-            $crate::provider::platform_provider!(@exec $ty, $exec_kind, $exec);
-            fn snapshot<'a>(
-                &'a self,
-                task_id: &'a $crate::ids::TaskId,
-                sandbox_id: &'a $crate::ids::SandboxId,
-                seq: u64,
-            ) -> $crate::provider::ProviderFuture<'a, $crate::provider::SnapshotInfo> {
-                Box::pin(async move {
-                    let answer = <$ty>::$snapshot(self, task_id, sandbox_id, seq).await;
-                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "take snapshot"))
-                })
-            }
-            fn stop_sandbox<'a>(
-                &'a self,
-                sandbox_id: &'a $crate::ids::SandboxId,
-            ) -> $crate::provider::ProviderFuture<'a, ()> {
-                Box::pin(async move {
-                    let answer = <$ty>::$stop(self, sandbox_id).await;
-                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "stop sandbox"))
-                })
-            }
-            fn extend_timeout<'a>(
-                &'a self,
-                sandbox_id: &'a $crate::ids::SandboxId,
-                duration_ms: u64,
-            ) -> $crate::provider::ProviderFuture<'a, $crate::core::Millis> {
-                Box::pin(async move {
-                    let answer = <$ty>::$extend(self, sandbox_id, duration_ms).await;
-                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "extend timeout"))
-                })
-            }
-            fn delete_snapshot<'a>(
-                &'a self,
-                snapshot_id: &'a $crate::ids::SnapshotId,
-            ) -> $crate::provider::ProviderFuture<'a, ()> {
-                Box::pin(async move {
-                    let answer = <$ty>::$delete(self, snapshot_id).await;
-                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "delete snapshot"))
-                })
-            }
-            fn probe_sandbox<'a>(
-                &'a self,
-                sandbox_id: &'a $crate::ids::SandboxId,
-            ) -> $crate::provider::ProviderFuture<'a, Option<$crate::core::Millis>> {
-                Box::pin(async move {
-                    let answer = <$ty>::$probe(self, sandbox_id).await;
-                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "probe sandbox"))
-                })
-            }
-            fn list_sandboxes<'a>(
-                &'a self,
-                installation_id: &'a str,
-            ) -> $crate::provider::ProviderFuture<'a, Vec<$crate::provider::ListedResource>> {
-                Box::pin(async move {
-                    let answer = <$ty>::$list_sandboxes(self, installation_id).await;
-                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "list sandboxes"))
-                })
-            }
-            fn list_snapshots<'a>(
-                &'a self,
-                installation_id: &'a str,
-            ) -> $crate::provider::ProviderFuture<'a, Vec<$crate::provider::ListedResource>> {
-                Box::pin(async move {
-                    let answer = <$ty>::$list_snapshots(self, installation_id).await;
-                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "list snapshots"))
-                })
-            }
-            $(
-            fn sweep_temporaries(&self) -> $crate::provider::ProviderFuture<'_, usize> {
-                Box::pin(async move {
-                    let answer = <$ty>::$sweep(self).await;
-                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "sweep temporaries"))
-                })
-            }
-            )?
-            $(
-            fn platform_snapshot<'a>(
-                &'a self,
-                task_id: &'a $crate::ids::TaskId,
-                sandbox_id: &'a $crate::ids::SandboxId,
-            ) -> $crate::provider::ProviderFuture<'a, Option<$crate::core::PlatformSnapshot>> {
-                Box::pin(async move {
-                    let answer = <$ty>::$platform_snapshot(self, task_id, sandbox_id).await;
-                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "find platform snapshot"))
-                })
-            }
-            )?
-            $(
-            fn session_usage<'a>(
-                &'a self,
-                sandbox_id: &'a $crate::ids::SandboxId,
-            ) -> $crate::provider::ProviderFuture<'a, Option<$crate::core::SessionUsage>> {
-                Box::pin(async move {
-                    let answer = <$ty>::$session_usage(self, sandbox_id).await;
-                    answer.map_err(|e| $crate::provider::PlatformError::into_provider(e, "read session usage"))
-                })
-            }
-            fn reports_usage(&self) -> bool {
-                true
-            }
-            )?
-            $(
-            fn keeps_files_after_deadline(&self) -> bool {
-                $keeps
-            }
-            )?
-        }
-    };
-}
-use platform_provider;
-
 /// Bounds captured output the way Hermes does: at most `max_chars` characters, keeping the first
 /// 40 % and the last 60 %, with a line in between saying how much was cut.
 pub fn bound_output(text: &str, max_chars: usize) -> String {
@@ -584,50 +379,3 @@ pub fn bound_output(text: &str, max_chars: usize) -> String {
 
 /// The default bound on captured output per stream (Hermes's 50,000 characters).
 pub const MAX_OUTPUT_CHARS: usize = 50_000;
-
-/// Why a provider could not be built from the configuration.
-#[derive(Debug, thiserror::Error)]
-pub enum SetupError {
-    /// The local backend could not prepare its directories.
-    #[error(transparent)]
-    Local(#[from] local::LocalError),
-    /// The Vercel backend's configuration or credentials are not usable.
-    #[error(transparent)]
-    Vercel(#[from] vercel::VercelSetupError),
-}
-
-impl SetupError {
-    /// How to fix it, if known.
-    pub fn hint(&self) -> Option<String> {
-        match self {
-            SetupError::Local(_) => None,
-            SetupError::Vercel(e) => e.hint(),
-        }
-    }
-}
-
-/// Builds the provider `config` names (`terminal.backend`), rooted in `data_dir`.
-pub fn from_config(
-    config: &crate::config::Config,
-    data_dir: &std::path::Path,
-    installation_id: &str,
-    clock: std::sync::Arc<dyn crate::clock::Clock>,
-) -> Result<std::sync::Arc<dyn SandboxProvider>, SetupError> {
-    match config.terminal.backend {
-        crate::config::Backend::Local => Ok(std::sync::Arc::new(local::LocalProvider::new(
-            data_dir.join("local"),
-            installation_id.to_string(),
-            clock,
-        )?)),
-        crate::config::Backend::VercelSandbox => {
-            let cwd = std::env::current_dir().unwrap_or_else(|_| std::path::PathBuf::from("."));
-            let env = |k: &str| std::env::var(k).ok();
-            Ok(std::sync::Arc::new(vercel::VercelProvider::from_config(
-                &config.terminal,
-                &env,
-                &cwd,
-                clock,
-            )?))
-        }
-    }
-}

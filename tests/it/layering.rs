@@ -13,7 +13,8 @@ const LAYERS: &[&[&str]] = &[
     // The one redaction of secrets: the store and the config show URLs through it.
     &["redact"],
     &["store", "clock", "config", "rng", "shell"],
-    &["retry"],
+    // The snapshot store (files only) sits below every provider that keeps snapshots in it.
+    &["retry", "snapshot_store"],
     &["provider"],
     &["fake", "engine"],
     &["replay", "client"],

@@ -30,6 +30,7 @@ mod live;
 mod local_provider;
 mod mcp;
 mod pg;
+mod provider_contract;
 mod replay;
 mod server;
 mod sim;

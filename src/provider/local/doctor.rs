@@ -1,8 +1,68 @@
-//! The check `taskbox doctor` runs for the local backend: that `bash` runs, since every command
-//! of a local sandbox is `bash -c`. It lives here rather than in the CLI because only providers
-//! spawn processes.
+//! The checks `taskbox doctor` runs for the local backend: that `bash` runs, since every
+//! command of a local sandbox is `bash -c`; whether a stop can kill every process of a sandbox
+//! (its cgroup); and what persists across sandboxes. They live here rather than in the CLI
+//! because only providers spawn processes.
 
 use std::process::{Command, ExitStatus};
+
+use super::cgroup;
+use crate::config::Config;
+use crate::provider::registry::Check;
+
+/// The local backend's doctor lines ([`crate::provider::registry::Entry::checks`]).
+pub fn checks(config: &Config) -> Vec<Check> {
+    vec![
+        bash_check(),
+        isolation_check(),
+        Check::pass(
+            "persistence",
+            if config.terminal.container_persistent {
+                "terminal.container_persistent = true: files are kept in snapshots across sandboxes"
+            } else {
+                "terminal.container_persistent = false: every new sandbox starts fresh"
+            },
+        ),
+    ]
+}
+
+fn bash_check() -> Check {
+    match bash_version() {
+        Ok(version) => Check::pass(
+            "bash",
+            format!("bash {version} runs the local backend's commands"),
+        ),
+        Err(e @ BashError::Exited(_)) => Check::fail("bash", e.to_string(), "install bash"),
+        Err(e @ BashError::Spawn(_)) => Check::fail(
+            "bash",
+            e.to_string(),
+            "install bash (the local backend runs commands with `bash -c`)",
+        ),
+    }
+}
+
+/// Whether a local sandbox's processes are isolated so that a stop kills them all.
+fn isolation_check() -> Check {
+    match cgroup::support() {
+        Ok(base) => Check::pass(
+            "isolation",
+            format!(
+                "each local sandbox runs in its own cgroup v2 (under {}); stopping it kills \
+                 every process it started",
+                base.display()
+            ),
+        ),
+        Err(why) => Check::warn(
+            "isolation",
+            format!(
+                "no cgroup v2 for local sandboxes ({why}): a stop kills the command's process \
+                 group and processes carrying the sandbox's TASKBOX_WORKSPACE, but processes \
+                 started with `setsid` and `env -i`, or with TASKBOX_WORKSPACE unset, survive it"
+            ),
+            "run taskbox as root or in a cgroup delegated to your user (systemd `Delegate=yes`) \
+             on a Linux with cgroup v2",
+        ),
+    }
+}
 
 /// Why `bash` could not report its version.
 #[derive(Debug, thiserror::Error)]

@@ -4,11 +4,12 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::archive::ArchiveError;
-use super::cas::CasError;
 use crate::core::FailureKind;
 use crate::ids::TaskIdError;
 use crate::provider::ProviderError;
+use crate::snapshot_store::archive::ArchiveError;
+use crate::snapshot_store::cas::CasError;
+pub use crate::snapshot_store::IoContext;
 
 /// A local-provider failure, with the task, sandbox, snapshot or path it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -146,37 +147,6 @@ pub enum LocalError {
         /// The join error.
         message: String,
     },
-}
-
-/// A file-system operation on a named path that failed: the payload of the `Io` variant of
-/// [`LocalError`], [`ArchiveError`] and [`CasError`] alike.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot {operation} `{path}`")]
-pub struct IoContext {
-    /// What was being done.
-    pub operation: &'static str,
-    /// The path it was done to.
-    pub path: PathBuf,
-    /// The cause.
-    #[source]
-    pub source: io::Error,
-}
-
-impl IoContext {
-    /// For `map_err`: the failure to `operation` on `path`, as any error with an `Io` variant.
-    pub(crate) fn wrap<E: From<IoContext>>(
-        operation: &'static str,
-        path: impl Into<PathBuf>,
-    ) -> impl FnOnce(io::Error) -> E {
-        let path = path.into();
-        move |source| {
-            E::from(IoContext {
-                operation,
-                path,
-                source,
-            })
-        }
-    }
 }
 
 impl LocalError {

@@ -18,9 +18,9 @@
 //! sandboxes/<sandbox name>/...          the same, for a sandbox parked out of its task's
 //!                                       directory by a newer generation it did not know of
 //! snapshots/<task id>/<seq>.<nonce>.tbx snapshot manifests (older ones: whole archives; see
-//!                                       `archive` and `snapshot`)
+//!                                       `snapshot_store::archive` and `snapshot`)
 //! cas/                                  the contents they refer to, stored once by hash and
-//!                                       shared by every task (see `cas`)
+//!                                       shared by every task (see `snapshot_store::cas`)
 //! tasks/<task id>/index                 what the restore wrote (the change detection's index)
 //! tmp/                                  sandboxes being created
 //! trash/                                discarded sandboxes' files being removed (in the
@@ -43,7 +43,7 @@
 //! fsynced. What a crash leaves in `tmp/` or as `*.tmp` is removed by
 //! [`LocalProvider::sweep_temporaries`].
 //!
-//! Every id that reaches a path is validated first: task ids by [`TaskId`](crate::ids::TaskId),
+//! Every id that reaches a path is validated first: task ids by [`TaskId`],
 //! sandbox names by their `taskbox-<task>-g<N>-<installation>` shape, snapshot ids by
 //! `<task>.s<seq>`.
 //!
@@ -71,8 +71,6 @@
 // Every `unsafe` block here (process signals) must say why it is sound.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod archive;
-pub mod cas;
 pub mod cgroup;
 pub mod doctor;
 mod error;
@@ -100,8 +98,35 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 
 use self::names::SandboxName;
-use super::ListedResource;
+use super::{
+    ExecIo, ExecOutput, ExecRequest, ListedResource, SandboxInfo, SandboxSpec, SnapshotInfo,
+};
 use crate::clock::Clock;
+use crate::core::Millis;
+use crate::ids::{SandboxId, SnapshotId, TaskId};
+// The snapshot store, as the local provider's submodules name it (`super::cas`).
+use crate::snapshot_store::{archive, cas};
+
+/// The local backend in the [registry](crate::provider::registry): its sandboxes and snapshots
+/// live under the data dir's `local/`, where `export-snapshot` reads them; nothing is priced.
+pub const BACKEND: crate::provider::registry::Entry = crate::provider::registry::Entry {
+    backend: crate::config::Backend::Local,
+    build: |_config, data_dir, installation_id, clock| {
+        LocalProvider::new(data_dir.join("local"), installation_id.to_string(), clock)
+            .map(|p| Arc::new(p) as Arc<dyn crate::provider::SandboxProvider>)
+            .map_err(|e| crate::provider::SetupError::new("local", e, None))
+    },
+    checks: |config| {
+        let checks = doctor::checks(config);
+        Box::pin(async move { checks })
+    },
+    priced: false,
+    export_snapshot: Some(|data_dir, id, out| {
+        export_snapshot(&data_dir.join("local"), id, out)
+            .map(|_| ())
+            .map_err(|e| crate::provider::PlatformError::into_provider(e, "export a snapshot"))
+    }),
+};
 
 // ---------------------------------------------------------------------------------------------
 // The provider
@@ -226,37 +251,77 @@ impl LocalProvider {
 // ---------------------------------------------------------------------------------------------
 // The trait
 
-super::platform_provider!(LocalProvider, "local", {
-    create_sandbox: create,
-    exec_live: exec_command,
-    snapshot: snapshot_sandbox,
-    stop_sandbox: stop,
-    extend_timeout: extend,
-    delete_snapshot: delete,
-    probe_sandbox: probe,
-    list_sandboxes: listed_sandboxes,
-    list_snapshots: listed_snapshots,
-    sweep_temporaries: swept_temporaries,
-    keeps_files_after_deadline: true,
-});
+impl super::Platform for LocalProvider {
+    type Error = LocalError;
 
-impl LocalProvider {
-    async fn listed_sandboxes(
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    async fn create_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxInfo, LocalError> {
+        self.create(spec).await
+    }
+
+    async fn exec_live(
+        &self,
+        sandbox_id: &SandboxId,
+        req: &ExecRequest,
+        io: ExecIo,
+    ) -> Result<ExecOutput, LocalError> {
+        self.exec_command(sandbox_id, req, io).await
+    }
+
+    async fn snapshot(
+        &self,
+        task_id: &TaskId,
+        sandbox_id: &SandboxId,
+        seq: u64,
+    ) -> Result<SnapshotInfo, LocalError> {
+        self.snapshot_sandbox(task_id, sandbox_id, seq).await
+    }
+
+    async fn stop_sandbox(&self, sandbox_id: &SandboxId) -> Result<(), LocalError> {
+        self.stop(sandbox_id).await
+    }
+
+    async fn extend_timeout(
+        &self,
+        sandbox_id: &SandboxId,
+        duration_ms: u64,
+    ) -> Result<Millis, LocalError> {
+        self.extend(sandbox_id, duration_ms).await
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &SnapshotId) -> Result<(), LocalError> {
+        self.delete(snapshot_id).await
+    }
+
+    async fn probe_sandbox(&self, sandbox_id: &SandboxId) -> Result<Option<Millis>, LocalError> {
+        self.probe(sandbox_id).await
+    }
+
+    async fn list_sandboxes(
         &self,
         installation_id: &str,
     ) -> Result<Vec<ListedResource>, LocalError> {
         run_blocking_ref(|| self.sandboxes_of(installation_id))
     }
 
-    async fn listed_snapshots(
+    async fn list_snapshots(
         &self,
         installation_id: &str,
     ) -> Result<Vec<ListedResource>, LocalError> {
         run_blocking_ref(|| self.snapshots_of(installation_id))
     }
 
-    async fn swept_temporaries(&self) -> Result<usize, LocalError> {
-        run_blocking_ref(|| self.sweep_temporaries())
+    async fn sweep_temporaries(&self) -> Result<usize, LocalError> {
+        run_blocking_ref(|| LocalProvider::sweep_temporaries(self))
+    }
+
+    /// Nothing dies at a deadline here: a sandbox's workspace stays until it is stopped or
+    /// snapshotted.
+    fn keeps_files_after_deadline(&self) -> bool {
+        true
     }
 }
 

@@ -243,17 +243,82 @@ impl SimProvider {
     }
 }
 
-super::platform_provider!(SimProvider, "sim", {
-    create_sandbox: create,
-    exec: exec,
-    snapshot: snapshot,
-    stop_sandbox: stop,
-    extend_timeout: extend,
-    delete_snapshot: delete_snapshot_op,
-    probe_sandbox: probe,
-    list_sandboxes: list_sandboxes_op,
-    list_snapshots: list_snapshots_op,
-});
+// The simulated operations are inherent methods (in `ops.rs` and `exec.rs`) whose errors are
+// already provider errors.
+impl super::Platform for SimProvider {
+    type Error = ProviderError;
+
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    async fn create_sandbox(
+        &self,
+        spec: &super::SandboxSpec,
+    ) -> Result<super::SandboxInfo, ProviderError> {
+        self.create(spec).await
+    }
+
+    async fn exec_live(
+        &self,
+        sandbox_id: &crate::ids::SandboxId,
+        req: &super::ExecRequest,
+        io: super::ExecIo,
+    ) -> Result<super::ExecOutput, ProviderError> {
+        let out = SimProvider::exec(self, sandbox_id, req).await?;
+        io.forward_capture(&out).await;
+        Ok(out)
+    }
+
+    async fn snapshot(
+        &self,
+        task_id: &crate::ids::TaskId,
+        sandbox_id: &crate::ids::SandboxId,
+        seq: u64,
+    ) -> Result<super::SnapshotInfo, ProviderError> {
+        SimProvider::snapshot(self, task_id, sandbox_id, seq).await
+    }
+
+    async fn stop_sandbox(&self, sandbox_id: &crate::ids::SandboxId) -> Result<(), ProviderError> {
+        self.stop(sandbox_id).await
+    }
+
+    async fn extend_timeout(
+        &self,
+        sandbox_id: &crate::ids::SandboxId,
+        duration_ms: u64,
+    ) -> Result<Millis, ProviderError> {
+        self.extend(sandbox_id, duration_ms).await
+    }
+
+    async fn delete_snapshot(
+        &self,
+        snapshot_id: &crate::ids::SnapshotId,
+    ) -> Result<(), ProviderError> {
+        self.delete_snapshot_op(snapshot_id).await
+    }
+
+    async fn probe_sandbox(
+        &self,
+        sandbox_id: &crate::ids::SandboxId,
+    ) -> Result<Option<Millis>, ProviderError> {
+        self.probe(sandbox_id).await
+    }
+
+    async fn list_sandboxes(
+        &self,
+        installation_id: &str,
+    ) -> Result<Vec<super::ListedResource>, ProviderError> {
+        self.list_sandboxes_op(installation_id).await
+    }
+
+    async fn list_snapshots(
+        &self,
+        installation_id: &str,
+    ) -> Result<Vec<super::ListedResource>, ProviderError> {
+        self.list_snapshots_op(installation_id).await
+    }
+}
 
 #[cfg(test)]
 mod tests;

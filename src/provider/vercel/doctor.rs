@@ -10,41 +10,31 @@ use super::settings::{self, Origin, SandboxBase, API_URL_ENV, IMAGE_ENV, RUNTIME
 use crate::config::TerminalConfig;
 use crate::core::{FailureKind, Millis};
 
-/// One line of the doctor report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Check {
-    /// What is checked (`vercel create`, `vercel auth`, ...).
-    pub name: String,
-    /// Whether it passed.
-    pub ok: bool,
-    /// What was found. Never contains a secret.
-    pub detail: String,
-    /// How to fix a failure (or move off a deprecated setting).
-    pub hint: Option<String>,
-    /// Works, but deprecated or incomplete: printed `!`, does not fail doctor.
-    pub warning: bool,
-}
+pub use crate::provider::registry::Check;
 
-impl Check {
-    fn pass(name: &str, detail: impl Into<String>) -> Check {
-        Check {
-            name: name.to_string(),
-            ok: true,
-            detail: detail.into(),
-            hint: None,
-            warning: false,
+/// The Vercel backend's doctor lines ([`crate::provider::registry::Entry::checks`]): config,
+/// credentials (never their values) and, when those pass, an authenticated call to the API.
+pub async fn checks(config: &crate::config::Config) -> Vec<Check> {
+    use crate::clock::{Clock, SystemClock};
+    let env = |k: &str| std::env::var(k).ok();
+    let cwd = std::env::current_dir().unwrap_or_else(|_| ".".into());
+    let mut checks = static_checks(&config.terminal, &env, &cwd, SystemClock.now_ms());
+    if checks.iter().all(|c| c.ok) {
+        match super::VercelProvider::from_config(
+            &config.terminal,
+            &env,
+            &cwd,
+            std::sync::Arc::new(SystemClock),
+        ) {
+            Ok(p) => checks.push(reachability(p.client()).await),
+            Err(e) => checks.push(Check::fail(
+                "vercel api",
+                e.to_string(),
+                e.hint().unwrap_or_else(|| "fix the checks above".into()),
+            )),
         }
     }
-
-    fn fail(name: &str, detail: impl Into<String>, hint: impl Into<String>) -> Check {
-        Check {
-            name: name.to_string(),
-            ok: false,
-            detail: detail.into(),
-            hint: Some(hint.into()),
-            warning: false,
-        }
-    }
+    checks
 }
 
 fn origin_label(origin: Origin, key: &str, env: &str) -> String {

@@ -87,6 +87,25 @@ impl VercelSetupError {
     }
 }
 
+/// The Vercel backend in the [registry](crate::provider::registry): built from the config and
+/// the environment's credentials; its sessions are priced; its snapshots live on the platform.
+pub const BACKEND: crate::provider::registry::Entry = crate::provider::registry::Entry {
+    backend: crate::config::Backend::VercelSandbox,
+    build: |config, _data_dir, _installation_id, clock| {
+        let cwd = std::env::current_dir().unwrap_or_else(|_| std::path::PathBuf::from("."));
+        let env = |k: &str| std::env::var(k).ok();
+        VercelProvider::from_config(&config.terminal, &env, &cwd, clock)
+            .map(|p| Arc::new(p) as Arc<dyn crate::provider::SandboxProvider>)
+            .map_err(|e| {
+                let hint = e.hint();
+                crate::provider::SetupError::new("vercel_sandbox", e, hint)
+            })
+    },
+    checks: |config| Box::pin(doctor::checks(config)),
+    priced: true,
+    export_snapshot: None,
+};
+
 /// Tuning of the provider (defaults suit production; tests shorten the waits).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderOptions {
@@ -683,19 +702,89 @@ pub fn task_from_name(name: &str) -> Option<String> {
     crate::provider::parse_sandbox_name(name).map(|(_, task, _)| task)
 }
 
-super::platform_provider!(VercelProvider, "vercel_sandbox", {
-    create_sandbox: create,
-    exec_live: run,
-    snapshot: take_snapshot,
-    stop_sandbox: stop,
-    extend_timeout: extend,
-    delete_snapshot: delete_snapshot,
-    probe_sandbox: probe,
-    list_sandboxes: listed_sandboxes,
-    list_snapshots: listed_snapshots,
-    platform_snapshot: find_platform_snapshot,
-    session_usage: ended_usage,
-});
+impl super::Platform for VercelProvider {
+    type Error = ProviderError;
+
+    fn name(&self) -> &'static str {
+        "vercel_sandbox"
+    }
+
+    async fn create_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxInfo, ProviderError> {
+        self.create(spec).await
+    }
+
+    async fn exec_live(
+        &self,
+        sandbox_id: &SandboxId,
+        req: &ExecRequest,
+        io: ExecIo,
+    ) -> Result<ExecOutput, ProviderError> {
+        self.run(sandbox_id, req, io).await
+    }
+
+    async fn snapshot(
+        &self,
+        task_id: &TaskId,
+        sandbox_id: &SandboxId,
+        seq: u64,
+    ) -> Result<SnapshotInfo, ProviderError> {
+        self.take_snapshot(task_id, sandbox_id, seq).await
+    }
+
+    async fn stop_sandbox(&self, sandbox_id: &SandboxId) -> Result<(), ProviderError> {
+        self.stop(sandbox_id).await
+    }
+
+    async fn extend_timeout(
+        &self,
+        sandbox_id: &SandboxId,
+        duration_ms: u64,
+    ) -> Result<Millis, ProviderError> {
+        self.extend(sandbox_id, duration_ms).await
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &SnapshotId) -> Result<(), ProviderError> {
+        VercelProvider::delete_snapshot(self, snapshot_id).await
+    }
+
+    async fn probe_sandbox(&self, sandbox_id: &SandboxId) -> Result<Option<Millis>, ProviderError> {
+        self.probe(sandbox_id).await
+    }
+
+    async fn platform_snapshot(
+        &self,
+        task_id: &TaskId,
+        sandbox_id: &SandboxId,
+    ) -> Result<Option<crate::core::PlatformSnapshot>, ProviderError> {
+        self.find_platform_snapshot(task_id, sandbox_id).await
+    }
+
+    async fn session_usage(
+        &self,
+        sandbox_id: &SandboxId,
+    ) -> Result<Option<crate::core::SessionUsage>, ProviderError> {
+        self.ended_usage(sandbox_id).await
+    }
+
+    async fn list_sandboxes(
+        &self,
+        installation_id: &str,
+    ) -> Result<Vec<ListedResource>, ProviderError> {
+        self.listed_sandboxes(installation_id).await
+    }
+
+    async fn list_snapshots(
+        &self,
+        installation_id: &str,
+    ) -> Result<Vec<ListedResource>, ProviderError> {
+        self.listed_snapshots(installation_id).await
+    }
+
+    /// Vercel's session object says what an ended session used.
+    fn reports_usage(&self) -> bool {
+        true
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -11,8 +11,8 @@ use crate::clock::{Clock, TokioClock};
 use crate::core::{Event, Failure, FailureKind, Millis, PlatformSnapshot, SessionUsage};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::{
-    Call, ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture, ReceivedCall,
-    SandboxInfo, SandboxProvider, SandboxSpec, SnapshotInfo,
+    Call, ExecIo, ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture,
+    ReceivedCall, SandboxInfo, SandboxProvider, SandboxSpec, SnapshotInfo,
 };
 
 use super::plan::Expected;
@@ -226,10 +226,12 @@ impl SandboxProvider for ReplayProvider {
         })
     }
 
-    fn exec<'a>(
+    // A replayed command has no live side: its output was never journaled.
+    fn exec_live<'a>(
         &'a self,
         sandbox_id: &'a SandboxId,
         req: &'a ExecRequest,
+        _io: ExecIo,
     ) -> ProviderFuture<'a, ExecOutput> {
         let call = Call::Exec {
             request_id: (),

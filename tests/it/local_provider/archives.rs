@@ -7,8 +7,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use taskbox::core::FailureKind;
-use taskbox::provider::local::archive::{self, ArchiveHeader};
 use taskbox::provider::{sandbox_name, SandboxProvider};
+use taskbox::snapshot_store::archive::{self, ArchiveHeader};
 
 use super::{assert_kind, assert_untouched, tree_state, Env, INSTALLATION, START_MS};
 

@@ -14,8 +14,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use proptest::prelude::*;
 use taskbox::core::FailureKind;
-use taskbox::provider::local::cas::{Cas, CasError, EntryKind, Index, Manifest};
 use taskbox::provider::SandboxProvider;
+use taskbox::snapshot_store::cas::{Cas, CasError, EntryKind, Index, Manifest};
 
 use super::{assert_kind, assert_untouched, tree_state, Env};
 use crate::support::snap;
@@ -639,7 +639,7 @@ fn hostile_manifests_are_refused() {
     let symlink = |target: &[u8]| EntryKind::Symlink {
         target: target.to_vec(),
     };
-    let entry = |path: &[u8], kind: EntryKind| taskbox::provider::local::cas::Entry {
+    let entry = |path: &[u8], kind: EntryKind| taskbox::snapshot_store::cas::Entry {
         path: path.to_vec(),
         mode: 0o644,
         mtime_ns: 0,
@@ -650,7 +650,7 @@ fn hostile_manifests_are_refused() {
         stat: Default::default(),
         chunks: Vec::new(),
     };
-    let cases: Vec<Vec<taskbox::provider::local::cas::Entry>> = vec![
+    let cases: Vec<Vec<taskbox::snapshot_store::cas::Entry>> = vec![
         vec![entry(b"../evil", file())],
         vec![entry(b"/etc/evil", file())],
         vec![entry(b"a/./b", file())],

@@ -6,8 +6,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use taskbox::core::FailureKind;
-use taskbox::provider::local::archive::{self, ArchiveError};
 use taskbox::provider::SandboxProvider;
+use taskbox::snapshot_store::archive::{self, ArchiveError};
 
 use super::{assert_kind, Env, INSTALLATION};
 use crate::support::{sbx, snap, tid};

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
 use proptest::prelude::*;
-use taskbox::provider::local::cas::{Cas, Index, Limits, Manifest, Tracker};
 use taskbox::provider::SandboxProvider;
+use taskbox::snapshot_store::cas::{Cas, Index, Limits, Manifest, Tracker};
 
 use super::cas::{apply, big, build, capture, edit, restore_into, tree, unlock, Edit, Op};
 use super::Env;

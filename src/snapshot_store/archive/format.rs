@@ -12,7 +12,7 @@ use crate::core::Millis;
 pub const MAGIC: [u8; 8] = *b"TBXSNAP\0";
 
 /// The format version snapshots are written in. Version 3's body is a manifest pointing into
-/// the content-addressed store ([`cas`](crate::provider::local::cas)) instead of a tar of the
+/// the content-addressed store ([`cas`](crate::snapshot_store::cas)) instead of a tar of the
 /// whole workspace; versions 1 and 2 (tar bodies) are still read.
 pub const VERSION: u32 = 3;
 

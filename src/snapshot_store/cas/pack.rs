@@ -16,7 +16,7 @@ use super::object::{compressor, sync_path, Hash, PackWriter, CHUNK};
 use super::restore::Index;
 use super::track::{Changes, Tracked};
 use super::{show, Cas, CasError};
-use crate::provider::local::archive::{
+use crate::snapshot_store::archive::{
     data_segments, fits, list_sorted, omit, too_long, walk_workspace, Omitted, Walked,
 };
 

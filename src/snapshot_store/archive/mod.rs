@@ -10,7 +10,7 @@
 //! The body of versions 1 and 2 is a tar stream of the whole workspace (still read; [`pack`]
 //! still writes version 2); the body of version 3, written now, is a snapshot manifest whose
 //! contents live in the installation's content-addressed store (see
-//! [`cas`](crate::provider::local::cas)). What follows describes the tar bodies.
+//! [`cas`](crate::snapshot_store::cas)). What follows describes the tar bodies.
 //!
 //! The magic and the version come first so that a future taskbox can change everything after
 //! them, and an older one says "this archive is version N, I read versions 1 to M" instead of
@@ -61,7 +61,7 @@ pub use self::write::{pack, Omitted, PackStats, ZSTD_LEVEL};
 use std::io;
 use std::path::PathBuf;
 
-use super::IoContext;
+use crate::snapshot_store::IoContext;
 
 /// A failure to write, read or safely extract an archive.
 #[derive(Debug, thiserror::Error)]

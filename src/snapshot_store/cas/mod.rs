@@ -92,7 +92,7 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::IoContext;
+use crate::snapshot_store::IoContext;
 
 /// A failure of the content store.
 #[derive(Debug, thiserror::Error)]
