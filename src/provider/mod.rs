@@ -614,11 +614,12 @@ pub fn from_config(
     clock: std::sync::Arc<dyn crate::clock::Clock>,
 ) -> Result<std::sync::Arc<dyn SandboxProvider>, SetupError> {
     match config.terminal.backend {
-        crate::config::Backend::Local => Ok(std::sync::Arc::new(local::LocalProvider::new(
-            data_dir.join("local"),
-            installation_id.to_string(),
-            clock,
-        )?)),
+        crate::config::Backend::Local => Ok(std::sync::Arc::new(
+            local::LocalProvider::new(data_dir.join("local"), installation_id.to_string(), clock)?
+                .with_isolation(local::isolation::Settings {
+                    mode: config.terminal.local_isolation,
+                }),
+        )),
         crate::config::Backend::VercelSandbox => {
             let cwd = std::env::current_dir().unwrap_or_else(|_| std::path::PathBuf::from("."));
             let env = |k: &str| std::env::var(k).ok();

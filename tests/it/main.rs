@@ -24,6 +24,7 @@ mod fake_vercel;
 mod fork;
 mod hermes;
 mod hostile;
+mod isolation;
 mod layering;
 mod live;
 mod local_provider;

@@ -79,6 +79,7 @@ mod error;
 mod exec;
 pub mod foreign;
 mod fsutil;
+pub mod isolation;
 mod kill;
 mod lifecycle;
 mod names;
@@ -119,6 +120,28 @@ struct Slot {
     /// Commands this process started in the sandbox (a snapshot trusts tracked changes without
     /// a cgroup only if there were none: then no process of it can be writing).
     commands: AtomicU64,
+    /// The init holding the sandbox's namespaces (`terminal.local_isolation = namespaces`),
+    /// from its first command in this process until its processes are stopped.
+    init: Mutex<Option<Arc<isolation::Init>>>,
+}
+
+impl Slot {
+    /// Ends the sandbox's namespaces, if this process holds them: every process in them is
+    /// dead when this returns (blocking). Returns whether there were any.
+    fn end_namespaces(&self) -> bool {
+        let init = lock(&self.init).take();
+        match init {
+            Some(init) => {
+                match Arc::try_unwrap(init) {
+                    Ok(init) => init.kill(),
+                    // A command being spawned holds it a moment longer: ended as it drops.
+                    Err(shared) => drop(shared),
+                }
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// The local backend. See the module docs.
@@ -136,6 +159,8 @@ pub struct LocalProvider {
     /// The change trackers of the live sandboxes this process restored, by sandbox name
     /// (see `cas::Tracker`): dropped with their sandbox, consumed by its snapshot.
     trackers: Mutex<HashMap<String, cas::Tracker>>,
+    /// How commands are isolated (`terminal.local_isolation`).
+    isolation: isolation::Settings,
 }
 
 impl std::fmt::Debug for LocalProvider {
@@ -185,7 +210,14 @@ impl LocalProvider {
             in_flight: Arc::new(Mutex::new(HashSet::new())),
             counter: AtomicU64::new(0),
             trackers: Mutex::new(HashMap::new()),
+            isolation: isolation::Settings::default(),
         })
+    }
+
+    /// The same provider, isolating its sandboxes as `settings` say.
+    pub fn with_isolation(mut self, settings: isolation::Settings) -> LocalProvider {
+        self.isolation = settings;
+        self
     }
 
     /// The root directory (canonical).
@@ -212,6 +244,7 @@ impl LocalProvider {
                     deadline: AtomicU64::new(0),
                     stopped: watch::channel(0).0,
                     commands: AtomicU64::new(0),
+                    init: Mutex::new(None),
                 })
             })
             .clone()

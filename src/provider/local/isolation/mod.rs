@@ -1,0 +1,118 @@
+//! A local sandbox in namespaces of its own (`terminal.local_isolation = namespaces`, issue 31).
+//!
+//! **Who creates and ends them.** A sandbox's first command (in this process) starts its *init*
+//! ([`Init::start`]): a process cloned from the server with new user, mount, PID, network, IPC,
+//! UTS and cgroup namespaces, which is PID 1 of its PID namespace. Before it reports ready it
+//! maps one user, builds the sandbox's filesystem and `pivot_root`s into it (see `init`), brings
+//! its loopback up, then only reaps the processes the kernel hands it, until its *lifeline* (a
+//! pipe whose only write end the server holds) closes: a stop ([`Init::kill`]) or the server's
+//! own death. When PID 1 of a PID namespace ends, the kernel kills every other process in it, so
+//! nothing a command started outlives the sandbox, whatever it did (`setsid`, `env -i`,
+//! double forks): no process scan and no environment marker is needed.
+//!
+//! **How a command enters them.** Each command's `bash` is spawned by the server as before (its
+//! pipes, its process group, its wait), with a `pre_exec` hook ([`Enter`], see `enter`): the
+//! forked child `setns`es through the init's pidfd into all seven namespaces at once, then forks
+//! once more, because entering a PID namespace places only the caller's *children* in it. The
+//! grandchild sets `no_new_privs`, installs the seccomp filter (`seccomp`), enters its working
+//! directory and execs `bash` with a clean environment; the child only waits for it and exits as
+//! it did, so the caller's wait, signals to the group and exit codes are unchanged.
+//!
+//! **What a command sees.** The workspace at [`WORKSPACE`] (read-write, the only tree shared with
+//! the host); `/usr`, `/bin`, `/sbin`, `/lib*`, `/opt` and `/etc` read-only (`/etc/shadow`,
+//! `/etc/gshadow` and their backups masked, empty); a private `/tmp` and `/dev/shm` (tmpfs, not
+//! kept in snapshots); a fresh `/proc` of its PID namespace; a `/dev` with only `null`, `zero`,
+//! `full`, `random`, `urandom` and `tty`; and a read-only root. Home directories, `/root`, the
+//! data dir (the journal, the snapshot store, other tasks' workspaces, the server's socket and
+//! lock) and `/sys` are not there at all. It runs as uid and gid [`UID`] (not root, no
+//! capabilities after its exec), mapped to the server's own uid and gid outside, so it can do
+//! nothing the server's user could not; no network but its own loopback.
+//!
+//! Why [`WORKSPACE`] is `/workspace`: one path, the same for every task, every generation,
+//! every restore and every fork, and for every data dir, so absolute paths a command records in
+//! its files (shebangs, virtualenvs, build caches) stay true wherever its snapshot is restored.
+
+mod enter;
+mod init;
+mod seccomp;
+
+pub(super) use self::enter::Enter;
+pub(super) use self::init::{Init, InitError};
+pub use self::seccomp::DENIED;
+
+use crate::config::LocalIsolation;
+
+/// Where a sandbox's workspace is inside it.
+pub const WORKSPACE: &str = "/workspace";
+
+/// The uid and gid commands run as inside a sandbox (mapped to the server's outside).
+pub const UID: u32 = 1000;
+
+/// The hostname inside a sandbox.
+pub(super) const HOSTNAME: &str = "taskbox";
+
+/// The descriptor a command's exit trap reports its working directory through, inside a
+/// sandbox (the server's `/proc/<pid>/fd/<n>` is not visible there). High, so that a command
+/// that takes over low descriptors does not close it by accident.
+pub(super) const REPORT_FD: i32 = 1000;
+
+/// The isolation the local provider applies (see `terminal.local_isolation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Settings {
+    /// Namespaces or none.
+    pub mode: LocalIsolation,
+}
+
+impl Settings {
+    /// Whether commands run in namespaces of their sandbox's own.
+    pub fn namespaces(&self) -> bool {
+        self.mode == LocalIsolation::Namespaces
+    }
+}
+
+/// The whole environment of an isolated command: `PATH`, `HOME` (the workspace), `LANG`,
+/// `TERM` (the server's, else `dumb`) and the `TASKBOX_*` variables in `taskbox`, with
+/// `TASKBOX_WORKSPACE` its path inside. Nothing else of the server's environment.
+pub(super) fn environment<'a>(
+    taskbox: &'a [(&'a str, &'a std::ffi::OsStr)],
+) -> Vec<(&'a str, std::ffi::OsString)> {
+    let term = std::env::var_os("TERM").unwrap_or_else(|| "dumb".into());
+    let mut env = vec![
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ),
+        ("HOME", WORKSPACE.into()),
+        ("LANG", "C.UTF-8".into()),
+        ("TERM", term),
+    ];
+    for (key, value) in taskbox {
+        let value = if *key == "TASKBOX_WORKSPACE" {
+            WORKSPACE.into()
+        } else {
+            value.to_os_string()
+        };
+        env.push((key, value));
+    }
+    env
+}
+
+/// Whether this machine lets this user make the namespaces a sandbox needs, found by starting
+/// one: `Err` names the cause and the fix (doctor's line, and what `run` reports).
+pub fn probe() -> Result<(), InitError> {
+    let dir = std::env::temp_dir().join(format!("taskbox-isolation-probe-{}", std::process::id()));
+    let workspace = dir.join("workspace");
+    let root = dir.join("run");
+    for d in [&workspace, &root] {
+        std::fs::create_dir_all(d)
+            .map_err(|e| InitError::Prepare(format!("cannot make {}: {e}", d.display())))?;
+    }
+    let started = Init::start(&workspace, &root);
+    if let Ok(init) = started {
+        init.kill();
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    started.map(drop)
+}
