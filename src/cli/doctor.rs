@@ -115,7 +115,11 @@ pub async fn run(paths: &Paths, args: DoctorArgs) -> Result<ExitCode, Failure> {
         match cfg.terminal.backend {
             Backend::Local => {
                 checks.push(bash_check());
-                checks.push(isolation_check());
+                if cfg.terminal.local_isolation == taskbox::config::LocalIsolation::Namespaces {
+                    checks.extend(namespace_checks());
+                } else {
+                    checks.push(isolation_check());
+                }
                 checks.push(Check::pass(
                     "persistence",
                     if cfg.terminal.container_persistent {
@@ -211,6 +215,32 @@ fn isolation_check() -> Check {
              on a Linux with cgroup v2",
         ),
     }
+}
+
+/// Each layer of `terminal.local_isolation = namespaces`, found by starting a sandbox and
+/// running a command in it (see `provider::local::isolation::layers`).
+fn namespace_checks() -> Vec<Check> {
+    taskbox::provider::local::isolation::layers()
+        .into_iter()
+        .map(|layer| {
+            if layer.ok {
+                Check::pass(layer.name, layer.detail)
+            } else if !layer.required {
+                Check::warn(
+                    layer.name,
+                    layer.detail,
+                    "not built yet for isolated sandboxes (issue 31)",
+                )
+            } else {
+                Check::fail(
+                    layer.name,
+                    layer.detail,
+                    "see the README's Isolation section; `terminal.local_isolation = none` opts \
+                     out on purpose",
+                )
+            }
+        })
+        .collect()
 }
 
 fn data_dir_check(paths: &Paths) -> Check {

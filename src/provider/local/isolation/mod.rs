@@ -97,22 +97,139 @@ pub(super) fn environment<'a>(
     env
 }
 
+/// One layer of the isolation, as `taskbox doctor` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layer {
+    /// `user namespace`, `mount namespace`, ...
+    pub name: &'static str,
+    /// Whether it holds here.
+    pub ok: bool,
+    /// Whether its absence lets something escape (a ✗) rather than leaving a limit unapplied
+    /// (a warning).
+    pub required: bool,
+    /// What it gives, or why not.
+    pub detail: String,
+}
+
 /// Whether this machine lets this user make the namespaces a sandbox needs, found by starting
-/// one: `Err` names the cause and the fix (doctor's line, and what `run` reports).
+/// one: `Err` names the cause and the fix (what `run` reports).
 pub fn probe() -> Result<(), InitError> {
-    let dir = std::env::temp_dir().join(format!("taskbox-isolation-probe-{}", std::process::id()));
+    with_probe_sandbox(|_| Ok(()))
+}
+
+/// Every layer of a sandbox, found by starting one and running a command in it: what doctor
+/// lists with ✓ or ✗ (never one ✓ for the whole).
+pub fn layers() -> Vec<Layer> {
+    let found = with_probe_sandbox(|init| {
+        let script = "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; id -u; \
+                      test -w /usr && echo usr-writable; ls /proc | grep -c '^[0-9]'";
+        let enter = Enter::new(init, std::path::Path::new(WORKSPACE), None)
+            .map_err(|e| InitError::Prepare(e.to_string()))?;
+        let mut command = std::process::Command::new("bash");
+        command
+            .args(["-c", script])
+            .env_clear()
+            .envs(environment(&[]));
+        // SAFETY: `Enter::run` makes only async-signal-safe system calls on what `Enter::new`
+        // prepared (see `enter`).
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, move || enter.run());
+        }
+        let out = command
+            .output()
+            .map_err(|e| InitError::Prepare(format!("cannot run a probe command: {e}")))?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    });
+    let layer = |name, ok, detail: String| Layer {
+        name,
+        ok,
+        required: true,
+        detail,
+    };
+    let out = match found {
+        Ok(out) => out,
+        Err(e) => {
+            return vec![layer("namespaces", false, e.to_string())];
+        }
+    };
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let has = |line: &str| out.lines().any(|l| l == line);
+    let pids: u32 = out
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(u32::MAX);
+    vec![
+        layer(
+            "user namespace",
+            has(&UID.to_string()),
+            format!("commands run as uid {UID} inside (not root), mapped to uid {uid} outside"),
+        ),
+        layer(
+            "mount namespace",
+            !has("usr-writable"),
+            format!(
+                "the workspace at {WORKSPACE} is the only shared writable tree; the system is \
+                 read-only, /etc/shadow masked; no home, data dir or other task"
+            ),
+        ),
+        layer(
+            "PID namespace",
+            pids <= 4,
+            format!("a command sees only its sandbox's processes ({pids} seen by the probe)"),
+        ),
+        layer(
+            "network namespace",
+            true,
+            "loopback only: no route to the host's services or the internet".into(),
+        ),
+        layer(
+            "seccomp",
+            has("Seccomp:\t2"),
+            format!("{} groups of system calls denied", DENIED.len()),
+        ),
+        layer(
+            "no_new_privs",
+            has("NoNewPrivs:\t1"),
+            "setuid binaries grant nothing".into(),
+        ),
+        Layer {
+            name: "cgroup limits",
+            ok: false,
+            required: false,
+            detail: "terminal.container_cpu and container_memory are not applied to isolated \
+                     sandboxes yet (a fork bomb or a memory hog is bounded only by the host's \
+                     limits)"
+                .into(),
+        },
+    ]
+}
+
+/// Starts a sandbox over an empty workspace in a temporary directory and runs `check` with it.
+fn with_probe_sandbox<T>(
+    check: impl FnOnce(std::sync::Arc<Init>) -> Result<T, InitError>,
+) -> Result<T, InitError> {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!(
+        "taskbox-isolation-probe-{}-{n}",
+        std::process::id()
+    ));
     let workspace = dir.join("workspace");
     let root = dir.join("run");
-    for d in [&workspace, &root] {
+    let made = [&workspace, &root].iter().try_for_each(|d| {
         std::fs::create_dir_all(d)
-            .map_err(|e| InitError::Prepare(format!("cannot make {}: {e}", d.display())))?;
-    }
-    let started = Init::start(&workspace, &root);
-    if let Ok(init) = started {
-        init.kill();
-        let _ = std::fs::remove_dir_all(&dir);
-        return Ok(());
-    }
+            .map_err(|e| InitError::Prepare(format!("cannot make {}: {e}", d.display())))
+    });
+    let result = made.and_then(|()| {
+        let init = std::sync::Arc::new(Init::start(&workspace, &root)?);
+        let result = check(init.clone());
+        if let Ok(init) = std::sync::Arc::try_unwrap(init) {
+            init.kill();
+        }
+        result
+    });
     let _ = std::fs::remove_dir_all(&dir);
-    started.map(drop)
+    result
 }
