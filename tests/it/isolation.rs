@@ -199,6 +199,9 @@ async fn the_attacks_on_the_host_and_other_tasks_fail() {
         "mine\n"
     );
     env.fails(&id, &format!("test -e {}", q(&socket))).await;
+    // The init's memory and environment are a copy of the server's: unreadable.
+    env.fails(&id, "cat /proc/1/environ").await;
+    env.fails(&id, "head -c1 /proc/1/mem").await;
     // Signalling the server: its pid is not in the sandbox.
     env.fails(&id, &format!("kill -0 {}", std::process::id()))
         .await;

@@ -17,7 +17,8 @@ use super::cgroup::Join;
 use super::error::LocalError;
 use super::isolation;
 use super::kill::{
-    exited_unreaped, group_has_live_members, kill_group, signal_group, signal_shell, GroupGuard,
+    exited_unreaped, group_has_live_members, kill_group, signal_children, signal_group,
+    signal_shell, GroupGuard,
 };
 use super::names::SandboxName;
 use super::output::{Captured, Pump};
@@ -129,6 +130,7 @@ impl LocalProvider {
         ];
         let started = tokio::time::Instant::now();
         // Where the command's reported directory is relative to.
+        let isolated = init.is_some();
         let cwd_root = match init {
             Some(_) => Path::new(isolation::WORKSPACE),
             None => workspace.as_path(),
@@ -307,7 +309,12 @@ impl LocalProvider {
                     // the pid is still the shell's.
                     if let (Some(signal), Ok(false)) = (cancelled, exited_unreaped(pgid)) {
                         tracing::debug!(sandbox = %name.name, "a cancelled command's shell still runs; signalled again");
-                        signal_shell(pgid, signal.number());
+                        if isolated {
+                            // The shell is the child of the process that waits for it.
+                            signal_children(pgid, signal.number());
+                        } else {
+                            signal_shell(pgid, signal.number());
+                        }
                     }
                 }
                 () = &mut escalate, if cancelled.is_some() => {

@@ -134,8 +134,9 @@ impl Slot {
             Some(init) => {
                 match Arc::try_unwrap(init) {
                     Ok(init) => init.kill(),
-                    // A command being spawned holds it a moment longer: ended as it drops.
-                    Err(shared) => drop(shared),
+                    // A command being spawned holds it a moment longer: ended now, reaped as
+                    // it drops.
+                    Err(shared) => shared.stop(),
                 }
                 true
             }

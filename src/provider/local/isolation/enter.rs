@@ -3,7 +3,8 @@
 //!
 //! The hook runs in the forked child of the server, before the exec, so it may only make
 //! async-signal-safe system calls on values prepared before the fork ([`Enter::new`]). It
-//! `setns`es into the init's namespaces, then forks: the grandchild (in the sandbox's PID
+//! `setns`es into the init's namespaces (through the descriptors the init's start opened, user
+//! namespace first), then forks: the grandchild (in the sandbox's PID
 //! namespace) goes on to the exec, the child stays outside and waits for it, ending as it ended
 //! (its exit code, or the same signal), so that the server's wait and its signals to the
 //! command's process group (which both share) work as for an unisolated command.
@@ -15,7 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::init::{Init, NAMESPACES};
+use super::init::Init;
 use super::{REPORT_FD, WORKSPACE};
 
 /// Everything a command needs to enter its sandbox, prepared before its spawn.
@@ -53,8 +54,10 @@ impl Enter {
         // SAFETY: (the whole body) async-signal-safe system calls on integers and on pointers
         // into `self`, which the fork copied; nothing allocates or takes a lock.
         unsafe {
-            if libc::setns(self.init.pidfd(), NAMESPACES) != 0 {
-                return Err(io::Error::last_os_error());
+            for (fd, flag) in self.init.namespace_fds() {
+                if libc::setns(fd, flag) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             // Blocked across the fork: the waiting child never handles one (the group's
             // signals are for the command; a SIGKILL still ends it).

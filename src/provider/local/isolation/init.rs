@@ -60,9 +60,24 @@ const REFUSED_HINT: &str = "unprivileged user namespaces are not allowed here: o
 pub struct Init {
     pid: u32,
     pidfd: OwnedFd,
+    /// Its namespaces, user first, opened while it could still be inspected (it makes itself
+    /// undumpable once ready; `setns` through a pidfd would then need `CAP_SYS_PTRACE`).
+    namespaces: Vec<(OwnedFd, libc::c_int)>,
     lifeline: Option<OwnedFd>,
     reaped: bool,
 }
+
+/// The namespaces' names under `/proc/<pid>/ns/` and their flags, in the order a command
+/// enters them (the user namespace first: it gives the rights to enter the others).
+const NAMESPACE_FILES: [(&str, libc::c_int); 7] = [
+    ("user", libc::CLONE_NEWUSER),
+    ("mnt", libc::CLONE_NEWNS),
+    ("pid", libc::CLONE_NEWPID),
+    ("net", libc::CLONE_NEWNET),
+    ("ipc", libc::CLONE_NEWIPC),
+    ("uts", libc::CLONE_NEWUTS),
+    ("cgroup", libc::CLONE_NEWCGROUP),
+];
 
 impl fmt::Debug for Init {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -471,6 +486,7 @@ impl Init {
         let prep = |e: io::Error| InitError::Prepare(e.to_string());
         let (status_r, status_w) = pipe().map_err(prep)?;
         let (life_r, life_w) = pipe().map_err(prep)?;
+        let (go_r, go_w) = pipe().map_err(prep)?;
         let mut pidfd: libc::c_int = -1;
         let args = CloneArgs {
             flags: NAMESPACES as u64 | libc::CLONE_PIDFD as u64,
@@ -478,7 +494,7 @@ impl Init {
             exit_signal: libc::SIGCHLD as u64,
             ..CloneArgs::default()
         };
-        let keep = [status_w.as_raw_fd(), life_r.as_raw_fd()];
+        let keep = [status_w.as_raw_fd(), life_r.as_raw_fd(), go_r.as_raw_fd()];
         // Every signal blocked across the clone, so the child never runs one of the server's
         // handlers (it keeps them blocked: it waits on a signalfd).
         // SAFETY: all-zero `sigset_t`s are valid; sigfillset and pthread_sigmask fill them.
@@ -521,13 +537,28 @@ impl Init {
         }
         // SAFETY: `CLONE_PIDFD` stored a new descriptor in `pidfd` that nothing else owns.
         let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-        drop((status_w, life_r));
-        let init = Init {
+        drop((status_w, life_r, go_r));
+        let mut init = Init {
             pid: r as u32,
             pidfd,
+            namespaces: Vec::new(),
             lifeline: Some(life_w),
             reaped: false,
         };
+        // Its namespaces, opened while it waits for the go (before it makes itself undumpable).
+        for (name, flag) in NAMESPACE_FILES {
+            let path = format!("/proc/{}/ns/{name}", init.pid);
+            match std::fs::File::open(&path) {
+                Ok(file) => init.namespaces.push((OwnedFd::from(file), flag)),
+                Err(e) => {
+                    init.kill();
+                    return Err(InitError::Prepare(format!("cannot open {path}: {e}")));
+                }
+            }
+        }
+        // SAFETY: writes one byte from a local buffer to our end of the go pipe.
+        unsafe { libc::write(go_w.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        drop(go_w);
         // Ready: the child closes its end (EOF) after writing one zero byte; a failed step
         // writes its index and errno instead.
         let mut buf = [0u8; 8];
@@ -558,9 +589,11 @@ impl Init {
         ))
     }
 
-    /// The init's pidfd, for `setns`.
-    pub(super) fn pidfd(&self) -> RawFd {
-        self.pidfd.as_raw_fd()
+    /// The descriptors of its namespaces and their flags, in the order to enter them.
+    pub(super) fn namespace_fds(&self) -> impl Iterator<Item = (RawFd, libc::c_int)> + '_ {
+        self.namespaces
+            .iter()
+            .map(|(fd, flag)| (fd.as_raw_fd(), *flag))
     }
 
     /// The init's pid (in the server's PID namespace).
@@ -589,11 +622,14 @@ impl Init {
         self.end();
     }
 
-    fn end(&mut self) {
+    /// Kills the init and waits until it has exited, which PID 1 of a namespace does only once
+    /// every other process of the namespace is gone (the kernel waits for them in its exit).
+    /// Not reaped: whoever holds the last reference does that. For a caller that shares it
+    /// (a command being spawned holds it a moment).
+    pub fn stop(&self) {
         if self.reaped {
             return;
         }
-        self.lifeline = None;
         // SAFETY: pidfd_send_signal on our pidfd, no siginfo, no flags.
         unsafe {
             libc::syscall(
@@ -604,6 +640,24 @@ impl Init {
                 0,
             );
         }
+        let mut p = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // A pidfd is readable once its process has exited.
+        // SAFETY: `p` is one valid pollfd.
+        while unsafe { libc::poll(&mut p, 1, -1) } < 0
+            && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+        {}
+    }
+
+    fn end(&mut self) {
+        if self.reaped {
+            return;
+        }
+        self.lifeline = None;
+        self.stop();
         loop {
             let mut status = 0;
             // SAFETY: waitpid writes only into `status`; the init is our unreaped child.
@@ -628,6 +682,7 @@ impl Drop for Init {
                 Ok(fd) => fd,
                 Err(_) => return,
             },
+            namespaces: Vec::new(),
             lifeline: self.lifeline.take(),
             reaped: false,
         };
@@ -667,7 +722,7 @@ struct IfReqFlags {
 ///
 /// # Safety
 /// Only in the child of a fork-like clone (one thread), with every signal blocked.
-unsafe fn child(plan: &Plan, [status, lifeline]: [RawFd; 2]) -> ! {
+unsafe fn child(plan: &Plan, [status, lifeline, go]: [RawFd; 3]) -> ! {
     // SAFETY: (the whole body) async-signal-safe system calls on integers and on pointers into
     // the plan, which the fork copied and nothing frees; nothing allocates or takes a lock.
     unsafe {
@@ -752,6 +807,12 @@ unsafe fn child(plan: &Plan, [status, lifeline]: [RawFd; 2]) -> ! {
                 fail(index);
             }
         }
+        // The parent has opened its namespaces' files once it says go (or has gone).
+        let mut byte = [0u8; 1];
+        while libc::read(go, byte.as_mut_ptr().cast(), 1) < 0
+            && *libc::__errno_location() == libc::EINTR
+        {}
+        libc::close(go);
         // Nothing of the server's stays open here (its sockets, its lock, its database):
         // everything but the status pipe and the lifeline is closed.
         let (low, high) = (status.min(lifeline) as u32, status.max(lifeline) as u32);
@@ -800,5 +861,42 @@ unsafe fn child(plan: &Plan, [status, lifeline]: [RawFd; 2]) -> ! {
                 libc::read(sfd, info.as_mut_ptr().cast(), info.len());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped_and_submounts_found() {
+        assert_eq!(
+            unescape_mountinfo("/mnt/a\\040b\\134c"),
+            PathBuf::from("/mnt/a b\\c")
+        );
+        let info = "22 1 0:21 / / rw - ext4 /dev/x rw\n\
+                    23 22 0:22 / /etc rw - ext4 /dev/x rw\n\
+                    24 22 0:23 /h /etc/hosts rw - ext4 /dev/x rw\n\
+                    25 22 0:24 / /etcetera rw - ext4 /dev/x rw\n";
+        assert_eq!(
+            submounts(info, Path::new("/etc")),
+            vec![PathBuf::from("/etc/hosts")]
+        );
+    }
+
+    #[test]
+    fn a_refused_namespace_names_the_cause_and_the_fix() {
+        let e = InitError::Refused {
+            source: io::Error::from_raw_os_error(libc::EPERM),
+            hint: REFUSED_HINT,
+        };
+        let text = e.to_string();
+        assert!(text.contains("CLONE_NEWUSER"), "{text}");
+        assert!(
+            text.contains("apparmor_restrict_unprivileged_userns"),
+            "{text}"
+        );
+        assert!(text.contains("terminal.local_isolation = none"), "{text}");
+        assert_eq!(e.hint(), Some(REFUSED_HINT));
     }
 }

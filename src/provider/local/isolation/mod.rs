@@ -12,7 +12,8 @@
 //!
 //! **How a command enters them.** Each command's `bash` is spawned by the server as before (its
 //! pipes, its process group, its wait), with a `pre_exec` hook ([`Enter`], see `enter`): the
-//! forked child `setns`es through the init's pidfd into all seven namespaces at once, then forks
+//! forked child `setns`es into all seven namespaces (descriptors opened at the init's start),
+//! then forks
 //! once more, because entering a PID namespace places only the caller's *children* in it. The
 //! grandchild sets `no_new_privs`, installs the seccomp filter (`seccomp`), enters its working
 //! directory and execs `bash` with a clean environment; the child only waits for it and exits as
@@ -232,4 +233,42 @@ fn with_probe_sandbox<T>(
     });
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn the_environment_is_the_fixed_few_and_the_workspace_inside() {
+        let taskbox = [
+            ("TASKBOX_TASK_ID", OsStr::new("t")),
+            (
+                "TASKBOX_WORKSPACE",
+                OsStr::new("/data/local/tasks/t/workspace"),
+            ),
+        ];
+        let env = environment(&taskbox);
+        let keys: Vec<&str> = env.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            keys,
+            [
+                "PATH",
+                "HOME",
+                "LANG",
+                "TERM",
+                "TASKBOX_TASK_ID",
+                "TASKBOX_WORKSPACE"
+            ]
+        );
+        let get = |k: &str| {
+            env.iter()
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(get("TASKBOX_WORKSPACE"), Some(WORKSPACE.into()));
+        assert_eq!(get("HOME"), Some(WORKSPACE.into()));
+        assert_eq!(get("TASKBOX_TASK_ID"), Some("t".into()));
+    }
 }
