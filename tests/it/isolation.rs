@@ -276,3 +276,88 @@ async fn a_snapshot_ends_every_process_and_restores_at_the_same_path() {
         "/workspace\nx\n"
     );
 }
+
+/// Where the kernel refuses user namespaces (here: a user namespace whose
+/// `max_user_namespaces` is 0, as a restrictive host would have it), `taskbox run` fails closed:
+/// exit 125, the cause and the fix named, and nothing ran — not even unisolated.
+#[test]
+fn run_fails_closed_where_user_namespaces_are_refused() {
+    let Some(_) = env("fail-closed") else { return };
+    let home = crate::support::Home::new();
+    crate::support::ok(&home.run(&["config", "set", "terminal.local_isolation", "namespaces"]));
+    let mut cmd = home.cmd();
+    let taskbox = cmd.get_program().to_owned();
+    let mut restricted = std::process::Command::new("unshare");
+    restricted
+        .args(["-U", "-r", "sh", "-c"])
+        .arg("echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" \"$@\"")
+        .arg(&taskbox)
+        .args(["run", "--task", "closed", "--", "touch ran"]);
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => restricted.env(k, v),
+            None => restricted.env_remove(k),
+        };
+    }
+    restricted.env("TASKBOX_SERVER", "never");
+    let out = match restricted.output() {
+        Ok(out) => out,
+        Err(e) => {
+            assert!(!under_ci(), "unshare is needed under CI: {e}");
+            return;
+        }
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("cannot isolate sandbox"), "{stderr}");
+    assert!(stderr.contains("CLONE_NEWUSER"), "{stderr}");
+    assert!(
+        stderr.contains("terminal.local_isolation = none"),
+        "the opt-out is named: {stderr}"
+    );
+    let ran = walkdir(home.path()).into_iter().any(|p| p.ends_with("ran"));
+    assert!(
+        !ran,
+        "the command ran although its sandbox could not be isolated"
+    );
+    drop(cmd);
+}
+
+/// Every path under `dir`.
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Through the CLI (a one-shot engine, as the CLI tests run it): the engine's environment (a
+/// token) never reaches a command, and the command sees only its sandbox.
+#[test]
+fn an_engine_started_with_a_token_does_not_hand_it_to_commands() {
+    let Some(_) = env("server-env") else { return };
+    let mut home = crate::support::Home::new();
+    home.set_env("VERCEL_TOKEN", "tbx-secret-token-value");
+    crate::support::ok(&home.run(&["config", "set", "terminal.local_isolation", "namespaces"]));
+    let out = crate::support::ok(&home.run(&[
+        "run",
+        "--task",
+        "s",
+        "--",
+        "env; id -u; pwd; ls /proc | grep -c '^[0-9]'",
+    ]));
+    assert!(!out.contains("tbx-secret-token-value"), "{out}");
+    assert!(out.contains("\n1000\n/workspace\n"), "{out}");
+    crate::support::ok(&home.run(&["rm", "s"]));
+}
