@@ -285,7 +285,7 @@ fn run_fails_closed_where_user_namespaces_are_refused() {
     let Some(_) = env("fail-closed") else { return };
     let home = crate::support::Home::new();
     crate::support::ok(&home.run(&["config", "set", "terminal.local_isolation", "namespaces"]));
-    let mut cmd = home.cmd();
+    let cmd = home.cmd();
     let taskbox = cmd.get_program().to_owned();
     let mut restricted = std::process::Command::new("unshare");
     restricted
