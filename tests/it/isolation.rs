@@ -226,6 +226,20 @@ async fn the_attacks_on_the_host_and_other_tasks_fail() {
     // Moving itself out of its cgroup: no cgroup file system to write to.
     env.fails(&id, "echo $$ > /sys/fs/cgroup/cgroup.procs")
         .await;
+    // The kernel's knobs (checked against the global root's uid, which the sandbox's is when
+    // the server runs as root): read-only or masked. `test -w` asks without writing.
+    for knob in [
+        "/proc/sys/kernel/core_pattern",
+        "/proc/sys/vm/drop_caches",
+        "/proc/sys/kernel/hostname",
+    ] {
+        env.fails(&id, &format!("test -w {knob}")).await;
+    }
+    // Masked where the kernel has them (`/dev/null` bound over each).
+    for file in ["/proc/sysrq-trigger", "/proc/kcore", "/proc/timer_list"] {
+        env.ok(&id, &format!("test ! -e {file} || test -c {file}"))
+            .await;
+    }
     // The kernel's interfaces that could reach the host.
     env.fails(&id, "test -e /sys/kernel").await;
     env.fails(

@@ -139,6 +139,13 @@ const MASKED: &[&str] = &[
     "/etc/security/opasswd",
 ];
 
+/// Directories of `/proc` made read-only: the kernel's settings (`sys`: `core_pattern` would run
+/// a program as the host's root), interrupts, buses and file systems.
+const PROC_READ_ONLY: &[&str] = &["sys", "irq", "bus", "fs"];
+
+/// Files of `/proc` masked (bound over with `/dev/null`).
+const PROC_MASKED: &[&str] = &["sysrq-trigger", "kcore", "timer_list", "keys"];
+
 /// Device nodes bound from the host's `/dev`.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -391,6 +398,55 @@ impl Plan {
             )?,
             "mount /proc".into(),
         );
+        // The kernel's knobs under /proc are checked against the *global* root's uid, which
+        // the sandbox's uid is when the server runs as root: read-only (or masked), as
+        // container runtimes do.
+        for dir in PROC_READ_ONLY {
+            let target = proc.join(dir);
+            if !Path::new("/proc").join(dir).exists() {
+                continue;
+            }
+            push(
+                mount(
+                    Some(target.as_os_str().as_bytes()),
+                    &target,
+                    None,
+                    libc::MS_BIND | libc::MS_REC,
+                    None,
+                )?,
+                format!("bind /proc/{dir}"),
+            );
+            push(
+                mount(
+                    None,
+                    &target,
+                    None,
+                    libc::MS_REMOUNT
+                        | libc::MS_BIND
+                        | libc::MS_RDONLY
+                        | libc::MS_NOSUID
+                        | libc::MS_NODEV
+                        | libc::MS_NOEXEC,
+                    None,
+                )?,
+                format!("make /proc/{dir} read-only"),
+            );
+        }
+        for file in PROC_MASKED {
+            if !Path::new("/proc").join(file).exists() {
+                continue;
+            }
+            push(
+                mount(
+                    Some(b"/dev/null"),
+                    &proc.join(file),
+                    None,
+                    libc::MS_BIND,
+                    None,
+                )?,
+                format!("mask /proc/{file}"),
+            );
+        }
 
         // The workspace: the one tree shared with the host, writable.
         let ws = inside(WORKSPACE);
