@@ -146,6 +146,13 @@ const PROC_READ_ONLY: &[&str] = &["sys", "irq", "bus", "fs"];
 /// Files of `/proc` masked (bound over with `/dev/null`).
 const PROC_MASKED: &[&str] = &["sysrq-trigger", "kcore", "timer_list", "keys"];
 
+/// Directories of `/etc` masked (an empty read-only tmpfs over each): private keys.
+const MASKED_DIRS: &[&str] = &[
+    "/etc/ssl/private",
+    "/etc/credstore",
+    "/etc/credstore.encrypted",
+];
+
 /// Device nodes bound from the host's `/dev`.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -313,7 +320,33 @@ impl Plan {
                 );
             }
         }
-        for file in MASKED {
+        // The host's private keys: SSH host keys (owner-readable by root, whom the sandbox's
+        // uid is when the server runs as root) and the TLS and credential stores.
+        let mut masked: Vec<PathBuf> = MASKED.iter().map(PathBuf::from).collect();
+        if let Ok(entries) = std::fs::read_dir("/etc/ssh") {
+            masked.extend(entries.flatten().map(|e| e.path()).filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("ssh_host_") && n.ends_with("_key"))
+            }));
+        }
+        for dir in MASKED_DIRS {
+            if std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+                push(
+                    mount(
+                        Some(b"tmpfs"),
+                        &inside(dir),
+                        Some(b"tmpfs"),
+                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        Some(b"mode=0755,size=4k"),
+                    )?,
+                    format!("mask {dir}"),
+                );
+            }
+        }
+        for file in &masked {
+            let file = file.to_string_lossy();
+            let file: &str = &file;
             if std::fs::symlink_metadata(file).is_ok_and(|m| m.is_file()) {
                 push(
                     mount(Some(b"/dev/null"), &inside(file), None, libc::MS_BIND, None)?,
