@@ -47,7 +47,10 @@
 //! sandbox names by their `taskbox-<task>-g<N>-<installation>` shape, snapshot ids by
 //! `<task>.s<seq>`.
 //!
-//! A command runs as `bash -c` in its own process group, with stdin closed and the environment
+//! With `terminal.local_isolation = namespaces` a sandbox is held in namespaces of its own and
+//! every command enters them (see [`isolation`]): its workspace is `/workspace` inside, its
+//! environment a clean one, and a stop ends its PID namespace. Otherwise (the default for now):
+//! a command runs as `bash -c` in its own process group, with stdin closed and the environment
 //! of taskbox plus `TASKBOX_TASK_ID`, `TASKBOX_SANDBOX` and `TASKBOX_WORKSPACE`. `TASKBOX_SANDBOX`
 //! (unique per generation, unlike the workspace path) also marks every process the sandbox
 //! started, which is how a stop finds background jobs that outlived their command (as a VM stop

@@ -1,17 +1,17 @@
 //! A local sandbox in namespaces of its own (`terminal.local_isolation = namespaces`, issue 31).
 //!
 //! **Who creates and ends them.** A sandbox's first command (in this process) starts its *init*
-//! ([`Init::start`]): a process cloned from the server with new user, mount, PID, network, IPC,
+//! (`Init::start`): a process cloned from the server with new user, mount, PID, network, IPC,
 //! UTS and cgroup namespaces, which is PID 1 of its PID namespace. Before it reports ready it
 //! maps one user, builds the sandbox's filesystem and `pivot_root`s into it (see `init`), brings
 //! its loopback up, then only reaps the processes the kernel hands it, until its *lifeline* (a
-//! pipe whose only write end the server holds) closes: a stop ([`Init::kill`]) or the server's
+//! pipe whose only write end the server holds) closes: a stop (`Init::kill`) or the server's
 //! own death. When PID 1 of a PID namespace ends, the kernel kills every other process in it, so
 //! nothing a command started outlives the sandbox, whatever it did (`setsid`, `env -i`,
 //! double forks): no process scan and no environment marker is needed.
 //!
 //! **How a command enters them.** Each command's `bash` is spawned by the server as before (its
-//! pipes, its process group, its wait), with a `pre_exec` hook ([`Enter`], see `enter`): the
+//! pipes, its process group, its wait), with a `pre_exec` hook (`Enter`, see `enter`): the
 //! forked child `setns`es into all seven namespaces (descriptors opened at the init's start),
 //! then forks
 //! once more, because entering a PID namespace places only the caller's *children* in it. The
@@ -20,14 +20,20 @@
 //! it did, so the caller's wait, signals to the group and exit codes are unchanged.
 //!
 //! **What a command sees.** The workspace at [`WORKSPACE`] (read-write, the only tree shared with
-//! the host); `/usr`, `/bin`, `/sbin`, `/lib*`, `/opt` and `/etc` read-only (`/etc/shadow`,
-//! `/etc/gshadow` and their backups masked, empty); a private `/tmp` and `/dev/shm` (tmpfs, not
-//! kept in snapshots); a fresh `/proc` of its PID namespace; a `/dev` with only `null`, `zero`,
+//! the host); `/usr`, `/bin`, `/sbin`, `/lib*`, `/opt` and `/etc` read-only, with `/etc/shadow`,
+//! `/etc/gshadow` and their backups, the SSH host keys, `/etc/ssl/private` and the credential
+//! stores masked (empty); a private `/tmp` and `/dev/shm` (tmpfs: not kept in snapshots); a
+//! fresh `/proc` of its PID namespace, with `/proc/sys`, `irq`, `bus` and `fs` read-only and
+//! `sysrq-trigger`, `kcore`, `timer_list`, `keys` masked; a `/dev` with only `null`, `zero`,
 //! `full`, `random`, `urandom` and `tty`; and a read-only root. Home directories, `/root`, the
 //! data dir (the journal, the snapshot store, other tasks' workspaces, the server's socket and
-//! lock) and `/sys` are not there at all. It runs as uid and gid [`UID`] (not root, no
-//! capabilities after its exec), mapped to the server's own uid and gid outside, so it can do
-//! nothing the server's user could not; no network but its own loopback.
+//! lock) and `/sys` are not there at all. It runs as uid and gid [`UID`] (not root: no
+//! capability survives its exec; root inside is not offered), mapped to the server's own uid and
+//! gid outside, so it can do nothing the server's user could not — and, when the server runs as
+//! root, it *is* root to the kernel's owner checks, which is why the root-owned knobs and keys
+//! above are read-only or masked. It has no network but its own loopback (its own network
+//! namespace: no route to the host's `127.0.0.1`, nor to the internet). Its environment is
+//! `environment`'s, nothing of the server's.
 //!
 //! Why [`WORKSPACE`] is `/workspace`: one path, the same for every task, every generation,
 //! every restore and every fork, and for every data dir, so absolute paths a command records in
