@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Backend, ServerMode, StoreSetting, DEFAULT_VERCEL_IMAGE, MAX_SANDBOX_LIFETIME_SECONDS,
+    Backend, LocalIsolation, ServerMode, StoreSetting, DEFAULT_VERCEL_IMAGE,
+    MAX_SANDBOX_LIFETIME_SECONDS,
 };
 
 /// A price in USD: a finite, non-negative number (compared by its bits, so that configs compare
@@ -52,6 +53,12 @@ pub(super) trait Render {
 }
 
 impl Render for Backend {
+    fn render(&self) -> String {
+        self.as_str().to_string()
+    }
+}
+
+impl Render for LocalIsolation {
     fn render(&self) -> String {
         self.as_str().to_string()
     }
@@ -124,6 +131,14 @@ pub(super) fn backend(value: &str) -> Result<Backend, String> {
             .into_iter()
             .find(|b| b.as_str() == name)
             .ok_or_else(|| format!("one of: {}", Backend::ALL.map(Backend::as_str).join(", "))),
+    }
+}
+
+pub(super) fn local_isolation(value: &str) -> Result<LocalIsolation, String> {
+    match value.trim() {
+        "none" => Ok(LocalIsolation::None),
+        "namespaces" => Ok(LocalIsolation::Namespaces),
+        _ => Err("one of: none, namespaces".into()),
     }
 }
 
