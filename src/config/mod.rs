@@ -145,6 +145,9 @@ pub const MAX_SERVER_IDLE_SECONDS: u64 = 30 * 24 * 60 * 60;
 /// `@vercel/sandbox` 3.0).
 pub const DEFAULT_VERCEL_IMAGE: &str = "vercel/sandbox/universal";
 
+/// The default process limit of an isolated local sandbox (`terminal.container_pids`).
+pub const DEFAULT_CONTAINER_PIDS: u32 = 4096;
+
 /// The sandbox backend. A new one is a variant here, in [`Backend::ALL`] and
 /// [`Backend::as_str`], and an entry in `provider::registry::BACKENDS` (its test holds the two
 /// lists equal).
@@ -348,6 +351,8 @@ config_keys! {
         "vCPUs: 1 or an even number up to 8";
     container_memory: u32 = 5120, parse |v| between_u32(v, 1, 16_384), env None,
         "memory in MB (Vercel: 2048 per vCPU)";
+    container_pids: u32 = DEFAULT_CONTAINER_PIDS, parse |v| between_u32(v, 16, 1_000_000),
+        env None, "processes and threads of an isolated local sandbox (16 to 1000000)";
     container_disk: Option<u32> = None, parse disk, env None,
         "disk in MB (unsupported on Vercel: leave unset; `none` unsets)";
     vercel_api_url: String = "https://vercel.com/api".into(), parse http_url,

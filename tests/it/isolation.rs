@@ -13,7 +13,7 @@ use std::time::Duration;
 use taskbox::config::LocalIsolation;
 use taskbox::core::Millis;
 use taskbox::ids::{SandboxId, TaskId};
-use taskbox::provider::local::isolation::{self, Settings};
+use taskbox::provider::local::isolation::{self, Limits, Settings};
 use taskbox::provider::local::LocalProvider;
 use taskbox::provider::{sandbox_name, ExecOutput, ExecRequest, SandboxProvider, SandboxSpec};
 
@@ -28,8 +28,13 @@ struct Env {
 }
 
 /// An isolated provider, or `None` (skipped) where this machine cannot make namespaces.
-#[allow(clippy::print_stderr)] // a skip says so
 fn env(test: &str) -> Option<Env> {
+    env_with(test, Limits::default())
+}
+
+/// An isolated provider whose sandboxes have `limits`, or `None` as [`env`].
+#[allow(clippy::print_stderr)] // a skip says so
+fn env_with(test: &str, limits: Limits) -> Option<Env> {
     if let Err(e) = isolation::probe() {
         assert!(!under_ci(), "{test}: isolation must work under CI: {e}");
         eprintln!("SKIPPED {test}: {e}");
@@ -41,6 +46,7 @@ fn env(test: &str) -> Option<Env> {
         .expect("provider")
         .with_isolation(Settings {
             mode: LocalIsolation::Namespaces,
+            limits,
         });
     Some(Env { dir, provider })
 }
@@ -63,9 +69,14 @@ impl Env {
     }
 
     async fn run(&self, sandbox: &SandboxId, command: &str) -> ExecOutput {
+        self.run_for(sandbox, command, 20_000).await
+    }
+
+    /// Runs `command` with a timeout of `timeout_ms`.
+    async fn run_for(&self, sandbox: &SandboxId, command: &str, timeout_ms: u64) -> ExecOutput {
         let req = ExecRequest {
             command: command.to_string(),
-            timeout_ms: 20_000,
+            timeout_ms,
         };
         self.provider
             .exec(sandbox, &req)
@@ -377,4 +388,177 @@ fn an_engine_started_with_a_token_does_not_hand_it_to_commands() {
     assert!(!out.contains("tbx-secret-token-value"), "{out}");
     assert!(out.contains("\n1000\n/workspace\n"), "{out}");
     crate::support::ok(&home.run(&["rm", "s"]));
+}
+
+/// The limits' cgroups exist where this machine allows them (both hierarchies are probed; under
+/// `CI=true` a machine without them fails), else the test is skipped.
+#[allow(clippy::print_stderr)] // a skip says so
+fn limits_env(test: &str, limits: Limits) -> Option<Env> {
+    let env = env_with(test, limits)?;
+    if let Err(why) = isolation::limits_support() {
+        assert!(!under_ci(), "{test}: limits must work under CI: {why}");
+        eprintln!("SKIPPED {test}: {why}");
+        return None;
+    }
+    Some(env)
+}
+
+/// A cgroup file's number (`pids.current`, ...).
+fn cgroup_number(dir: &Path, file: &str) -> u64 {
+    fs::read_to_string(dir.join(file))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.join(file).display()))
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+/// A fork bomb in one sandbox stops at its process limit (`terminal.container_pids`), while a
+/// command in another task's sandbox still answers promptly; the bombed sandbox answers too once
+/// the bomb is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fork_bomb_stops_at_the_pids_limit_and_other_tasks_answer() {
+    const PIDS: u32 = 64;
+    let limits = Limits {
+        pids: PIDS,
+        ..Limits::default()
+    };
+    let Some(env) = limits_env("fork-bomb", limits) else {
+        return;
+    };
+    let env = Arc::new(env);
+    let bombed = env.create("bombed", 1, None).await;
+    let other = env.create("bystander", 1, None).await;
+    env.ok(&bombed, "echo before > f").await;
+    env.ok(&other, "true").await;
+    let dirs = env.provider.limit_cgroups(&bombed);
+    let pids_dir = dirs
+        .iter()
+        .find(|d| d.join("pids.max").exists())
+        .expect("a cgroup with pids.max")
+        .clone();
+    assert_eq!(
+        fs::read_to_string(pids_dir.join("pids.max"))
+            .unwrap()
+            .trim(),
+        PIDS.to_string()
+    );
+    // The bomb runs until its timeout kills its group (or its shells give up).
+    let bomb = {
+        let env = env.clone();
+        let bombed = bombed.clone();
+        tokio::spawn(async move {
+            env.run_for(&bombed, "b() { b | b & }; b; wait", 6_000)
+                .await
+        })
+    };
+    // Wait for the bomb to reach the limit (a fork refused), bounded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let refused = |d: &Path| {
+        fs::read_to_string(d.join("pids.events"))
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("max ")?.trim().parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+    };
+    while refused(&pids_dir) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bomb never reached the limit"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(cgroup_number(&pids_dir, "pids.current") <= u64::from(PIDS));
+    let started = std::time::Instant::now();
+    assert_eq!(env.ok(&other, "echo answered").await, "answered\n");
+    let latency = started.elapsed();
+    eprintln!("a command in another task answered in {latency:?} during a fork bomb");
+    assert!(latency < Duration::from_secs(10), "{latency:?}");
+    assert!(cgroup_number(&pids_dir, "pids.current") <= u64::from(PIDS));
+    // Ended by its timeout, or by its shells giving up on forks the limit refused.
+    let out = bomb.await.expect("the bomb's task");
+    assert!(
+        out.timed_out
+            || out
+                .stderr
+                .contains("fork: retry: Resource temporarily unavailable"),
+        "{out:?}"
+    );
+    // The bombed sandbox and its files live on: it answers once what is left of the bomb gave up
+    // (until then a command cannot start: the limit refuses its fork, and says so).
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let req = ExecRequest {
+        command: "cat f".into(),
+        timeout_ms: 20_000,
+    };
+    loop {
+        match env.provider.exec(&bombed, &req).await {
+            Ok(out) if out.exit_code == 0 => {
+                assert_eq!(out.stdout, "before\n");
+                break;
+            }
+            // Started, but its own fork refused.
+            Ok(out) => assert!(out.stderr.contains("fork"), "{out:?}"),
+            Err(e) => {
+                let text = format!("{e:#}");
+                assert!(text.contains("terminal.container_pids"), "{text}");
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bombed sandbox never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A command over the memory limit (`terminal.container_memory`) is killed and said to be;
+/// the sandbox and its files live on. After a snapshot (what `suspend` does) the limits'
+/// cgroups are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_hog_is_killed_and_reported_and_the_cgroups_go_with_the_sandbox() {
+    let limits = Limits {
+        memory_mb: 64,
+        ..Limits::default()
+    };
+    let Some(env) = limits_env("memory", limits) else {
+        return;
+    };
+    let id = env.create("hog", 1, None).await;
+    env.ok(&id, "echo kept > f").await;
+    let dirs = env.provider.limit_cgroups(&id);
+    assert!(!dirs.is_empty());
+    assert!(dirs.iter().all(|d| d.is_dir()), "{dirs:?}");
+    // `tail` keeps a newline-free stream whole: 512 MB against a 64 MB limit.
+    let out = env
+        .run(&id, "head -c 512M /dev/zero | tail; echo after")
+        .await;
+    assert_eq!(out.stdout, "after\n", "{out:?}");
+    assert!(
+        out.stderr.contains("killed by its sandbox's memory limit")
+            && out.stderr.contains("terminal.container_memory = 64 MB"),
+        "{out:?}"
+    );
+    let out = env.run(&id, "head -c 512M /dev/zero | tail").await;
+    assert_eq!(out.exit_code, 137, "{out:?}");
+    assert!(out.stderr.contains("memory limit"), "{out:?}");
+    // A command within the limit is not noted.
+    let out = env.run(&id, "head -c 8M /dev/zero | tail | wc -c").await;
+    assert_eq!(
+        (out.exit_code, out.stdout.as_str()),
+        (0, "8388608\n"),
+        "{out:?}"
+    );
+    assert!(!out.stderr.contains("memory limit"), "{out:?}");
+    assert_eq!(env.ok(&id, "cat f").await, "kept\n");
+    env.provider.snapshot(&tid("hog"), &id, 1).await.unwrap();
+    for dir in &dirs {
+        assert!(
+            !dir.exists(),
+            "{} outlived the sandbox's snapshot",
+            dir.display()
+        );
+    }
+    assert!(env.provider.limit_cgroups(&id).is_empty());
 }

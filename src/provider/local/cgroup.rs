@@ -88,6 +88,10 @@ fn probe() -> Result<PathBuf, String> {
 }
 
 /// The cgroup's name for the sandbox `sandbox` in `sandbox_dir`.
+pub(super) fn name(sandbox_dir: &Path, sandbox: &str) -> String {
+    cgroup_name(sandbox_dir, sandbox)
+}
+
 fn cgroup_name(sandbox_dir: &Path, sandbox: &str) -> String {
     // FNV-1a of the directory: stable across processes and runs (unlike std's hasher).
     let mut h: u64 = 0xCBF2_9CE4_8422_2325;

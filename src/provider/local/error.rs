@@ -230,7 +230,10 @@ fn spawn_hint(e: &io::Error) -> &'static str {
              open-files limit (`ulimit -n` where `taskbox serve` starts) and restart it"
         }
         Some(libc::ENFILE) => "the system's table of open files is full",
-        Some(libc::EAGAIN) => "the system or this user has too many processes",
+        Some(libc::EAGAIN) => {
+            "the system or this user has too many processes, or an isolated sandbox is at its \
+             process limit (`terminal.container_pids`)"
+        }
         Some(libc::ENOMEM) => "out of memory",
         _ => "is bash installed and on PATH?",
     }

@@ -154,6 +154,12 @@ impl LocalProvider {
             }
             None => None,
         };
+        // What counts the processes the sandbox's memory limit kills, and the count before.
+        let oom = init
+            .as_ref()
+            .and_then(|i| i.cgroups())
+            .map(|c| c.oom_counter())
+            .map(|counter| (counter.count(), counter));
         let child = match (cloned, init) {
             (Some(child), _) => child,
             (None, Some(init)) => {
@@ -241,6 +247,8 @@ impl LocalProvider {
         let pgid = proc.id().expect("a child that was just started has a pid");
         let mut group = GroupGuard { pgid: Some(pgid) };
         let stdout = Pump::start(child.stdout, OutputStream::Stdout, io.output.clone());
+        // Kept for a note after the command's own output (the memory limit's).
+        let live_note = oom.as_ref().and(io.output.clone());
         let stderr = Pump::start(child.stderr, OutputStream::Stderr, io.output);
         let feeder = feed_stdin(child.stdin, io.stdin);
         let mut cancel = io.cancel;
@@ -397,13 +405,27 @@ impl LocalProvider {
                             "could not record the command's working directory");
                     }
                 }
-                Ok(output(
-                    exit_code(status),
-                    false,
-                    stdout,
-                    stderr,
-                    duration_ms,
-                ))
+                let mut out = output(exit_code(status), false, stdout, stderr, duration_ms);
+                // Killed by the memory limit (a process of the sandbox was, while it ran): said
+                // in its stderr; the sandbox lives on.
+                if let Some((before, counter)) = oom {
+                    if counter.count() > before {
+                        let note = counter.note();
+                        if let Some(bytes) = out.stderr_bytes.as_mut() {
+                            bytes.extend_from_slice(note.as_bytes());
+                        }
+                        out.stderr.push_str(&note);
+                        if let Some(live) = live_note {
+                            let chunk = crate::provider::OutputChunk {
+                                stream: OutputStream::Stderr,
+                                data: note.into_bytes(),
+                            };
+                            // A reader that went away misses it; the capture keeps it.
+                            let _ = live.send(chunk).await;
+                        }
+                    }
+                }
+                Ok(out)
             }
         }
     }
@@ -421,11 +443,44 @@ impl LocalProvider {
         if let Some(init) = held.as_ref().filter(|i| i.alive()) {
             return Ok(init.clone());
         }
-        let init =
-            isolation::Init::start(workspace, run_dir).map_err(|source| LocalError::Isolation {
-                sandbox: name.name.clone(),
-                source,
-            })?;
+        let isolate = |source| LocalError::Isolation {
+            sandbox: name.name.clone(),
+            source,
+        };
+        // Its limits, in cgroups of this init's own (a previous init's, ended, may still be
+        // being removed). Where no hierarchy allows them, doctor shows the ✗ and why.
+        let cgroups = match isolation::limits_support() {
+            Ok(_) => {
+                let dir = workspace.parent().unwrap_or(workspace);
+                let cg = format!(
+                    "{}{}-{}",
+                    isolation::LIMITS_PREFIX,
+                    super::cgroup::name(dir, &name.name),
+                    self.unique()
+                );
+                Some(
+                    isolation::Cgroups::make(&cg, self.isolation.limits)
+                        .map_err(|e| isolate(isolation::InitError::Prepare(e)))?,
+                )
+            }
+            Err(why) => {
+                tracing::warn!(sandbox = %name.name, reason = %why,
+                    "the sandbox runs without cpu, memory and process limits");
+                None
+            }
+        };
+        let mut init = match isolation::Init::start(workspace, run_dir) {
+            Ok(init) => init,
+            Err(e) => {
+                if let Some(cg) = cgroups {
+                    cg.remove();
+                }
+                return Err(isolate(e));
+            }
+        };
+        if let Some(cg) = cgroups {
+            init.set_cgroups(cg);
+        }
         tracing::debug!(sandbox = %name.name, init = init.pid(), "made the sandbox's namespaces");
         let init = std::sync::Arc::new(init);
         *held = Some(init.clone());

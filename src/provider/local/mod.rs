@@ -120,6 +120,11 @@ pub const BACKEND: crate::provider::registry::Entry = crate::provider::registry:
             .map(|p| {
                 let p = p.with_isolation(isolation::Settings {
                     mode: config.terminal.local_isolation,
+                    limits: isolation::Limits {
+                        cpu: config.terminal.container_cpu,
+                        memory_mb: config.terminal.container_memory,
+                        pids: config.terminal.container_pids,
+                    },
                 });
                 Arc::new(p) as Arc<dyn crate::provider::SandboxProvider>
             })

@@ -57,6 +57,20 @@ impl LocalProvider {
         path.is_dir().then_some(path)
     }
 
+    /// The limit cgroups of an isolated sandbox's running init in this process (empty when it
+    /// has none: not isolated, no command yet, stopped, or no hierarchy allows limits).
+    pub fn limit_cgroups(&self, sandbox_id: &str) -> Vec<PathBuf> {
+        let Ok(name) = SandboxName::parse(sandbox_id) else {
+            return Vec::new();
+        };
+        let slot = self.slot(&name);
+        let init = super::lock(&slot.init);
+        init.as_ref()
+            .and_then(|i| i.cgroups())
+            .map(|c| c.dirs().to_vec())
+            .unwrap_or_default()
+    }
+
     /// The directory of `task`'s current sandbox: `tasks/<task>`, a stable path.
     pub(super) fn task_dir(&self, task: &TaskId) -> PathBuf {
         self.root.join("tasks").join(task.as_str())

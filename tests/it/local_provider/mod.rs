@@ -79,6 +79,7 @@ impl Env {
         } = Env::new();
         let provider = provider.with_isolation(taskbox::provider::local::isolation::Settings {
             mode: taskbox::config::LocalIsolation::Namespaces,
+            ..Default::default()
         });
         Some(Env {
             dir,

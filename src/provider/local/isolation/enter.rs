@@ -8,6 +8,9 @@
 //! namespace) goes on to the exec, the child stays outside and waits for it, ending as it ended
 //! (its exit code, or the same signal), so that the server's wait and its signals to the
 //! command's process group (which both share) work as for an unisolated command.
+//!
+//! Before all that, the hook moves itself into the sandbox's limit cgroups, where it has them
+//! (see `limits`): the command and everything it starts are born there.
 
 use std::ffi::CString;
 use std::io;
@@ -54,6 +57,20 @@ impl Enter {
         // SAFETY: (the whole body) async-signal-safe system calls on integers and on pointers
         // into `self`, which the fork copied; nothing allocates or takes a lock.
         unsafe {
+            // Into the sandbox's limit cgroups first (the hierarchies are not visible inside):
+            // the waiting child and the command are both counted, and all the command starts.
+            for procs in self.init.cgroups().map_or(&[][..], |c| c.procs()) {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                let error = io::Error::last_os_error();
+                libc::close(fd);
+                if written != 1 {
+                    return Err(error);
+                }
+            }
             for (fd, flag) in self.init.namespace_fds() {
                 if libc::setns(fd, flag) != 0 {
                     return Err(io::Error::last_os_error());

@@ -65,6 +65,8 @@ pub struct Init {
     namespaces: Vec<(OwnedFd, libc::c_int)>,
     lifeline: Option<OwnedFd>,
     reaped: bool,
+    /// The sandbox's limit cgroups, removed once it has ended.
+    cgroups: Option<super::Cgroups>,
 }
 
 /// The namespaces' names under `/proc/<pid>/ns/` and their flags, in the order a command
@@ -633,6 +635,7 @@ impl Init {
             namespaces: Vec::new(),
             lifeline: Some(life_w),
             reaped: false,
+            cgroups: None,
         };
         // Its namespaces, opened while it waits for the go (before it makes itself undumpable).
         for (name, flag) in NAMESPACE_FILES {
@@ -679,6 +682,17 @@ impl Init {
     }
 
     /// The descriptors of its namespaces and their flags, in the order to enter them.
+    /// Gives the sandbox its limit cgroups (before any command joins them): every command joins
+    /// them, and they are removed when the init ends.
+    pub fn set_cgroups(&mut self, cgroups: super::Cgroups) {
+        self.cgroups = Some(cgroups);
+    }
+
+    /// The sandbox's limit cgroups, if it has them.
+    pub fn cgroups(&self) -> Option<&super::Cgroups> {
+        self.cgroups.as_ref()
+    }
+
     pub(super) fn namespace_fds(&self) -> impl Iterator<Item = (RawFd, libc::c_int)> + '_ {
         self.namespaces
             .iter()
@@ -756,6 +770,10 @@ impl Init {
             }
         }
         self.reaped = true;
+        // Every process of the sandbox is dead: its cgroups can go.
+        if let Some(cgroups) = self.cgroups.take() {
+            cgroups.remove();
+        }
     }
 }
 
@@ -774,6 +792,7 @@ impl Drop for Init {
             namespaces: Vec::new(),
             lifeline: self.lifeline.take(),
             reaped: false,
+            cgroups: self.cgroups.take(),
         };
         self.reaped = true;
         let _ = std::thread::Builder::new()

@@ -41,10 +41,12 @@
 
 mod enter;
 mod init;
+mod limits;
 mod seccomp;
 
 pub(super) use self::enter::Enter;
 pub(super) use self::init::{Init, InitError};
+pub use self::limits::{support as limits_support, Cgroups, Limits, PREFIX as LIMITS_PREFIX};
 pub use self::seccomp::DENIED;
 
 use crate::config::LocalIsolation;
@@ -68,6 +70,8 @@ pub(super) const REPORT_FD: i32 = 1000;
 pub struct Settings {
     /// Namespaces or none.
     pub mode: LocalIsolation,
+    /// The limits of each isolated sandbox.
+    pub limits: Limits,
 }
 
 impl Settings {
@@ -201,14 +205,23 @@ pub fn layers() -> Vec<Layer> {
             has("NoNewPrivs:\t1"),
             "setuid binaries grant nothing".into(),
         ),
-        Layer {
-            name: "cgroup limits",
-            ok: false,
-            required: false,
-            detail: "terminal.container_cpu and container_memory are not applied to isolated \
-                     sandboxes yet (a fork bomb or a memory hog is bounded only by the host's \
-                     limits)"
-                .into(),
+        match limits::support() {
+            Ok(where_) => layer(
+                "cgroup limits",
+                true,
+                format!(
+                    "terminal.container_cpu, container_memory and container_pids bound each \
+                     sandbox ({where_})"
+                ),
+            ),
+            Err(why) => layer(
+                "cgroup limits",
+                false,
+                format!(
+                    "terminal.container_cpu, container_memory and container_pids cannot be \
+                     applied: {why}"
+                ),
+            ),
         },
     ]
 }
