@@ -562,3 +562,39 @@ async fn a_memory_hog_is_killed_and_reported_and_the_cgroups_go_with_the_sandbox
     }
     assert!(env.provider.limit_cgroups(&id).is_empty());
 }
+
+/// Through the CLI: the configured limits reach the sandbox (`terminal.container_memory`), a
+/// memory-limit kill is said on stderr with the shell's exit code, and `doctor` shows the
+/// `cgroup limits` layer with ✓.
+#[test]
+fn the_configured_memory_limit_reaches_the_sandbox_and_doctor_shows_the_layer() {
+    let Some(_) = limits_env("cli-limits", Limits::default()) else {
+        return;
+    };
+    let home = crate::support::Home::new();
+    crate::support::ok(&home.run(&["config", "set", "terminal.local_isolation", "namespaces"]));
+    crate::support::ok(&home.run(&["config", "set", "terminal.container_memory", "32"]));
+    let doctor = home.run(&["doctor"]);
+    let text = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("✓ cgroup limits") && l.contains("container_pids")),
+        "{text}"
+    );
+    let out = home.run(&[
+        "run",
+        "--task",
+        "m",
+        "--",
+        "echo kept > f; head -c 256M /dev/zero | tail",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(137), "{stderr}");
+    assert!(
+        stderr.contains("killed by its sandbox's memory limit (terminal.container_memory = 32 MB)"),
+        "{stderr}"
+    );
+    let kept = crate::support::ok(&home.run(&["run", "--task", "m", "--", "cat f"]));
+    assert_eq!(kept, "kept\n");
+    crate::support::ok(&home.run(&["rm", "m"]));
+}
