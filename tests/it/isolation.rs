@@ -530,6 +530,22 @@ async fn a_memory_hog_is_killed_and_reported_and_the_cgroups_go_with_the_sandbox
     let dirs = env.provider.limit_cgroups(&id);
     assert!(!dirs.is_empty());
     assert!(dirs.iter().all(|d| d.is_dir()), "{dirs:?}");
+    // Each limit as configured, v2's files or v1's.
+    let value = |files: &[&str]| -> String {
+        dirs.iter()
+            .flat_map(|d| files.iter().map(move |f| d.join(f)))
+            .find_map(|p| fs::read_to_string(p).ok())
+            .unwrap_or_else(|| panic!("none of {files:?} in {dirs:?}"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        value(&["memory.max", "memory.limit_in_bytes"]),
+        (64u64 << 20).to_string()
+    );
+    assert_eq!(value(&["pids.max"]), Limits::default().pids.to_string());
+    let cpu = value(&["cpu.max", "cpu.cfs_quota_us"]);
+    assert!(cpu == "100000 100000" || cpu == "100000", "{cpu}");
     // `tail` keeps a newline-free stream whole: 512 MB against a 64 MB limit.
     let out = env
         .run(&id, "head -c 512M /dev/zero | tail; echo after")
