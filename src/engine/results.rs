@@ -41,6 +41,10 @@ pub struct RunResult {
     pub stderr_truncated: bool,
     /// Wall time of the command.
     pub duration_ms: u64,
+    /// Whether the sandbox's memory limit killed a process of the command (an isolated local
+    /// sandbox, `terminal.container_memory`); present only when true.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory_killed: bool,
     /// What the caller should know: the sandbox was recreated (live processes are gone), from
     /// which snapshot, files lost...
     pub notices: Vec<Notice>,
@@ -73,6 +77,7 @@ impl RunResult {
             stderr_encoding,
             stderr_truncated: out.stderr_truncated,
             duration_ms: out.duration_ms,
+            memory_killed: out.memory_killed,
             notices,
         }
     }

@@ -204,6 +204,10 @@ pub struct ExecOutput {
     /// Whether the capture of stderr dropped its middle.
     #[serde(default)]
     pub stderr_truncated: bool,
+    /// Whether the sandbox's memory limit killed a process of the command while it ran (an
+    /// isolated local sandbox; its stderr ends with a note saying so).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory_killed: bool,
 }
 
 /// A snapshot as the provider reports it.

@@ -558,7 +558,10 @@ async fn a_memory_hog_is_killed_and_reported_and_the_cgroups_go_with_the_sandbox
     );
     let out = env.run(&id, "head -c 512M /dev/zero | tail").await;
     assert_eq!(out.exit_code, 137, "{out:?}");
-    assert!(out.stderr.contains("memory limit"), "{out:?}");
+    assert!(
+        out.stderr.contains("memory limit") && out.memory_killed,
+        "{out:?}"
+    );
     // A command within the limit is not noted.
     let out = env.run(&id, "head -c 8M /dev/zero | tail | wc -c").await;
     assert_eq!(
@@ -566,7 +569,10 @@ async fn a_memory_hog_is_killed_and_reported_and_the_cgroups_go_with_the_sandbox
         (0, "8388608\n"),
         "{out:?}"
     );
-    assert!(!out.stderr.contains("memory limit"), "{out:?}");
+    assert!(
+        !out.stderr.contains("memory limit") && !out.memory_killed,
+        "{out:?}"
+    );
     assert_eq!(env.ok(&id, "cat f").await, "kept\n");
     env.provider.snapshot(&tid("hog"), &id, 1).await.unwrap();
     for dir in &dirs {
@@ -610,6 +616,21 @@ fn the_configured_memory_limit_reaches_the_sandbox_and_doctor_shows_the_layer() 
         stderr.contains("killed by its sandbox's memory limit (terminal.container_memory = 32 MB)"),
         "{stderr}"
     );
+    // `--json` says so too.
+    let out = home.run(&[
+        "run",
+        "--json",
+        "--task",
+        "m",
+        "--",
+        "head -c 256M /dev/zero | tail",
+    ]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["memory_killed"], true, "{json}");
+    assert_eq!(json["exit_code"], 137, "{json}");
+    let out = crate::support::ok(&home.run(&["run", "--json", "--task", "m", "--", "true"]));
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert!(json.get("memory_killed").is_none(), "{json}");
     let kept = crate::support::ok(&home.run(&["run", "--task", "m", "--", "cat f"]));
     assert_eq!(kept, "kept\n");
     crate::support::ok(&home.run(&["rm", "m"]));

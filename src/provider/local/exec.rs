@@ -415,6 +415,7 @@ impl LocalProvider {
                             bytes.extend_from_slice(note.as_bytes());
                         }
                         out.stderr.push_str(&note);
+                        out.memory_killed = true;
                         if let Some(live) = live_note {
                             let chunk = crate::provider::OutputChunk {
                                 stream: OutputStream::Stderr,
@@ -607,6 +608,7 @@ fn output(
         stderr_bytes: stderr.bytes,
         stdout_truncated: stdout.truncated,
         stderr_truncated: stderr.truncated,
+        memory_killed: false,
     }
 }
 
