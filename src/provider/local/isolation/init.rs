@@ -681,7 +681,6 @@ impl Init {
         ))
     }
 
-    /// The descriptors of its namespaces and their flags, in the order to enter them.
     /// Gives the sandbox its limit cgroups (before any command joins them): every command joins
     /// them, and they are removed when the init ends.
     pub fn set_cgroups(&mut self, cgroups: super::Cgroups) {
@@ -693,6 +692,7 @@ impl Init {
         self.cgroups.as_ref()
     }
 
+    /// The descriptors of its namespaces and their flags, in the order to enter them.
     pub(super) fn namespace_fds(&self) -> impl Iterator<Item = (RawFd, libc::c_int)> + '_ {
         self.namespaces
             .iter()

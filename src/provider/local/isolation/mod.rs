@@ -35,6 +35,11 @@
 //! namespace: no route to the host's `127.0.0.1`, nor to the internet). Its environment is
 //! `environment`'s, nothing of the server's.
 //!
+//! **What bounds it.** Where a cgroup hierarchy allows it, the sandbox's limits
+//! (`terminal.container_cpu`, `container_memory`, `container_pids`) hold for all its processes
+//! together: cgroups made as its init starts, joined by each command's hook before it enters,
+//! removed when the init ends (see `limits`).
+//!
 //! Why [`WORKSPACE`] is `/workspace`: one path, the same for every task, every generation,
 //! every restore and every fork, and for every data dir, so absolute paths a command records in
 //! its files (shebangs, virtualenvs, build caches) stay true wherever its snapshot is restored.
