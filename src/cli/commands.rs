@@ -174,6 +174,9 @@ pub(super) fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Fail
             // rest of the file is checked once the new value is in.
             let mut cfg = Config::load_unchecked(path).map_err(Failure::from_config)?;
             cfg.set(&key, &value).map_err(Failure::from_config)?;
+            // Which backends exist is the registry's to say (an alias becomes the name).
+            registry::check(&mut cfg, taskbox::config::ValueSource::Set)
+                .map_err(Failure::from_config)?;
             cfg.save(path).map_err(Failure::from_config)?;
             cfg.validate(taskbox::config::ValueSource::File(path.clone()))
                 .map_err(Failure::from_config)?;
@@ -264,12 +267,9 @@ pub(super) fn export_snapshot(
         return Err(no_task(paths, &task));
     };
     // The task's backend, as its marks record it, says whether its snapshots can be read here;
-    // one not recorded yet is read as local, as it always was.
-    let backend = view
-        .marks
-        .backend
-        .as_deref()
-        .unwrap_or(Backend::Local.as_str());
+    // one not recorded yet is read as the default backend's, as it always was.
+    let default = Backend::default();
+    let backend = view.marks.backend.as_deref().unwrap_or(default.as_str());
     let Some(export) = registry::named(backend).and_then(|b| b.export_snapshot) else {
         let readable: Vec<&str> = registry::BACKENDS
             .iter()

@@ -99,9 +99,13 @@ pub async fn run(paths: &Paths, args: DoctorArgs) -> Result<ExitCode, Failure> {
         }
     };
     if let Some(cfg) = &config {
-        checks.push(Check::pass("backend", cfg.terminal.backend.as_str()));
-        let backend = taskbox::provider::registry::entry(cfg.terminal.backend);
-        checks.extend((backend.checks)(cfg).await.into_iter().map(Check::from));
+        match taskbox::provider::registry::resolve(&cfg.terminal.backend) {
+            Ok(backend) => {
+                checks.push(Check::pass("backend", backend.name()));
+                checks.extend((backend.checks)(cfg).await.into_iter().map(Check::from));
+            }
+            Err(e) => checks.push(Check::fail("backend", e.to_string(), e.hint())),
+        }
     }
     checks.push(data_dir_check(paths));
     checks.push(sqlite_check(paths));

@@ -95,7 +95,7 @@ impl OrchestratorBuilder {
                 self.clock.clone(),
             )
             .map_err(|e| EngineError::Provider {
-                backend: self.config.terminal.backend.as_str(),
+                backend: e.backend.clone(),
                 message: e.to_string(),
                 hint: e.hint(),
             })?,

@@ -38,7 +38,7 @@ pub enum EngineError {
     #[error("{backend} backend: {message}")]
     Provider {
         /// The backend.
-        backend: &'static str,
+        backend: String,
         /// What went wrong.
         message: String,
         /// How to fix it, if known.

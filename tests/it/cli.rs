@@ -140,6 +140,55 @@ fn bad_input_is_a_clear_error_with_exit_125() {
     assert!(stderr(&o).contains("config.toml"), "{}", stderr(&o));
 }
 
+/// `terminal.backend` names a backend of the provider registry: `config set` refuses another
+/// name at once with the list, takes the short name `vercel` as `vercel_sandbox`, and a file
+/// edited by hand to a name no backend has is refused where the config becomes a provider, with
+/// the list and the fix.
+#[test]
+fn an_unknown_backend_is_refused_with_the_registrys_names() {
+    let home = Home::new();
+    let o = home.run(&["config", "set", "terminal.backend", "nope"]);
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("invalid value `nope` for `terminal.backend`")
+            && e.contains("one of: local, vercel_sandbox")
+            && e.contains("hint:"),
+        "{e}"
+    );
+    assert_eq!(
+        ok(&home.run(&["config", "get", "terminal.backend"])),
+        "local\n",
+        "a refused value is not stored"
+    );
+    let o = home.run(&["config", "set", "terminal.backend", "Not A Name"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).contains("lowercase letters"), "{}", stderr(&o));
+    ok(&home.run(&["config", "set", "terminal.backend", "vercel"]));
+    assert_eq!(
+        ok(&home.run(&["config", "get", "terminal.backend"])),
+        "vercel_sandbox\n"
+    );
+    std::fs::write(
+        home.path().join("config.toml"),
+        "[terminal]\nbackend = \"docker\"\n",
+    )
+    .expect("write");
+    let o = home.run(&["run", "-t", "x", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("no backend is named `docker`")
+            && e.contains("one of: local, vercel_sandbox")
+            && e.contains("taskbox config set terminal.backend"),
+        "{e}"
+    );
+    let o = home.run(&["doctor"]);
+    assert_ne!(o.status.code(), Some(0));
+    let said = format!("{}{}", stdout(&o), stderr(&o));
+    assert!(said.contains("no backend is named `docker`"), "{said}");
+}
+
 #[test]
 fn config_get_set_show_round_trip() {
     let home = Home::new();

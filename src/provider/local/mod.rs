@@ -110,7 +110,8 @@ use crate::snapshot_store::{archive, cas};
 /// The local backend in the [registry](crate::provider::registry): its sandboxes and snapshots
 /// live under the data dir's `local/`, where `export-snapshot` reads them; nothing is priced.
 pub const BACKEND: crate::provider::registry::Entry = crate::provider::registry::Entry {
-    backend: crate::config::Backend::Local,
+    name: "local",
+    aliases: &[],
     build: |_config, data_dir, installation_id, clock| {
         LocalProvider::new(data_dir.join("local"), installation_id.to_string(), clock)
             .map(|p| Arc::new(p) as Arc<dyn crate::provider::SandboxProvider>)

@@ -90,7 +90,9 @@ impl VercelSetupError {
 /// The Vercel backend in the [registry](crate::provider::registry): built from the config and
 /// the environment's credentials; its sessions are priced; its snapshots live on the platform.
 pub const BACKEND: crate::provider::registry::Entry = crate::provider::registry::Entry {
-    backend: crate::config::Backend::VercelSandbox,
+    name: "vercel_sandbox",
+    // The short name the Vercel backend is also known by.
+    aliases: &["vercel"],
     build: |config, _data_dir, _installation_id, clock| {
         let cwd = std::env::current_dir().unwrap_or_else(|_| std::path::PathBuf::from("."));
         let env = |k: &str| std::env::var(k).ok();
