@@ -41,6 +41,55 @@ pub struct Entry {
     /// Writes one of its snapshots as a plain tarball (`taskbox export-snapshot`); `None` if
     /// its snapshots are not kept where taskbox can read them.
     pub export_snapshot: Option<Export>,
+    /// What it does with snapshot archives of another installation it keeps under the data
+    /// dir; `None` if it keeps none there.
+    pub foreign: Option<&'static Foreign>,
+}
+
+/// Snapshot archives of another installation that a backend keeps under the data dir (the
+/// store was removed or moved aside while they existed): noted once by `taskbox run` and the
+/// MCP `run` tool, listed by `taskbox doctor`, which offers to adopt or ignore them. Each
+/// function takes the data dir; where under it the backend keeps them is its own business.
+#[derive(Debug)]
+pub struct Foreign {
+    /// Where its snapshot archives are, as doctor names them; `None` while it keeps no files
+    /// under the data dir (doctor then says nothing).
+    pub archives: fn(data_dir: &Path) -> Option<std::path::PathBuf>,
+    /// The tasks with archives of installations other than `installation_id` (and not
+    /// ignored), each with its newest archive, in task order.
+    pub scan: fn(data_dir: &Path, installation_id: &str) -> Result<Vec<ForeignTask>, ProviderError>,
+    /// Stops noting these tasks' installations; their archives stay on disk.
+    pub ignore: fn(data_dir: &Path, tasks: &[ForeignTask]) -> Result<(), ProviderError>,
+    /// Makes each task's first sandbox start from its newest archive (the caller passes only
+    /// tasks the store does not know); returns the adopted tasks.
+    pub adopt:
+        fn(data_dir: &Path, tasks: &[ForeignTask]) -> Result<Vec<ForeignTask>, ProviderError>,
+    /// The note about such archives, once (then it is gone); `None` when there is none.
+    pub take_note: fn(data_dir: &Path) -> Option<String>,
+}
+
+/// The newest archive of one task of another installation.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ForeignTask {
+    /// The task.
+    pub task_id: String,
+    /// The installation that took its archives.
+    pub installation_id: String,
+    /// Its newest archive's snapshot id.
+    pub snapshot_id: String,
+    /// When that archive was taken.
+    pub created_at: crate::core::Millis,
+    /// How many archives of the task that installation left.
+    pub archives: usize,
+}
+
+/// Every backend's note about archives of another installation under `data_dir`, once each.
+pub fn take_foreign_notes(data_dir: &Path) -> Vec<String> {
+    BACKENDS
+        .iter()
+        .filter_map(|e| e.foreign)
+        .filter_map(|f| (f.take_note)(data_dir))
+        .collect()
 }
 
 /// [`Entry::build`].

@@ -106,6 +106,7 @@ pub const BACKEND: crate::provider::registry::Entry = crate::provider::registry:
     checks: |config| Box::pin(doctor::checks(config)),
     priced: true,
     export_snapshot: None,
+    foreign: None,
 };
 
 /// Tuning of the provider (defaults suit production; tests shorten the waits).
