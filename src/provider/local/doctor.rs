@@ -18,13 +18,13 @@ pub fn checks(config: &Config) -> Vec<Check> {
         checks.push(isolation_check());
     }
     checks.push(Check::pass(
-            "persistence",
-            if config.terminal.container_persistent {
-                "terminal.container_persistent = true: files are kept in snapshots across sandboxes"
-            } else {
-                "terminal.container_persistent = false: every new sandbox starts fresh"
-            },
-        ));
+        "persistence",
+        if config.terminal.container_persistent {
+            "terminal.container_persistent = true: files are kept in snapshots across sandboxes"
+        } else {
+            "terminal.container_persistent = false: every new sandbox starts fresh"
+        },
+    ));
     checks
 }
 
