@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::EngineError;
@@ -40,6 +40,11 @@ const WARN_AFTER: Duration = Duration::from_millis(500);
 pub(super) struct TaskLocks {
     /// Held locks by task id; dropping one releases it.
     held: Mutex<HashMap<TaskId, Held>>,
+    /// One gate per task whose lock a caller of this process is taking now. A second caller
+    /// for the same task waits at the gate for the first's outcome: trying the file itself
+    /// would find it locked — by this very process, through the first caller's descriptor —
+    /// and wait the whole `wait` for a holder that is itself.
+    taking: Mutex<HashMap<TaskId, Arc<tokio::sync::Mutex<()>>>>,
     dir: PathBuf,
     wait: Duration,
     /// Wait for a held lock on the calling thread itself (see [`TaskLocks::acquire`]).
@@ -53,6 +58,7 @@ impl TaskLocks {
     pub(super) fn new(dir: PathBuf, wait: Duration, hold_runtime: bool) -> TaskLocks {
         TaskLocks {
             held: Mutex::new(HashMap::new()),
+            taking: Mutex::new(HashMap::new()),
             dir,
             wait,
             hold_runtime,
@@ -60,11 +66,45 @@ impl TaskLocks {
     }
 
     /// Takes the task's lock (once per orchestrator), waiting for another process to let go.
+    /// Callers of this process asking for the same task at once take it once: the first
+    /// takes it, the others wait for that and share it.
     pub(super) async fn acquire(&self, task: &TaskId) -> Result<(), EngineError> {
-        let id = task;
-        if self.held.lock().expect("locks mutex").contains_key(id) {
+        if self.holds(task) {
             return Ok(());
         }
+        let gate = self
+            .taking
+            .lock()
+            .expect("locks mutex")
+            .entry(task.clone())
+            .or_default()
+            .clone();
+        let taken = {
+            let _turn = gate.lock().await;
+            if self.holds(task) {
+                Ok(())
+            } else {
+                self.take(task).await
+            }
+        };
+        // The last caller through the gate removes it (the map's copy and ours are the two
+        // left), so the map holds only tasks being taken now.
+        let mut taking = self.taking.lock().expect("locks mutex");
+        if Arc::strong_count(&gate) == 2 {
+            taking.remove(task);
+        }
+        taken
+    }
+
+    /// Whether this orchestrator holds the task's lock.
+    fn holds(&self, task: &TaskId) -> bool {
+        self.held.lock().expect("locks mutex").contains_key(task)
+    }
+
+    /// Takes the task's lock, waiting up to `wait` for another process to let go; the caller
+    /// is alone at the task's gate.
+    async fn take(&self, task: &TaskId) -> Result<(), EngineError> {
+        let id = task;
         let path = self.dir.join(format!("{id}.lock"));
         let lock_err = |source| EngineError::Lock {
             task: task.clone(),
@@ -225,5 +265,52 @@ pub(crate) fn try_flock(file: &File) -> std::io::Result<bool> {
         Ok(false)
     } else {
         Err(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Callers of one process asking for a new task's lock at the same moment all get it: none
+    /// waits for the process's own lock (issue 32 item 1: one of twenty parallel first
+    /// commands waited 900 s for "another taskbox process" that was its own server).
+    #[test]
+    fn parallel_callers_of_one_process_share_the_lock() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let dir = tempfile::tempdir().expect("temp dir");
+        rt.block_on(async {
+            let locks = Arc::new(TaskLocks::new(
+                dir.path().join("locks"),
+                Duration::from_millis(300),
+                false,
+            ));
+            for round in 0..200 {
+                let task = TaskId::new(&format!("t{round}")).expect("task id");
+                let start = Arc::new(tokio::sync::Barrier::new(20));
+                let callers: Vec<_> = (0..20)
+                    .map(|_| {
+                        let (locks, task, start) = (locks.clone(), task.clone(), start.clone());
+                        tokio::spawn(async move {
+                            start.wait().await;
+                            locks.acquire(&task).await
+                        })
+                    })
+                    .collect();
+                for caller in callers {
+                    let taken = caller.await.expect("caller");
+                    assert!(taken.is_ok(), "round {round}: {taken:?}");
+                }
+                assert!(locks.holds(&task));
+            }
+            assert!(
+                locks.taking.lock().expect("locks mutex").is_empty(),
+                "no gate outlives its acquisitions"
+            );
+        });
     }
 }

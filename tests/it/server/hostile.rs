@@ -1,0 +1,114 @@
+//! Issue 32 ("hostile use, round three") against one server: the real binary, its socket and
+//! its processes.
+
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use super::ServerHome;
+use crate::support::{ok, wait_for};
+
+/// Waits for every child until `limit` from now; the ones still running then are killed and
+/// named in the error, with the ones that failed.
+fn wait_all(children: Vec<(String, Child)>, limit: Duration) -> Result<(), String> {
+    let mut running = children;
+    let mut failed = Vec::new();
+    let _ = wait_for(limit, || {
+        let mut still = Vec::new();
+        for (name, mut child) in std::mem::take(&mut running) {
+            match child.try_wait().expect("wait for taskbox") {
+                Some(status) if status.success() => {}
+                Some(status) => failed.push(format!("{name}: {status}")),
+                None => still.push((name, child)),
+            }
+        }
+        running = still;
+        running.is_empty().then_some(())
+    });
+    let hung: Vec<String> = running
+        .into_iter()
+        .map(|(name, mut child)| {
+            let _ = child.kill();
+            let _ = child.wait();
+            name
+        })
+        .collect();
+    if hung.is_empty() && failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "still running after {} s: {hung:?}; failed: {failed:?}",
+            limit.as_secs()
+        ))
+    }
+}
+
+/// Sends `sig` to the process `pid` (a server this test started).
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: `kill` takes a pid and a signal number and touches no memory of ours.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({pid}, {sig}): {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// How many Unix sockets carry the address `path`: a listener, the connections it accepted and
+/// the ones queued for it.
+fn connections_to(path: &std::path::Path) -> usize {
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    let path = path.to_string_lossy();
+    table
+        .lines()
+        .filter(|line| line.split_whitespace().nth(7) == Some(&*path))
+        .count()
+}
+
+/// Twenty first commands on one new task at once, through one server, round after round: every
+/// one runs and answers, and the server is left serving nothing (issue 32 item 1: one of them
+/// waited 900 s for the server's own lock, and `requests_in_flight` stayed up).
+#[test]
+fn parallel_first_commands_on_one_task_all_finish() {
+    let h = ServerHome::new();
+    ok(&h.home.run(&["run", "-t", "warm", "--", "true"]));
+    let pid = h.wait_for_server();
+    let socket = h.data().join("taskbox.sock");
+    for round in 0..4 {
+        let task = format!("one{round}");
+        // The server is stopped while the twenty connect, so that it takes their requests
+        // together when it goes on: the requests then race for the new task's lock.
+        signal(pid, libc::SIGSTOP);
+        let children = (0..20)
+            .map(|i| {
+                let child = h
+                    .home
+                    .cmd()
+                    .args(["run", "-t", &task, "--", "echo", &i.to_string()])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("spawn taskbox");
+                (format!("{task} #{i}"), child)
+            })
+            .collect();
+        let queued = wait_for(Duration::from_secs(30), || {
+            (connections_to(&socket) >= 21).then_some(())
+        });
+        signal(pid, libc::SIGCONT);
+        queued.expect("the twenty clients connected to the stopped server");
+        if let Err(e) = wait_all(children, Duration::from_secs(120)) {
+            panic!("round {round}: {e}");
+        }
+    }
+    let idle = wait_for(Duration::from_secs(10), || {
+        let status = h.status()?;
+        (status["requests_in_flight"] == 0).then_some(())
+    });
+    assert!(
+        idle.is_some(),
+        "requests still in flight after every client left: {:?}",
+        h.status()
+    );
+}
