@@ -424,9 +424,10 @@ impl EventLoop {
     }
 
     /// Creates the task `child`, forked from `parent`'s `snapshot` (the parent's answer to a
-    /// fork request, durable already): its creation and [`Event::Forked`] are staged, so the
-    /// child is committed before any later transition's command is performed — in particular
-    /// before a delete of that snapshot could ask who retains it.
+    /// fork request, durable already): its creation and [`Event::Forked`] are committed now,
+    /// before the parent's caller is answered (an answered fork is in the journal: `show`
+    /// finds it, a crash keeps it) and before any later transition's command is performed —
+    /// in particular before a delete of that snapshot could ask who retains it.
     pub(super) fn create_fork(
         &mut self,
         parent: &TaskId,
@@ -457,6 +458,36 @@ impl EventLoop {
             self.tasks.remove(child);
             self.staged.retain(|s| &s.task != child);
             return Err(e);
+        }
+        self.commit_new_task(child)
+    }
+
+    /// Commits the staged transitions of the new task `child` at once, alone (other tasks'
+    /// staged transitions wait for the next flush), and performs their commands. If the store
+    /// does not take them, the task is forgotten whole and the error returned.
+    fn commit_new_task(&mut self, child: &TaskId) -> Result<(), EngineError> {
+        let (mine, rest): (Vec<Staged>, Vec<Staged>) = std::mem::take(&mut self.staged)
+            .into_iter()
+            .partition(|s| &s.task == child);
+        self.staged = rest;
+        let records: Vec<TransitionRecord<'_>> = mine
+            .iter()
+            .map(|s| TransitionRecord {
+                at: s.at,
+                event: &s.event,
+                state_before: s.state_before,
+                task_after: &s.task_after,
+                commands: &s.commands,
+            })
+            .collect();
+        let committed = self.store.commit_batch_with(&records, batch_sync(&mine));
+        drop(records);
+        if let Err(e) = committed {
+            self.tasks.remove(child);
+            return Err(e.into());
+        }
+        for s in mine {
+            self.committed(s);
         }
         Ok(())
     }

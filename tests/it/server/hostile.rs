@@ -112,3 +112,26 @@ fn parallel_first_commands_on_one_task_all_finish() {
         h.status()
     );
 }
+
+/// `fork` answers once the new task is committed: `show` (which reads the journal) finds it at
+/// once, and a server killed right after the answer keeps it (issue 32 item 6: `show` said "no
+/// task named" 5 of 5 times, and a SIGKILL lost the fork).
+#[test]
+fn a_fork_is_committed_before_fork_answers() {
+    let h = ServerHome::new();
+    ok(&h.home.run(&["run", "-t", "p", "--", "echo a > f"]));
+    let pid = h.wait_for_server();
+    ok(&h.home.run(&["fork", "p", "c"]));
+    let show: serde_json::Value =
+        serde_json::from_str(&ok(&h.home.run(&["show", "c", "--json"]))).expect("show JSON");
+    assert_eq!(show["task"]["lineage"]["parent"], "p", "{show}");
+
+    ok(&h.home.run(&["fork", "p", "c2"]));
+    super::sigkill(pid);
+    let show: serde_json::Value =
+        serde_json::from_str(&ok(&h.home.run(&["show", "c2", "--json"]))).expect("show JSON");
+    assert_eq!(show["task"]["lineage"]["parent"], "p", "{show}");
+    // The next server restores the fork from its parent's snapshot.
+    let o = h.home.run(&["run", "-t", "c2", "--", "cat f"]);
+    assert_eq!(ok(&o), "a\n");
+}
