@@ -107,11 +107,11 @@ impl OrchestratorBuilder {
         let ownership = match &store {
             Store::Sqlite(_) => {
                 let _ = owner;
-                Ownership::Locks(TaskLocks::new(
+                Ownership::Locks(Arc::new(TaskLocks::new(
                     self.data_dir.join("locks"),
                     self.lock_wait,
                     self.clock.is_virtual(),
-                ))
+                )))
             }
             #[cfg(feature = "postgres")]
             Store::Postgres(pg) => Ownership::Leases(super::owner::Leases::start(
@@ -149,6 +149,9 @@ impl OrchestratorBuilder {
             shutdown: None,
             staged: Vec::new(),
             fence: ownership.fence(),
+            locks: ownership.locks(),
+            settled: Vec::new(),
+            inflight_by_task: HashMap::new(),
         };
         let handle = tokio::spawn(lp.run(rx));
         let orch = Orchestrator {
@@ -371,7 +374,7 @@ impl Orchestrator {
             });
         }
         // The child's lock first: no other process may make or drive it meanwhile.
-        self.inner.ownership.acquire(child).await?;
+        let _child = self.inner.ownership.acquire(child).await?;
         let answer = self
             .request(
                 parent,
@@ -411,7 +414,7 @@ impl Orchestrator {
         task: &TaskId,
         keep_snapshots: bool,
     ) -> Result<RemoveResult, EngineError> {
-        self.inner.ownership.acquire(task).await?;
+        let _claim = self.inner.ownership.acquire(task).await?;
         let (tx, rx) = oneshot::channel();
         self.inner
             .tx
@@ -515,7 +518,7 @@ impl Orchestrator {
     /// waiting for a request to name it. A long-lived driver (`taskbox serve`) loads every task
     /// with a live sandbox at start.
     pub async fn load(&self, task: &TaskId) -> Result<(), EngineError> {
-        self.inner.ownership.acquire(task).await?;
+        let _claim = self.inner.ownership.acquire(task).await?;
         let (tx, rx) = oneshot::channel();
         self.inner
             .tx
@@ -597,7 +600,7 @@ impl Orchestrator {
     }
 
     async fn request(&self, task: &TaskId, req: ApiRequest) -> Result<Answer, EngineError> {
-        self.inner.ownership.acquire(task).await?;
+        let _claim = self.inner.ownership.acquire(task).await?;
         let (tx, rx) = oneshot::channel();
         self.inner
             .tx

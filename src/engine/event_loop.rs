@@ -152,6 +152,14 @@ pub(super) struct EventLoop {
     pub(super) staged: Vec<Staged>,
     /// A fleet's leases (PostgreSQL store); `None` under the `flock`s of the SQLite store.
     pub(super) fence: Option<Arc<dyn super::owner::Fence>>,
+    /// The `flock`s of the SQLite store, told when a task is loaded and unloaded; `None` on a
+    /// fleet's leases.
+    pub(super) locks: Option<Arc<super::lock::TaskLocks>>,
+    /// Tasks committed since the last [`EventLoop::unload_settled`], to unload if nothing of
+    /// them is live.
+    pub(super) settled: Vec<TaskId>,
+    /// Provider calls in flight, by task (their sum is `inflight`).
+    pub(super) inflight_by_task: HashMap<TaskId, usize>,
 }
 
 /// Most messages handled before their transitions are committed together.
@@ -186,6 +194,7 @@ impl EventLoop {
                 }
             }
             self.flush();
+            self.unload_settled();
             if self.shutdown.is_some() && self.inflight == 0 {
                 if let Some(done) = self.shutdown.take() {
                     let _ = done.send(());
@@ -214,7 +223,7 @@ impl EventLoop {
                     event,
                     output,
                 } => {
-                    self.inflight -= 1;
+                    self.call_answered(&task);
                     self.fire_due_timers(&task);
                     if let (Some(out), Event::CommandExited { request_id, .. }) = (output, &event) {
                         self.outputs.insert((task.clone(), *request_id), out);
@@ -397,10 +406,12 @@ impl EventLoop {
                     commands: Vec::new(),
                 });
                 self.tasks.insert(id.clone(), task);
+                self.hold(id);
             }
             Some(task) => {
                 let stale_settings = task.settings != self.settings;
                 self.tasks.insert(id.clone(), task);
+                self.hold(id);
                 if stale_settings {
                     let settings = self.settings.clone();
                     self.apply(id, Event::SettingsChanged { settings })?;
@@ -449,6 +460,7 @@ impl EventLoop {
             commands: Vec::new(),
         });
         self.tasks.insert(child.clone(), task);
+        self.hold(child);
         let forked = Event::Forked {
             parent: parent.clone(),
             snapshot,
@@ -600,6 +612,9 @@ impl EventLoop {
         let now = self.clock.now_ms();
         self.store.mark_removed(id, now, keep_snapshots)?;
         self.tasks.remove(id);
+        if let Some(locks) = &self.locks {
+            locks.unloaded(id);
+        }
         let timers: Vec<_> = self
             .timers
             .keys()
@@ -718,6 +733,9 @@ impl EventLoop {
     fn committed(&mut self, s: Staged) {
         if self.fence.is_some() && !self.may_act(&s) {
             return;
+        }
+        if self.locks.is_some() {
+            self.settled.push(s.task.clone());
         }
         if s.task_before.is_none() {
             // A new task belongs to this engine's backend.

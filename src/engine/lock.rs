@@ -13,6 +13,13 @@
 //!   and inode) and the task. An abstract name has no file to unlink; only its holder's death or
 //!   release frees it. (It is per network namespace: processes sharing a data dir must share
 //!   one, as they share a machine.)
+//!
+//! A lock costs two descriptors, so it is held only while the task needs it: while a caller
+//! is being served ([`Claim`]) or the event loop has the task loaded. The loop unloads a task
+//! that has nothing live (no sandbox, no operation, no timer, no caller) and tells
+//! [`TaskLocks::unloaded`]; the lock goes when its last claim does. A server's descriptors are
+//! bounded by its live work, not by every task it ever drove; the next request takes the lock
+//! again and loads the task from the journal.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -28,6 +35,32 @@ struct Held {
     _file: File,
     #[cfg(target_os = "linux")]
     _name: std::os::unix::net::UnixListener,
+    /// Callers holding a [`Claim`] on it now.
+    claims: usize,
+    /// The event loop has the task loaded (between [`TaskLocks::loaded`] and
+    /// [`TaskLocks::unloaded`]).
+    loaded: bool,
+}
+
+/// A caller's hold on a task's lock, from [`TaskLocks::acquire`] until it is answered: the
+/// lock is not released under it. Dropping the last claim of a task the event loop does not
+/// have loaded releases the lock.
+#[must_use = "the lock may be released as soon as the claim is dropped"]
+pub(super) struct Claim {
+    locks: Arc<TaskLocks>,
+    task: TaskId,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut held = self.locks.held.lock().expect("locks mutex");
+        if let Some(h) = held.get_mut(&self.task) {
+            h.claims = h.claims.saturating_sub(1);
+            if h.claims == 0 && !h.loaded {
+                held.remove(&self.task);
+            }
+        }
+    }
 }
 
 /// How often a held lock is tried again.
@@ -65,12 +98,12 @@ impl TaskLocks {
         }
     }
 
-    /// Takes the task's lock (once per orchestrator), waiting for another process to let go.
-    /// Callers of this process asking for the same task at once take it once: the first
-    /// takes it, the others wait for that and share it.
-    pub(super) async fn acquire(&self, task: &TaskId) -> Result<(), EngineError> {
-        if self.holds(task) {
-            return Ok(());
+    /// Takes the task's lock (or a claim on it, when this orchestrator holds it already),
+    /// waiting for another process to let go. Callers of this process asking for the same
+    /// task at once take it once: the first takes it, the others wait for that and share it.
+    pub(super) async fn acquire(self: &Arc<Self>, task: &TaskId) -> Result<Claim, EngineError> {
+        if let Some(claim) = self.claim_held(task) {
+            return Ok(claim);
         }
         let gate = self
             .taking
@@ -81,10 +114,9 @@ impl TaskLocks {
             .clone();
         let taken = {
             let _turn = gate.lock().await;
-            if self.holds(task) {
-                Ok(())
-            } else {
-                self.take(task).await
+            match self.claim_held(task) {
+                Some(claim) => Ok(claim),
+                None => self.take(task).await,
             }
         };
         // The last caller through the gate removes it (the map's copy and ours are the two
@@ -96,14 +128,45 @@ impl TaskLocks {
         taken
     }
 
-    /// Whether this orchestrator holds the task's lock.
-    fn holds(&self, task: &TaskId) -> bool {
-        self.held.lock().expect("locks mutex").contains_key(task)
+    /// A claim on the task's lock if this orchestrator holds it.
+    fn claim_held(self: &Arc<Self>, task: &TaskId) -> Option<Claim> {
+        let mut held = self.held.lock().expect("locks mutex");
+        let h = held.get_mut(task)?;
+        h.claims += 1;
+        Some(Claim {
+            locks: self.clone(),
+            task: task.clone(),
+        })
     }
 
-    /// Takes the task's lock, waiting up to `wait` for another process to let go; the caller
-    /// is alone at the task's gate.
-    async fn take(&self, task: &TaskId) -> Result<(), EngineError> {
+    /// The event loop loaded `task` (under a caller's claim): its lock stays until the loop
+    /// unloads it.
+    pub(super) fn loaded(&self, task: &TaskId) {
+        if let Some(h) = self.held.lock().expect("locks mutex").get_mut(task) {
+            h.loaded = true;
+        }
+    }
+
+    /// The event loop unloaded `task`: its lock goes now, or with its last claim.
+    pub(super) fn unloaded(&self, task: &TaskId) {
+        let mut held = self.held.lock().expect("locks mutex");
+        if let Some(h) = held.get_mut(task) {
+            h.loaded = false;
+            if h.claims == 0 {
+                held.remove(task);
+            }
+        }
+    }
+
+    /// How many task locks this orchestrator holds.
+    #[cfg(test)]
+    fn held_count(&self) -> usize {
+        self.held.lock().expect("locks mutex").len()
+    }
+
+    /// Takes the task's lock with one claim on it, waiting up to `wait` for another process to
+    /// let go; the caller is alone at the task's gate.
+    async fn take(self: &Arc<Self>, task: &TaskId) -> Result<Claim, EngineError> {
         let id = task;
         let path = self.dir.join(format!("{id}.lock"));
         let lock_err = |source| EngineError::Lock {
@@ -157,7 +220,10 @@ impl TaskLocks {
             .lock()
             .expect("locks mutex")
             .insert(id.clone(), held);
-        Ok(())
+        Ok(Claim {
+            locks: self.clone(),
+            task: task.clone(),
+        })
     }
 
     /// Lets go of every task lock (closing a lock file releases its `flock`, closing the socket
@@ -181,12 +247,18 @@ fn try_lock(dir: &Path, path: &Path, task: &TaskId) -> std::io::Result<Option<He
         Ok(Some(Held {
             _file: file,
             _name: name,
+            claims: 1,
+            loaded: false,
         }))
     }
     #[cfg(not(target_os = "linux"))]
     {
         let _ = (dir, task);
-        Ok(Some(Held { _file: file }))
+        Ok(Some(Held {
+            _file: file,
+            claims: 1,
+            loaded: false,
+        }))
     }
 }
 
@@ -301,16 +373,62 @@ mod tests {
                         })
                     })
                     .collect();
+                let mut claims = Vec::new();
                 for caller in callers {
-                    let taken = caller.await.expect("caller");
-                    assert!(taken.is_ok(), "round {round}: {taken:?}");
+                    match caller.await.expect("caller") {
+                        Ok(claim) => claims.push(claim),
+                        Err(e) => panic!("round {round}: {e:?}"),
+                    }
                 }
-                assert!(locks.holds(&task));
+                assert_eq!(locks.held_count(), 1, "round {round}");
+                drop(claims);
+                assert_eq!(locks.held_count(), 0, "the last claim released the lock");
             }
             assert!(
                 locks.taking.lock().expect("locks mutex").is_empty(),
                 "no gate outlives its acquisitions"
             );
+        });
+    }
+
+    /// A lock is held while the event loop has its task loaded or a caller holds a claim, and
+    /// goes when neither does (issue 32 item 4: every lock ever taken was held until shutdown,
+    /// two descriptors per task).
+    #[test]
+    fn a_lock_goes_when_its_task_is_unloaded_and_its_claims_dropped() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let locks = Arc::new(TaskLocks::new(
+            dir.path().join("locks"),
+            Duration::from_millis(100),
+            false,
+        ));
+        let task = TaskId::new("t").expect("task id");
+        rt.block_on(async {
+            // Loaded under a claim: kept after the claim.
+            let claim = locks.acquire(&task).await.expect("lock");
+            locks.loaded(&task);
+            drop(claim);
+            assert_eq!(locks.held_count(), 1);
+            // Unloaded while a caller holds a claim: kept until the claim goes.
+            let claim = locks.acquire(&task).await.expect("lock");
+            locks.unloaded(&task);
+            assert_eq!(locks.held_count(), 1);
+            drop(claim);
+            assert_eq!(locks.held_count(), 0);
+            // Released for real: another holder (a second orchestrator) takes it at once.
+            let other = Arc::new(TaskLocks::new(
+                dir.path().join("locks"),
+                Duration::from_millis(100),
+                false,
+            ));
+            let _theirs = other.acquire(&task).await.expect("the released lock");
+            assert!(matches!(
+                locks.acquire(&task).await,
+                Err(EngineError::Busy { .. })
+            ));
         });
     }
 }

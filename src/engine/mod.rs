@@ -44,6 +44,7 @@ mod lease;
 mod lock;
 mod owner;
 mod paths;
+mod unload;
 // Timers are tokio sleeps, so they follow a paused clock in simulation.
 #[allow(clippy::disallowed_methods)]
 mod perform;

@@ -135,3 +135,69 @@ fn a_fork_is_committed_before_fork_answers() {
     let o = h.home.run(&["run", "-t", "c2", "--", "cat f"]);
     assert_eq!(ok(&o), "a\n");
 }
+
+/// How many descriptors the process `pid` has open.
+fn open_fds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// A server's descriptors are bounded by its live work, not by the tasks it ever drove: 200
+/// tasks driven and suspended one after another under a limit of 64 descriptors all work, the
+/// first of them still works after, and the server holds about what it held before them (issue
+/// 32 item 4: two descriptors per task ever driven, EMFILE for new and existing tasks).
+#[test]
+fn descriptors_are_bounded_by_live_work_not_history() {
+    use std::os::unix::process::CommandExt;
+    let h = ServerHome::new();
+    let log = std::fs::File::create(h.home.path().join("serve.stderr")).expect("log");
+    let mut serve = h.home.cmd();
+    serve
+        .arg("serve")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    // SAFETY: between fork and exec the child only calls `setrlimit`, which is
+    // async-signal-safe and reads the `rlimit` it is given.
+    unsafe {
+        serve.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 64,
+                rlim_max: 64,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut server = serve.spawn().expect("spawn serve");
+    let pid = h.wait_for_server();
+    assert_eq!(pid, server.id() as i32, "{}", h.serve_stderr());
+    ok(&h.home.run(&["run", "-t", "t0", "--", "echo 0 > f"]));
+    ok(&h.home.run(&["suspend", "t0"]));
+    let before = open_fds(pid);
+    for i in 1..200 {
+        let task = format!("t{i}");
+        let o = h
+            .home
+            .run(&["run", "-t", &task, "--", &format!("echo {i} > f")]);
+        assert!(
+            o.status.success(),
+            "task {i}: {}\n{}",
+            crate::support::stderr(&o),
+            h.serve_stderr()
+        );
+        ok(&h.home.run(&["suspend", &task]));
+    }
+    let after = open_fds(pid);
+    assert!(
+        after <= before + 8,
+        "the server held {before} descriptors before 199 more tasks and {after} after"
+    );
+    let o = h.home.run(&["run", "-t", "t0", "--", "cat f"]);
+    assert_eq!(ok(&o), "0\n");
+    let _ = server.kill();
+    let _ = server.wait();
+}
