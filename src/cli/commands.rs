@@ -63,6 +63,14 @@ pub(super) async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failur
         let _ = std::io::stdout().flush();
         std::process::exit(signal.exit_code());
     };
+    if let (Err(f), Some(signal)) = (&res, cancelled) {
+        // Cancelled while the task was another process's: nothing ran; the exit says which
+        // signal ended the wait, as for a command.
+        if output::has_code(f, "interrupted") {
+            output::fail(f, args.json);
+            return Ok(ExitCode::from(signal.exit_code() as u8));
+        }
+    }
     finish_run(res?, &task, args.json, args.timeout, cancelled, paths)
 }
 

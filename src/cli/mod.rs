@@ -647,6 +647,7 @@ async fn open_with(paths: &Paths, reconcile: bool) -> Result<Orchestrator, Failu
         .map_err(Failure::from_config)?;
     Orchestrator::builder(paths.data_dir.clone(), config)
         .reconcile_on_start(reconcile)
+        .on_lock_wait(|w| eprintln!("{}", output::lock_wait_text(w)))
         .open()
         .await
         .map_err(Failure::from_engine)

@@ -204,6 +204,26 @@ impl From<std::io::Error> for Failure {
     }
 }
 
+/// What `taskbox` says at once when a task it was asked to drive is another process's: who
+/// holds it, that it waits, for how long at most, and how to stop waiting.
+pub fn lock_wait_text(w: &taskbox::engine::LockWait) -> String {
+    let who = match (w.holder, w.holder_is_server) {
+        (Some(pid), true) => format!("the taskbox server (pid {pid})"),
+        (Some(pid), false) => format!("another taskbox process (pid {pid})"),
+        (None, _) => "another taskbox process".to_string(),
+    };
+    format!(
+        "waiting: {who} is driving task {}; this waits until it lets go (at most {} s; Ctrl-C stops waiting)",
+        w.task,
+        w.limit.as_secs()
+    )
+}
+
+/// Whether the failure has the stable code `code`.
+pub fn has_code(f: &Failure, code: &str) -> bool {
+    f.code == code
+}
+
 /// Prints a failure on stderr (and, with `json`, its error object on stdout) and returns exit
 /// code 125.
 pub fn fail(f: &Failure, json: bool) -> ExitCode {

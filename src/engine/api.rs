@@ -35,6 +35,7 @@ pub struct OrchestratorBuilder {
     lock_wait: Duration,
     reconcile_on_start: bool,
     owner: Option<String>,
+    on_lock_wait: Option<super::lock::LockWaitHook>,
 }
 
 impl OrchestratorBuilder {
@@ -67,6 +68,13 @@ impl OrchestratorBuilder {
     /// How long to wait for another process that drives the same task (default 15 min).
     pub fn lock_wait(mut self, wait: Duration) -> Self {
         self.lock_wait = wait;
+        self
+    }
+
+    /// Calls `hook` as soon as a request starts waiting for a task that another process
+    /// drives (who, and for how long at most), so that a caller can say so at once.
+    pub fn on_lock_wait(mut self, hook: impl Fn(&super::LockWait) + Send + Sync + 'static) -> Self {
+        self.on_lock_wait = Some(Arc::new(hook));
         self
     }
 
@@ -107,11 +115,14 @@ impl OrchestratorBuilder {
         let ownership = match &store {
             Store::Sqlite(_) => {
                 let _ = owner;
-                Ownership::Locks(Arc::new(TaskLocks::new(
-                    self.data_dir.join("locks"),
-                    self.lock_wait,
-                    self.clock.is_virtual(),
-                )))
+                Ownership::Locks(Arc::new(
+                    TaskLocks::new(
+                        self.data_dir.join("locks"),
+                        self.lock_wait,
+                        self.clock.is_virtual(),
+                    )
+                    .on_wait(self.on_lock_wait),
+                ))
             }
             #[cfg(feature = "postgres")]
             Store::Postgres(pg) => Ownership::Leases(super::owner::Leases::start(
@@ -229,6 +240,7 @@ impl Orchestrator {
             lock_wait: Duration::from_secs(900),
             reconcile_on_start: true,
             owner: None,
+            on_lock_wait: None,
         }
     }
 
@@ -600,7 +612,27 @@ impl Orchestrator {
     }
 
     async fn request(&self, task: &TaskId, req: ApiRequest) -> Result<Answer, EngineError> {
-        let _claim = self.inner.ownership.acquire(task).await?;
+        // A command's caller may cancel while the task is still another process's: the wait
+        // ends then, and nothing ran.
+        let cancel = match &req {
+            ApiRequest::Run { io, .. } => io.cancel.clone(),
+            _ => None,
+        };
+        let _claim = match cancel {
+            Some(cancel) => {
+                let mut cancel = Some(cancel);
+                tokio::select! {
+                    claim = self.inner.ownership.acquire(task) => claim?,
+                    signal = crate::provider::live::cancel_requested(&mut cancel) => {
+                        return Err(EngineError::Interrupted {
+                            task: task.clone(),
+                            signal: signal.name(),
+                        });
+                    }
+                }
+            }
+            None => self.inner.ownership.acquire(task).await?,
+        };
         let (tx, rx) = oneshot::channel();
         self.inner
             .tx

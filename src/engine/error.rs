@@ -54,6 +54,15 @@ pub enum EngineError {
         /// How long we waited.
         waited_secs: u64,
     },
+    /// The caller cancelled (a signal) while another process still drove the task: nothing
+    /// ran.
+    #[error("task {task}: SIG{signal} while waiting for another taskbox process to let go of it; the command did not run")]
+    Interrupted {
+        /// The task.
+        task: TaskId,
+        /// The signal's short name (`INT`, `TERM`, `HUP`).
+        signal: &'static str,
+    },
     /// The task lock could not be taken.
     #[error("cannot lock task {task} ({path})")]
     Lock {
@@ -129,6 +138,7 @@ impl EngineError {
             EngineError::Provider { .. } => "provider",
             EngineError::Busy { .. } => "busy",
             EngineError::Lock { .. } => "lock",
+            EngineError::Interrupted { .. } => "interrupted",
             EngineError::Stopped => "stopped",
             EngineError::NoTask { .. } => "no_such_task",
             EngineError::WrongBackend { .. } => "wrong_backend",

@@ -69,6 +69,24 @@ const POLL: Duration = Duration::from_millis(10);
 /// for well under this).
 const WARN_AFTER: Duration = Duration::from_millis(500);
 
+/// A wait for a task's lock that another process holds, as it begins: told at once to the
+/// hook of [`OrchestratorBuilder::on_lock_wait`](super::OrchestratorBuilder::on_lock_wait).
+#[derive(Debug, Clone)]
+pub struct LockWait {
+    /// The task.
+    pub task: TaskId,
+    /// The holder's process id, as it wrote it in the lock file (`None`: not written yet, or
+    /// unreadable).
+    pub holder: Option<u32>,
+    /// The holder is a `taskbox serve` (by its command line).
+    pub holder_is_server: bool,
+    /// How long the wait may last before it fails as `busy`.
+    pub limit: Duration,
+}
+
+/// What an orchestrator's owner is told when a lock wait begins.
+pub(super) type LockWaitHook = Arc<dyn Fn(&LockWait) + Send + Sync>;
+
 /// The task locks one orchestrator holds, and where and how long to wait for them.
 pub(super) struct TaskLocks {
     /// Held locks by task id; dropping one releases it.
@@ -82,6 +100,8 @@ pub(super) struct TaskLocks {
     wait: Duration,
     /// Wait for a held lock on the calling thread itself (see [`TaskLocks::acquire`]).
     hold_runtime: bool,
+    /// Told when a wait for another process begins.
+    on_wait: Option<LockWaitHook>,
 }
 
 impl TaskLocks {
@@ -95,7 +115,14 @@ impl TaskLocks {
             dir,
             wait,
             hold_runtime,
+            on_wait: None,
         }
+    }
+
+    /// Tells `hook` when a wait for another process's lock begins.
+    pub(super) fn on_wait(mut self, hook: Option<LockWaitHook>) -> TaskLocks {
+        self.on_wait = hook;
+        self
     }
 
     /// Takes the task's lock (or a claim on it, when this orchestrator holds it already),
@@ -187,6 +214,17 @@ impl TaskLocks {
             match try_lock(&self.dir, &path, task).map_err(lock_err)? {
                 Some(held) => break held,
                 None => {
+                    if waited.is_zero() {
+                        if let Some(hook) = &self.on_wait {
+                            let holder = holder(&path);
+                            hook(&LockWait {
+                                task: task.clone(),
+                                holder,
+                                holder_is_server: holder.is_some_and(is_server),
+                                limit: self.wait,
+                            });
+                        }
+                    }
                     if waited >= self.wait {
                         return Err(EngineError::Busy {
                             task: task.clone(),
@@ -231,6 +269,17 @@ impl TaskLocks {
     pub(super) fn release_all(&self) {
         self.held.lock().expect("locks mutex").clear();
     }
+}
+
+/// The process id the lock file at `path` names (its holder wrote it when it took the lock).
+fn holder(path: &Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Whether the process `pid` is a `taskbox serve`, by its command line.
+fn is_server(pid: u32) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    cmdline.split(|b| *b == 0).any(|arg| arg == b"serve")
 }
 
 /// One attempt at both parts of the lock; `Ok(None)` while another holder has either.
@@ -279,7 +328,11 @@ fn lock_file(path: &Path) -> std::io::Result<Option<File>> {
         let locked = file.metadata()?;
         match std::fs::metadata(path) {
             Ok(now) if now.dev() == locked.dev() && now.ino() == locked.ino() => {
-                return Ok(Some(file))
+                // Ours now: say who holds it, for a waiter's message.
+                use std::io::Write;
+                file.set_len(0)?;
+                (&file).write_all(std::process::id().to_string().as_bytes())?;
+                return Ok(Some(file));
             }
             Ok(_) => continue,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,

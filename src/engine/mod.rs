@@ -55,6 +55,7 @@ pub use error::{closest, EngineError};
 pub use gc::{GcItem, GcReport};
 #[cfg(feature = "server")]
 pub(crate) use lock::try_flock;
+pub use lock::LockWait;
 pub use owner::owner_name;
 pub use paths::{store_file, Paths, DATA_DIR_ENV, STORE_FILE};
 pub use results::{

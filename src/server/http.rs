@@ -127,7 +127,9 @@ pub(super) fn engine_failure(err: EngineError) -> Failure {
         EngineError::Store(StoreError::LeaseLost { .. } | StoreError::LeaseHeld { .. }) => {
             StatusCode::CONFLICT
         }
+        // The caller cancelled while the task was another process's.
         EngineError::Busy { .. }
+        | EngineError::Interrupted { .. }
         | EngineError::WrongBackend { .. }
         | EngineError::TaskExists { .. }
         | EngineError::InFlight { .. } => StatusCode::CONFLICT,

@@ -201,3 +201,66 @@ fn descriptors_are_bounded_by_live_work_not_history() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// A one-shot CLI (`TASKBOX_SERVER=never`) asked to drive a task the server is running a
+/// command in says at once who holds the task and that it waits, and a SIGINT ends the wait
+/// at once with 130, nothing run (issue 32 item 3: it waited silently up to 900 s).
+#[test]
+fn a_one_shot_cli_says_who_holds_the_task_and_stops_on_sigint() {
+    use std::io::BufRead;
+    let h = ServerHome::new();
+    let mut busy = h
+        .home
+        .cmd()
+        .args(["run", "-t", "t", "--", "sleep 60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the long command");
+    let pid = h.wait_for_server();
+    wait_for(Duration::from_secs(30), || {
+        let status = h.status()?;
+        let live = status["live_tasks"].as_array()?.first()?.clone();
+        (live["task"] == "t").then_some(())
+    })
+    .expect("the server runs the task's command");
+    let mut waiter = h
+        .home
+        .cmd()
+        .env("TASKBOX_SERVER", "never")
+        .args(["run", "-t", "t", "--", "echo ran"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the one-shot CLI");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = waiter.stderr.take().expect("stderr");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let said = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the one-shot CLI said something at once");
+    assert!(
+        said.contains(&format!("the taskbox server (pid {pid})")) && said.contains("waiting"),
+        "{said}"
+    );
+    signal(waiter.id() as i32, libc::SIGINT);
+    let status = wait_for(Duration::from_secs(5), || waiter.try_wait().ok().flatten());
+    let Some(status) = status else {
+        let _ = waiter.kill();
+        panic!("the one-shot CLI was still waiting 5 s after SIGINT");
+    };
+    assert_eq!(status.code(), Some(130));
+    let rest: Vec<String> = rx.iter().collect();
+    assert!(rest.iter().any(|l| l.contains("did not run")), "{rest:?}");
+    let _ = busy.kill();
+    let _ = busy.wait();
+}
