@@ -315,6 +315,12 @@ fn try_lock(dir: &Path, path: &Path, task: &TaskId) -> std::io::Result<Option<He
 /// file unlinked (or replaced) between the open and the lock would be a lock nobody else sees,
 /// so it is dropped and the path's current file locked instead.
 fn lock_file(path: &Path) -> std::io::Result<Option<File>> {
+    lock_file_with(path, || {})
+}
+
+/// [`lock_file`], calling `between` after each open and before its `flock` (where a test
+/// replaces the file).
+fn lock_file_with(path: &Path, mut between: impl FnMut()) -> std::io::Result<Option<File>> {
     use std::os::unix::fs::MetadataExt;
     loop {
         let file = std::fs::OpenOptions::new()
@@ -322,6 +328,7 @@ fn lock_file(path: &Path) -> std::io::Result<Option<File>> {
             .truncate(false)
             .write(true)
             .open(path)?;
+        between();
         if !try_flock(&file)? {
             return Ok(None);
         }
@@ -374,7 +381,8 @@ fn bind_abstract(
 }
 
 /// Takes an exclusive advisory lock without blocking; `Ok(false)` if another holder has it.
-/// Shared with the client's autostart lock: the one `unsafe` call for `flock` in taskbox.
+/// Shared with the client's autostart lock and the server's serve lock: the one `unsafe` call
+/// for `flock` in taskbox.
 pub(crate) fn try_flock(file: &File) -> std::io::Result<bool> {
     use std::os::fd::AsRawFd;
     // SAFETY: `flock` takes a file descriptor and two flags and touches no memory of ours, so
@@ -483,5 +491,37 @@ mod tests {
                 Err(EngineError::Busy { .. })
             ));
         });
+    }
+
+    /// The lock file replaced between its open and its `flock` (a user cleaning up, another
+    /// process recreating it): the taker notices the path names another file now and locks that
+    /// one, the file every later taker opens. Only the file part, without the abstract socket
+    /// that would keep two holders apart on its own (issue 33).
+    #[test]
+    fn a_lock_file_replaced_before_its_flock_is_taken_again_on_the_new_file() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("t.lock");
+        let mut replaced = None;
+        let file = lock_file_with(&path, || {
+            if replaced.is_none() {
+                let new = dir.path().join("t.lock.new");
+                std::fs::write(&new, b"").expect("write the new file");
+                std::fs::rename(&new, &path).expect("replace the lock file");
+                replaced = Some(std::fs::metadata(&path).expect("the new file").ino());
+            }
+        })
+        .expect("lock")
+        .expect("nobody else holds it");
+        let now = std::fs::metadata(&path).expect("the lock file").ino();
+        assert_eq!(replaced, Some(now));
+        assert_eq!(
+            file.metadata().expect("the locked file").ino(),
+            now,
+            "the lock is on the file the path names"
+        );
+        // And it is held there: another open of the path cannot lock it.
+        let other = std::fs::File::open(&path).expect("open");
+        assert!(!try_flock(&other).expect("flock"));
     }
 }

@@ -4,7 +4,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::support::{ok, stderr, wait_for, Home};
+use crate::support::{ok, stderr, Home};
 
 /// A lock file unlinked while its holder drives the task must not let a second process drive
 /// the task too: the second `taskbox run` waits until the first has finished.
@@ -22,16 +22,30 @@ fn deleting_the_lock_file_does_not_let_two_processes_drive_one_task() {
             "-t",
             "t",
             "--",
-            &format!("sleep 2; touch '{}'", first_done.display()),
+            &format!("echo holding; sleep 2; touch '{}'", first_done.display()),
         ])
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn the first taskbox");
-    // The lock file exists since the first run; give the second process time to take it.
-    let lock = wait_for(Duration::from_secs(10), || find_file(home.path(), "t.lock"))
-        .expect("the first process took the task lock");
-    std::thread::sleep(Duration::from_millis(500));
+    // The first process holds the task's lock once its command runs: wait for the line the
+    // command prints (bounded: a reader thread, a channel with a timeout).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let first_out = first.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(first_out)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the first command runs");
+    assert_eq!(line, "holding");
+    let lock = find_file(home.path(), "t.lock").expect("the task's lock file");
     std::fs::remove_file(&lock).expect("unlink the lock file");
     let probe = format!(
         "if [ -e '{d}' ]; then echo after > '{s}'; else echo overlap > '{s}'; fi",
