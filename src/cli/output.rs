@@ -493,8 +493,14 @@ pub fn print_tasks(tasks: &[Task], now: Millis, removed: &Removed) -> Result<(),
         return Ok(());
     }
     let w = tasks.iter().map(|t| t.id.len()).max().unwrap_or(4).max(4);
+    let sw = tasks
+        .iter()
+        .filter_map(|t| t.sandbox.as_ref().map(|s| s.id.as_str().len()))
+        .max()
+        .unwrap_or(7)
+        .max(7);
     s.push_str(&format!(
-        "{:<w$}  {:<12}  {:<28}  SNAPSHOTS\n",
+        "{:<w$}  {:<12}  {:<sw$}  SNAPSHOTS\n",
         "TASK", "STATE", "SANDBOX"
     ));
     let mut passed = Vec::new();
@@ -505,7 +511,7 @@ pub fn print_tasks(tasks: &[Task], now: Millis, removed: &Removed) -> Result<(),
             passed.push(t);
         }
         s.push_str(&format!(
-            "{:<w$}  {:<12}  {:<28}  {}\n",
+            "{:<w$}  {:<12}  {:<sw$}  {}\n",
             t.id,
             state,
             sandbox,

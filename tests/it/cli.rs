@@ -300,3 +300,29 @@ fn gc_removes_what_interrupted_operations_left_behind() {
     // The task's own files are untouched.
     assert_eq!(ok(&home.run(&["run", "-t", "g", "--", "cat f"])), "x\n");
 }
+
+/// `taskbox tasks` lines its columns up whatever the names' lengths (issue 32 item 17: a task
+/// id ignored the column's width).
+#[test]
+fn tasks_columns_line_up() {
+    let home = Home::new();
+    for task in ["a", "a-much-longer-task-name"] {
+        ok(&home.run(&["run", "-t", task, "--", "true"]));
+    }
+    let table = ok(&home.run(&["tasks"]));
+    let columns: Vec<Vec<usize>> = table
+        .lines()
+        .map(|line| {
+            // Where each column starts: after a run of two spaces or more.
+            let b = line.as_bytes();
+            (2..b.len())
+                .filter(|&i| b[i] != b' ' && b[i - 1] == b' ' && b[i - 2] == b' ')
+                .collect()
+        })
+        .collect();
+    assert_eq!(columns.len(), 3, "{table}");
+    assert!(
+        columns.iter().all(|c| *c == columns[0]),
+        "every column starts at one offset on every line:\n{table}"
+    );
+}
