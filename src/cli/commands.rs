@@ -172,7 +172,7 @@ pub(super) fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Fail
     match cmd {
         ConfigCmd::Get { key } => {
             let cfg = Config::load(path).map_err(Failure::from_config)?;
-            println!("{}", cfg.get(&key).map_err(Failure::from_config)?);
+            outln!("{}", cfg.get(&key).map_err(Failure::from_config)?);
             note_env_override(&key);
         }
         ConfigCmd::Set { key, value } => {
@@ -204,7 +204,7 @@ pub(super) fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Fail
                 print_json(&map)?;
             } else {
                 for (k, v) in pairs {
-                    println!("{k} = {v}");
+                    outln!("{k} = {v}");
                 }
             }
             for k in taskbox::config::KEYS {
@@ -212,7 +212,7 @@ pub(super) fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Fail
             }
             note_runtime_deprecation(&cfg);
         }
-        ConfigCmd::Path => println!("{}", path.display()),
+        ConfigCmd::Path => outln!("{}", path.display()),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -254,6 +254,16 @@ pub fn write_ignoring_broken_pipe(out: &mut impl Write, bytes: &[u8]) -> Result<
     }
 }
 
+/// Writes `line` and a newline to stdout ([`outln!`]): a closed stdout is the end of the output
+/// (ignored, like the rest of it); another write error ends taskbox with it (exit 125).
+pub fn out_line(mut line: String) {
+    line.push('\n');
+    if let Err(f) = write_ignoring_broken_pipe(&mut std::io::stdout().lock(), line.as_bytes()) {
+        let _ = fail(&f, false);
+        std::process::exit(i32::from(EXIT_TASKBOX_ERROR));
+    }
+}
+
 /// Prints `value` as pretty JSON on stdout.
 pub fn print_json(value: &impl Serialize) -> Result<(), Failure> {
     let mut text = serde_json::to_string_pretty(value)

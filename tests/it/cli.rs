@@ -326,3 +326,41 @@ fn tasks_columns_line_up() {
         "every column starts at one offset on every line:\n{table}"
     );
 }
+
+/// A closed stdout (`taskbox show demo | head -1`) is the end of the output: every command
+/// that prints data exits as usual, without a panic (issue 32 item 16: exit 101 and a
+/// backtrace). Its stdout is a pipe whose reader is gone before it writes a byte.
+#[test]
+fn a_closed_stdout_ends_the_output_without_a_panic() {
+    let home = Home::new();
+    ok(&home.run(&["run", "-t", "demo", "--", "echo hi"]));
+    for args in [
+        &["show", "demo"][..],
+        &["show", "demo", "--json"],
+        &["tasks"],
+        &["tasks", "--tree"],
+        &["tasks", "--json"],
+        &["cost"],
+        &["cost", "demo"],
+        &["config", "show"],
+        &["config", "path"],
+        &["config", "get", "terminal.timeout"],
+        &["run", "-t", "demo", "--", "echo hi"],
+        &["run", "-t", "demo", "--json", "--", "echo hi"],
+    ] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let o = home
+            .cmd()
+            .args(args)
+            .stdout(writer)
+            .output()
+            .expect("run taskbox");
+        assert!(
+            o.status.code() == Some(0) && !stderr(&o).contains("panicked"),
+            "taskbox {args:?}: {:?}\n{}",
+            o.status,
+            stderr(&o)
+        );
+    }
+}
