@@ -301,6 +301,13 @@ impl Orchestrator {
         timeout: Option<Duration>,
         io: ExecIo,
     ) -> Result<RunResult, EngineError> {
+        // A command that can never run is refused before the task (or a sandbox) is made.
+        if let Some(problem) = command_problem(command) {
+            return Err(EngineError::InvalidCommand {
+                task: task.clone(),
+                problem,
+            });
+        }
         // Saturating: a huge timeout must never wrap into a tiny one.
         let timeout_ms = timeout.map_or(self.inner.settings.command_timeout_ms, |d| {
             u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -672,6 +679,37 @@ impl Orchestrator {
             .send(Msg::Query(f))
             .map_err(|_| EngineError::Stopped)?;
         rx.await.map_err(|_| EngineError::Stopped)?
+    }
+}
+
+/// The most bytes a command may have: it is run as one argument of `bash -c`, and Linux
+/// refuses an argument over `MAX_ARG_STRLEN` (131,072 bytes with its terminating NUL).
+pub const MAX_COMMAND_BYTES: usize = 131_071;
+
+/// Why `command` can never run (`None`: it can): a NUL byte (an argument ends there), or more
+/// bytes than an argument may have. The reason never quotes the whole command: its start, cut.
+fn command_problem(command: &str) -> Option<String> {
+    if let Some(at) = command.find('\0') {
+        return Some(format!(
+            "the command has a NUL byte at byte {at} (`{}`), where a command's argument would end",
+            crate::redact::redact(&cut(command, 60)).replace('\0', "\\0")
+        ));
+    }
+    if command.len() > MAX_COMMAND_BYTES {
+        return Some(format!(
+            "the command is {} bytes (`{}`), over the {MAX_COMMAND_BYTES} bytes an argument of `bash -c` may have",
+            command.len(),
+            crate::redact::redact(&cut(command, 60))
+        ));
+    }
+    None
+}
+
+/// The first `max` characters of `s`, with `…` when it was longer.
+fn cut(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_string(),
     }
 }
 

@@ -115,7 +115,7 @@ fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
 /// the hint the CLI would print, and the notices.
 pub(super) fn engine_failure(err: EngineError) -> Failure {
     let status = match &err {
-        EngineError::TaskId(_) => StatusCode::BAD_REQUEST,
+        EngineError::TaskId(_) | EngineError::InvalidCommand { .. } => StatusCode::BAD_REQUEST,
         // A fork's refusals are about the request, not the provider.
         EngineError::Request { reason, .. } => match **reason {
             FailureReason::UnknownSnapshot { .. } => StatusCode::NOT_FOUND,

@@ -364,3 +364,30 @@ fn a_closed_stdout_ends_the_output_without_a_panic() {
         );
     }
 }
+
+/// A command that can never run — over the argument limit of `bash -c` — is refused before
+/// anything is made, and the refusal does not echo it (issue 32 item 15: a 200 KB command made
+/// a task and a live sandbox, and its 200 KB were in the message and the journal).
+#[test]
+fn a_command_over_the_argument_limit_is_refused_before_anything_is_made() {
+    let home = Home::new();
+    let word = "x".repeat(99);
+    let mut args = vec!["run", "-t", "big", "--", "echo"];
+    args.extend(std::iter::repeat_n(word.as_str(), 2_000));
+    let o = home.run(&args);
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("over the 131071 bytes") && err.len() < 2_000,
+        "{} bytes: {}",
+        err.len(),
+        &err[..err.len().min(2_000)]
+    );
+    let o = home.run(&["show", "big"]);
+    assert!(stderr(&o).contains("no task named"), "{}", stderr(&o));
+    args.insert(3, "--json");
+    let o = home.run(&args);
+    assert_eq!(o.status.code(), Some(125));
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("JSON error");
+    assert_eq!(v["code"], "invalid_command", "{v}");
+}

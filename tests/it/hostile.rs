@@ -316,3 +316,30 @@ async fn gc_sweeps_every_local_sandbox_dir_no_task_holds() {
     assert_eq!(left, vec![sandbox_name(&inst, "held", 1)]);
     orch.shutdown().await;
 }
+
+/// A command with a NUL byte can never run (an argument ends there): it is refused before the
+/// task or a sandbox is made, with a stable code (issue 32 item 15).
+#[tokio::test]
+async fn a_command_with_a_nul_is_refused_before_anything_is_made() {
+    use taskbox::config::Config;
+    use taskbox::engine::{EngineError, Orchestrator};
+    use taskbox::TaskId;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let orch = Orchestrator::builder(dir.path().to_path_buf(), Config::default())
+        .reconcile_on_start(false)
+        .open()
+        .await
+        .expect("open");
+    let task = TaskId::new("nul").expect("task id");
+    let err = orch
+        .run(&task, "echo a\0b", None)
+        .await
+        .expect_err("a NUL is refused");
+    assert!(matches!(err, EngineError::InvalidCommand { .. }), "{err:?}");
+    assert_eq!(err.code(), "invalid_command");
+    assert!(err.to_string().contains("NUL byte at byte 6"), "{err}");
+    assert!(orch.show(&task, 0).await.expect("show").is_none());
+    assert!(orch.tasks().await.expect("tasks").is_empty());
+    orch.shutdown().await;
+}
