@@ -351,7 +351,7 @@ pub async fn require_token(State(token): State<Arc<String>>, req: Request, next:
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .unwrap_or("");
     if constant_time_eq(given.as_bytes(), token.as_bytes()) {
         return next.run(req).await;
@@ -366,6 +366,15 @@ pub async fn require_token(State(token): State<Arc<String>>, req: Request, next:
     .into_response()
 }
 
+/// The token of an `Authorization` value of the `Bearer` scheme, whose name is
+/// case-insensitive (RFC 9110 §11.1: `bearer` and `BEARER` are `Bearer` too).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
+}
+
 /// Compares without an early exit, so timing does not reveal how much of a guess was right.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -376,6 +385,18 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// The scheme of `Authorization: Bearer` is case-insensitive (issue 32 item 11: a
+    /// lower-case `bearer` got 401); anything else is no token.
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for v in ["Bearer tok", "bearer tok", "BEARER tok", "bEaReR  tok"] {
+            assert_eq!(super::bearer_token(v), Some("tok"), "{v}");
+        }
+        for v in ["Basic tok", "Bearertok", "tok", ""] {
+            assert_eq!(super::bearer_token(v), None, "{v}");
+        }
+    }
+
     use super::constant_time_eq;
 
     #[test]
