@@ -93,6 +93,9 @@ impl OrchestratorBuilder {
             &store_file(&self.data_dir),
             true,
         )?;
+        if let Store::Sqlite(_) = &store {
+            super::paths::make_private(&self.data_dir);
+        }
         let installation_id = store.installation_id().to_string();
         let provider = match self.provider {
             Some(p) => p,

@@ -391,3 +391,31 @@ fn a_command_over_the_argument_limit_is_refused_before_anything_is_made() {
     let v: Value = serde_json::from_str(&stdout(&o)).expect("JSON error");
     assert_eq!(v["code"], "invalid_command", "{v}");
 }
+
+/// The data dir is its owner's alone (0700) and the journal's files 0600, whatever the umask
+/// (issue 32 item 11: 0755 and 0644 under umask 022, readable by every local user).
+#[test]
+fn the_data_dir_is_private_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let home = Home::new();
+    let mut cmd = home.cmd();
+    cmd.args(["run", "-t", "p", "--", "echo hi"]);
+    // SAFETY: between fork and exec the child only calls `umask`, which is async-signal-safe
+    // and cannot fail.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o022);
+            Ok(())
+        });
+    }
+    ok(&cmd.output().expect("run taskbox"));
+    let mode = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .map(|m| m.permissions().mode() & 0o777)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    };
+    let data = home.path().join("data");
+    assert_eq!(mode(&data), 0o700, "the data dir");
+    assert_eq!(mode(&data.join("taskbox.db")), 0o600, "the journal");
+}
