@@ -70,7 +70,56 @@ pub(super) fn router(state: AppState) -> Router {
                     .hint("docs/api.md lists the endpoints; every path starts with /v1"),
             )
         })
+        .layer(axum::middleware::from_fn(json_errors))
         .with_state(state)
+}
+
+/// The most of an error body written by axum itself (a rejection's plain text) kept as the
+/// JSON error's message.
+const REJECTION_TEXT_MAX: usize = 16 * 1024;
+
+/// Every error answer is an [`ApiError`] object: the ones axum writes itself before a handler
+/// runs (a method the path does not take: 405 with an empty body; a body over the limit: 413;
+/// a query or path it cannot parse: 400 — plain text) get one too, with a stable code and the
+/// text as the message.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let res = next.run(req).await;
+    let status = res.status();
+    let is_json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if status.as_u16() < 400 || is_json {
+        return res;
+    }
+    let text = axum::body::to_bytes(res.into_body(), REJECTION_TEXT_MAX)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let err = match status {
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::new(
+            "method_not_allowed",
+            format!("{method} is not an operation of {path}"),
+        )
+        .hint("docs/api.md lists each endpoint with its method"),
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            "payload_too_large",
+            "the request body is over the server's limit",
+        )
+        .hint("send a long command's input on its stdin (`POST /v1/runs/{run}/stdin`)"),
+        s if s.is_client_error() => ApiError::new(
+            "bad_request",
+            if text.is_empty() { s.to_string() } else { text },
+        ),
+        s => ApiError::new(
+            "internal",
+            if text.is_empty() { s.to_string() } else { text },
+        ),
+    };
+    failure(status, err).into_response()
 }
 
 /// An error answer: a status and an [`ApiError`] body.

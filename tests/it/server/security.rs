@@ -132,6 +132,20 @@ fn tcp_needs_the_bearer_token_and_never_shows_it() {
     let (code, body) = http_auth(&addr, "GET", "/v1/tasks/x", Some(&lower), "");
     assert_eq!(code, 200, "{body}");
 
+    // Errors are JSON objects with a stable code, also the ones axum answers before a
+    // handler runs (issue 32 item 14: 405 with an empty body, a bad query in plain text).
+    for (method, path, status, code) in [
+        ("GET", "/v1/tasks/x/run", 405, "method_not_allowed"),
+        ("DELETE", "/v1/tasks/x", 405, "method_not_allowed"),
+        ("GET", "/v1/tasks/x?journal=many", 400, "bad_request"),
+    ] {
+        let (got, body) = http(&addr, method, path, Some(token), "");
+        assert_eq!(got, status, "{method} {path}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {body}"));
+        assert_eq!(v["code"], code, "{method} {path}: {body}");
+        assert!(!v["message"].as_str().unwrap_or("").is_empty(), "{body}");
+    }
     // Errors are JSON objects with a stable code.
     let (code, body) = http(&addr, "POST", "/v1/tasks/..%2Fetc/run", Some(token), run);
     assert_eq!(code, 400, "{body}");
