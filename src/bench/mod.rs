@@ -105,9 +105,10 @@ pub const GROUPS: [&str; 6] = [
 ];
 
 /// Every benchmark (row) name, group first.
-pub const NAMES: [&str; 21] = [
+pub const NAMES: [&str; 22] = [
     "overhead.library",
     "overhead.cli",
+    "overhead.cli_isolated",
     "overhead.cli_oneshot",
     "overhead.stored_tasks",
     "overhead.first_byte",

@@ -5,6 +5,8 @@
 //!   holds it; the bare command is spawned on the same tokio runtime.
 //! - `overhead.cli`: one `taskbox run` process per command through a running server (`taskbox
 //!   serve`, what the CLI talks to by default), against one bare `bash -c` process per command.
+//! - `overhead.cli_isolated`: the same with `terminal.local_isolation = namespaces` (each
+//!   command enters its sandbox's namespaces; see `provider::local::isolation`).
 //! - `overhead.cli_oneshot`: the same with `terminal.server = never` (each process opens the
 //!   store, takes the task's lock, recovers the task and probes its sandbox).
 //! - `overhead.stored_tasks`: a warm `taskbox run` through a server whose store holds 10,000
@@ -98,6 +100,32 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             "the server waits for no disk sync per warm command, as the library path (a sync costs {} ms on this disk)",
             super::fmt_num(median(&sync))
         ));
+        rows.push(m);
+    }
+    if ctx.wants("overhead.cli_isolated") {
+        ctx.say(&format!(
+            "overhead.cli_isolated: {n} `taskbox run` processes through a server, \
+             terminal.local_isolation = namespaces, each side"
+        ));
+        let home = ctx.subdir("overhead-cli-isolated")?;
+        let mut config = Config::default();
+        config.terminal.local_isolation = crate::config::LocalIsolation::Namespaces;
+        config.save(&home.join("config.toml")).map_err(|e| {
+            BenchError::failed(
+                "overhead.cli_isolated",
+                format!("cannot write its config: {e}"),
+            )
+        })?;
+        let (p, sync) = with_servers(&exe, &[&home], || cli(&exe, &home, n, &[]))?;
+        let mut m = row(
+            "overhead.cli_isolated",
+            "`taskbox run --task T 'echo ok'` through a running server, each sandbox in its own namespaces (terminal.local_isolation = namespaces)",
+            &p,
+            n,
+            &sync,
+            TARGET_CLI_ADDED_MS,
+        );
+        m.notes.truncate(1);
         rows.push(m);
     }
     if ctx.wants("overhead.cli_oneshot") {

@@ -65,6 +65,14 @@ pub(super) async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failur
         let _ = std::io::stdout().flush();
         std::process::exit(signal.exit_code());
     };
+    if let (Err(f), Some(signal)) = (&res, cancelled) {
+        // Cancelled while the task was another process's: nothing ran; the exit says which
+        // signal ended the wait, as for a command.
+        if output::has_code(f, "interrupted") {
+            output::fail(f, args.json);
+            return Ok(ExitCode::from(signal.exit_code() as u8));
+        }
+    }
     finish_run(res?, &task, args.json, args.timeout, cancelled, paths)
 }
 
@@ -166,7 +174,7 @@ pub(super) fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Fail
     match cmd {
         ConfigCmd::Get { key } => {
             let cfg = Config::load(path).map_err(Failure::from_config)?;
-            println!("{}", cfg.get(&key).map_err(Failure::from_config)?);
+            outln!("{}", cfg.get(&key).map_err(Failure::from_config)?);
             note_env_override(&key);
         }
         ConfigCmd::Set { key, value } => {
@@ -201,7 +209,7 @@ pub(super) fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Fail
                 print_json(&map)?;
             } else {
                 for (k, v) in pairs {
-                    println!("{k} = {v}");
+                    outln!("{k} = {v}");
                 }
             }
             for k in taskbox::config::KEYS {
@@ -209,7 +217,7 @@ pub(super) fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Fail
             }
             note_runtime_deprecation(&cfg);
         }
-        ConfigCmd::Path => println!("{}", path.display()),
+        ConfigCmd::Path => outln!("{}", path.display()),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -187,6 +187,28 @@ impl Default for Backend {
     }
 }
 
+/// `terminal.local_isolation`: how the local backend isolates a sandbox's commands (issue 31).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LocalIsolation {
+    /// Commands run as the server's user in the host's namespaces (today's default).
+    #[default]
+    None,
+    /// Each sandbox in namespaces of its own (user, mount, PID, network, IPC, UTS, cgroup):
+    /// see `provider::local::isolation`.
+    Namespaces,
+}
+
+impl LocalIsolation {
+    /// The name as written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LocalIsolation::None => "none",
+            LocalIsolation::Namespaces => "namespaces",
+        }
+    }
+}
+
 /// `terminal.server`: whether the CLI drives tasks through a `taskbox serve` process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -314,6 +336,8 @@ config_keys! {
 [terminal] TerminalConfig, "The `[terminal]` table: Hermes's keys (see [`KEYS`])." {
     backend: Backend = Backend::default(), parse backend, env None,
         "sandbox backend: local (the default) or another the registry has; `taskbox doctor` lists them";
+    local_isolation: LocalIsolation = LocalIsolation::None, parse local_isolation, env None,
+        "local backend isolation: none | namespaces (each sandbox in its own user, mount, PID and network namespaces)";
     container_persistent: bool = true, parse boolean, env None,
         "keep files in snapshots across sandboxes: true | false";
     timeout: u64 = 180, parse |v| lifetime(v, 1), env None,

@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Backend, ServerMode, StoreSetting, DEFAULT_VERCEL_IMAGE, MAX_SANDBOX_LIFETIME_SECONDS,
+    Backend, LocalIsolation, ServerMode, StoreSetting, DEFAULT_VERCEL_IMAGE,
+    MAX_SANDBOX_LIFETIME_SECONDS,
 };
 
 /// A price in USD: a finite, non-negative number (compared by its bits, so that configs compare
@@ -52,6 +53,12 @@ pub(super) trait Render {
 }
 
 impl Render for Backend {
+    fn render(&self) -> String {
+        self.as_str().to_string()
+    }
+}
+
+impl Render for LocalIsolation {
     fn render(&self) -> String {
         self.as_str().to_string()
     }
@@ -118,6 +125,14 @@ impl Render for Option<u32> {
 
 pub(super) fn backend(value: &str) -> Result<Backend, String> {
     Backend::new(value.trim())
+}
+
+pub(super) fn local_isolation(value: &str) -> Result<LocalIsolation, String> {
+    match value.trim() {
+        "none" => Ok(LocalIsolation::None),
+        "namespaces" => Ok(LocalIsolation::Namespaces),
+        _ => Err("one of: none, namespaces".into()),
+    }
 }
 
 pub(super) fn store_setting(value: &str) -> Result<StoreSetting, String> {

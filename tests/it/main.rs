@@ -25,6 +25,7 @@ mod fake_vercel;
 mod fork;
 mod hermes;
 mod hostile;
+mod isolation;
 mod layering;
 mod live;
 mod local_provider;

@@ -11,18 +11,47 @@ use crate::provider::registry::Check;
 
 /// The local backend's doctor lines ([`crate::provider::registry::Entry::checks`]).
 pub fn checks(config: &Config) -> Vec<Check> {
-    vec![
-        bash_check(),
-        isolation_check(),
-        Check::pass(
-            "persistence",
-            if config.terminal.container_persistent {
-                "terminal.container_persistent = true: files are kept in snapshots across sandboxes"
+    let mut checks = vec![bash_check()];
+    if config.terminal.local_isolation == crate::config::LocalIsolation::Namespaces {
+        checks.extend(namespace_checks());
+    } else {
+        checks.push(isolation_check());
+    }
+    checks.push(Check::pass(
+        "persistence",
+        if config.terminal.container_persistent {
+            "terminal.container_persistent = true: files are kept in snapshots across sandboxes"
+        } else {
+            "terminal.container_persistent = false: every new sandbox starts fresh"
+        },
+    ));
+    checks
+}
+
+/// Each layer of `terminal.local_isolation = namespaces`, found by starting a sandbox and
+/// running a command in it (see [`super::isolation::layers`]).
+fn namespace_checks() -> Vec<Check> {
+    super::isolation::layers()
+        .into_iter()
+        .map(|layer| {
+            if layer.ok {
+                Check::pass(layer.name, layer.detail)
+            } else if !layer.required {
+                Check::warn(
+                    layer.name,
+                    layer.detail,
+                    "not built yet for isolated sandboxes (issue 31)",
+                )
             } else {
-                "terminal.container_persistent = false: every new sandbox starts fresh"
-            },
-        ),
-    ]
+                Check::fail(
+                    layer.name,
+                    layer.detail,
+                    "see the README's Isolation section; `terminal.local_isolation = none` opts \
+                     out on purpose",
+                )
+            }
+        })
+        .collect()
 }
 
 fn bash_check() -> Check {

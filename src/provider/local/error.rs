@@ -130,6 +130,16 @@ pub enum LocalError {
         #[source]
         source: serde_json::Error,
     },
+    /// The sandbox's namespaces could not be made (`terminal.local_isolation = namespaces`):
+    /// nothing ran, and nothing runs unisolated instead (fail closed).
+    #[error("cannot isolate sandbox `{sandbox}`")]
+    Isolation {
+        /// The sandbox.
+        sandbox: String,
+        /// What failed, with the fix where known.
+        #[source]
+        source: super::isolation::InitError,
+    },
     /// `bash` could not be started.
     #[error("cannot start `bash` in sandbox `{sandbox}` ({})", spawn_hint(source))]
     Spawn {
@@ -184,6 +194,7 @@ impl LocalError {
             }
             LocalError::ArchiveMismatch { .. } | LocalError::Meta { .. } => FailureKind::Permanent,
             LocalError::Background { .. } => FailureKind::Permanent,
+            LocalError::Isolation { .. } => FailureKind::Permanent,
         }
     }
 

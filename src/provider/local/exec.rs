@@ -6,7 +6,7 @@
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -15,8 +15,10 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::cgroup::Join;
 use super::error::LocalError;
+use super::isolation;
 use super::kill::{
-    exited_unreaped, group_has_live_members, kill_group, signal_group, signal_shell, GroupGuard,
+    exited_unreaped, group_has_live_members, kill_group, signal_children, signal_group,
+    signal_shell, GroupGuard,
 };
 use super::names::SandboxName;
 use super::output::{Captured, Pump};
@@ -62,7 +64,7 @@ impl LocalProvider {
             });
         }
         let slot = self.slot(&name);
-        let (meta, mut stopped, sandbox_dir, workspace, run_dir) = {
+        let (meta, mut stopped, sandbox_dir, workspace, run_dir, init) = {
             let _guard = slot.lock.lock().await;
             // Gone (or past its deadline) before the command starts: it provably never ran.
             // Located under the lock: a create of a newer generation may park this sandbox.
@@ -77,9 +79,24 @@ impl LocalProvider {
                 fs::create_dir_all(dir).map_err(LocalError::io("create directory", dir))?;
             }
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
+            // Its namespaces, made by its first command (under the lock: one init per sandbox).
+            let init = if self.isolation.namespaces() {
+                Some(super::run_blocking_ref(|| {
+                    self.sandbox_init(&name, &slot, &workspace, &run_dir)
+                })?)
+            } else {
+                None
+            };
             slot.commands.fetch_add(1, Ordering::SeqCst);
             // Subscribed under the lock: a discard after this point is seen by this command.
-            (meta, slot.stopped.subscribe(), dir, workspace, run_dir)
+            (
+                meta,
+                slot.stopped.subscribe(),
+                dir,
+                workspace,
+                run_dir,
+                init,
+            )
         };
         // Cancelled before it started (while its sandbox was made ready): it never runs.
         if let Some(signal) = io.cancelled() {
@@ -90,21 +107,36 @@ impl LocalProvider {
         }
         let cwd = resolve_cwd(&workspace, &meta.cwd);
         let cwd_file = run_dir.join(format!("cwd.{}", self.unique()));
+
         // The pipe the command's exit trap reports its working directory through (opened by
         // path, `/proc/<pid>/fd/<n>`: no descriptor of the command's is taken for it, and
         // nothing it starts inherits one). Without `/proc` the trap writes `cwd_file` instead.
-        let report = ReportPipe::open(&name)?;
+        let (mut report, report_writer) = ReportPipe::open(&name)?;
+        // Only an isolated command gets the write end (the server's `/proc/<pid>/fd/<n>` is
+        // not visible inside its sandbox).
+        let report_writer = init.is_some().then_some(report_writer);
         // The sandbox's cgroup, which no process leaves, so a stop kills everything the sandbox
         // ever started (see `cgroup`): the shell is born in it where Linux can (`spawn`),
-        // otherwise its script joins it before anything else.
-        let cgroup = super::cgroup::prepare(&sandbox_dir, &name.name);
+        // otherwise its script joins it before anything else. An isolated sandbox needs none:
+        // its PID namespace ends with it.
+        let cgroup = match init {
+            Some(_) => None,
+            None => super::cgroup::prepare(&sandbox_dir, &name.name),
+        };
         let env = [
             ("TASKBOX_TASK_ID", OsStr::new(meta.task_id.as_str())),
             ("TASKBOX_SANDBOX", OsStr::new(name.name.as_str())),
             ("TASKBOX_WORKSPACE", workspace.as_os_str()),
         ];
         let started = tokio::time::Instant::now();
+        // Where the command's reported directory is relative to.
+        let isolated = init.is_some();
+        let cwd_root = match init {
+            Some(_) => Path::new(isolation::WORKSPACE),
+            None => workspace.as_path(),
+        };
         let cloned = match &cgroup {
+            _ if init.is_some() => None,
             Some(join) => {
                 let script = wrap_command(&req.command, &report.path, &cwd_file, None);
                 let spec = Spec {
@@ -122,9 +154,51 @@ impl LocalProvider {
             }
             None => None,
         };
-        let child = match cloned {
-            Some(child) => child,
-            None => {
+        let child = match (cloned, init) {
+            (Some(child), _) => child,
+            (None, Some(init)) => {
+                report.path = PathBuf::from(format!("/proc/self/fd/{}", isolation::REPORT_FD));
+                let script = wrap_command(&req.command, &report.path, &cwd_file, None);
+                let inside = Path::new(isolation::WORKSPACE)
+                    .join(cwd.strip_prefix(&workspace).unwrap_or(Path::new("")));
+                let enter =
+                    isolation::Enter::new(init, &inside, report_writer).map_err(|source| {
+                        LocalError::Spawn {
+                            sandbox: name.name.clone(),
+                            source,
+                        }
+                    })?;
+                let mut command = tokio::process::Command::new("bash");
+                command
+                    .arg("-c")
+                    .arg(script)
+                    .stdin(if io.stdin.is_some() {
+                        Stdio::piped()
+                    } else {
+                        Stdio::null()
+                    })
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    // A clean environment: nothing of the server's reaches the command.
+                    .env_clear()
+                    .envs(isolation::environment(&env))
+                    .process_group(0);
+                // SAFETY: `Enter::run` makes only async-signal-safe system calls on what
+                // `Enter::new` prepared (see `isolation::enter`).
+                unsafe {
+                    command.pre_exec(move || enter.run());
+                }
+                match command.spawn() {
+                    Ok(child) => Started::spawned(child),
+                    Err(source) => {
+                        return Err(LocalError::Spawn {
+                            sandbox: name.name.clone(),
+                            source,
+                        })
+                    }
+                }
+            }
+            (None, None) => {
                 let script = wrap_command(&req.command, &report.path, &cwd_file, cgroup.as_ref());
                 // No `pre_exec` hook: the standard library then spawns with `posix_spawn` (a
                 // `vfork`), not by forking this whole process.
@@ -235,7 +309,12 @@ impl LocalProvider {
                     // the pid is still the shell's.
                     if let (Some(signal), Ok(false)) = (cancelled, exited_unreaped(pgid)) {
                         tracing::debug!(sandbox = %name.name, "a cancelled command's shell still runs; signalled again");
-                        signal_shell(pgid, signal.number());
+                        if isolated {
+                            // The shell is the child of the process that waits for it.
+                            signal_children(pgid, signal.number());
+                        } else {
+                            signal_shell(pgid, signal.number());
+                        }
                     }
                 }
                 () = &mut escalate, if cancelled.is_some() => {
@@ -312,7 +391,7 @@ impl LocalProvider {
                     });
                 }
                 if let Some(reported) = reported_cwd.filter(|r| !r.is_empty()) {
-                    let rel = relative_cwd(&workspace, &reported);
+                    let rel = relative_cwd(cwd_root, &reported);
                     if let Err(e) = self.record_cwd(&name, &slot, &meta.instance, rel).await {
                         tracing::warn!(sandbox = %name.name, error = %e,
                             "could not record the command's working directory");
@@ -327,6 +406,30 @@ impl LocalProvider {
                 ))
             }
         }
+    }
+
+    /// The init holding the sandbox's namespaces: the running one, or a new one (its first
+    /// command in this process, or one after a stop). The caller holds the slot's lock.
+    fn sandbox_init(
+        &self,
+        name: &SandboxName,
+        slot: &Slot,
+        workspace: &Path,
+        run_dir: &Path,
+    ) -> Result<std::sync::Arc<isolation::Init>, LocalError> {
+        let mut held = super::lock(&slot.init);
+        if let Some(init) = held.as_ref().filter(|i| i.alive()) {
+            return Ok(init.clone());
+        }
+        let init =
+            isolation::Init::start(workspace, run_dir).map_err(|source| LocalError::Isolation {
+                sandbox: name.name.clone(),
+                source,
+            })?;
+        tracing::debug!(sandbox = %name.name, init = init.pid(), "made the sandbox's namespaces");
+        let init = std::sync::Arc::new(init);
+        *held = Some(init.clone());
+        Ok(init)
     }
 
     /// Stores `rel` as the next command's starting directory, unless the sandbox was replaced
@@ -360,7 +463,9 @@ struct ReportPipe {
 }
 
 impl ReportPipe {
-    fn open(name: &SandboxName) -> Result<ReportPipe, LocalError> {
+    /// The pipe, and its write end (which an isolated command gets as [`isolation::REPORT_FD`];
+    /// dropped otherwise).
+    fn open(name: &SandboxName) -> Result<(ReportPipe, std::os::fd::OwnedFd), LocalError> {
         use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
         let mut fds = [0 as libc::c_int; 2];
         // Non-blocking: a process the command left behind could have opened the pipe too and
@@ -376,16 +481,18 @@ impl ReportPipe {
         // SAFETY: `pipe2` succeeded, so both are open descriptors that nothing else owns.
         let (reader, writer) =
             unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        drop(writer);
         let path = std::path::PathBuf::from(format!(
             "/proc/{}/fd/{}",
             std::process::id(),
             reader.as_raw_fd()
         ));
-        Ok(ReportPipe {
-            reader: fs::File::from(reader),
-            path,
-        })
+        Ok((
+            ReportPipe {
+                reader: fs::File::from(reader),
+                path,
+            },
+            writer,
+        ))
     }
 
     /// What the trap wrote (`None`: nothing — no `/proc`, or the shell ended without its
@@ -516,7 +623,7 @@ mod tests {
         let name = SandboxName::parse("taskbox-t-g1-insta").unwrap();
 
         // Through the pipe, even when the command took over low descriptors; nothing in the file.
-        let pipe = ReportPipe::open(&name).unwrap();
+        let pipe = ReportPipe::open(&name).unwrap().0;
         let code = run_wrapped(
             &ws,
             &pipe.path,
@@ -535,7 +642,7 @@ mod tests {
         }
 
         // No pipe to open (no `/proc`): the file instead.
-        let pipe = ReportPipe::open(&name).unwrap();
+        let pipe = ReportPipe::open(&name).unwrap().0;
         let code = run_wrapped(&ws, &ws.join("no/such/proc"), &cwd_file, "cd sub");
         assert_eq!(code, 0);
         assert_eq!(pipe.take(), None);

@@ -91,10 +91,12 @@ impl LocalProvider {
         let sandbox = name.name.clone();
         let cgroup = cgroup::recorded(&self.sandbox_dir(name), &name.name);
         let no_commands = slot.commands.load(Ordering::SeqCst) == 0;
+        // Its namespaces end first: once the init is reaped, nothing of them runs.
+        let ended = super::run_blocking_ref(|| Ok(slot.end_namespaces()))?;
         run_blocking("stop the sandbox's processes", move || {
             let emptied = match &cgroup {
                 Some(cg) => cgroup::kill_all(cg),
-                None => no_commands,
+                None => no_commands || ended,
             };
             let leftovers = kill_leftovers(&sandbox);
             Ok(emptied && leftovers == 0)
@@ -118,6 +120,7 @@ impl LocalProvider {
     ) -> Result<bool, LocalError> {
         slot.stopped.send_modify(|n| *n += 1);
         self.drop_tracker(name);
+        super::run_blocking_ref(|| Ok(slot.end_namespaces()))?;
         let dir = self.sandbox_dir(name);
         let cgroup = cgroup::recorded(&dir, &name.name);
         let (trash, in_flight) = self.temp_path(

@@ -47,7 +47,10 @@
 //! sandbox names by their `taskbox-<task>-g<N>-<installation>` shape, snapshot ids by
 //! `<task>.s<seq>`.
 //!
-//! A command runs as `bash -c` in its own process group, with stdin closed and the environment
+//! With `terminal.local_isolation = namespaces` a sandbox is held in namespaces of its own and
+//! every command enters them (see [`isolation`]): its workspace is `/workspace` inside, its
+//! environment a clean one, and a stop ends its PID namespace. Otherwise (the default for now):
+//! a command runs as `bash -c` in its own process group, with stdin closed and the environment
 //! of taskbox plus `TASKBOX_TASK_ID`, `TASKBOX_SANDBOX` and `TASKBOX_WORKSPACE`. `TASKBOX_SANDBOX`
 //! (unique per generation, unlike the workspace path) also marks every process the sandbox
 //! started, which is how a stop finds background jobs that outlived their command (as a VM stop
@@ -77,6 +80,7 @@ mod error;
 mod exec;
 pub mod foreign;
 mod fsutil;
+pub mod isolation;
 mod kill;
 mod lifecycle;
 mod names;
@@ -112,9 +116,14 @@ use crate::snapshot_store::{archive, cas};
 pub const BACKEND: crate::provider::registry::Entry = crate::provider::registry::Entry {
     name: "local",
     aliases: &[],
-    build: |_config, data_dir, installation_id, clock| {
+    build: |config, data_dir, installation_id, clock| {
         LocalProvider::new(data_dir.join("local"), installation_id.to_string(), clock)
-            .map(|p| Arc::new(p) as Arc<dyn crate::provider::SandboxProvider>)
+            .map(|p| {
+                let p = p.with_isolation(isolation::Settings {
+                    mode: config.terminal.local_isolation,
+                });
+                Arc::new(p) as Arc<dyn crate::provider::SandboxProvider>
+            })
             .map_err(|e| crate::provider::SetupError::new("local", e, None))
     },
     checks: |config| {
@@ -169,6 +178,29 @@ struct Slot {
     /// Commands this process started in the sandbox (a snapshot trusts tracked changes without
     /// a cgroup only if there were none: then no process of it can be writing).
     commands: AtomicU64,
+    /// The init holding the sandbox's namespaces (`terminal.local_isolation = namespaces`),
+    /// from its first command in this process until its processes are stopped.
+    init: Mutex<Option<Arc<isolation::Init>>>,
+}
+
+impl Slot {
+    /// Ends the sandbox's namespaces, if this process holds them: every process in them is
+    /// dead when this returns (blocking). Returns whether there were any.
+    fn end_namespaces(&self) -> bool {
+        let init = lock(&self.init).take();
+        match init {
+            Some(init) => {
+                match Arc::try_unwrap(init) {
+                    Ok(init) => init.kill(),
+                    // A command being spawned holds it a moment longer: ended now, reaped as
+                    // it drops.
+                    Err(shared) => shared.stop(),
+                }
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// The local backend. See the module docs.
@@ -186,6 +218,8 @@ pub struct LocalProvider {
     /// The change trackers of the live sandboxes this process restored, by sandbox name
     /// (see `cas::Tracker`): dropped with their sandbox, consumed by its snapshot.
     trackers: Mutex<HashMap<String, cas::Tracker>>,
+    /// How commands are isolated (`terminal.local_isolation`).
+    isolation: isolation::Settings,
 }
 
 impl std::fmt::Debug for LocalProvider {
@@ -235,7 +269,14 @@ impl LocalProvider {
             in_flight: Arc::new(Mutex::new(HashSet::new())),
             counter: AtomicU64::new(0),
             trackers: Mutex::new(HashMap::new()),
+            isolation: isolation::Settings::default(),
         })
+    }
+
+    /// The same provider, isolating its sandboxes as `settings` say.
+    pub fn with_isolation(mut self, settings: isolation::Settings) -> LocalProvider {
+        self.isolation = settings;
+        self
     }
 
     /// The root directory (canonical).
@@ -262,6 +303,7 @@ impl LocalProvider {
                     deadline: AtomicU64::new(0),
                     stopped: watch::channel(0).0,
                     commands: AtomicU64::new(0),
+                    init: Mutex::new(None),
                 })
             })
             .clone()

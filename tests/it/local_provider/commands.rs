@@ -295,7 +295,20 @@ async fn a_cancel_kills_what_outlives_the_signalled_shell() {
 /// once — not at the grace's SIGKILL 3 s later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_signals_a_shell_that_let_the_first_signal_go_by_again() {
-    let env = Env::new();
+    a_shell_that_let_the_first_signal_go_by_gets_it_again(Env::new()).await;
+}
+
+/// The same in an isolated sandbox, whose shell is not the process that leads its group (that
+/// one waits for it outside the sandbox's PID namespace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_signals_an_isolated_shell_that_let_the_first_signal_go_by_again() {
+    let Some(env) = Env::isolated("nudge-isolated") else {
+        return;
+    };
+    a_shell_that_let_the_first_signal_go_by_gets_it_again(env).await;
+}
+
+async fn a_shell_that_let_the_first_signal_go_by_gets_it_again(env: Env) {
     let id = env.create("nudge", 1, None).await;
     let started = std::time::Instant::now();
     let (out, _, cancelled_after) = cancel_at_first_output(

@@ -59,6 +59,34 @@ impl Env {
         }
     }
 
+    /// An environment whose provider isolates its sandboxes (`terminal.local_isolation =
+    /// namespaces`); `None` (skipped, said on stderr) where this machine cannot, except under
+    /// CI, where that fails.
+    #[allow(clippy::print_stderr)] // a skip says so
+    fn isolated(test: &str) -> Option<Env> {
+        if let Err(e) = taskbox::provider::local::isolation::probe() {
+            assert!(
+                !crate::support::under_ci(),
+                "{test}: isolation must work under CI: {e}"
+            );
+            eprintln!("SKIPPED {test}: {e}");
+            return None;
+        }
+        let Env {
+            dir,
+            clock,
+            provider,
+        } = Env::new();
+        let provider = provider.with_isolation(taskbox::provider::local::isolation::Settings {
+            mode: taskbox::config::LocalIsolation::Namespaces,
+        });
+        Some(Env {
+            dir,
+            clock,
+            provider,
+        })
+    }
+
     /// A second provider (another installation) over the same root.
     fn sibling(&self, installation: &str) -> LocalProvider {
         LocalProvider::new(

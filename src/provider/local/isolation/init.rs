@@ -1,0 +1,991 @@
+//! A sandbox's init: PID 1 of its namespaces, which builds the sandbox's filesystem and then
+//! holds the namespaces until its lifeline closes (see the module docs of `isolation`).
+//!
+//! Everything the child does between its clone and its end is prepared before the clone (a
+//! [`Plan`] of paths, flags and texts): a clone of a multi-threaded process may only make
+//! async-signal-safe system calls, so the child neither allocates nor takes a lock. A step that
+//! fails writes its number and errno to the status pipe and the child exits; the parent names
+//! the step ([`InitError::Step`]).
+
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use super::{HOSTNAME, UID, WORKSPACE};
+
+/// Why a sandbox's namespaces could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// The kernel refused the namespaces themselves (unprivileged user namespaces forbidden).
+    #[error("the kernel refused to create the sandbox's namespaces (clone3 with CLONE_NEWUSER: {source}); {hint}")]
+    Refused {
+        /// The clone's error.
+        source: io::Error,
+        /// The likely cause and fix.
+        hint: &'static str,
+    },
+    /// A step of building the sandbox failed.
+    #[error("cannot set up the sandbox's isolation: {step} failed: {source}")]
+    Step {
+        /// The step (e.g. "bind /usr read-only").
+        step: String,
+        /// Its errno.
+        source: io::Error,
+    },
+    /// Something before the clone (a path with a NUL byte, a pipe).
+    #[error("cannot prepare the sandbox's isolation: {0}")]
+    Prepare(String),
+}
+
+impl InitError {
+    /// How to fix it, when known (the same text as the error's own).
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            InitError::Refused { hint, .. } => Some(hint),
+            _ => None,
+        }
+    }
+}
+
+const REFUSED_HINT: &str = "unprivileged user namespaces are not allowed here: on Ubuntu set \
+     `sysctl kernel.apparmor_restrict_unprivileged_userns=0`, elsewhere \
+     `sysctl user.max_user_namespaces=15000` (or run in a container that allows them), or opt out \
+     with `terminal.local_isolation = none`";
+
+/// The running init of a sandbox: its pid and pidfd (how commands enter it), and the lifeline
+/// whose closing ends it.
+pub struct Init {
+    pid: u32,
+    pidfd: OwnedFd,
+    /// Its namespaces, user first, opened while it could still be inspected (it makes itself
+    /// undumpable once ready; `setns` through a pidfd would then need `CAP_SYS_PTRACE`).
+    namespaces: Vec<(OwnedFd, libc::c_int)>,
+    lifeline: Option<OwnedFd>,
+    reaped: bool,
+}
+
+/// The namespaces' names under `/proc/<pid>/ns/` and their flags, in the order a command
+/// enters them (the user namespace first: it gives the rights to enter the others).
+const NAMESPACE_FILES: [(&str, libc::c_int); 7] = [
+    ("user", libc::CLONE_NEWUSER),
+    ("mnt", libc::CLONE_NEWNS),
+    ("pid", libc::CLONE_NEWPID),
+    ("net", libc::CLONE_NEWNET),
+    ("ipc", libc::CLONE_NEWIPC),
+    ("uts", libc::CLONE_NEWUTS),
+    ("cgroup", libc::CLONE_NEWCGROUP),
+];
+
+impl fmt::Debug for Init {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Init").field("pid", &self.pid).finish()
+    }
+}
+
+/// One step of the child's setup.
+enum Step {
+    /// Write `text` to the file `path` (the uid and gid maps, `setgroups`).
+    Write { path: CString, text: CString },
+    /// `mount(source, target, fstype, flags, data)`.
+    Mount {
+        source: Option<CString>,
+        target: CString,
+        fstype: Option<CString>,
+        flags: libc::c_ulong,
+        data: Option<CString>,
+    },
+    /// `mkdir(path, 0755)` (an existing directory is fine).
+    Mkdir(CString),
+    /// Create an empty file to mount over.
+    Touch(CString),
+    /// `symlink(target, link)`.
+    Symlink { target: CString, link: CString },
+    /// `chdir(new root)`, `pivot_root(".", ".")`, detach the old root, `chdir("/")`.
+    PivotRoot(CString),
+    /// `sethostname`.
+    Hostname(CString),
+    /// Bring the loopback interface up.
+    LoopbackUp,
+}
+
+/// What the child does, and a description of each step for errors.
+struct Plan {
+    steps: Vec<(Step, String)>,
+}
+
+fn cstr(bytes: &[u8]) -> Result<CString, InitError> {
+    CString::new(bytes).map_err(|_| InitError::Prepare("a path contains a NUL byte".into()))
+}
+
+fn cpath(path: &Path) -> Result<CString, InitError> {
+    cstr(path.as_os_str().as_bytes())
+}
+
+/// The system directories bound read-only (those that exist; a symlink such as merged-usr's
+/// `/bin -> usr/bin` is recreated as the same symlink).
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+];
+
+/// Files of `/etc` masked (bound over with an empty file): secrets no build needs.
+const MASKED: &[&str] = &[
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/shadow-",
+    "/etc/gshadow-",
+    "/etc/security/opasswd",
+];
+
+/// Directories of `/proc` made read-only: the kernel's settings (`sys`: `core_pattern` would run
+/// a program as the host's root), interrupts, buses and file systems.
+const PROC_READ_ONLY: &[&str] = &["sys", "irq", "bus", "fs"];
+
+/// Files of `/proc` masked (bound over with `/dev/null`).
+const PROC_MASKED: &[&str] = &["sysrq-trigger", "kcore", "timer_list", "keys"];
+
+/// Directories of `/etc` masked (an empty read-only tmpfs over each): private keys.
+const MASKED_DIRS: &[&str] = &[
+    "/etc/ssl/private",
+    "/etc/credstore",
+    "/etc/credstore.encrypted",
+];
+
+/// Device nodes bound from the host's `/dev`.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// The `statvfs` flags a read-only remount must keep (a bind of a mount locked by a less
+/// privileged user namespace cannot drop them) — the same bits as the `MS_*` mount flags.
+fn kept_flags(path: &Path) -> libc::c_ulong {
+    let Ok(c) = cpath(path) else { return 0 };
+    // SAFETY: an all-zero `statvfs` is a valid value (plain integers).
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path; `st` is ours for statvfs to fill.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return 0;
+    }
+    let keep = libc::ST_NOSUID
+        | libc::ST_NODEV
+        | libc::ST_NOEXEC
+        | libc::ST_NOATIME
+        | libc::ST_NODIRATIME
+        | libc::ST_RELATIME;
+    st.f_flag & keep
+}
+
+/// The mount points of this process's mount namespace strictly below `dir` (a recursive bind
+/// copies them; each is made read-only too).
+fn submounts(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .map(unescape_mountinfo)
+        .filter(|p| p.starts_with(dir) && p != dir)
+        .collect()
+}
+
+/// `/proc/self/mountinfo` escapes spaces, tabs, newlines and backslashes as `\ooo`.
+fn unescape_mountinfo(field: &str) -> PathBuf {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            if let Some(n) = field
+                .get(i + 1..i + 4)
+                .and_then(|o| u8::from_str_radix(o, 8).ok())
+            {
+                out.push(n);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(out))
+}
+
+impl Plan {
+    /// The setup of a sandbox whose workspace is `workspace`, built in the empty directory
+    /// `root` (which becomes its `/`).
+    fn new(workspace: &Path, root: &Path) -> Result<Plan, InitError> {
+        let mut steps = Vec::new();
+        let mut push = |step: Step, what: String| steps.push((step, what));
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        push(
+            Step::Write {
+                path: cstr(b"/proc/self/uid_map")?,
+                text: cstr(format!("{UID} {uid} 1\n").as_bytes())?,
+            },
+            format!("map uid {UID} to {uid}"),
+        );
+        push(
+            Step::Write {
+                path: cstr(b"/proc/self/setgroups")?,
+                text: cstr(b"deny")?,
+            },
+            "deny setgroups".into(),
+        );
+        push(
+            Step::Write {
+                path: cstr(b"/proc/self/gid_map")?,
+                text: cstr(format!("{UID} {gid} 1\n").as_bytes())?,
+            },
+            format!("map gid {UID} to {gid}"),
+        );
+        let mount = |source: Option<&[u8]>,
+                     target: &Path,
+                     fstype: Option<&[u8]>,
+                     flags: libc::c_ulong,
+                     data: Option<&[u8]>|
+         -> Result<Step, InitError> {
+            Ok(Step::Mount {
+                source: source.map(cstr).transpose()?,
+                target: cpath(target)?,
+                fstype: fstype.map(cstr).transpose()?,
+                flags,
+                data: data.map(cstr).transpose()?,
+            })
+        };
+        push(
+            mount(
+                None,
+                Path::new("/"),
+                None,
+                libc::MS_REC | libc::MS_PRIVATE,
+                None,
+            )?,
+            "make the mounts private".into(),
+        );
+        let tmpfs_flags = libc::MS_NOSUID | libc::MS_NODEV;
+        push(
+            mount(
+                Some(b"tmpfs"),
+                root,
+                Some(b"tmpfs"),
+                tmpfs_flags,
+                Some(b"mode=0755,size=1m"),
+            )?,
+            format!("mount the root tmpfs on {}", root.display()),
+        );
+        let inside = |p: &str| root.join(p.trim_start_matches('/'));
+
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for dir in SYSTEM_DIRS {
+            let host = Path::new(dir);
+            let Ok(meta) = std::fs::symlink_metadata(host) else {
+                continue;
+            };
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(host)
+                    .map_err(|e| InitError::Prepare(format!("cannot read the link {dir}: {e}")))?;
+                push(
+                    Step::Symlink {
+                        target: cpath(&target)?,
+                        link: cpath(&inside(dir))?,
+                    },
+                    format!("link {dir}"),
+                );
+                continue;
+            }
+            if !meta.is_dir() {
+                continue;
+            }
+            push(Step::Mkdir(cpath(&inside(dir))?), format!("make {dir}"));
+            push(
+                mount(
+                    Some(host.as_os_str().as_bytes()),
+                    &inside(dir),
+                    None,
+                    libc::MS_BIND | libc::MS_REC,
+                    None,
+                )?,
+                format!("bind {dir}"),
+            );
+            let mut points = vec![host.to_path_buf()];
+            points.extend(submounts(&mountinfo, host));
+            for point in points {
+                let flags = libc::MS_REMOUNT
+                    | libc::MS_BIND
+                    | libc::MS_RDONLY
+                    | libc::MS_NOSUID
+                    | kept_flags(&point);
+                push(
+                    mount(None, &inside(&point.to_string_lossy()), None, flags, None)?,
+                    format!("make {} read-only", point.display()),
+                );
+            }
+        }
+        // The host's private keys: SSH host keys (owner-readable by root, whom the sandbox's
+        // uid is when the server runs as root) and the TLS and credential stores.
+        let mut masked: Vec<PathBuf> = MASKED.iter().map(PathBuf::from).collect();
+        if let Ok(entries) = std::fs::read_dir("/etc/ssh") {
+            masked.extend(entries.flatten().map(|e| e.path()).filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("ssh_host_") && n.ends_with("_key"))
+            }));
+        }
+        for dir in MASKED_DIRS {
+            if std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+                push(
+                    mount(
+                        Some(b"tmpfs"),
+                        &inside(dir),
+                        Some(b"tmpfs"),
+                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        Some(b"mode=0755,size=4k"),
+                    )?,
+                    format!("mask {dir}"),
+                );
+            }
+        }
+        for file in &masked {
+            let file = file.to_string_lossy();
+            let file: &str = &file;
+            if std::fs::symlink_metadata(file).is_ok_and(|m| m.is_file()) {
+                push(
+                    mount(Some(b"/dev/null"), &inside(file), None, libc::MS_BIND, None)?,
+                    format!("mask {file}"),
+                );
+            }
+        }
+
+        // /dev: a tmpfs with a few nodes bound from the host's, and /dev/shm.
+        let dev = inside("/dev");
+        push(Step::Mkdir(cpath(&dev)?), "make /dev".into());
+        push(
+            mount(
+                Some(b"tmpfs"),
+                &dev,
+                Some(b"tmpfs"),
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+                Some(b"mode=0755,size=64k"),
+            )?,
+            "mount /dev".into(),
+        );
+        for node in DEVICES {
+            let host = Path::new("/dev").join(node);
+            if !host.exists() {
+                continue;
+            }
+            let target = dev.join(node);
+            push(Step::Touch(cpath(&target)?), format!("make /dev/{node}"));
+            push(
+                mount(
+                    Some(host.as_os_str().as_bytes()),
+                    &target,
+                    None,
+                    libc::MS_BIND,
+                    None,
+                )?,
+                format!("bind /dev/{node}"),
+            );
+        }
+        for (link, target) in [
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ] {
+            push(
+                Step::Symlink {
+                    target: cstr(target.as_bytes())?,
+                    link: cpath(&dev.join(link))?,
+                },
+                format!("link /dev/{link}"),
+            );
+        }
+        for (dir, options) in [
+            ("/dev/shm", &b"mode=1777,size=256m"[..]),
+            ("/tmp", &b"mode=1777,size=1g"[..]),
+        ] {
+            let target = inside(dir);
+            push(Step::Mkdir(cpath(&target)?), format!("make {dir}"));
+            push(
+                mount(
+                    Some(b"tmpfs"),
+                    &target,
+                    Some(b"tmpfs"),
+                    tmpfs_flags,
+                    Some(options),
+                )?,
+                format!("mount {dir}"),
+            );
+        }
+
+        // A fresh /proc of the sandbox's PID namespace (the init is its PID 1).
+        let proc = inside("/proc");
+        push(Step::Mkdir(cpath(&proc)?), "make /proc".into());
+        push(
+            mount(
+                Some(b"proc"),
+                &proc,
+                Some(b"proc"),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                None,
+            )?,
+            "mount /proc".into(),
+        );
+        // The kernel's knobs under /proc are checked against the *global* root's uid, which
+        // the sandbox's uid is when the server runs as root: read-only (or masked), as
+        // container runtimes do.
+        for dir in PROC_READ_ONLY {
+            let target = proc.join(dir);
+            if !Path::new("/proc").join(dir).exists() {
+                continue;
+            }
+            push(
+                mount(
+                    Some(target.as_os_str().as_bytes()),
+                    &target,
+                    None,
+                    libc::MS_BIND | libc::MS_REC,
+                    None,
+                )?,
+                format!("bind /proc/{dir}"),
+            );
+            push(
+                mount(
+                    None,
+                    &target,
+                    None,
+                    libc::MS_REMOUNT
+                        | libc::MS_BIND
+                        | libc::MS_RDONLY
+                        | libc::MS_NOSUID
+                        | libc::MS_NODEV
+                        | libc::MS_NOEXEC,
+                    None,
+                )?,
+                format!("make /proc/{dir} read-only"),
+            );
+        }
+        for file in PROC_MASKED {
+            if !Path::new("/proc").join(file).exists() {
+                continue;
+            }
+            push(
+                mount(
+                    Some(b"/dev/null"),
+                    &proc.join(file),
+                    None,
+                    libc::MS_BIND,
+                    None,
+                )?,
+                format!("mask /proc/{file}"),
+            );
+        }
+
+        // The workspace: the one tree shared with the host, writable.
+        let ws = inside(WORKSPACE);
+        push(Step::Mkdir(cpath(&ws)?), format!("make {WORKSPACE}"));
+        push(
+            mount(
+                Some(workspace.as_os_str().as_bytes()),
+                &ws,
+                None,
+                libc::MS_BIND | libc::MS_REC,
+                None,
+            )?,
+            format!("bind the workspace at {WORKSPACE}"),
+        );
+        push(
+            mount(
+                None,
+                &ws,
+                None,
+                libc::MS_REMOUNT
+                    | libc::MS_BIND
+                    | libc::MS_NOSUID
+                    | libc::MS_NODEV
+                    | kept_flags(workspace),
+                None,
+            )?,
+            format!("make {WORKSPACE} nosuid"),
+        );
+
+        push(
+            Step::PivotRoot(cpath(root)?),
+            "pivot_root into the sandbox".into(),
+        );
+        push(
+            mount(
+                None,
+                Path::new("/"),
+                None,
+                libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | tmpfs_flags,
+                None,
+            )?,
+            "make / read-only".into(),
+        );
+        push(
+            Step::Hostname(cstr(HOSTNAME.as_bytes())?),
+            "set the hostname".into(),
+        );
+        push(Step::LoopbackUp, "bring the loopback interface up".into());
+        Ok(Plan { steps })
+    }
+}
+
+/// A pipe, both ends close-on-exec: (read, write).
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid array of two descriptors for `pipe2` to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `pipe2` succeeded: both are open descriptors nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// `clone3`'s arguments (`struct clone_args`, version 0).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+}
+
+/// The namespaces a sandbox has of its own.
+pub(super) const NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWCGROUP;
+
+impl Init {
+    /// Starts the init of a sandbox whose workspace is `workspace`, building its root in the
+    /// empty directory `root` (in its own mount namespace: the host sees nothing mounted).
+    /// Blocks until it is ready (a few milliseconds).
+    pub fn start(workspace: &Path, root: &Path) -> Result<Init, InitError> {
+        let plan = Plan::new(workspace, root)?;
+        let prep = |e: io::Error| InitError::Prepare(e.to_string());
+        let (status_r, status_w) = pipe().map_err(prep)?;
+        let (life_r, life_w) = pipe().map_err(prep)?;
+        let (go_r, go_w) = pipe().map_err(prep)?;
+        let mut pidfd: libc::c_int = -1;
+        let args = CloneArgs {
+            flags: NAMESPACES as u64 | libc::CLONE_PIDFD as u64,
+            pidfd: std::ptr::addr_of_mut!(pidfd) as u64,
+            exit_signal: libc::SIGCHLD as u64,
+            ..CloneArgs::default()
+        };
+        let keep = [status_w.as_raw_fd(), life_r.as_raw_fd(), go_r.as_raw_fd()];
+        // Every signal blocked across the clone, so the child never runs one of the server's
+        // handlers (it keeps them blocked: it waits on a signalfd).
+        // SAFETY: all-zero `sigset_t`s are valid; sigfillset and pthread_sigmask fill them.
+        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: both sets are ours; this changes only the calling thread's mask.
+        unsafe {
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        }
+        // SAFETY: a fork-like clone3 (no CLONE_VM, no stack): the child gets a copy of this
+        // process (one thread, this one) and continues here with 0. It runs only `child`,
+        // which makes async-signal-safe system calls on the plan prepared above and never
+        // returns.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                std::ptr::from_ref(&args),
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        if r == 0 {
+            // SAFETY: in the child of the clone above, as `child` requires.
+            unsafe { child(&plan, keep) }
+        }
+        let clone_error = io::Error::last_os_error();
+        // SAFETY: restores the mask saved above, on this thread.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+        if r < 0 {
+            return Err(match clone_error.raw_os_error() {
+                Some(libc::EPERM | libc::EACCES | libc::ENOSPC | libc::EUSERS | libc::EINVAL) => {
+                    InitError::Refused {
+                        source: clone_error,
+                        hint: REFUSED_HINT,
+                    }
+                }
+                _ => InitError::Prepare(format!("clone3: {clone_error}")),
+            });
+        }
+        // SAFETY: `CLONE_PIDFD` stored a new descriptor in `pidfd` that nothing else owns.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+        drop((status_w, life_r, go_r));
+        let mut init = Init {
+            pid: r as u32,
+            pidfd,
+            namespaces: Vec::new(),
+            lifeline: Some(life_w),
+            reaped: false,
+        };
+        // Its namespaces, opened while it waits for the go (before it makes itself undumpable).
+        for (name, flag) in NAMESPACE_FILES {
+            let path = format!("/proc/{}/ns/{name}", init.pid);
+            match std::fs::File::open(&path) {
+                Ok(file) => init.namespaces.push((OwnedFd::from(file), flag)),
+                Err(e) => {
+                    init.kill();
+                    return Err(InitError::Prepare(format!("cannot open {path}: {e}")));
+                }
+            }
+        }
+        // SAFETY: writes one byte from a local buffer to our end of the go pipe.
+        unsafe { libc::write(go_w.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        drop(go_w);
+        // Ready: the child closes its end (EOF) after writing one zero byte; a failed step
+        // writes its index and errno instead.
+        let mut buf = [0u8; 8];
+        let got = read_full(status_r.as_raw_fd(), &mut buf);
+        if got == 1 && buf[0] == 0 {
+            return Ok(init);
+        }
+        init.kill();
+        if got == 8 {
+            let step = u32::from_ne_bytes(buf[..4].try_into().expect("four bytes")) as usize;
+            let errno = i32::from_ne_bytes(buf[4..].try_into().expect("four bytes"));
+            let what = plan.steps.get(step).map_or("an unknown step", |(_, w)| w);
+            let source = io::Error::from_raw_os_error(errno);
+            // The very first steps fail where user namespaces are crippled (a mapping refused).
+            if step < 3 {
+                return Err(InitError::Refused {
+                    source,
+                    hint: REFUSED_HINT,
+                });
+            }
+            return Err(InitError::Step {
+                step: what.to_string(),
+                source,
+            });
+        }
+        Err(InitError::Prepare(
+            "the sandbox's init ended before it was ready".into(),
+        ))
+    }
+
+    /// The descriptors of its namespaces and their flags, in the order to enter them.
+    pub(super) fn namespace_fds(&self) -> impl Iterator<Item = (RawFd, libc::c_int)> + '_ {
+        self.namespaces
+            .iter()
+            .map(|(fd, flag)| (fd.as_raw_fd(), *flag))
+    }
+
+    /// The init's pid (in the server's PID namespace).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whether it still runs (its pidfd is not readable yet).
+    pub fn alive(&self) -> bool {
+        if self.reaped {
+            return false;
+        }
+        let mut p = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `p` is one valid pollfd; a zero timeout makes this a check.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n == 0
+    }
+
+    /// Ends the sandbox: kills its init, so the kernel kills every process of its PID
+    /// namespace, and reaps it, which happens only once they are all gone. Blocks until then.
+    pub fn kill(mut self) {
+        self.end();
+    }
+
+    /// Kills the init and waits until it has exited, which PID 1 of a namespace does only once
+    /// every other process of the namespace is gone (the kernel waits for them in its exit).
+    /// Not reaped: whoever holds the last reference does that. For a caller that shares it
+    /// (a command being spawned holds it a moment).
+    pub fn stop(&self) {
+        if self.reaped {
+            return;
+        }
+        // SAFETY: pidfd_send_signal on our pidfd, no siginfo, no flags.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            );
+        }
+        let mut p = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // A pidfd is readable once its process has exited.
+        // SAFETY: `p` is one valid pollfd.
+        while unsafe { libc::poll(&mut p, 1, -1) } < 0
+            && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+        {}
+    }
+
+    fn end(&mut self) {
+        if self.reaped {
+            return;
+        }
+        self.lifeline = None;
+        self.stop();
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid writes only into `status`; the init is our unreaped child.
+            let r = unsafe { libc::waitpid(self.pid as libc::pid_t, &mut status, 0) };
+            if r >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                break;
+            }
+        }
+        self.reaped = true;
+    }
+}
+
+impl Drop for Init {
+    fn drop(&mut self) {
+        if self.reaped {
+            return;
+        }
+        // Killed and reaped on a thread of its own (the reap waits for the whole namespace).
+        let init = Init {
+            pid: self.pid,
+            pidfd: match self.pidfd.try_clone() {
+                Ok(fd) => fd,
+                Err(_) => return,
+            },
+            namespaces: Vec::new(),
+            lifeline: self.lifeline.take(),
+            reaped: false,
+        };
+        self.reaped = true;
+        let _ = std::thread::Builder::new()
+            .name("taskbox-init-reap".into())
+            .spawn(move || init.kill());
+    }
+}
+
+/// Reads into `buf` until it is full or the pipe's end; returns how much was read.
+fn read_full(fd: RawFd, buf: &mut [u8]) -> usize {
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: reads into the rest of `buf`, which is ours.
+        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr().cast(), buf.len() - got) };
+        match n {
+            0 => break,
+            n if n > 0 => got += n as usize,
+            _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+            _ => break,
+        }
+    }
+    got
+}
+
+/// `struct ifreq` with its flags member, for `SIOCSIFFLAGS`.
+#[repr(C)]
+struct IfReqFlags {
+    name: [u8; 16],
+    flags: libc::c_short,
+    pad: [u8; 22],
+}
+
+/// The init itself, in the child of the clone: runs the plan, reports ready, then reaps until
+/// its lifeline closes.
+///
+/// # Safety
+/// Only in the child of a fork-like clone (one thread), with every signal blocked.
+unsafe fn child(plan: &Plan, [status, lifeline, go]: [RawFd; 3]) -> ! {
+    // SAFETY: (the whole body) async-signal-safe system calls on integers and on pointers into
+    // the plan, which the fork copied and nothing frees; nothing allocates or takes a lock.
+    unsafe {
+        let fail = |index: usize| -> ! {
+            let errno = *libc::__errno_location();
+            let mut buf = [0u8; 8];
+            buf[..4].copy_from_slice(&(index as u32).to_ne_bytes());
+            buf[4..].copy_from_slice(&errno.to_ne_bytes());
+            libc::write(status, buf.as_ptr().cast(), buf.len());
+            libc::_exit(1)
+        };
+        let opt = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+        for (index, (step, _)) in plan.steps.iter().enumerate() {
+            let ok = match step {
+                Step::Write { path, text } => {
+                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    let len = text.as_bytes().len();
+                    let ok = fd >= 0 && libc::write(fd, text.as_ptr().cast(), len) == len as isize;
+                    if fd >= 0 {
+                        libc::close(fd);
+                    }
+                    ok
+                }
+                Step::Mount {
+                    source,
+                    target,
+                    fstype,
+                    flags,
+                    data,
+                } => {
+                    libc::mount(
+                        opt(source),
+                        target.as_ptr(),
+                        opt(fstype),
+                        *flags,
+                        opt(data).cast(),
+                    ) == 0
+                }
+                Step::Mkdir(path) => {
+                    libc::mkdir(path.as_ptr(), 0o755) == 0
+                        || *libc::__errno_location() == libc::EEXIST
+                }
+                Step::Touch(path) => {
+                    let fd = libc::open(
+                        path.as_ptr(),
+                        libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC,
+                        0o644,
+                    );
+                    fd >= 0 && libc::close(fd) == 0
+                }
+                Step::Symlink { target, link } => {
+                    libc::symlink(target.as_ptr(), link.as_ptr()) == 0
+                }
+                Step::PivotRoot(root) => {
+                    let dot = c".".as_ptr();
+                    libc::chdir(root.as_ptr()) == 0
+                        && libc::syscall(libc::SYS_pivot_root, dot, dot) == 0
+                        && libc::umount2(dot, libc::MNT_DETACH) == 0
+                        && libc::chdir(c"/".as_ptr()) == 0
+                }
+                Step::Hostname(name) => {
+                    libc::sethostname(name.as_ptr(), name.as_bytes().len()) == 0
+                }
+                Step::LoopbackUp => {
+                    let sock =
+                        libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+                    let mut req = IfReqFlags {
+                        name: [0; 16],
+                        flags: (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short,
+                        pad: [0; 22],
+                    };
+                    req.name[..2].copy_from_slice(b"lo");
+                    let ok = sock >= 0
+                        && libc::ioctl(sock, libc::SIOCSIFFLAGS, std::ptr::addr_of_mut!(req)) == 0;
+                    if sock >= 0 {
+                        libc::close(sock);
+                    }
+                    ok
+                }
+            };
+            if !ok {
+                fail(index);
+            }
+        }
+        // The parent has opened its namespaces' files once it says go (or has gone).
+        let mut byte = [0u8; 1];
+        while libc::read(go, byte.as_mut_ptr().cast(), 1) < 0
+            && *libc::__errno_location() == libc::EINTR
+        {}
+        libc::close(go);
+        // Nothing of the server's stays open here (its sockets, its lock, its database):
+        // everything but the status pipe and the lifeline is closed.
+        let (low, high) = (status.min(lifeline) as u32, status.max(lifeline) as u32);
+        libc::syscall(libc::SYS_close_range, 0u32, low - 1, 0u32);
+        libc::syscall(libc::SYS_close_range, low + 1, high - 1, 0u32);
+        libc::syscall(libc::SYS_close_range, high + 1, u32::MAX, 0u32);
+        // Its memory is a copy of the server's: no process of the sandbox may read it.
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        libc::write(status, [0u8].as_ptr().cast(), 1);
+        libc::close(status);
+
+        let mut chld: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut chld);
+        libc::sigaddset(&mut chld, libc::SIGCHLD);
+        let sfd = libc::signalfd(-1, &chld, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
+        let mut fds = [
+            libc::pollfd {
+                fd: lifeline,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: sfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        loop {
+            // Reap whatever ended (orphans of the namespace are this process's children).
+            loop {
+                let mut st = 0;
+                if libc::waitpid(-1, &mut st, libc::WNOHANG) <= 0 {
+                    break;
+                }
+            }
+            let n = libc::poll(fds.as_mut_ptr(), if sfd >= 0 { 2 } else { 1 }, -1);
+            if n < 0 && *libc::__errno_location() != libc::EINTR {
+                libc::_exit(1);
+            }
+            if fds[0].revents != 0 {
+                // The lifeline closed: the sandbox ends with this process.
+                libc::_exit(0);
+            }
+            if sfd >= 0 && fds[1].revents != 0 {
+                let mut info = [0u8; 128];
+                libc::read(sfd, info.as_mut_ptr().cast(), info.len());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped_and_submounts_found() {
+        assert_eq!(
+            unescape_mountinfo("/mnt/a\\040b\\134c"),
+            PathBuf::from("/mnt/a b\\c")
+        );
+        let info = "22 1 0:21 / / rw - ext4 /dev/x rw\n\
+                    23 22 0:22 / /etc rw - ext4 /dev/x rw\n\
+                    24 22 0:23 /h /etc/hosts rw - ext4 /dev/x rw\n\
+                    25 22 0:24 / /etcetera rw - ext4 /dev/x rw\n";
+        assert_eq!(
+            submounts(info, Path::new("/etc")),
+            vec![PathBuf::from("/etc/hosts")]
+        );
+    }
+
+    #[test]
+    fn a_refused_namespace_names_the_cause_and_the_fix() {
+        let e = InitError::Refused {
+            source: io::Error::from_raw_os_error(libc::EPERM),
+            hint: REFUSED_HINT,
+        };
+        let text = e.to_string();
+        assert!(text.contains("CLONE_NEWUSER"), "{text}");
+        assert!(
+            text.contains("apparmor_restrict_unprivileged_userns"),
+            "{text}"
+        );
+        assert!(text.contains("terminal.local_isolation = none"), "{text}");
+        assert_eq!(e.hint(), Some(REFUSED_HINT));
+    }
+}

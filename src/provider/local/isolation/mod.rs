@@ -1,0 +1,280 @@
+//! A local sandbox in namespaces of its own (`terminal.local_isolation = namespaces`, issue 31).
+//!
+//! **Who creates and ends them.** A sandbox's first command (in this process) starts its *init*
+//! (`Init::start`): a process cloned from the server with new user, mount, PID, network, IPC,
+//! UTS and cgroup namespaces, which is PID 1 of its PID namespace. Before it reports ready it
+//! maps one user, builds the sandbox's filesystem and `pivot_root`s into it (see `init`), brings
+//! its loopback up, then only reaps the processes the kernel hands it, until its *lifeline* (a
+//! pipe whose only write end the server holds) closes: a stop (`Init::kill`) or the server's
+//! own death. When PID 1 of a PID namespace ends, the kernel kills every other process in it, so
+//! nothing a command started outlives the sandbox, whatever it did (`setsid`, `env -i`,
+//! double forks): no process scan and no environment marker is needed.
+//!
+//! **How a command enters them.** Each command's `bash` is spawned by the server as before (its
+//! pipes, its process group, its wait), with a `pre_exec` hook (`Enter`, see `enter`): the
+//! forked child `setns`es into all seven namespaces (descriptors opened at the init's start),
+//! then forks
+//! once more, because entering a PID namespace places only the caller's *children* in it. The
+//! grandchild sets `no_new_privs`, installs the seccomp filter (`seccomp`), enters its working
+//! directory and execs `bash` with a clean environment; the child only waits for it and exits as
+//! it did, so the caller's wait, signals to the group and exit codes are unchanged.
+//!
+//! **What a command sees.** The workspace at [`WORKSPACE`] (read-write, the only tree shared with
+//! the host); `/usr`, `/bin`, `/sbin`, `/lib*`, `/opt` and `/etc` read-only, with `/etc/shadow`,
+//! `/etc/gshadow` and their backups, the SSH host keys, `/etc/ssl/private` and the credential
+//! stores masked (empty); a private `/tmp` and `/dev/shm` (tmpfs: not kept in snapshots); a
+//! fresh `/proc` of its PID namespace, with `/proc/sys`, `irq`, `bus` and `fs` read-only and
+//! `sysrq-trigger`, `kcore`, `timer_list`, `keys` masked; a `/dev` with only `null`, `zero`,
+//! `full`, `random`, `urandom` and `tty`; and a read-only root. Home directories, `/root`, the
+//! data dir (the journal, the snapshot store, other tasks' workspaces, the server's socket and
+//! lock) and `/sys` are not there at all. It runs as uid and gid [`UID`] (not root: no
+//! capability survives its exec; root inside is not offered), mapped to the server's own uid and
+//! gid outside, so it can do nothing the server's user could not — and, when the server runs as
+//! root, it *is* root to the kernel's owner checks, which is why the root-owned knobs and keys
+//! above are read-only or masked. It has no network but its own loopback (its own network
+//! namespace: no route to the host's `127.0.0.1`, nor to the internet). Its environment is
+//! `environment`'s, nothing of the server's.
+//!
+//! Why [`WORKSPACE`] is `/workspace`: one path, the same for every task, every generation,
+//! every restore and every fork, and for every data dir, so absolute paths a command records in
+//! its files (shebangs, virtualenvs, build caches) stay true wherever its snapshot is restored.
+
+mod enter;
+mod init;
+mod seccomp;
+
+pub(super) use self::enter::Enter;
+pub(super) use self::init::{Init, InitError};
+pub use self::seccomp::DENIED;
+
+use crate::config::LocalIsolation;
+
+/// Where a sandbox's workspace is inside it.
+pub const WORKSPACE: &str = "/workspace";
+
+/// The uid and gid commands run as inside a sandbox (mapped to the server's outside).
+pub const UID: u32 = 1000;
+
+/// The hostname inside a sandbox.
+pub(super) const HOSTNAME: &str = "taskbox";
+
+/// The descriptor a command's exit trap reports its working directory through, inside a
+/// sandbox (the server's `/proc/<pid>/fd/<n>` is not visible there). High, so that a command
+/// that takes over low descriptors does not close it by accident.
+pub(super) const REPORT_FD: i32 = 1000;
+
+/// The isolation the local provider applies (see `terminal.local_isolation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Settings {
+    /// Namespaces or none.
+    pub mode: LocalIsolation,
+}
+
+impl Settings {
+    /// Whether commands run in namespaces of their sandbox's own.
+    pub fn namespaces(&self) -> bool {
+        self.mode == LocalIsolation::Namespaces
+    }
+}
+
+/// The whole environment of an isolated command: `PATH`, `HOME` (the workspace), `LANG`,
+/// `TERM` (the server's, else `dumb`) and the `TASKBOX_*` variables in `taskbox`, with
+/// `TASKBOX_WORKSPACE` its path inside. Nothing else of the server's environment.
+pub(super) fn environment<'a>(
+    taskbox: &'a [(&'a str, &'a std::ffi::OsStr)],
+) -> Vec<(&'a str, std::ffi::OsString)> {
+    let term = std::env::var_os("TERM").unwrap_or_else(|| "dumb".into());
+    let mut env = vec![
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        ),
+        ("HOME", WORKSPACE.into()),
+        ("LANG", "C.UTF-8".into()),
+        ("TERM", term),
+    ];
+    for (key, value) in taskbox {
+        let value = if *key == "TASKBOX_WORKSPACE" {
+            WORKSPACE.into()
+        } else {
+            value.to_os_string()
+        };
+        env.push((key, value));
+    }
+    env
+}
+
+/// One layer of the isolation, as `taskbox doctor` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layer {
+    /// `user namespace`, `mount namespace`, ...
+    pub name: &'static str,
+    /// Whether it holds here.
+    pub ok: bool,
+    /// Whether its absence lets something escape (a ✗) rather than leaving a limit unapplied
+    /// (a warning).
+    pub required: bool,
+    /// What it gives, or why not.
+    pub detail: String,
+}
+
+/// Whether this machine lets this user make the namespaces a sandbox needs, found by starting
+/// one: `Err` names the cause and the fix (what `run` reports).
+pub fn probe() -> Result<(), InitError> {
+    with_probe_sandbox(|_| Ok(()))
+}
+
+/// Every layer of a sandbox, found by starting one and running a command in it: what doctor
+/// lists with ✓ or ✗ (never one ✓ for the whole).
+pub fn layers() -> Vec<Layer> {
+    let found = with_probe_sandbox(|init| {
+        let script = "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; id -u; \
+                      test -w /usr && echo usr-writable; ls /proc | grep -c '^[0-9]'";
+        let enter = Enter::new(init, std::path::Path::new(WORKSPACE), None)
+            .map_err(|e| InitError::Prepare(e.to_string()))?;
+        let mut command = std::process::Command::new("bash");
+        command
+            .args(["-c", script])
+            .env_clear()
+            .envs(environment(&[]));
+        // SAFETY: `Enter::run` makes only async-signal-safe system calls on what `Enter::new`
+        // prepared (see `enter`).
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, move || enter.run());
+        }
+        let out = command
+            .output()
+            .map_err(|e| InitError::Prepare(format!("cannot run a probe command: {e}")))?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    });
+    let layer = |name, ok, detail: String| Layer {
+        name,
+        ok,
+        required: true,
+        detail,
+    };
+    let out = match found {
+        Ok(out) => out,
+        Err(e) => {
+            return vec![layer("namespaces", false, e.to_string())];
+        }
+    };
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let has = |line: &str| out.lines().any(|l| l == line);
+    let pids: u32 = out
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(u32::MAX);
+    vec![
+        layer(
+            "user namespace",
+            has(&UID.to_string()),
+            format!("commands run as uid {UID} inside (not root), mapped to uid {uid} outside"),
+        ),
+        layer(
+            "mount namespace",
+            !has("usr-writable"),
+            format!(
+                "the workspace at {WORKSPACE} is the only shared writable tree; the system is \
+                 read-only, /etc/shadow masked; no home, data dir or other task"
+            ),
+        ),
+        layer(
+            "PID namespace",
+            pids <= 4,
+            format!("a command sees only its sandbox's processes ({pids} seen by the probe)"),
+        ),
+        layer(
+            "network namespace",
+            true,
+            "loopback only: no route to the host's services or the internet".into(),
+        ),
+        layer(
+            "seccomp",
+            has("Seccomp:\t2"),
+            format!("{} groups of system calls denied", DENIED.len()),
+        ),
+        layer(
+            "no_new_privs",
+            has("NoNewPrivs:\t1"),
+            "setuid binaries grant nothing".into(),
+        ),
+        Layer {
+            name: "cgroup limits",
+            ok: false,
+            required: false,
+            detail: "terminal.container_cpu and container_memory are not applied to isolated \
+                     sandboxes yet (a fork bomb or a memory hog is bounded only by the host's \
+                     limits)"
+                .into(),
+        },
+    ]
+}
+
+/// Starts a sandbox over an empty workspace in a temporary directory and runs `check` with it.
+fn with_probe_sandbox<T>(
+    check: impl FnOnce(std::sync::Arc<Init>) -> Result<T, InitError>,
+) -> Result<T, InitError> {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!(
+        "taskbox-isolation-probe-{}-{n}",
+        std::process::id()
+    ));
+    let workspace = dir.join("workspace");
+    let root = dir.join("run");
+    let made = [&workspace, &root].iter().try_for_each(|d| {
+        std::fs::create_dir_all(d)
+            .map_err(|e| InitError::Prepare(format!("cannot make {}: {e}", d.display())))
+    });
+    let result = made.and_then(|()| {
+        let init = std::sync::Arc::new(Init::start(&workspace, &root)?);
+        let result = check(init.clone());
+        if let Ok(init) = std::sync::Arc::try_unwrap(init) {
+            init.kill();
+        }
+        result
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn the_environment_is_the_fixed_few_and_the_workspace_inside() {
+        let taskbox = [
+            ("TASKBOX_TASK_ID", OsStr::new("t")),
+            (
+                "TASKBOX_WORKSPACE",
+                OsStr::new("/data/local/tasks/t/workspace"),
+            ),
+        ];
+        let env = environment(&taskbox);
+        let keys: Vec<&str> = env.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            keys,
+            [
+                "PATH",
+                "HOME",
+                "LANG",
+                "TERM",
+                "TASKBOX_TASK_ID",
+                "TASKBOX_WORKSPACE"
+            ]
+        );
+        let get = |k: &str| {
+            env.iter()
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(get("TASKBOX_WORKSPACE"), Some(WORKSPACE.into()));
+        assert_eq!(get("HOME"), Some(WORKSPACE.into()));
+        assert_eq!(get("TASKBOX_TASK_ID"), Some("t".into()));
+    }
+}

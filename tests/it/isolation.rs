@@ -1,0 +1,380 @@
+//! A local sandbox in namespaces of its own (`terminal.local_isolation = namespaces`, issue 31):
+//! the attacks of the issue, run from inside a sandbox's command, fail; the sandbox's files,
+//! working directory, snapshots and restores work as without isolation; a stop leaves nothing
+//! of the sandbox running. Skipped (with a line saying so) where the kernel refuses user
+//! namespaces, except under `CI=true`, where that fails.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use taskbox::config::LocalIsolation;
+use taskbox::core::Millis;
+use taskbox::ids::{SandboxId, TaskId};
+use taskbox::provider::local::isolation::{self, Settings};
+use taskbox::provider::local::LocalProvider;
+use taskbox::provider::{sandbox_name, ExecOutput, ExecRequest, SandboxProvider, SandboxSpec};
+
+use crate::support::{tid, under_ci, ManualClock};
+
+const START_MS: Millis = 1_700_000_000_000;
+const INSTALLATION: &str = "inst-iso";
+
+struct Env {
+    dir: tempfile::TempDir,
+    provider: LocalProvider,
+}
+
+/// An isolated provider, or `None` (skipped) where this machine cannot make namespaces.
+#[allow(clippy::print_stderr)] // a skip says so
+fn env(test: &str) -> Option<Env> {
+    if let Err(e) = isolation::probe() {
+        assert!(!under_ci(), "{test}: isolation must work under CI: {e}");
+        eprintln!("SKIPPED {test}: {e}");
+        return None;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = Arc::new(ManualClock(AtomicU64::new(START_MS)));
+    let provider = LocalProvider::new(dir.path().join("data/local"), INSTALLATION.into(), clock)
+        .expect("provider")
+        .with_isolation(Settings {
+            mode: LocalIsolation::Namespaces,
+        });
+    Some(Env { dir, provider })
+}
+
+impl Env {
+    async fn create(&self, task: &str, generation: u64, source: Option<&str>) -> SandboxId {
+        let spec = SandboxSpec {
+            task_id: TaskId::new(task).expect("a valid task id"),
+            generation,
+            name: sandbox_name(INSTALLATION, task, generation),
+            source_snapshot: source.map(taskbox::ids::SnapshotId::from),
+            timeout_ms: 600_000,
+            installation_id: INSTALLATION.to_string(),
+        };
+        self.provider
+            .create_sandbox(&spec)
+            .await
+            .expect("create")
+            .id
+    }
+
+    async fn run(&self, sandbox: &SandboxId, command: &str) -> ExecOutput {
+        let req = ExecRequest {
+            command: command.to_string(),
+            timeout_ms: 20_000,
+        };
+        self.provider
+            .exec(sandbox, &req)
+            .await
+            .unwrap_or_else(|e| panic!("`{command}` failed: {e}"))
+    }
+
+    /// Runs `command` and returns its stdout, asserting it exited 0.
+    async fn ok(&self, sandbox: &SandboxId, command: &str) -> String {
+        let out = self.run(sandbox, command).await;
+        assert_eq!(out.exit_code, 0, "`{command}`: {out:?}");
+        out.stdout
+    }
+
+    /// Asserts `command` fails (non-zero), and returns what it said.
+    async fn fails(&self, sandbox: &SandboxId, command: &str) -> String {
+        let out = self.run(sandbox, command).await;
+        assert_ne!(out.exit_code, 0, "`{command}` must fail: {out:?}");
+        format!("{}{}", out.stdout, out.stderr)
+    }
+
+    fn workspace(&self, sandbox: &SandboxId) -> PathBuf {
+        self.provider.workspace_path(sandbox).expect("a workspace")
+    }
+}
+
+/// The host processes whose command line holds `marker`.
+fn processes_with(marker: &str) -> Vec<u32> {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.windows(marker.len()).any(|w| w == marker.as_bytes()))
+        })
+        .collect()
+}
+
+/// Who a command is, where it is, what it may do, and what it sees of its environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_runs_unprivileged_in_the_workspace_with_a_clean_environment() {
+    let Some(env) = env("identity") else { return };
+    let id = env.create("ident", 1, None).await;
+    let out = env
+        .ok(
+            &id,
+            "id -u; id -g; pwd; echo $TASKBOX_WORKSPACE; echo $HOME; hostname",
+        )
+        .await;
+    assert_eq!(
+        out,
+        "1000\n1000\n/workspace\n/workspace\n/workspace\ntaskbox\n"
+    );
+    // no_new_privs and the seccomp filter, always.
+    let status = env
+        .ok(&id, "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status")
+        .await;
+    assert_eq!(status, "NoNewPrivs:\t1\nSeccomp:\t2\n", "{status}");
+    // No capability survives the exec (uid 1000 inside, not root).
+    let caps = env.ok(&id, "grep CapEff /proc/self/status").await;
+    assert_eq!(caps.trim(), "CapEff:\t0000000000000000");
+    // The environment is PATH, HOME, LANG, TERM and TASKBOX_*, nothing of this process's.
+    let vars = env.ok(&id, "env | cut -d= -f1 | sort").await;
+    for var in vars.lines() {
+        assert!(
+            matches!(
+                var,
+                "PATH" | "HOME" | "LANG" | "TERM" | "PWD" | "SHLVL" | "_"
+            ) || var.starts_with("TASKBOX_"),
+            "the server's environment reached the command: {var}\n{vars}"
+        );
+    }
+    // A file written inside is in the host's workspace; the working directory is kept.
+    env.ok(&id, "mkdir -p sub && echo hi > sub/f && cd sub")
+        .await;
+    assert_eq!(
+        fs::read_to_string(env.workspace(&id).join("sub/f")).unwrap(),
+        "hi\n"
+    );
+    assert_eq!(env.ok(&id, "pwd").await, "/workspace/sub\n");
+    // Denied system calls: new namespaces, mounts, ptrace.
+    let said = env.fails(&id, "unshare -U true").await;
+    assert!(said.contains("Operation not permitted"), "{said}");
+    env.fails(&id, "mount -t tmpfs x /tmp").await;
+}
+
+/// The issue's attacks on the host, another task and the server: each fails from inside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attacks_on_the_host_and_other_tasks_fail() {
+    let Some(env) = env("attacks") else { return };
+    let outside = env.dir.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("secret"), "host secret").unwrap();
+    let root = env.provider.root().to_path_buf();
+    // A listener on the host's loopback, and a server socket in the data dir.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let socket = root.join("serve.sock");
+    let _unix = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+
+    let victim = env.create("victim", 1, None).await;
+    env.ok(&victim, "echo mine > v.txt").await;
+    let victim_ws = env.workspace(&victim);
+    let id = env.create("attacker", 1, None).await;
+    let q = |p: &Path| taskbox::shell::quote(&p.to_string_lossy());
+
+    // Secrets of the host: /etc/shadow is empty, a file outside is not there.
+    assert_eq!(env.ok(&id, "cat /etc/shadow; cat /etc/gshadow").await, "");
+    env.fails(&id, &format!("cat {}", q(&outside.join("secret"))))
+        .await;
+    env.fails(&id, "ls /root").await;
+    if Path::new("/etc/ssl/private").is_dir() {
+        assert_eq!(env.ok(&id, "ls -A /etc/ssl/private").await, "");
+    }
+    env.fails(&id, "ls /home/*/").await;
+    // Writing outside the workspace.
+    for target in ["/usr/x", "/etc/x", "/x", "/bin/x"] {
+        env.fails(&id, &format!("touch {target}")).await;
+    }
+    env.fails(&id, &format!("touch {}", q(&outside.join("x"))))
+        .await;
+    assert!(!outside.join("x").exists());
+    // The data dir: another task's workspace, the snapshot store, the journal, the socket.
+    env.fails(&id, &format!("ls {}", q(&root))).await;
+    env.fails(&id, &format!("echo evil > {}", q(&victim_ws.join("v.txt"))))
+        .await;
+    env.fails(&id, "echo evil > ../../victim/workspace/v.txt")
+        .await;
+    assert_eq!(
+        fs::read_to_string(victim_ws.join("v.txt")).unwrap(),
+        "mine\n"
+    );
+    env.fails(&id, &format!("test -e {}", q(&socket))).await;
+    // The init's memory and environment are a copy of the server's: unreadable.
+    env.fails(&id, "cat /proc/1/environ").await;
+    env.fails(&id, "head -c1 /proc/1/mem").await;
+    // Signalling the server: its pid is not in the sandbox.
+    env.fails(&id, &format!("kill -0 {}", std::process::id()))
+        .await;
+    // Host processes: only the sandbox's own are visible (its init, this shell, `ls`...).
+    let pids = env.ok(&id, "ls /proc | grep -c '^[0-9]'").await;
+    let visible: u32 = pids.trim().parse().unwrap();
+    assert!(visible <= 4, "{visible} processes visible");
+    // The host's loopback services.
+    let said = env
+        .fails(&id, &format!("exec 3<>/dev/tcp/127.0.0.1/{port}"))
+        .await;
+    assert!(
+        said.contains("refused") || said.contains("unreachable"),
+        "{said}"
+    );
+    // Its own loopback works.
+    env.ok(
+        &id,
+        "test \"$(cat /sys/class/net/lo/operstate 2>/dev/null || echo up)\" != down",
+    )
+    .await;
+    // Moving itself out of its cgroup: no cgroup file system to write to.
+    env.fails(&id, "echo $$ > /sys/fs/cgroup/cgroup.procs")
+        .await;
+    // The kernel's knobs (checked against the global root's uid, which the sandbox's is when
+    // the server runs as root): read-only or masked. `test -w` asks without writing.
+    for knob in [
+        "/proc/sys/kernel/core_pattern",
+        "/proc/sys/vm/drop_caches",
+        "/proc/sys/kernel/hostname",
+    ] {
+        env.fails(&id, &format!("test -w {knob}")).await;
+    }
+    // Masked where the kernel has them (`/dev/null` bound over each).
+    for file in ["/proc/sysrq-trigger", "/proc/kcore", "/proc/timer_list"] {
+        env.ok(&id, &format!("test ! -e {file} || test -c {file}"))
+            .await;
+    }
+    // The kernel's interfaces that could reach the host.
+    env.fails(&id, "test -e /sys/kernel").await;
+    env.fails(
+        &id,
+        "test -e /dev/sda || test -e /dev/nvme0n1 || test -e /dev/vda && false",
+    )
+    .await;
+    drop(listener);
+}
+
+/// A stop ends every process the sandbox started, however it detached; after a snapshot the
+/// sandbox's files restore into a new generation, at the same path inside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_ends_every_process_and_restores_at_the_same_path() {
+    let Some(env) = env("stop") else { return };
+    let id = env.create("writer", 1, None).await;
+    let marker = format!("taskbox-writer-{}", std::process::id());
+    env.ok(
+        &id,
+        &format!(
+            "setsid bash -c 'while :; do echo x >> /workspace/log; sleep 0.05; done; : {marker}' \
+             </dev/null >/dev/null 2>&1 & echo '#!/bin/sh' > tool && chmod +x tool"
+        ),
+    )
+    .await;
+    let ws = env.workspace(&id);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !ws.join("log").exists() || processes_with(&marker).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writer never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let info = env.provider.snapshot(&tid("writer"), &id, 1).await.unwrap();
+    assert_eq!(
+        processes_with(&marker),
+        Vec::<u32>::new(),
+        "a process of the sandbox outlived its snapshot"
+    );
+    let restored = env.create("writer", 2, Some(&info.id)).await;
+    assert_eq!(
+        env.ok(
+            &restored,
+            "test -x /workspace/tool && pwd && cat log | head -1"
+        )
+        .await,
+        "/workspace\nx\n"
+    );
+}
+
+/// Where the kernel refuses user namespaces (here: a user namespace whose
+/// `max_user_namespaces` is 0, as a restrictive host would have it), `taskbox run` fails closed:
+/// exit 125, the cause and the fix named, and nothing ran — not even unisolated.
+#[test]
+fn run_fails_closed_where_user_namespaces_are_refused() {
+    let Some(_) = env("fail-closed") else { return };
+    let home = crate::support::Home::new();
+    crate::support::ok(&home.run(&["config", "set", "terminal.local_isolation", "namespaces"]));
+    let cmd = home.cmd();
+    let taskbox = cmd.get_program().to_owned();
+    let mut restricted = std::process::Command::new("unshare");
+    restricted
+        .args(["-U", "-r", "sh", "-c"])
+        .arg("echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" \"$@\"")
+        .arg(&taskbox)
+        .args(["run", "--task", "closed", "--", "touch ran"]);
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => restricted.env(k, v),
+            None => restricted.env_remove(k),
+        };
+    }
+    restricted.env("TASKBOX_SERVER", "never");
+    let out = match restricted.output() {
+        Ok(out) => out,
+        Err(e) => {
+            assert!(!under_ci(), "unshare is needed under CI: {e}");
+            return;
+        }
+    };
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("cannot isolate sandbox"), "{stderr}");
+    assert!(stderr.contains("CLONE_NEWUSER"), "{stderr}");
+    assert!(
+        stderr.contains("terminal.local_isolation = none"),
+        "the opt-out is named: {stderr}"
+    );
+    let ran = walkdir(home.path()).into_iter().any(|p| p.ends_with("ran"));
+    assert!(
+        !ran,
+        "the command ran although its sandbox could not be isolated"
+    );
+    drop(cmd);
+}
+
+/// Every path under `dir`.
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Through the CLI (a one-shot engine, as the CLI tests run it): the engine's environment (a
+/// token) never reaches a command, and the command sees only its sandbox.
+#[test]
+fn an_engine_started_with_a_token_does_not_hand_it_to_commands() {
+    let Some(_) = env("server-env") else { return };
+    let mut home = crate::support::Home::new();
+    home.set_env("VERCEL_TOKEN", "tbx-secret-token-value");
+    crate::support::ok(&home.run(&["config", "set", "terminal.local_isolation", "namespaces"]));
+    let out = crate::support::ok(&home.run(&[
+        "run",
+        "--task",
+        "s",
+        "--",
+        "env; id -u; pwd; ls /proc | grep -c '^[0-9]'",
+    ]));
+    assert!(!out.contains("tbx-secret-token-value"), "{out}");
+    assert!(out.contains("\n1000\n/workspace\n"), "{out}");
+    crate::support::ok(&home.run(&["rm", "s"]));
+}
