@@ -464,16 +464,7 @@ impl EventLoop {
             .into_iter()
             .partition(|s| &s.task == child);
         self.staged = rest;
-        let records: Vec<TransitionRecord<'_>> = mine
-            .iter()
-            .map(|s| TransitionRecord {
-                at: s.at,
-                event: &s.event,
-                state_before: s.state_before,
-                task_after: &s.task_after,
-                commands: &s.commands,
-            })
-            .collect();
+        let records: Vec<TransitionRecord<'_>> = mine.iter().map(Staged::record).collect();
         let committed = self.store.commit_batch_with(&records, batch_sync(&mine));
         drop(records);
         if let Err(e) = committed {
@@ -655,16 +646,7 @@ impl EventLoop {
             return;
         }
         let staged = std::mem::take(&mut self.staged);
-        let records: Vec<TransitionRecord<'_>> = staged
-            .iter()
-            .map(|s| TransitionRecord {
-                at: s.at,
-                event: &s.event,
-                state_before: s.state_before,
-                task_after: &s.task_after,
-                commands: &s.commands,
-            })
-            .collect();
+        let records: Vec<TransitionRecord<'_>> = staged.iter().map(Staged::record).collect();
         let sync = batch_sync(&staged);
         let batch = self.store.commit_batch_with(&records, sync);
         drop(records);
@@ -681,13 +663,7 @@ impl EventLoop {
                 self.dropped(&s, message);
                 continue;
             }
-            let one = self.store.commit(&TransitionRecord {
-                at: s.at,
-                event: &s.event,
-                state_before: s.state_before,
-                task_after: &s.task_after,
-                commands: &s.commands,
-            });
+            let one = self.store.commit(&s.record());
             match one {
                 Ok(_) => self.committed(s),
                 Err(e) => {
