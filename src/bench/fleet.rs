@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use super::server::{taskbox, BenchServer};
 use super::stats::{ms, Paired};
 use super::{median, BenchError, Ctx, Measurement, Mode, Quantity, Target};
-use crate::config::{Backend, Config, StoreSetting};
+use crate::config::{Config, StoreSetting};
 use crate::fake::{FakeOptions, FakeServer};
 use crate::store::{PgStore, PgTarget};
 
@@ -235,7 +235,7 @@ fn fleet_home(home: &Path, fake_url: &str) -> Result<(), BenchError> {
     std::fs::create_dir_all(home)
         .map_err(BenchError::io(BENCH, format!("create {}", home.display())))?;
     let mut c = Config::default();
-    c.terminal.backend = Backend::VercelSandbox;
+    c.terminal.backend = crate::provider::vercel::BACKEND.backend();
     c.terminal.container_cpu = 1;
     c.terminal.container_memory = 2048;
     c.terminal.vercel_api_url = fake_url.to_string();

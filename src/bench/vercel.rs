@@ -22,7 +22,7 @@ use super::server::{taskbox, BenchServer};
 use super::stats::median;
 use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
 use crate::clock::SystemClock;
-use crate::config::{Backend, Config};
+use crate::config::Config;
 use crate::engine::Orchestrator;
 use crate::fake::{FakeOptions, FakeServer, Stats};
 use crate::provider::vercel::VercelProvider;
@@ -36,7 +36,7 @@ const LIFECYCLE_OPS: f64 = 6.0;
 
 fn config() -> Config {
     let mut c = Config::default();
-    c.terminal.backend = Backend::VercelSandbox;
+    c.terminal.backend = crate::provider::vercel::BACKEND.backend();
     c.terminal.container_cpu = 1;
     c.terminal.container_memory = 2048;
     c

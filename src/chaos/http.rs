@@ -28,7 +28,7 @@ use super::witness::Witness;
 use super::workload::{self, Flavor};
 use super::{ChaosError, ChaosOptions, SeedReport};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{Backend, Config};
+use crate::config::Config;
 use crate::core::Millis;
 use crate::fake::{
     CutMode, DropCreate, DropMode, FakeOptions, FakeServer, Faults, RateLimitBurst, StreamCut,
@@ -53,7 +53,7 @@ const TICK_MS: (u64, u64) = (100, 400);
 /// The engine configuration of an HTTP chaos run: lifetimes of seconds.
 fn config(base_url: &str) -> Config {
     let mut c = Config::default();
-    c.terminal.backend = Backend::VercelSandbox;
+    c.terminal.backend = crate::provider::vercel::BACKEND.backend();
     c.terminal.vercel_api_url = base_url.to_string();
     c.terminal.container_cpu = 1;
     c.terminal.container_memory = 2048;

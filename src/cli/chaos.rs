@@ -96,7 +96,10 @@ pub async fn run(args: ChaosArgs) -> Result<ExitCode, Failure> {
     if json {
         print_json(&report)?;
     } else {
-        print!("{}", table(&report));
+        super::output::write_ignoring_broken_pipe(
+            &mut std::io::stdout().lock(),
+            table(&report).as_bytes(),
+        )?;
     }
     Ok(if report.is_clean() {
         ExitCode::SUCCESS

@@ -65,6 +65,14 @@ pub(super) async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failur
         let _ = std::io::stdout().flush();
         std::process::exit(signal.exit_code());
     };
+    if let (Err(f), Some(signal)) = (&res, cancelled) {
+        // Cancelled while the task was another process's: nothing ran; the exit says which
+        // signal ended the wait, as for a command.
+        if output::has_code(f, "interrupted") {
+            output::fail(f, args.json);
+            return Ok(ExitCode::from(signal.exit_code() as u8));
+        }
+    }
     finish_run(res?, &task, args.json, args.timeout, cancelled, paths)
 }
 
@@ -166,7 +174,7 @@ pub(super) fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Fail
     match cmd {
         ConfigCmd::Get { key } => {
             let cfg = Config::load(path).map_err(Failure::from_config)?;
-            println!("{}", cfg.get(&key).map_err(Failure::from_config)?);
+            outln!("{}", cfg.get(&key).map_err(Failure::from_config)?);
             note_env_override(&key);
         }
         ConfigCmd::Set { key, value } => {
@@ -174,6 +182,9 @@ pub(super) fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Fail
             // rest of the file is checked once the new value is in.
             let mut cfg = Config::load_unchecked(path).map_err(Failure::from_config)?;
             cfg.set(&key, &value).map_err(Failure::from_config)?;
+            // Which backends exist is the registry's to say (an alias becomes the name).
+            registry::check(&mut cfg, taskbox::config::ValueSource::Set)
+                .map_err(Failure::from_config)?;
             cfg.save(path).map_err(Failure::from_config)?;
             cfg.validate(taskbox::config::ValueSource::File(path.clone()))
                 .map_err(Failure::from_config)?;
@@ -198,7 +209,7 @@ pub(super) fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Fail
                 print_json(&map)?;
             } else {
                 for (k, v) in pairs {
-                    println!("{k} = {v}");
+                    outln!("{k} = {v}");
                 }
             }
             for k in taskbox::config::KEYS {
@@ -206,7 +217,7 @@ pub(super) fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Fail
             }
             note_runtime_deprecation(&cfg);
         }
-        ConfigCmd::Path => println!("{}", path.display()),
+        ConfigCmd::Path => outln!("{}", path.display()),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -264,12 +275,9 @@ pub(super) fn export_snapshot(
         return Err(no_task(paths, &task));
     };
     // The task's backend, as its marks record it, says whether its snapshots can be read here;
-    // one not recorded yet is read as local, as it always was.
-    let backend = view
-        .marks
-        .backend
-        .as_deref()
-        .unwrap_or(Backend::Local.as_str());
+    // one not recorded yet is read as the default backend's, as it always was.
+    let default = Backend::default();
+    let backend = view.marks.backend.as_deref().unwrap_or(default.as_str());
     let Some(export) = registry::named(backend).and_then(|b| b.export_snapshot) else {
         let readable: Vec<&str> = registry::BACKENDS
             .iter()

@@ -98,11 +98,11 @@ pub fn run(args: CostArgs, paths: &Paths) -> Result<ExitCode, Failure> {
         None => "all time".to_string(),
     };
     if rows.is_empty() {
-        println!("no task used anything in {period}");
+        outln!("no task used anything in {period}");
         return Ok(ExitCode::SUCCESS);
     }
     for (id, l, b) in &rows {
-        println!(
+        outln!(
             "{id} ({}), {period}:",
             b.as_deref().unwrap_or("no backend yet")
         );
@@ -110,7 +110,7 @@ pub fn run(args: CostArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     }
     if task.is_none() && rows.len() > 1 {
         for (b, l) in &totals {
-            println!("total on {b} ({} task(s)), {period}:", count(&rows, b));
+            outln!("total on {b} ({} task(s)), {period}:", count(&rows, b));
             print_ledger(l, Some(b), &prices);
         }
     }
@@ -135,46 +135,46 @@ fn totals(rows: &[(TaskId, Ledger, Option<String>)]) -> BTreeMap<String, Ledger>
 }
 
 fn print_ledger(l: &Ledger, backend: Option<&str>, prices: &Prices) {
-    println!(
+    outln!(
         "  sandbox time       {} ({:.4} h)",
         human_ms(l.sandbox_ms),
         l.sandbox_hours()
     );
-    println!("  creations          {}", l.creations);
+    outln!("  creations          {}", l.creations);
     let priced = cost::is_priced(backend);
     if priced {
-        println!(
+        outln!(
             "  sessions reported  {} (usage the platform reported as the sessions ended)",
             l.sessions_reported
         );
         if l.sessions_unknown > 0 {
-            println!(
+            outln!(
                 "  usage unknown      {} session(s): the platform did not answer when asked, so \
                  their CPU, memory and transfer are missing below",
                 l.sessions_unknown
             );
         }
-        println!("  active CPU         {:.6} vCPU-hours", l.vcpu_hours());
-        println!("  memory             {:.6} GB-hours", l.memory_gb_hours());
-        println!("  transfer           {:.6} GB", l.transfer_gb());
+        outln!("  active CPU         {:.6} vCPU-hours", l.vcpu_hours());
+        outln!("  memory             {:.6} GB-hours", l.memory_gb_hours());
+        outln!("  transfer           {:.6} GB", l.transfer_gb());
     }
-    println!(
+    outln!(
         "  snapshots kept     {} in {} snapshot(s)",
         human_bytes(l.snapshot_bytes_kept()),
         l.snapshots_kept.len()
     );
-    println!(
+    outln!(
         "  snapshot storage   {:.9} GB-months",
         l.snapshot_gb_months()
     );
     if priced {
         let e = l.estimate(prices);
-        println!(
+        outln!(
             "  {ESTIMATE_BASIS}: ${:.6} (CPU ${:.6}, memory ${:.6}, creations ${:.6}, transfer ${:.6}, snapshots ${:.6}; prices: cost.* keys)",
             e.total, e.active_cpu, e.memory, e.creations, e.transfer, e.snapshots
         );
     } else {
-        println!("  no price: the local backend runs on this machine (figures are resource units)");
+        outln!("  no price: the local backend runs on this machine (figures are resource units)");
     }
 }
 

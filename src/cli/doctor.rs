@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use taskbox::config::Config;
 use taskbox::engine::Paths;
-use taskbox::provider::local::foreign;
+use taskbox::provider::registry::{self, Foreign};
 use taskbox::store::Store;
 
 use super::output::{print_json, Failure};
@@ -99,14 +99,20 @@ pub async fn run(paths: &Paths, args: DoctorArgs) -> Result<ExitCode, Failure> {
         }
     };
     if let Some(cfg) = &config {
-        checks.push(Check::pass("backend", cfg.terminal.backend.as_str()));
-        let backend = taskbox::provider::registry::entry(cfg.terminal.backend);
-        checks.extend((backend.checks)(cfg).await.into_iter().map(Check::from));
+        match taskbox::provider::registry::resolve(&cfg.terminal.backend) {
+            Ok(backend) => {
+                checks.push(Check::pass("backend", backend.name()));
+                checks.extend((backend.checks)(cfg).await.into_iter().map(Check::from));
+            }
+            Err(e) => checks.push(Check::fail("backend", e.to_string(), e.hint())),
+        }
     }
     checks.push(data_dir_check(paths));
     checks.push(sqlite_check(paths));
-    if let Some(check) = archives_check(paths, &args) {
-        checks.push(check);
+    for foreign in registry::BACKENDS.iter().filter_map(|b| b.foreign) {
+        if let Some(check) = archives_check(foreign, paths, &args) {
+            checks.push(check);
+        }
     }
 
     // Secrets (a password in the API URL, a token quoted in an error) are redacted alike in
@@ -179,30 +185,29 @@ fn sqlite_check(paths: &Paths) -> Check {
     }
 }
 
-/// Snapshot archives of another installation under the local root (the store was removed or
-/// moved aside while they existed): listed, and adopted or ignored on request. `None` when the
-/// local root does not exist.
-fn archives_check(paths: &Paths, args: &DoctorArgs) -> Option<Check> {
-    let root = paths.data_dir.join("local");
-    if !root.is_dir() {
-        return None;
-    }
+/// Snapshot archives of another installation that a backend keeps under the data dir (the
+/// store was removed or moved aside while they existed): listed, and adopted or ignored on
+/// request. `None` when the backend keeps no files there.
+fn archives_check(foreign: &Foreign, paths: &Paths, args: &DoctorArgs) -> Option<Check> {
+    let data_dir = &paths.data_dir;
+    let archives = (foreign.archives)(data_dir)?;
     let store = match Store::open(&paths.store_file()) {
         Ok(store) => store,
         // The sqlite line says why.
         Err(_) => return None,
     };
     let name = "archives";
-    let fail = |what: &str, e: &dyn std::fmt::Display| {
+    // The error names what could not be done (`scan the snapshot archives: ...`).
+    let fail = |e: &dyn std::fmt::Display| {
         Check::fail(
             name,
-            format!("cannot {what}: {e}"),
+            format!("cannot {e}"),
             "check the data dir's permissions",
         )
     };
-    let found = match foreign::scan(&root, store.installation_id()) {
+    let found = match (foreign.scan)(data_dir, store.installation_id()) {
         Ok(found) => found,
-        Err(e) => return Some(fail("scan the snapshot archives", &e)),
+        Err(e) => return Some(fail(&e)),
     };
     if found.is_empty() {
         return Some(Check::pass(
@@ -224,8 +229,8 @@ fn archives_check(paths: &Paths, args: &DoctorArgs) -> Option<Check> {
         .collect::<Vec<_>>()
         .join(", ");
     if args.ignore_archives {
-        if let Err(e) = foreign::ignore(&root, &found) {
-            return Some(fail("record the ignored installations", &e));
+        if let Err(e) = (foreign.ignore)(data_dir, &found) {
+            return Some(fail(&e));
         }
         return Some(Check::pass(
             name,
@@ -235,14 +240,14 @@ fn archives_check(paths: &Paths, args: &DoctorArgs) -> Option<Check> {
     if args.adopt_archives {
         let known = match store.task_ids() {
             Ok(ids) => ids,
-            Err(e) => return Some(fail("list this store's tasks", &e)),
+            Err(e) => return Some(fail(&format!("list this store's tasks: {e}"))),
         };
         let (fresh, clash): (Vec<_>, Vec<_>) = found
             .into_iter()
             .partition(|t| !known.iter().any(|k| k.as_str() == t.task_id));
-        let adopted = match foreign::adopt(&root, &fresh) {
+        let adopted = match (foreign.adopt)(data_dir, &fresh) {
             Ok(adopted) => adopted,
-            Err(e) => return Some(fail("record the adoptions", &e)),
+            Err(e) => return Some(fail(&e)),
         };
         let mut detail = format!(
             "adopted: {} (each task's next sandbox starts from its newest archive)",
@@ -284,7 +289,7 @@ fn archives_check(paths: &Paths, args: &DoctorArgs) -> Option<Check> {
         detail: format!(
             "{} holds snapshot archives this store did not make (it is newer than them: was the \
              database removed or moved aside?): {listing}",
-            root.join("snapshots").display()
+            archives.display()
         ),
         hint: Some(
             "they are kept and never restored or deleted by this store; `taskbox doctor \

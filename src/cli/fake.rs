@@ -111,7 +111,7 @@ pub async fn run(args: FakeArgs, default_data_dir: PathBuf) -> Result<ExitCode, 
     let server = FakeServer::start(listener, opts)
         .await
         .map_err(|e| Failure::new(format!("cannot start the fake: {e}")))?;
-    println!("{}", server.base_url());
+    outln!("{}", server.base_url());
     eprintln!(
         "fake-vercel listening on {} (admin: {}); point taskbox at it with\n  taskbox config set terminal.vercel_api_url {}\nctrl-c stops it",
         server.base_url(),

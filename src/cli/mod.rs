@@ -1,5 +1,13 @@
 //! Argument parsing, dispatch and printing.
 
+/// `println!` for data on stdout: a closed stdout (`taskbox show demo | head -1`) is the end of
+/// the output, not a panic, as for other CLIs ([`output::out_line`]).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::output::out_line(format!($($arg)*))
+    };
+}
+
 #[cfg(feature = "bench")]
 mod bench;
 #[cfg(feature = "chaos")]
@@ -540,7 +548,7 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
                 print_json(&v)?;
             } else {
                 output::print_view(&view)?;
-                println!("{}", output::cost_line(&cost));
+                outln!("{}", output::cost_line(&cost));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -647,6 +655,7 @@ async fn open_with(paths: &Paths, reconcile: bool) -> Result<Orchestrator, Failu
         .map_err(Failure::from_config)?;
     Orchestrator::builder(paths.data_dir.clone(), config)
         .reconcile_on_start(reconcile)
+        .on_lock_wait(|w| eprintln!("{}", output::lock_wait_text(w)))
         .open()
         .await
         .map_err(Failure::from_engine)

@@ -205,6 +205,26 @@ impl From<std::io::Error> for Failure {
     }
 }
 
+/// What `taskbox` says at once when a task it was asked to drive is another process's: who
+/// holds it, that it waits, for how long at most, and how to stop waiting.
+pub fn lock_wait_text(w: &taskbox::engine::LockWait) -> String {
+    let who = match (w.holder, w.holder_is_server) {
+        (Some(pid), true) => format!("the taskbox server (pid {pid})"),
+        (Some(pid), false) => format!("another taskbox process (pid {pid})"),
+        (None, _) => "another taskbox process".to_string(),
+    };
+    format!(
+        "waiting: {who} is driving task {}; this waits until it lets go (at most {} s; Ctrl-C stops waiting)",
+        w.task,
+        w.limit.as_secs()
+    )
+}
+
+/// Whether the failure has the stable code `code`.
+pub fn has_code(f: &Failure, code: &str) -> bool {
+    f.code == code
+}
+
 /// Prints a failure on stderr (and, with `json`, its error object on stdout) and returns exit
 /// code 125.
 pub fn fail(f: &Failure, json: bool) -> ExitCode {
@@ -232,6 +252,16 @@ pub fn write_ignoring_broken_pipe(out: &mut impl Write, bytes: &[u8]) -> Result<
     match out.write_all(bytes) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other.map_err(Failure::from),
+    }
+}
+
+/// Writes `line` and a newline to stdout ([`outln!`]): a closed stdout is the end of the output
+/// (ignored, like the rest of it); another write error ends taskbox with it (exit 125).
+pub fn out_line(mut line: String) {
+    line.push('\n');
+    if let Err(f) = write_ignoring_broken_pipe(&mut std::io::stdout().lock(), line.as_bytes()) {
+        let _ = fail(&f, false);
+        std::process::exit(i32::from(EXIT_TASKBOX_ERROR));
     }
 }
 
@@ -474,8 +504,14 @@ pub fn print_tasks(tasks: &[Task], now: Millis, removed: &Removed) -> Result<(),
         return Ok(());
     }
     let w = tasks.iter().map(|t| t.id.len()).max().unwrap_or(4).max(4);
+    let sw = tasks
+        .iter()
+        .filter_map(|t| t.sandbox.as_ref().map(|s| s.id.as_str().len()))
+        .max()
+        .unwrap_or(7)
+        .max(7);
     s.push_str(&format!(
-        "{:<w$}  {:<12}  {:<28}  SNAPSHOTS\n",
+        "{:<w$}  {:<12}  {:<sw$}  SNAPSHOTS\n",
         "TASK", "STATE", "SANDBOX"
     ));
     let mut passed = Vec::new();
@@ -486,7 +522,7 @@ pub fn print_tasks(tasks: &[Task], now: Millis, removed: &Removed) -> Result<(),
             passed.push(t);
         }
         s.push_str(&format!(
-            "{:<w$}  {:<12}  {:<28}  {}\n",
+            "{:<w$}  {:<12}  {:<sw$}  {}\n",
             t.id,
             state,
             sandbox,

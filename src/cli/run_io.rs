@@ -91,8 +91,7 @@ pub fn finish_run(
 ) -> Result<ExitCode, Failure> {
     // Once, on the first run of a store that is new while archives of another installation
     // exist (the database was removed or moved aside).
-    if let Some(note) = taskbox::provider::local::foreign::take_note(&paths.data_dir.join("local"))
-    {
+    for note in taskbox::provider::registry::take_foreign_notes(&paths.data_dir) {
         eprintln!("note: {note}");
     }
     if json {

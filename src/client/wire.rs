@@ -167,7 +167,8 @@ pub struct Health {
 #[error("{message}")]
 pub struct ApiError {
     /// Stable: `invalid_task_id`, `bad_request`, `not_found`, `unauthorized`, `provider`,
-    /// `busy`, `lock`, `store`, `step`, `stopped`, `config`, `no_such_task`, `wrong_backend`,
+    /// `busy`, `lock`, `interrupted`, `invalid_command`, `method_not_allowed`,
+    /// `payload_too_large`, `internal`, `store`, `step`, `stopped`, `config`, `no_such_task`, `wrong_backend`,
     /// `task_removed`, `in_flight`, `task_moved` and `task_elsewhere` (a fleet: the task moved
     /// to, or lives on, another server), and for a failed request its
     /// [`FailureReason`](crate::core::FailureReason) code (`command_failed`, `sandbox_expired`…).

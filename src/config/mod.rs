@@ -148,30 +148,45 @@ pub const DEFAULT_VERCEL_IMAGE: &str = "vercel/sandbox/universal";
 /// The default process limit of an isolated local sandbox (`terminal.container_pids`).
 pub const DEFAULT_CONTAINER_PIDS: u32 = 4096;
 
-/// The sandbox backend. A new one is a variant here, in [`Backend::ALL`] and
-/// [`Backend::as_str`], and an entry in `provider::registry::BACKENDS` (its test holds the two
-/// lists equal).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Backend {
-    /// Real processes in per-sandbox workspaces under the data dir (the embedded default).
-    #[default]
-    Local,
-    /// Vercel Sandbox microVMs over the v2 REST API.
-    VercelSandbox,
-}
+/// The name of a sandbox backend (`terminal.backend`): 1 to 64 lowercase letters, digits or `_`,
+/// starting with a letter. The config checks only the spelling; which names exist is the
+/// provider registry's to say (`provider::registry::resolve`, asked where the config becomes a
+/// provider, by `taskbox config set` and by `taskbox doctor`), so a new backend needs nothing
+/// here.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Backend(String);
 
 impl Backend {
-    /// Every backend: what `terminal.backend` accepts (and `provider::registry` has an entry
-    /// for each).
-    pub const ALL: [Backend; 2] = [Backend::Local, Backend::VercelSandbox];
+    /// The backend named `name`, if it is spelled as a backend's name is (see [`Backend`]);
+    /// otherwise what a name must be.
+    pub fn new(name: &str) -> Result<Backend, String> {
+        let well_spelled = name.len() <= 64
+            && name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if well_spelled {
+            Ok(Backend(name.to_string()))
+        } else {
+            Err(
+                "a backend's name: 1 to 64 lowercase letters, digits or `_`, starting with a \
+                 letter (a name no backend has is refused with the list of backends)"
+                    .to_string(),
+            )
+        }
+    }
 
     /// The name as written in the config.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::Local => "local",
-            Backend::VercelSandbox => "vercel_sandbox",
-        }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for Backend {
+    /// `local`, the embedded default (the registry's test holds that it is registered).
+    fn default() -> Backend {
+        Backend("local".to_string())
     }
 }
 
@@ -322,8 +337,8 @@ macro_rules! config_keys {
 
 config_keys! {
 [terminal] TerminalConfig, "The `[terminal]` table: Hermes's keys (see [`KEYS`])." {
-    backend: Backend = Backend::Local, parse backend, env None,
-        "sandbox backend: local | vercel_sandbox";
+    backend: Backend = Backend::default(), parse backend, env None,
+        "sandbox backend: local (the default) or another the registry has; `taskbox doctor` lists them";
     local_isolation: LocalIsolation = LocalIsolation::None, parse local_isolation, env None,
         "local backend isolation: none | namespaces (each sandbox in its own user, mount, PID and network namespaces)";
     container_persistent: bool = true, parse boolean, env None,
@@ -579,15 +594,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_backend_is_one_of_the_listed_names_or_the_vercel_short_name() {
-        for b in Backend::ALL {
-            assert_eq!(backend(&format!(" {} ", b.as_str())), Ok(b));
+    fn a_backend_is_a_well_spelled_name_and_which_exist_is_not_the_configs_to_say() {
+        for name in ["local", "vercel_sandbox", "docker", "e2b"] {
+            assert_eq!(
+                backend(&format!(" {name} ")).map(|b| b.0),
+                Ok(name.to_string())
+            );
         }
-        assert_eq!(backend("vercel"), Ok(Backend::VercelSandbox));
-        assert_eq!(
-            backend("docker"),
-            Err("one of: local, vercel_sandbox".to_string())
-        );
+        for bad in ["", "Local", "9lives", "dock er", "a-b", &"x".repeat(65)] {
+            let err = backend(bad).expect_err(bad);
+            assert!(err.contains("lowercase letters"), "{bad}: {err}");
+        }
+        assert_eq!(Backend::default().as_str(), "local");
     }
 
     #[test]

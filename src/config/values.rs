@@ -124,14 +124,7 @@ impl Render for Option<u32> {
 // The parsers: text to a value, or what is accepted instead.
 
 pub(super) fn backend(value: &str) -> Result<Backend, String> {
-    match value.trim() {
-        // The short name the Vercel backend is also known by.
-        "vercel" => Ok(Backend::VercelSandbox),
-        name => Backend::ALL
-            .into_iter()
-            .find(|b| b.as_str() == name)
-            .ok_or_else(|| format!("one of: {}", Backend::ALL.map(Backend::as_str).join(", "))),
-    }
+    Backend::new(value.trim())
 }
 
 pub(super) fn local_isolation(value: &str) -> Result<LocalIsolation, String> {

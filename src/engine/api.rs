@@ -35,6 +35,7 @@ pub struct OrchestratorBuilder {
     lock_wait: Duration,
     reconcile_on_start: bool,
     owner: Option<String>,
+    on_lock_wait: Option<super::lock::LockWaitHook>,
 }
 
 impl OrchestratorBuilder {
@@ -70,6 +71,13 @@ impl OrchestratorBuilder {
         self
     }
 
+    /// Calls `hook` as soon as a request starts waiting for a task that another process
+    /// drives (who, and for how long at most), so that a caller can say so at once.
+    pub fn on_lock_wait(mut self, hook: impl Fn(&super::LockWait) + Send + Sync + 'static) -> Self {
+        self.on_lock_wait = Some(Arc::new(hook));
+        self
+    }
+
     /// This process's name in a fleet's `leases` table (PostgreSQL store), shown to a caller
     /// whose task it drives (default: [`owner_name`](super::owner_name) without an address).
     pub fn owner(mut self, name: String) -> Self {
@@ -85,6 +93,9 @@ impl OrchestratorBuilder {
             &store_file(&self.data_dir),
             true,
         )?;
+        if let Store::Sqlite(_) = &store {
+            super::paths::make_private(&self.data_dir);
+        }
         let installation_id = store.installation_id().to_string();
         let provider = match self.provider {
             Some(p) => p,
@@ -95,7 +106,7 @@ impl OrchestratorBuilder {
                 self.clock.clone(),
             )
             .map_err(|e| EngineError::Provider {
-                backend: self.config.terminal.backend.as_str(),
+                backend: e.backend.clone(),
                 message: e.to_string(),
                 hint: e.hint(),
             })?,
@@ -107,10 +118,13 @@ impl OrchestratorBuilder {
         let ownership = match &store {
             Store::Sqlite(_) => {
                 let _ = owner;
-                Ownership::Locks(TaskLocks::new(
-                    self.data_dir.join("locks"),
-                    self.lock_wait,
-                    self.clock.is_virtual(),
+                Ownership::Locks(Arc::new(
+                    TaskLocks::new(
+                        self.data_dir.join("locks"),
+                        self.lock_wait,
+                        self.clock.is_virtual(),
+                    )
+                    .on_wait(self.on_lock_wait),
                 ))
             }
             #[cfg(feature = "postgres")]
@@ -149,6 +163,9 @@ impl OrchestratorBuilder {
             shutdown: None,
             staged: Vec::new(),
             fence: ownership.fence(),
+            locks: ownership.locks(),
+            settled: Vec::new(),
+            inflight_by_task: HashMap::new(),
         };
         let handle = tokio::spawn(lp.run(rx));
         let orch = Orchestrator {
@@ -226,6 +243,7 @@ impl Orchestrator {
             lock_wait: Duration::from_secs(900),
             reconcile_on_start: true,
             owner: None,
+            on_lock_wait: None,
         }
     }
 
@@ -286,6 +304,13 @@ impl Orchestrator {
         timeout: Option<Duration>,
         io: ExecIo,
     ) -> Result<RunResult, EngineError> {
+        // A command that can never run is refused before the task (or a sandbox) is made.
+        if let Some(problem) = command_problem(command) {
+            return Err(EngineError::InvalidCommand {
+                task: task.clone(),
+                problem,
+            });
+        }
         // Saturating: a huge timeout must never wrap into a tiny one.
         let timeout_ms = timeout.map_or(self.inner.settings.command_timeout_ms, |d| {
             u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -371,7 +396,7 @@ impl Orchestrator {
             });
         }
         // The child's lock first: no other process may make or drive it meanwhile.
-        self.inner.ownership.acquire(child).await?;
+        let _child = self.inner.ownership.acquire(child).await?;
         let answer = self
             .request(
                 parent,
@@ -411,7 +436,7 @@ impl Orchestrator {
         task: &TaskId,
         keep_snapshots: bool,
     ) -> Result<RemoveResult, EngineError> {
-        self.inner.ownership.acquire(task).await?;
+        let _claim = self.inner.ownership.acquire(task).await?;
         let (tx, rx) = oneshot::channel();
         self.inner
             .tx
@@ -515,7 +540,7 @@ impl Orchestrator {
     /// waiting for a request to name it. A long-lived driver (`taskbox serve`) loads every task
     /// with a live sandbox at start.
     pub async fn load(&self, task: &TaskId) -> Result<(), EngineError> {
-        self.inner.ownership.acquire(task).await?;
+        let _claim = self.inner.ownership.acquire(task).await?;
         let (tx, rx) = oneshot::channel();
         self.inner
             .tx
@@ -597,7 +622,27 @@ impl Orchestrator {
     }
 
     async fn request(&self, task: &TaskId, req: ApiRequest) -> Result<Answer, EngineError> {
-        self.inner.ownership.acquire(task).await?;
+        // A command's caller may cancel while the task is still another process's: the wait
+        // ends then, and nothing ran.
+        let cancel = match &req {
+            ApiRequest::Run { io, .. } => io.cancel.clone(),
+            _ => None,
+        };
+        let _claim = match cancel {
+            Some(cancel) => {
+                let mut cancel = Some(cancel);
+                tokio::select! {
+                    claim = self.inner.ownership.acquire(task) => claim?,
+                    signal = crate::provider::live::cancel_requested(&mut cancel) => {
+                        return Err(EngineError::Interrupted {
+                            task: task.clone(),
+                            signal: signal.name(),
+                        });
+                    }
+                }
+            }
+            None => self.inner.ownership.acquire(task).await?,
+        };
         let (tx, rx) = oneshot::channel();
         self.inner
             .tx
@@ -637,6 +682,37 @@ impl Orchestrator {
             .send(Msg::Query(f))
             .map_err(|_| EngineError::Stopped)?;
         rx.await.map_err(|_| EngineError::Stopped)?
+    }
+}
+
+/// The most bytes a command may have: it is run as one argument of `bash -c`, and Linux
+/// refuses an argument over `MAX_ARG_STRLEN` (131,072 bytes with its terminating NUL).
+pub const MAX_COMMAND_BYTES: usize = 131_071;
+
+/// Why `command` can never run (`None`: it can): a NUL byte (an argument ends there), or more
+/// bytes than an argument may have. The reason never quotes the whole command: its start, cut.
+fn command_problem(command: &str) -> Option<String> {
+    if let Some(at) = command.find('\0') {
+        return Some(format!(
+            "the command has a NUL byte at byte {at} (`{}`), where a command's argument would end",
+            crate::redact::redact(&cut(command, 60)).replace('\0', "\\0")
+        ));
+    }
+    if command.len() > MAX_COMMAND_BYTES {
+        return Some(format!(
+            "the command is {} bytes (`{}`), over the {MAX_COMMAND_BYTES} bytes an argument of `bash -c` may have",
+            command.len(),
+            crate::redact::redact(&cut(command, 60))
+        ));
+    }
+    None
+}
+
+/// The first `max` characters of `s`, with `…` when it was longer.
+fn cut(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_string(),
     }
 }
 

@@ -4,7 +4,7 @@
 
 use crate::core::{Command, Event, Millis, Task, TaskState};
 use crate::ids::TaskId;
-use crate::store::Sync;
+use crate::store::{Sync, TransitionRecord};
 
 /// A transition waiting for the group commit: applied to the in-memory task already, its
 /// commands held back until it is durable.
@@ -18,6 +18,19 @@ pub(super) struct Staged {
     pub(super) task_before: Option<Task>,
     pub(super) task_after: Task,
     pub(super) commands: Vec<Command>,
+}
+
+impl Staged {
+    /// The transition as the store journals it.
+    pub(super) fn record(&self) -> TransitionRecord<'_> {
+        TransitionRecord {
+            at: self.at,
+            event: &self.event,
+            state_before: self.state_before,
+            task_after: &self.task_after,
+            commands: &self.commands,
+        }
+    }
 }
 
 /// When a batch must be on disk: before any provider call it performs (write-ahead), and

@@ -38,7 +38,7 @@ pub enum EngineError {
     #[error("{backend} backend: {message}")]
     Provider {
         /// The backend.
-        backend: &'static str,
+        backend: String,
         /// What went wrong.
         message: String,
         /// How to fix it, if known.
@@ -53,6 +53,23 @@ pub enum EngineError {
         path: PathBuf,
         /// How long we waited.
         waited_secs: u64,
+    },
+    /// The caller cancelled (a signal) while another process still drove the task: nothing
+    /// ran.
+    #[error("task {task}: SIG{signal} while waiting for another taskbox process to let go of it; the command did not run")]
+    Interrupted {
+        /// The task.
+        task: TaskId,
+        /// The signal's short name (`INT`, `TERM`, `HUP`).
+        signal: &'static str,
+    },
+    /// A command that can never run (a NUL byte, over the argument limit); nothing was made.
+    #[error("task {task}: {problem}; nothing was run or created")]
+    InvalidCommand {
+        /// The task.
+        task: TaskId,
+        /// What is wrong with it (never the whole command).
+        problem: String,
     },
     /// The task lock could not be taken.
     #[error("cannot lock task {task} ({path})")]
@@ -129,6 +146,8 @@ impl EngineError {
             EngineError::Provider { .. } => "provider",
             EngineError::Busy { .. } => "busy",
             EngineError::Lock { .. } => "lock",
+            EngineError::Interrupted { .. } => "interrupted",
+            EngineError::InvalidCommand { .. } => "invalid_command",
             EngineError::Stopped => "stopped",
             EngineError::NoTask { .. } => "no_such_task",
             EngineError::WrongBackend { .. } => "wrong_backend",
@@ -177,6 +196,10 @@ impl EngineError {
             ),
             EngineError::WrongBackend { task, task_backend, current } => Some(format!(
                 "switch back with `taskbox config set terminal.backend {task_backend}` to drive it, or `taskbox rm {task}` under {task_backend} and start anew under {current}"
+            )),
+            EngineError::InvalidCommand { .. } => Some(format!(
+                "put long input in a file in the task's workspace (or send it on the command's stdin) and keep the command short, at most {} bytes, without NUL bytes",
+                super::api::MAX_COMMAND_BYTES
             )),
             EngineError::TaskExists { task } => Some(format!(
                 "pick a name no task has (`taskbox tasks` lists them), e.g. `{task}-2`"

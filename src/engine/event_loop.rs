@@ -152,6 +152,14 @@ pub(super) struct EventLoop {
     pub(super) staged: Vec<Staged>,
     /// A fleet's leases (PostgreSQL store); `None` under the `flock`s of the SQLite store.
     pub(super) fence: Option<Arc<dyn super::fence::Fence>>,
+    /// The `flock`s of the SQLite store, told when a task is loaded and unloaded; `None` on a
+    /// fleet's leases.
+    pub(super) locks: Option<Arc<super::lock::TaskLocks>>,
+    /// Tasks committed since the last [`EventLoop::unload_settled`], to unload if nothing of
+    /// them is live.
+    pub(super) settled: Vec<TaskId>,
+    /// Provider calls in flight, by task (their sum is `inflight`).
+    pub(super) inflight_by_task: HashMap<TaskId, usize>,
 }
 
 /// Most messages handled before their transitions are committed together.
@@ -172,6 +180,7 @@ impl EventLoop {
                 }
             }
             self.flush();
+            self.unload_settled();
             if self.shutdown.is_some() && self.inflight == 0 {
                 if let Some(done) = self.shutdown.take() {
                     let _ = done.send(());
@@ -198,7 +207,7 @@ impl EventLoop {
                     event,
                     output,
                 } => {
-                    self.inflight -= 1;
+                    self.call_answered(&task);
                     self.fire_due_timers(&task);
                     if let (Some(out), Event::CommandExited { request_id, .. }) = (output, &event) {
                         self.outputs.insert((task.clone(), *request_id), out);
@@ -379,10 +388,12 @@ impl EventLoop {
                     commands: Vec::new(),
                 });
                 self.tasks.insert(id.clone(), task);
+                self.hold(id);
             }
             Some(task) => {
                 let stale_settings = task.settings != self.settings;
                 self.tasks.insert(id.clone(), task);
+                self.hold(id);
                 if stale_settings {
                     let settings = self.settings.clone();
                     self.apply(id, Event::SettingsChanged { settings })?;
@@ -406,9 +417,10 @@ impl EventLoop {
     }
 
     /// Creates the task `child`, forked from `parent`'s `snapshot` (the parent's answer to a
-    /// fork request, durable already): its creation and [`Event::Forked`] are staged, so the
-    /// child is committed before any later transition's command is performed — in particular
-    /// before a delete of that snapshot could ask who retains it.
+    /// fork request, durable already): its creation and [`Event::Forked`] are committed now,
+    /// before the parent's caller is answered (an answered fork is in the journal: `show`
+    /// finds it, a crash keeps it) and before any later transition's command is performed —
+    /// in particular before a delete of that snapshot could ask who retains it.
     pub(super) fn create_fork(
         &mut self,
         parent: &TaskId,
@@ -430,6 +442,7 @@ impl EventLoop {
             commands: Vec::new(),
         });
         self.tasks.insert(child.clone(), task);
+        self.hold(child);
         let forked = Event::Forked {
             parent: parent.clone(),
             snapshot,
@@ -439,6 +452,27 @@ impl EventLoop {
             self.tasks.remove(child);
             self.staged.retain(|s| &s.task != child);
             return Err(e);
+        }
+        self.commit_new_task(child)
+    }
+
+    /// Commits the staged transitions of the new task `child` at once, alone (other tasks'
+    /// staged transitions wait for the next flush), and performs their commands. If the store
+    /// does not take them, the task is forgotten whole and the error returned.
+    fn commit_new_task(&mut self, child: &TaskId) -> Result<(), EngineError> {
+        let (mine, rest): (Vec<Staged>, Vec<Staged>) = std::mem::take(&mut self.staged)
+            .into_iter()
+            .partition(|s| &s.task == child);
+        self.staged = rest;
+        let records: Vec<TransitionRecord<'_>> = mine.iter().map(Staged::record).collect();
+        let committed = self.store.commit_batch_with(&records, batch_sync(&mine));
+        drop(records);
+        if let Err(e) = committed {
+            self.tasks.remove(child);
+            return Err(e.into());
+        }
+        for s in mine {
+            self.committed(s);
         }
         Ok(())
     }
@@ -551,6 +585,9 @@ impl EventLoop {
         let now = self.clock.now_ms();
         self.store.mark_removed(id, now, keep_snapshots)?;
         self.tasks.remove(id);
+        if let Some(locks) = &self.locks {
+            locks.unloaded(id);
+        }
         self.cancel_timers(Some(id));
         let (delete, kept) = if keep_snapshots {
             (Vec::new(), snapshots)
@@ -609,16 +646,7 @@ impl EventLoop {
             return;
         }
         let staged = std::mem::take(&mut self.staged);
-        let records: Vec<TransitionRecord<'_>> = staged
-            .iter()
-            .map(|s| TransitionRecord {
-                at: s.at,
-                event: &s.event,
-                state_before: s.state_before,
-                task_after: &s.task_after,
-                commands: &s.commands,
-            })
-            .collect();
+        let records: Vec<TransitionRecord<'_>> = staged.iter().map(Staged::record).collect();
         let sync = batch_sync(&staged);
         let batch = self.store.commit_batch_with(&records, sync);
         drop(records);
@@ -635,13 +663,7 @@ impl EventLoop {
                 self.dropped(&s, message);
                 continue;
             }
-            let one = self.store.commit(&TransitionRecord {
-                at: s.at,
-                event: &s.event,
-                state_before: s.state_before,
-                task_after: &s.task_after,
-                commands: &s.commands,
-            });
+            let one = self.store.commit(&s.record());
             match one {
                 Ok(_) => self.committed(s),
                 Err(e) => {
@@ -659,6 +681,9 @@ impl EventLoop {
     fn committed(&mut self, s: Staged) {
         if self.fence.is_some() && !self.may_act(&s) {
             return;
+        }
+        if self.locks.is_some() {
+            self.settled.push(s.task.clone());
         }
         if s.task_before.is_none() {
             // A new task belongs to this engine's backend.

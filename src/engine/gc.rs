@@ -66,7 +66,7 @@ impl Orchestrator {
         let installation = self.inner.installation_id.clone();
         let backend = p.name();
         let listing = |e: crate::provider::ProviderError| EngineError::Provider {
-            backend,
+            backend: backend.to_string(),
             message: format!("cannot list resources for gc: {e}"),
             hint: None,
         };

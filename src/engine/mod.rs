@@ -45,6 +45,7 @@ mod lease;
 mod lock;
 mod owner;
 mod paths;
+mod unload;
 // Timers are tokio sleeps, so they follow a paused clock in simulation.
 #[allow(clippy::disallowed_methods)]
 mod perform;
@@ -55,6 +56,7 @@ pub use error::{closest, EngineError};
 pub use gc::{GcItem, GcReport};
 #[cfg(feature = "server")]
 pub(crate) use lock::try_flock;
+pub use lock::LockWait;
 pub use owner::owner_name;
 pub use paths::{store_file, Paths, DATA_DIR_ENV, STORE_FILE};
 pub use results::{

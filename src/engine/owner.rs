@@ -20,22 +20,46 @@ use crate::ids::TaskId;
 #[cfg(feature = "postgres")]
 pub(super) use super::lease::Leases;
 
+/// A caller's hold on a task's ownership until it is answered: under the `flock`s, the lock
+/// is not released while a claim is held ([`lock::Claim`](super::lock::Claim)); a fleet's
+/// leases are kept by their renewal.
+pub(super) struct Claim {
+    _lock: Option<super::lock::Claim>,
+}
+
 /// The ownership of tasks one orchestrator takes before driving them.
 pub(super) enum Ownership {
     /// The SQLite store: per-task `flock`s under the data dir.
-    Locks(TaskLocks),
+    Locks(Arc<TaskLocks>),
     /// A PostgreSQL store: leases with fencing tokens.
     #[cfg(feature = "postgres")]
     Leases(Arc<Leases>),
 }
 
 impl Ownership {
-    /// Takes the task's ownership (once per orchestrator, until lost).
-    pub(super) async fn acquire(&self, task: &TaskId) -> Result<(), EngineError> {
+    /// Takes the task's ownership (once per orchestrator, until lost or, under the `flock`s,
+    /// until the task is unloaded and its last claim dropped). Keep the claim until the
+    /// caller is answered.
+    pub(super) async fn acquire(&self, task: &TaskId) -> Result<Claim, EngineError> {
         match self {
-            Ownership::Locks(l) => l.acquire(task).await,
+            Ownership::Locks(l) => Ok(Claim {
+                _lock: Some(l.acquire(task).await?),
+            }),
             #[cfg(feature = "postgres")]
-            Ownership::Leases(l) => l.acquire(task).await,
+            Ownership::Leases(l) => {
+                l.acquire(task).await?;
+                Ok(Claim { _lock: None })
+            }
+        }
+    }
+
+    /// The `flock`s, which the event loop tells when it loads and unloads a task (`None`: a
+    /// fleet's leases, held while the server drives the task).
+    pub(super) fn locks(&self) -> Option<Arc<TaskLocks>> {
+        match self {
+            Ownership::Locks(l) => Some(l.clone()),
+            #[cfg(feature = "postgres")]
+            Ownership::Leases(_) => None,
         }
     }
 

@@ -62,6 +62,32 @@ impl Paths {
     }
 }
 
+/// Makes the data dir readable by its owner alone (0700), and the SQLite store's files 0600,
+/// whatever the umask they were made under: they hold every task's files and journal. Best
+/// effort: a data dir this user cannot change is left as it is, with a warning.
+pub fn make_private(data_dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let store = store_file(data_dir);
+    let wal = data_dir.join(format!("{STORE_FILE}-wal"));
+    let shm = data_dir.join(format!("{STORE_FILE}-shm"));
+    for (path, mode) in [
+        (data_dir, 0o700),
+        (&store, 0o600),
+        (&wal, 0o600),
+        (&shm, 0o600),
+    ] {
+        let Ok(meta) = std::fs::metadata(path) else {
+            continue;
+        };
+        if meta.permissions().mode() & 0o777 == mode {
+            continue;
+        }
+        if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot make the data dir private to its owner");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

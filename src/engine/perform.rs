@@ -68,7 +68,7 @@ impl EventLoop {
                 ),
             },
         };
-        self.inflight += 1;
+        self.call_started(task);
         let _ = self.tx.send(Msg::Outcome {
             task: task.clone(),
             event,
@@ -131,7 +131,7 @@ impl EventLoop {
 
     /// Runs one provider call in its own future, which only sends its outcome back to the loop.
     fn spawn_call(&mut self, task: &TaskId, call: Call, io: ExecIo) {
-        self.inflight += 1;
+        self.call_started(task);
         let p = self.provider.clone();
         // Bounded creation concurrency keeps a burst of tasks under the provider's rate limits.
         let creates = matches!(call, Call::CreateSandbox { .. }).then(|| self.creates.clone());

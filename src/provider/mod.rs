@@ -35,6 +35,11 @@ pub use live::{CancelSignal, Canceller, ExecIo, OutputChunk, OutputStream};
 pub use platform::{Platform, PlatformError};
 pub use registry::{from_config, SetupError};
 
+/// Every backend, one line each: its folder's [`registry::Entry`]. A new backend is its folder
+/// (declared above) and its line here; the [`registry`] answers for them all. (The list sits
+/// here, not in the registry, which each backend's entry names: no import circle.)
+pub const BACKENDS: &[&registry::Entry] = &[&local::BACKEND, &vercel::BACKEND];
+
 use std::future::Future;
 use std::pin::Pin;
 

@@ -42,7 +42,7 @@ pub(super) fn task_id(s: &str) -> Result<TaskId, Failure> {
 /// the hint the CLI would print, and the notices.
 pub(super) fn engine_failure(err: EngineError) -> Failure {
     let status = match &err {
-        EngineError::TaskId(_) => StatusCode::BAD_REQUEST,
+        EngineError::TaskId(_) | EngineError::InvalidCommand { .. } => StatusCode::BAD_REQUEST,
         // A fork's refusals are about the request, not the provider.
         EngineError::Request { reason, .. } => match **reason {
             FailureReason::UnknownSnapshot { .. } => StatusCode::NOT_FOUND,
@@ -54,7 +54,9 @@ pub(super) fn engine_failure(err: EngineError) -> Failure {
         EngineError::Store(StoreError::LeaseLost { .. } | StoreError::LeaseHeld { .. }) => {
             StatusCode::CONFLICT
         }
+        // The caller cancelled while the task was another process's.
         EngineError::Busy { .. }
+        | EngineError::Interrupted { .. }
         | EngineError::WrongBackend { .. }
         | EngineError::TaskExists { .. }
         | EngineError::InFlight { .. } => StatusCode::CONFLICT,

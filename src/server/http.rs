@@ -44,7 +44,56 @@ pub(super) fn router(state: AppState) -> Router {
                     .hint("docs/api.md lists the endpoints; every path starts with /v1"),
             )
         })
+        .layer(axum::middleware::from_fn(json_errors))
         .with_state(state)
+}
+
+/// The most of an error body written by axum itself (a rejection's plain text) kept as the
+/// JSON error's message.
+const REJECTION_TEXT_MAX: usize = 16 * 1024;
+
+/// Every error answer is an [`ApiError`] object: the ones axum writes itself before a handler
+/// runs (a method the path does not take: 405 with an empty body; a body over the limit: 413;
+/// a query or path it cannot parse: 400 — plain text) get one too, with a stable code and the
+/// text as the message.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let res = next.run(req).await;
+    let status = res.status();
+    let is_json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if status.as_u16() < 400 || is_json {
+        return res;
+    }
+    let text = axum::body::to_bytes(res.into_body(), REJECTION_TEXT_MAX)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let err = match status {
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::new(
+            "method_not_allowed",
+            format!("{method} is not an operation of {path}"),
+        )
+        .hint("docs/api.md lists each endpoint with its method"),
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            "payload_too_large",
+            "the request body is over the server's limit",
+        )
+        .hint("send a long command's input on its stdin (`POST /v1/runs/{run}/stdin`)"),
+        s if s.is_client_error() => ApiError::new(
+            "bad_request",
+            if text.is_empty() { s.to_string() } else { text },
+        ),
+        s => ApiError::new(
+            "internal",
+            if text.is_empty() { s.to_string() } else { text },
+        ),
+    };
+    failure(status, err).into_response()
 }
 
 type Answer<T> = Result<Json<T>, Failure>;
@@ -238,7 +287,7 @@ pub async fn require_token(State(token): State<Arc<String>>, req: Request, next:
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .unwrap_or("");
     if constant_time_eq(given.as_bytes(), token.as_bytes()) {
         return next.run(req).await;
@@ -253,6 +302,15 @@ pub async fn require_token(State(token): State<Arc<String>>, req: Request, next:
     .into_response()
 }
 
+/// The token of an `Authorization` value of the `Bearer` scheme, whose name is
+/// case-insensitive (RFC 9110 §11.1: `bearer` and `BEARER` are `Bearer` too).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
+}
+
 /// Compares without an early exit, so timing does not reveal how much of a guess was right.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -263,6 +321,18 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// The scheme of `Authorization: Bearer` is case-insensitive (issue 32 item 11: a
+    /// lower-case `bearer` got 401); anything else is no token.
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for v in ["Bearer tok", "bearer tok", "BEARER tok", "bEaReR  tok"] {
+            assert_eq!(super::bearer_token(v), Some("tok"), "{v}");
+        }
+        for v in ["Basic tok", "Bearertok", "tok", ""] {
+            assert_eq!(super::bearer_token(v), None, "{v}");
+        }
+    }
+
     use super::constant_time_eq;
 
     #[test]

@@ -35,22 +35,14 @@ pub fn lock(data_dir: &Path) -> Result<ServeLock, ServerError> {
         .write(true)
         .open(&path)
         .map_err(io)?;
-    use std::os::fd::AsRawFd;
-    // SAFETY: `flock` takes a descriptor and two flags and touches no memory of ours; `file` is
-    // borrowed for the whole call, so its descriptor stays open until `flock` returns.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            let pid = std::fs::read_to_string(&path)
-                .ok()
-                .and_then(|s| s.trim().parse().ok());
-            return Err(ServerError::AlreadyRunning {
-                data_dir: data_dir.to_path_buf(),
-                pid,
-            });
-        }
-        return Err(io(err));
+    if !crate::engine::try_flock(&file).map_err(io)? {
+        let pid = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        return Err(ServerError::AlreadyRunning {
+            data_dir: data_dir.to_path_buf(),
+            pid,
+        });
     }
     // Ours now: say who holds it, for the next one's error message.
     file.set_len(0).map_err(io)?;

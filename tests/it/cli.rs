@@ -140,6 +140,55 @@ fn bad_input_is_a_clear_error_with_exit_125() {
     assert!(stderr(&o).contains("config.toml"), "{}", stderr(&o));
 }
 
+/// `terminal.backend` names a backend of the provider registry: `config set` refuses another
+/// name at once with the list, takes the short name `vercel` as `vercel_sandbox`, and a file
+/// edited by hand to a name no backend has is refused where the config becomes a provider, with
+/// the list and the fix.
+#[test]
+fn an_unknown_backend_is_refused_with_the_registrys_names() {
+    let home = Home::new();
+    let o = home.run(&["config", "set", "terminal.backend", "nope"]);
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("invalid value `nope` for `terminal.backend`")
+            && e.contains("one of: local, vercel_sandbox")
+            && e.contains("hint:"),
+        "{e}"
+    );
+    assert_eq!(
+        ok(&home.run(&["config", "get", "terminal.backend"])),
+        "local\n",
+        "a refused value is not stored"
+    );
+    let o = home.run(&["config", "set", "terminal.backend", "Not A Name"]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).contains("lowercase letters"), "{}", stderr(&o));
+    ok(&home.run(&["config", "set", "terminal.backend", "vercel"]));
+    assert_eq!(
+        ok(&home.run(&["config", "get", "terminal.backend"])),
+        "vercel_sandbox\n"
+    );
+    std::fs::write(
+        home.path().join("config.toml"),
+        "[terminal]\nbackend = \"docker\"\n",
+    )
+    .expect("write");
+    let o = home.run(&["run", "-t", "x", "--", "true"]);
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("no backend is named `docker`")
+            && e.contains("one of: local, vercel_sandbox")
+            && e.contains("taskbox config set terminal.backend"),
+        "{e}"
+    );
+    let o = home.run(&["doctor"]);
+    assert_ne!(o.status.code(), Some(0));
+    let said = format!("{}{}", stdout(&o), stderr(&o));
+    assert!(said.contains("no backend is named `docker`"), "{said}");
+}
+
 #[test]
 fn config_get_set_show_round_trip() {
     let home = Home::new();
@@ -299,4 +348,123 @@ fn gc_removes_what_interrupted_operations_left_behind() {
     assert!(!half.exists());
     // The task's own files are untouched.
     assert_eq!(ok(&home.run(&["run", "-t", "g", "--", "cat f"])), "x\n");
+}
+
+/// `taskbox tasks` lines its columns up whatever the names' lengths (issue 32 item 17: a task
+/// id ignored the column's width).
+#[test]
+fn tasks_columns_line_up() {
+    let home = Home::new();
+    for task in ["a", "a-much-longer-task-name"] {
+        ok(&home.run(&["run", "-t", task, "--", "true"]));
+    }
+    let table = ok(&home.run(&["tasks"]));
+    let columns: Vec<Vec<usize>> = table
+        .lines()
+        .map(|line| {
+            // Where each column starts: after a run of two spaces or more.
+            let b = line.as_bytes();
+            (2..b.len())
+                .filter(|&i| b[i] != b' ' && b[i - 1] == b' ' && b[i - 2] == b' ')
+                .collect()
+        })
+        .collect();
+    assert_eq!(columns.len(), 3, "{table}");
+    assert!(
+        columns.iter().all(|c| *c == columns[0]),
+        "every column starts at one offset on every line:\n{table}"
+    );
+}
+
+/// A closed stdout (`taskbox show demo | head -1`) is the end of the output: every command
+/// that prints data exits as usual, without a panic (issue 32 item 16: exit 101 and a
+/// backtrace). Its stdout is a pipe whose reader is gone before it writes a byte.
+#[test]
+fn a_closed_stdout_ends_the_output_without_a_panic() {
+    let home = Home::new();
+    ok(&home.run(&["run", "-t", "demo", "--", "echo hi"]));
+    for args in [
+        &["show", "demo"][..],
+        &["show", "demo", "--json"],
+        &["tasks"],
+        &["tasks", "--tree"],
+        &["tasks", "--json"],
+        &["cost"],
+        &["cost", "demo"],
+        &["config", "show"],
+        &["config", "path"],
+        &["config", "get", "terminal.timeout"],
+        &["run", "-t", "demo", "--", "echo hi"],
+        &["run", "-t", "demo", "--json", "--", "echo hi"],
+    ] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let o = home
+            .cmd()
+            .args(args)
+            .stdout(writer)
+            .output()
+            .expect("run taskbox");
+        assert!(
+            o.status.code() == Some(0) && !stderr(&o).contains("panicked"),
+            "taskbox {args:?}: {:?}\n{}",
+            o.status,
+            stderr(&o)
+        );
+    }
+}
+
+/// A command that can never run — over the argument limit of `bash -c` — is refused before
+/// anything is made, and the refusal does not echo it (issue 32 item 15: a 200 KB command made
+/// a task and a live sandbox, and its 200 KB were in the message and the journal).
+#[test]
+fn a_command_over_the_argument_limit_is_refused_before_anything_is_made() {
+    let home = Home::new();
+    let word = "x".repeat(99);
+    let mut args = vec!["run", "-t", "big", "--", "echo"];
+    args.extend(std::iter::repeat_n(word.as_str(), 2_000));
+    let o = home.run(&args);
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("over the 131071 bytes") && err.len() < 2_000,
+        "{} bytes: {}",
+        err.len(),
+        &err[..err.len().min(2_000)]
+    );
+    let o = home.run(&["show", "big"]);
+    assert!(stderr(&o).contains("no task named"), "{}", stderr(&o));
+    args.insert(3, "--json");
+    let o = home.run(&args);
+    assert_eq!(o.status.code(), Some(125));
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("JSON error");
+    assert_eq!(v["code"], "invalid_command", "{v}");
+}
+
+/// The data dir is its owner's alone (0700) and the journal's files 0600, whatever the umask
+/// (issue 32 item 11: 0755 and 0644 under umask 022, readable by every local user).
+#[test]
+fn the_data_dir_is_private_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let home = Home::new();
+    let mut cmd = home.cmd();
+    cmd.args(["run", "-t", "p", "--", "echo hi"]);
+    // SAFETY: between fork and exec the child only calls `umask`, which is async-signal-safe
+    // and cannot fail.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o022);
+            Ok(())
+        });
+    }
+    ok(&cmd.output().expect("run taskbox"));
+    let mode = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .map(|m| m.permissions().mode() & 0o777)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    };
+    let data = home.path().join("data");
+    assert_eq!(mode(&data), 0o700, "the data dir");
+    assert_eq!(mode(&data.join("taskbox.db")), 0o600, "the journal");
 }

@@ -198,6 +198,14 @@ fn a_second_signal_ends_the_wait_at_once() {
         alive(shell),
         "the CLI waited until the cancelled command was killed"
     );
+    // The server still ends the command (its SIGKILL 3 s after the cancel); the test leaves
+    // nothing running behind it.
+    let survived = wait_for(Duration::from_secs(60), || (!alive(shell)).then_some(())).is_none();
+    if survived {
+        // SAFETY: the test's own command, so that a failure leaves nothing behind.
+        unsafe { libc::kill(shell, libc::SIGKILL) };
+    }
+    assert!(!survived, "the server never killed the cancelled command");
 }
 
 /// Whether `pid` is a live process (a zombie counts as dead).

@@ -4,7 +4,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use crate::support::{ok, stderr, wait_for, Home};
+use crate::support::{ok, stderr, Home};
 
 /// A lock file unlinked while its holder drives the task must not let a second process drive
 /// the task too: the second `taskbox run` waits until the first has finished.
@@ -22,16 +22,30 @@ fn deleting_the_lock_file_does_not_let_two_processes_drive_one_task() {
             "-t",
             "t",
             "--",
-            &format!("sleep 2; touch '{}'", first_done.display()),
+            &format!("echo holding; sleep 2; touch '{}'", first_done.display()),
         ])
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn the first taskbox");
-    // The lock file exists since the first run; give the second process time to take it.
-    let lock = wait_for(Duration::from_secs(10), || find_file(home.path(), "t.lock"))
-        .expect("the first process took the task lock");
-    std::thread::sleep(Duration::from_millis(500));
+    // The first process holds the task's lock once its command runs: wait for the line the
+    // command prints (bounded: a reader thread, a channel with a timeout).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let first_out = first.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(first_out)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the first command runs");
+    assert_eq!(line, "holding");
+    let lock = find_file(home.path(), "t.lock").expect("the task's lock file");
     std::fs::remove_file(&lock).expect("unlink the lock file");
     let probe = format!(
         "if [ -e '{d}' ]; then echo after > '{s}'; else echo overlap > '{s}'; fi",
@@ -298,5 +312,32 @@ async fn gc_sweeps_every_local_sandbox_dir_no_task_holds() {
         .map(|r| r.id)
         .collect();
     assert_eq!(left, vec![sandbox_name(&inst, "held", 1)]);
+    orch.shutdown().await;
+}
+
+/// A command with a NUL byte can never run (an argument ends there): it is refused before the
+/// task or a sandbox is made, with a stable code (issue 32 item 15).
+#[tokio::test]
+async fn a_command_with_a_nul_is_refused_before_anything_is_made() {
+    use taskbox::config::Config;
+    use taskbox::engine::{EngineError, Orchestrator};
+    use taskbox::TaskId;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let orch = Orchestrator::builder(dir.path().to_path_buf(), Config::default())
+        .reconcile_on_start(false)
+        .open()
+        .await
+        .expect("open");
+    let task = TaskId::new("nul").expect("task id");
+    let err = orch
+        .run(&task, "echo a\0b", None)
+        .await
+        .expect_err("a NUL is refused");
+    assert!(matches!(err, EngineError::InvalidCommand { .. }), "{err:?}");
+    assert_eq!(err.code(), "invalid_command");
+    assert!(err.to_string().contains("NUL byte at byte 6"), "{err}");
+    assert!(orch.show(&task, 0).await.expect("show").is_none());
+    assert!(orch.tasks().await.expect("tasks").is_empty());
     orch.shutdown().await;
 }

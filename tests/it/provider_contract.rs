@@ -599,7 +599,7 @@ impl Subject for Vercel {
             )
             .expect("client");
             let config = taskbox::config::TerminalConfig {
-                backend: taskbox::config::Backend::VercelSandbox,
+                backend: taskbox::provider::vercel::BACKEND.backend(),
                 container_cpu: 2,
                 container_memory: 4096,
                 ..taskbox::config::TerminalConfig::default()

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use taskbox::clock::SystemClock;
-use taskbox::config::{Backend, Config};
+use taskbox::config::Config;
 use taskbox::engine::Orchestrator;
 use taskbox::fake::{FakeOptions, FakeServer, Faults, RateLimitBurst};
 use taskbox::provider::vercel::auth::Credentials;
@@ -24,7 +24,7 @@ use crate::support::{ok, stderr, Home};
 
 pub(crate) fn vercel_config(url: &str) -> Config {
     let mut c = Config::default();
-    c.terminal.backend = Backend::VercelSandbox;
+    c.terminal.backend = taskbox::provider::vercel::BACKEND.backend();
     c.terminal.container_cpu = 1;
     c.terminal.container_memory = 2048;
     c.terminal.vercel_api_url = url.to_string();

@@ -122,8 +122,9 @@ impl std::str::FromStr for TaskId {
 }
 
 impl fmt::Display for TaskId {
+    /// The id, honouring a width and alignment (`{:<w$}` in a table), as `str` does.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.pad(&self.0)
     }
 }
 
@@ -146,8 +147,9 @@ macro_rules! provider_id {
         }
 
         impl fmt::Display for $name {
+            /// The id, honouring a width and alignment, as `str` does.
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
+                f.pad(&self.0)
             }
         }
 

@@ -329,10 +329,9 @@ impl Taskbox {
         let mut notes = notes(&res, a.timeout);
         // Once, on the first run of a store that is new while archives of another installation
         // exist (as `taskbox run` says).
-        let local = self.paths.data_dir.join("local");
-        if let Some(note) = taskbox::provider::local::foreign::take_note(&local) {
-            notes.push(note);
-        }
+        notes.extend(taskbox::provider::registry::take_foreign_notes(
+            &self.paths.data_dir,
+        ));
         let mut text = if res.timed_out {
             format!("exit code: {} (timed out)\n", res.exit_code)
         } else {

@@ -20,7 +20,6 @@ use super::error::LocalError;
 use super::fsutil::write_synced;
 use super::names::SnapshotRef;
 use super::snapshot::{archives, Unreadable};
-use crate::core::Millis;
 use crate::ids::TaskId;
 
 /// The installation that last opened this root.
@@ -32,20 +31,7 @@ const IGNORED_FILE: &str = "ignored-installations";
 /// Adoptions waiting for their task's first sandbox: `adopt/<task>` holds a snapshot id.
 pub(super) const ADOPT_DIR: &str = "adopt";
 
-/// The newest archive of one task of another installation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ForeignTask {
-    /// The task.
-    pub task_id: String,
-    /// The installation that took its archives.
-    pub installation_id: String,
-    /// Its newest archive's snapshot id.
-    pub snapshot_id: String,
-    /// When that archive was taken.
-    pub created_at: Millis,
-    /// How many archives of the task that installation left.
-    pub archives: usize,
-}
+pub use crate::provider::registry::ForeignTask;
 
 /// The note [`LocalProvider::new`](super::LocalProvider::new) leaves for the CLI.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -114,7 +114,8 @@ use crate::snapshot_store::{archive, cas};
 /// The local backend in the [registry](crate::provider::registry): its sandboxes and snapshots
 /// live under the data dir's `local/`, where `export-snapshot` reads them; nothing is priced.
 pub const BACKEND: crate::provider::registry::Entry = crate::provider::registry::Entry {
-    backend: crate::config::Backend::Local,
+    name: "local",
+    aliases: &[],
     build: |config, data_dir, installation_id, clock| {
         LocalProvider::new(data_dir.join("local"), installation_id.to_string(), clock)
             .map(|p| {
@@ -140,6 +141,30 @@ pub const BACKEND: crate::provider::registry::Entry = crate::provider::registry:
             .map(|_| ())
             .map_err(|e| crate::provider::PlatformError::into_provider(e, "export a snapshot"))
     }),
+    foreign: Some(&FOREIGN),
+};
+
+/// The local backend's archives of another installation: under the data dir's `local/`.
+const FOREIGN: crate::provider::registry::Foreign = {
+    crate::provider::registry::Foreign {
+        archives: |data_dir| {
+            let root = data_dir.join("local");
+            root.is_dir().then(|| root.join("snapshots"))
+        },
+        scan: |data_dir, installation_id| {
+            foreign::scan(&data_dir.join("local"), installation_id)
+                .map_err(|e| e.into_provider("scan the snapshot archives"))
+        },
+        ignore: |data_dir, tasks| {
+            foreign::ignore(&data_dir.join("local"), tasks)
+                .map_err(|e| e.into_provider("record the ignored installations"))
+        },
+        adopt: |data_dir, tasks| {
+            foreign::adopt(&data_dir.join("local"), tasks)
+                .map_err(|e| e.into_provider("record the adoptions"))
+        },
+        take_note: |data_dir| foreign::take_note(&data_dir.join("local")),
+    }
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -90,7 +90,9 @@ impl VercelSetupError {
 /// The Vercel backend in the [registry](crate::provider::registry): built from the config and
 /// the environment's credentials; its sessions are priced; its snapshots live on the platform.
 pub const BACKEND: crate::provider::registry::Entry = crate::provider::registry::Entry {
-    backend: crate::config::Backend::VercelSandbox,
+    name: "vercel_sandbox",
+    // The short name the Vercel backend is also known by.
+    aliases: &["vercel"],
     build: |config, _data_dir, _installation_id, clock| {
         let cwd = std::env::current_dir().unwrap_or_else(|_| std::path::PathBuf::from("."));
         let env = |k: &str| std::env::var(k).ok();
@@ -104,6 +106,7 @@ pub const BACKEND: crate::provider::registry::Entry = crate::provider::registry:
     checks: |config| Box::pin(doctor::checks(config)),
     priced: true,
     export_snapshot: None,
+    foreign: None,
 };
 
 /// Tuning of the provider (defaults suit production; tests shorten the waits).
@@ -540,71 +543,6 @@ impl VercelProvider {
         .await
     }
 
-    async fn stop(&self, sandbox_id: &SandboxId) -> Result<(), ProviderError> {
-        match self.client.stop_session(sandbox_id).await {
-            // The stop answers once the session has stopped: its usage is final.
-            Ok(answer) => self.remember_usage(sandbox_id, answer.session.usage()),
-            Err(e) if e.kind == FailureKind::SandboxGone => self.remember_usage(sandbox_id, None),
-            Err(e) => return Err(e),
-        }
-        self.forget(sandbox_id);
-        Ok(())
-    }
-
-    async fn extend(
-        &self,
-        sandbox_id: &SandboxId,
-        duration_ms: u64,
-    ) -> Result<Millis, ProviderError> {
-        let session = self.client.extend_timeout(sandbox_id, duration_ms).await?;
-        session.deadline().ok_or_else(|| {
-            ProviderError::new(
-                FailureKind::Permanent,
-                "extend timeout",
-                format!("session {sandbox_id} reports no start time or timeout"),
-            )
-        })
-    }
-
-    async fn delete_snapshot(&self, snapshot_id: &SnapshotId) -> Result<(), ProviderError> {
-        match self.client.delete_snapshot(snapshot_id).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind == FailureKind::SnapshotGone => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn probe(&self, session_id: &str) -> Result<Option<Millis>, ProviderError> {
-        match self.client.get_session(session_id).await {
-            Ok(s) => match s.status {
-                SessionStatus::Pending | SessionStatus::Running => Ok(s.deadline()),
-                // A persistent sandbox snapshots itself as it stops: wait for that snapshot
-                // rather than give the sandbox up without it (the probe is retried). A session
-                // `snapshotting` was snapshotted by a call (taskbox's own snapshot, recorded as
-                // such), so it counts as stopped.
-                SessionStatus::Stopping if self.settings.persistent => {
-                    Err(ProviderError::transient(
-                        "probe sandbox",
-                        format!(
-                            "session {session_id} is {:?}; waiting for it to stop",
-                            s.status
-                        ),
-                        None,
-                    ))
-                }
-                _ => {
-                    self.remember_usage(session_id, s.usage());
-                    Ok(None)
-                }
-            },
-            Err(e) if e.kind == FailureKind::SandboxGone => {
-                self.remember_usage(session_id, None);
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
     /// The snapshot a persistent sandbox took of `session_id` as it stopped (found among its
     /// sandbox's snapshots by its source session — the sandbox's current snapshot). taskbox
     /// never resumes the sandbox: it creates the next generation from that snapshot like from
@@ -732,7 +670,14 @@ impl super::Platform for VercelProvider {
     }
 
     async fn stop_sandbox(&self, sandbox_id: &SandboxId) -> Result<(), ProviderError> {
-        self.stop(sandbox_id).await
+        match self.client.stop_session(sandbox_id).await {
+            // The stop answers once the session has stopped: its usage is final.
+            Ok(answer) => self.remember_usage(sandbox_id, answer.session.usage()),
+            Err(e) if e.kind == FailureKind::SandboxGone => self.remember_usage(sandbox_id, None),
+            Err(e) => return Err(e),
+        }
+        self.forget(sandbox_id);
+        Ok(())
     }
 
     async fn extend_timeout(
@@ -740,15 +685,54 @@ impl super::Platform for VercelProvider {
         sandbox_id: &SandboxId,
         duration_ms: u64,
     ) -> Result<Millis, ProviderError> {
-        self.extend(sandbox_id, duration_ms).await
+        let session = self.client.extend_timeout(sandbox_id, duration_ms).await?;
+        session.deadline().ok_or_else(|| {
+            ProviderError::new(
+                FailureKind::Permanent,
+                "extend timeout",
+                format!("session {sandbox_id} reports no start time or timeout"),
+            )
+        })
     }
 
     async fn delete_snapshot(&self, snapshot_id: &SnapshotId) -> Result<(), ProviderError> {
-        VercelProvider::delete_snapshot(self, snapshot_id).await
+        match self.client.delete_snapshot(snapshot_id).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind == FailureKind::SnapshotGone => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     async fn probe_sandbox(&self, sandbox_id: &SandboxId) -> Result<Option<Millis>, ProviderError> {
-        self.probe(sandbox_id).await
+        let session_id = sandbox_id.as_str();
+        match self.client.get_session(session_id).await {
+            Ok(s) => match s.status {
+                SessionStatus::Pending | SessionStatus::Running => Ok(s.deadline()),
+                // A persistent sandbox snapshots itself as it stops: wait for that snapshot
+                // rather than give the sandbox up without it (the probe is retried). A session
+                // `snapshotting` was snapshotted by a call (taskbox's own snapshot, recorded as
+                // such), so it counts as stopped.
+                SessionStatus::Stopping if self.settings.persistent => {
+                    Err(ProviderError::transient(
+                        "probe sandbox",
+                        format!(
+                            "session {session_id} is {:?}; waiting for it to stop",
+                            s.status
+                        ),
+                        None,
+                    ))
+                }
+                _ => {
+                    self.remember_usage(session_id, s.usage());
+                    Ok(None)
+                }
+            },
+            Err(e) if e.kind == FailureKind::SandboxGone => {
+                self.remember_usage(session_id, None);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     async fn platform_snapshot(

@@ -54,7 +54,7 @@ pub use self::format::{
     MAX_HEADER_LEN, OLDEST_READABLE, TAR_VERSION, VERSION,
 };
 pub(crate) use self::write::{
-    data_segments, fits, list_sorted, omit, too_long, walk_workspace, Walked,
+    data_segments, fits, inspected, list_sorted, omit, too_long, walk_workspace, Walked,
 };
 pub use self::write::{pack, Omitted, PackStats, ZSTD_LEVEL};
 

@@ -308,13 +308,8 @@ pub(crate) fn walk_workspace<E>(
                 continue;
             }
             // `DirEntry::metadata` does not follow symlinks.
-            let meta = match entry.metadata() {
-                Ok(meta) => meta,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => {
-                    omit(omitted, &rel, "inspect", &e);
-                    continue;
-                }
+            let Some(meta) = inspected(omitted, &rel, entry.metadata()) else {
+                continue;
             };
             if meta.is_dir() {
                 subdirs.push(rel.clone());
@@ -356,6 +351,23 @@ pub(crate) fn too_long(omitted: &mut Vec<Omitted>, rel: &[u8], abs: &Path) -> bo
         ),
     });
     true
+}
+
+/// `rel`'s metadata, as `found` says: `None` if it is gone (the walk moves on) or cannot be
+/// inspected (then it is left out of the snapshot, with the reason).
+pub(crate) fn inspected(
+    omitted: &mut Vec<Omitted>,
+    rel: &[u8],
+    found: io::Result<fs::Metadata>,
+) -> Option<fs::Metadata> {
+    match found {
+        Ok(meta) => Some(meta),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => {
+            omit(omitted, rel, "inspect", &e);
+            None
+        }
+    }
 }
 
 /// Leaves `rel` out of a snapshot: it could not be `what`-ed.

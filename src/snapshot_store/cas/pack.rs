@@ -17,7 +17,7 @@ use super::restore::Index;
 use super::track::{Changes, Tracked};
 use super::{show, Cas, CasError};
 use crate::snapshot_store::archive::{
-    data_segments, fits, list_sorted, omit, too_long, walk_workspace, Omitted, Walked,
+    data_segments, fits, inspected, list_sorted, omit, too_long, walk_workspace, Omitted, Walked,
 };
 
 /// Threads reading, hashing and compressing file contents.
@@ -190,13 +190,9 @@ impl Cas {
                     }
                     let rel = entry.path.clone();
                     let abs = workspace.join(std::ffi::OsStr::from_bytes(&rel));
-                    match fs::symlink_metadata(&abs) {
-                        Ok(meta) => Walked { rel, abs, meta },
-                        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-                        Err(e) => {
-                            omit(omitted, &rel, "inspect", &e);
-                            return Ok(());
-                        }
+                    match inspected(omitted, &rel, fs::symlink_metadata(&abs)) {
+                        Some(meta) => Walked { rel, abs, meta },
+                        None => return Ok(()),
                     }
                 }
             };
@@ -605,15 +601,10 @@ fn walk_tracked<'m, E>(
                         entry
                     } else {
                         // Neither follows a symlink.
-                        let meta = match dirent
-                            .map_or_else(|| fs::symlink_metadata(&abs), |d| d.metadata())
-                        {
-                            Ok(meta) => meta,
-                            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                            Err(e) => {
-                                omit(omitted, &rel, "inspect", &e);
-                                continue;
-                            }
+                        let found =
+                            dirent.map_or_else(|| fs::symlink_metadata(&abs), |d| d.metadata());
+                        let Some(meta) = inspected(omitted, &rel, found) else {
+                            continue;
                         };
                         if meta.is_dir() {
                             subdirs.push((rel.clone(), whole || changes.trees.contains(&rel)));

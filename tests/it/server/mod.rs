@@ -3,6 +3,7 @@
 
 mod fleet;
 mod gc;
+mod hostile;
 mod lifecycle;
 mod recovery;
 mod security;

@@ -49,10 +49,22 @@ fn the_socket_is_private_and_another_users_socket_is_refused() {
 
 /// One HTTP/1.1 exchange over TCP; the status code and the body.
 fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    http_auth(addr, method, path, auth.as_deref(), body)
+}
+
+/// [`http`] with the whole `Authorization` value.
+fn http_auth(
+    addr: &str,
+    method: &str,
+    path: &str,
+    authorization: Option<&str>,
+    body: &str,
+) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(30)))
         .expect("timeout");
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let auth = authorization.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -115,7 +127,25 @@ fn tcp_needs_the_bearer_token_and_never_shows_it() {
     assert_eq!(v["exit_code"], 0);
     let (code, body) = http(&addr, "GET", "/v1/tasks/x", Some(token), "");
     assert_eq!(code, 200, "{body}");
+    // The scheme's name is case-insensitive.
+    let lower = format!("bearer {token}");
+    let (code, body) = http_auth(&addr, "GET", "/v1/tasks/x", Some(&lower), "");
+    assert_eq!(code, 200, "{body}");
 
+    // Errors are JSON objects with a stable code, also the ones axum answers before a
+    // handler runs (issue 32 item 14: 405 with an empty body, a bad query in plain text).
+    for (method, path, status, code) in [
+        ("GET", "/v1/tasks/x/run", 405, "method_not_allowed"),
+        ("DELETE", "/v1/tasks/x", 405, "method_not_allowed"),
+        ("GET", "/v1/tasks/x?journal=many", 400, "bad_request"),
+    ] {
+        let (got, body) = http(&addr, method, path, Some(token), "");
+        assert_eq!(got, status, "{method} {path}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {body}"));
+        assert_eq!(v["code"], code, "{method} {path}: {body}");
+        assert!(!v["message"].as_str().unwrap_or("").is_empty(), "{body}");
+    }
     // Errors are JSON objects with a stable code.
     let (code, body) = http(&addr, "POST", "/v1/tasks/..%2Fetc/run", Some(token), run);
     assert_eq!(code, 400, "{body}");

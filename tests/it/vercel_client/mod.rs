@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 
 use taskbox::clock::SystemClock;
-use taskbox::config::{Backend, TerminalConfig};
+use taskbox::config::TerminalConfig;
 use taskbox::provider::vercel::auth::Credentials;
 use taskbox::provider::vercel::client::VercelClient;
 
@@ -58,7 +58,7 @@ const SECRET_TOKEN: &str = "tok_SUPER_SECRET_value_123";
 
 fn vercel_config(cpu: u32, memory: u32) -> TerminalConfig {
     TerminalConfig {
-        backend: Backend::VercelSandbox,
+        backend: taskbox::provider::vercel::BACKEND.backend(),
         container_cpu: cpu,
         container_memory: memory,
         ..TerminalConfig::default()
