@@ -93,7 +93,7 @@ impl OrchestratorBuilder {
             &store_file(&self.data_dir),
             true,
         )?;
-        if let Store::Sqlite(_) = &store {
+        if store.is_sqlite() {
             super::paths::make_private(&self.data_dir);
         }
         let installation_id = store.installation_id().to_string();

@@ -335,6 +335,15 @@ pub enum Store {
 }
 
 impl Store {
+    /// Whether this is the data dir's own SQLite file (not a fleet's shared database).
+    pub fn is_sqlite(&self) -> bool {
+        match self {
+            Store::Sqlite(_) => true,
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => false,
+        }
+    }
+
     /// Opens the SQLite store at `path`, creating it if needed ([`SqliteStore::open`]).
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         SqliteStore::open(path).map(Store::Sqlite)

@@ -207,7 +207,7 @@ pub struct Cgroups {
 
 impl Cgroups {
     /// Makes the cgroups named `name` with `limits` (reusing ones a crash left behind), which
-    /// must end in `-<pid of this process>.<n>` ([`sweep`] goes by it).
+    /// must end in `-<pid of this process>.<n>` (the sweep of leftover limit cgroups goes by it).
     pub fn make(name: &str, limits: Limits) -> Result<Cgroups, String> {
         let hierarchy = hierarchy()?;
         sweep(hierarchy);
