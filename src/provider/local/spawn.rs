@@ -174,21 +174,22 @@ pub(super) struct Spec<'a> {
 /// filter without `clone3`): the usual spawn from then on.
 static UNSUPPORTED: AtomicBool = AtomicBool::new(false);
 
-/// `clone3`'s arguments (`struct clone_args`, version 2: with `cgroup`).
+/// `clone3`'s arguments (`struct clone_args`, version 2: with `cgroup`), for this module's
+/// spawn and the isolated sandbox's init (fields it leaves zero mean "not asked for").
 #[repr(C)]
 #[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
+pub(super) struct CloneArgs {
+    pub(super) flags: u64,
+    pub(super) pidfd: u64,
+    pub(super) child_tid: u64,
+    pub(super) parent_tid: u64,
+    pub(super) exit_signal: u64,
+    pub(super) stack: u64,
+    pub(super) stack_size: u64,
+    pub(super) tls: u64,
+    pub(super) set_tid: u64,
+    pub(super) set_tid_size: u64,
+    pub(super) cgroup: u64,
 }
 
 const CLONE_VM: u64 = 0x100;
