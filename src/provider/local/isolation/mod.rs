@@ -47,12 +47,15 @@
 mod enter;
 mod init;
 mod limits;
+mod plan;
 mod seccomp;
 
 pub(super) use self::enter::Enter;
-pub(super) use self::init::{Init, InitError};
+pub(super) use self::init::Init;
 pub use self::limits::{support as limits_support, Cgroups, Limits, PREFIX as LIMITS_PREFIX};
 pub use self::seccomp::DENIED;
+
+use std::io;
 
 use crate::config::LocalIsolation;
 
@@ -296,3 +299,43 @@ mod tests {
         assert_eq!(get("TASKBOX_TASK_ID"), Some("t".into()));
     }
 }
+
+/// Why a sandbox's namespaces could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// The kernel refused the namespaces themselves (unprivileged user namespaces forbidden).
+    #[error("the kernel refused to create the sandbox's namespaces (clone3 with CLONE_NEWUSER: {source}); {hint}")]
+    Refused {
+        /// The clone's error.
+        source: io::Error,
+        /// The likely cause and fix.
+        hint: &'static str,
+    },
+    /// A step of building the sandbox failed.
+    #[error("cannot set up the sandbox's isolation: {step} failed: {source}")]
+    Step {
+        /// The step (e.g. "bind /usr read-only").
+        step: String,
+        /// Its errno.
+        source: io::Error,
+    },
+    /// Something before the clone (a path with a NUL byte, a pipe).
+    #[error("cannot prepare the sandbox's isolation: {0}")]
+    Prepare(String),
+}
+
+impl InitError {
+    /// How to fix it, when known (the same text as the error's own).
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            InitError::Refused { hint, .. } => Some(hint),
+            _ => None,
+        }
+    }
+}
+
+pub(super) const REFUSED_HINT: &str =
+    "unprivileged user namespaces are not allowed here: on Ubuntu set \
+     `sysctl kernel.apparmor_restrict_unprivileged_userns=0`, elsewhere \
+     `sysctl user.max_user_namespaces=15000` (or run in a container that allows them), or opt out \
+     with `terminal.local_isolation = none`";
