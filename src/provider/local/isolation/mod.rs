@@ -4,7 +4,8 @@
 //! (`Init::start`): a process cloned from the server with new user, mount, PID, network, IPC,
 //! UTS and cgroup namespaces, which is PID 1 of its PID namespace. Before it reports ready it
 //! maps one user, builds the sandbox's filesystem and `pivot_root`s into it (see `init`), brings
-//! its loopback up, then only reaps the processes the kernel hands it, until its *lifeline* (a
+//! its loopback up (with `isolated`, the server then attaches `pasta` to its network namespace,
+//! see `network`), then only reaps the processes the kernel hands it, until its *lifeline* (a
 //! pipe whose only write end the server holds) closes: a stop (`Init::kill`) or the server's
 //! own death. When PID 1 of a PID namespace ends, the kernel kills every other process in it, so
 //! nothing a command started outlives the sandbox, whatever it did (`setsid`, `env -i`,
@@ -31,8 +32,10 @@
 //! capability survives its exec; root inside is not offered), mapped to the server's own uid and
 //! gid outside, so it can do nothing the server's user could not — and, when the server runs as
 //! root, it *is* root to the kernel's owner checks, which is why the root-owned knobs and keys
-//! above are read-only or masked. It has no network but its own loopback (its own network
-//! namespace: no route to the host's `127.0.0.1`, nor to the internet). Its environment is
+//! above are read-only or masked. Its network is `terminal.local_network`'s (see `network`): its
+//! own network namespace with outbound access through `pasta` and no route to the host's
+//! `127.0.0.1` (`isolated`, loopback only where `pasta` is missing), its own with loopback only
+//! (`none`), or the host's (`host`: no network namespace of its own). Its environment is
 //! `environment`'s, nothing of the server's.
 //!
 //! **What bounds it.** Where a cgroup hierarchy allows it, the sandbox's limits
