@@ -16,7 +16,9 @@
 //! `127.0.0.1` is its own. `-t none -u none`: nothing of the sandbox is exposed on the host.
 //! DNS goes to the nameservers of the host's `/etc/resolv.conf` (the sandbox sees the host's
 //! `/etc`), reached through `pasta` like any address — except a resolver on the host's loopback
-//! (such as systemd-resolved's `127.0.0.53`), which the sandbox cannot reach.
+//! (such as systemd-resolved's `127.0.0.53`, whose `/etc/resolv.conf` is moreover a symlink into
+//! `/run`, which the sandbox does not see): there a command has no DNS (`--dns-forward` with a
+//! resolv.conf of the sandbox's own is not built).
 //!
 //! **Its life.** `pasta` runs in the foreground as a child of one thread of the server that
 //! lives as long as the server (`keeper`), with `PR_SET_PDEATHSIG = SIGKILL`: it dies with the
