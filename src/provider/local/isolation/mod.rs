@@ -130,7 +130,7 @@ pub(super) fn start(
         let attached = find_pasta(&network.pasta)
             .and_then(|program| init.attach_pasta(&program, &root.join("pasta.pid")));
         if let Err(why) = attached {
-            tracing::warn!(init = init.pid(), reason = %why,
+            tracing::info!(init = init.pid(), reason = %why,
                 "the sandbox has no outbound network (terminal.local_network = isolated)");
             note = Some(degraded_note(&why));
         }
