@@ -60,8 +60,10 @@ fn states_seen(view: &Value) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// On the local backend as configured by default: each sandbox isolated in namespaces of its own
+/// (the first command's `pwd` is `/workspace`).
 #[test]
-fn sigkill_at_random_points_never_loses_files_on_the_local_backend() {
+fn sigkill_at_random_points_never_loses_files_on_the_isolated_local_backend() {
     kill_rounds(&Home::new(), false, 0x7A5C_B0C5, 24);
 }
 
@@ -213,13 +215,20 @@ fn kill_rounds(home: &Home, vercel: bool, seed: u64, rounds: u32) {
     let mut possible: BTreeSet<u64> = BTreeSet::new();
     // Symlinks are data (issue 12 item 2): absolute, relative and dangling ones must survive
     // every crash as they are.
-    ok(&home.run(&[
+    let first = ok(&home.run(&[
         "run",
         "-t",
         task,
         "--",
-        "echo 0 > marker; ln -s /usr/bin/env abs; ln -s marker rel; ln -s nowhere dangling",
+        "echo 0 > marker; ln -s /usr/bin/env abs; ln -s marker rel; ln -s nowhere dangling; pwd",
     ]));
+    // The local backend's rounds run isolated (the default): the workspace is `/workspace`.
+    if !vercel {
+        assert_eq!(
+            first, "/workspace\n",
+            "the crash rounds' local sandbox is isolated"
+        );
+    }
     possible.insert(0);
     let mut killed_in: BTreeMap<String, u32> = BTreeMap::new();
     for round in 1..=rounds {
