@@ -194,11 +194,12 @@ impl Default for Backend {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum LocalIsolation {
-    /// Commands run as the server's user in the host's namespaces (today's default).
-    #[default]
+    /// Commands run as the server's user in the host's namespaces: an opt-out said on purpose,
+    /// warned about on every task's first command and marked ✗ by `taskbox doctor`.
     None,
     /// Each sandbox in namespaces of its own (user, mount, PID, network, IPC, UTS, cgroup):
-    /// see `provider::local::isolation`.
+    /// see `provider::local::isolation`. The default.
+    #[default]
     Namespaces,
 }
 
@@ -367,8 +368,8 @@ config_keys! {
 [terminal] TerminalConfig, "The `[terminal]` table: Hermes's keys (see [`KEYS`])." {
     backend: Backend = Backend::default(), parse backend, env None,
         "sandbox backend: local (the default) or another the registry has; `taskbox doctor` lists them";
-    local_isolation: LocalIsolation = LocalIsolation::None, parse local_isolation, env None,
-        "local backend isolation: none | namespaces (each sandbox in its own user, mount, PID and network namespaces)";
+    local_isolation: LocalIsolation = LocalIsolation::Namespaces, parse local_isolation, env None,
+        "local backend isolation: namespaces (the default: each sandbox in its own user, mount, PID and network namespaces) | none (unisolated, on purpose: warned on every task's first command)";
     container_persistent: bool = true, parse boolean, env None,
         "keep files in snapshots across sandboxes: true | false";
     local_network: LocalNetwork = LocalNetwork::Isolated, parse local_network, env None,

@@ -162,13 +162,17 @@ fn a_second_signal_ends_the_wait_at_once() {
     ok(&h.home.run(&["run", "-t", "stubborn", "--", "true"]));
     let mut cmd = h.home.cmd();
     // The shell survives SIGINT (its trap says so on stdout, the signal the test waits for)
-    // and keeps going until killed.
+    // and keeps going until killed. Its host pid is found by the marker in its command line
+    // (`$$` is a pid of its sandbox's PID namespace).
+    let marker = format!("taskbox-stubborn-{}", std::process::id());
     cmd.args([
         "run",
         "-t",
         "stubborn",
         "--",
-        "trap 'echo interrupted' INT; echo started $$; while :; do sleep 0.1; done",
+        &format!(
+            "trap 'echo interrupted' INT; echo started; while :; do sleep 0.1; done; : {marker}"
+        ),
     ]);
     let mut child = cmd
         .stdin(Stdio::null())
@@ -179,10 +183,10 @@ fn a_second_signal_ends_the_wait_at_once() {
     let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
     std::io::BufRead::read_line(&mut out, &mut line).expect("read");
-    let shell: i32 = line
-        .strip_prefix("started ")
-        .and_then(|pid| pid.trim().parse().ok())
-        .unwrap_or_else(|| panic!("`started PID` first, not {line:?}"));
+    assert_eq!(line, "started\n", "the command's first line");
+    let shell = outermost(&marked(&marker, child.id()));
+    assert_eq!(shell.len(), 1, "one shell carries {marker}: {shell:?}");
+    let shell = shell[0];
     // SAFETY: signalling the child this test spawned (not yet reaped).
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     // The cancel reached the command: its trap ran.
@@ -206,6 +210,39 @@ fn a_second_signal_ends_the_wait_at_once() {
         unsafe { libc::kill(shell, libc::SIGKILL) };
     }
     assert!(!survived, "the server never killed the cancelled command");
+}
+
+/// The processes, but `except`, whose command line contains `marker`.
+fn marked(marker: &str, except: u32) -> Vec<i32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid as u32 != except)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+        })
+        .collect()
+}
+
+/// Those of `pids` whose parent is not one of them (a shell, not the copies of it it forks
+/// before each `exec`).
+fn outermost(pids: &[i32]) -> Vec<i32> {
+    let parent = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let (_, rest) = stat.rsplit_once(')')?;
+                rest.split_whitespace().nth(1)?.parse::<i32>().ok()
+            })
+    };
+    pids.iter()
+        .copied()
+        .filter(|&pid| parent(pid).is_some_and(|p| !pids.contains(&p)))
+        .collect()
 }
 
 /// Whether `pid` is a live process (a zombie counts as dead).
@@ -257,12 +294,15 @@ fn a_plain_run_takes_the_fast_path_and_the_rest_the_full_one() {
         (("verbose", &["-v"], None), false, libc::SIGTERM, 143),
     ];
     for ((what, flags, env), fast, signal, code) in cases {
-        let started = h.home.path().join(format!("started-{what}"));
+        // Made in the workspace (the sandbox's only tree the host sees), seen from outside.
+        let started = h
+            .data()
+            .join(format!("local/tasks/which/workspace/started-{what}"));
         let mut cmd = h.home.cmd();
         cmd.arg("run")
             .args(flags)
             .args(["-t", "which", "--"])
-            .arg(format!("touch '{}'; sleep 30", started.display()));
+            .arg(format!("touch started-{what}; sleep 30"));
         if let Some((k, v)) = env {
             cmd.env(k, v);
         }

@@ -1,8 +1,9 @@
-//! A local sandbox in namespaces of its own (`terminal.local_isolation = namespaces`, issue 31):
-//! the attacks of the issue, run from inside a sandbox's command, fail; the sandbox's files,
-//! working directory, snapshots and restores work as without isolation; a stop leaves nothing
-//! of the sandbox running. Skipped (with a line saying so) where the kernel refuses user
-//! namespaces, except under `CI=true`, where that fails.
+//! A local sandbox in namespaces of its own (`terminal.local_isolation = namespaces`, the
+//! default, issue 31): the attacks of the issue, run from inside a sandbox's command, fail —
+//! under a root server and under one run by `nobody`; the sandbox's files, working directory,
+//! snapshots and restores work as without isolation; a stop leaves nothing of the sandbox
+//! running; the opt-out (`none`) warns and doctor marks it ✗. Skipped (with a line saying so)
+//! where the kernel refuses user namespaces, except under `CI=true`, where that fails.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -307,13 +308,13 @@ async fn a_snapshot_ends_every_process_and_restores_at_the_same_path() {
 }
 
 /// Where the kernel refuses user namespaces (here: a user namespace whose
-/// `max_user_namespaces` is 0, as a restrictive host would have it), `taskbox run` fails closed:
-/// exit 125, the cause and the fix named, and nothing ran — not even unisolated.
+/// `max_user_namespaces` is 0, as a restrictive host would have it), `taskbox run` with the
+/// default config (isolation is the default: nothing is set) fails closed: exit 125, the cause
+/// and the fix named, and nothing ran — not even unisolated.
 #[test]
 fn run_fails_closed_where_user_namespaces_are_refused() {
     let Some(_) = env("fail-closed") else { return };
     let home = crate::support::Home::new();
-    crate::support::ok(&home.run(&["config", "set", "terminal.local_isolation", "namespaces"]));
     let cmd = home.cmd();
     let taskbox = cmd.get_program().to_owned();
     let mut restricted = std::process::Command::new("unshare");
@@ -378,7 +379,7 @@ fn an_engine_started_with_a_token_does_not_hand_it_to_commands() {
     let Some(_) = env("server-env") else { return };
     let mut home = crate::support::Home::new();
     home.set_env("VERCEL_TOKEN", "tbx-secret-token-value");
-    crate::support::ok(&home.run(&["config", "set", "terminal.local_isolation", "namespaces"]));
+    // Isolated by default: nothing is set.
     let out = crate::support::ok(&home.run(&[
         "run",
         "--task",
@@ -1015,4 +1016,176 @@ mod network {
             "{text}"
         );
     }
+}
+
+/// The uid and gid of `nobody`, whom the unprivileged server below runs as.
+const NOBODY: &str = "65534";
+
+/// `taskbox ARGS` as `nobody` (`setpriv --reuid --regid --clear-groups`), with `home`'s
+/// environment and the home's auto-started server; `None` where `setpriv` cannot be run.
+fn as_nobody(home: &crate::support::Home, args: &[&str]) -> Option<std::process::Output> {
+    let cmd = home.cmd();
+    let mut setpriv = std::process::Command::new("setpriv");
+    setpriv
+        .arg(format!("--reuid={NOBODY}"))
+        .arg(format!("--regid={NOBODY}"))
+        .arg("--clear-groups")
+        .arg(cmd.get_program())
+        .args(args);
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => setpriv.env(k, v),
+            None => setpriv.env_remove(k),
+        };
+    }
+    setpriv.env("TASKBOX_SERVER", "auto");
+    setpriv.output().ok()
+}
+
+/// The attacks again, with the server an unprivileged user's (`nobody`, through `setpriv`, its
+/// own data dir) as the issue asks "where CI can": reading a file placed outside the workspace
+/// (one `nobody` itself may read) and `/etc/shadow`, writing outside, another task's workspace
+/// (by the relative and the host path), the data dir and signalling the server all fail from
+/// inside. Needs root to drop to `nobody` (skipped otherwise, said on stderr); as root under
+/// `CI=true` it fails rather than skip.
+#[test]
+#[allow(clippy::print_stderr)] // a skip says so
+fn the_attacks_fail_under_a_server_run_by_an_unprivileged_user() {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: `geteuid` has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED unprivileged-server: dropping to nobody needs root");
+        return;
+    }
+    let Some(_) = env("unprivileged-server") else {
+        return;
+    };
+    let exe = Path::new(env!("CARGO_BIN_EXE_taskbox"));
+    // `nobody` must reach the binary: every directory above it searchable by others.
+    let reachable = exe
+        .ancestors()
+        .skip(1)
+        .all(|d| fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 != 0));
+    if !reachable {
+        assert!(
+            !under_ci(),
+            "nobody cannot reach {} under CI: make its directories searchable",
+            exe.display()
+        );
+        eprintln!(
+            "SKIPPED unprivileged-server: nobody cannot reach {}",
+            exe.display()
+        );
+        return;
+    }
+    let home = crate::support::Home::new();
+    let outside = home.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("secret"), "nobody's secret").unwrap();
+    let chown = std::process::Command::new("chown")
+        .args(["-R", &format!("{NOBODY}:{NOBODY}")])
+        .arg(home.path())
+        .status()
+        .expect("run chown");
+    assert!(chown.success(), "chown the home to nobody");
+    let run = |task: &str, command: &str| {
+        let Some(out) = as_nobody(&home, &["run", "--task", task, "--", command]) else {
+            panic!("setpriv is needed to run a server as nobody (util-linux)");
+        };
+        out
+    };
+    // The server, auto-started by nobody's first command, is nobody's.
+    let first = run("victim", "echo mine > v.txt; id -u; pwd");
+    assert_eq!(
+        crate::support::ok(&first),
+        "1000\n/workspace\n",
+        "an isolated command under nobody's server"
+    );
+    let data = home.path().join("data");
+    let server: u32 = fs::read_to_string(data.join("serve.lock"))
+        .expect("the server's lock")
+        .trim()
+        .parse()
+        .expect("a pid in the serve lock");
+    let status = fs::read_to_string(format!("/proc/{server}/status")).unwrap_or_default();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some(NOBODY)),
+        "the server runs as nobody: {status}"
+    );
+    let victim_ws = walkdir(&data)
+        .into_iter()
+        .find(|p| p.ends_with("workspace/v.txt"))
+        .expect("the victim's workspace on the host");
+    let q = |p: &Path| taskbox::shell::quote(&p.to_string_lossy());
+    let fails = |command: &str| {
+        let out = run("attacker", command);
+        assert!(
+            !out.status.success(),
+            "`{command}` succeeded under nobody's server: {}",
+            crate::support::stdout(&out)
+        );
+    };
+    assert_eq!(crate::support::ok(&run("attacker", "cat /etc/shadow")), "");
+    fails(&format!("cat {}", q(&outside.join("secret"))));
+    fails(&format!("touch {}", q(&outside.join("x"))));
+    fails("touch /etc/x");
+    fails(&format!("ls {}", q(&data)));
+    fails(&format!("echo evil > {}", q(&victim_ws)));
+    fails("echo evil > ../../victim/workspace/v.txt");
+    fails(&format!("kill -0 {server}"));
+    assert!(!outside.join("x").exists());
+    assert_eq!(fs::read_to_string(&victim_ws).unwrap(), "mine\n");
+    assert_eq!(crate::support::ok(&run("victim", "cat v.txt")), "mine\n");
+    let stop = as_nobody(&home, &["serve", "--stop"]).expect("setpriv");
+    crate::support::ok(&stop);
+    crate::server::kill_server_of(&data);
+}
+
+/// `terminal.local_isolation = none`, said on purpose: each sandbox's first command starts its
+/// stderr with the warning (the task's first, and the first after a restore; not the second),
+/// its output is the command's own otherwise, and `doctor` shows `isolation` with ✗ (exit 1).
+#[test]
+fn unisolated_on_purpose_warns_on_each_sandboxes_first_command_and_doctor_shows_a_cross() {
+    use crate::support::{ok, stderr, stdout};
+    let home = crate::support::Home::new();
+    ok(&home.run(&["config", "set", "terminal.local_isolation", "none"]));
+    let warning = "taskbox: warning: terminal.local_isolation = none: this sandbox's commands run \
+                   unisolated";
+    let first = home.run(&["run", "--task", "u", "--", "echo out; echo err >&2"]);
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    assert_eq!(stdout(&first), "out\n");
+    let said = stderr(&first);
+    assert!(
+        said.starts_with(warning),
+        "the first command warns first: {said}"
+    );
+    assert!(
+        said.ends_with("\nerr\n"),
+        "then the command's own stderr: {said}"
+    );
+    let second = home.run(&["run", "--task", "u", "--", "echo err >&2"]);
+    assert_eq!(stderr(&second), "err\n", "the second command does not warn");
+    // A new sandbox (restored after a suspend) warns again, once.
+    ok(&home.run(&["suspend", "u"]));
+    let restored = home.run(&["run", "--task", "u", "--", "true"]);
+    assert_eq!(restored.status.code(), Some(0), "{}", stderr(&restored));
+    assert!(stderr(&restored).contains(warning), "{}", stderr(&restored));
+    assert!(
+        !stdout(&restored).contains("warning"),
+        "{}",
+        stdout(&restored)
+    );
+    // `--json` carries it in the command's stderr.
+    let json = ok(&home.run(&["run", "--json", "--task", "j", "--", "true"]));
+    assert!(json.contains(warning), "{json}");
+    let doctor = home.run(&["doctor"]);
+    assert_eq!(doctor.status.code(), Some(1), "{}", stdout(&doctor));
+    let listed = stdout(&doctor);
+    assert!(
+        listed.contains("✗ isolation: terminal.local_isolation = none"),
+        "{listed}"
+    );
+    assert!(!listed.contains("✓ isolation"), "{listed}");
 }

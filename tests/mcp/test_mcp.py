@@ -308,6 +308,8 @@ def test_read_and_write_files_within_the_workspace(home):
 
 
 def test_file_paths_cannot_leave_the_workspace_or_go_through_symlinks(home, tmp_path):
+    # A file of the host's, outside the workspace: not even in the sandbox (an isolated local
+    # sandbox, taskbox's default, shows only its workspace of the host's files).
     outside = tmp_path / "outside"
     outside.mkdir()
     secret = outside / "secret.txt"
@@ -316,28 +318,34 @@ def test_file_paths_cannot_leave_the_workspace_or_go_through_symlinks(home, tmp_
     async def go():
         async with session(home) as s:
             await ok(s, "write_file", task="t6", path="in.txt", content="inside\n")
+            # Links out of the workspace to what the sandbox does have (its read-only system),
+            # and one to the host's file.
             await ok(
                 s,
                 "run_command",
                 task="t6",
-                command=f"ln -s {secret} out-link; ln -s {outside} out-dir; ln -s in.txt in-link; mkdir d",
+                command=f"ln -s /etc/passwd out-link; ln -s /etc out-dir; ln -s {secret} host-link; "
+                "ln -s in.txt in-link; mkdir d",
             )
 
-            async def refused(tool, path, needle, **more):
+            async def refused(tool, path, *needles, **more):
                 r = await call(s, tool, task="t6", path=path, **more)
                 assert r.is_error, f"{tool} {path} was not refused: {text(r)}"
-                assert needle in text(r), text(r)
+                assert any(n in text(r) for n in needles), text(r)
 
             await refused("read_file", "../x", "out of")
             await refused("read_file", "d/../../x", "out of")
             await refused("read_file", str(secret), "outside")
             await refused("read_file", "out-link", "outside")
-            await refused("read_file", "out-dir/secret.txt", "outside")
+            await refused("read_file", "out-dir/passwd", "outside")
+            # Dangling where the host's file is not there at all (isolated), else outside.
+            await refused("read_file", "host-link", "no such file", "outside")
             await refused("read_file", "d", "directory")
             await refused("read_file", "missing.txt", "no such file")
             await refused("write_file", "../x", "out of", content="x")
             await refused("write_file", str(outside / "new.txt"), "outside", content="x")
             await refused("write_file", "out-link", "symlink", content="x")
+            await refused("write_file", "host-link", "symlink", content="x")
             await refused("write_file", "out-dir/new.txt", "symlink", content="x")
             await refused("write_file", "in-link", "symlink", content="x")
             await refused("write_file", "d", "directory", content="x")
@@ -346,8 +354,8 @@ def test_file_paths_cannot_leave_the_workspace_or_go_through_symlinks(home, tmp_
             # A symlink that stays inside is read through; the user's symlinks are kept.
             r = await ok(s, "read_file", task="t6", path="in-link")
             assert r.structured_content["content"] == "inside\n"
-            r = await ok(s, "run_command", task="t6", command="readlink out-link in-link; ls out-dir")
-            assert r.structured_content["stdout"] == f"{secret}\nin.txt\nsecret.txt\n"
+            r = await ok(s, "run_command", task="t6", command="readlink out-link host-link in-link; ls out-dir/passwd")
+            assert r.structured_content["stdout"] == f"/etc/passwd\n{secret}\nin.txt\nout-dir/passwd\n"
 
         assert secret.read_text() == "secret\n"
         assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]

@@ -255,8 +255,10 @@ class TaskboxEnvironment(BaseEnvironment):
 
     Working directories (see :meth:`sandbox_cwd`): commands run in the task's sandbox, never in
     a directory Hermes made up for a container or took from the host. The sandbox's root is the
-    task's workspace (``tasks/<task>/workspace`` in the data dir on the local backend,
-    ``/vercel/sandbox`` on Vercel), learnt from the session's first command.
+    task's workspace as its commands see it (``/workspace`` in the local backend's isolated
+    sandbox, its default; the host path ``tasks/<task>/workspace`` in the data dir under
+    ``terminal.local_isolation = none``; ``/vercel/sandbox`` on Vercel), learnt from the
+    session's first command.
     """
 
     # stdin goes through the API's stdin endpoint, not a heredoc in the (journaled) command.

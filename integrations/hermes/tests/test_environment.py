@@ -18,6 +18,16 @@ from hermes_taskbox import taskbox_task_id
 from hermes_taskbox.environment import TaskboxEnvironment
 
 
+#: Where a task's workspace is inside its sandbox: taskbox's local backend isolates each sandbox
+#: (its default, ``terminal.local_isolation = namespaces``), with the workspace at this path.
+SANDBOX_ROOT = "/workspace"
+
+
+def host_workspace(home, task: str) -> Path:
+    """The task's workspace as the host sees it: in the data dir, never inside a sandbox."""
+    return home.data_dir / "local" / "tasks" / task / "workspace"
+
+
 def sandbox_id(home, task: str) -> str:
     return home.task(task)["task"]["sandbox"]["id"]
 
@@ -42,9 +52,9 @@ def test_is_a_real_hermes_environment_and_starts_a_server(home, provider):
     env = provider.create_environment(cwd="/root", timeout=60, task_id="run-basic")
     assert isinstance(env, BaseEnvironment) and isinstance(env, TaskboxEnvironment)
     # Hermes's init_session ran through taskbox: the snapshot is ready and the cwd is the
-    # task's own workspace, not Hermes's made-up /root.
+    # task's own workspace (its path inside the sandbox), not Hermes's made-up /root.
     assert env._snapshot_ready
-    assert env.cwd == str(home.data_dir / "local" / "tasks" / "run-basic" / "workspace")
+    assert env.cwd == SANDBOX_ROOT
     assert (home.data_dir / "taskbox.sock").exists(), "the plugin did not start a server"
 
     assert ran(env.execute("echo hello; echo oops >&2; exit 3")) == ("hello\noops\n", 3)
@@ -68,7 +78,7 @@ def test_commands_reuse_one_sandbox_and_carry_cwd_and_env(home, provider):
     result = env.execute("pwd; echo $GREETING")
     assert result["output"] == f"{env.cwd}\nhi\n"
     assert env.execute("touch here.txt")["returncode"] == 0
-    assert (Path(env.cwd) / "here.txt").is_file()
+    assert (host_workspace(home, "reuse") / "a" / "b" / "here.txt").is_file()
     assert sandbox_id(home, "reuse") == first, "a warm command must not make a new sandbox"
     # An explicit cwd for one command, as Hermes's terminal tool's workdir does.
     root = env.cwd.rsplit("/a/b", 1)[0]
@@ -159,10 +169,13 @@ def test_cleanup_suspends_and_a_new_environment_finds_the_files(home, provider):
 def test_two_tasks_are_isolated(home, provider):
     a = provider.create_environment(cwd="", timeout=60, task_id="task-a")
     b = provider.create_environment(cwd="", timeout=60, task_id="task-b")
-    assert a.cwd != b.cwd
+    # The same path inside each sandbox, two workspaces on the host.
+    assert a.cwd == b.cwd == SANDBOX_ROOT
     assert a.execute("echo secret-a > only-a.txt")["returncode"] == 0
     assert b.execute("test -e only-a.txt; echo $?; ls")["output"] == "1\n"
     assert a.execute("ls")["output"] == "only-a.txt\n"
+    assert (host_workspace(home, "task-a") / "only-a.txt").is_file()
+    assert not (host_workspace(home, "task-b") / "only-a.txt").exists()
 
 
 def test_hermes_task_ids_taskbox_refuses_are_mapped(home, provider):
@@ -172,7 +185,7 @@ def test_hermes_task_ids_taskbox_refuses_are_mapped(home, provider):
     assert env.task == mapped and env.hermes_task_id == weird
     assert env.execute("echo mapped > f.txt")["returncode"] == 0
     # Inside the data dir's task workspace, nowhere else.
-    assert (home.data_dir / "local" / "tasks" / mapped / "workspace" / "f.txt").is_file()
+    assert (host_workspace(home, mapped) / "f.txt").is_file()
     # The same Hermes id reaches the same task again.
     again = provider.create_environment(cwd="", timeout=60, task_id=weird)
     assert again.execute("cat f.txt")["output"] == "mapped\n"
@@ -293,12 +306,12 @@ def test_hermes_default_cwds_mean_the_sandbox_root(home, provider, tmp_path, mon
     fake_home.mkdir()
     monkeypatch.setenv("HOME", str(fake_home))
     env = provider.create_environment(cwd="/root", timeout=60, task_id="cwd-default")
-    root = str(home.data_dir / "local" / "tasks" / "cwd-default" / "workspace")
+    root = SANDBOX_ROOT
     assert env.sandbox_root == root and env.cwd == root
     marker = f"cwd-{os.getpid()}-{id(env)}.txt"
     for cwd in ("/root", "~", "~/", str(fake_home), "/root/"):
         assert ran(env.execute(f"pwd; echo hi > {marker}", cwd=cwd)) == (f"{root}\n", 0), cwd
-    assert (Path(root) / marker).read_text() == "hi\n"
+    assert (host_workspace(home, "cwd-default") / marker).read_text() == "hi\n"
     assert not (Path("/root") / marker).exists(), "a command ran in the host's /root"
     assert not (fake_home / marker).exists(), "a command ran in the host's HOME"
     assert not (Path.cwd() / marker).exists(), "a command ran in Hermes's own directory"
@@ -334,7 +347,8 @@ def test_a_host_directory_outside_the_sandbox_is_refused(home, provider, tmp_pat
     assert code == 126
     assert f"the working directory {host_dir} is outside task cwd-host's sandbox" in output
     assert env.sandbox_root in output and "did not run" in output
-    assert not (host_dir / "ran-here").exists() and not (Path(env.sandbox_root) / "ran-here").exists()
+    assert not (host_dir / "ran-here").exists()
+    assert not (host_workspace(home, "cwd-host") / "ran-here").exists()
     # A host directory as the environment's cwd (terminal.cwd) starts it at the root instead.
     placed = provider.create_environment(cwd=str(host_dir), timeout=60, task_id="cwd-host")
     assert placed.cwd == env.sandbox_root

@@ -68,7 +68,13 @@ def hermes(home, tmp_path, monkeypatch):
 
 
 def workspace(home, task: str) -> Path:
+    """The task's workspace as the host sees it (in the data dir)."""
     return home.data_dir / "local" / "tasks" / task / "workspace"
+
+
+#: The task's workspace inside its sandbox: taskbox's local backend isolates each sandbox (its
+#: default, ``terminal.local_isolation = namespaces``), with the workspace at this path.
+SANDBOX_ROOT = "/workspace"
 
 
 def answer(result: dict) -> tuple:
@@ -82,7 +88,6 @@ def test_the_agents_commands_run_in_the_tasks_sandbox(home, hermes, tmp_path):
     project.mkdir()
     agent = "20261206_010203_abc123"
     task = f"session-{agent}"
-    root = workspace(home, task)
     results = hermes([
         {"session": agent},
         {"terminal": "echo hi > f.txt", "task_id": agent},
@@ -94,8 +99,9 @@ def test_the_agents_commands_run_in_the_tasks_sandbox(home, hermes, tmp_path):
     ], cwd=project)
     # (Hermes's terminal tool strips the output's trailing newline.)
     assert answer(results[1]) == ("", 0)
-    # `pwd` prints the task's workspace: Hermes's /root means the sandbox's root.
-    assert answer(results[2]) == (str(root), 0)
+    # `pwd` prints the task's workspace (inside its sandbox): Hermes's /root means the
+    # sandbox's root.
+    assert answer(results[2]) == (SANDBOX_ROOT, 0)
     # No file in the test's HOME, Hermes's cwd or the host's /root.
     for where in (hermes.user_home, project, Path("/root")):
         assert not (where / "f.txt").exists(), f"the agent's command wrote {where / 'f.txt'}"
@@ -308,7 +314,7 @@ def test_hermes_factory_builds_a_taskbox_environment(registry, home):
     assert isinstance(env, TaskboxEnvironment)
     assert env._hermes_backend_name == "taskbox" and env.task == "factory-task"
     result = env.execute("pwd", cwd="/root")
-    assert (result["output"], result["returncode"]) == (f"{workspace(home, 'factory-task')}\n", 0)
+    assert (result["output"], result["returncode"]) == (f"{SANDBOX_ROOT}\n", 0)
     env.cleanup()
     assert home.task("factory-task")["task"]["sandbox"] is None
 

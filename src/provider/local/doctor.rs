@@ -1,7 +1,8 @@
 //! The checks `taskbox doctor` runs for the local backend: that `bash` runs, since every
 //! command of a local sandbox is `bash -c`; whether a stop can kill every process of a sandbox
-//! (its cgroup); and what persists across sandboxes. They live here rather than in the CLI
-//! because only providers spawn processes.
+//! (its cgroup); each layer of its isolation, or a ✗ where it was turned off; and what
+//! persists across sandboxes. They live here rather than in the CLI because only providers
+//! spawn processes.
 
 use std::process::{Command, ExitStatus};
 
@@ -78,28 +79,31 @@ fn bash_check() -> Check {
     }
 }
 
-/// Whether a local sandbox's processes are isolated so that a stop kills them all.
+/// `terminal.local_isolation = none`, said on purpose: a ✗, whatever else holds — commands
+/// reach everything the server's user can. Its detail also says whether a stop can still kill
+/// every process a sandbox started (its cgroup v2).
 fn isolation_check() -> Check {
-    match cgroup::support() {
-        Ok(base) => Check::pass(
-            "isolation",
-            format!(
-                "each local sandbox runs in its own cgroup v2 (under {}); stopping it kills \
-                 every process it started",
-                base.display()
-            ),
+    let stop = match cgroup::support() {
+        Ok(base) => format!(
+            "a stop still kills every process a sandbox started (its cgroup v2 under {})",
+            base.display()
         ),
-        Err(why) => Check::warn(
-            "isolation",
-            format!(
-                "no cgroup v2 for local sandboxes ({why}): a stop kills the command's process \
-                 group and processes carrying the sandbox's TASKBOX_WORKSPACE, but processes \
-                 started with `setsid` and `env -i`, or with TASKBOX_WORKSPACE unset, survive it"
-            ),
-            "run taskbox as root or in a cgroup delegated to your user (systemd `Delegate=yes`) \
-             on a Linux with cgroup v2",
+        Err(why) => format!(
+            "and without a cgroup v2 ({why}) a stop kills the command's process group and \
+             processes carrying the sandbox's TASKBOX_WORKSPACE only: processes started with \
+             `setsid` and `env -i` survive it"
         ),
-    }
+    };
+    Check::fail(
+        "isolation",
+        format!(
+            "terminal.local_isolation = none: commands run unisolated, as this user in the \
+             host's namespaces with the server's environment (your files, other tasks and \
+             taskbox's data are theirs to read and write); {stop}"
+        ),
+        "remove `terminal.local_isolation = none` from the config (namespaces is the default) \
+         unless running unisolated is what you mean",
+    )
 }
 
 /// Why `bash` could not report its version.

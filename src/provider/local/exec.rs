@@ -64,7 +64,7 @@ impl LocalProvider {
             });
         }
         let slot = self.slot(&name);
-        let (meta, mut stopped, sandbox_dir, workspace, run_dir, init, network_note) = {
+        let (meta, mut stopped, sandbox_dir, workspace, run_dir, init, network_note, warn) = {
             let _guard = slot.lock.lock().await;
             // Gone (or past its deadline) before the command starts: it provably never ran.
             // Located under the lock: a create of a newer generation may park this sandbox.
@@ -89,6 +89,9 @@ impl LocalProvider {
                 (None, None)
             };
             slot.commands.fetch_add(1, Ordering::SeqCst);
+            // Unisolated on purpose (`terminal.local_isolation = none`): said on the sandbox's
+            // first command, whichever process runs it (a marker in its `run/`, made once).
+            let warn = self.warn_unisolated() && first_unisolated(&run_dir);
             // Subscribed under the lock: a discard after this point is seen by this command.
             (
                 meta,
@@ -98,6 +101,7 @@ impl LocalProvider {
                 run_dir,
                 init,
                 network_note,
+                warn,
             )
         };
         // Cancelled before it started (while its sandbox was made ready): it never runs.
@@ -106,6 +110,19 @@ impl LocalProvider {
                 exit_code: signal.exit_code(),
                 ..ExecOutput::default()
             });
+        }
+        // Said before the command's own output, on the sandbox's first command: that it runs
+        // unisolated on purpose, or what its network fell back to.
+        let first_note =
+            network_note.or_else(|| warn.then(|| isolation::UNISOLATED_NOTE.to_string()));
+        if let (Some(note), Some(live)) = (&first_note, &io.output) {
+            // A reader that went away misses it; the capture keeps it.
+            let _ = live
+                .send(crate::provider::OutputChunk {
+                    stream: OutputStream::Stderr,
+                    data: note.as_bytes().to_vec(),
+                })
+                .await;
         }
         let cwd = resolve_cwd(&workspace, &meta.cwd);
         let cwd_file = run_dir.join(format!("cwd.{}", self.unique()));
@@ -165,8 +182,6 @@ impl LocalProvider {
         let child = match (cloned, init) {
             (Some(child), _) => child,
             (None, Some(init)) => {
-                report.path = PathBuf::from(format!("/proc/self/fd/{}", isolation::REPORT_FD));
-                let script = wrap_command(&req.command, &report.path, &cwd_file, None);
                 let inside = Path::new(isolation::WORKSPACE)
                     .join(cwd.strip_prefix(&workspace).unwrap_or(Path::new("")));
                 let enter =
@@ -176,6 +191,8 @@ impl LocalProvider {
                             source,
                         }
                     })?;
+                report.path = PathBuf::from(format!("/proc/self/fd/{}", enter.report_fd()));
+                let script = wrap_command(&req.command, &report.path, &cwd_file, None);
                 let mut command = tokio::process::Command::new("bash");
                 command
                     .arg("-c")
@@ -251,15 +268,6 @@ impl LocalProvider {
         let stdout = Pump::start(child.stdout, OutputStream::Stdout, io.output.clone());
         // Kept for a note after the command's own output (the memory limit's).
         let live_note = oom.as_ref().and(io.output.clone());
-        // What the sandbox's network fell back to, said before the command's own output.
-        if let (Some(note), Some(live)) = (&network_note, &io.output) {
-            let chunk = crate::provider::OutputChunk {
-                stream: OutputStream::Stderr,
-                data: note.clone().into_bytes(),
-            };
-            // A reader that went away misses it; the capture keeps it.
-            let _ = live.send(chunk).await;
-        }
         let stderr = Pump::start(child.stderr, OutputStream::Stderr, io.output);
         let feeder = feed_stdin(child.stdin, io.stdin);
         let mut cancel = io.cancel;
@@ -374,7 +382,7 @@ impl LocalProvider {
             }
         };
 
-        match outcome {
+        let result = match outcome {
             Outcome::Expired => {
                 // Nothing runs past the deadline, but the files stay for a late checkpoint.
                 let _guard = slot.lock.lock().await;
@@ -417,12 +425,6 @@ impl LocalProvider {
                     }
                 }
                 let mut out = output(exit_code(status), false, stdout, stderr, duration_ms);
-                if let Some(note) = network_note {
-                    if let Some(bytes) = out.stderr_bytes.as_mut() {
-                        bytes.splice(0..0, note.bytes());
-                    }
-                    out.stderr.insert_str(0, &note);
-                }
                 // Killed by the memory limit (a process of the sandbox was, while it ran): said
                 // in its stderr; the sandbox lives on.
                 if let Some((before, counter)) = oom {
@@ -445,7 +447,11 @@ impl LocalProvider {
                 }
                 Ok(out)
             }
-        }
+        };
+        result.map(|out| match &first_note {
+            Some(note) => out.with_stderr_prefix(note),
+            None => out,
+        })
     }
 
     /// The init holding the sandbox's namespaces: the running one, or a new one (its first
@@ -537,7 +543,7 @@ struct ReportPipe {
 }
 
 impl ReportPipe {
-    /// The pipe, and its write end (which an isolated command gets as [`isolation::REPORT_FD`];
+    /// The pipe, and its write end (which an isolated command gets at `Enter::report_fd`;
     /// dropped otherwise).
     fn open(name: &SandboxName) -> Result<(ReportPipe, std::os::fd::OwnedFd), LocalError> {
         use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -627,6 +633,30 @@ fn output(
         stdout_truncated: stdout.truncated,
         stderr_truncated: stderr.truncated,
         memory_killed: false,
+    }
+}
+
+/// Whether this is the first command of an unisolated sandbox whose run directory is
+/// `run_dir`: the one that makes its marker (a marker that cannot be made says so too).
+fn first_unisolated(run_dir: &Path) -> bool {
+    match fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(run_dir.join("unisolated-warned"))
+    {
+        Ok(_) => true,
+        Err(e) => e.kind() != std::io::ErrorKind::AlreadyExists,
+    }
+}
+
+impl ExecOutput {
+    /// The same output, `note` before its stderr (text and bytes alike).
+    fn with_stderr_prefix(mut self, note: &str) -> ExecOutput {
+        if let Some(bytes) = self.stderr_bytes.as_mut() {
+            bytes.splice(0..0, note.bytes());
+        }
+        self.stderr.insert_str(0, note);
+        self
     }
 }
 

@@ -47,9 +47,10 @@
 //! sandbox names by their `taskbox-<task>-g<N>-<installation>` shape, snapshot ids by
 //! `<task>.s<seq>`.
 //!
-//! With `terminal.local_isolation = namespaces` a sandbox is held in namespaces of its own and
-//! every command enters them (see [`isolation`]): its workspace is `/workspace` inside, its
-//! environment a clean one, and a stop ends its PID namespace. Otherwise (the default for now):
+//! With `terminal.local_isolation = namespaces` (the default) a sandbox is held in namespaces
+//! of its own and every command enters them (see [`isolation`]): its workspace is `/workspace`
+//! inside, its environment a clean one, and a stop ends its PID namespace. With `none` (said on
+//! purpose; every sandbox's first command warns in its stderr, [`isolation::UNISOLATED_NOTE`]):
 //! a command runs as `bash -c` in its own process group, with stdin closed and the environment
 //! of taskbox plus `TASKBOX_TASK_ID`, `TASKBOX_SANDBOX` and `TASKBOX_WORKSPACE`. `TASKBOX_SANDBOX`
 //! (unique per generation, unlike the workspace path) also marks every process the sandbox
@@ -229,6 +230,9 @@ pub struct LocalProvider {
     trackers: Mutex<HashMap<String, cas::Tracker>>,
     /// How commands are isolated (`terminal.local_isolation`).
     isolation: isolation::Settings,
+    /// Whether that isolation was said (by [`LocalProvider::with_isolation`]) rather than the
+    /// bare provider's: an unisolated sandbox then warns on its first command.
+    isolation_said: bool,
 }
 
 impl std::fmt::Debug for LocalProvider {
@@ -246,7 +250,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl LocalProvider {
-    /// A provider keeping its sandboxes and snapshots under `root` (created if missing).
+    /// A provider keeping its sandboxes and snapshots under `root` (created if missing), its
+    /// commands unisolated until [`with_isolation`](Self::with_isolation) says otherwise: the
+    /// registry's build (every CLI and server) always does, from `terminal.local_isolation`
+    /// (namespaces by default); a bare provider serves the fake Vercel's storage and the
+    /// provider's own benches and tests.
     pub fn new(
         root: PathBuf,
         installation_id: String,
@@ -278,14 +286,25 @@ impl LocalProvider {
             in_flight: Arc::new(Mutex::new(HashSet::new())),
             counter: AtomicU64::new(0),
             trackers: Mutex::new(HashMap::new()),
-            isolation: isolation::Settings::default(),
+            isolation: isolation::Settings {
+                mode: crate::config::LocalIsolation::None,
+                ..isolation::Settings::default()
+            },
+            isolation_said: false,
         })
     }
 
     /// The same provider, isolating its sandboxes as `settings` say.
     pub fn with_isolation(mut self, settings: isolation::Settings) -> LocalProvider {
         self.isolation = settings;
+        self.isolation_said = true;
         self
+    }
+
+    /// Whether a sandbox's first command warns that it runs unisolated: said on purpose
+    /// (`terminal.local_isolation = none`), not the bare provider of [`LocalProvider::new`].
+    fn warn_unisolated(&self) -> bool {
+        self.isolation_said && !self.isolation.namespaces()
     }
 
     /// The root directory (canonical).

@@ -29,12 +29,33 @@ pub struct Enter {
     cwd: CString,
     workspace: CString,
     report: Option<OwnedFd>,
+    /// Where the command finds `report` ([`report_fd`]).
+    report_fd: RawFd,
     filter: Option<Vec<libc::sock_filter>>,
+}
+
+/// The descriptor an isolated command gets the report pipe's write end at: [`REPORT_FD`], or
+/// the highest one this process may open when its soft `RLIMIT_NOFILE` is lower (a server
+/// started under `ulimit -n 64`: `dup2` refuses a target at or above the limit, and the
+/// command inherits the limit).
+fn report_fd() -> RawFd {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `getrlimit` writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return REPORT_FD;
+    }
+    let highest = RawFd::try_from(limit.rlim_cur)
+        .unwrap_or(RawFd::MAX)
+        .saturating_sub(1);
+    REPORT_FD.min(highest).max(3)
 }
 
 impl Enter {
     /// Entering `init`'s sandbox, starting in `cwd` (a path inside it), with the write end of
-    /// the report pipe at [`REPORT_FD`].
+    /// the report pipe at [`Enter::report_fd`].
     pub fn new(init: Arc<Init>, cwd: &Path, report: Option<OwnedFd>) -> io::Result<Enter> {
         let c =
             |b: &[u8]| CString::new(b).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
@@ -43,8 +64,15 @@ impl Enter {
             cwd: c(cwd.as_os_str().as_bytes())?,
             workspace: c(WORKSPACE.as_bytes())?,
             report,
+            report_fd: report_fd(),
             filter: super::seccomp::program(),
         })
+    }
+
+    /// The descriptor the command finds the report pipe's write end at: [`REPORT_FD`], lower
+    /// only under a lower `RLIMIT_NOFILE`.
+    pub fn report_fd(&self) -> RawFd {
+        self.report_fd
     }
 
     /// The `pre_exec` hook.
@@ -93,7 +121,12 @@ impl Enter {
                 {
                     return Err(io::Error::last_os_error());
                 }
-                if report >= 0 && libc::dup2(report, REPORT_FD) < 0 {
+                if report >= 0 && report != self.report_fd {
+                    if libc::dup2(report, self.report_fd) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else if report >= 0 && libc::fcntl(report, libc::F_SETFD, 0) < 0 {
+                    // Already there (`dup2` would leave its close-on-exec flag): kept open.
                     return Err(io::Error::last_os_error());
                 }
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {

@@ -452,18 +452,28 @@ unsafe fn child(plan: &Plan, [status, lifeline, go]: [RawFd; 3]) -> ! {
                 fail(index);
             }
         }
+        // Nothing of the server's stays open here (its sockets, its lock, its database, and
+        // this process's copies of the pipes' other ends): everything but the status pipe, the
+        // lifeline and the go pipe is closed — before the wait for go, which would otherwise
+        // wait forever on a write end of its own were the server to die first (a SIGKILL
+        // while it starts a sandbox).
+        let mut keep = [status, lifeline, go];
+        keep.sort_unstable();
+        let mut from = 0u32;
+        for fd in keep {
+            let fd = fd as u32;
+            if fd > from {
+                libc::syscall(libc::SYS_close_range, from, fd - 1, 0u32);
+            }
+            from = fd + 1;
+        }
+        libc::syscall(libc::SYS_close_range, from, u32::MAX, 0u32);
         // The parent has opened its namespaces' files once it says go (or has gone).
         let mut byte = [0u8; 1];
         while libc::read(go, byte.as_mut_ptr().cast(), 1) < 0
             && *libc::__errno_location() == libc::EINTR
         {}
         libc::close(go);
-        // Nothing of the server's stays open here (its sockets, its lock, its database):
-        // everything but the status pipe and the lifeline is closed.
-        let (low, high) = (status.min(lifeline) as u32, status.max(lifeline) as u32);
-        libc::syscall(libc::SYS_close_range, 0u32, low - 1, 0u32);
-        libc::syscall(libc::SYS_close_range, low + 1, high - 1, 0u32);
-        libc::syscall(libc::SYS_close_range, high + 1, u32::MAX, 0u32);
         // Its memory is a copy of the server's: no process of the sandbox may read it.
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         libc::write(status, [0u8].as_ptr().cast(), 1);

@@ -1,4 +1,5 @@
-//! A local sandbox in namespaces of its own (`terminal.local_isolation = namespaces`, issue 31).
+//! A local sandbox in namespaces of its own (`terminal.local_isolation = namespaces`, the
+//! default; issue 31).
 //!
 //! **Who creates and ends them.** A sandbox's first command (in this process) starts its *init*
 //! (`Init::start`): a process cloned from the server with new user, mount, PID, network, IPC,
@@ -76,13 +77,21 @@ pub(super) const HOSTNAME: &str = "taskbox";
 
 /// The descriptor a command's exit trap reports its working directory through, inside a
 /// sandbox (the server's `/proc/<pid>/fd/<n>` is not visible there). High, so that a command
-/// that takes over low descriptors does not close it by accident.
+/// that takes over low descriptors does not close it by accident (lower only where the
+/// server's `RLIMIT_NOFILE` is: see `Enter::report_fd`).
 pub(super) const REPORT_FD: i32 = 1000;
+
+/// What a sandbox's first command says before its own output in its stderr, where
+/// `terminal.local_isolation = none` was said on purpose.
+pub const UNISOLATED_NOTE: &str = "taskbox: warning: terminal.local_isolation = none: this \
+     sandbox's commands run unisolated, as the server's user in the host's namespaces, with the \
+     server's environment (they can read and write anything that user can, other tasks and \
+     taskbox's data included); remove the setting to run them in namespaces of their own\n";
 
 /// The isolation the local provider applies (see `terminal.local_isolation`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Settings {
-    /// Namespaces or none.
+    /// Namespaces (the default) or none.
     pub mode: LocalIsolation,
     /// The limits of each isolated sandbox.
     pub limits: Limits,
