@@ -394,7 +394,7 @@ config_keys! {
     lease_seconds: u64 = 15, parse |v| between(v, 1, 3_600, ""), env None,
         "a fleet server's lease on a task it drives (PostgreSQL store), seconds; renewed every third of it, taken over by another server once it expires (1 to 3600)";
     env: CommandEnv = CommandEnv::new(), parse command_env, env None,
-        "variables every command gets (a [terminal.env] table in the file; for config set a JSON object {\"NAME\": \"value\"}, or none); names [A-Za-z_][A-Za-z0-9_]*, not TASKBOX_*; values are secrets, shown hidden and never journaled";
+        "variables every command gets (a `[terminal.env]` table in the file; for config set a JSON object {\"NAME\": \"value\"}, or none); a name is letters, digits and _, not starting with a digit, and not TASKBOX_*; values are secrets, shown hidden and never journaled";
 }
 
 [cost] CostConfig, "The `[cost]` table: the list prices `taskbox cost` estimates with (USD; defaults are Vercel's published Pro prices)." {
