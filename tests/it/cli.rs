@@ -708,3 +708,59 @@ fn an_auto_started_server_keeps_no_variable_of_its_starter_from_commands() {
         ok(&h.home.run(&["serve", "--stop"]));
     }
 }
+
+/// One HTTP/1.1 exchange over the data dir's Unix socket: the status code and the raw body.
+fn socket_http(data: &std::path::Path, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s =
+        std::os::unix::net::UnixStream::connect(data.join("taskbox.sock")).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (code, body)
+}
+
+/// The API's run request takes `env`; a refused variable is a 400 naming it, never its value.
+#[test]
+fn the_apis_run_request_takes_env_and_refuses_a_bad_one_without_echoing_it() {
+    let h = crate::server::ServerHome::new();
+    ok(&h.home.run(&["run", "-t", "api", "--", "true"]));
+    h.wait_for_server();
+    let (code, body) = socket_http(
+        &h.data(),
+        "/v1/tasks/api/run",
+        r#"{"command": "echo \"got=$API_VAR\"", "env": {"API_VAR": "api-value"}}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains(r#"got=api-value"#), "{body}");
+    for bad in [
+        r#"{"command": "true", "env": {"TASKBOX_SANDBOX": "sk-test-Zq9xRefused"}}"#,
+        r#"{"command": "true", "env": {"NOT-A-NAME": "sk-test-Zq9xRefused"}}"#,
+        r#"{"command": "true", "env": {"NUL": "sk-test-Zq9xRefused\u0000"}}"#,
+    ] {
+        let (code, body) = socket_http(&h.data(), "/v1/tasks/api/run", bad);
+        assert_eq!(code, 400, "{bad}: {body}");
+        let v: Value = serde_json::from_str(&body).expect("a JSON error");
+        assert_eq!(v["code"], "bad_request", "{v}");
+        assert!(!body.contains("Zq9x"), "the value is echoed: {body}");
+    }
+    let shown = ok(&h.home.run(&["show", "api", "--json"]));
+    assert!(!shown.contains("api-value"), "{shown}");
+    ok(&h.home.run(&["serve", "--stop"]));
+}
