@@ -3,7 +3,7 @@
 //! dispatches.
 
 use super::*;
-use taskbox::config::Backend;
+use taskbox::config::{Backend, CommandEnv};
 use taskbox::provider::registry;
 
 pub(super) async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failure> {
@@ -22,11 +22,20 @@ pub(super) async fn run(args: RunArgs, paths: &Paths) -> Result<ExitCode, Failur
             (Some(tx), Some(rx))
         }
     };
+    let mut env = CommandEnv::new();
+    for arg in &args.env {
+        env.assign(arg, |k| std::env::var(k).ok()).map_err(|e| {
+            Failure::new(format!("--env: {e}"))
+                .code("invalid_env")
+                .hint(e.hint())
+        })?;
+    }
     let (canceller, cancel_rx) = Canceller::new();
     let io = ExecIo {
         output: output_tx,
         stdin: live::stdin_source(),
         cancel: Some(cancel_rx),
+        env,
     };
     let mut signals = live::Signals::catch()?;
     let run = async {

@@ -66,6 +66,7 @@ pub fn run() -> Option<ExitCode> {
         command: run_io::shell_join(&plain.command),
         timeout_secs: plain.timeout,
         stdin: run_io::stdin_waits(),
+        env: Default::default(),
     };
     Some(drive(&client, stream, &task, request, &signals, &paths))
 }

@@ -166,6 +166,10 @@ struct RunArgs {
     /// Print a JSON result on stdout instead of the command's output.
     #[arg(long)]
     json: bool,
+    /// A variable for the command: NAME=VALUE, or NAME for its value in this environment
+    /// (repeatable; over terminal.env). Values are secrets: never journaled nor shown.
+    #[arg(long = "env", short = 'e', value_name = "NAME[=VALUE]")]
+    env: Vec<String>,
     /// The command: one shell string, or a program and its arguments (quoted for `bash -c`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<String>,

@@ -6,6 +6,9 @@
 //! first asks the socket again before starting anything, so one server starts and the others
 //! find it. The server's own lock (`<data>/serve.lock`) is what guarantees one server per data
 //! dir; this lock only spares the losers a pointless start.
+//!
+//! The server takes from its starter's environment only what it reads ([`server_environment`]):
+//! whoever happened to start it does not hand it, say, their shell's tokens.
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -97,6 +100,61 @@ pub async fn ensure_server(client: &Client) -> Result<Option<Started>, ClientErr
     Ok(Some(Started { pid, log }))
 }
 
+/// The variables an auto-started server takes from its starter's environment, by name: where
+/// its files are (`HOME`, `XDG_CONFIG_HOME`, `XDG_DATA_HOME`, `TMPDIR`), how it runs programs
+/// and prints (`PATH`, `USER`, `LOGNAME`, `LANG`, `LC_ALL`, `LC_CTYPE`, `TERM`, `TZ`,
+/// `RUST_LOG`, `RUST_BACKTRACE`, `NO_COLOR`, `HOSTNAME`), how it reaches Vercel (the
+/// `VERCEL_*` credentials and ids it reads, `TERMINAL_VERCEL_*`, the proxies and CA
+/// certificates of its HTTP client) — plus every `TASKBOX_*` (its own settings).
+pub const SERVER_VARIABLES: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TZ",
+    "TMPDIR",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+    "NO_COLOR",
+    "HOSTNAME",
+    "VERCEL_TOKEN",
+    "VERCEL_OIDC_TOKEN",
+    "VERCEL_TEAM_ID",
+    "VERCEL_PROJECT_ID",
+    "TERMINAL_VERCEL_IMAGE",
+    "TERMINAL_VERCEL_RUNTIME",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+];
+
+/// Of `vars` (a starter's environment), what an auto-started server gets: the
+/// [`SERVER_VARIABLES`] and the `TASKBOX_*`, nothing else.
+pub fn server_environment(
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    vars.into_iter()
+        .filter(|(k, _)| {
+            k.to_str().is_some_and(|k| {
+                SERVER_VARIABLES.contains(&k) || k.starts_with(crate::config::RESERVED_PREFIX)
+            })
+        })
+        .collect()
+}
+
 /// Starts `taskbox serve --auto` detached, its output appended to `log`.
 fn spawn_server(
     exe: &std::path::Path,
@@ -109,6 +167,8 @@ fn spawn_server(
     let err = out.try_clone()?;
     let mut cmd = Command::new(exe);
     cmd.args(["serve", "--auto"])
+        .env_clear()
+        .envs(server_environment(std::env::vars_os()))
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err);
@@ -133,5 +193,29 @@ async fn answers(client: &Client) -> Result<bool, ClientError> {
         Ok(_) => Ok(true),
         Err(e @ ClientError::ForeignSocket { .. }) => Err(e),
         Err(_) => Ok(false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_started_server_takes_only_what_it_reads() {
+        let vars = [
+            ("PATH", "/usr/bin"),
+            ("HOME", "/home/u"),
+            ("TASKBOX_HOME", "/t"),
+            ("VERCEL_TOKEN", "tok"),
+            ("FIRST_CALLER_SECRET", "s3cret"),
+            ("AWS_SECRET_ACCESS_KEY", "k"),
+            ("LD_PRELOAD", "/x.so"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()));
+        let kept: Vec<String> = server_environment(vars)
+            .into_iter()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(kept, ["PATH", "HOME", "TASKBOX_HOME", "VERCEL_TOKEN"]);
     }
 }

@@ -167,6 +167,7 @@ impl Client {
             command: command.to_string(),
             timeout_secs,
             stdin: io.stdin.is_some(),
+            env: io.env.clone(),
         };
         let (status, mut body, driver) = self
             .send(Method::POST, &format!("/tasks/{task}/run"), Some(&body))

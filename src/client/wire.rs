@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::CommandEnv;
 use crate::core::{Millis, Notice};
 use crate::engine::RunResult;
 use crate::provider::{CancelSignal, OutputChunk, OutputStream};
@@ -25,6 +26,10 @@ pub struct RunRequest {
     /// the command's stdin is empty and nothing waits for one.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stdin: bool,
+    /// Variables for the command, over the server's `terminal.env` (names
+    /// `[A-Za-z_][A-Za-z0-9_]*`, not `TASKBOX_*`). Secrets: never journaled nor shown.
+    #[serde(default, skip_serializing_if = "CommandEnv::is_empty")]
+    pub env: CommandEnv,
 }
 
 /// One line of `POST /v1/tasks/{task}/run`'s NDJSON answer: `started` first, then `output`

@@ -11,8 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::{RetryPolicy, TaskSettings};
 
+mod env;
 mod values;
 
+pub use env::{CommandEnv, EnvError, MAX_ENV_BYTES, RESERVED_PREFIX};
 pub use values::Usd;
 use values::*;
 
@@ -307,13 +309,20 @@ impl Key {
     fn invalid(&self, value: &str, expected: String, source: ValueSource) -> ConfigError {
         ConfigError::InvalidValue {
             key: self.name.into(),
-            // A URL's password never reaches an error.
-            value: crate::redact::redact(value),
+            // A URL's password never reaches an error, nor a value of a secret key.
+            value: if SECRET_KEYS.contains(&self.name) {
+                "(hidden)".to_string()
+            } else {
+                crate::redact::redact(value)
+            },
             expected,
             source_: source,
         }
     }
 }
+
+/// The keys whose values are secrets: `config get` and errors show them hidden.
+const SECRET_KEYS: &[&str] = &["terminal.env"];
 
 /// Generates each table's struct ([`TerminalConfig`], [`CostConfig`]: a field per key,
 /// documented by the key's line), its `Default` and [`KEYS`] from one list, so that a key cannot
@@ -417,6 +426,8 @@ config_keys! {
         "where tasks are stored: sqlite (the data dir's file) | postgres://user@host/database (a fleet's shared store)";
     lease_seconds: u64 = 15, parse |v| between(v, 1, 3_600, ""), env None,
         "a fleet server's lease on a task it drives (PostgreSQL store), seconds; renewed every third of it, taken over by another server once it expires (1 to 3600)";
+    env: CommandEnv = CommandEnv::new(), parse command_env, env None,
+        "variables every command gets (a `[terminal.env]` table in the file; for config set a JSON object {\"NAME\": \"value\"}, or none); a name is letters, digits and _, not starting with a digit, and not TASKBOX_*; values are secrets, shown hidden and never journaled";
 }
 
 [cost] CostConfig, "The `[cost]` table: the list prices `taskbox cost` estimates with (USD; defaults are Vercel's published Pro prices)." {

@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Backend, LocalIsolation, LocalNetwork, ServerMode, StoreSetting, DEFAULT_VERCEL_IMAGE,
-    MAX_SANDBOX_LIFETIME_SECONDS,
+    Backend, CommandEnv, LocalIsolation, LocalNetwork, ServerMode, StoreSetting,
+    DEFAULT_VERCEL_IMAGE, MAX_SANDBOX_LIFETIME_SECONDS,
 };
 
 /// A price in USD: a finite, non-negative number (compared by its bits, so that configs compare
@@ -127,7 +127,32 @@ impl Render for Option<u32> {
     }
 }
 
+impl Render for CommandEnv {
+    /// The names, each value hidden (a secret): `{"NAME":"(hidden)"}`, or `none`.
+    fn render(&self) -> String {
+        if self.is_empty() {
+            return "none".into();
+        }
+        let hidden: std::collections::BTreeMap<&str, &str> =
+            self.names().map(|n| (n, "(hidden)")).collect();
+        serde_json::to_string(&hidden).expect("a map of strings serializes")
+    }
+}
+
 // The parsers: text to a value, or what is accepted instead.
+
+/// `none` (or nothing) for no variables, else a JSON object of names to string values.
+pub(super) fn command_env(value: &str) -> Result<CommandEnv, String> {
+    let expected = r#"a JSON object of variables, {"NAME": "value", ...}, or none"#;
+    match value.trim() {
+        "" | "none" => Ok(CommandEnv::new()),
+        v => {
+            let map: std::collections::BTreeMap<String, String> =
+                serde_json::from_str(v).map_err(|_| expected.to_string())?;
+            CommandEnv::try_from(map).map_err(|e| format!("{expected} ({e})"))
+        }
+    }
+}
 
 pub(super) fn backend(value: &str) -> Result<Backend, String> {
     Backend::new(value.trim())

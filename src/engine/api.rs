@@ -18,7 +18,7 @@ use super::{
     SuspendResult, TaskView,
 };
 use crate::clock::{Clock, SystemClock};
-use crate::config::Config;
+use crate::config::{CommandEnv, Config};
 use crate::core::{Event, FailureReason, ForkFrom, Reply, SnapshotRecord, Task, TaskSettings};
 use crate::ids::TaskId;
 use crate::provider::{ExecIo, ExecOutput, SandboxProvider};
@@ -174,6 +174,7 @@ impl OrchestratorBuilder {
                 changes,
                 ownership,
                 settings,
+                env: self.config.terminal.env.clone(),
                 installation_id,
                 provider,
                 handle: Mutex::new(Some(handle)),
@@ -226,6 +227,8 @@ pub(super) struct Inner {
     changes: broadcast::Sender<StateChange>,
     pub(super) ownership: Ownership,
     settings: TaskSettings,
+    /// `terminal.env`: the variables every command gets, under a run's own.
+    env: CommandEnv,
     pub(super) installation_id: String,
     pub(super) provider: Arc<dyn SandboxProvider>,
     handle: Mutex<Option<JoinHandle<()>>>,
@@ -276,7 +279,9 @@ impl Orchestrator {
     /// as it is produced (stdout and stderr chunks in the order they were read; every chunk is
     /// sent before this returns), `io.stdin` is its stdin, and a cancel through `io.cancel`
     /// signals the command (never the sandbox) — its result is then whatever it exited with.
-    /// None of this is journaled; the result carries the bounded capture as `run` does.
+    /// `io.env` are variables for the command, over `terminal.env` (secrets: only their
+    /// command sees them). None of this is journaled; the result carries the bounded capture
+    /// as `run` does.
     ///
     /// Read `io.output` while the command runs: a full channel makes the command's writes wait,
     /// as a full pipe would (on the local backend, a reader that takes nothing for 10 s after
@@ -302,7 +307,7 @@ impl Orchestrator {
         task: &TaskId,
         command: &str,
         timeout: Option<Duration>,
-        io: ExecIo,
+        mut io: ExecIo,
     ) -> Result<RunResult, EngineError> {
         // A command that can never run is refused before the task (or a sandbox) is made.
         if let Some(problem) = command_problem(command) {
@@ -315,6 +320,8 @@ impl Orchestrator {
         let timeout_ms = timeout.map_or(self.inner.settings.command_timeout_ms, |d| {
             u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
         });
+        // The run's own variables over `terminal.env`.
+        io.env = io.env.over(&self.inner.env);
         let answer = self
             .request(
                 task,

@@ -97,14 +97,15 @@ impl EventLoop {
         self.timers.insert(key, Armed { handle, at, token });
     }
 
-    /// The live side of an attempt to run `request_id`'s command: its caller's output and
-    /// cancel, and its stdin if no earlier attempt took it.
+    /// The live side of an attempt to run `request_id`'s command: its caller's output, cancel
+    /// and variables, and its stdin if no earlier attempt took it.
     fn live_io(&mut self, id: &TaskId, request_id: RequestId) -> ExecIo {
         match self.live.get_mut(&(id.clone(), request_id)) {
             Some(live) => ExecIo {
                 output: live.output.clone(),
                 stdin: live.stdin.take(),
                 cancel: live.cancel.clone(),
+                env: live.env.clone(),
             },
             None => ExecIo::default(),
         }

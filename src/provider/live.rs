@@ -105,6 +105,10 @@ pub struct ExecIo {
     pub stdin: Option<mpsc::Receiver<Vec<u8>>>,
     /// Set once to cancel the command (never the sandbox).
     pub cancel: Option<watch::Receiver<Option<CancelSignal>>>,
+    /// The variables the caller passes to the command on purpose (`run --env`, the API's and
+    /// MCP's `env`, with `terminal.env` under them), over the command's clean base. Secrets:
+    /// they travel here, on the live side, which nothing journals or serializes.
+    pub env: crate::config::CommandEnv,
 }
 
 impl ExecIo {

@@ -73,7 +73,7 @@ pub(super) async fn run(
         failure(
             StatusCode::BAD_REQUEST,
             ApiError::new("bad_request", format!("the request body is not valid: {e}"))
-                .hint(r#"send {"command": "…", "timeout_secs": N}"#),
+                .hint(r#"send {"command": "…", "timeout_secs": N, "env": {"NAME": "value"}}"#),
         )
     })?;
     // The same bounds as terminal.timeout, from the config's table.
@@ -100,6 +100,7 @@ pub(super) async fn run(
         output: Some(out_tx),
         stdin: stdin_rx,
         cancel: Some(cancel_rx),
+        env: req.env.clone(),
     };
     st.runs.lock().insert(
         id.clone(),

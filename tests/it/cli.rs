@@ -468,3 +468,299 @@ fn the_data_dir_is_private_whatever_the_umask() {
     assert_eq!(mode(&data), 0o700, "the data dir");
     assert_eq!(mode(&data.join("taskbox.db")), 0o600, "the journal");
 }
+
+// ---- Variables for commands (issue 31 "Environment", issue 32 item 10) ----
+//
+// Each test runs with the local sandbox unisolated and, where this machine makes namespaces
+// (always under CI), isolated: a command's environment is built from scratch on both paths.
+
+/// The `terminal.local_isolation` modes to test here: `none`, and `namespaces` unless the
+/// kernel refuses them outside CI (then skipped with a line saying so).
+#[allow(clippy::print_stderr)] // a skip says so
+fn isolation_modes(test: &str) -> Vec<&'static str> {
+    match taskbox::provider::local::isolation::probe() {
+        Ok(()) => vec!["none", "namespaces"],
+        Err(e) => {
+            assert!(
+                !crate::support::under_ci(),
+                "{test}: isolation must work under CI: {e}"
+            );
+            eprintln!("SKIPPED {test} (namespaces): {e}");
+            vec!["none"]
+        }
+    }
+}
+
+/// The `NAME=VALUE` lines of `env`'s output, by name.
+fn env_lines(out: &str) -> std::collections::BTreeMap<String, String> {
+    out.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Every byte under `dir` (the data dir: the journal, its WAL, the server's log, snapshots).
+fn all_bytes(dir: &std::path::Path, out: &mut Vec<u8>) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            all_bytes(&path, out);
+        } else if let Ok(bytes) = std::fs::read(&path) {
+            out.extend(bytes);
+        }
+    }
+}
+
+#[test]
+fn run_env_and_terminal_env_reach_the_command_and_nothing_of_the_callers_does() {
+    for mode in isolation_modes("run_env_and_terminal_env_reach_the_command") {
+        let home = Home::new();
+        ok(&home.run(&["config", "set", "terminal.local_isolation", mode]));
+        ok(&home.run(&[
+            "config",
+            "set",
+            "terminal.env",
+            r#"{"FROM_CONFIG": "config-value", "SHARED": "from-config"}"#,
+        ]));
+        // The CLI's own environment: one variable passed by name, one never passed.
+        let o = home
+            .cmd()
+            .env("FROM_CALLER", "caller-value")
+            .env("CALLER_ONLY_SECRET", "must-not-leak")
+            .args([
+                "run",
+                "-t",
+                "env",
+                "--env",
+                "ONE=1=2",
+                "-e",
+                "SHARED=from-run",
+            ])
+            .args(["--env", "FROM_CALLER", "--env", "EMPTY=", "--", "env"])
+            .output()
+            .expect("run taskbox");
+        let vars = env_lines(&ok(&o));
+        let got = |k: &str| vars.get(k).map(String::as_str);
+        assert_eq!(got("ONE"), Some("1=2"), "{mode}: {vars:?}");
+        assert_eq!(
+            got("SHARED"),
+            Some("from-run"),
+            "{mode}: a run's variable wins"
+        );
+        assert_eq!(got("FROM_CONFIG"), Some("config-value"), "{mode}");
+        assert_eq!(got("FROM_CALLER"), Some("caller-value"), "{mode}");
+        assert_eq!(got("EMPTY"), Some(""), "{mode}");
+        assert_eq!(
+            got("CALLER_ONLY_SECRET"),
+            None,
+            "{mode}: the caller's leaked"
+        );
+        // The in-process engine's own environment reaches no command either.
+        assert_eq!(got("TASKBOX_HOME"), None, "{mode}: {vars:?}");
+        assert_eq!(got("TASKBOX_SERVER"), None, "{mode}: {vars:?}");
+        assert_eq!(got("TASKBOX_TASK_ID"), Some("env"), "{mode}");
+        assert!(got("PATH").is_some() && got("HOME").is_some(), "{mode}");
+        // The next command, without --env, sees terminal.env only.
+        let vars = env_lines(&ok(&home.run(&["run", "-t", "env", "--", "env"])));
+        assert_eq!(vars.get("ONE"), None, "{mode}");
+        assert_eq!(
+            vars.get("SHARED").map(String::as_str),
+            Some("from-config"),
+            "{mode}"
+        );
+    }
+}
+
+#[test]
+fn passed_values_are_secrets_never_journaled_shown_or_echoed_in_errors() {
+    let home = Home::new();
+    let secret = "sk-test-Zq9xPassedValue4711";
+    ok(&home.run(&[
+        "config",
+        "set",
+        "terminal.env",
+        &format!(r#"{{"CONFIG_TOKEN": "{secret}-cfg"}}"#),
+    ]));
+    let get = ok(&home.run(&["config", "get", "terminal.env"]));
+    assert!(!get.contains(secret), "config get shows a value: {get}");
+    assert!(get.contains("CONFIG_TOKEN"), "{get}");
+    let shown = ok(&home.run(&["config", "show"]));
+    assert!(
+        !shown.contains(secret),
+        "config show shows a value: {shown}"
+    );
+
+    let token = format!("TOKEN={secret}");
+    // The command checks the values without naming them (its text is journaled).
+    let check = r#"echo "${#TOKEN} ${TOKEN:0:8} ${#CONFIG_TOKEN}""#;
+    let out = ok(&home.run(&["run", "-t", "s", "--json", "--env", &token, "--", check]));
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    let expected = format!("{} sk-test- {}\n", secret.len(), secret.len() + 4);
+    assert_eq!(v["stdout"], expected.as_str(), "{v}");
+    assert!(!out.contains("Zq9x"), "run --json shows a value: {out}");
+    ok(&home.run(&["run", "-t", "s", "-e", &token, "--", "true"]));
+    ok(&home.run(&["suspend", "s"]));
+    let shown = ok(&home.run(&["show", "s", "--json"]));
+    assert!(
+        !shown.contains("Zq9x"),
+        "show --json holds a value: {shown}"
+    );
+    // Nor its names: the command's text names them (as typed), no record lists them.
+    assert!(
+        !shown.contains("TOKEN=") && !shown.contains("\"env\""),
+        "the journal records the variables: {shown}"
+    );
+    let mut bytes = Vec::new();
+    all_bytes(&home.path().join("data"), &mut bytes);
+    let found = bytes.windows(4).filter(|w| w == b"Zq9x").count();
+    assert_eq!(
+        found, 0,
+        "a value reached the data dir (journal, log or snapshot)"
+    );
+
+    // Refused variables: exit 125, naming the variable and the rule, never the value.
+    for (arg, says) in [
+        ("TASKBOX_WORKSPACE=/tmp", "taskbox's own"),
+        ("BAD NAME=sk-test-Zq9xRefused", "not a variable name"),
+        ("1X=sk-test-Zq9xRefused", "not a variable name"),
+        ("NOT_IN_THE_CALLERS_ENV", "not set in this environment"),
+    ] {
+        let o = home.run(&["run", "-t", "s", "--env", arg, "--", "true"]);
+        assert_eq!(o.status.code(), Some(125), "{arg}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains(says) && err.contains("hint:"), "{arg}: {err}");
+        assert!(
+            !err.contains("Zq9xRefused"),
+            "{arg}: the value is shown: {err}"
+        );
+    }
+    let o = home.run(&[
+        "config",
+        "set",
+        "terminal.env",
+        r#"{"TASKBOX_TASK_ID": "sk-test-Zq9xRefused"}"#,
+    ]);
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("Zq9xRefused"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("terminal.env"), "{}", stderr(&o));
+}
+
+/// Issue 32 item 10: the CLI that happens to start the server does not hand its environment to
+/// the server, nor through it to every later command.
+#[test]
+fn an_auto_started_server_keeps_no_variable_of_its_starter_from_commands() {
+    for mode in isolation_modes("an_auto_started_server_keeps_no_variable_of_its_starter") {
+        let h = crate::server::ServerHome::new();
+        ok(&h
+            .home
+            .run(&["config", "set", "terminal.local_isolation", mode]));
+        ok(&h.home.run(&[
+            "config",
+            "set",
+            "terminal.env",
+            r#"{"FROM_CONFIG": "config-value"}"#,
+        ]));
+        // The first caller starts the server.
+        let o = h
+            .home
+            .cmd()
+            .env("FIRST_CALLER_SECRET", "first-caller-s3cret")
+            .env("VERCEL_TOKEN", "first-caller-vercel-token")
+            .args(["run", "-t", "first", "--", "true"])
+            .output()
+            .expect("run taskbox");
+        ok(&o);
+        let pid = h.wait_for_server();
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("the server's env");
+        let environ = String::from_utf8_lossy(&environ);
+        assert!(
+            !environ.contains("FIRST_CALLER_SECRET"),
+            "{mode}: the server took a variable it does not read"
+        );
+        assert!(environ.contains("TASKBOX_HOME="), "{mode}: {environ}");
+
+        // A later caller, and its command.
+        let o = h
+            .home
+            .cmd()
+            .args([
+                "run",
+                "-t",
+                "later",
+                "--env",
+                "FROM_RUN=run-value",
+                "--",
+                "env",
+            ])
+            .output()
+            .expect("run taskbox");
+        let vars = env_lines(&ok(&o));
+        let got = |k: &str| vars.get(k).map(String::as_str);
+        assert_eq!(got("FIRST_CALLER_SECRET"), None, "{mode}: {vars:?}");
+        assert_eq!(
+            got("VERCEL_TOKEN"),
+            None,
+            "{mode}: the server's token leaked"
+        );
+        assert_eq!(got("TASKBOX_HOME"), None, "{mode}: {vars:?}");
+        assert_eq!(got("FROM_RUN"), Some("run-value"), "{mode}: {vars:?}");
+        assert_eq!(got("FROM_CONFIG"), Some("config-value"), "{mode}: {vars:?}");
+        ok(&h.home.run(&["serve", "--stop"]));
+    }
+}
+
+/// One HTTP/1.1 exchange over the data dir's Unix socket: the status code and the raw body.
+fn socket_http(data: &std::path::Path, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s =
+        std::os::unix::net::UnixStream::connect(data.join("taskbox.sock")).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (code, body)
+}
+
+/// The API's run request takes `env`; a refused variable is a 400 naming it, never its value.
+#[test]
+fn the_apis_run_request_takes_env_and_refuses_a_bad_one_without_echoing_it() {
+    let h = crate::server::ServerHome::new();
+    ok(&h.home.run(&["run", "-t", "api", "--", "true"]));
+    h.wait_for_server();
+    let (code, body) = socket_http(
+        &h.data(),
+        "/v1/tasks/api/run",
+        r#"{"command": "echo \"got=$API_VAR\"", "env": {"API_VAR": "api-value"}}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains(r#"got=api-value"#), "{body}");
+    for bad in [
+        r#"{"command": "true", "env": {"TASKBOX_SANDBOX": "sk-test-Zq9xRefused"}}"#,
+        r#"{"command": "true", "env": {"NOT-A-NAME": "sk-test-Zq9xRefused"}}"#,
+        r#"{"command": "true", "env": {"NUL": "sk-test-Zq9xRefused\u0000"}}"#,
+    ] {
+        let (code, body) = socket_http(&h.data(), "/v1/tasks/api/run", bad);
+        assert_eq!(code, 400, "{bad}: {body}");
+        let v: Value = serde_json::from_str(&body).expect("a JSON error");
+        assert_eq!(v["code"], "bad_request", "{v}");
+        assert!(!body.contains("Zq9x"), "the value is echoed: {body}");
+    }
+    let shown = ok(&h.home.run(&["show", "api", "--json"]));
+    assert!(!shown.contains("api-value"), "{shown}");
+    ok(&h.home.run(&["serve", "--stop"]));
+}

@@ -116,7 +116,7 @@ def test_lists_the_tools_with_schemas_and_descriptions(home_never):
                 if t.name != "list_tasks":
                     assert "task" in t.input_schema["required"], t.name
             run_schema = next(t for t in tools if t.name == "run_command").input_schema
-            assert set(run_schema["properties"]) == {"task", "command", "timeout"}
+            assert set(run_schema["properties"]) == {"task", "command", "timeout", "env"}
             assert set(run_schema["required"]) == {"task", "command"}
 
     run(go)
@@ -216,6 +216,30 @@ def test_bad_input_is_a_tool_error_and_the_session_goes_on(home):
             # Still serving.
             await ok(s, "run_command", task="t3", command="true")
             assert {t.name for t in (await s.list_tools()).tools} == TOOLS
+
+    run(go)
+
+
+def test_env_reaches_the_command_as_a_secret_and_nothing_of_the_callers_does(home):
+    async def go():
+        home.env["MCP_CALLER_SECRET"] = "caller-Zq9x-value"
+        async with session(home) as s:
+            r = await ok(
+                s, "run_command", task="e1", command="env",
+                env={"PASSED": "passed-Zq9x-value", "OTHER": "x"},
+            )
+            out = text(r)
+            assert "PASSED=passed-Zq9x-value" in out and "OTHER=x" in out, out
+            assert "MCP_CALLER_SECRET" not in out, out
+            assert "TASKBOX_HOME" not in out, out
+            r = await ok(s, "show_task", task="e1")
+            assert "Zq9x" not in text(r), text(r)
+            assert "Zq9x" not in str(r.structured_content), r.structured_content
+
+            r = await call(s, "run_command", task="e1", command="true",
+                           env={"TASKBOX_WORKSPACE": "refused-Zq9x-value"})
+            assert r.is_error and "TASKBOX_" in text(r), text(r)
+            assert "Zq9x" not in text(r), text(r)
 
     run(go)
 

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import time
 import urllib.parse
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from .settings import Settings, missing_binary_message
 
@@ -183,12 +183,16 @@ class Client:
         """``POST /v1/runs/{run}/stdin``: the command's whole stdin."""
         return self.request("POST", f"/v1/runs/{_quote(run)}/stdin", raw=data, timeout=None)
 
-    def run(self, task: str, command: str, timeout_secs: int, stdin: bool) -> Iterator[Dict[str, Any]]:
+    def run(self, task: str, command: str, timeout_secs: int, stdin: bool,
+            env: Optional[Mapping[str, str]] = None) -> Iterator[Dict[str, Any]]:
         """``POST /v1/tasks/{task}/run``: the NDJSON lines as they come (``started``, ``output``...,
-        then ``result`` or ``error``). A refused request raises :class:`TaskboxError`."""
-        body = {"command": command, "timeout_secs": timeout_secs}
+        then ``result`` or ``error``). ``env``: variables for the command (secrets: the server
+        never journals nor shows them). A refused request raises :class:`TaskboxError`."""
+        body: Dict[str, Any] = {"command": command, "timeout_secs": timeout_secs}
         if stdin:
             body["stdin"] = True
+        if env:
+            body["env"] = dict(env)
         conn, resp = self._send("POST", f"/v1/tasks/{_quote(task)}/run", body, timeout=None)
         try:
             if resp.status >= 400:
@@ -325,10 +329,11 @@ class Client:
             raise start_error(f"cannot run {self.settings.taskbox_bin}: {e}") from None
 
     def _server_env(self) -> Dict[str, str]:
-        """The server's environment. On taskbox's local backend the agent's commands run with it,
-        so it is Hermes's scrubbed subprocess environment (no LLM keys or bot tokens) where Hermes
-        offers one, plus taskbox's own variables — and taskbox's Vercel credentials only when its
-        backend is vercel_sandbox."""
+        """The server's environment. No command sees it (taskbox builds each command's
+        environment from scratch; variables reach a command only as a run's ``env``); as defence
+        in depth it is still Hermes's scrubbed subprocess environment (no LLM keys or bot tokens)
+        where Hermes offers one, plus taskbox's own variables — and taskbox's Vercel credentials
+        only when its backend is vercel_sandbox."""
         base: Dict[str, str]
         try:
             from tools.environments.local import hermes_subprocess_env  # type: ignore

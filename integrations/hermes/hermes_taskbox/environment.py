@@ -14,10 +14,11 @@ import base64
 import itertools
 import logging
 import os
+import re
 import shlex
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from tools.environments.base import BaseEnvironment  # type: ignore
 
@@ -44,6 +45,58 @@ CD_SANDBOX_ROOT = (
     'if [ -n "${TASKBOX_WORKSPACE:-}" ]; then builtin cd -- "$TASKBOX_WORKSPACE"; '
     "elif [ -d /vercel/sandbox ]; then builtin cd /vercel/sandbox; fi\n"
 )
+
+
+#: A variable name taskbox passes to a command (``TASKBOX_*`` excepted: taskbox's own).
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: Never forwarded to a command: taskbox's Vercel credentials (the provider's
+#: ``strip_env_keys``), which are the taskbox server's alone.
+_NEVER_FORWARDED = frozenset({"VERCEL_TOKEN", "VERCEL_OIDC_TOKEN"})
+
+
+def forwarded_env(explicit: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The variables Hermes asks a backend to forward into a sandbox's commands, sent as each
+    run's ``env`` (taskbox gives a command nothing else of anyone's environment, and never
+    journals nor shows these values).
+
+    ``explicit`` (the environment's own ``env``), then Hermes's env passthrough — a skill's
+    ``required_environment_variables`` and ``terminal.env_passthrough`` in config.yaml, filtered
+    through Hermes's provider-credential blocklist and resolved in the active profile's secret
+    scope — exactly as its docker and ssh backends forward them
+    (``tools.environments.remote_common.resolve_passthrough_env``; a Hermes without it: the
+    registered names' values in this process). Names taskbox refuses (``TASKBOX_*``, not a
+    shell name, a value with a NUL) and taskbox's Vercel credentials are left out, with a
+    warning naming them (never their values).
+    """
+    values: Dict[str, str] = {}
+    try:
+        from tools.environments.remote_common import resolve_passthrough_env  # type: ignore
+
+        values, _unset = resolve_passthrough_env()
+    except ImportError:
+        try:
+            from tools.env_passthrough import get_all_passthrough  # type: ignore
+
+            for name in get_all_passthrough():
+                value = os.environ.get(name)
+                if value is not None:
+                    values[name] = value
+        except ImportError:
+            pass
+    merged = {**dict(explicit or {}), **values}
+    out: Dict[str, str] = {}
+    for name, value in sorted(merged.items()):
+        if (
+            name in _NEVER_FORWARDED
+            or name.startswith("TASKBOX_")
+            or not _ENV_NAME.match(name)
+            or not isinstance(value, str)
+            or "\0" in value
+        ):
+            logger.warning("taskbox: not forwarding %r to the sandbox: taskbox refuses or keeps it", name)
+            continue
+        out[name] = value
+    return out
 
 
 def notice_text(notice: Dict[str, Any]) -> str:
@@ -87,8 +140,10 @@ class TaskboxRun:
     """
 
     def __init__(self, client: Client, task: str, command: str, timeout_secs: int,
-                 stdin_data: Optional[str]):
+                 stdin_data: Optional[str], env: Optional[Mapping[str, str]] = None):
         self._client = client
+        #: The run's variables (secrets: sent in the request body only).
+        self._env = dict(env or {})
         self._task = task
         self._command = command
         self._timeout_secs = timeout_secs
@@ -195,7 +250,8 @@ class TaskboxRun:
 
     def _run(self) -> int:
         events = self._client.run(
-            self._task, self._command, self._timeout_secs, stdin=self._stdin is not None
+            self._task, self._command, self._timeout_secs, stdin=self._stdin is not None,
+            env=self._env,
         )
         try:
             first = next(events)
@@ -206,7 +262,8 @@ class TaskboxRun:
             if self._cancel_wanted:  # cancelled while a server was starting: never start it
                 return 128 + 15
             events = self._client.run(
-                self._task, self._command, self._timeout_secs, stdin=self._stdin is not None
+                self._task, self._command, self._timeout_secs, stdin=self._stdin is not None,
+                env=self._env,
             )
             first = next(events, None)
         except StopIteration:
@@ -384,7 +441,8 @@ class TaskboxEnvironment(BaseEnvironment):
         cmd_string = "exec 2>&1\n" + cmd_string
         timeout_secs = max(1, min(MAX_TIMEOUT_SECS, int(timeout or self.timeout) + SERVER_TIMEOUT_SLACK_SECS))
         self._used = True
-        run = TaskboxRun(self._client, self.task, cmd_string, timeout_secs, stdin_data)
+        run = TaskboxRun(self._client, self.task, cmd_string, timeout_secs, stdin_data,
+                         env=forwarded_env(getattr(self, "env", None)))
         self.last_run = run
         return run
 

@@ -401,3 +401,27 @@ def test_a_configured_task_names_the_shared_environment(home, monkeypatch):
         cwd="", timeout=60, task_id="rl-rollout-7"
     )
     assert named.task == "rl-rollout-7"
+
+
+def test_hermes_forwarded_variables_reach_the_command_and_nothing_else_does(home, provider, monkeypatch):
+    """Hermes's env passthrough (a skill's required_environment_variables, or
+    terminal.env_passthrough) reaches the command as the run's ``env``; the rest of Hermes's
+    environment — which the server was started with — does not, and no value is journaled."""
+    from tools.env_passthrough import clear_env_passthrough, register_env_passthrough
+
+    secret = "tb-forwarded-Zq9x-value"
+    monkeypatch.setenv("TB_FORWARDED", secret)
+    monkeypatch.setenv("TB_NOT_FORWARDED", "tb-kept-Zq9x-value")
+    monkeypatch.setenv("TASKBOX_OWN_SETTING", "not-for-commands")
+    register_env_passthrough(["TB_FORWARDED", "TASKBOX_OWN_SETTING"])
+    try:
+        env = provider.create_environment(cwd="", timeout=60, task_id="forwarded")
+        out, code = ran(env.execute(
+            'echo "f=${TB_FORWARDED:-unset} n=${TB_NOT_FORWARDED:-unset} o=${TASKBOX_OWN_SETTING:-unset}"'
+        ))
+        assert code == 0, out
+        assert f"f={secret} n=unset o=unset" in out, out
+    finally:
+        clear_env_passthrough()
+    shown = home.taskbox("show", "--json", "forwarded").stdout
+    assert "Zq9x" not in shown, "a forwarded value was journaled"

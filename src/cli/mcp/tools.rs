@@ -25,7 +25,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use taskbox::config::Config;
+use taskbox::config::{CommandEnv, Config};
 use taskbox::engine::{Paths, RunResult, TaskView};
 use taskbox::provider::{CancelSignal, Canceller, ExecIo};
 use taskbox::TaskId;
@@ -72,6 +72,12 @@ struct RunArgs {
     /// Seconds after which the command is killed (default: the `terminal.timeout` setting).
     #[serde(default)]
     timeout: Option<u64>,
+    /// Environment variables for the command, {"NAME": "value"}, over the `terminal.env`
+    /// setting. Names are letters, digits and `_` (not starting with a digit), never
+    /// `TASKBOX_*`. Values are kept secret: never journaled nor shown.
+    #[serde(default)]
+    #[schemars(with = "Option<std::collections::BTreeMap<String, String>>")]
+    env: Option<CommandEnv>,
 }
 
 /// Arguments naming one task.
@@ -289,6 +295,7 @@ impl Taskbox {
         command: String,
         timeout: Option<u64>,
         stdin: Option<Vec<u8>>,
+        env: CommandEnv,
         ct: Cancelled,
     ) -> Result<RunResult, Failure> {
         if let Some(t) = timeout {
@@ -305,6 +312,7 @@ impl Taskbox {
             output: None,
             stdin,
             cancel: Some(cancel_rx),
+            env,
         };
         // On a task of its own, so that a cancel reaches the run even when this future is
         // dropped (the run then ends by the cancel, or by its timeout).
@@ -325,7 +333,8 @@ impl Taskbox {
 
     async fn run_command(&self, a: RunArgs, ct: Cancelled) -> Answer {
         let task = task_id(&a.task)?;
-        let res = self.run(&task, a.command, a.timeout, None, ct).await?;
+        let env = a.env.unwrap_or_default();
+        let res = self.run(&task, a.command, a.timeout, None, env, ct).await?;
         let mut notes = notes(&res, a.timeout);
         // Once, on the first run of a store that is new while archives of another installation
         // exist (as `taskbox run` says).
@@ -491,7 +500,9 @@ impl Taskbox {
             .hint("read a larger file in parts: offset, then the next_offset it answers"));
         }
         let script = files::read_script(&path, offset, limit);
-        let res = self.run(&task, script, None, None, ct).await?;
+        let res = self
+            .run(&task, script, None, None, CommandEnv::new(), ct)
+            .await?;
         let size = files::outcome("read_file", &res).map_err(refused)?.size;
         if res.stdout_truncated {
             return Err(Failure::new(
@@ -561,7 +572,9 @@ impl Taskbox {
         }
         let len = bytes.len();
         let script = files::write_script(&path);
-        let res = self.run(&task, script, None, Some(bytes), ct).await?;
+        let res = self
+            .run(&task, script, None, Some(bytes), CommandEnv::new(), ct)
+            .await?;
         let size = files::outcome("write_file", &res).map_err(refused)?.size;
         if size != len as u64 {
             return Err(Failure::new(format!(

@@ -28,6 +28,31 @@ use super::{LocalProvider, Slot};
 use crate::provider::live::cancel_requested;
 use crate::provider::{ExecIo, ExecOutput, ExecRequest, OutputStream};
 
+/// The clean base of an unisolated command's environment: the server user's `PATH`, `HOME`,
+/// `USER`, `LOGNAME`, `LANG`, `LC_ALL`, `TZ` and `TMPDIR` where set (it runs as that user, on
+/// the host's filesystem), `PATH` and `LANG` else the isolated sandbox's, `TERM` else `dumb`,
+/// and the `TASKBOX_*` variables in `taskbox`. Nothing else of the server's environment —
+/// tokens, the variables of whoever started it — reaches a command.
+fn host_environment<'a>(taskbox: &'a [(&'a str, &'a OsStr)]) -> Vec<(&'a str, OsString)> {
+    let mut env: Vec<(&str, OsString)> = isolation::environment(&[])
+        .into_iter()
+        .filter(|(k, _)| *k != "HOME")
+        .map(|(k, v)| {
+            (
+                k,
+                std::env::var_os(k).filter(|v| !v.is_empty()).unwrap_or(v),
+            )
+        })
+        .collect();
+    for key in ["HOME", "USER", "LOGNAME", "LC_ALL", "TZ", "TMPDIR"] {
+        if let Some(v) = std::env::var_os(key) {
+            env.push((key, v));
+        }
+    }
+    env.extend(taskbox.iter().map(|(k, v)| (*k, v.to_os_string())));
+    env
+}
+
 /// How often a running command checks the sandbox deadline. The deadline lives on the injected
 /// clock (which may be virtual), so it is polled rather than turned into a timer. A cancelled
 /// command's group is polled as often for its end.
@@ -147,6 +172,18 @@ impl LocalProvider {
             ("TASKBOX_SANDBOX", OsStr::new(name.name.as_str())),
             ("TASKBOX_WORKSPACE", workspace.as_os_str()),
         ];
+        // The command's whole environment: its clean base, then the variables passed on
+        // purpose (never a `TASKBOX_*`: `CommandEnv` refuses them). Nothing of the server's.
+        let base = match init {
+            Some(_) => isolation::environment(&env),
+            None => host_environment(&env),
+        };
+        let full: Vec<(&str, &OsStr)> = base
+            .iter()
+            .map(|(k, v)| (*k, v.as_os_str()))
+            .filter(|(k, _)| !io.env.names().any(|n| n == *k))
+            .chain(io.env.iter().map(|(k, v)| (k, OsStr::new(v))))
+            .collect();
         let started = tokio::time::Instant::now();
         // Where the command's reported directory is relative to.
         let isolated = init.is_some();
@@ -162,8 +199,7 @@ impl LocalProvider {
                     program: "bash",
                     args: &[OsStr::new("-c"), &script],
                     cwd: &cwd,
-                    set: &env,
-                    remove: &["PWD", "OLDPWD"],
+                    env: &full,
                     stdin_piped: io.stdin.is_some(),
                 };
                 spawn::clone_into_cgroup(join.dir(), &spec).map_err(|source| LocalError::Spawn {
@@ -206,7 +242,7 @@ impl LocalProvider {
                     .stderr(Stdio::piped())
                     // A clean environment: nothing of the server's reaches the command.
                     .env_clear()
-                    .envs(isolation::environment(&env))
+                    .envs(full.iter().copied())
                     .process_group(0);
                 // SAFETY: `Enter::run` makes only async-signal-safe system calls on what
                 // `Enter::new` prepared (see `isolation::enter`).
@@ -239,9 +275,9 @@ impl LocalProvider {
                     })
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
-                    .envs(env)
-                    .env_remove("PWD")
-                    .env_remove("OLDPWD")
+                    // A clean environment: nothing of the server's reaches the command.
+                    .env_clear()
+                    .envs(full.iter().copied())
                     // Its own process group, so a timeout kills everything the command started.
                     .process_group(0);
                 match command.spawn() {

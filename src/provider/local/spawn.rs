@@ -159,14 +159,14 @@ fn try_reap(pid: u32) -> io::Result<Option<ExitStatus>> {
     }
 }
 
-/// What to start: `program` (looked up on `PATH`) with `args`, in `cwd`, in its own process
-/// group, with this process's environment but `set` and without `remove`.
+/// What to start: `program` (looked up on this process's `PATH`) with `args`, in `cwd`, in its
+/// own process group, with exactly the environment `env` (nothing of this process's own: a
+/// command never sees the server's variables).
 pub(super) struct Spec<'a> {
     pub(super) program: &'a str,
     pub(super) args: &'a [&'a OsStr],
     pub(super) cwd: &'a Path,
-    pub(super) set: &'a [(&'a str, &'a OsStr)],
-    pub(super) remove: &'a [&'a str],
+    pub(super) env: &'a [(&'a str, &'a OsStr)],
     pub(super) stdin_piped: bool,
 }
 
@@ -295,16 +295,7 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> Result<Started, CloneError> 
         argv.push(cstring(a.as_bytes())?);
     }
     let mut envp = Vec::new();
-    for (k, v) in std::env::vars_os() {
-        let key = k.as_bytes();
-        if spec.remove.iter().any(|r| r.as_bytes() == key)
-            || spec.set.iter().any(|(s, _)| s.as_bytes() == key)
-        {
-            continue;
-        }
-        envp.push(cstring(&[key, b"=", v.as_bytes()].concat())?);
-    }
-    for (k, v) in spec.set {
+    for (k, v) in spec.env {
         envp.push(cstring(&[k.as_bytes(), b"=", v.as_bytes()].concat())?);
     }
     let argv_ptrs: Vec<*const libc::c_char> = argv
@@ -691,8 +682,7 @@ mod tests {
             program: "bash",
             args: &[OsStr::new("-c"), OsStr::new(script)],
             cwd: &cwd,
-            set: &[("TASKBOX_UNIT", OsStr::new("yes"))],
-            remove: &["HOME"],
+            env: &[("TASKBOX_UNIT", OsStr::new("yes"))],
             stdin_piped: true,
         };
         let started = clone_into_cgroup(&cg, &spec)
@@ -745,8 +735,7 @@ mod tests {
             program,
             args: &[],
             cwd: tmp.path(),
-            set: &[],
-            remove: &[],
+            env: &[],
             stdin_piped: false,
         };
         let errno = |r: Result<Started, CloneError>| match r {
@@ -779,8 +768,7 @@ mod tests {
             program: "bash",
             args: &[OsStr::new("-c"), OsStr::new("sleep 1000 & echo $!; wait")],
             cwd: tmp.path(),
-            set: &[],
-            remove: &[],
+            env: &[],
             stdin_piped: false,
         };
         let started = clone_into_cgroup(&cg, &spec).unwrap().expect("cloned");

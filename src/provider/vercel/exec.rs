@@ -17,7 +17,6 @@
 //! (`/vercel/sandbox/.taskbox-stdin-…`, with `fs/write`), and the command runs with its stdin
 //! opened on that file, which is removed before the command itself starts.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -311,6 +310,7 @@ pub async fn exec(
         output,
         stdin,
         mut cancel,
+        env,
     } = io;
     let mut args = vec!["-c".to_string(), req.command.clone()];
     if let Some(mut rx) = stdin {
@@ -349,7 +349,8 @@ pub async fn exec(
         command: "bash".into(),
         args,
         cwd: None,
-        env: BTreeMap::new(),
+        // The variables passed on purpose, over the sandbox's own environment.
+        env: env.to_map(),
         sudo: false,
         timeout_ms: Some(
             req.timeout_ms

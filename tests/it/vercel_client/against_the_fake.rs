@@ -547,3 +547,39 @@ async fn a_pending_session_is_polled_until_running() {
         .unwrap();
     assert_eq!(out.stdout, "up\n");
 }
+
+/// A run's variables (`run --env`, `terminal.env`) go in the run-command request's `env`, over
+/// the sandbox's own environment; the fake's own environment reaches no command.
+#[tokio::test]
+async fn a_runs_variables_reach_the_command_in_the_requests_env() {
+    let w = world().await;
+    let sb = w
+        .provider
+        .create_sandbox(&spec("env", 0, None))
+        .await
+        .unwrap();
+    let mut env = taskbox::config::CommandEnv::new();
+    env.set("PASSED", "passed value").unwrap();
+    env.set("LANG", "C").unwrap();
+    let io = ExecIo {
+        env,
+        ..ExecIo::default()
+    };
+    let out = w
+        .provider
+        .exec_live(
+            &sb.id,
+            &run(r#"echo "$PASSED|$LANG|${TASKBOX_HOME-unset}""#, 10_000),
+            io,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, "passed value|C|unset\n", "{out:?}");
+    // Without variables, the sandbox's own environment.
+    let out = w
+        .provider
+        .exec(&sb.id, &run(r#"echo "${PASSED-unset}|$LANG""#, 10_000))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, "unset|C.UTF-8\n", "{out:?}");
+}
