@@ -22,8 +22,9 @@ pub struct ServeArgs {
     /// Also listen on this TCP address (such as 127.0.0.1:7424); requires --token-file.
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
-    /// A file holding the bearer token TCP clients must send.
-    #[arg(long, value_name = "FILE")]
+    /// A file holding the bearer token TCP clients must send (mode 0600, at least 16
+    /// characters); only with --listen.
+    #[arg(long, value_name = "FILE", requires = "listen")]
     token_file: Option<PathBuf>,
     /// Ask the running server to stop (it suspends tasks with live sandboxes first).
     #[arg(long, conflicts_with_all = ["listen", "token_file", "auto"])]
@@ -104,15 +105,7 @@ pub async fn serve(args: ServeArgs, paths: &Paths) -> Result<ExitCode, Failure> 
         None => String::new(),
     };
     let token = match &args.token_file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                Failure::new(format!(
-                    "cannot read the token file {}: {e}",
-                    path.display()
-                ))
-            })?;
-            Some(text.trim().to_string())
-        }
+        Some(path) => Some(taskbox::server::read_token_file(path).map_err(Failure::from_server)?),
         None => None,
     };
     let server = Server::start(ServeOptions {
