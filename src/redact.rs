@@ -3,9 +3,14 @@
 //! `show --json`, `taskbox export`, `taskbox doctor`.
 //!
 //! Redaction works in two passes: first find secret values (`NAME=value` where the name says
-//! token/secret/password/key, `Bearer …`, `--token …`, passwords in URLs, private-key blocks,
-//! well-known token prefixes such as `ghp_`), then replace each occurrence of those values
-//! everywhere with [`REDACTED`]. Redacting twice changes nothing more.
+//! token/secret/password/key/pass, `Bearer …` anywhere, `--token …`, passwords in URLs,
+//! private-key blocks, JWTs, well-known token prefixes such as `ghp_`, and the password flags of
+//! the tools that take one on their command line: `curl -u user:pw`, `mysql -ppw`, `sshpass -p`,
+//! `docker login -p`, `redis-cli -a`, `openssl -k`/`-pass pass:pw`), then replace each
+//! occurrence of those values everywhere with [`REDACTED`]. Redacting twice changes nothing
+//! more. A name that only points at a secret (`--token-file FILE`, `PASSWORD_FILE=…`,
+//! `--password-stdin`) is not one. The forms, and the text that must stay, are the corpus
+//! `tests/it/redaction_corpus.txt`.
 
 use std::collections::BTreeSet;
 
@@ -35,7 +40,19 @@ const KEY_WORDS: &[&str] = &[
     "AUTH_",
     "_AUTH",
     "COOKIE",
+    "BEARER",
 ];
+
+/// Name segments (between `_`) that make a name a password's: `DB_PASS`, `MYSQL_PWD`,
+/// `--pass`. Whole words only: `BYPASS`, `PASSTHROUGH` and `COMPASS` are not passwords.
+const PASSWORD_SEGMENTS: &[&str] = &["PASS", "PWD", "PW"];
+
+/// Names that hold no secret although a segment says so: the working directory.
+const NOT_SECRET_NAMES: &[&str] = &["PWD", "OLDPWD"];
+
+/// Last name segments that make a name point at a secret rather than hold one
+/// (`--token-file FILE`, `VERCEL_TOKEN_PATH`, `--password-stdin`).
+const POINTER_SEGMENTS: &[&str] = &["FILE", "PATH", "DIR", "STDIN", "ENV", "URL"];
 
 /// Prefixes of well-known token formats (GitHub, GitLab, Slack, OpenAI/Stripe, AWS, npm, PyPI,
 /// Hugging Face, DigitalOcean, Shopify).
@@ -92,6 +109,9 @@ pub fn find_secrets(text: &str, out: &mut BTreeSet<String>) {
     find_prefixed_tokens(text, out);
     find_url_passwords(text, out);
     find_private_keys(text, out);
+    find_bearer_tokens(text, out);
+    find_jwts(text, out);
+    find_tool_passwords(text, out);
 }
 
 fn plausible(value: &str) -> bool {
@@ -115,7 +135,16 @@ fn secret_name(name: &str) -> bool {
         .trim_start_matches('-')
         .to_ascii_uppercase()
         .replace('-', "_");
+    let segments: Vec<&str> = upper.split('_').filter(|s| !s.is_empty()).collect();
+    if NOT_SECRET_NAMES.contains(&upper.as_str())
+        || segments
+            .last()
+            .is_some_and(|s| POINTER_SEGMENTS.contains(s))
+    {
+        return false;
+    }
     KEY_WORDS.iter().any(|k| upper.contains(k))
+        || segments.iter().any(|s| PASSWORD_SEGMENTS.contains(s))
 }
 
 /// `NAME=value`, `NAME: value`, `"NAME": "value"`, `--name value`, `Authorization: Bearer x`.
@@ -218,6 +247,224 @@ fn find_prefixed_tokens(text: &str, out: &mut BTreeSet<String>) {
             }
         }
     }
+}
+
+/// `Bearer VALUE` wherever it appears (`echo "Bearer …"`, a header in a file), not only after
+/// `Authorization:`; the value must look like a credential, so prose ("the bearer of") stays.
+fn find_bearer_tokens(text: &str, out: &mut BTreeSet<String>) {
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let lower = text.to_ascii_lowercase();
+    let mut from = 0;
+    while let Some(pos) = lower[from..].find("bearer ") {
+        let at = from + pos;
+        from = at + "bearer ".len();
+        let glued = text[..at].chars().next_back().is_some_and(is_name_char);
+        if glued {
+            continue;
+        }
+        let Ok(j) = chars.binary_search_by_key(&from, |c| c.0) else {
+            continue;
+        };
+        if let Some((value, _)) = read_value(text, &chars, j) {
+            if plausible(value) && looks_like_credential(value) {
+                out.insert(value.to_string());
+            }
+        }
+    }
+}
+
+/// A JSON Web Token: `eyJ…` (a base64url JSON header), a payload and a signature, dot-joined.
+fn find_jwts(text: &str, out: &mut BTreeSet<String>) {
+    let jwt_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.';
+    for word in text.split(|c: char| !jwt_char(c)) {
+        let parts: Vec<&str> = word.split('.').collect();
+        if word.starts_with("eyJ")
+            && parts.len() == 3
+            && parts[0].len() >= 10
+            && parts[1].len() >= 4
+        {
+            out.insert(word.to_string());
+        }
+    }
+}
+
+/// Which part of a tool flag's value is the secret.
+#[derive(Clone, Copy)]
+enum Part {
+    /// All of it (`-p SECRET`; `pass:SECRET` for openssl).
+    Whole,
+    /// What follows the first `:` (`-u user:SECRET`); no `:`, no secret (the tool prompts).
+    AfterColon,
+}
+
+/// A flag of a tool that takes a password on its command line.
+struct ToolFlag {
+    /// The flag (`-p`).
+    flag: &'static str,
+    /// Whether the next word is its value (`-p SECRET`; `mysql -p db` names a database).
+    separate: bool,
+    /// Whether the value may be glued to it (`-pSECRET`).
+    glued: bool,
+}
+
+/// A tool whose password flags are read when it appears in a command.
+struct Tool {
+    /// Its program names.
+    programs: &'static [&'static str],
+    /// A word that must also appear in the command (`docker login`, not `docker run -p`).
+    with: Option<&'static str>,
+    flags: &'static [ToolFlag],
+    part: Part,
+}
+
+const fn sep(flag: &'static str) -> ToolFlag {
+    ToolFlag {
+        flag,
+        separate: true,
+        glued: false,
+    }
+}
+
+const fn both(flag: &'static str) -> ToolFlag {
+    ToolFlag {
+        flag,
+        separate: true,
+        glued: true,
+    }
+}
+
+/// The tools that take a password on their command line, with the flags that carry it.
+const TOOLS: &[Tool] = &[
+    Tool {
+        programs: &["curl"],
+        with: None,
+        flags: &[both("-u"), sep("--user"), both("-U"), sep("--proxy-user")],
+        part: Part::AfterColon,
+    },
+    Tool {
+        programs: &["http", "https"],
+        with: None,
+        flags: &[sep("-a"), sep("--auth")],
+        part: Part::AfterColon,
+    },
+    Tool {
+        programs: &[
+            "mysql",
+            "mysqldump",
+            "mysqladmin",
+            "mysqlimport",
+            "mysqlshow",
+            "mysqlcheck",
+            "mariadb",
+            "mariadb-dump",
+        ],
+        with: None,
+        flags: &[ToolFlag {
+            flag: "-p",
+            separate: false,
+            glued: true,
+        }],
+        part: Part::Whole,
+    },
+    Tool {
+        programs: &["sshpass"],
+        with: None,
+        flags: &[both("-p")],
+        part: Part::Whole,
+    },
+    Tool {
+        programs: &[
+            "docker", "podman", "nerdctl", "buildah", "skopeo", "helm", "oras", "crane",
+        ],
+        with: Some("login"),
+        flags: &[sep("-p")],
+        part: Part::Whole,
+    },
+    Tool {
+        programs: &["redis-cli", "valkey-cli"],
+        with: None,
+        flags: &[sep("-a")],
+        part: Part::Whole,
+    },
+    Tool {
+        programs: &["openssl"],
+        with: None,
+        flags: &[
+            sep("-k"),
+            sep("-K"),
+            sep("-pass"),
+            sep("-passin"),
+            sep("-passout"),
+        ],
+        part: Part::Whole,
+    },
+];
+
+/// The password flags of [`TOOLS`], read per simple command (split at `;`, `|`, `&`, newlines).
+/// A value glued to its flag (`-pSECRET`) is kept with the flag, as the whole word is what
+/// [`scrub`] can replace.
+fn find_tool_passwords(text: &str, out: &mut BTreeSet<String>) {
+    for command in text.split(|c: char| ";|&\n()`".contains(c)) {
+        let words: Vec<&str> = command
+            .split_whitespace()
+            .map(|w| w.trim_matches(|c| c == '"' || c == '\''))
+            .collect();
+        let program = |w: &str| w.rsplit('/').next().unwrap_or(w).to_string();
+        for tool in TOOLS {
+            if !words
+                .iter()
+                .any(|w| tool.programs.contains(&program(w).as_str()))
+                || tool.with.is_some_and(|with| !words.contains(&with))
+            {
+                continue;
+            }
+            for (i, word) in words.iter().enumerate() {
+                for f in tool.flags {
+                    let (value, glued) = if *word == f.flag && f.separate {
+                        match words.get(i + 1) {
+                            Some(v) => (*v, false),
+                            None => continue,
+                        }
+                    } else if let Some(v) = word.strip_prefix(f.flag).filter(|v| !v.is_empty()) {
+                        match v.strip_prefix('=') {
+                            Some(v) if f.flag.starts_with("--") => (v, false),
+                            _ if f.glued => (v, true),
+                            _ => continue,
+                        }
+                    } else {
+                        continue;
+                    };
+                    if let Some(secret) = tool_secret(value, tool.part) {
+                        if glued {
+                            out.insert(word.to_string());
+                        }
+                        out.insert(secret.to_string());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The secret in a tool flag's value, if it holds one (not a `$VAR`, not `env:`/`file:`).
+fn tool_secret(value: &str, part: Part) -> Option<&str> {
+    let secret = match part {
+        Part::Whole => value.strip_prefix("pass:").unwrap_or(value),
+        Part::AfterColon => value.split_once(':')?.1,
+    };
+    let pointer = ["env:", "file:", "fd:", "stdin"]
+        .iter()
+        .any(|p| secret.starts_with(p));
+    (secret.chars().count() >= 3 && !pointer && plausible_short(secret)).then_some(secret)
+}
+
+/// [`plausible`] for a value a tool's flag certainly holds as a password (3 characters do).
+fn plausible_short(value: &str) -> bool {
+    !value.starts_with('$')
+        && !value.starts_with('-')
+        && value != REDACTED
+        && !value.contains(REDACTED)
+        && !value.chars().all(|c| c == '*' || c == 'x' || c == 'X')
 }
 
 /// `scheme://user:password@host`.

@@ -44,6 +44,10 @@ pub(super) struct PlainRun {
 pub fn run() -> Option<ExitCode> {
     let args: Vec<OsString> = std::env::args_os().collect();
     let plain = parse(&args)?;
+    // A server on another machine: the full path's client speaks TCP.
+    if std::env::var_os("TASKBOX_SERVER_URL").is_some_and(|v| !v.is_empty()) {
+        return None;
+    }
     // Logging asked for: the full path sets it up.
     if std::env::var_os("RUST_LOG").is_some_and(|v| !v.is_empty()) {
         return None;

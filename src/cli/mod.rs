@@ -72,6 +72,16 @@ struct Cli {
     /// More logging on stderr (-v info, -vv debug, -vvv trace). `RUST_LOG` overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
+    /// Send the task commands to the server at this URL (`taskbox serve --listen ADDR` on
+    /// another machine, as http://HOST:PORT) instead of this data dir's. Also
+    /// TASKBOX_SERVER_URL. The token: TASKBOX_TOKEN, or --token-file.
+    #[cfg(feature = "server")]
+    #[arg(long, value_name = "URL")]
+    server: Option<String>,
+    /// With --server: a file holding the server's bearer token (instead of TASKBOX_TOKEN).
+    #[cfg(feature = "server")]
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -291,6 +301,12 @@ pub fn main() -> ExitCode {
     let verbose = cli.verbose;
     init_logging(verbose);
     let paths = Paths::from_env(|k| std::env::var(k).ok());
+    #[cfg(feature = "server")]
+    if let Err(failure) =
+        server::choose_remote(cli.server.as_deref(), cli.token_file.as_deref(), &cli.cmd)
+    {
+        return fail(&failure, json);
+    }
     // A command that only talks to a server, or only reads, needs no worker threads (starting
     // them is a measurable part of a warm `taskbox run`); an engine, a server or a fake gets two.
     let mut builder = if engine_in_process(&cli.cmd, &paths) {
@@ -482,6 +498,32 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Rm(args) => rm(args, paths).await,
         Cmd::Fork(args) => fork(args, paths).await,
+        #[cfg(feature = "server")]
+        Cmd::Tasks(args) if server::remote_client(paths).is_some() => {
+            let client = server::remote_client(paths).expect("checked by the guard");
+            let tasks = server::remote_tasks(&client).await?;
+            let removed = output::Removed::new();
+            let now = taskbox::clock::Clock::now_ms(&taskbox::clock::SystemClock);
+            match (args.json, args.tree) {
+                (true, false) => print_json(&output::tasks_json(&tasks, now, &removed))?,
+                (true, true) => print_json(&output::tasks_tree_json(&tasks, now, &removed))?,
+                (false, false) => output::print_tasks(&tasks, now, &removed)?,
+                (false, true) => output::print_tasks_tree(&tasks, now, &removed)?,
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        #[cfg(feature = "server")]
+        Cmd::Show(args) if server::remote_client(paths).is_some() => {
+            let client = server::remote_client(paths).expect("checked by the guard");
+            let task = task_id(&args.task)?;
+            let view = server::remote_view(&client, &task, args.journal).await?;
+            if args.json {
+                print_json(&output::view_json(&view)?)?;
+            } else {
+                output::print_view(&view)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Tasks(args) => {
             // Read-only: straight from the store, with no provider (and so no credentials).
             let store_err = |e: StoreError| Failure::from_engine(e.into());

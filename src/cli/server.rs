@@ -2,13 +2,14 @@
 //! through the data dir's server ([`taskbox::client`]) or in-process, per `terminal.server`.
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::Args;
 
-use taskbox::client::{autostart, Client, ClientError, Health};
+use taskbox::client::{autostart, Client, ClientError, Health, Remote};
 use taskbox::clock::format_ms;
 use taskbox::config::{Config, ServerMode};
 use taskbox::engine::Paths;
@@ -22,8 +23,9 @@ pub struct ServeArgs {
     /// Also listen on this TCP address (such as 127.0.0.1:7424); requires --token-file.
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
-    /// A file holding the bearer token TCP clients must send.
-    #[arg(long, value_name = "FILE")]
+    /// A file holding the bearer token TCP clients must send (mode 0600, at least 16
+    /// characters); only with --listen.
+    #[arg(long, value_name = "FILE", requires = "listen")]
     token_file: Option<PathBuf>,
     /// Ask the running server to stop (it suspends tasks with live sandboxes first).
     #[arg(long, conflicts_with_all = ["listen", "token_file", "auto"])]
@@ -45,8 +47,124 @@ pub enum Route {
     Server(Client, ServerMode),
 }
 
-/// Reads `terminal.server` (or `TASKBOX_SERVER`).
+/// The server on another machine this process's task commands go to (`--server URL` or
+/// `TASKBOX_SERVER_URL`), chosen once from the command line before dispatch
+/// ([`choose_remote`]), so that every place that routes a command ([`route`], `tasks`, `show`,
+/// `status`) sees the same choice without threading a flag through each of them.
+static REMOTE: OnceLock<Remote> = OnceLock::new();
+
+/// The commands that go to `--server`: the ones the server's API serves.
+fn served_remotely(cmd: &super::Cmd) -> bool {
+    use super::Cmd;
+    matches!(
+        cmd,
+        Cmd::Run(_)
+            | Cmd::Suspend(_)
+            | Cmd::Resume(_)
+            | Cmd::Fork(_)
+            | Cmd::Rm(_)
+            | Cmd::Tasks(_)
+            | Cmd::Show(_)
+            | Cmd::Gc(_)
+            | Cmd::Status(_)
+            | Cmd::Watch(_)
+    )
+}
+
+/// Reads `--server URL` (else `TASKBOX_SERVER_URL`) and the token (`--token-file`, else
+/// `TASKBOX_TOKEN`) for a command the server's API serves. A `--server` flag on a command that
+/// works on this machine's files (`config`, `cost`, `export`, `serve`…) is refused rather than
+/// ignored; the environment variable leaves those commands alone.
+pub fn choose_remote(
+    flag: Option<&str>,
+    token_file: Option<&Path>,
+    cmd: &super::Cmd,
+) -> Result<(), Failure> {
+    let from_env = std::env::var("TASKBOX_SERVER_URL")
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    let Some(url) = flag.map(str::to_string).or(from_env) else {
+        if token_file.is_some() {
+            return Err(Failure::new("--token-file is the token of --server, and no server URL was given")
+                .code("usage")
+                .hint("taskbox --server http://HOST:PORT --token-file FILE COMMAND…, or set TASKBOX_SERVER_URL"));
+        }
+        return Ok(());
+    };
+    if !served_remotely(cmd) {
+        if flag.is_some() {
+            return Err(Failure::new(
+                "--server sends task commands to another machine's server, and this command works on this machine's files",
+            )
+            .code("usage")
+            .hint("--server works with run, suspend, resume, fork, rm, tasks, show, gc, status and watch; run this command on the server's machine"));
+        }
+        return Ok(());
+    }
+    let token = match token_file {
+        Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+            Failure::new(format!(
+                "cannot read the token file {}: {e}",
+                path.display()
+            ))
+            .hint("give --token-file the file holding the server's bearer token")
+        })?),
+        None => std::env::var("TASKBOX_TOKEN").ok(),
+    };
+    let remote = Remote::new(url.trim(), token.as_deref()).map_err(Failure::from_client)?;
+    let _ = REMOTE.set(remote);
+    Ok(())
+}
+
+/// A client of the `--server` chosen for this process, if one was.
+pub fn remote_client(paths: &Paths) -> Option<Client> {
+    REMOTE
+        .get()
+        .map(|r| Client::remote(&paths.data_dir, r.clone()))
+}
+
+/// Every task, as the remote server lists them.
+pub async fn remote_tasks(client: &Client) -> Result<Vec<taskbox::core::Task>, Failure> {
+    let v = call(
+        client,
+        ServerMode::Always,
+        |c| async move { c.tasks().await },
+    )
+    .await?;
+    serde_json::from_value(v).map_err(|e| {
+        Failure::new(format!(
+            "the taskbox server at {} answered a task list this CLI cannot read: {e}",
+            client.endpoint()
+        ))
+        .hint("use the same taskbox version on both machines")
+    })
+}
+
+/// One task's view, as the remote server shows it.
+pub async fn remote_view(
+    client: &Client,
+    task: &taskbox::TaskId,
+    journal: usize,
+) -> Result<taskbox::engine::TaskView, Failure> {
+    let v = call(client, ServerMode::Always, |c| {
+        let task = task.clone();
+        async move { c.show(&task, journal).await }
+    })
+    .await?;
+    serde_json::from_value(v).map_err(|e| {
+        Failure::new(format!(
+            "the taskbox server at {} answered a task this CLI cannot read: {e}",
+            client.endpoint()
+        ))
+        .hint("use the same taskbox version on both machines")
+    })
+}
+
+/// Reads `terminal.server` (or `TASKBOX_SERVER`); a `--server` chosen for this process wins.
 pub fn route(paths: &Paths) -> Result<Route, Failure> {
+    if let Some(client) = remote_client(paths) {
+        return Ok(Route::Server(client, ServerMode::Always));
+    }
     let config = Config::load(&paths.config_file).map_err(Failure::from_config)?;
     let mode = config
         .server_mode(|k| std::env::var(k).ok())
@@ -77,6 +195,18 @@ where
             }
             f(client.clone()).await.map_err(Failure::from_client)
         }
+        // A fleet's server that does not drive the task names the one that does: the request
+        // goes there once (nothing was done here).
+        Err(ClientError::Api(e)) => match client.owner_of(&e) {
+            Some(owner) => {
+                eprintln!(
+                    "note: the server at {} drives this task; sending the request there",
+                    owner.endpoint()
+                );
+                f(owner).await.map_err(Failure::from_client)
+            }
+            None => Err(Failure::from_client(ClientError::Api(e))),
+        },
         r => r.map_err(Failure::from_client),
     }
 }
@@ -104,15 +234,7 @@ pub async fn serve(args: ServeArgs, paths: &Paths) -> Result<ExitCode, Failure> 
         None => String::new(),
     };
     let token = match &args.token_file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                Failure::new(format!(
-                    "cannot read the token file {}: {e}",
-                    path.display()
-                ))
-            })?;
-            Some(text.trim().to_string())
-        }
+        Some(path) => Some(taskbox::server::read_token_file(path).map_err(Failure::from_server)?),
         None => None,
     };
     let server = Server::start(ServeOptions {
@@ -168,6 +290,10 @@ async fn stop(paths: &Paths) -> Result<ExitCode, Failure> {
 
 /// `taskbox status`: exit 0 with the server's facts, or 1 when no server runs.
 pub async fn status(paths: &Paths, json: bool) -> Result<ExitCode, Failure> {
+    if let Some(client) = remote_client(paths) {
+        let health = client.health().await.map_err(Failure::from_client)?;
+        return print_health(&health, &client, json);
+    }
     let client = Client::new(&paths.data_dir);
     let health = match client.health().await {
         Ok(h) => h,
@@ -187,14 +313,21 @@ pub async fn status(paths: &Paths, json: bool) -> Result<ExitCode, Failure> {
         }
         Err(e) => return Err(Failure::from_client(e)),
     };
+    print_health(&health, &client, json)
+}
+
+fn print_health(health: &Health, client: &Client, json: bool) -> Result<ExitCode, Failure> {
     if json {
-        let mut v = serde_json::to_value(&health)
+        let mut v = serde_json::to_value(health)
             .map_err(|e| Failure::new(format!("cannot encode JSON: {e}")))?;
         v["running"] = serde_json::Value::Bool(true);
-        v["socket"] = client.socket().display().to_string().into();
+        match client.remote_server() {
+            Some(r) => v["server"] = r.url().into(),
+            None => v["socket"] = client.socket().display().to_string().into(),
+        }
         print_json(&v)?;
     } else {
-        print_status(&health, &client)?;
+        print_status(health, client)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -215,7 +348,10 @@ fn print_status(h: &Health, client: &Client) -> Result<(), Failure> {
         format_ms(h.started_at)
     ));
     s.push_str(&format!("data dir: {}\n", h.data_dir));
-    s.push_str(&format!("socket:   {}\n", client.socket().display()));
+    match client.remote_server() {
+        Some(r) => s.push_str(&format!("server:   {}\n", r.url())),
+        None => s.push_str(&format!("socket:   {}\n", client.socket().display())),
+    }
     if let Some(tcp) = &h.tcp {
         s.push_str(&format!("tcp:      {tcp} (bearer token)\n"));
     }

@@ -143,7 +143,7 @@ impl BlockingClient {
 
 fn protocol(socket: &Path, what: String) -> ClientError {
     ClientError::Protocol {
-        socket: socket.to_path_buf(),
+        server: socket.display().to_string(),
         what,
     }
 }
@@ -151,7 +151,7 @@ fn protocol(socket: &Path, what: String) -> ClientError {
 /// An error answer's body as the [`ApiError`](super::ApiError) it should be (as the async client).
 fn api_error(socket: &Path, status: u16, body: &[u8]) -> ClientError {
     match hyper::StatusCode::from_u16(status) {
-        Ok(status) => super::api_error(socket, status, body),
+        Ok(status) => super::api_error(&socket.display().to_string(), status, body),
         Err(_) => protocol(socket, format!("answered with the status {status}")),
     }
 }

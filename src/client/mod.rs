@@ -10,6 +10,11 @@
 //! [`ClientError::NoServer`] tells "no server answers" (nothing was sent, so starting a server
 //! and retrying is safe) from failures after a request was sent (never retried: a `run` is not
 //! idempotent). [`autostart`] starts a server in the background for `terminal.server = auto`.
+//!
+//! The same client speaks to a server on another machine ([`Remote`], `taskbox --server URL`):
+//! the same HTTP/1.1 over TCP, with the server's bearer token on every request. A fleet's
+//! server that does not drive a task answers `task_elsewhere` naming the one that does
+//! ([`Client::owner_of`] reads its address).
 
 // Starting a server is spawning a process (the CLI re-executing itself) and waiting for its
 // socket to answer: the client's own job, like a provider's.
@@ -21,6 +26,7 @@ mod watch;
 pub mod wire;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -63,11 +69,29 @@ pub enum ClientError {
     /// `Result` that carries it).
     #[error(transparent)]
     Api(Box<ApiError>),
+    /// No server answers at a `--server` URL (nothing listens, or the host is unknown):
+    /// nothing was sent.
+    #[error("no taskbox server answers at {url}")]
+    Unreachable {
+        /// The URL.
+        url: String,
+        /// The connect error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A `--server` URL or token taskbox cannot use.
+    #[error("{what}")]
+    BadRemote {
+        /// What is wrong (never the token).
+        what: String,
+        /// How to fix it.
+        hint: String,
+    },
     /// The exchange failed after the request was sent (the server died, or spoke nonsense).
-    #[error("the taskbox server at {socket} {what}")]
+    #[error("the taskbox server at {server} {what}")]
     Protocol {
-        /// The socket.
-        socket: PathBuf,
+        /// The server: its socket, or its URL.
+        server: String,
         /// What happened.
         what: String,
     },
@@ -102,10 +126,104 @@ impl ClientError {
                 path.display()
             )),
             ClientError::Api(e) => e.hint.clone(),
+            ClientError::Unreachable { .. } => Some(
+                "check the URL, and that `taskbox serve --listen ADDR --token-file FILE` runs there and the port is reachable from here"
+                    .into(),
+            ),
+            ClientError::BadRemote { hint, .. } => Some(hint.clone()),
             ClientError::Protocol { .. } => Some(
                 "`taskbox status` says whether a server runs; its log is <data>/serve.log".into(),
             ),
             ClientError::Start { log, .. } => Some(format!("see {}", log.display())),
+        }
+    }
+}
+
+/// A server on another machine, reached over TCP (`taskbox --server URL`): where it listens
+/// and the bearer token it wants. Its `Debug` and every message name the URL, never the token.
+#[derive(Clone)]
+pub struct Remote {
+    /// The URL as the user gave it, without a trailing `/`.
+    url: String,
+    /// `host:port`, to connect to and to send as `Host`.
+    authority: String,
+    /// The bearer token.
+    token: Arc<String>,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Remote {
+    /// A server at `url` (`http://HOST:PORT`, as `taskbox serve --listen` prints it), with
+    /// its bearer `token`: refused when the URL is not plain HTTP to a host, or the token is
+    /// missing or empty.
+    pub fn new(url: &str, token: Option<&str>) -> Result<Remote, ClientError> {
+        let bad = |what: String, hint: &str| ClientError::BadRemote {
+            what,
+            hint: hint.to_string(),
+        };
+        let form = "give it as http://HOST:PORT, the address of `taskbox serve --listen HOST:PORT`";
+        let Some(rest) = url.strip_prefix("http://") else {
+            return Err(if url.starts_with("https://") {
+                bad(
+                    format!("the server URL {url} is https: taskbox serve speaks plain HTTP"),
+                    "use http://HOST:PORT, and put the server behind a TLS tunnel or proxy of your own (ssh -L, a load balancer) when the network is not trusted",
+                )
+            } else {
+                bad(
+                    format!("the server URL `{url}` is not an http:// URL"),
+                    form,
+                )
+            });
+        };
+        let authority = rest.trim_end_matches('/');
+        if authority.is_empty() || authority.contains(['/', '@', '?', '#', ' ']) {
+            return Err(bad(
+                format!("the server URL `{url}` is not http://HOST:PORT (no user, path or query)"),
+                form,
+            ));
+        }
+        let authority = match authority.rsplit_once(':') {
+            Some((_, port)) if port.parse::<u16>().is_ok() => authority.to_string(),
+            _ if authority.ends_with(']') || !authority.contains(':') => format!("{authority}:80"),
+            _ => {
+                return Err(bad(
+                    format!("the server URL `{url}` has no valid port"),
+                    form,
+                ))
+            }
+        };
+        let token = token.map(str::trim).unwrap_or_default();
+        if token.is_empty() {
+            return Err(bad(
+                format!("--server {url} needs the server's bearer token"),
+                "set TASKBOX_TOKEN, or pass --token-file FILE with the token of the server's --token-file",
+            ));
+        }
+        Ok(Remote {
+            url: format!("http://{}", rest.trim_end_matches('/')),
+            authority,
+            token: Arc::new(token.to_string()),
+        })
+    }
+
+    /// The URL, for messages.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The same token at another server's address (`HOST:PORT`).
+    fn at(&self, authority: &str) -> Remote {
+        Remote {
+            url: format!("http://{authority}"),
+            authority: authority.to_string(),
+            token: self.token.clone(),
         }
     }
 }
@@ -115,7 +233,14 @@ impl ClientError {
 pub struct Client {
     data_dir: PathBuf,
     socket: PathBuf,
+    /// A server on another machine instead of the data dir's socket.
+    remote: Option<Remote>,
 }
+
+/// A connection to a server: the Unix socket or TCP.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
 impl Client {
     /// A client of the server for `data_dir` (its socket is `<data_dir>/taskbox.sock`).
@@ -123,12 +248,43 @@ impl Client {
         Client {
             data_dir: data_dir.to_path_buf(),
             socket: data_dir.join(SOCKET_FILE),
+            remote: None,
         }
     }
 
-    /// The socket it talks to.
+    /// A client of the server at `remote`, over TCP (no socket, never started by the CLI).
+    pub fn remote(data_dir: &Path, remote: Remote) -> Client {
+        Client {
+            remote: Some(remote),
+            ..Client::new(data_dir)
+        }
+    }
+
+    /// The socket it talks to (unused for a [`Remote`] server).
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// The remote server it talks to, if it is one.
+    pub fn remote_server(&self) -> Option<&Remote> {
+        self.remote.as_ref()
+    }
+
+    /// Where it talks to, for messages: the socket's path or the server's URL.
+    pub fn endpoint(&self) -> String {
+        match &self.remote {
+            Some(r) => r.url.clone(),
+            None => self.socket.display().to_string(),
+        }
+    }
+
+    /// For a `task_elsewhere` answer of a remote server (a fleet): a client of the server that
+    /// drives the task, when the answer names its TCP address (`… at HOST:PORT`) and that
+    /// address is one a client can dial (not `0.0.0.0`). `None` otherwise.
+    pub fn owner_of(&self, error: &ApiError) -> Option<Client> {
+        let remote = self.remote.as_ref()?;
+        let addr = owner_address(error)?;
+        (addr != remote.authority).then(|| Client::remote(&self.data_dir, remote.at(&addr)))
     }
 
     /// Who serves, since when, and the tasks with live sandboxes.
@@ -150,8 +306,10 @@ impl Client {
     /// Runs `command` with its live side, as [`crate::engine::Orchestrator::run_live`] does
     /// in-process: output chunks go to `io.output` as the server streams them, `io.stdin` is
     /// uploaded to the run as it is read, and a cancel through `io.cancel` is posted to the
-    /// run's cancel endpoint. The parts of `io` are taken only once the server answers, so after
-    /// [`ClientError::NoServer`] the same `io` can be used again.
+    /// run's cancel endpoint. The parts of `io` are taken only once the server answers, and
+    /// given back when it refuses the run before its command printed anything, so after
+    /// [`ClientError::NoServer`] or a refusal such as `task_elsewhere` the same `io` can be
+    /// used again.
     pub async fn run_live(
         &self,
         task: &TaskId,
@@ -159,10 +317,7 @@ impl Client {
         timeout_secs: Option<u64>,
         io: &mut ExecIo,
     ) -> Result<RunResult, ClientError> {
-        let proto = |what: String| ClientError::Protocol {
-            socket: self.socket.clone(),
-            what,
-        };
+        let proto = |what: String| self.protocol(what);
         let body = RunRequest {
             command: command.to_string(),
             timeout_secs,
@@ -183,8 +338,14 @@ impl Client {
             return Err(self.api_error(status, &bytes));
         }
         let output = io.output.take();
-        let mut stdin = io.stdin.take();
+        // Shared with the upload, so that a run refused before its command started gives its
+        // stdin back whole but for what the upload had already sent.
+        let stdin = io
+            .stdin
+            .take()
+            .map(|rx| Arc::new(tokio::sync::Mutex::new(rx)));
         let mut cancel = io.cancel.take();
+        let mut output_seen = false;
         let mut run_id: Option<String> = None;
         let mut pending: Option<CancelSignal> = None;
         let mut uploads = tokio::task::JoinSet::new();
@@ -219,8 +380,8 @@ impl Client {
                     .map_err(|e| proto(format!("answered with an unexpected line: {e}")))?;
                 match event {
                     RunEvent::Started { run } => {
-                        if let Some(rx) = stdin.take() {
-                            uploads.spawn(self.clone().upload_stdin(run.clone(), rx));
+                        if let Some(rx) = &stdin {
+                            uploads.spawn(self.clone().upload_stdin(run.clone(), rx.clone()));
                         }
                         if let Some(signal) = pending {
                             uploads.spawn(self.clone().cancel_run(run.clone(), signal));
@@ -233,9 +394,20 @@ impl Client {
                     }
                     RunEvent::Error(e) => {
                         uploads.abort_all();
+                        if !output_seen {
+                            // Refused before the command printed anything (`task_elsewhere`
+                            // is answered before anything runs): the live side goes back to
+                            // `io`, for the same request sent elsewhere.
+                            while uploads.join_next().await.is_some() {}
+                            io.stdin = stdin
+                                .and_then(|rx| Arc::try_unwrap(rx).ok())
+                                .map(tokio::sync::Mutex::into_inner);
+                            (io.output, io.cancel) = (output, cancel);
+                        }
                         return Err(ClientError::Api(Box::new(e)));
                     }
                     out @ RunEvent::Output { .. } => {
+                        output_seen = true;
                         if let (Some(tx), Some(chunk)) = (&output, out.into_chunk()) {
                             let _ = tx.send(chunk).await;
                         }
@@ -247,9 +419,14 @@ impl Client {
 
     /// Streams `stdin` to the run (`POST /v1/runs/{run}/stdin`) on a connection of its own;
     /// the end of `stdin` is the end of the body, which the server passes on as end of file.
-    async fn upload_stdin(self, run: String, mut stdin: tokio::sync::mpsc::Receiver<Vec<u8>>) {
+    async fn upload_stdin(
+        self,
+        run: String,
+        stdin: Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Vec<u8>>>>,
+    ) {
         let (tx, body) = body::ChannelBody::new(16);
         let forward = async move {
+            let mut stdin = stdin.lock().await;
             while let Some(data) = stdin.recv().await {
                 if tx.send(Bytes::from(data)).await.is_err() {
                     break;
@@ -262,10 +439,8 @@ impl Client {
                 .await
                 .ok()?;
             let driver = tokio::spawn(conn);
-            let req = Request::builder()
-                .method(Method::POST)
-                .uri(format!("{API_PREFIX}/runs/{run}/stdin"))
-                .header(hyper::header::HOST, "taskbox")
+            let req = self
+                .request(Method::POST, &format!("/runs/{run}/stdin"))
                 .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
                 .body(body)
                 .ok()?;
@@ -380,17 +555,47 @@ impl Client {
         self.call(Method::POST, "/shutdown", None::<&()>).await
     }
 
-    /// Checks the socket's owner, then connects. `NoServer` when nobody listens.
-    async fn connect(&self) -> Result<tokio::net::UnixStream, ClientError> {
+    /// Checks the socket's owner, then connects. `NoServer` when nobody listens; for a remote
+    /// server, connects over TCP (`Unreachable` when nobody answers there).
+    async fn connect(&self) -> Result<Box<dyn Io>, ClientError> {
+        if let Some(remote) = &self.remote {
+            let stream = tokio::net::TcpStream::connect(&remote.authority)
+                .await
+                .map_err(|source| ClientError::Unreachable {
+                    url: remote.url.clone(),
+                    source,
+                })?;
+            // Requests are small and answers stream: no batching of a cancel or an output line.
+            let _ = stream.set_nodelay(true);
+            return Ok(Box::new(stream));
+        }
         let no_server = |source| ClientError::NoServer {
             data_dir: self.data_dir.clone(),
             source,
         };
         let meta = std::fs::symlink_metadata(&self.socket).map_err(no_server)?;
         check_owner(&self.socket, &meta)?;
-        tokio::net::UnixStream::connect(&self.socket)
+        let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
-            .map_err(no_server)
+            .map_err(no_server)?;
+        Ok(Box::new(stream))
+    }
+
+    /// A request to `/v1{path}` with the headers every request carries: `Host`, and for a
+    /// remote server its bearer token.
+    fn request(&self, method: Method, path: &str) -> hyper::http::request::Builder {
+        let builder = Request::builder()
+            .method(method)
+            .uri(format!("{API_PREFIX}{path}"));
+        match &self.remote {
+            Some(r) => builder
+                .header(hyper::header::HOST, r.authority.as_str())
+                .header(
+                    hyper::header::AUTHORIZATION,
+                    format!("Bearer {}", r.token.as_str()),
+                ),
+            None => builder.header(hyper::header::HOST, "taskbox"),
+        }
     }
 
     async fn call<B: Serialize, T: DeserializeOwned>(
@@ -415,14 +620,14 @@ impl Client {
 
     fn protocol(&self, what: String) -> ClientError {
         ClientError::Protocol {
-            socket: self.socket.clone(),
+            server: self.endpoint(),
             what,
         }
     }
 
     /// An error answer's body as the [`ApiError`] it should be.
     fn api_error(&self, status: StatusCode, body: &[u8]) -> ClientError {
-        api_error(&self.socket, status, body)
+        api_error(&self.endpoint(), status, body)
     }
 
     /// Connects, sends one request and returns the answer's status and body as they arrive,
@@ -452,10 +657,8 @@ impl Client {
             }
             None => Vec::new(),
         };
-        let req = Request::builder()
-            .method(method)
-            .uri(format!("{API_PREFIX}{path}"))
-            .header(hyper::header::HOST, "taskbox")
+        let req = self
+            .request(method, path)
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(bytes)))
             .map_err(|e| self.protocol(format!("(request): {e}")))?;
@@ -468,15 +671,36 @@ impl Client {
     }
 }
 
-/// An error answer's body (from the server at `socket`) as the [`ApiError`] it should be.
-fn api_error(socket: &Path, status: StatusCode, body: &[u8]) -> ClientError {
+/// An error answer's body (from the server at `server`) as the [`ApiError`] it should be.
+fn api_error(server: &str, status: StatusCode, body: &[u8]) -> ClientError {
     match serde_json::from_slice::<ApiError>(body) {
         Ok(e) => ClientError::Api(Box::new(e)),
         Err(_) => ClientError::Protocol {
-            socket: socket.to_path_buf(),
+            server: server.to_string(),
             what: format!("answered {status}: {}", String::from_utf8_lossy(body)),
         },
     }
+}
+
+/// The TCP address a `task_elsewhere` answer names for the task's owner: its message quotes
+/// the owner as `` `HOST pid N since T at ADDR` `` (`at ADDR` only when that server listens on
+/// TCP). `None` without one, or for an address no client can dial (`0.0.0.0`, `[::]`).
+fn owner_address(error: &ApiError) -> Option<String> {
+    if error.code != "task_elsewhere" {
+        return None;
+    }
+    // The quoted parts are the task (`` `t1` ``) and the owner; the owner's has a pid.
+    let owner = error
+        .message
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .find(|quoted| quoted.contains(" pid "))?;
+    let (_, addr) = owner.rsplit_once(" at ")?;
+    let addr = addr.trim();
+    let (host, port) = addr.rsplit_once(':')?;
+    let unspecified = matches!(host, "0.0.0.0" | "[::]" | "::" | "");
+    (port.parse::<u16>().is_ok() && !unspecified).then(|| addr.to_string())
 }
 
 /// Refuses a socket file that belongs to another user: its owner would see every command.
@@ -506,5 +730,89 @@ struct AbortOnDrop(tokio::task::JoinHandle<Result<(), hyper::Error>>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_urls_are_plain_http_to_a_host_and_need_a_token() {
+        let r = Remote::new("http://worker-a:7424/", Some("t0ken-0123456789\n")).expect("valid");
+        assert_eq!(
+            (r.url(), r.authority.as_str()),
+            ("http://worker-a:7424", "worker-a:7424")
+        );
+        assert_eq!(r.token.as_str(), "t0ken-0123456789");
+        assert_eq!(
+            Remote::new("http://10.0.0.5", Some("t"))
+                .expect("valid")
+                .authority,
+            "10.0.0.5:80"
+        );
+        assert_eq!(
+            Remote::new("http://[::1]:7424", Some("t"))
+                .expect("valid")
+                .authority,
+            "[::1]:7424"
+        );
+        for (url, says) in [
+            ("https://w:7424", "plain HTTP"),
+            ("w:7424", "not an http:// URL"),
+            ("http://me:pw@w:7424", "no user, path or query"),
+            ("http://w:7424/v1", "no user, path or query"),
+            ("http://w:port", "no valid port"),
+            ("http://", "no user, path or query"),
+        ] {
+            let e = Remote::new(url, Some("tok")).expect_err(url);
+            assert!(e.to_string().contains(says), "{url}: {e}");
+            assert!(e.hint().is_some(), "{url}");
+        }
+        for token in [None, Some(""), Some(" \n")] {
+            let e = Remote::new("http://w:7424", token).expect_err("no token");
+            assert!(e.to_string().contains("bearer token"), "{e}");
+            assert!(e.hint().expect("hint").contains("TASKBOX_TOKEN"), "{e:?}");
+        }
+        // The token shows in no Debug.
+        let c = Client::remote(
+            Path::new("/d"),
+            Remote::new("http://w:1", Some("s3cr3t-tok")).expect("valid"),
+        );
+        assert!(!format!("{c:?}").contains("s3cr3t"), "{c:?}");
+    }
+
+    #[test]
+    fn a_task_elsewhere_answer_names_the_owner_to_follow() {
+        let elsewhere = |owner: &str| {
+            ApiError::new(
+                "task_elsewhere",
+                format!("task `t1` is driven by another server (`{owner}`, its lease runs for 9000 ms more); send the request to that server"),
+            )
+        };
+        let here = Client::remote(
+            Path::new("/d"),
+            Remote::new("http://w-a:7424", Some("tok")).expect("valid"),
+        );
+        let next = here
+            .owner_of(&elsewhere(
+                "w-b pid 42 since 2026-12-06T03:00:00Z at 10.0.0.7:7424",
+            ))
+            .expect("follows");
+        assert_eq!(next.endpoint(), "http://10.0.0.7:7424");
+        assert_eq!(next.remote.as_ref().expect("remote").token.as_str(), "tok");
+        for owner in [
+            "w-b pid 42 since 2026-12-06T03:00:00Z",
+            "w-b pid 42 since T at 0.0.0.0:7424",
+            "w-b pid 42 since T at w-a:7424",
+        ] {
+            assert!(here.owner_of(&elsewhere(owner)).is_none(), "{owner}");
+        }
+        let other = ApiError::new("busy", "task `t1` is driven (`x at 10.0.0.7:7424`)");
+        assert!(here.owner_of(&other).is_none());
+        // The socket's client never follows: a local server has no fleet address to go to.
+        assert!(Client::new(Path::new("/d"))
+            .owner_of(&elsewhere("w-b pid 42 since T at 10.0.0.7:7424"))
+            .is_none());
     }
 }

@@ -166,8 +166,9 @@ pub struct StateChange {
     pub at: Millis,
 }
 
-/// Everything known about one task, for `taskbox show`.
-#[derive(Debug, Clone, Serialize)]
+/// Everything known about one task, for `taskbox show` (read back from a server's
+/// `GET /v1/tasks/{task}` by `taskbox --server URL show`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TaskView {
     /// The task as the core sees it.
     pub task: Task,

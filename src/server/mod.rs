@@ -86,6 +86,14 @@ pub enum ServerError {
     /// `--listen` without a token.
     #[error("--listen needs a bearer token: refusing to serve TCP without one")]
     TokenRequired,
+    /// The token file is unreadable, too open or too short to guard TCP.
+    #[error("refusing the token file {path}: {problem}")]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it (never the token itself).
+        problem: String,
+    },
     /// The TCP address could not be bound.
     #[error("cannot listen on {addr}")]
     Listen {
@@ -120,14 +128,50 @@ impl ServerError {
             ServerError::ForeignSocket { .. } => {
                 Some("another user's server serves this data dir; use your own TASKBOX_HOME".into())
             }
-            ServerError::TokenRequired => Some(
-                "write a long random token to a file readable only by you and pass --token-file FILE"
-                    .into(),
-            ),
+            ServerError::TokenRequired => Some(TOKEN_FIX.into()),
+            ServerError::TokenFile { .. } => Some(TOKEN_FIX.into()),
             ServerError::Engine(EngineError::Provider { hint, .. }) => hint.clone(),
             _ => None,
         }
     }
+}
+
+/// How to make a token file `serve --listen` accepts.
+const TOKEN_FIX: &str = "write a long random token to a file only you can read: \
+     `openssl rand -hex 32 > FILE && chmod 600 FILE`, then pass --token-file FILE";
+
+/// The fewest characters a bearer token may have: guessing it must be out of reach.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// Reads the bearer token of `serve --listen` from `path`: the file must be a regular file
+/// that neither its group nor others may read or write (mode 0600 or stricter), holding at
+/// least [`MIN_TOKEN_LEN`] characters once surrounding whitespace is trimmed. A world-readable
+/// token guards nothing against the machine's other users, and a short one against nobody.
+pub fn read_token_file(path: &Path) -> Result<String, ServerError> {
+    use std::os::unix::fs::PermissionsExt;
+    let refuse = |problem: String| ServerError::TokenFile {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| refuse(format!("cannot read it: {e}")))?;
+    if !meta.is_file() {
+        return Err(refuse("it is not a regular file".into()));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(refuse(format!(
+            "its mode is {mode:04o}, so other users may read it (it must be 0600 or stricter)"
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| refuse(format!("cannot read it: {e}")))?;
+    let token = text.trim();
+    let len = token.chars().count();
+    if len < MIN_TOKEN_LEN {
+        return Err(refuse(format!(
+            "the token has {len} characters; at least {MIN_TOKEN_LEN} are needed"
+        )));
+    }
+    Ok(token.to_string())
 }
 
 /// How to serve.

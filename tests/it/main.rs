@@ -32,6 +32,7 @@ mod local_provider;
 mod mcp;
 mod pg;
 mod provider_contract;
+mod redaction;
 mod replay;
 mod server;
 mod sim;

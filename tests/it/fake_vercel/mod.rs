@@ -7,6 +7,7 @@
 mod commands;
 mod edge;
 mod faults;
+mod recipe;
 mod sandboxes;
 mod sdk;
 mod snapshots;

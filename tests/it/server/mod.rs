@@ -6,6 +6,7 @@ mod gc;
 mod hostile;
 mod lifecycle;
 mod recovery;
+mod remote;
 mod security;
 mod vercel;
 mod watch;

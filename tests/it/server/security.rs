@@ -88,6 +88,7 @@ fn tcp_needs_the_bearer_token_and_never_shows_it() {
     let token = "tok-3b7f0c9e5a1d4f8b";
     let token_file = h.home.path().join("token");
     std::fs::write(&token_file, format!("{token}\n")).expect("token");
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
 
     // Without a token, no TCP.
     let o = h.home.run(&["serve", "--listen", "127.0.0.1:0"]);
@@ -156,4 +157,54 @@ fn tcp_needs_the_bearer_token_and_never_shows_it() {
     let log = h.serve_stderr();
     assert!(log.contains("refused a TCP request"), "{log}");
     assert!(!log.contains(token), "the token leaked into the log: {log}");
+}
+
+/// `serve` refuses a token file others may read, a short token, and `--token-file` without
+/// `--listen` (issue 32 item 11), each naming the file and the fix, never the token.
+#[test]
+fn serve_refuses_weak_token_files_and_a_token_without_listen() {
+    let h = ServerHome::new();
+    let file = h.home.path().join("token");
+    let tf = file.to_str().expect("utf-8");
+    let token = "0123456789abcdef0123";
+    let write = |text: &str, mode: u32| {
+        std::fs::write(&file, text).expect("token");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    };
+    for (text, mode, says) in [
+        (token, 0o644, "mode is 0644"),
+        (token, 0o640, "mode is 0640"),
+        (token, 0o602, "mode is 0602"),
+        ("x", 0o600, "1 characters; at least 16"),
+        ("  0123456789abcde \n", 0o600, "15 characters"),
+    ] {
+        write(text, mode);
+        let o = h
+            .home
+            .run(&["serve", "--listen", "127.0.0.1:0", "--token-file", tf]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(125), "{text:?} {mode:o}: {err}");
+        assert!(err.contains("refusing the token file"), "{err}");
+        assert!(err.contains(tf), "names the file: {err}");
+        assert!(err.contains(says), "{says}: {err}");
+        assert!(err.contains("chmod 600"), "gives the fix: {err}");
+        assert!(!err.contains(token), "the token leaked: {err}");
+    }
+    let missing = h.home.path().join("nope");
+    let o = h.home.run(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        missing.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(o.status.code(), Some(125));
+    assert!(stderr(&o).contains("cannot read it"), "{}", stderr(&o));
+
+    // A token file without --listen guards nothing: refused rather than ignored.
+    write(token, 0o600);
+    let o = h.home.run(&["serve", "--token-file", tf]);
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--listen"), "{}", stderr(&o));
+    assert!(h.status().is_none(), "no server started");
 }
