@@ -15,6 +15,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::cgroup::Join;
 use super::error::LocalError;
+use super::inflight::InFlight;
 use super::isolation;
 use super::kill::{
     exited_unreaped, group_has_live_members, kill_group, signal_children, signal_group,
@@ -64,7 +65,7 @@ impl LocalProvider {
             });
         }
         let slot = self.slot(&name);
-        let (meta, mut stopped, sandbox_dir, workspace, run_dir, init) = {
+        let (meta, mut stopped, sandbox_dir, workspace, run_dir, init, _mark) = {
             let _guard = slot.lock.lock().await;
             // Gone (or past its deadline) before the command starts: it provably never ran.
             // Located under the lock: a create of a newer generation may park this sandbox.
@@ -88,6 +89,8 @@ impl LocalProvider {
                 None
             };
             slot.commands.fetch_add(1, Ordering::SeqCst);
+            // Its mark while it runs (under the lock: after the check for a dead server's).
+            let mark = InFlight::mark(&run_dir, &self.unique())?;
             // Subscribed under the lock: a discard after this point is seen by this command.
             (
                 meta,
@@ -96,6 +99,7 @@ impl LocalProvider {
                 workspace,
                 run_dir,
                 init,
+                mark,
             )
         };
         // Cancelled before it started (while its sandbox was made ready): it never runs.

@@ -80,6 +80,7 @@ mod error;
 mod exec;
 pub mod foreign;
 mod fsutil;
+mod inflight;
 pub mod isolation;
 mod kill;
 mod lifecycle;
