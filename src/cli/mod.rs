@@ -673,18 +673,23 @@ fn stored_tasks(
     store: Option<&Store>,
 ) -> Result<(Vec<taskbox::core::Task>, output::Removed), Failure> {
     let store_err = |e: StoreError| Failure::from_engine(e.into());
-    Ok(match store {
-        Some(store) => (
-            store.load_tasks().map_err(store_err)?,
-            store
-                .removed_tasks()
-                .map_err(store_err)?
-                .into_iter()
-                .map(|(id, _)| id)
-                .collect(),
-        ),
-        None => (Vec::new(), output::Removed::new()),
-    })
+    let Some(store) = store else {
+        return Ok((Vec::new(), output::Removed::new()));
+    };
+    let mut tasks = store.load_tasks().map_err(store_err)?;
+    let removed: std::collections::HashMap<_, _> = store
+        .removed_tasks()
+        .map_err(store_err)?
+        .into_iter()
+        .collect();
+    // A removed task's snapshots as they stand after the removal, not as its journal last
+    // recorded them.
+    for t in &mut tasks {
+        if let Some(marks) = removed.get(t.id.as_str()) {
+            taskbox::engine::as_removed(store, t, marks).map_err(Failure::from_engine)?;
+        }
+    }
+    Ok((tasks, removed.into_keys().collect()))
 }
 
 /// Opens the one-shot orchestrator of a command that drives tasks under `terminal.server =

@@ -6,7 +6,8 @@
 //! or exported journal gives the same figures. Prices apply to the Vercel backend only; the
 //! local backend's ledger is in resource units.
 
-use crate::core::ledger::{Ledger, Prices, Window};
+use crate::core::ledger::{Ledger, LedgerBuilder, Prices, Window};
+use crate::core::retention;
 use crate::core::Millis;
 use crate::ids::TaskId;
 use crate::store::{JournalEntry, Store};
@@ -32,16 +33,25 @@ pub fn ledger_of(entries: &[JournalEntry], window: Window) -> Ledger {
     )
 }
 
-/// One task's ledger over `window`, from its journal in `store`, with its backend (`None`
-/// when no engine recorded one yet).
+/// One task's ledger over `window`, from its journal in `store` and its removal mark, with its
+/// backend (`None` when no engine recorded one yet).
 pub fn task_ledger(
     store: &Store,
     task: &TaskId,
     window: Window,
 ) -> Result<(Ledger, Option<String>), EngineError> {
     let entries = store.journal(task.as_str())?;
-    let backend = store.task_marks(task.as_str())?.and_then(|m| m.backend);
-    Ok((ledger_of(&entries, window), backend))
+    let marks = store.task_marks(task.as_str())?.unwrap_or_default();
+    // A task `taskbox rm` removed without keeping its snapshots retains none after its removal,
+    // whatever its journal's last record of them says.
+    let mut b = LedgerBuilder::new(window).retention_ends(retention::retention_ends(
+        marks.removed_at,
+        marks.kept_snapshots,
+    ));
+    for e in &entries {
+        b.apply(e.at, &e.event, &e.task_after);
+    }
+    Ok((b.finish(), marks.backend))
 }
 
 /// Reads a `--since` duration: a whole number and a unit, `s`, `m`, `h`, `d` or `w` (`7d`,

@@ -60,6 +60,6 @@ pub use lock::LockWait;
 pub use owner::owner_name;
 pub use paths::{store_file, Paths, DATA_DIR_ENV, STORE_FILE};
 pub use results::{
-    Encoding, ForkResult, RemoveResult, ResumeResult, RunResult, StateChange, SuspendResult,
-    TaskView,
+    as_removed, Encoding, ForkResult, RemoveResult, ResumeResult, RunResult, StateChange,
+    SuspendResult, TaskView,
 };

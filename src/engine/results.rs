@@ -195,17 +195,52 @@ impl TaskView {
             Some(t) => Some(t),
             None => store.load_task(id)?,
         };
-        let Some(task) = task else {
+        let Some(mut task) = task else {
             return Ok(None);
         };
+        let marks = store.task_marks(id)?.unwrap_or_default();
+        let mut snapshots = store.snapshots(Some(id))?;
+        if marks.removed_at.is_some() {
+            as_removed(store, &mut task, &marks)?;
+            for row in &mut snapshots {
+                if let Some(rec) = task.snapshots.iter().find(|s| s.seq == row.seq) {
+                    row.status = rec.status;
+                }
+            }
+        }
         Ok(Some(TaskView {
             sandboxes: store.sandboxes(Some(id))?,
-            snapshots: store.snapshots(Some(id))?,
+            snapshots,
             journal: store.journal_tail(id, journal_entries)?,
-            marks: store.task_marks(id)?.unwrap_or_default(),
+            marks,
             task,
         }))
     }
+}
+
+/// `task`'s snapshot records as they stand after `taskbox rm` removed it (`marks`): the journal
+/// keeps them as they were before the removal, and a removal that did not keep its snapshots
+/// holds none of them any more ([`status_after_removal`](crate::core::retention::status_after_removal):
+/// `released` where another task still holds the snapshot, `deleted` otherwise). What `show`
+/// and `tasks` print of a removed task; a task not removed is left as it is.
+pub fn as_removed(store: &Store, task: &mut Task, marks: &TaskMarks) -> Result<(), EngineError> {
+    if marks.removed_at.is_none() {
+        return Ok(());
+    }
+    for rec in &mut task.snapshots {
+        let held_elsewhere = match &rec.id {
+            Some(sid) if crate::core::retention::on_provider(rec.status) => {
+                !store.snapshot_holders(sid, task.id.as_str())?.is_empty()
+            }
+            _ => false,
+        };
+        rec.status = crate::core::retention::status_after_removal(
+            rec.status,
+            marks.kept_snapshots,
+            held_elsewhere,
+        );
+    }
+    Ok(())
 }
 
 impl TaskView {

@@ -313,3 +313,87 @@ fn export_snapshot_writes_a_plain_tarball() {
         stderr(&out)
     );
 }
+
+/// `terminal.server = never` (issue 32, item 18): nothing runs between commands, so a sandbox's
+/// deadline passes unwatched. What happens, as docs/running.md says: unisolated, a background
+/// process the command left runs on past the deadline, writing, until the task is next used;
+/// isolated, it ended with the CLI that started it. Either way the next command finds the
+/// workspace past its deadline, keeps its files in a late checkpoint — writes made after the
+/// deadline included — and restores from it, and nothing of the old sandbox runs any more.
+#[test]
+fn never_mode_keeps_files_written_past_an_unwatched_deadline_in_a_late_checkpoint() {
+    for mode in ["none", "namespaces"] {
+        if mode == "namespaces" {
+            if let Err(e) = taskbox::provider::local::isolation::probe() {
+                assert!(
+                    !crate::support::under_ci(),
+                    "isolation must work under CI: {e}"
+                );
+                #[allow(clippy::print_stderr)] // a skip says so
+                {
+                    eprintln!("SKIPPED the isolated half: {e}");
+                }
+                continue;
+            }
+        }
+        let home = Home::new();
+        ok(&home.run(&["config", "set", "terminal.local_isolation", mode]));
+        ok(&home.run(&["config", "set", "terminal.sandbox_timeout_seconds", "3"]));
+        ok(&home.run(&[
+            "run",
+            "-t",
+            "b",
+            "--",
+            "echo first > f; (while :; do echo x >> bg; sleep 0.1; done) >/dev/null 2>&1 &",
+        ]));
+        let bg = home.path().join("data/local/tasks/b/workspace/bg");
+        let lines = || fs::read(&bg).map_or(0, |b| b.len() / 2);
+        let passed = crate::support::wait_for(std::time::Duration::from_secs(60), || {
+            let o = home.run(&["tasks", "--json"]);
+            let v: Value = serde_json::from_str(&ok(&o)).ok()?;
+            (v[0]["deadline_passed"] == true).then_some(())
+        });
+        assert!(passed.is_some(), "{mode}: the deadline never passed");
+        let at_deadline = lines();
+        assert!(at_deadline > 0, "{mode}: the background loop never wrote");
+        if mode == "none" {
+            let grew = crate::support::wait_for(std::time::Duration::from_secs(20), || {
+                (lines() > at_deadline).then_some(())
+            });
+            assert!(
+                grew.is_some(),
+                "{mode}: the background process runs on past the deadline"
+            );
+        } else {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            assert_eq!(
+                lines(),
+                at_deadline,
+                "{mode}: the background process ended with its CLI"
+            );
+        }
+        let before = lines();
+        let o = home.run(&["run", "-t", "b", "--", "wc -l < bg; cat f"]);
+        let out = ok(&o);
+        assert!(
+            stderr(&o).contains("late checkpoint"),
+            "{mode}: {}",
+            stderr(&o)
+        );
+        let (count, rest) = out.split_once('\n').expect("two lines");
+        let count: usize = count.trim().parse().expect("a count");
+        assert!(
+            count >= before,
+            "{mode}: the writes past the deadline are kept: {out}"
+        );
+        assert_eq!(rest, "first\n", "{mode}");
+        // The late checkpoint stopped the old sandbox: nothing writes any more.
+        let settled = lines();
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert_eq!(
+            lines(),
+            settled,
+            "{mode}: the old sandbox's process still runs"
+        );
+    }
+}

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use taskbox::core::ledger::{Ledger, Prices, Window};
+use taskbox::core::ledger::{Ledger, LedgerBuilder, Prices, Window};
 use taskbox::engine::cost::{ledger_of, parse_since};
 use taskbox::engine::{store_file, Paths};
 use taskbox::store::Store;
@@ -322,6 +322,113 @@ fn a_forks_shared_snapshot_counts_to_each_holder_and_once_in_the_total() {
     );
 }
 
+/// `taskbox rm` ends a task's snapshots for `show`, `tasks` and `cost`: the removed task lists
+/// none `complete` (`deleted` where the removal deleted it, `released` where a fork still holds
+/// it), counts no bytes kept, and its GB-months stop growing; `rm --keep-snapshots` keeps them
+/// counted; a fork that shares a removed parent's snapshot still counts it.
+#[test]
+fn rm_ends_the_removed_tasks_snapshots_in_show_tasks_and_cost() {
+    let home = Home::new();
+    for t in ["solo", "kept", "demo"] {
+        ok(&home.run(&["run", "-t", t, "--", "head -c 100000 /dev/urandom > f"]));
+        ok(&home.run(&["suspend", t]));
+    }
+    ok(&home.run(&["fork", "demo", "demo-alt"]));
+    ok(&home.run(&["rm", "solo"]));
+    ok(&home.run(&["rm", "kept", "--keep-snapshots"]));
+    ok(&home.run(&["rm", "demo"]));
+
+    let statuses = |task: &str| -> Vec<String> {
+        let v = json(&home.run(&["show", task, "--json"]));
+        let from_task: Vec<String> = v["task"]["snapshots"]
+            .as_array()
+            .unwrap_or_else(|| panic!("snapshots in {v}"))
+            .iter()
+            .map(|s| s["status"].as_str().expect("a status").to_string())
+            .collect();
+        let rows: Vec<String> = v["snapshots"]
+            .as_array()
+            .unwrap_or_else(|| panic!("snapshot rows in {v}"))
+            .iter()
+            .map(|s| s["status"].as_str().expect("a status").to_string())
+            .collect();
+        assert_eq!(from_task, rows, "the record and the rows agree: {v}");
+        from_task
+    };
+    assert_eq!(statuses("solo"), ["deleted"]);
+    assert_eq!(statuses("demo"), ["released"], "the fork still holds it");
+    assert_eq!(statuses("kept"), ["complete"]);
+    assert_eq!(statuses("demo-alt"), ["complete"]);
+    let text = ok(&home.run(&["show", "solo"]));
+    assert!(
+        text.contains("deleted") && !text.contains("complete"),
+        "{text}"
+    );
+
+    let tasks = json(&home.run(&["tasks", "--json"]));
+    let count = |task: &str| {
+        tasks
+            .as_array()
+            .expect("an array")
+            .iter()
+            .find(|t| t["task"] == task)
+            .unwrap_or_else(|| panic!("{task} in {tasks}"))["snapshots"]
+            .as_u64()
+    };
+    assert_eq!(count("solo"), Some(0), "{tasks}");
+    assert_eq!(count("demo"), Some(0), "{tasks}");
+    assert_eq!(count("kept"), Some(1), "{tasks}");
+    assert_eq!(count("demo-alt"), Some(1), "{tasks}");
+
+    let v = json(&home.run(&["cost", "--json"]));
+    let cost = |task: &str| {
+        v["tasks"]
+            .as_array()
+            .expect("tasks")
+            .iter()
+            .find(|t| t["task"] == task)
+            .unwrap_or_else(|| panic!("{task} in {v}"))
+            .clone()
+    };
+    for gone in ["solo", "demo"] {
+        assert_eq!(cost(gone)["snapshot_bytes_kept"], 0, "{v}");
+        assert_eq!(cost(gone)["snapshots_kept"], 0, "{v}");
+    }
+    assert_eq!(cost("kept")["snapshots_kept"], 1, "{v}");
+    assert_eq!(cost("demo-alt")["snapshot_bytes_kept"], 100_000, "{v}");
+    assert_eq!(
+        v["totals"]["local"]["snapshot_bytes_kept"], 200_000,
+        "kept and demo-alt: {v}"
+    );
+
+    // Storage stops growing at the removal: a ledger read a year later is the same.
+    let s = store(&home);
+    let now = taskbox::clock::Clock::now_ms(&taskbox::clock::SystemClock);
+    let year = 365 * 86_400_000;
+    let ledger = |task: &str, until: u64| {
+        taskbox::engine::cost::task_ledger(
+            &s,
+            &crate::support::tid(task),
+            Window { from: 0, until },
+        )
+        .expect("ledger")
+        .0
+    };
+    for gone in ["solo", "demo"] {
+        let (a, b) = (ledger(gone, now), ledger(gone, now + year));
+        assert!(
+            a.snapshot_gb_months() > 0.0,
+            "counted until the removal: {a:?}"
+        );
+        assert_eq!(a.snapshot_gb_months(), b.snapshot_gb_months(), "{gone}");
+    }
+    let (a, b) = (ledger("kept", now), ledger("kept", now + year));
+    assert!(
+        b.snapshot_gb_months() > a.snapshot_gb_months(),
+        "kept: still stored"
+    );
+}
+
 /// The fold's arithmetic on a journal written by hand: sandbox time from the entry that made the
 /// sandbox the task's to the one that ended it, the reported usage in vCPU-hours, memory
 /// GB-hours and transfer, storage in GB-months, the estimate at the published prices, and a
@@ -398,6 +505,44 @@ fn the_ledger_folds_a_journal_into_units_and_prices() {
     let e = l.estimate(&Prices::default());
     let expect = 0.5 * 0.128 + 4.0 * 0.0212 + 0.6e-6 + 2.0 * 0.15 + 0.08;
     assert!((e.total - expect).abs() < 1e-12, "{e:?}");
+
+    // A `taskbox rm` that did not keep the snapshots, half a month in: storage ends there for
+    // good — an entry journaled after the removal (the stop of its sandbox) still lists the
+    // record `complete`, and counts nothing — and nothing is kept at the window's end.
+    let removed_at = t0 + H + month / 2;
+    let after_rm = Event::SandboxStopped {
+        sandbox_id: crate::support::sbx("sbx_1"),
+        usage: None,
+    };
+    let with_stop = [
+        (t0, &ready, &live),
+        (t0 + H, &taken, &kept),
+        (removed_at + 10, &after_rm, &kept),
+    ];
+    for window_end in [t0 + H + month, t0 + H + 12 * month] {
+        let mut b = LedgerBuilder::new(Window::until(window_end)).retention_ends(
+            taskbox::core::retention::retention_ends(Some(removed_at), false),
+        );
+        for (at, event, after) in with_stop {
+            b.apply(at, event, after);
+        }
+        let l = b.finish();
+        assert!(
+            (l.snapshot_gb_months() - 0.5).abs() < 1e-12,
+            "half a month, however late the ledger is read: {l:?}"
+        );
+        assert_eq!(l.snapshot_bytes_kept(), 0, "{l:?}");
+    }
+    // `rm --keep-snapshots`: the snapshot is still kept, and counted to the window's end.
+    let mut b = LedgerBuilder::new(Window::until(t0 + H + month)).retention_ends(
+        taskbox::core::retention::retention_ends(Some(removed_at), true),
+    );
+    for (at, event, after) in with_stop {
+        b.apply(at, event, after);
+    }
+    let l = b.finish();
+    assert!((l.snapshot_gb_months() - 1.0).abs() < 1e-12, "{l:?}");
+    assert_eq!(l.snapshot_bytes_kept(), 1_000_000_000);
 
     // From half an hour in: half the sandbox time, no creation, the usage reported in the
     // window, storage from the snapshot on.

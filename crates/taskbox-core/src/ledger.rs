@@ -112,6 +112,9 @@ pub struct LedgerBuilder {
     held: BTreeMap<SnapshotId, (u64, Millis)>,
     /// The sessions whose usage was counted (or reported before the window): each once.
     reported: BTreeSet<SandboxId>,
+    /// When the task stopped retaining snapshots for good
+    /// ([`retention_ends`](crate::retention::retention_ends)).
+    retention_ends: Option<Millis>,
 }
 
 impl LedgerBuilder {
@@ -123,7 +126,16 @@ impl LedgerBuilder {
             live: None,
             held: BTreeMap::new(),
             reported: BTreeSet::new(),
+            retention_ends: None,
         }
+    }
+
+    /// The builder of a task that stopped retaining snapshots at `end` (a `taskbox rm` that did
+    /// not keep them: [`retention_ends`](crate::retention::retention_ends)): the journal keeps
+    /// the records as they were before the removal, and no snapshot storage is counted after it.
+    pub fn retention_ends(mut self, end: Option<Millis>) -> LedgerBuilder {
+        self.retention_ends = end;
+        self
     }
 
     /// Applies one journal entry: at `at`, `event` left the task as `after`. Entries must come
@@ -188,15 +200,18 @@ impl LedgerBuilder {
             self.close_sandbox(at);
             self.live = now_live.map(|id| (id.clone(), at));
         }
-        // Snapshot storage: while the task retains the snapshot on the provider.
+        // Snapshot storage: while the task retains the snapshot on the provider, and never
+        // after its retention ended (entries journaled after a removal still list the records).
+        let ended = self.retention_ends.filter(|end| at >= *end);
         let retained: BTreeMap<&SnapshotId, u64> = after
             .snapshots
             .iter()
             .filter(|s| {
-                matches!(
-                    s.status,
-                    SnapshotStatus::Complete | SnapshotStatus::Deleting
-                )
+                ended.is_none()
+                    && matches!(
+                        s.status,
+                        SnapshotStatus::Complete | SnapshotStatus::Deleting
+                    )
             })
             .filter_map(|s| s.id.as_ref().map(|id| (id, s.size_bytes)))
             .collect();
@@ -208,7 +223,7 @@ impl LedgerBuilder {
             .collect();
         for id in dropped {
             if let Some((size, from)) = self.held.remove(&id) {
-                self.push_span(id, size, from, at);
+                self.push_span(id, size, from, ended.unwrap_or(at));
             }
         }
         for (id, size) in retained {
@@ -252,9 +267,12 @@ impl LedgerBuilder {
     pub fn finish(mut self) -> Ledger {
         let until = self.window.until;
         self.close_sandbox(until);
+        let ended = self.retention_ends.filter(|end| *end <= until);
         for (id, (size, from)) in std::mem::take(&mut self.held) {
-            self.ledger.snapshots_kept.insert(id.clone(), size);
-            self.push_span(id, size, from, until);
+            if ended.is_none() {
+                self.ledger.snapshots_kept.insert(id.clone(), size);
+            }
+            self.push_span(id, size, from, ended.unwrap_or(until));
         }
         self.ledger
     }

@@ -13,7 +13,7 @@
 //! Deleting is the last holder's to do: a fork shares its parent's snapshot, so a task that
 //! retires a snapshot another task still holds only releases it ([`Disposal::Release`]).
 
-use crate::types::{SnapshotRecord, SnapshotStatus, Task, TaskSettings};
+use crate::types::{Millis, SnapshotRecord, SnapshotStatus, Task, TaskSettings};
 
 /// How many complete snapshots a task keeps: its `keep_snapshots`, and never fewer than one,
 /// since the latest complete snapshot is the one a restore uses.
@@ -61,6 +61,34 @@ pub fn on_provider(status: SnapshotStatus) -> bool {
 /// does; one `taskbox rm` removed does only if it kept its snapshots (`--keep-snapshots`).
 pub fn removed_task_holds(removed: bool, kept_snapshots: bool) -> bool {
     !removed || kept_snapshots
+}
+
+/// How a removed task's record of a snapshot reads once `taskbox rm` removed the task: a record
+/// of a snapshot still on the provider ([`on_provider`]) that the removal did not keep
+/// ([`removed_task_holds`]) reads `released` when another task still holds the snapshot
+/// (`held_elsewhere`) and `deleted` otherwise (the removal deleted it, or `taskbox gc` finishes
+/// a delete that failed). The journal keeps the record as it was before the removal; `show`,
+/// `tasks` and the ledger read it through this rule, so a removed task lists no `complete`
+/// snapshot it no longer has.
+pub fn status_after_removal(
+    status: SnapshotStatus,
+    kept_snapshots: bool,
+    held_elsewhere: bool,
+) -> SnapshotStatus {
+    if removed_task_holds(true, kept_snapshots) || !on_provider(status) {
+        status
+    } else if held_elsewhere {
+        SnapshotStatus::Released
+    } else {
+        SnapshotStatus::Deleted
+    }
+}
+
+/// When a task stopped retaining snapshots for good: the time `taskbox rm` removed it
+/// (`removed_at`), unless the removal kept its snapshots. The ledger counts no snapshot storage
+/// to the task after it.
+pub fn retention_ends(removed_at: Option<Millis>, kept_snapshots: bool) -> Option<Millis> {
+    removed_at.filter(|_| !removed_task_holds(true, kept_snapshots))
 }
 
 /// Whether `task` holds the provider snapshot `id` (a record of it that [`holds`]).
@@ -149,5 +177,35 @@ mod tests {
         assert!(!removed_task_holds(true, false));
         assert_eq!(disposal(Vec::<&str>::new()), Disposal::Delete);
         assert_eq!(disposal(["a", "b"]), Disposal::Release { held_by: "a" });
+    }
+
+    #[test]
+    fn a_removal_that_did_not_keep_its_snapshots_ends_every_record_still_on_the_provider() {
+        use SnapshotStatus::*;
+        let all = [Pending, Complete, Failed, Deleting, Deleted, Gone, Released];
+        let alone: Vec<_> = all
+            .iter()
+            .map(|s| status_after_removal(*s, false, false))
+            .collect();
+        assert_eq!(
+            alone,
+            [Deleted, Deleted, Failed, Deleted, Deleted, Gone, Released]
+        );
+        let shared: Vec<_> = all
+            .iter()
+            .map(|s| status_after_removal(*s, false, true))
+            .collect();
+        assert_eq!(
+            shared,
+            [Released, Released, Failed, Released, Deleted, Gone, Released]
+        );
+        // `rm --keep-snapshots`: the records stand as they were.
+        for s in all {
+            assert_eq!(status_after_removal(s, true, false), s);
+            assert_eq!(status_after_removal(s, true, true), s);
+        }
+        assert_eq!(retention_ends(Some(7), false), Some(7));
+        assert_eq!(retention_ends(Some(7), true), None);
+        assert_eq!(retention_ends(None, false), None);
     }
 }

@@ -15,6 +15,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::cgroup::Join;
 use super::error::LocalError;
+use super::inflight::InFlight;
 use super::isolation;
 use super::kill::{
     exited_unreaped, group_has_live_members, kill_group, signal_children, signal_group,
@@ -89,7 +90,7 @@ impl LocalProvider {
             });
         }
         let slot = self.slot(&name);
-        let (meta, mut stopped, sandbox_dir, workspace, run_dir, init, network_note, warn) = {
+        let (meta, mut stopped, sandbox_dir, workspace, run_dir, init, network_note, warn, _mark) = {
             let _guard = slot.lock.lock().await;
             // Gone (or past its deadline) before the command starts: it provably never ran.
             // Located under the lock: a create of a newer generation may park this sandbox.
@@ -117,6 +118,8 @@ impl LocalProvider {
             // Unisolated on purpose (`terminal.local_isolation = none`): said on the sandbox's
             // first command, whichever process runs it (a marker in its `run/`, made once).
             let warn = self.warn_unisolated() && first_unisolated(&run_dir);
+            // Its mark while it runs (under the lock: after the check for a dead server's).
+            let mark = InFlight::mark(&run_dir, &self.unique())?;
             // Subscribed under the lock: a discard after this point is seen by this command.
             (
                 meta,
@@ -127,6 +130,7 @@ impl LocalProvider {
                 init,
                 network_note,
                 warn,
+                mark,
             )
         };
         // Cancelled before it started (while its sandbox was made ready): it never runs.

@@ -13,6 +13,7 @@ use super::cgroup;
 use super::error::LocalError;
 use super::foreign;
 use super::fsutil::{remove_tree, sync_dir};
+use super::inflight;
 use super::kill::kill_leftovers;
 use super::names::{check_owner, SandboxName, SnapshotRef};
 use super::snapshot::restore;
@@ -60,6 +61,18 @@ impl LocalProvider {
                 "it does not exist (stopped, snapshotted or never created)",
             )
         })?;
+        // A server killed under a command left it running (an unisolated sandbox does not end
+        // with its server): its processes die before anything else is done with the sandbox.
+        let orphans = inflight::orphaned(&dir.join("run"));
+        if !orphans.is_empty() {
+            tracing::info!(sandbox = %name.name, marks = orphans.len(),
+                "a command's server died under it; its sandbox's processes are killed");
+            self.stop_processes(name, slot).await?;
+            for mark in orphans {
+                fs::remove_file(&mark)
+                    .map_err(LocalError::io("remove the mark of a command", &mark))?;
+            }
+        }
         let now = self.clock.now_ms();
         if now >= meta.deadline {
             self.stop_processes(name, slot).await?;

@@ -81,6 +81,7 @@ mod error;
 mod exec;
 pub mod foreign;
 mod fsutil;
+mod inflight;
 pub mod isolation;
 mod kill;
 mod lifecycle;

@@ -178,7 +178,7 @@ impl LocalProvider {
                 None => None,
             };
             let source = match tracked {
-                Some(tracked) => Walk::Tracked(tracked),
+                Some(tracked) => Walk::Tracked(Box::new(tracked)),
                 None => Walk::Full { index: &index },
             };
             write_snapshot(&cas, &snap2, &workspace, source, &header, &path2, &tmp)
@@ -373,7 +373,7 @@ enum Walk<'a> {
         index: &'a Path,
     },
     /// Only the entries a tracker saw change looked at (see `Cas::pack_tracked`).
-    Tracked(Tracked),
+    Tracked(Box<Tracked>),
 }
 
 fn write_snapshot(

@@ -1,5 +1,7 @@
 //! A manifest as a plain tar stream (`taskbox export-snapshot`): directories, files (holes
-//! written as zeros), symlinks verbatim and hard links, every chunk verified as it is read.
+//! written as zeros), symlinks verbatim and hard links, with their modes (set-id bits
+//! included), owners by number and extended attributes (`SCHILY.xattr.*` pax records), every
+//! chunk verified as it is read.
 
 use std::io::{self, Read, Write};
 
@@ -19,6 +21,27 @@ pub fn export_tar<W: Write>(cas: &Cas, manifest: &Manifest, out: W) -> Result<W,
         let mut header = tar::Header::new_gnu();
         header.set_mode(e.mode & 0o7777);
         header.set_mtime(u64::try_from(e.mtime_ns.div_euclid(1_000_000_000)).unwrap_or(0));
+        if let Some(meta) = &e.meta {
+            // The owner by number, and the extended attributes (ACLs among them) as the pax
+            // records GNU tar and bsdtar read back with `--xattrs` (`--acls`).
+            header.set_uid(u64::from(meta.uid));
+            header.set_gid(u64::from(meta.gid));
+            if !meta.xattrs.is_empty() {
+                let records: Vec<(String, &[u8])> = meta
+                    .xattrs
+                    .iter()
+                    .map(|(name, value)| {
+                        (
+                            format!("SCHILY.xattr.{}", String::from_utf8_lossy(name)),
+                            value.as_slice(),
+                        )
+                    })
+                    .collect();
+                builder
+                    .append_pax_extensions(records.iter().map(|(k, v)| (k.as_str(), *v)))
+                    .map_err(write)?;
+            }
+        }
         match &e.kind {
             EntryKind::Dir => {
                 header.set_entry_type(tar::EntryType::Directory);

@@ -1,10 +1,15 @@
 //! A snapshot's manifest: every path of the workspace and what it is, and its binary encoding
 //! (the body of a version 3 archive, zstd-compressed; also the encoding of a workspace's index).
 //!
-//! Encoding (little-endian): `u64 entry count`, then per entry `u8 kind | u32 path length |
-//! path | u32 mode | i64 mtime (ns)` followed by, for a file, `u64 size | u64 dev | u64 inode |
-//! i64 ctime (ns) | u32 chunk count | chunks (u64 offset | u32 length | 32-byte hash)`, for a
-//! symlink or a hard link `u32 length | target`. Entries come parents first (a depth-first
+//! Encoding (little-endian), version 2: `u64 MARK_V2 | u8 root? [u32 mode | i64 mtime (ns) |
+//! meta] | u64 entry count`, then per entry `u8 kind | u32 path length | path | u32 mode | i64
+//! mtime (ns) | u8 meta? [meta]` followed by, for a file, `u64 size | u64 dev | u64 inode | i64
+//! ctime (ns) | u32 chunk count | chunks (u64 offset | u32 length | 32-byte hash)`, for a
+//! symlink or a hard link `u32 length | target`; `meta` is `u32 uid | u32 gid | u32 count |
+//! (u32 length | name | u32 length | value)*`. Version 1 (written before owners and extended
+//! attributes were kept) has no mark, no root and no meta: it starts with the entry count, which
+//! can never be `MARK_V2`, so both are read, and a reader of version 1 alone refuses version 2
+//! (its count is more than the bytes could hold). Entries come parents first (a depth-first
 //! walk), a hard link after the file it names.
 
 use super::object::Hash;
@@ -13,8 +18,33 @@ use super::CasError;
 /// A snapshot: the workspace's entries, parents before children.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Manifest {
+    /// The workspace directory itself (`None` in a version 1 manifest: left as the restore
+    /// makes it).
+    pub root: Option<Root>,
     /// The entries, in walk order.
     pub entries: Vec<Entry>,
+}
+
+/// The workspace directory's own mode, mtime, owner and attributes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Root {
+    /// Permission bits (`0o7777`).
+    pub mode: u32,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i64,
+    /// Owner and extended attributes.
+    pub meta: Meta,
+}
+
+/// A path's owner and extended attributes (POSIX ACLs among them, as `system.posix_acl_*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Meta {
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Extended attributes, `(name, value)`, sorted by name.
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// One path of the workspace.
@@ -22,10 +52,13 @@ pub struct Manifest {
 pub struct Entry {
     /// Relative to the workspace, `/`-joined, no `.` or `..` (checked again on restore).
     pub path: Vec<u8>,
-    /// Permission bits (`0o7777`; set-id bits are dropped on restore).
+    /// Permission bits (`0o7777`, set-id and sticky bits included).
     pub mode: u32,
-    /// Modification time, nanoseconds since the epoch.
+    /// Modification time, nanoseconds since the epoch (a symlink's own).
     pub mtime_ns: i64,
+    /// Owner and extended attributes (`None` in a version 1 manifest: restored as the
+    /// restoring user, with none).
+    pub meta: Option<Meta>,
     /// What it is.
     pub kind: EntryKind,
 }
@@ -90,10 +123,37 @@ mod tag {
 /// Longest path or link target a manifest may hold (PATH_MAX).
 const MAX_PATH: u32 = 4096;
 
+/// The first word of a version 2 encoding (a version 1 encoding starts with its entry count).
+const MARK_V2: u64 = u64::MAX - 1;
+
+/// Most extended attributes one entry may carry, and the largest value (`XATTR_SIZE_MAX`).
+const MAX_XATTRS: u32 = 4096;
+const MAX_XATTR_VALUE: u32 = 64 * 1024;
+
+fn encode_meta(out: &mut Vec<u8>, m: &Meta) {
+    out.extend_from_slice(&m.uid.to_le_bytes());
+    out.extend_from_slice(&m.gid.to_le_bytes());
+    out.extend_from_slice(&(m.xattrs.len() as u32).to_le_bytes());
+    for (name, value) in &m.xattrs {
+        bytes(out, name);
+        bytes(out, value);
+    }
+}
+
 impl Manifest {
     /// The encoding (uncompressed).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.entries.len() * 96 + 8);
+        let mut out = Vec::with_capacity(self.entries.len() * 108 + 64);
+        out.extend_from_slice(&MARK_V2.to_le_bytes());
+        match &self.root {
+            Some(root) => {
+                out.push(1);
+                out.extend_from_slice(&root.mode.to_le_bytes());
+                out.extend_from_slice(&root.mtime_ns.to_le_bytes());
+                encode_meta(&mut out, &root.meta);
+            }
+            None => out.push(0),
+        }
         out.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
         for e in &self.entries {
             let kind = match &e.kind {
@@ -106,6 +166,13 @@ impl Manifest {
             bytes(&mut out, &e.path);
             out.extend_from_slice(&e.mode.to_le_bytes());
             out.extend_from_slice(&e.mtime_ns.to_le_bytes());
+            match &e.meta {
+                Some(m) => {
+                    out.push(1);
+                    encode_meta(&mut out, m);
+                }
+                None => out.push(0),
+            }
             match &e.kind {
                 EntryKind::Dir => {}
                 EntryKind::File { size, stat, chunks } => {
@@ -132,7 +199,19 @@ impl Manifest {
     /// end, unknown kinds, chunks out of order or past the file's end, trailing bytes).
     pub fn decode(data: &[u8]) -> Result<Manifest, CasError> {
         let mut r = Reader { data, at: 0 };
-        let count = r.u64()?;
+        let mut count = r.u64()?;
+        let v2 = count == MARK_V2;
+        let mut root = None;
+        if v2 {
+            if r.flag()? {
+                root = Some(Root {
+                    mode: r.u32()?,
+                    mtime_ns: r.i64()?,
+                    meta: r.meta()?,
+                });
+            }
+            count = r.u64()?;
+        }
         // Every entry takes at least 17 bytes: a count larger than that is a lie.
         if count > (data.len() / 17) as u64 {
             return Err(CasError::manifest(format!(
@@ -146,6 +225,11 @@ impl Manifest {
             let path = r.bytes()?;
             let mode = r.u32()?;
             let mtime_ns = r.i64()?;
+            let meta = if v2 && r.flag()? {
+                Some(r.meta()?)
+            } else {
+                None
+            };
             let kind = match kind {
                 tag::DIR => EntryKind::Dir,
                 tag::FILE => {
@@ -188,13 +272,14 @@ impl Manifest {
                 path,
                 mode,
                 mtime_ns,
+                meta,
                 kind,
             });
         }
         if r.at != data.len() {
             return Err(CasError::manifest("trailing bytes after the last entry"));
         }
-        Ok(Manifest { entries })
+        Ok(Manifest { root, entries })
     }
 
     /// Every chunk hash the manifest refers to.
@@ -253,6 +338,35 @@ impl Reader<'_> {
         Ok(i64::from_le_bytes(self.array()?))
     }
 
+    fn flag(&mut self) -> Result<bool, CasError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(CasError::manifest(format!("a flag byte is {other}"))),
+        }
+    }
+
+    fn meta(&mut self) -> Result<Meta, CasError> {
+        let (uid, gid, n) = (self.u32()?, self.u32()?, self.u32()?);
+        if n > MAX_XATTRS {
+            return Err(CasError::manifest(format!(
+                "an entry claims {n} extended attributes"
+            )));
+        }
+        let mut xattrs = Vec::new();
+        for _ in 0..n {
+            let name = self.bytes()?;
+            let len = self.u32()?;
+            if len > MAX_XATTR_VALUE {
+                return Err(CasError::manifest(format!(
+                    "an extended attribute of {len} bytes is larger than the kernel allows"
+                )));
+            }
+            xattrs.push((name, self.take(len as usize)?.to_vec()));
+        }
+        Ok(Meta { uid, gid, xattrs })
+    }
+
     fn bytes(&mut self) -> Result<Vec<u8>, CasError> {
         let n = self.u32()?;
         if n > MAX_PATH {
@@ -269,18 +383,33 @@ mod tests {
     use super::*;
     #[test]
     fn manifests_round_trip_and_truncations_are_refused() {
+        let meta = Meta {
+            uid: 1234,
+            gid: 5678,
+            xattrs: vec![
+                (b"system.posix_acl_access".to_vec(), vec![2, 0, 0, 0, 1, 0]),
+                (b"user.note".to_vec(), b"kept".to_vec()),
+            ],
+        };
         let m = Manifest {
+            root: Some(Root {
+                mode: 0o2775,
+                mtime_ns: 9,
+                meta: meta.clone(),
+            }),
             entries: vec![
                 Entry {
                     path: b"d".to_vec(),
-                    mode: 0o755,
+                    mode: 0o2775,
                     mtime_ns: 5,
+                    meta: Some(meta.clone()),
                     kind: EntryKind::Dir,
                 },
                 Entry {
                     path: b"d/f".to_vec(),
-                    mode: 0o644,
+                    mode: 0o4755,
                     mtime_ns: -3,
+                    meta: None,
                     kind: EntryKind::File {
                         size: 10,
                         stat: FileStat {
@@ -299,6 +428,7 @@ mod tests {
                     path: b"l".to_vec(),
                     mode: 0o777,
                     mtime_ns: 0,
+                    meta: Some(Meta::default()),
                     kind: EntryKind::Symlink {
                         target: b"/etc".to_vec(),
                     },
@@ -313,5 +443,32 @@ mod tests {
         let mut longer = enc.clone();
         longer.push(0);
         assert!(Manifest::decode(&longer).is_err());
+    }
+
+    /// A manifest written before owners and attributes were kept (version 1: no mark, no root,
+    /// no meta) still reads, with none of them.
+    #[test]
+    fn a_version_1_manifest_still_reads() {
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(&1u64.to_le_bytes());
+        v1.push(tag::SYMLINK);
+        bytes(&mut v1, b"l");
+        v1.extend_from_slice(&0o777u32.to_le_bytes());
+        v1.extend_from_slice(&7i64.to_le_bytes());
+        bytes(&mut v1, b"target");
+        let m = Manifest::decode(&v1).expect("a version 1 manifest");
+        assert_eq!(m.root, None);
+        assert_eq!(
+            m.entries,
+            [Entry {
+                path: b"l".to_vec(),
+                mode: 0o777,
+                mtime_ns: 7,
+                meta: None,
+                kind: EntryKind::Symlink {
+                    target: b"target".to_vec()
+                },
+            }]
+        );
     }
 }

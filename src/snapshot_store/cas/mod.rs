@@ -1,6 +1,8 @@
 //! The content-addressed store behind local snapshots (archive format version 3).
 //!
-//! A snapshot is a *manifest* — every path of the workspace with its kind, mode, mtime, size,
+//! A snapshot is a *manifest* — the workspace directory's own mode, mtime, owner and extended
+//! attributes, and every path of the workspace with its kind, mode (set-id bits included),
+//! mtime, owner, extended attributes (POSIX ACLs among them), size,
 //! symlink target (verbatim), hard-link target, sparse layout and the *chunks* of its contents —
 //! and the contents live once, by hash, in a store shared by every snapshot and task of the
 //! installation (`<root>/cas/`):
@@ -78,10 +80,11 @@ mod object;
 mod pack;
 mod restore;
 mod track;
+mod xattr;
 
 pub use self::export::export_tar;
 pub use self::gc::GcStats;
-pub use self::manifest::{Chunk, Entry, EntryKind, FileStat, Manifest};
+pub use self::manifest::{Chunk, Entry, EntryKind, FileStat, Manifest, Meta, Root};
 pub(crate) use self::object::random_name;
 pub use self::object::{Catalog, Hash, CHUNK};
 pub use self::pack::PackedStats;

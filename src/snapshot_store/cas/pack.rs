@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::manifest::{Chunk, Entry, EntryKind, FileStat, Manifest};
+use super::manifest::{Chunk, Entry, EntryKind, FileStat, Manifest, Meta, Root};
 use super::object::{compressor, sync_path, Hash, PackWriter, CHUNK};
 use super::restore::Index;
 use super::track::{Changes, Tracked};
@@ -199,6 +199,25 @@ impl Cas {
             looked_at += 1;
             let mode = meta.mode() & 0o7777;
             let mtime_ns = nanos(meta.mtime(), meta.mtime_nsec());
+            // Its owner and extended attributes: what cannot be read of them is listed as left
+            // out, and the entry kept without them.
+            let owned = match super::xattr::read(&abs, meta.uid(), meta.gid()) {
+                Ok(m) => m,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => {
+                    omitted.push(Omitted {
+                        path: show(&rel),
+                        reason: format!(
+                            "cannot read its extended attributes (kept without them): {e}"
+                        ),
+                    });
+                    Meta {
+                        uid: meta.uid(),
+                        gid: meta.gid(),
+                        xattrs: Vec::new(),
+                    }
+                }
+            };
             let ft = meta.file_type();
             let kind = if ft.is_dir() {
                 EntryKind::Dir
@@ -230,6 +249,7 @@ impl Cas {
                             path: rel,
                             mode,
                             mtime_ns,
+                            meta: Some(owned),
                             kind: EntryKind::HardLink {
                                 target: first.clone(),
                             },
@@ -315,6 +335,7 @@ impl Cas {
                 path: rel,
                 mode,
                 mtime_ns,
+                meta: Some(owned),
                 kind,
             });
             Ok(())
@@ -486,7 +507,21 @@ impl Cas {
             });
         }
         stats.entries = entries.len() as u64;
-        Ok(Ok((Manifest { entries }, stats)))
+        // The workspace directory itself, after the walk: its mtime moves with its entries.
+        let root = fs::symlink_metadata(workspace).map_err(CasError::io("inspect", workspace))?;
+        let root = Root {
+            mode: root.mode() & 0o7777,
+            mtime_ns: nanos(root.mtime(), root.mtime_nsec()),
+            meta: super::xattr::read(workspace, root.uid(), root.gid())
+                .map_err(CasError::io("read the extended attributes of", workspace))?,
+        };
+        Ok(Ok((
+            Manifest {
+                root: Some(root),
+                entries,
+            },
+            stats,
+        )))
     }
 }
 

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::manifest::{Chunk, EntryKind, FileStat, Manifest};
+use super::manifest::{Chunk, Entry, EntryKind, FileStat, Manifest, Meta, Root};
 use super::object::CHUNK;
 use super::{show, Cas, CasError};
 
@@ -309,7 +309,7 @@ impl Cas {
                         .custom_flags(libc::O_NOFOLLOW)
                         .open(&path)
                         .map_err(CasError::io("open", &path))?;
-                    finish_file(&file, &path, e.mode, e.mtime_ns)?;
+                    finish_file(&file, &path, e)?;
                 }
             }
         }
@@ -319,12 +319,16 @@ impl Cas {
                 fs::hard_link(&from, &to).map_err(CasError::io("create hard link", &to))?;
             }
         }
-        // Symlinks last, as leaves in directories this restore made.
+        // Symlinks last, as leaves in directories this restore made, with their own owner and
+        // mtime (a symlink's mode is always 0777).
         for e in &manifest.entries {
             if let EntryKind::Symlink { target } = &e.kind {
                 let path = abs(&e.path);
                 std::os::unix::fs::symlink(os(target), &path)
                     .map_err(CasError::io("create symlink", &path))?;
+                own(&path, e.meta.as_ref())?;
+                super::xattr::set_mtime_nofollow(&path, e.mtime_ns)
+                    .map_err(CasError::io("set the mtime of", &path))?;
             }
         }
         // Directory mtimes and modes, deepest first.
@@ -336,19 +340,40 @@ impl Cas {
         dirs.sort_by_key(|e| std::cmp::Reverse(e.path.iter().filter(|b| **b == b'/').count()));
         for e in dirs {
             let path = abs(&e.path);
+            own(&path, e.meta.as_ref())?;
             if let Ok(handle) = File::open(&path) {
                 // Best effort: a directory's mtime is cosmetic, its mode is not.
                 let _ = handle.set_modified(time_of(e.mtime_ns));
             }
-            fs::set_permissions(&path, fs::Permissions::from_mode(e.mode & 0o1777))
+            fs::set_permissions(&path, fs::Permissions::from_mode(e.mode & 0o7777))
                 .map_err(CasError::io("set the mode of", &path))?;
         }
-        // The index: what each entry is now (a full walk's view of it: the mode without the
-        // set-id bits the restore dropped, a symlink's own mtime), and each file's stat fields.
+        // The workspace directory itself, once nothing is created in it any more.
+        if let Some(Root {
+            mode,
+            mtime_ns,
+            meta,
+        }) = &manifest.root
+        {
+            own(dest, Some(meta))?;
+            fs::set_permissions(dest, fs::Permissions::from_mode(mode & 0o7777))
+                .map_err(CasError::io("set the mode of", dest))?;
+            super::xattr::set_mtime_nofollow(dest, *mtime_ns)
+                .map_err(CasError::io("set the mtime of", dest))?;
+        }
+        // The index: what each entry is now (a full walk's view of it: what this process could
+        // set of the owner, attributes and mode, a symlink's own mtime), and each file's stat
+        // fields.
         let mut index = manifest.clone();
+        if let Some(root) = &mut index.root {
+            let meta = fs::symlink_metadata(dest).map_err(CasError::io("inspect", dest))?;
+            root.mode = meta.mode() & 0o7777;
+            root.meta = meta_now(dest, &meta)?;
+        }
         for e in &mut index.entries {
             let path = dest.join(os(&e.path));
             let meta = fs::symlink_metadata(&path).map_err(CasError::io("inspect", &path))?;
+            e.meta = Some(meta_now(&path, &meta)?);
             e.mode = meta.mode() & 0o7777;
             e.mtime_ns = meta
                 .mtime()
@@ -425,7 +450,7 @@ impl Cas {
                 file.set_len(*size)
                     .map_err(CasError::io("set the length of", &path))?;
             }
-            finish_file(&file, &path, e.mode, e.mtime_ns)?;
+            finish_file(&file, &path, e)?;
         }
         Ok(())
     }
@@ -450,11 +475,28 @@ fn create(path: &PathBuf) -> Result<File, CasError> {
         .map_err(CasError::io("create", path))
 }
 
-/// Sets a restored file's mode (set-id bits dropped: a snapshot must not mint setuid binaries)
-/// and mtime, through its descriptor.
-fn finish_file(file: &File, path: &Path, mode: u32, mtime_ns: i64) -> Result<(), CasError> {
-    file.set_permissions(fs::Permissions::from_mode(mode & 0o777))
+/// Sets a restored file's owner and extended attributes ([`own`]), then its whole mode (set-id
+/// bits included: after the chown, which clears them) and mtime, through its descriptor.
+fn finish_file(file: &File, path: &Path, e: &Entry) -> Result<(), CasError> {
+    own(path, e.meta.as_ref())?;
+    file.set_permissions(fs::Permissions::from_mode(e.mode & 0o7777))
         .map_err(CasError::io("set the mode of", path))?;
-    file.set_modified(time_of(mtime_ns))
+    file.set_modified(time_of(e.mtime_ns))
         .map_err(CasError::io("set the mtime of", path))
+}
+
+/// Gives `path` (not followed) the owner and extended attributes the snapshot recorded, as far
+/// as this process may ([`xattr::apply`](super::xattr::apply)); a version 1 entry has none.
+fn own(path: &Path, meta: Option<&Meta>) -> Result<(), CasError> {
+    match meta {
+        Some(m) => super::xattr::apply(path, m)
+            .map_err(CasError::io("set the owner and attributes of", path)),
+        None => Ok(()),
+    }
+}
+
+/// `path`'s owner and extended attributes as they are now, from its `lstat` `meta`.
+fn meta_now(path: &Path, meta: &fs::Metadata) -> Result<Meta, CasError> {
+    super::xattr::read(path, meta.uid(), meta.gid())
+        .map_err(CasError::io("read the extended attributes of", path))
 }

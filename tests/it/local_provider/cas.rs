@@ -643,6 +643,7 @@ fn hostile_manifests_are_refused() {
         path: path.to_vec(),
         mode: 0o644,
         mtime_ns: 0,
+        meta: None,
         kind,
     };
     let file = || EntryKind::File {
@@ -687,7 +688,14 @@ fn hostile_manifests_are_refused() {
         // The target, and the store's lock file (made on first use).
         let own = [dest.clone(), dir.path().join("cas/lock")];
         let untouched = tree_state(dir.path(), &own);
-        let result = restore_into(&cas, &Manifest { entries }, &dest);
+        let result = restore_into(
+            &cas,
+            &Manifest {
+                root: None,
+                entries,
+            },
+            &dest,
+        );
         // First what the refusal did to the files around the target (whatever the error
         // says): nothing. The target itself is left empty.
         assert_untouched(

@@ -9,6 +9,7 @@ mod commands;
 mod deadlines;
 mod escapes;
 mod listing;
+mod metadata;
 mod snapshots;
 mod tracked;
 
