@@ -96,6 +96,13 @@ pub struct ScaleRun {
     pub task_max_ms: f64,
     /// Virtual time the simulated world went through, ms.
     pub virtual_ms: u64,
+    /// The most descriptors the process had open at once (sampled every few milliseconds
+    /// while the workload ran; Linux, else 0).
+    pub peak_fds: u64,
+    /// Descriptors open before the workload started.
+    pub start_fds: u64,
+    /// The process's open-files limit (soft, after raising it to the hard one).
+    pub fd_limit: u64,
 }
 
 /// `VmHWM` (peak resident set) of this process, KiB.
@@ -111,13 +118,59 @@ pub fn peak_rss_kib() -> Option<u64> {
         .ok()
 }
 
-/// Open files the engine holds per task it drives: the task's lock file and, on Linux, its
-/// lock's abstract socket (`engine::lock`), both kept until shutdown.
-const FILES_PER_TASK: u64 = 2;
+/// Open descriptors of this process now (Linux; `None` elsewhere).
+fn open_fds() -> Option<u64> {
+    Some(std::fs::read_dir("/proc/self/fd").ok()?.count() as u64)
+}
 
-/// Makes sure the process may hold `needed` open files: raises the soft limit to the hard one,
-/// and the hard one too where the process may (root may, up to the kernel's `nr_open`).
-fn raise_fd_limit(needed: u64) -> Result<(), BenchError> {
+/// How often the descriptor count is sampled while the workload runs.
+const FD_SAMPLE: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Counts this process's open descriptors every [`FD_SAMPLE`] on a thread of its own until
+/// dropped, keeping the largest count.
+struct FdPeak {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl FdPeak {
+    fn start() -> FdPeak {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("taskbox-bench-fds".into())
+            .spawn(move || {
+                let mut peak = 0;
+                loop {
+                    peak = peak.max(open_fds().unwrap_or(0));
+                    if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                        return peak;
+                    }
+                    std::thread::sleep(FD_SAMPLE);
+                }
+            })
+            .ok();
+        FdPeak { stop, thread }
+    }
+
+    /// The largest count seen, including one taken now.
+    fn finish(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let sampled = self.thread.take().and_then(|t| t.join().ok()).unwrap_or(0);
+        sampled.max(open_fds().unwrap_or(0))
+    }
+}
+
+impl Drop for FdPeak {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Raises the soft open-files limit to the hard one, as `taskbox serve` does, and returns it.
+/// The hard limit is the machine's: the benchmark runs within it (a task the engine is not
+/// driving holds no descriptor).
+fn raise_fd_limit() -> Result<u64, BenchError> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -129,26 +182,17 @@ fn raise_fd_limit(needed: u64) -> Result<(), BenchError> {
             std::io::Error::last_os_error(),
         ));
     }
-    if lim.rlim_cur >= needed {
-        return Ok(());
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: setrlimit only reads the `rlimit` it is given, and `lim` is a valid,
+        // initialised one that outlives the call.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(BenchError::io(BENCH, "raise the open-files limit")(
+                std::io::Error::last_os_error(),
+            ));
+        }
     }
-    let hard = lim.rlim_max;
-    lim.rlim_max = lim.rlim_max.max(needed);
-    lim.rlim_cur = lim.rlim_max;
-    // SAFETY: setrlimit only reads the `rlimit` it is given, and `lim` is a valid, initialised
-    // one that outlives the call.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(BenchError::failed(
-            BENCH,
-            format!(
-                "{needed} open files are needed (the engine holds {FILES_PER_TASK} per task it \
-                 drives: its lock file and its lock socket) but the limit is {hard} and raising \
-                 it failed ({e}); raise it (`ulimit -Hn {needed}` as root) or run fewer tasks"
-            ),
-        ));
-    }
-    Ok(())
+    Ok(lim.rlim_cur)
 }
 
 fn sim(clock: &Arc<TokioClock>) -> Result<Arc<SimProvider>, BenchError> {
@@ -168,9 +212,7 @@ fn latencies(mut lat: Vec<f64>) -> (f64, f64, f64) {
 
 /// The child process's work: see the module docs.
 pub(super) fn child(kind: ChildKind, tasks: usize, dir: &Path) -> Result<ScaleRun, BenchError> {
-    if kind == ChildKind::Engine {
-        raise_fd_limit(FILES_PER_TASK * tasks as u64 + 256)?;
-    }
+    let fd_limit = raise_fd_limit()?;
     // Two workers, like the `taskbox` binary.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -178,12 +220,18 @@ pub(super) fn child(kind: ChildKind, tasks: usize, dir: &Path) -> Result<ScaleRu
         .build()
         .map_err(BenchError::io(BENCH, "start a tokio runtime"))?;
     let start_rss_kib = peak_rss_kib().unwrap_or(0);
-    rt.block_on(async {
+    let start_fds = open_fds().unwrap_or(0);
+    let fds = FdPeak::start();
+    let mut run = rt.block_on(async {
         match kind {
             ChildKind::Engine => engine(tasks, dir, start_rss_kib).await,
             ChildKind::Direct => direct(tasks, start_rss_kib).await,
         }
-    })
+    })?;
+    run.peak_fds = fds.finish();
+    run.start_fds = start_fds;
+    run.fd_limit = fd_limit;
+    Ok(run)
 }
 
 async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun, BenchError> {
@@ -278,6 +326,9 @@ async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun
         task_p99_ms,
         task_max_ms,
         virtual_ms,
+        peak_fds: 0,
+        start_fds: 0,
+        fd_limit: 0,
     })
 }
 
@@ -349,6 +400,9 @@ async fn direct(tasks: usize, start_rss_kib: u64) -> Result<ScaleRun, BenchError
         task_p99_ms,
         task_max_ms,
         virtual_ms: clock_ms(&clock) - T0,
+        peak_fds: 0,
+        start_fds: 0,
+        fd_limit: 0,
     })
 }
 
@@ -480,6 +534,24 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             vec![format!(
                 "every task finished; p99 {} s",
                 super::fmt_num(e.task_p99_ms / 1000.0)
+            )],
+        ),
+        Measurement::new(
+            "scale.peak_descriptors",
+            format!("most descriptors open at once in the process driving {} tasks", super::fmt_num(tasks as f64)),
+            Quantity::new(e.peak_fds as f64, "descriptors"),
+            "the direct-calls process's peak",
+            Quantity::new(d.peak_fds as f64, "descriptors"),
+            None,
+            Target::Below {
+                value: e.fd_limit as f64,
+            },
+            reps,
+            vec![format!(
+                "{} open before the workload; the limit is the machine's hard open-files limit ({}), which the child does not raise; sampled every {} ms",
+                super::fmt_num(e.start_fds as f64),
+                super::fmt_num(e.fd_limit as f64),
+                FD_SAMPLE.as_millis()
             )],
         ),
     ])
