@@ -1,5 +1,11 @@
 //! Scale: thousands of tasks driven concurrently through one engine, on the simulated provider,
-//! each through provision → command → snapshot → restore → command.
+//! each through provision → command → snapshot → restore → command → snapshot.
+//!
+//! The engine holds two descriptors per task it is driving (its lock file and lock socket,
+//! `engine::lock`), from its first request until it has nothing live and is unloaded. The
+//! workload therefore ends each task suspended (nothing live), and runs at most as many tasks at
+//! once as the process's open-files limit leaves room for (`in_flight`; both sides alike): on
+//! a machine whose hard limit is 20,000, 10,000 tasks all in flight at once would need more.
 //!
 //! The engine side opens an [`Orchestrator`] with a [`SimProvider`] and a [`TokioClock`] in
 //! **real time** on a two-worker runtime (like the `taskbox` binary's), with the simulated
@@ -103,6 +109,8 @@ pub struct ScaleRun {
     pub start_fds: u64,
     /// The process's open-files limit (soft, after raising it to the hard one).
     pub fd_limit: u64,
+    /// The most tasks in flight at once (under the open-files limit, two descriptors each).
+    pub in_flight: usize,
 }
 
 /// `VmHWM` (peak resident set) of this process, KiB.
@@ -121,6 +129,23 @@ pub fn peak_rss_kib() -> Option<u64> {
 /// Open descriptors of this process now (Linux; `None` elsewhere).
 fn open_fds() -> Option<u64> {
     Some(std::fs::read_dir("/proc/self/fd").ok()?.count() as u64)
+}
+
+/// Descriptors the engine holds per task it is driving: the task's lock file and its lock's
+/// abstract socket (`engine::lock`).
+const FILES_PER_TASK: u64 = 2;
+
+/// Descriptors left for everything else (the store, the runtime, the sampler, tasks unloaded
+/// a moment after they finished).
+const FD_RESERVE: u64 = 512;
+
+/// How many of `tasks` may be in flight at once under the open-files limit `fd_limit`, with
+/// `open` descriptors open already (at least one).
+fn in_flight(tasks: usize, fd_limit: u64, open: u64) -> usize {
+    let room = fd_limit.saturating_sub(open + FD_RESERVE) / FILES_PER_TASK;
+    usize::try_from(room)
+        .unwrap_or(usize::MAX)
+        .clamp(1, tasks.max(1))
 }
 
 /// How often the descriptor count is sampled while the workload runs.
@@ -221,11 +246,12 @@ pub(super) fn child(kind: ChildKind, tasks: usize, dir: &Path) -> Result<ScaleRu
         .map_err(BenchError::io(BENCH, "start a tokio runtime"))?;
     let start_rss_kib = peak_rss_kib().unwrap_or(0);
     let start_fds = open_fds().unwrap_or(0);
+    let at_once = in_flight(tasks, fd_limit, start_fds);
     let fds = FdPeak::start();
     let mut run = rt.block_on(async {
         match kind {
-            ChildKind::Engine => engine(tasks, dir, start_rss_kib).await,
-            ChildKind::Direct => direct(tasks, start_rss_kib).await,
+            ChildKind::Engine => engine(tasks, at_once, dir, start_rss_kib).await,
+            ChildKind::Direct => direct(tasks, at_once, start_rss_kib).await,
         }
     })?;
     run.peak_fds = fds.finish();
@@ -234,7 +260,12 @@ pub(super) fn child(kind: ChildKind, tasks: usize, dir: &Path) -> Result<ScaleRu
     Ok(run)
 }
 
-async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun, BenchError> {
+async fn engine(
+    tasks: usize,
+    at_once: usize,
+    dir: &Path,
+    start_rss_kib: u64,
+) -> Result<ScaleRun, BenchError> {
     let clock = Arc::new(TokioClock::starting_at(T0));
     let sim = sim(&clock)?;
     let orch = Orchestrator::builder(dir.to_path_buf(), Config::default())
@@ -246,10 +277,13 @@ async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun
         .await
         .map_err(BenchError::engine(BENCH, "open the orchestrator"))?;
     let wall = Instant::now();
+    let permits = Arc::new(tokio::sync::Semaphore::new(at_once));
     let mut set = tokio::task::JoinSet::new();
     for i in 0..tasks {
         let orch = orch.clone();
+        let permits = permits.clone();
         set.spawn(async move {
+            let _permit = permits.acquire_owned().await;
             let id = TaskId::new(&format!("task-{i}")).expect("a valid task id");
             let t = Instant::now();
             let fail = |action: &str, source| BenchError::Engine {
@@ -273,6 +307,9 @@ async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun
                     format!("{id}: the restored file holds {:?}, not {i}", out.stdout),
                 ));
             }
+            orch.suspend(&id)
+                .await
+                .map_err(|e| fail("the last suspend", e))?;
             Ok::<f64, BenchError>(t.elapsed().as_secs_f64() * 1000.0)
         });
     }
@@ -329,6 +366,7 @@ async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun
         peak_fds: 0,
         start_fds: 0,
         fd_limit: 0,
+        in_flight: at_once,
     })
 }
 
@@ -337,14 +375,17 @@ fn clock_ms(clock: &TokioClock) -> u64 {
     clock.now_ms()
 }
 
-async fn direct(tasks: usize, start_rss_kib: u64) -> Result<ScaleRun, BenchError> {
+async fn direct(tasks: usize, at_once: usize, start_rss_kib: u64) -> Result<ScaleRun, BenchError> {
     let clock = Arc::new(TokioClock::starting_at(T0));
     let sim = sim(&clock)?;
     let wall = Instant::now();
+    let permits = Arc::new(tokio::sync::Semaphore::new(at_once));
     let mut set = tokio::task::JoinSet::new();
     for i in 0..tasks {
         let sim = sim.clone();
+        let permits = permits.clone();
         set.spawn(async move {
+            let _permit = permits.acquire_owned().await;
             let task = TaskId::new(&format!("task-{i}"))
                 .map_err(|e| BenchError::failed(BENCH, e.to_string()))?;
             let t = Instant::now();
@@ -377,6 +418,7 @@ async fn direct(tasks: usize, start_rss_kib: u64) -> Result<ScaleRun, BenchError
                     format!("{task}: the restored file holds {:?}", out.stdout),
                 ));
             }
+            sim.snapshot(&task, &sb.id, 2).await.map_err(fail)?;
             Ok::<f64, BenchError>(t.elapsed().as_secs_f64() * 1000.0)
         });
     }
@@ -393,7 +435,7 @@ async fn direct(tasks: usize, start_rss_kib: u64) -> Result<ScaleRun, BenchError
         kind: ChildKind::Direct,
         tasks,
         wall_ms,
-        transitions: tasks as u64 * 5,
+        transitions: tasks as u64 * 6,
         peak_rss_kib: peak_rss_kib().unwrap_or(0),
         start_rss_kib,
         task_median_ms,
@@ -403,6 +445,7 @@ async fn direct(tasks: usize, start_rss_kib: u64) -> Result<ScaleRun, BenchError
         peak_fds: 0,
         start_fds: 0,
         fd_limit: 0,
+        in_flight: at_once,
     })
 }
 
@@ -487,7 +530,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         Measurement::new(
             "scale.wall",
             format!(
-                "{} tasks through the engine (SimProvider): provision, command, snapshot, restore, command", super::fmt_num(tasks as f64)
+                "{} tasks through the engine (SimProvider): provision, command, snapshot, restore, command, snapshot", super::fmt_num(tasks as f64)
             ),
             Quantity::new(e.wall_ms / 1000.0, "s"),
             "the same provider calls made directly, no engine",
@@ -502,6 +545,11 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
                     super::fmt_num(rate)
                 ),
                 clock_note,
+                format!(
+                    "at most {} tasks in flight at once (both sides; the open-files limit of {} leaves room for that many at {FILES_PER_TASK} descriptors each)",
+                    super::fmt_num(e.in_flight as f64),
+                    super::fmt_num(e.fd_limit as f64),
+                ),
             ],
         ),
         Measurement::new(
