@@ -8,12 +8,12 @@
 //!
 //! | group | subject | baseline |
 //! |---|---|---|
-//! | `overhead` | a command in a warm task (library path; CLI through a running server; one-shot CLI) | `bash -c` spawned bare |
+//! | `overhead` | a command in a warm task (library path; CLI through a running server, unisolated and isolated; one-shot CLI); a new isolated task's first command | `bash -c` spawned bare; for the isolated CLI also a bare `bwrap --unshare-all` |
 //! | `overhead.stored_tasks` | a warm CLI command through a server with 10,000 tasks stored | the same with 2 stored |
 //! | `overhead.first_byte` | a command's first line of output reaching a `taskbox run` through a server, after it was written | the same through a bare `bash -c` pipe |
 //! | `journal` | `Store::commit` / `commit_batch` of lifecycle transitions | raw SQLite inserts, same durability |
-//! | `scale` | 10,000 tasks through the engine on the simulated provider | the same calls made directly |
-//! | `snapshot` | local snapshot and restore (content-addressed), the next snapshot after small changes, storage of ten | `tar \| zstd -1 -T1` and `zstd -d \| tar -x`, the first snapshot, one full archive |
+//! | `scale` | 10,000 tasks through the engine on the simulated provider: wall time, peak memory and peak descriptors | the same calls made directly |
+//! | `snapshot` | local snapshot and restore (content-addressed), the next snapshot after small changes, storage of ten; the snapshot and restore of an isolated sandbox | `tar \| zstd -1 -T1` and `zstd -d \| tar -x`, the first snapshot, one full archive; the same of an unisolated sandbox |
 //! | `vercel` | HTTP requests per command (engine; CLI through a server) and per lifecycle, counted by the fake | the API's minimum |
 //! | `fleet` (with `--postgres`) | a warm `taskbox run` through a server on PostgreSQL; tasks per second a server takes over after another's SIGKILL | the same through a server on SQLite; the same commands once it drives them |
 //!
@@ -105,10 +105,12 @@ pub const GROUPS: [&str; 6] = [
 ];
 
 /// Every benchmark (row) name, group first.
-pub const NAMES: [&str; 22] = [
+pub const NAMES: [&str; 27] = [
     "overhead.library",
     "overhead.cli",
     "overhead.cli_isolated",
+    "overhead.cli_isolated_bwrap",
+    "overhead.first_command_isolated",
     "overhead.cli_oneshot",
     "overhead.stored_tasks",
     "overhead.first_byte",
@@ -118,11 +120,14 @@ pub const NAMES: [&str; 22] = [
     "scale.wall",
     "scale.peak_memory",
     "scale.slowest_task",
+    "scale.peak_descriptors",
     "snapshot.create",
     "snapshot.second_small",
     "snapshot.second_append",
     "snapshot.restore",
     "snapshot.storage",
+    "snapshot.create_isolated",
+    "snapshot.restore_isolated",
     "vercel.per_command",
     "vercel.cli_per_command",
     "vercel.lifecycle",

@@ -7,6 +7,13 @@
 //!   serve`, what the CLI talks to by default), against one bare `bash -c` process per command.
 //! - `overhead.cli_isolated`: the same with `terminal.local_isolation = namespaces` (each
 //!   command enters its sandbox's namespaces; see `provider::local::isolation`).
+//! - `overhead.cli_isolated_bwrap`: the same isolated commands against a bare `bwrap` sandbox
+//!   (fresh namespaces per command, `--unshare-all`) running the same `bash`, measured in the
+//!   same interleaved run (a missing `bwrap` leaves the row without a baseline, saying so; under
+//!   `CI` it fails the run instead).
+//! - `overhead.first_command_isolated`: a new task's first command (the server creates its
+//!   isolated sandbox: the init and its namespaces, the workspace, the first durable commit)
+//!   against the same command spawned bare.
 //! - `overhead.cli_oneshot`: the same with `terminal.server = never` (each process opens the
 //!   store, takes the task's lock, recovers the task and probes its sandbox).
 //! - `overhead.stored_tasks`: a warm `taskbox run` through a server whose store holds 10,000
@@ -16,6 +23,9 @@
 //!   through a server has it on its stdout (output streams live), against the same read from a
 //!   bare `bash -c` process's pipe. The command prints the wall-clock time it writes at, so the
 //!   figure is the sandbox's clock against the caller's read, nothing of the command's own run.
+//!
+//! Every row sets `terminal.local_isolation` itself, so whichever the default is, the plain
+//! rows measure the unisolated sandbox and the `_isolated` rows the isolated one.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -25,7 +35,7 @@ use super::journal::DurableProbe;
 use super::server::BenchServer;
 use super::stats::{median, ms, Paired};
 use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
-use crate::config::Config;
+use crate::config::{Config, LocalIsolation};
 use crate::engine::Orchestrator;
 use crate::provider::ExecRequest;
 use crate::TaskId;
@@ -43,6 +53,23 @@ const COMMAND: &str = "echo ok";
 
 /// The per-command budget the CLI may add.
 const TARGET_CLI_ADDED_MS: f64 = 2.0;
+
+/// A new isolated task's first command: at most this long (issue 31; public medians: Daytona
+/// 186 ms, E2B 491 ms, Vercel 671 ms).
+const TARGET_FIRST_COMMAND_MS: f64 = 50.0;
+
+/// The bare sandbox the isolated rows are compared with: fresh namespaces of every kind, the
+/// host's root read-only, then the same command as the other side.
+const BWRAP_ARGS: [&str; 8] = [
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--unshare-all",
+];
 
 /// The first byte's budget (issue 11): the first line is on the caller's stdout this soon
 /// after the command wrote it, whatever comes after.
@@ -86,6 +113,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             "overhead.cli: {n} `taskbox run` processes through a server, each side"
         ));
         let home = ctx.subdir("overhead-cli")?;
+        write_config(&home, LocalIsolation::None)?;
         let (p, sync) = with_servers(&exe, &[&home], || cli(&exe, &home, n, &[]))?;
         let mut m = row(
             "overhead.cli",
@@ -102,21 +130,16 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         ));
         rows.push(m);
     }
-    if ctx.wants("overhead.cli_isolated") {
+    if ctx.wants("overhead.cli_isolated") || ctx.wants("overhead.cli_isolated_bwrap") {
+        let bwrap = bwrap_available()?;
         ctx.say(&format!(
             "overhead.cli_isolated: {n} `taskbox run` processes through a server, \
-             terminal.local_isolation = namespaces, each side"
+             terminal.local_isolation = namespaces, each side{}",
+            if bwrap { " and bare `bwrap`" } else { "" }
         ));
         let home = ctx.subdir("overhead-cli-isolated")?;
-        let mut config = Config::default();
-        config.terminal.local_isolation = crate::config::LocalIsolation::Namespaces;
-        config.save(&home.join("config.toml")).map_err(|e| {
-            BenchError::failed(
-                "overhead.cli_isolated",
-                format!("cannot write its config: {e}"),
-            )
-        })?;
-        let (p, sync) = with_servers(&exe, &[&home], || cli(&exe, &home, n, &[]))?;
+        write_config(&home, LocalIsolation::Namespaces)?;
+        let (p, sync, b) = with_servers(&exe, &[&home], || cli_isolated(&exe, &home, n, bwrap))?;
         let mut m = row(
             "overhead.cli_isolated",
             "`taskbox run --task T 'echo ok'` through a running server, each sandbox in its own namespaces (terminal.local_isolation = namespaces)",
@@ -127,12 +150,44 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         );
         m.notes.truncate(1);
         rows.push(m);
+        rows.push(bwrap_row(&b, n));
+    }
+    if ctx.wants("overhead.first_command_isolated") {
+        let n = match ctx.opts.mode {
+            Mode::Quick => 5,
+            Mode::Standard => 30,
+            Mode::Full => 60,
+        };
+        ctx.say(&format!(
+            "overhead.first_command_isolated: {n} new tasks' first `taskbox run` through a server, \
+             terminal.local_isolation = namespaces, each side"
+        ));
+        let home = ctx.subdir("overhead-first-command")?;
+        write_config(&home, LocalIsolation::Namespaces)?;
+        let p = with_servers(&exe, &[&home], || first_commands(&exe, &home, n))?;
+        rows.push(Measurement::new(
+            "overhead.first_command_isolated",
+            "a new task's first `taskbox run --task NEW 'echo ok'` through a running server: its isolated sandbox created (init, namespaces, workspace), the command run",
+            Quantity::new(p.subject_median(), "ms"),
+            "`bash -c 'echo ok'` spawned bare",
+            Quantity::new(p.baseline_median(), "ms"),
+            Some(Quantity::new(p.added_median(), "ms")),
+            Target::Below {
+                value: TARGET_FIRST_COMMAND_MS,
+            },
+            n,
+            vec![
+                p.spread("ms"),
+                "each sample a task never seen before; the task is removed (`taskbox rm`) after its sample, outside the time".to_string(),
+            ],
+        ));
     }
     if ctx.wants("overhead.cli_oneshot") {
         ctx.say(&format!(
             "overhead.cli_oneshot: {n} one-shot `taskbox run` processes each side"
         ));
         let home = ctx.subdir("overhead-cli-oneshot")?;
+        write_config(&home, LocalIsolation::None)?;
         let never = [("TASKBOX_SERVER".to_string(), "never".to_string())];
         let (p, sync) = cli(&exe, &home, n, &never)?;
         let mut m = row(
@@ -158,6 +213,8 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         ));
         let many = ctx.subdir("overhead-stored-many")?;
         let few = ctx.subdir("overhead-stored-few")?;
+        write_config(&many, LocalIsolation::None)?;
+        write_config(&few, LocalIsolation::None)?;
         super::server::store_idle_tasks(&many, stored - 1)?;
         super::server::store_idle_tasks(&few, 1)?;
         let p = with_servers(&exe, &[&many, &few], || stored_pairs(&exe, &many, &few, n))?;
@@ -185,6 +242,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             "overhead.first_byte: {n} `taskbox run` processes through a server, each side"
         ));
         let home = ctx.subdir("overhead-first-byte")?;
+        write_config(&home, LocalIsolation::None)?;
         let p = with_servers(&exe, &[&home], || first_byte_pairs(&exe, &home, n))?;
         rows.push(Measurement::new(
             "overhead.first_byte",
@@ -419,7 +477,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
 fn library(dir: &Path, n: usize) -> Result<(Paired, Vec<f64>, Paired), BenchError> {
     let mut probe = DurableProbe::open(&dir.join("probe.db"))?;
     runtime()?.block_on(async {
-        let orch = Orchestrator::builder(dir.to_path_buf(), Config::default())
+        let orch = Orchestrator::builder(dir.to_path_buf(), config(LocalIsolation::None))
             .reconcile_on_start(false)
             .open()
             .await
@@ -501,8 +559,18 @@ fn library(dir: &Path, n: usize) -> Result<(Paired, Vec<f64>, Paired), BenchErro
 
 /// One `taskbox run` of the warm task in `home`; its wall time.
 fn cli_once(exe: &Path, home: &Path, env: &[(String, String)]) -> Result<f64, BenchError> {
+    run_once(exe, home, env, "bench-overhead")
+}
+
+/// One `taskbox run --task task` in `home`; its wall time.
+fn run_once(
+    exe: &Path,
+    home: &Path,
+    env: &[(String, String)],
+    task: &str,
+) -> Result<f64, BenchError> {
     let mut cmd = super::server::taskbox(exe, home, env);
-    cmd.args(["run", "--task", "bench-overhead", COMMAND]);
+    cmd.args(["run", "--task", task, COMMAND]);
     let t = Instant::now();
     let out = cmd
         .output()
@@ -556,4 +624,213 @@ fn cli(
         sync.push(probe.commit_one()?);
     }
     Ok((p, sync))
+}
+
+/// The default configuration with `terminal.local_isolation = mode`.
+fn config(mode: LocalIsolation) -> Config {
+    let mut config = Config::default();
+    config.terminal.local_isolation = mode;
+    config
+}
+
+/// Writes `home`'s `config.toml`: the defaults with `terminal.local_isolation = mode`.
+fn write_config(home: &Path, mode: LocalIsolation) -> Result<(), BenchError> {
+    let path = home.join("config.toml");
+    config(mode).save(&path).map_err(|e| {
+        BenchError::failed(
+            BENCH,
+            format!("cannot write the config {}: {e}", path.display()),
+        )
+    })
+}
+
+/// Whether `bwrap` can be run here. Missing, the bwrap row says so; under `CI` (set, not
+/// `0`/`false`) a missing `bwrap` fails the run instead, so CI always measures it.
+fn bwrap_available() -> Result<bool, BenchError> {
+    let found = std::process::Command::new("bwrap")
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    match found {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let ci = std::env::var("CI")
+                .is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "FALSE" | "False"));
+            if ci {
+                Err(BenchError::MissingTool {
+                    bench: BENCH,
+                    tool: "bubblewrap",
+                })
+            } else {
+                Ok(false)
+            }
+        }
+        Err(e) => Err(BenchError::io(BENCH, "run bwrap --version")(e)),
+    }
+}
+
+/// One bare `bwrap … bash -c 'echo ok'`; its wall time.
+fn bwrap_once() -> Result<f64, BenchError> {
+    let t = Instant::now();
+    let out = std::process::Command::new("bwrap")
+        .args(BWRAP_ARGS)
+        .args(["bash", "-c", COMMAND])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(BenchError::io(BENCH, "spawn bwrap"))?;
+    let took = ms(t.elapsed());
+    if !out.status.success() {
+        return Err(BenchError::failed(
+            BENCH,
+            format!(
+                "`bwrap {} bash -c '{COMMAND}'` failed ({}): {}",
+                BWRAP_ARGS.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    check_output(true, &out.stdout, "bwrap")?;
+    Ok(took)
+}
+
+/// Isolated `taskbox run` processes (a server runs for `home`) against bare `bash -c` ones and,
+/// with `bwrap`, bare `bwrap` ones, in rotating order: the (taskbox, bash) pairs, the disk-sync
+/// probe, and the (taskbox, bwrap) pairs (empty without `bwrap`).
+fn cli_isolated(
+    exe: &Path,
+    home: &Path,
+    n: usize,
+    bwrap: bool,
+) -> Result<(Paired, Vec<f64>, Paired), BenchError> {
+    let mut probe = DurableProbe::open(&home.join("probe.db"))?;
+    let env = [("TASKBOX_SERVER".to_string(), "always".to_string())];
+    let subject = || cli_once(exe, home, &env);
+    let sandboxed = || {
+        if bwrap {
+            bwrap_once().map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    for _ in 0..WARMUP {
+        subject()?;
+        bare_sync()?;
+        sandboxed()?;
+    }
+    let mut p = Paired::default();
+    let mut b = Paired::default();
+    let mut sync = Vec::with_capacity(n);
+    for i in 0..n {
+        // Each of the three goes first, second and third in turn.
+        let (s, bare, wrapped) = match i % 3 {
+            0 => {
+                let s = subject()?;
+                let bare = bare_sync()?;
+                (s, bare, sandboxed()?)
+            }
+            1 => {
+                let bare = bare_sync()?;
+                let wrapped = sandboxed()?;
+                (subject()?, bare, wrapped)
+            }
+            _ => {
+                let wrapped = sandboxed()?;
+                let s = subject()?;
+                (s, bare_sync()?, wrapped)
+            }
+        };
+        p.subject.push(s);
+        p.baseline.push(bare);
+        if let Some(w) = wrapped {
+            b.subject.push(s);
+            b.baseline.push(w);
+        }
+        sync.push(probe.commit_one()?);
+    }
+    Ok((p, sync, b))
+}
+
+/// The row of isolated commands against bare `bwrap` (its pairs empty: `bwrap` is missing).
+fn bwrap_row(b: &Paired, n: usize) -> Measurement {
+    let bwrap = format!(
+        "`bwrap {} bash -c '{COMMAND}'` spawned bare",
+        BWRAP_ARGS.join(" ")
+    );
+    let subject_is =
+        "the `overhead.cli_isolated` commands (`taskbox run` through a server, isolated)";
+    if b.subject.is_empty() {
+        return Measurement::new(
+            "overhead.cli_isolated_bwrap",
+            subject_is,
+            Quantity::new(f64::NAN, "ms"),
+            bwrap,
+            Quantity::new(f64::NAN, "ms"),
+            None,
+            Target::Report,
+            0,
+            vec!["not measured: `bwrap` is not installed (Debian/Ubuntu: `apt-get install bubblewrap`)".to_string()],
+        );
+    }
+    Measurement::new(
+        "overhead.cli_isolated_bwrap",
+        subject_is,
+        Quantity::new(b.subject_median(), "ms"),
+        bwrap,
+        Quantity::new(b.baseline_median(), "ms"),
+        Some(Quantity::new(b.added_median(), "ms")),
+        Target::Report,
+        n,
+        vec![
+            b.spread("ms"),
+            "bwrap makes every namespace afresh per command; taskbox enters its sandbox's (made once, at its first command) and runs the command through the server".to_string(),
+        ],
+    )
+}
+
+/// New tasks' first `taskbox run` (a server runs for `home`) against bare `bash -c`,
+/// alternating; each task is removed after its sample, outside the time.
+fn first_commands(exe: &Path, home: &Path, n: usize) -> Result<Paired, BenchError> {
+    let env = [("TASKBOX_SERVER".to_string(), "always".to_string())];
+    let mut next = 0;
+    let mut subject = || {
+        next += 1;
+        let task = format!("bench-first-{next}");
+        let took = run_once(exe, home, &env, &task)?;
+        let mut rm = super::server::taskbox(exe, home, &env);
+        let out = rm
+            .args(["rm", &task])
+            .output()
+            .map_err(BenchError::io(BENCH, format!("spawn {} rm", exe.display())))?;
+        if !out.status.success() {
+            return Err(BenchError::failed(
+                BENCH,
+                format!(
+                    "`taskbox rm {task}` failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            ));
+        }
+        Ok::<f64, BenchError>(took)
+    };
+    // The server's first sandbox pays for its lazy start (the store, the runtime's threads).
+    subject()?;
+    bare_sync()?;
+    let mut p = Paired::default();
+    for i in 0..n {
+        let (s, b) = if i % 2 == 0 {
+            let s = subject()?;
+            (s, bare_sync()?)
+        } else {
+            let b = bare_sync()?;
+            (subject()?, b)
+        };
+        p.subject.push(s);
+        p.baseline.push(b);
+    }
+    Ok(p)
 }

@@ -1,5 +1,11 @@
 //! Scale: thousands of tasks driven concurrently through one engine, on the simulated provider,
-//! each through provision → command → snapshot → restore → command.
+//! each through provision → command → snapshot → restore → command → snapshot.
+//!
+//! The engine holds two descriptors per task it is driving (its lock file and lock socket,
+//! `engine::lock`), from its first request until it has nothing live and is unloaded. The
+//! workload therefore ends each task suspended (nothing live), and runs at most as many tasks at
+//! once as the process's open-files limit leaves room for (`in_flight`; both sides alike): on
+//! a machine whose hard limit is 20,000, 10,000 tasks all in flight at once would need more.
 //!
 //! The engine side opens an [`Orchestrator`] with a [`SimProvider`] and a [`TokioClock`] in
 //! **real time** on a two-worker runtime (like the `taskbox` binary's), with the simulated
@@ -96,6 +102,15 @@ pub struct ScaleRun {
     pub task_max_ms: f64,
     /// Virtual time the simulated world went through, ms.
     pub virtual_ms: u64,
+    /// The most descriptors the process had open at once (sampled every few milliseconds
+    /// while the workload ran; Linux, else 0).
+    pub peak_fds: u64,
+    /// Descriptors open before the workload started.
+    pub start_fds: u64,
+    /// The process's open-files limit (soft, after raising it to the hard one).
+    pub fd_limit: u64,
+    /// The most tasks in flight at once (under the open-files limit, two descriptors each).
+    pub in_flight: usize,
 }
 
 /// `VmHWM` (peak resident set) of this process, KiB.
@@ -111,13 +126,78 @@ pub fn peak_rss_kib() -> Option<u64> {
         .ok()
 }
 
-/// Open files the engine holds per task it drives: the task's lock file and, on Linux, its
-/// lock's abstract socket (`engine::lock`), both kept until shutdown.
+/// Open descriptors of this process now (Linux; `None` elsewhere).
+fn open_fds() -> Option<u64> {
+    Some(std::fs::read_dir("/proc/self/fd").ok()?.count() as u64)
+}
+
+/// Descriptors the engine holds per task it is driving: the task's lock file and its lock's
+/// abstract socket (`engine::lock`).
 const FILES_PER_TASK: u64 = 2;
 
-/// Makes sure the process may hold `needed` open files: raises the soft limit to the hard one,
-/// and the hard one too where the process may (root may, up to the kernel's `nr_open`).
-fn raise_fd_limit(needed: u64) -> Result<(), BenchError> {
+/// Descriptors left for everything else (the store, the runtime, the sampler, tasks unloaded
+/// a moment after they finished).
+const FD_RESERVE: u64 = 512;
+
+/// How many of `tasks` may be in flight at once under the open-files limit `fd_limit`, with
+/// `open` descriptors open already (at least one).
+fn in_flight(tasks: usize, fd_limit: u64, open: u64) -> usize {
+    let room = fd_limit.saturating_sub(open + FD_RESERVE) / FILES_PER_TASK;
+    usize::try_from(room)
+        .unwrap_or(usize::MAX)
+        .clamp(1, tasks.max(1))
+}
+
+/// How often the descriptor count is sampled while the workload runs (counting 20,000
+/// descriptors lists as many directory entries: rarely enough to stay small beside the
+/// workload on two CPUs).
+const FD_SAMPLE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Counts this process's open descriptors every [`FD_SAMPLE`] on a thread of its own until
+/// dropped, keeping the largest count.
+struct FdPeak {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl FdPeak {
+    fn start() -> FdPeak {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("taskbox-bench-fds".into())
+            .spawn(move || {
+                let mut peak = 0;
+                loop {
+                    peak = peak.max(open_fds().unwrap_or(0));
+                    if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                        return peak;
+                    }
+                    std::thread::sleep(FD_SAMPLE);
+                }
+            })
+            .ok();
+        FdPeak { stop, thread }
+    }
+
+    /// The largest count seen, including one taken now.
+    fn finish(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let sampled = self.thread.take().and_then(|t| t.join().ok()).unwrap_or(0);
+        sampled.max(open_fds().unwrap_or(0))
+    }
+}
+
+impl Drop for FdPeak {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Raises the soft open-files limit to the hard one, as `taskbox serve` does, and returns it.
+/// The hard limit is the machine's: the benchmark runs within it (a task the engine is not
+/// driving holds no descriptor).
+fn raise_fd_limit() -> Result<u64, BenchError> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -129,26 +209,17 @@ fn raise_fd_limit(needed: u64) -> Result<(), BenchError> {
             std::io::Error::last_os_error(),
         ));
     }
-    if lim.rlim_cur >= needed {
-        return Ok(());
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: setrlimit only reads the `rlimit` it is given, and `lim` is a valid,
+        // initialised one that outlives the call.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(BenchError::io(BENCH, "raise the open-files limit")(
+                std::io::Error::last_os_error(),
+            ));
+        }
     }
-    let hard = lim.rlim_max;
-    lim.rlim_max = lim.rlim_max.max(needed);
-    lim.rlim_cur = lim.rlim_max;
-    // SAFETY: setrlimit only reads the `rlimit` it is given, and `lim` is a valid, initialised
-    // one that outlives the call.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(BenchError::failed(
-            BENCH,
-            format!(
-                "{needed} open files are needed (the engine holds {FILES_PER_TASK} per task it \
-                 drives: its lock file and its lock socket) but the limit is {hard} and raising \
-                 it failed ({e}); raise it (`ulimit -Hn {needed}` as root) or run fewer tasks"
-            ),
-        ));
-    }
-    Ok(())
+    Ok(lim.rlim_cur)
 }
 
 fn sim(clock: &Arc<TokioClock>) -> Result<Arc<SimProvider>, BenchError> {
@@ -168,9 +239,7 @@ fn latencies(mut lat: Vec<f64>) -> (f64, f64, f64) {
 
 /// The child process's work: see the module docs.
 pub(super) fn child(kind: ChildKind, tasks: usize, dir: &Path) -> Result<ScaleRun, BenchError> {
-    if kind == ChildKind::Engine {
-        raise_fd_limit(FILES_PER_TASK * tasks as u64 + 256)?;
-    }
+    let fd_limit = raise_fd_limit()?;
     // Two workers, like the `taskbox` binary.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -178,15 +247,27 @@ pub(super) fn child(kind: ChildKind, tasks: usize, dir: &Path) -> Result<ScaleRu
         .build()
         .map_err(BenchError::io(BENCH, "start a tokio runtime"))?;
     let start_rss_kib = peak_rss_kib().unwrap_or(0);
-    rt.block_on(async {
+    let start_fds = open_fds().unwrap_or(0);
+    let at_once = in_flight(tasks, fd_limit, start_fds);
+    let fds = FdPeak::start();
+    let mut run = rt.block_on(async {
         match kind {
-            ChildKind::Engine => engine(tasks, dir, start_rss_kib).await,
-            ChildKind::Direct => direct(tasks, start_rss_kib).await,
+            ChildKind::Engine => engine(tasks, at_once, dir, start_rss_kib).await,
+            ChildKind::Direct => direct(tasks, at_once, start_rss_kib).await,
         }
-    })
+    })?;
+    run.peak_fds = fds.finish();
+    run.start_fds = start_fds;
+    run.fd_limit = fd_limit;
+    Ok(run)
 }
 
-async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun, BenchError> {
+async fn engine(
+    tasks: usize,
+    at_once: usize,
+    dir: &Path,
+    start_rss_kib: u64,
+) -> Result<ScaleRun, BenchError> {
     let clock = Arc::new(TokioClock::starting_at(T0));
     let sim = sim(&clock)?;
     let orch = Orchestrator::builder(dir.to_path_buf(), Config::default())
@@ -198,10 +279,13 @@ async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun
         .await
         .map_err(BenchError::engine(BENCH, "open the orchestrator"))?;
     let wall = Instant::now();
+    let permits = Arc::new(tokio::sync::Semaphore::new(at_once));
     let mut set = tokio::task::JoinSet::new();
     for i in 0..tasks {
         let orch = orch.clone();
+        let permits = permits.clone();
         set.spawn(async move {
+            let _permit = permits.acquire_owned().await;
             let id = TaskId::new(&format!("task-{i}")).expect("a valid task id");
             let t = Instant::now();
             let fail = |action: &str, source| BenchError::Engine {
@@ -225,6 +309,9 @@ async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun
                     format!("{id}: the restored file holds {:?}, not {i}", out.stdout),
                 ));
             }
+            orch.suspend(&id)
+                .await
+                .map_err(|e| fail("the last suspend", e))?;
             Ok::<f64, BenchError>(t.elapsed().as_secs_f64() * 1000.0)
         });
     }
@@ -278,6 +365,10 @@ async fn engine(tasks: usize, dir: &Path, start_rss_kib: u64) -> Result<ScaleRun
         task_p99_ms,
         task_max_ms,
         virtual_ms,
+        peak_fds: 0,
+        start_fds: 0,
+        fd_limit: 0,
+        in_flight: at_once,
     })
 }
 
@@ -286,14 +377,17 @@ fn clock_ms(clock: &TokioClock) -> u64 {
     clock.now_ms()
 }
 
-async fn direct(tasks: usize, start_rss_kib: u64) -> Result<ScaleRun, BenchError> {
+async fn direct(tasks: usize, at_once: usize, start_rss_kib: u64) -> Result<ScaleRun, BenchError> {
     let clock = Arc::new(TokioClock::starting_at(T0));
     let sim = sim(&clock)?;
     let wall = Instant::now();
+    let permits = Arc::new(tokio::sync::Semaphore::new(at_once));
     let mut set = tokio::task::JoinSet::new();
     for i in 0..tasks {
         let sim = sim.clone();
+        let permits = permits.clone();
         set.spawn(async move {
+            let _permit = permits.acquire_owned().await;
             let task = TaskId::new(&format!("task-{i}"))
                 .map_err(|e| BenchError::failed(BENCH, e.to_string()))?;
             let t = Instant::now();
@@ -326,6 +420,7 @@ async fn direct(tasks: usize, start_rss_kib: u64) -> Result<ScaleRun, BenchError
                     format!("{task}: the restored file holds {:?}", out.stdout),
                 ));
             }
+            sim.snapshot(&task, &sb.id, 2).await.map_err(fail)?;
             Ok::<f64, BenchError>(t.elapsed().as_secs_f64() * 1000.0)
         });
     }
@@ -342,13 +437,17 @@ async fn direct(tasks: usize, start_rss_kib: u64) -> Result<ScaleRun, BenchError
         kind: ChildKind::Direct,
         tasks,
         wall_ms,
-        transitions: tasks as u64 * 5,
+        transitions: tasks as u64 * 6,
         peak_rss_kib: peak_rss_kib().unwrap_or(0),
         start_rss_kib,
         task_median_ms,
         task_p99_ms,
         task_max_ms,
         virtual_ms: clock_ms(&clock) - T0,
+        peak_fds: 0,
+        start_fds: 0,
+        fd_limit: 0,
+        in_flight: at_once,
     })
 }
 
@@ -433,7 +532,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         Measurement::new(
             "scale.wall",
             format!(
-                "{} tasks through the engine (SimProvider): provision, command, snapshot, restore, command", super::fmt_num(tasks as f64)
+                "{} tasks through the engine (SimProvider): provision, command, snapshot, restore, command, snapshot", super::fmt_num(tasks as f64)
             ),
             Quantity::new(e.wall_ms / 1000.0, "s"),
             "the same provider calls made directly, no engine",
@@ -448,6 +547,11 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
                     super::fmt_num(rate)
                 ),
                 clock_note,
+                format!(
+                    "at most {} tasks in flight at once (both sides; the open-files limit of {} leaves room for that many at {FILES_PER_TASK} descriptors each)",
+                    super::fmt_num(e.in_flight as f64),
+                    super::fmt_num(e.fd_limit as f64),
+                ),
             ],
         ),
         Measurement::new(
@@ -480,6 +584,24 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             vec![format!(
                 "every task finished; p99 {} s",
                 super::fmt_num(e.task_p99_ms / 1000.0)
+            )],
+        ),
+        Measurement::new(
+            "scale.peak_descriptors",
+            format!("most descriptors open at once in the process driving {} tasks", super::fmt_num(tasks as f64)),
+            Quantity::new(e.peak_fds as f64, "descriptors"),
+            "the direct-calls process's peak",
+            Quantity::new(d.peak_fds as f64, "descriptors"),
+            None,
+            Target::Below {
+                value: e.fd_limit as f64,
+            },
+            reps,
+            vec![format!(
+                "{} open before the workload; the limit is the machine's hard open-files limit ({}), which the child does not raise; sampled every {} ms",
+                super::fmt_num(e.start_fds as f64),
+                super::fmt_num(e.fd_limit as f64),
+                FD_SAMPLE.as_millis()
             )],
         ),
     ])

@@ -13,6 +13,12 @@
 //!
 //! Both sides read a tree that is in the page cache (it was just written or restored). Rounds
 //! alternate which side goes first where the order can be swapped.
+//!
+//! The rows above measure an unisolated sandbox (`terminal.local_isolation = none`, set here
+//! whatever the default). `snapshot.create_isolated` and `snapshot.restore_isolated` take the
+//! first snapshot and its restore of the same tree in an isolated sandbox (`namespaces`: the
+//! snapshot also ends its init and namespaces, the restore starts them), each round before or
+//! after the unisolated ones in turn, against the unisolated figures of the same round.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -24,13 +30,17 @@ use super::workspace::LARGE_FILE;
 use super::workspace::{generate_workspace, TreeSpec, TreeStats};
 use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
 use crate::clock::SystemClock;
+use crate::config::{Config, LocalIsolation};
 use crate::ids::{SnapshotId, TaskId};
-use crate::provider::local::LocalProvider;
+use crate::provider::local::{isolation, LocalProvider};
 use crate::provider::{ProviderError, SandboxProvider, SandboxSpec};
 
 const BENCH: &str = "snapshot";
 
 const TASK: &str = "bench-snapshot";
+
+/// An isolated sandbox's snapshot and restore, at most this times an unisolated one's (issue 31).
+const TARGET_ISOLATED_RATIO: f64 = 1.05;
 
 /// The workspace generator's seed (fixed, so archive sizes compare across runs).
 const SEED: u64 = 2024;
@@ -107,6 +117,10 @@ struct Results {
     storage_bytes: f64,
     /// Bytes of one `tar | zstd -1` archive of the tree.
     archive_bytes: f64,
+    /// The first snapshot in an isolated sandbox, against the unisolated one of its round.
+    iso_first: Paired,
+    /// Its restore into an isolated sandbox, against the unisolated restore of its round.
+    iso_restore: Paired,
     tree: TreeStats,
 }
 
@@ -273,9 +287,27 @@ impl Bench<'_> {
     }
 }
 
-async fn open<'a>(dir: &'a Path, tree: &TreeSpec) -> Result<(Bench<'a>, TreeStats), BenchError> {
+/// The isolation settings of `mode`, with the default limits (as the registry builds them).
+fn settings(mode: LocalIsolation) -> isolation::Settings {
+    let t = Config::default().terminal;
+    isolation::Settings {
+        mode,
+        limits: isolation::Limits {
+            cpu: t.container_cpu,
+            memory_mb: t.container_memory,
+            pids: t.container_pids,
+        },
+    }
+}
+
+async fn open<'a>(
+    dir: &'a Path,
+    tree: &TreeSpec,
+    mode: LocalIsolation,
+) -> Result<(Bench<'a>, TreeStats), BenchError> {
     let provider = LocalProvider::new(dir.join("local"), "bench".into(), Arc::new(SystemClock))
-        .map_err(|e| BenchError::failed(BENCH, format!("open the local provider: {e}")))?;
+        .map_err(|e| BenchError::failed(BENCH, format!("open the local provider: {e}")))?
+        .with_isolation(settings(mode));
     let sb = provider
         .create_sandbox(&spec(1, None))
         .await
@@ -311,6 +343,8 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
             append: Paired::default(),
             storage_bytes: 0.0,
             archive_bytes: 0.0,
+            iso_first: Paired::default(),
+            iso_restore: Paired::default(),
             tree: TreeStats::default(),
         };
         let pack = |ws: &Path| shell(PACK, ws, &[("ARCHIVE", archive.as_path())]);
@@ -324,7 +358,14 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
             remove(&round_dir)?;
             std::fs::create_dir_all(&round_dir)
                 .map_err(BenchError::io(BENCH, "create the round's directory"))?;
-            let (mut b, stats) = open(&round_dir, tree).await?;
+            // The isolated sandbox's snapshot and restore, before the unisolated ones in odd
+            // rounds, after them in even ones.
+            let iso_dir = dir.join(format!("round{round}-isolated"));
+            let mut iso = None;
+            if round % 2 == 1 {
+                iso = Some(isolated_round(&iso_dir, tree).await?);
+            }
+            let (mut b, stats) = open(&round_dir, tree, LocalIsolation::None).await?;
             r.tree = stats;
             let (b_first, s_first, s_restore, b_restore, snap);
             if round % 2 == 0 {
@@ -343,6 +384,14 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
                 snap = id;
             }
             let _ = snap;
+            if iso.is_none() {
+                iso = Some(isolated_round(&iso_dir, tree).await?);
+            }
+            let (iso_snapshot, iso_restore) = iso.expect("the isolated round ran");
+            r.iso_first.subject.push(iso_snapshot);
+            r.iso_first.baseline.push(s_first);
+            r.iso_restore.subject.push(iso_restore);
+            r.iso_restore.baseline.push(s_restore);
             r.archive_bytes = std::fs::metadata(&archive)
                 .map_err(BenchError::io(
                     BENCH,
@@ -373,7 +422,7 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
         remove(&storage_dir)?;
         std::fs::create_dir_all(&storage_dir)
             .map_err(BenchError::io(BENCH, "create the storage directory"))?;
-        let (mut b, _) = open(&storage_dir, tree).await?;
+        let (mut b, _) = open(&storage_dir, tree, LocalIsolation::None).await?;
         for i in 0..10 {
             if i > 0 {
                 change_one_percent(&b.workspace()?, i)?;
@@ -391,6 +440,26 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
         remove(&storage_dir)?;
         Ok(r)
     })
+}
+
+/// The first snapshot of the tree in an isolated sandbox (in `dir`, removed after) and its
+/// restore into the next one: their seconds.
+async fn isolated_round(dir: &Path, tree: &TreeSpec) -> Result<(f64, f64), BenchError> {
+    remove(dir)?;
+    std::fs::create_dir_all(dir).map_err(BenchError::io(
+        BENCH,
+        "create the isolated round's directory",
+    ))?;
+    let (mut b, _) = open(dir, tree, LocalIsolation::Namespaces).await?;
+    let (id, snapshot) = b.snapshot().await?;
+    let restore = b.restore(&id).await?;
+    b.provider
+        .stop_sandbox(&b.sandbox)
+        .await
+        .map_err(provider_err("stop the isolated sandbox"))?;
+    drop(b);
+    remove(dir)?;
+    Ok((snapshot, restore))
 }
 
 pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
@@ -471,6 +540,32 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             None,
             Target::RatioAtMost { ratio: 1.2 },
             1,
+            vec![],
+        ),
+        Measurement::new(
+            "snapshot.create_isolated",
+            "the first snapshot of the same tree in an isolated sandbox (terminal.local_isolation = namespaces: its init and namespaces end with it)",
+            Quantity::new(r.iso_first.subject_median(), "s"),
+            "the unisolated `snapshot.create` of the same round",
+            Quantity::new(r.iso_first.baseline_median(), "s"),
+            None,
+            Target::RatioAtMost {
+                ratio: TARGET_ISOLATED_RATIO,
+            },
+            rounds,
+            vec![],
+        ),
+        Measurement::new(
+            "snapshot.restore_isolated",
+            "its restore into an isolated sandbox (its init and namespaces started)",
+            Quantity::new(r.iso_restore.subject_median(), "s"),
+            "the unisolated `snapshot.restore` of the same round",
+            Quantity::new(r.iso_restore.baseline_median(), "s"),
+            None,
+            Target::RatioAtMost {
+                ratio: TARGET_ISOLATED_RATIO,
+            },
+            rounds,
             vec![],
         ),
     ])

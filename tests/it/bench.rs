@@ -51,8 +51,23 @@ fn the_quick_run_reports_every_benchmark_with_a_baseline_and_a_ratio() {
     assert_eq!(names, expected, "every benchmark, once");
     assert_eq!(rows.len(), expected.len());
 
+    // Without `bwrap` (outside CI) its row says so and has no figures.
+    let bwrap = std::process::Command::new("bwrap")
+        .arg("--version")
+        .output()
+        .is_ok();
     for r in rows {
         let name = r["name"].as_str().unwrap_or_default();
+        if name == "overhead.cli_isolated_bwrap" && !bwrap {
+            assert!(r["baseline"]["value"].is_null(), "{r}");
+            assert!(
+                r["notes"][0]
+                    .as_str()
+                    .is_some_and(|n| n.contains("`bwrap` is not installed")),
+                "{r}"
+            );
+            continue;
+        }
         let subject = number(&r["subject"]["value"], &format!("{name} subject"));
         let baseline = number(&r["baseline"]["value"], &format!("{name} baseline"));
         assert!(baseline > 0.0, "{name}: a baseline was measured: {r}");
@@ -82,10 +97,29 @@ fn the_quick_run_reports_every_benchmark_with_a_baseline_and_a_ratio() {
     }
 
     // The per-command rows carry the paired difference the target is about.
-    for name in ["overhead.library", "overhead.cli"] {
+    let mut per_command = vec![
+        "overhead.library",
+        "overhead.cli",
+        "overhead.cli_isolated",
+        "overhead.first_command_isolated",
+    ];
+    if bwrap {
+        per_command.push("overhead.cli_isolated_bwrap");
+    }
+    for name in per_command {
         let r = rows.iter().find(|r| r["name"] == name).expect("present");
         number(&r["added"]["value"], &format!("{name} added"));
     }
+    // The scale child stayed under its open-files limit, the target of its descriptor row.
+    let fds = rows
+        .iter()
+        .find(|r| r["name"] == "scale.peak_descriptors")
+        .expect("present");
+    assert_eq!(fds["met"], true, "{fds}");
+    assert!(
+        number(&fds["subject"]["value"], "descriptors") >= 1.0,
+        "{fds}"
+    );
     // Request counts come from the fake server's side and are exact.
     let per_command = rows
         .iter()
@@ -153,4 +187,30 @@ fn an_unknown_benchmark_name_is_refused_with_the_known_ones() {
         err.contains("hint:") && err.contains("overhead.cli") && err.contains("snapshot"),
         "{err}"
     );
+}
+
+/// The scale child runs more tasks than its open-files limit would hold all at once (two
+/// descriptors per task the engine drives): it keeps fewer in flight and finishes them all.
+#[test]
+fn the_scale_child_keeps_its_tasks_in_flight_under_the_open_files_limit() {
+    let home = Home::new();
+    let scratch = home.path().join("scratch");
+    std::fs::create_dir_all(&scratch).expect("make the scratch directory");
+    let exe = env!("CARGO_BIN_EXE_taskbox");
+    let mut cmd = home.cmd_of(std::path::Path::new("bash"));
+    // Bounded: a child that ran out of descriptors would wait at the limit.
+    cmd.args(["-c", "ulimit -n 1024 && exec timeout 300 \"$0\" \"$@\""])
+        .arg(exe)
+        .args(["bench", "--child", "engine", "--tasks", "700", "--scratch"])
+        .arg(&scratch);
+    let out = cmd.output().expect("spawn bash");
+    let run: serde_json::Value = serde_json::from_str(&ok(&out)).expect("JSON on stdout");
+    assert_eq!(run["tasks"], 700, "{run}");
+    assert_eq!(run["fd_limit"], 1024, "{run}");
+    let in_flight = run["in_flight"].as_u64().expect("a count");
+    assert!((1..350).contains(&in_flight), "{run}");
+    let peak = run["peak_fds"].as_u64().expect("a count");
+    assert!(peak >= 2 * in_flight.min(50) && peak < 1024, "{run}");
+    // Six transitions a task at least: made, two commands, two suspends, a restore.
+    assert!(run["transitions"].as_u64().unwrap_or(0) >= 6 * 700, "{run}");
 }

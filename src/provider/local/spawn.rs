@@ -11,20 +11,19 @@
 //! the Hermes benchmark's back-to-back commands paid it about one time in seven (its p90 tail). A
 //! process cloned into the cgroup takes that lock only for reading.
 //!
-//! The clone is a `vfork`, as `posix_spawn`'s: the child shares the server's memory
-//! (`CLONE_VM`) and the server's thread waits until it has exec'd or exited (`CLONE_VFORK`), so
-//! nothing of the server's memory is copied — a `fork` of the server copied its page tables and
-//! made its next writes fault, about 200 page faults per command. The child runs on a stack of
-//! its own, entered through a few lines of assembly (x86-64; elsewhere the usual spawn and its
-//! join are used), and between the clone and its `execve` it makes only async-signal-safe system
-//! calls on values prepared before the clone, writing no memory of the server's but its own stack
-//! (and the calling thread's `errno`, which that thread does not read meanwhile): its three
-//! descriptors, its own process group, its directory, default signal handlers (it is cloned with
-//! every signal blocked, as `posix_spawn` does, and its handler table is its own copy, so it
-//! never runs one of the server's), the default signal mask and `SIGPIPE` disposition (what the
-//! standard library's spawn gives a child), the exec. An exec that fails is reported through a
-//! close-on-exec pipe, as the standard library does; the caller then spawns the usual way, whose
-//! errors it already reports (nothing ran).
+//! The clone is a plain `clone3` (a fork born in the cgroup): the child gets a copy of the
+//! server's memory, and between the clone and its `execve` it makes only async-signal-safe
+//! system calls on values prepared before the clone: its three descriptors, its own process
+//! group, its directory, default signal handlers (it is cloned with every signal blocked, as
+//! `posix_spawn` does, so it never runs one of the server's), the default signal mask and
+//! `SIGPIPE` disposition (what the standard library's spawn gives a child), the exec. An exec
+//! that fails is reported through a close-on-exec pipe, as the standard library does; the caller
+//! then spawns the usual way, whose errors it already reports (nothing ran).
+//!
+//! A `vfork` on a stack of the child's own (x86-64 assembly) saved the copy of the server's page
+//! tables, 0.2–0.4 ms per unisolated command; it was dropped (issue 29) once measured beside this
+//! clone in one release run (docs/performance.md), since an isolated command, the default, is
+//! forked by its `pre_exec` hook (`isolation::enter`) anyway.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
@@ -192,8 +191,6 @@ pub(super) struct CloneArgs {
     pub(super) cgroup: u64,
 }
 
-const CLONE_VM: u64 = 0x100;
-const CLONE_VFORK: u64 = 0x4000;
 const CLONE_PIDFD: u64 = 0x1000;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
@@ -255,7 +252,7 @@ fn find_program(program: &str) -> io::Result<PathBuf> {
 }
 
 /// A pipe, both ends close-on-exec: (read, write).
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[cfg(target_os = "linux")]
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` is a valid array of two descriptors for `pipe2` to fill.
@@ -277,16 +274,12 @@ fn open(path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+#[cfg(not(target_os = "linux"))]
 fn try_clone(_cgroup_dir: &Path, _spec: &Spec<'_>) -> Result<Started, CloneError> {
     Err(io::Error::from(io::ErrorKind::Unsupported).into())
 }
 
-/// The child's stack: what `child_exec` and the libc calls it makes need, with room to spare.
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-const CHILD_STACK: usize = 64 * 1024;
-
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[cfg(target_os = "linux")]
 fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> Result<Started, CloneError> {
     // Everything the child needs, made before the clone (the child must not allocate).
     let program = cstring(find_program(spec.program)?.as_os_str().as_bytes())?;
@@ -349,24 +342,11 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> Result<Started, CloneError> 
     let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)?;
     let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?;
 
-    let child = ChildArgs {
-        fds: child_fds,
-        cwd: cwd.as_ptr(),
-        program: program.as_ptr(),
-        argv: argv_ptrs.as_ptr(),
-        envp: envp_ptrs.as_ptr(),
-    };
-    // The child's stack, its top 16-byte aligned as a call expects.
-    let mut stack = vec![0u8; CHILD_STACK];
-    let base = stack.as_mut_ptr() as u64;
-    let top = (base + CHILD_STACK as u64) & !15;
     let mut pidfd: libc::c_int = -1;
     let args = CloneArgs {
-        flags: CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_INTO_CGROUP,
+        flags: CLONE_PIDFD | CLONE_INTO_CGROUP,
         pidfd: std::ptr::addr_of_mut!(pidfd) as u64,
         exit_signal: libc::SIGCHLD as u64,
-        stack: base,
-        stack_size: top - base,
         cgroup: cgroup.as_raw_fd() as u64,
         ..CloneArgs::default()
     };
@@ -384,19 +364,29 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> Result<Started, CloneError> 
         }
         old
     };
-    // SAFETY: `args` is a valid `clone_args` of the size passed, whose stack is `stack`'s
-    // (alive, and written by nobody else, until the clone returns: `CLONE_VFORK` holds this
-    // thread until the child exec'd or exited, and the child never returns here). The child runs
-    // `child_entry` on it with `child`, whose pointers are to the values above, alive as long.
+    // SAFETY: `args` is a valid `clone_args` of the size passed, with no stack: the child
+    // continues on its copy of this thread's stack, as after a `fork`.
     let r = unsafe {
-        clone3_vfork(
-            &args,
-            child_entry,
-            std::ptr::addr_of!(child).cast_mut().cast(),
+        libc::syscall(
+            libc::SYS_clone3,
+            std::ptr::from_ref(&args),
+            std::mem::size_of::<CloneArgs>(),
         )
     };
-    let clone_error = io::Error::from_raw_os_error(if r < 0 { (-r) as i32 } else { 0 });
-    drop(stack);
+    if r == 0 {
+        // SAFETY: this is the child of the clone above (one thread, a copy of this process's
+        // memory), and the pointers are to the values prepared before it, alive in the copy.
+        unsafe {
+            child_exec(
+                child_fds,
+                cwd.as_ptr(),
+                program.as_ptr(),
+                argv_ptrs.as_ptr(),
+                envp_ptrs.as_ptr(),
+            )
+        }
+    }
+    let clone_error = io::Error::last_os_error();
     // SAFETY: restores the mask read above; `pthread_sigmask` only reads it.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &old_mask, std::ptr::null_mut());
@@ -476,75 +466,7 @@ fn wait_blocking(pid: u32) -> Option<ExitStatus> {
     }
 }
 
-/// What the child needs, prepared before the clone (it allocates nothing).
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-#[repr(C)]
-struct ChildArgs {
-    fds: [RawFd; 4],
-    cwd: *const libc::c_char,
-    program: *const libc::c_char,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-}
-
-/// Where the cloned child starts, on its own stack.
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-extern "C" fn child_entry(arg: *mut libc::c_void) -> ! {
-    // SAFETY: `arg` is the `ChildArgs` the parent passed, alive until the child exec'd or
-    // exited (the parent is held by `CLONE_VFORK`); this runs only in the child of
-    // `clone3_vfork`, as `child_exec` requires.
-    unsafe {
-        let a = &*arg.cast::<ChildArgs>();
-        child_exec(a.fds, a.cwd, a.program, a.argv, a.envp)
-    }
-}
-
-/// `clone3(args)` as a `vfork` on a stack of the child's own: the child calls `entry(arg)` there
-/// (which must never return), the parent gets the child's pid, or `-errno`.
-///
-/// The system call cannot be made through `libc::syscall` as a `fork`'s is: the child would
-/// return into Rust code on a stack that has none of its frames. The kernel starts the child at
-/// the instruction after `syscall` with `rsp` at the top of its stack and every other register
-/// as the parent's, so it finds `entry` and `arg` in the callee-saved `r13` and `r12`.
-///
-/// # Safety
-/// `args` must be a valid `clone_args` whose flags include `CLONE_VM | CLONE_VFORK` and whose
-/// stack is writable, unused by anything else, and 16-byte aligned at its top; `entry` must not
-/// return and must only make async-signal-safe calls on `arg`.
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-unsafe fn clone3_vfork(
-    args: &CloneArgs,
-    entry: extern "C" fn(*mut libc::c_void) -> !,
-    arg: *mut libc::c_void,
-) -> i64 {
-    let ret: i64;
-    // SAFETY: the caller's contract above. The parent only gets `rax` back (and `rcx`, `r11`,
-    // clobbered by `syscall`); the child leaves through `entry`, never reaching `2:`.
-    unsafe {
-        std::arch::asm!(
-            "syscall",
-            "test rax, rax",
-            "jnz 2f",
-            // The child: no frame above this one, the argument, the entry; `ud2` if it returned.
-            "xor ebp, ebp",
-            "mov rdi, r12",
-            "call r13",
-            "ud2",
-            "2:",
-            inlateout("rax") libc::SYS_clone3 => ret,
-            in("rdi") std::ptr::from_ref(args),
-            in("rsi") std::mem::size_of::<CloneArgs>(),
-            in("r12") arg,
-            in("r13") entry,
-            lateout("rcx") _,
-            lateout("r11") _,
-            options(nostack),
-        );
-    }
-    ret
-}
-
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[cfg(target_os = "linux")]
 /// The cloned child (every signal blocked): descriptors, process group, directory, signal
 /// handlers reset and the mask emptied, exec; on a failure its
 /// errno goes to the exec pipe and it exits 127.
@@ -596,7 +518,7 @@ unsafe fn child_exec(
     }
 }
 
-#[cfg(all(test, target_os = "linux", target_arch = "x86_64"))]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
