@@ -329,11 +329,13 @@ impl Orchestrator {
             Reply::Ran {
                 exit_code,
                 timed_out,
+                memory_killed,
                 notices,
             } => {
                 let out = answer.output.unwrap_or(ExecOutput {
                     exit_code,
                     timed_out,
+                    memory_killed,
                     ..ExecOutput::default()
                 });
                 Ok(RunResult::from_output(out, notices))

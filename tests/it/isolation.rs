@@ -633,5 +633,37 @@ fn the_configured_memory_limit_reaches_the_sandbox_and_doctor_shows_the_layer() 
     assert!(json.get("memory_killed").is_none(), "{json}");
     let kept = crate::support::ok(&home.run(&["run", "--task", "m", "--", "cat f"]));
     assert_eq!(kept, "kept\n");
+    // The journal records the kill (the command's exit event, and its reply), for `show`, the
+    // API's task view, and replay: two kills, then the `true` and the `cat` that were not.
+    let shown = crate::support::ok(&home.run(&["show", "--json", "m"]));
+    let view: serde_json::Value = serde_json::from_str(&shown).expect("JSON");
+    let exits: Vec<bool> = view["journal"]
+        .as_array()
+        .expect("a journal")
+        .iter()
+        .filter(|e| e["event"]["type"] == "command_exited")
+        .map(|e| e["event"]["memory_killed"] == true)
+        .collect();
+    assert_eq!(exits, [true, true, false, false], "{shown}");
+    let shown = crate::support::ok(&home.run(&["show", "m"]));
+    assert_eq!(
+        shown
+            .matches("exit 137: the sandbox's memory limit killed a process of the command")
+            .count(),
+        2,
+        "{shown}"
+    );
+    let replay = home.run(&["replay", "m", "--redrive", "--timeline"]);
+    let timeline = String::from_utf8_lossy(&replay.stdout);
+    assert_eq!(
+        replay.status.code(),
+        Some(0),
+        "{timeline}{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    assert!(
+        timeline.contains("ran, exit 137, memory limit"),
+        "{timeline}"
+    );
     crate::support::ok(&home.run(&["rm", "m"]));
 }
