@@ -96,6 +96,12 @@ impl OrchestratorBuilder {
         if store.is_sqlite() {
             super::paths::make_private(&self.data_dir);
         }
+        let mut store = store;
+        keep_reserve(
+            &mut store,
+            &self.data_dir,
+            self.config.terminal.store_reserve_mb,
+        );
         let installation_id = store.installation_id().to_string();
         let provider = match self.provider {
             Some(p) => p,
@@ -726,5 +732,29 @@ fn unexpected(task: &TaskId, reply: Reply) -> EngineError {
         }),
         attempts: 0,
         notices: Vec::new(),
+    }
+}
+
+/// Makes the data dir's disk reserve (`terminal.store_reserve_mb`) and hands it to the SQLite
+/// store, which gives it back when a commit finds the disk full ([`crate::store::reserve`]). A fleet's
+/// PostgreSQL store is not on this disk; a reserve that cannot be made now is made by a later
+/// commit once there is room.
+fn keep_reserve(store: &mut Store, data_dir: &std::path::Path, mb: u32) {
+    let sqlite = match store {
+        Store::Sqlite(s) => s,
+        #[cfg(feature = "postgres")]
+        Store::Postgres(_) => return,
+    };
+    let reserve = crate::store::reserve::Reserve::new(data_dir, mb);
+    match reserve.ensure() {
+        Ok(crate::store::reserve::Held::NoRoom(space)) => tracing::info!(
+            reserve = %reserve.path().display(), %space,
+            "the disk is too full to keep the store's reserve; it is made once there is room"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "no disk reserve for the store"),
+    }
+    if reserve.bytes() > 0 {
+        sqlite.set_reserve(reserve);
     }
 }

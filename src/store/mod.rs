@@ -33,8 +33,10 @@
 //! histories (`tests/it/store/model.rs`).
 
 mod error;
+// The data dir's disk reserve: a preallocated file the SQLite store gives back when the disk fills.
 #[cfg(feature = "postgres")]
 mod postgres;
+pub mod reserve;
 mod rows;
 mod sqlite;
 
