@@ -740,11 +740,9 @@ fn unexpected(task: &TaskId, reply: Reply) -> EngineError {
 /// PostgreSQL store is not on this disk; a reserve that cannot be made now is made by a later
 /// commit once there is room.
 fn keep_reserve(store: &mut Store, data_dir: &std::path::Path, mb: u32) {
-    let sqlite = match store {
-        Store::Sqlite(s) => s,
-        #[cfg(feature = "postgres")]
-        Store::Postgres(_) => return,
-    };
+    if !store.is_sqlite() {
+        return;
+    }
     let reserve = crate::store::reserve::Reserve::new(data_dir, mb);
     match reserve.ensure() {
         Ok(crate::store::reserve::Held::NoRoom(space)) => tracing::info!(
@@ -755,6 +753,6 @@ fn keep_reserve(store: &mut Store, data_dir: &std::path::Path, mb: u32) {
         Err(e) => tracing::warn!(error = %e, "no disk reserve for the store"),
     }
     if reserve.bytes() > 0 {
-        sqlite.set_reserve(reserve);
+        store.set_reserve(reserve);
     }
 }
