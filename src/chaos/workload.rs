@@ -99,9 +99,9 @@ pub fn plan(
             let steps = (0..n)
                 .map(|k| {
                     let mut op = match flavor {
-                        Flavor::Sim => op(&mut r),
+                        Flavor::Sim => op(&mut r, &SIM),
                         Flavor::Http => http_op(&mut r),
-                        Flavor::Fleet => fleet_op(&mut r),
+                        Flavor::Fleet => op(&mut r, &FLEET),
                     };
                     if let Op::Fork { child, .. } = &mut op {
                         *child = format!("{task_id}-f{k}");
@@ -127,29 +127,55 @@ fn file_op(kind: usize, file: &str, value: u64) -> Op {
     Op::Run { command }
 }
 
-fn op(r: &mut SplitMix64) -> Op {
+/// How the simulator's command language is scaled: the weights of its kinds (write, append,
+/// cat, long command, wait, suspend, resume and, when there is an eighth, fork), the long
+/// command's sleep and the waits' spans with their weights.
+struct Scale {
+    kinds: &'static [u64],
+    sleep: (u64, u64),
+    waits: &'static [(u64, (u64, u64))],
+}
+
+/// On the virtual clock: sleeps long enough for a sandbox to expire under them or an idle reap
+/// to wait for them; waits short, past the idle lifetime (reaped into a snapshot), past the
+/// sandbox's platform timeout, and between.
+const SIM: Scale = Scale {
+    kinds: &[4, 3, 4, 2, 4, 2, 1, 1],
+    sleep: (1_000, 90_000),
+    waits: &[
+        (4, (0, 5_000)),
+        (2, (125_000, 180_000)),
+        (2, (300_000, 420_000)),
+        (1, (20_000, 60_000)),
+    ],
+};
+
+/// On real time (sleeps and waits of milliseconds to a few seconds, some past the idle lifetime
+/// of two seconds), without forks.
+const FLEET: Scale = Scale {
+    kinds: &[4, 3, 4, 2, 3, 2, 1],
+    sleep: (50, 1_500),
+    waits: &[(4, (0, 400)), (1, (2_200, 3_000))],
+};
+
+fn op(r: &mut SplitMix64, scale: &Scale) -> Op {
     let file = format!("f{}", r.between(0, 2));
     let value = r.between(0, 9999);
-    // Weights: write, append, cat, long command, wait, suspend, resume, fork.
-    match r.weighted(&[4, 3, 4, 2, 4, 2, 1, 1]) {
+    match r.weighted(scale.kinds) {
         kind @ 0..=2 => file_op(kind, &file, value),
         3 => Op::Run {
-            // Long enough for a sandbox to expire under it, or an idle reap to wait for it.
             command: format!(
                 "append log {value}; sleep {}; cat log",
-                r.between(1_000, 90_000)
+                r.between(scale.sleep.0, scale.sleep.1)
             ),
         },
-        4 => Op::Wait {
-            ms: match r.weighted(&[4, 2, 2, 1]) {
-                0 => r.between(0, 5_000),
-                // Past the idle lifetime (reaped into a snapshot).
-                1 => r.between(125_000, 180_000),
-                // Past the sandbox's platform timeout.
-                2 => r.between(300_000, 420_000),
-                _ => r.between(20_000, 60_000),
-            },
-        },
+        4 => {
+            let weights: Vec<u64> = scale.waits.iter().map(|(w, _)| *w).collect();
+            let (lo, hi) = scale.waits[r.weighted(&weights)].1;
+            Op::Wait {
+                ms: r.between(lo, hi),
+            }
+        }
         5 => Op::Suspend,
         6 => Op::Resume,
         _ => fork_op(r),
@@ -194,31 +220,6 @@ fn http_op(r: &mut SplitMix64) -> Op {
         5 => Op::Suspend,
         6 => Op::Resume,
         _ => fork_op(r),
-    }
-}
-
-/// The simulator's command language on real time (sleeps and waits of milliseconds to a few
-/// seconds, some past the idle lifetime of two seconds), without forks.
-fn fleet_op(r: &mut SplitMix64) -> Op {
-    let file = format!("f{}", r.between(0, 2));
-    let value = r.between(0, 9999);
-    match r.weighted(&[4, 3, 4, 2, 3, 2, 1]) {
-        kind @ 0..=2 => file_op(kind, &file, value),
-        3 => Op::Run {
-            command: format!(
-                "append log {value}; sleep {}; cat log",
-                r.between(50, 1_500)
-            ),
-        },
-        4 => Op::Wait {
-            ms: match r.weighted(&[4, 1]) {
-                0 => r.between(0, 400),
-                // Past the idle lifetime (reaped into a snapshot).
-                _ => r.between(2_200, 3_000),
-            },
-        },
-        5 => Op::Suspend,
-        _ => Op::Resume,
     }
 }
 

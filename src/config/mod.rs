@@ -216,6 +216,34 @@ impl LocalIsolation {
     }
 }
 
+/// `terminal.local_network`: what an isolated local sandbox's commands can reach on the network
+/// (issue 31; only with `terminal.local_isolation = namespaces`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LocalNetwork {
+    /// The sandbox's own network namespace with outbound access through `pasta` (a user-mode
+    /// network stack), and no route to the host's loopback services; loopback only where
+    /// `pasta` is missing.
+    #[default]
+    Isolated,
+    /// The sandbox's own network namespace with its loopback only.
+    None,
+    /// The host's network namespace (its loopback services included): opt-in, flagged by
+    /// `doctor`.
+    Host,
+}
+
+impl LocalNetwork {
+    /// The name as written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LocalNetwork::Isolated => "isolated",
+            LocalNetwork::None => "none",
+            LocalNetwork::Host => "host",
+        }
+    }
+}
+
 /// `terminal.server`: whether the CLI drives tasks through a `taskbox serve` process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -347,6 +375,10 @@ config_keys! {
         "local backend isolation: none | namespaces (each sandbox in its own user, mount, PID and network namespaces)";
     container_persistent: bool = true, parse boolean, env None,
         "keep files in snapshots across sandboxes: true | false";
+    local_network: LocalNetwork = LocalNetwork::Isolated, parse local_network, env None,
+        "an isolated local sandbox's network: isolated (its own, outbound through pasta, no route to the host's loopback) | none (loopback only) | host (the host's, flagged by doctor)";
+    local_pasta: String = "pasta".into(), parse pasta_program, env None,
+        "the pasta program giving local_network = isolated its outbound access: a name looked up on PATH or an absolute path (where it is missing, the sandbox has loopback only)";
     timeout: u64 = 180, parse |v| lifetime(v, 1), env None,
         "per-command timeout, seconds (1 to 18000, Vercel's maximum sandbox lifetime)";
     lifetime_seconds: u64 = 300, parse |v| lifetime(v, 1), env None,

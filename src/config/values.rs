@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Backend, LocalIsolation, ServerMode, StoreSetting, DEFAULT_VERCEL_IMAGE,
+    Backend, LocalIsolation, LocalNetwork, ServerMode, StoreSetting, DEFAULT_VERCEL_IMAGE,
     MAX_SANDBOX_LIFETIME_SECONDS,
 };
 
@@ -59,6 +59,12 @@ impl Render for Backend {
 }
 
 impl Render for LocalIsolation {
+    fn render(&self) -> String {
+        self.as_str().to_string()
+    }
+}
+
+impl Render for LocalNetwork {
     fn render(&self) -> String {
         self.as_str().to_string()
     }
@@ -133,6 +139,28 @@ pub(super) fn local_isolation(value: &str) -> Result<LocalIsolation, String> {
         "namespaces" => Ok(LocalIsolation::Namespaces),
         _ => Err("one of: none, namespaces".into()),
     }
+}
+
+pub(super) fn local_network(value: &str) -> Result<LocalNetwork, String> {
+    match value.trim() {
+        "isolated" => Ok(LocalNetwork::Isolated),
+        "none" => Ok(LocalNetwork::None),
+        "host" => Ok(LocalNetwork::Host),
+        _ => Err("one of: isolated, none, host".into()),
+    }
+}
+
+pub(super) fn pasta_program(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    if v.is_empty() || v.contains('\0') {
+        return Err("a program name (looked up on PATH, e.g. pasta) or an absolute path".into());
+    }
+    if v.contains('/') && !v.starts_with('/') {
+        return Err(format!(
+            "an absolute path (such as /usr/bin/pasta) or a bare name looked up on PATH, not the relative path {v:?}"
+        ));
+    }
+    Ok(v.to_string())
 }
 
 pub(super) fn store_setting(value: &str) -> Result<StoreSetting, String> {

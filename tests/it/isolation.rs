@@ -47,6 +47,7 @@ fn env_with(test: &str, limits: Limits) -> Option<Env> {
         .with_isolation(Settings {
             mode: LocalIsolation::Namespaces,
             limits,
+            ..Settings::default()
         });
     Some(Env { dir, provider })
 }
@@ -794,4 +795,384 @@ fn full_disk_round(home: &crate::support::Home, mode: &str) {
     }
     ok(&home.run(&["rm", "a"]));
     ok(&home.run(&["rm", "b"]));
+}
+
+/// `terminal.local_network` (issue 31's Network paragraph): `isolated` reaches the host's
+/// non-loopback address through `pasta` (it stands for "outbound": there is no internet here)
+/// and nothing on the host's loopback; `none` reaches neither; `host` is the host's network;
+/// `isolated` without `pasta` falls back to loopback only and says so; `pasta` ends with the
+/// sandbox.
+mod network {
+    use std::net::{Ipv4Addr, TcpListener};
+    use std::time::Instant;
+
+    use taskbox::config::LocalNetwork;
+    use taskbox::provider::local::isolation::Network;
+
+    use super::*;
+
+    /// An isolated provider with the network `mode` (and `pasta`), or `None` as [`env`].
+    fn net_env(test: &str, mode: LocalNetwork, pasta: &str) -> Option<Env> {
+        let mut env = env(test)?;
+        let clock = Arc::new(ManualClock(AtomicU64::new(START_MS)));
+        env.provider = LocalProvider::new(
+            env.dir.path().join("data/local"),
+            INSTALLATION.into(),
+            clock,
+        )
+        .expect("provider")
+        .with_isolation(Settings {
+            mode: LocalIsolation::Namespaces,
+            network: Network {
+                mode,
+                pasta: pasta.into(),
+            },
+            ..Settings::default()
+        });
+        Some(env)
+    }
+
+    /// Whether `pasta` is installed; a test that needs it skips (saying so) where it is not,
+    /// except under `CI=true`, where that fails.
+    #[allow(clippy::print_stderr)] // a skip says so
+    fn have_pasta(test: &str) -> bool {
+        match isolation::find_pasta("pasta") {
+            Ok(_) => true,
+            Err(e) => {
+                assert!(!under_ci(), "{test}: pasta must be installed under CI: {e}");
+                eprintln!("SKIPPED {test}: {e} (apt-get install passt)");
+                false
+            }
+        }
+    }
+
+    /// The host's first non-loopback IPv4 address (what stands for "outbound" here).
+    fn host_address() -> Option<Ipv4Addr> {
+        let mut addrs: *mut libc::ifaddrs = std::ptr::null_mut();
+        // SAFETY: getifaddrs fills `addrs` with a list freed below.
+        if unsafe { libc::getifaddrs(&mut addrs) } != 0 {
+            return None;
+        }
+        let mut found = None;
+        let mut cur = addrs;
+        while !cur.is_null() {
+            // SAFETY: `cur` is a node of the list getifaddrs returned.
+            let ifa = unsafe { &*cur };
+            // SAFETY: a non-null `ifa_addr` points to a sockaddr of the list.
+            let family = (!ifa.ifa_addr.is_null()).then(|| unsafe { (*ifa.ifa_addr).sa_family });
+            if family.map(i32::from) == Some(libc::AF_INET) {
+                // SAFETY: an AF_INET address is a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                if !ip.is_loopback() && found.is_none() {
+                    found = Some(ip);
+                }
+            }
+            cur = ifa.ifa_next;
+        }
+        // SAFETY: the list getifaddrs returned, freed once.
+        unsafe { libc::freeifaddrs(addrs) };
+        found
+    }
+
+    /// The host's address, or `None` (skipped, failing under CI) on a machine without one.
+    #[allow(clippy::print_stderr)] // a skip says so
+    fn host_address_or_skip(test: &str) -> Option<Ipv4Addr> {
+        let found = host_address();
+        if found.is_none() {
+            assert!(
+                !under_ci(),
+                "{test}: CI's machine has a non-loopback IPv4 address"
+            );
+            eprintln!("SKIPPED {test}: this machine has no non-loopback IPv4 address");
+        }
+        found
+    }
+
+    /// A command connecting to `ip:port` within 3 s (a refused or dropped connection fails).
+    fn connect(ip: &str, port: u16) -> String {
+        format!("timeout 3 bash -c 'exec 3<>/dev/tcp/{ip}/{port}'")
+    }
+
+    /// What marks the `pasta` of the sandbox `id` (its `--pid` file, in the sandbox's run dir).
+    fn pasta_marker(env: &Env, id: &SandboxId) -> String {
+        let ws = env.workspace(id);
+        let run = ws.parent().expect("a sandbox dir").join("run");
+        format!("{}/pasta.pid", run.display())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn isolated_reaches_the_host_address_but_nothing_on_its_loopback_and_pasta_ends_with_it()
+    {
+        let test = "net-isolated";
+        let Some(env) = net_env(test, LocalNetwork::Isolated, "pasta") else {
+            return;
+        };
+        if !have_pasta(test) {
+            return;
+        }
+        let Some(ip) = host_address_or_skip(test) else {
+            return;
+        };
+        // Connections complete in the listeners' backlogs: nothing needs to accept them.
+        let loopback = TcpListener::bind("127.0.0.1:0").unwrap();
+        let lo_port = loopback.local_addr().unwrap().port();
+        let outside = TcpListener::bind((ip, 0)).unwrap();
+        let out_port = outside.local_addr().unwrap().port();
+        let id = env.create("net", 1, None).await;
+        let first = env.run(&id, "true").await;
+        assert_eq!(first.exit_code, 0, "{first:?}");
+        assert!(
+            !first.stderr.contains("local_network"),
+            "pasta was found, yet: {}",
+            first.stderr
+        );
+        // Its own interface and default route, through pasta.
+        let routes = env
+            .ok(&id, "awk '$2 == \"00000000\" { print $1 }' /proc/net/route")
+            .await;
+        assert!(!routes.trim().is_empty(), "no default route inside");
+        let addr = env.ok(&id, "cat /proc/net/fib_trie").await;
+        assert!(addr.contains(isolation::ADDRESS), "{addr}");
+        // The host's non-loopback address: reachable.
+        env.ok(&id, &connect(&ip.to_string(), out_port)).await;
+        // Nothing bound to the host's loopback: not through 127.0.0.1 (the sandbox's own), the
+        // gateway (not mapped to the host), or the host's own address.
+        for target in ["127.0.0.1", isolation::GATEWAY, &ip.to_string()] {
+            env.fails(&id, &connect(target, lo_port)).await;
+        }
+        // DNS: the host's resolv.conf (its nameservers are reached through pasta like any
+        // address).
+        let resolv = env
+            .ok(&id, "cat /etc/resolv.conf 2>/dev/null || true")
+            .await;
+        let host = fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        assert_eq!(resolv, host);
+
+        // One pasta per sandbox, not per command; gone with the sandbox's stop.
+        env.ok(&id, "true").await;
+        let marker = pasta_marker(&env, &id);
+        assert_eq!(
+            processes_with(&marker).len(),
+            1,
+            "one pasta for the sandbox"
+        );
+        env.provider.stop_sandbox(&id).await.expect("stop");
+        assert_eq!(
+            processes_with(&marker),
+            Vec::<u32>::new(),
+            "pasta outlived its sandbox's stop"
+        );
+        drop((loopback, outside));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn none_reaches_only_its_own_loopback_and_host_reaches_the_hosts() {
+        let test = "net-none-host";
+        let Some(env) = net_env(test, LocalNetwork::None, "pasta") else {
+            return;
+        };
+        let Some(ip) = host_address_or_skip(test) else {
+            return;
+        };
+        let loopback = TcpListener::bind("127.0.0.1:0").unwrap();
+        let lo_port = loopback.local_addr().unwrap().port();
+        let outside = TcpListener::bind((ip, 0)).unwrap();
+        let out_port = outside.local_addr().unwrap().port();
+        let id = env.create("none", 1, None).await;
+        let first = env.run(&id, "true").await;
+        assert_eq!(first.stderr, "", "`none` is said on purpose: no note");
+        env.fails(&id, &connect(&ip.to_string(), out_port)).await;
+        env.fails(&id, &connect("127.0.0.1", lo_port)).await;
+        // Its own loopback works.
+        env.ok(&id, "(exec 4<>/dev/tcp/127.0.0.1/1) 2>&1 | grep -q refused")
+            .await;
+        assert!(
+            processes_with(&pasta_marker(&env, &id)).is_empty(),
+            "no pasta with `none`"
+        );
+
+        // `host`: the host's network, its loopback included (which is why doctor flags it).
+        let Some(host) = net_env("net-host", LocalNetwork::Host, "pasta") else {
+            return;
+        };
+        let id = host.create("host", 1, None).await;
+        host.ok(&id, &connect("127.0.0.1", lo_port)).await;
+        host.ok(&id, &connect(&ip.to_string(), out_port)).await;
+        // Everything else of the isolation holds: its own PID namespace, uid 1000.
+        assert_eq!(host.ok(&id, "id -u").await, "1000\n");
+        drop((loopback, outside));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn isolated_without_pasta_falls_back_to_loopback_and_its_first_command_says_so() {
+        let test = "net-degraded";
+        let Some(env) = net_env(test, LocalNetwork::Isolated, "/nonexistent/pasta") else {
+            return;
+        };
+        let Some(ip) = host_address_or_skip(test) else {
+            return;
+        };
+        let outside = TcpListener::bind((ip, 0)).unwrap();
+        let out_port = outside.local_addr().unwrap().port();
+        let id = env.create("degraded", 1, None).await;
+        let first = env.run(&id, "echo out; echo err >&2").await;
+        assert_eq!(first.exit_code, 0, "{first:?}");
+        assert_eq!(first.stdout, "out\n");
+        let note = isolation::degraded_note("/nonexistent/pasta is not an executable file");
+        assert_eq!(first.stderr, format!("{note}err\n"));
+        // Less access, never more: the host's address is not reachable.
+        env.fails(&id, &connect(&ip.to_string(), out_port)).await;
+        // Said once per sandbox.
+        let next = env.run(&id, "true").await;
+        assert_eq!(next.stderr, "");
+        drop(outside);
+    }
+
+    /// The first command of a new task (create + `true`), with and without pasta: pasta starts
+    /// once per sandbox; its cost is printed (median of 10, this build).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::print_stderr)] // the figures are this test's output
+    async fn the_first_command_with_pasta_is_timed() {
+        let test = "net-timing";
+        if !have_pasta(test) {
+            return;
+        }
+        let mut medians = Vec::new();
+        for mode in [LocalNetwork::None, LocalNetwork::Isolated] {
+            let Some(env) = net_env(test, mode, "pasta") else {
+                return;
+            };
+            let mut times = Vec::new();
+            for i in 0..10 {
+                let task = format!("t{i}");
+                let started = Instant::now();
+                let id = env.create(&task, 1, None).await;
+                let out = env.run(&id, "true").await;
+                times.push(started.elapsed());
+                assert_eq!((out.exit_code, out.stderr.as_str()), (0, ""), "{out:?}");
+                env.provider.stop_sandbox(&id).await.expect("stop");
+            }
+            times.sort();
+            let median = times[times.len() / 2];
+            eprintln!(
+                "first command of a new task, local_network = {}: median {:.1} ms (min {:.1}, \
+                 max {:.1}) over 10",
+                mode.as_str(),
+                median.as_secs_f64() * 1e3,
+                times[0].as_secs_f64() * 1e3,
+                times[9].as_secs_f64() * 1e3
+            );
+            medians.push(median);
+        }
+        // A generous bound: pasta must not make a new sandbox take seconds.
+        assert!(
+            medians[1] < medians[0] + Duration::from_secs(2),
+            "pasta costs {:?} over {:?}",
+            medians[1],
+            medians[0]
+        );
+    }
+
+    /// A SIGKILLed taskbox takes its sandboxes' `pasta` with it (its parent-death signal): no
+    /// process is left behind however the server ends.
+    #[test]
+    fn pasta_dies_with_a_killed_taskbox() {
+        let test = "net-killed";
+        let Some(_) = env(test) else { return };
+        if !have_pasta(test) {
+            return;
+        }
+        let home = crate::support::Home::new();
+        crate::support::ok(&home.run(&["config", "set", "terminal.local_isolation", "namespaces"]));
+        let mut run = home
+            .cmd()
+            .args(["run", "--task", "k", "--", "echo started > s; sleep 60"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn taskbox");
+        let marker = format!("{}/", home.path().display());
+        let pasta = || -> Vec<u32> {
+            processes_with(&marker)
+                .into_iter()
+                .filter(|pid| {
+                    fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| c.windows(9).any(|w| w == b"pasta.pid"))
+                })
+                .collect()
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pasta().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the sandbox's pasta never started"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        run.kill().expect("SIGKILL taskbox");
+        run.wait().expect("reap taskbox");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !pasta().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "pasta outlived its killed taskbox: {:?}",
+                pasta()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Through the CLI: the key is validated, and `doctor` names pasta (✓ with `isolated`),
+    /// flags `host` with ✗, and warns where pasta is missing.
+    #[test]
+    fn the_key_is_checked_and_doctor_shows_the_network_layer() {
+        let Some(_) = env("net-doctor") else { return };
+        let home = crate::support::Home::new();
+        let bad = home.run(&["config", "set", "terminal.local_network", "open"]);
+        assert!(!bad.status.success());
+        let said = crate::support::stderr(&bad);
+        assert!(said.contains("isolated, none, host"), "{said}");
+        let bad = home.run(&["config", "set", "terminal.local_pasta", "bin/pasta"]);
+        assert!(!bad.status.success());
+        assert!(crate::support::stderr(&bad).contains("absolute path"));
+        crate::support::ok(&home.run(&["config", "set", "terminal.local_isolation", "namespaces"]));
+        let doctor = |home: &crate::support::Home| {
+            String::from_utf8_lossy(&home.run(&["doctor"]).stdout).into_owned()
+        };
+        let network_line = |text: &str| {
+            text.lines()
+                .find(|l| l.contains(" network"))
+                .unwrap_or_else(|| panic!("no network line in {text}"))
+                .to_string()
+        };
+        if isolation::find_pasta("pasta").is_ok() || under_ci() {
+            let text = doctor(&home);
+            let line = network_line(&text);
+            assert!(
+                line.starts_with("✓ network") && line.contains("pasta"),
+                "{text}"
+            );
+        }
+        crate::support::ok(&home.run(&["config", "set", "terminal.local_network", "host"]));
+        let text = doctor(&home);
+        let line = network_line(&text);
+        assert!(
+            line.starts_with("✗ network") && line.contains("loopback"),
+            "{text}"
+        );
+        crate::support::ok(&home.run(&["config", "set", "terminal.local_network", "isolated"]));
+        crate::support::ok(&home.run(&[
+            "config",
+            "set",
+            "terminal.local_pasta",
+            "/nonexistent/pasta",
+        ]));
+        let text = doctor(&home);
+        let line = network_line(&text);
+        assert!(
+            line.starts_with("! network") && line.contains("/nonexistent/pasta"),
+            "{text}"
+        );
+    }
 }

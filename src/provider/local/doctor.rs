@@ -13,7 +13,10 @@ use crate::provider::registry::Check;
 pub fn checks(config: &Config) -> Vec<Check> {
     let mut checks = vec![bash_check()];
     if config.terminal.local_isolation == crate::config::LocalIsolation::Namespaces {
-        checks.extend(namespace_checks());
+        checks.extend(namespace_checks(&super::isolation::Network {
+            mode: config.terminal.local_network,
+            pasta: config.terminal.local_pasta.clone(),
+        }));
     } else {
         checks.push(isolation_check());
     }
@@ -30,12 +33,18 @@ pub fn checks(config: &Config) -> Vec<Check> {
 
 /// Each layer of `terminal.local_isolation = namespaces`, found by starting a sandbox and
 /// running a command in it (see [`super::isolation::layers`]).
-fn namespace_checks() -> Vec<Check> {
-    super::isolation::layers()
+fn namespace_checks(network: &super::isolation::Network) -> Vec<Check> {
+    super::isolation::layers(network)
         .into_iter()
         .map(|layer| {
             if layer.ok {
                 Check::pass(layer.name, layer.detail)
+            } else if let Some(fix) = layer.fix {
+                if layer.required {
+                    Check::fail(layer.name, layer.detail, fix)
+                } else {
+                    Check::warn(layer.name, layer.detail, fix)
+                }
             } else if !layer.required {
                 Check::warn(
                     layer.name,

@@ -64,7 +64,7 @@ impl LocalProvider {
             });
         }
         let slot = self.slot(&name);
-        let (meta, mut stopped, sandbox_dir, workspace, run_dir, init) = {
+        let (meta, mut stopped, sandbox_dir, workspace, run_dir, init, network_note) = {
             let _guard = slot.lock.lock().await;
             // Gone (or past its deadline) before the command starts: it provably never ran.
             // Located under the lock: a create of a newer generation may park this sandbox.
@@ -80,12 +80,13 @@ impl LocalProvider {
             }
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
             // Its namespaces, made by its first command (under the lock: one init per sandbox).
-            let init = if self.isolation.namespaces() {
-                Some(super::run_blocking_ref(|| {
+            let (init, network_note) = if self.isolation.namespaces() {
+                let (init, note) = super::run_blocking_ref(|| {
                     self.sandbox_init(&name, &slot, &workspace, &run_dir)
-                })?)
+                })?;
+                (Some(init), note)
             } else {
-                None
+                (None, None)
             };
             slot.commands.fetch_add(1, Ordering::SeqCst);
             // Subscribed under the lock: a discard after this point is seen by this command.
@@ -96,6 +97,7 @@ impl LocalProvider {
                 workspace,
                 run_dir,
                 init,
+                network_note,
             )
         };
         // Cancelled before it started (while its sandbox was made ready): it never runs.
@@ -249,6 +251,15 @@ impl LocalProvider {
         let stdout = Pump::start(child.stdout, OutputStream::Stdout, io.output.clone());
         // Kept for a note after the command's own output (the memory limit's, a full disk's).
         let live_note = io.output.clone();
+        // What the sandbox's network fell back to, said before the command's own output.
+        if let (Some(note), Some(live)) = (&network_note, &io.output) {
+            let chunk = crate::provider::OutputChunk {
+                stream: OutputStream::Stderr,
+                data: note.clone().into_bytes(),
+            };
+            // A reader that went away misses it; the capture keeps it.
+            let _ = live.send(chunk).await;
+        }
         let stderr = Pump::start(child.stderr, OutputStream::Stderr, io.output);
         let feeder = feed_stdin(child.stdin, io.stdin);
         let mut cancel = io.cancel;
@@ -406,6 +417,12 @@ impl LocalProvider {
                     }
                 }
                 let mut out = output(exit_code(status), false, stdout, stderr, duration_ms);
+                if let Some(note) = network_note {
+                    if let Some(bytes) = out.stderr_bytes.as_mut() {
+                        bytes.splice(0..0, note.bytes());
+                    }
+                    out.stderr.insert_str(0, &note);
+                }
                 // Killed by the memory limit (a process of the sandbox was, while it ran): said
                 // in its stderr; the sandbox lives on.
                 let mut note = None;
@@ -439,17 +456,18 @@ impl LocalProvider {
     }
 
     /// The init holding the sandbox's namespaces: the running one, or a new one (its first
-    /// command in this process, or one after a stop). The caller holds the slot's lock.
+    /// command in this process, or one after a stop), with the note its command must print
+    /// when its network fell back to loopback only. The caller holds the slot's lock.
     fn sandbox_init(
         &self,
         name: &SandboxName,
         slot: &Slot,
         workspace: &Path,
         run_dir: &Path,
-    ) -> Result<std::sync::Arc<isolation::Init>, LocalError> {
+    ) -> Result<(std::sync::Arc<isolation::Init>, Option<String>), LocalError> {
         let mut held = super::lock(&slot.init);
         if let Some(init) = held.as_ref().filter(|i| i.alive()) {
-            return Ok(init.clone());
+            return Ok((init.clone(), None));
         }
         let isolate = |source| LocalError::Isolation {
             sandbox: name.name.clone(),
@@ -477,8 +495,8 @@ impl LocalProvider {
                 None
             }
         };
-        let mut init = match isolation::Init::start(workspace, run_dir) {
-            Ok(init) => init,
+        let (mut init, note) = match isolation::start(workspace, run_dir, &self.isolation.network) {
+            Ok(started) => started,
             Err(e) => {
                 if let Some(cg) = cgroups {
                     cg.remove();
@@ -492,7 +510,7 @@ impl LocalProvider {
         tracing::debug!(sandbox = %name.name, init = init.pid(), "made the sandbox's namespaces");
         let init = std::sync::Arc::new(init);
         *held = Some(init.clone());
-        Ok(init)
+        Ok((init, note))
     }
 
     /// Stores `rel` as the next command's starting directory, unless the sandbox was replaced

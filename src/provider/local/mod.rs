@@ -126,6 +126,10 @@ pub const BACKEND: crate::provider::registry::Entry = crate::provider::registry:
                         memory_mb: config.terminal.container_memory,
                         pids: config.terminal.container_pids,
                     },
+                    network: isolation::Network {
+                        mode: config.terminal.local_network,
+                        pasta: config.terminal.local_pasta.clone(),
+                    },
                 });
                 Arc::new(p) as Arc<dyn crate::provider::SandboxProvider>
             })

@@ -29,6 +29,8 @@ pub struct Init {
     reaped: bool,
     /// The sandbox's limit cgroups, removed once it has ended.
     cgroups: Option<super::Cgroups>,
+    /// The `pasta` giving its network namespace outbound access, ended with it.
+    pasta: Option<super::network::Pasta>,
 }
 
 /// The namespaces' names under `/proc/<pid>/ns/` and their flags, in the order a command
@@ -71,17 +73,23 @@ pub(super) const NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
 
 impl Init {
     /// Starts the init of a sandbox whose workspace is `workspace`, building its root in the
-    /// empty directory `root` (in its own mount namespace: the host sees nothing mounted).
-    /// Blocks until it is ready (a few milliseconds).
-    pub fn start(workspace: &Path, root: &Path) -> Result<Init, InitError> {
-        let plan = Plan::new(workspace, root)?;
+    /// empty directory `root` (in its own mount namespace: the host sees nothing mounted), in a
+    /// network namespace of its own unless `host_network`. Blocks until it is ready (a few
+    /// milliseconds).
+    pub fn start(workspace: &Path, root: &Path, host_network: bool) -> Result<Init, InitError> {
+        let plan = Plan::new(workspace, root, !host_network)?;
+        let namespaces = if host_network {
+            NAMESPACES & !libc::CLONE_NEWNET
+        } else {
+            NAMESPACES
+        };
         let prep = |e: io::Error| InitError::Prepare(e.to_string());
         let (status_r, status_w) = pipe().map_err(prep)?;
         let (life_r, life_w) = pipe().map_err(prep)?;
         let (go_r, go_w) = pipe().map_err(prep)?;
         let mut pidfd: libc::c_int = -1;
         let args = CloneArgs {
-            flags: NAMESPACES as u64 | libc::CLONE_PIDFD as u64,
+            flags: namespaces as u64 | libc::CLONE_PIDFD as u64,
             pidfd: std::ptr::addr_of_mut!(pidfd) as u64,
             exit_signal: libc::SIGCHLD as u64,
             ..CloneArgs::default()
@@ -137,9 +145,13 @@ impl Init {
             lifeline: Some(life_w),
             reaped: false,
             cgroups: None,
+            pasta: None,
         };
         // Its namespaces, opened while it waits for the go (before it makes itself undumpable).
         for (name, flag) in NAMESPACE_FILES {
+            if namespaces & flag == 0 {
+                continue;
+            }
             let path = format!("/proc/{}/ns/{name}", init.pid);
             match std::fs::File::open(&path) {
                 Ok(file) => init.namespaces.push((OwnedFd::from(file), flag)),
@@ -186,6 +198,25 @@ impl Init {
     /// them, and they are removed when the init ends.
     pub fn set_cgroups(&mut self, cgroups: super::Cgroups) {
         self.cgroups = Some(cgroups);
+    }
+
+    /// Attaches `pasta` (the program at `program`) to the sandbox's network namespace, giving
+    /// it outbound access (see `network`); ended with the sandbox. `pidfile` is a path of the
+    /// host's for `pasta` to say it is ready through. `Err` says why not (the sandbox then has
+    /// its loopback only).
+    pub fn attach_pasta(&mut self, program: &Path, pidfile: &Path) -> Result<(), String> {
+        let fd = |flag| {
+            self.namespaces
+                .iter()
+                .find(|(_, f)| *f == flag)
+                .map(|(fd, _)| fd.as_raw_fd())
+        };
+        let (Some(user), Some(net)) = (fd(libc::CLONE_NEWUSER), fd(libc::CLONE_NEWNET)) else {
+            return Err("the sandbox has no network namespace of its own".into());
+        };
+        let pasta = super::network::Pasta::start(program, user, net, pidfile)?;
+        self.pasta = Some(pasta);
+        Ok(())
     }
 
     /// The sandbox's limit cgroups, if it has them.
@@ -271,6 +302,10 @@ impl Init {
             }
         }
         self.reaped = true;
+        // Its network namespace is gone with it: so is what carried its connections out.
+        if let Some(pasta) = self.pasta.take() {
+            pasta.end();
+        }
         // Every process of the sandbox is dead: its cgroups can go.
         if let Some(cgroups) = self.cgroups.take() {
             cgroups.remove();
@@ -294,6 +329,7 @@ impl Drop for Init {
             lifeline: self.lifeline.take(),
             reaped: false,
             cgroups: self.cgroups.take(),
+            pasta: self.pasta.take(),
         };
         self.reaped = true;
         let _ = std::thread::Builder::new()

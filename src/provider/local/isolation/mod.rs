@@ -4,7 +4,8 @@
 //! (`Init::start`): a process cloned from the server with new user, mount, PID, network, IPC,
 //! UTS and cgroup namespaces, which is PID 1 of its PID namespace. Before it reports ready it
 //! maps one user, builds the sandbox's filesystem and `pivot_root`s into it (see `init`), brings
-//! its loopback up, then only reaps the processes the kernel hands it, until its *lifeline* (a
+//! its loopback up (with `isolated`, the server then attaches `pasta` to its network namespace,
+//! see `network`), then only reaps the processes the kernel hands it, until its *lifeline* (a
 //! pipe whose only write end the server holds) closes: a stop (`Init::kill`) or the server's
 //! own death. When PID 1 of a PID namespace ends, the kernel kills every other process in it, so
 //! nothing a command started outlives the sandbox, whatever it did (`setsid`, `env -i`,
@@ -31,8 +32,10 @@
 //! capability survives its exec; root inside is not offered), mapped to the server's own uid and
 //! gid outside, so it can do nothing the server's user could not — and, when the server runs as
 //! root, it *is* root to the kernel's owner checks, which is why the root-owned knobs and keys
-//! above are read-only or masked. It has no network but its own loopback (its own network
-//! namespace: no route to the host's `127.0.0.1`, nor to the internet). Its environment is
+//! above are read-only or masked. Its network is `terminal.local_network`'s (see `network`): its
+//! own network namespace with outbound access through `pasta` and no route to the host's
+//! `127.0.0.1` (`isolated`, loopback only where `pasta` is missing), its own with loopback only
+//! (`none`), or the host's (`host`: no network namespace of its own). Its environment is
 //! `environment`'s, nothing of the server's.
 //!
 //! **What bounds it.** Where a cgroup hierarchy allows it, the sandbox's limits
@@ -47,17 +50,20 @@
 mod enter;
 mod init;
 mod limits;
+mod network;
 mod plan;
 mod seccomp;
 
 pub(super) use self::enter::Enter;
 pub(super) use self::init::Init;
 pub use self::limits::{support as limits_support, Cgroups, Limits, PREFIX as LIMITS_PREFIX};
+pub use self::network::{degraded_note, find_pasta, ADDRESS, GATEWAY};
 pub use self::seccomp::DENIED;
 
 use std::io;
+use std::path::Path;
 
-use crate::config::LocalIsolation;
+use crate::config::{LocalIsolation, LocalNetwork};
 
 /// Where a sandbox's workspace is inside it.
 pub const WORKSPACE: &str = "/workspace";
@@ -74,12 +80,14 @@ pub(super) const HOSTNAME: &str = "taskbox";
 pub(super) const REPORT_FD: i32 = 1000;
 
 /// The isolation the local provider applies (see `terminal.local_isolation`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Settings {
     /// Namespaces or none.
     pub mode: LocalIsolation,
     /// The limits of each isolated sandbox.
     pub limits: Limits,
+    /// Its network.
+    pub network: Network,
 }
 
 impl Settings {
@@ -87,6 +95,47 @@ impl Settings {
     pub fn namespaces(&self) -> bool {
         self.mode == LocalIsolation::Namespaces
     }
+}
+
+/// An isolated sandbox's network (`terminal.local_network`, `terminal.local_pasta`; see
+/// `network`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Network {
+    /// Isolated, none or host.
+    pub mode: LocalNetwork,
+    /// The `pasta` program: a bare name looked up on `PATH`, or an absolute path.
+    pub pasta: String,
+}
+
+impl Default for Network {
+    fn default() -> Network {
+        Network {
+            mode: LocalNetwork::default(),
+            pasta: "pasta".into(),
+        }
+    }
+}
+
+/// Starts a sandbox's init (see [`Init::start`]) with its network as `network` says. With
+/// `isolated`, the note is what its first command must say when `pasta` could not be attached
+/// (the sandbox then has its loopback only).
+pub(super) fn start(
+    workspace: &Path,
+    root: &Path,
+    network: &Network,
+) -> Result<(Init, Option<String>), InitError> {
+    let mut init = Init::start(workspace, root, network.mode == LocalNetwork::Host)?;
+    let mut note = None;
+    if network.mode == LocalNetwork::Isolated {
+        let attached = find_pasta(&network.pasta)
+            .and_then(|program| init.attach_pasta(&program, &root.join("pasta.pid")));
+        if let Err(why) = attached {
+            tracing::info!(init = init.pid(), reason = %why,
+                "the sandbox has no outbound network (terminal.local_network = isolated)");
+            note = Some(degraded_note(&why));
+        }
+    }
+    Ok((init, note))
 }
 
 /// The whole environment of an isolated command: `PATH`, `HOME` (the workspace), `LANG`,
@@ -128,20 +177,27 @@ pub struct Layer {
     pub required: bool,
     /// What it gives, or why not.
     pub detail: String,
+    /// How to fix it, where the layer says (else doctor's general hint).
+    pub fix: Option<String>,
 }
 
 /// Whether this machine lets this user make the namespaces a sandbox needs, found by starting
 /// one: `Err` names the cause and the fix (what `run` reports).
 pub fn probe() -> Result<(), InitError> {
-    with_probe_sandbox(|_| Ok(()))
+    let loopback = Network {
+        mode: LocalNetwork::None,
+        ..Network::default()
+    };
+    with_probe_sandbox(&loopback, |_, _| Ok(()))
 }
 
-/// Every layer of a sandbox, found by starting one and running a command in it: what doctor
-/// lists with ✓ or ✗ (never one ✓ for the whole).
-pub fn layers() -> Vec<Layer> {
-    let found = with_probe_sandbox(|init| {
+/// Every layer of a sandbox with the network `network`, found by starting one and running a
+/// command in it: what doctor lists with ✓ or ✗ (never one ✓ for the whole).
+pub fn layers(network: &Network) -> Vec<Layer> {
+    let found = with_probe_sandbox(network, |init, note| {
         let script = "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; id -u; \
-                      test -w /usr && echo usr-writable; ls /proc | grep -c '^[0-9]'";
+                      test -w /usr && echo usr-writable; \
+                      echo routes=$(grep -c '^[^I]' /proc/net/route); ls /proc | grep -c '^[0-9]'";
         let enter = Enter::new(init, std::path::Path::new(WORKSPACE), None)
             .map_err(|e| InitError::Prepare(e.to_string()))?;
         let mut command = std::process::Command::new("bash");
@@ -157,16 +213,17 @@ pub fn layers() -> Vec<Layer> {
         let out = command
             .output()
             .map_err(|e| InitError::Prepare(format!("cannot run a probe command: {e}")))?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok((String::from_utf8_lossy(&out.stdout).into_owned(), note))
     });
     let layer = |name, ok, detail: String| Layer {
         name,
         ok,
         required: true,
         detail,
+        fix: None,
     };
-    let out = match found {
-        Ok(out) => out,
+    let (out, note) = match found {
+        Ok(found) => found,
         Err(e) => {
             return vec![layer("namespaces", false, e.to_string())];
         }
@@ -198,11 +255,7 @@ pub fn layers() -> Vec<Layer> {
             pids <= 4,
             format!("a command sees only its sandbox's processes ({pids} seen by the probe)"),
         ),
-        layer(
-            "network namespace",
-            true,
-            "loopback only: no route to the host's services or the internet".into(),
-        ),
+        network_layer(network, note, has("routes=0")),
         layer(
             "seccomp",
             has("Seccomp:\t2"),
@@ -234,9 +287,70 @@ pub fn layers() -> Vec<Layer> {
     ]
 }
 
-/// Starts a sandbox over an empty workspace in a temporary directory and runs `check` with it.
+/// The network layer, from the probe sandbox's `note` (why `isolated` fell back) and whether it
+/// had no route at all.
+fn network_layer(network: &Network, note: Option<String>, no_route: bool) -> Layer {
+    let layer = |ok, required, detail: String, fix: Option<&str>| Layer {
+        name: "network",
+        ok,
+        required,
+        detail,
+        fix: fix.map(str::to_string),
+    };
+    match network.mode {
+        LocalNetwork::None => layer(
+            true,
+            true,
+            "terminal.local_network = none: its own network namespace, loopback only; no route \
+             to the host's services or the internet"
+                .into(),
+            None,
+        ),
+        LocalNetwork::Host => layer(
+            false,
+            true,
+            "terminal.local_network = host: commands share the host's network, its loopback \
+             services included (the taskbox server, databases)"
+                .into(),
+            Some("set terminal.local_network = isolated (outbound through pasta) or none"),
+        ),
+        LocalNetwork::Isolated => match (note, find_pasta(&network.pasta)) {
+            (None, Ok(program)) if !no_route => layer(
+                true,
+                true,
+                format!(
+                    "terminal.local_network = isolated: its own network namespace, outbound \
+                     through pasta ({}) as {ADDRESS} via {GATEWAY}; no route to the host's \
+                     loopback services",
+                    program.display()
+                ),
+                None,
+            ),
+            (note, found) => layer(
+                false,
+                false,
+                format!(
+                    "terminal.local_network = isolated falls back to loopback only: {}",
+                    match (note, found) {
+                        (_, Err(why)) => why,
+                        (Some(note), _) => note.trim_end().to_string(),
+                        (None, Ok(_)) => "the probe sandbox had no route".into(),
+                    }
+                ),
+                Some(
+                    "install pasta (Debian and Ubuntu: `apt-get install passt`) or point \
+                     terminal.local_pasta at it, or set terminal.local_network = none",
+                ),
+            ),
+        },
+    }
+}
+
+/// Starts a sandbox with the network `network` over an empty workspace in a temporary
+/// directory and runs `check` with it and its network note.
 fn with_probe_sandbox<T>(
-    check: impl FnOnce(std::sync::Arc<Init>) -> Result<T, InitError>,
+    network: &Network,
+    check: impl FnOnce(std::sync::Arc<Init>, Option<String>) -> Result<T, InitError>,
 ) -> Result<T, InitError> {
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -251,8 +365,9 @@ fn with_probe_sandbox<T>(
             .map_err(|e| InitError::Prepare(format!("cannot make {}: {e}", d.display())))
     });
     let result = made.and_then(|()| {
-        let init = std::sync::Arc::new(Init::start(&workspace, &root)?);
-        let result = check(init.clone());
+        let (init, note) = start(&workspace, &root, network)?;
+        let init = std::sync::Arc::new(init);
+        let result = check(init.clone(), note);
         if let Ok(init) = std::sync::Arc::try_unwrap(init) {
             init.kill();
         }

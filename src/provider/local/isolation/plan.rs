@@ -132,8 +132,9 @@ fn unescape_mountinfo(field: &str) -> PathBuf {
 
 impl Plan {
     /// The setup of a sandbox whose workspace is `workspace`, built in the empty directory
-    /// `root` (which becomes its `/`).
-    pub(super) fn new(workspace: &Path, root: &Path) -> Result<Plan, InitError> {
+    /// `root` (which becomes its `/`); with its own network namespace's loopback brought up if
+    /// `loopback`.
+    pub(super) fn new(workspace: &Path, root: &Path, loopback: bool) -> Result<Plan, InitError> {
         let mut steps = Vec::new();
         let mut push = |step: Step, what: String| steps.push((step, what));
         // SAFETY: getuid and getgid cannot fail.
@@ -449,7 +450,9 @@ impl Plan {
             Step::Hostname(cstr(HOSTNAME.as_bytes())?),
             "set the hostname".into(),
         );
-        push(Step::LoopbackUp, "bring the loopback interface up".into());
+        if loopback {
+            push(Step::LoopbackUp, "bring the loopback interface up".into());
+        }
         Ok(Plan { steps })
     }
 }
