@@ -287,16 +287,11 @@ impl Bench<'_> {
     }
 }
 
-/// The isolation settings of `mode`, with the default limits (as the registry builds them).
+/// The isolation settings of `mode`, the rest as the default config (and the registry) makes them.
 fn settings(mode: LocalIsolation) -> isolation::Settings {
-    let t = Config::default().terminal;
     isolation::Settings {
         mode,
-        limits: isolation::Limits {
-            cpu: t.container_cpu,
-            memory_mb: t.container_memory,
-            pids: t.container_pids,
-        },
+        ..isolation::Settings::of(&Config::default().terminal)
     }
 }
 

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use taskbox::clock::format_ms;
 use taskbox::config::ConfigError;
-use taskbox::core::{Millis, Notice, SnapshotStatus, Task};
+use taskbox::core::{Event, Millis, Notice, SnapshotStatus, Task};
 use taskbox::engine::{EngineError, GcItem, GcReport, TaskView};
 
 /// Exit code for taskbox's own failures (the command's own codes pass through).
@@ -652,6 +652,19 @@ pub fn print_view(v: &TaskView) -> Result<(), Failure> {
             e.state_after.as_str(),
             cmds.join(", ")
         ));
+        // The one outcome of a command the journal keeps beside its exit code that the line
+        // above cannot show.
+        if let Event::CommandExited {
+            exit_code,
+            memory_killed: true,
+            ..
+        } = &e.event
+        {
+            s.push_str(&format!(
+                "         exit {exit_code}: the sandbox's memory limit killed a process of the \
+                 command (terminal.container_memory)\n"
+            ));
+        }
     }
     write_ignoring_broken_pipe(&mut std::io::stdout().lock(), s.as_bytes())
 }

@@ -150,6 +150,10 @@ pub const DEFAULT_VERCEL_IMAGE: &str = "vercel/sandbox/universal";
 /// The default process limit of an isolated local sandbox (`terminal.container_pids`).
 pub const DEFAULT_CONTAINER_PIDS: u32 = 4096;
 
+/// `terminal.store_reserve_mb`'s default: room for thousands of journal commits and the snapshot
+/// of a small workspace once a task filled the disk (see `store::reserve`).
+pub const DEFAULT_STORE_RESERVE_MB: u32 = 64;
+
 /// The name of a sandbox backend (`terminal.backend`): 1 to 64 lowercase letters, digits or `_`,
 /// starting with a letter. The config checks only the spelling; which names exist is the
 /// provider registry's to say (`provider::registry::resolve`, asked where the config becomes a
@@ -412,6 +416,9 @@ config_keys! {
         env None, "processes and threads of an isolated local sandbox (16 to 1000000)";
     container_disk: Option<u32> = None, parse disk, env None,
         "disk in MB (unsupported on Vercel: leave unset; `none` unsets)";
+    store_reserve_mb: u32 = DEFAULT_STORE_RESERVE_MB, parse |v| between_u32(v, 0, 65_536),
+        env None,
+        "MB of the data dir's disk kept for the store (journal, snapshots) and given back when a task fills the disk (0 to 65536; 0: none)";
     vercel_api_url: String = "https://vercel.com/api".into(), parse http_url,
         env Some("TASKBOX_VERCEL_API_URL"), "Vercel API base URL";
     server: ServerMode = ServerMode::Auto, parse server_mode, env Some(SERVER_ENV),

@@ -96,6 +96,12 @@ impl OrchestratorBuilder {
         if store.is_sqlite() {
             super::paths::make_private(&self.data_dir);
         }
+        let mut store = store;
+        keep_reserve(
+            &mut store,
+            &self.data_dir,
+            self.config.terminal.store_reserve_mb,
+        );
         let installation_id = store.installation_id().to_string();
         let provider = match self.provider {
             Some(p) => p,
@@ -336,11 +342,13 @@ impl Orchestrator {
             Reply::Ran {
                 exit_code,
                 timed_out,
+                memory_killed,
                 notices,
             } => {
                 let out = answer.output.unwrap_or(ExecOutput {
                     exit_code,
                     timed_out,
+                    memory_killed,
                     ..ExecOutput::default()
                 });
                 Ok(RunResult::from_output(out, notices))
@@ -731,5 +739,27 @@ fn unexpected(task: &TaskId, reply: Reply) -> EngineError {
         }),
         attempts: 0,
         notices: Vec::new(),
+    }
+}
+
+/// Makes the data dir's disk reserve (`terminal.store_reserve_mb`) and hands it to the SQLite
+/// store, which gives it back when a commit finds the disk full ([`crate::store::reserve`]). A fleet's
+/// PostgreSQL store is not on this disk; a reserve that cannot be made now is made by a later
+/// commit once there is room.
+fn keep_reserve(store: &mut Store, data_dir: &std::path::Path, mb: u32) {
+    if !store.is_sqlite() {
+        return;
+    }
+    let reserve = crate::store::reserve::Reserve::new(data_dir, mb);
+    match reserve.ensure() {
+        Ok(crate::store::reserve::Held::NoRoom(space)) => tracing::info!(
+            reserve = %reserve.path().display(), %space,
+            "the disk is too full to keep the store's reserve; it is made once there is room"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "no disk reserve for the store"),
+    }
+    if reserve.bytes() > 0 {
+        store.set_reserve(reserve);
     }
 }

@@ -150,6 +150,7 @@ mod tests {
             request_id,
             exit_code: 0,
             timed_out: false,
+            memory_killed: false,
         };
         let (s, task) = staged(&task, exited(1), 3, false);
         assert!(
@@ -197,6 +198,7 @@ mod tests {
                 request_id: 1,
                 exit_code: 0,
                 timed_out: false,
+                memory_killed: false,
             },
             3,
             false,

@@ -256,6 +256,7 @@ impl Call {
                             request_id: *request_id,
                             exit_code: out.exit_code,
                             timed_out: out.timed_out,
+                            memory_killed: out.memory_killed,
                         },
                         Some(out),
                     ),

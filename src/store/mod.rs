@@ -33,8 +33,10 @@
 //! histories (`tests/it/store/model.rs`).
 
 mod error;
+// The data dir's disk reserve: a preallocated file the SQLite store gives back when the disk fills.
 #[cfg(feature = "postgres")]
 mod postgres;
+pub mod reserve;
 mod rows;
 mod sqlite;
 
@@ -335,6 +337,16 @@ pub enum Store {
 }
 
 impl Store {
+    /// Keeps the data dir's disk `reserve` for the SQLite file's commits
+    /// ([`SqliteStore::set_reserve`]); a fleet's PostgreSQL database is not on this disk.
+    pub fn set_reserve(&mut self, reserve: reserve::Reserve) {
+        match self {
+            Store::Sqlite(s) => s.set_reserve(reserve),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(_) => {}
+        }
+    }
+
     /// Whether this is the data dir's own SQLite file (not a fleet's shared database).
     pub fn is_sqlite(&self) -> bool {
         match self {

@@ -635,7 +635,167 @@ fn the_configured_memory_limit_reaches_the_sandbox_and_doctor_shows_the_layer() 
     assert!(json.get("memory_killed").is_none(), "{json}");
     let kept = crate::support::ok(&home.run(&["run", "--task", "m", "--", "cat f"]));
     assert_eq!(kept, "kept\n");
+    // The journal records the kill (the command's exit event, and its reply), for `show`, the
+    // API's task view, and replay: two kills, then the `true` and the `cat` that were not.
+    let shown = crate::support::ok(&home.run(&["show", "--json", "m"]));
+    let view: serde_json::Value = serde_json::from_str(&shown).expect("JSON");
+    let exits: Vec<bool> = view["journal"]
+        .as_array()
+        .expect("a journal")
+        .iter()
+        .filter(|e| e["event"]["type"] == "command_exited")
+        .map(|e| e["event"]["memory_killed"] == true)
+        .collect();
+    assert_eq!(exits, [true, true, false, false], "{shown}");
+    let shown = crate::support::ok(&home.run(&["show", "m"]));
+    assert_eq!(
+        shown
+            .matches("exit 137: the sandbox's memory limit killed a process of the command")
+            .count(),
+        2,
+        "{shown}"
+    );
+    let replay = home.run(&["replay", "m", "--redrive", "--timeline"]);
+    let timeline = String::from_utf8_lossy(&replay.stdout);
+    assert_eq!(
+        replay.status.code(),
+        Some(0),
+        "{timeline}{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    assert!(
+        timeline.contains("ran, exit 137, memory limit"),
+        "{timeline}"
+    );
     crate::support::ok(&home.run(&["rm", "m"]));
+}
+
+// ---- a full disk (issue 31's Limits: "one task fills the disk") ----
+
+/// A small tmpfs mounted on a directory for the life of the value (a data dir whose disk a
+/// test may fill without filling the machine's); unmounted on drop, also when the test fails.
+struct SmallDisk {
+    dir: PathBuf,
+}
+
+impl SmallDisk {
+    /// Mounts a tmpfs of `mb` MB on `dir`, or says why not (not root, no mount).
+    fn mount(dir: &Path, mb: u32) -> Result<SmallDisk, String> {
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={mb}m,mode=0755"),
+                "tmpfs",
+            ])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "cannot mount a tmpfs on {} (root is needed): {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(SmallDisk {
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        // Lazily: a process of a failed test may still hold a file there.
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+/// One task fills the data dir's disk (`dd` until ENOSPC); another keeps running commands,
+/// committing and snapshotting (suspend, then restore, and its files are there); nothing
+/// committed is lost (the full task's earlier files come back from its snapshot, both journals
+/// replay); once the full task deletes its big file it runs and snapshots again, and the
+/// store's reserve is made again. Isolated (as in production) and without isolation.
+#[test]
+#[allow(clippy::print_stderr)] // a skip says so
+fn one_task_filling_the_disk_does_not_stop_the_others() {
+    let isolated = isolation::probe().is_ok();
+    assert!(isolated || !under_ci(), "isolation must work under CI");
+    let modes: &[&str] = if isolated {
+        &["namespaces", "none"]
+    } else {
+        eprintln!("SKIPPED the isolated half of the full-disk test: no user namespaces here");
+        &["none"]
+    };
+    for mode in modes {
+        let home = crate::support::Home::new();
+        let disk = match SmallDisk::mount(home.path(), 48) {
+            Ok(d) => d,
+            Err(why) => {
+                assert!(!under_ci(), "the full-disk test must run under CI: {why}");
+                eprintln!("SKIPPED one_task_filling_the_disk_does_not_stop_the_others: {why}");
+                return;
+            }
+        };
+        full_disk_round(&home, mode);
+        drop(disk);
+    }
+}
+
+fn full_disk_round(home: &crate::support::Home, mode: &str) {
+    use crate::support::{ok, stderr};
+    let run = |task: &str, command: &str| home.run(&["run", "--task", task, "--", command]);
+    ok(&home.run(&["config", "set", "terminal.local_isolation", mode]));
+    ok(&home.run(&["config", "set", "terminal.store_reserve_mb", "8"]));
+    let reserve = home
+        .path()
+        .join("data")
+        .join(taskbox::store::reserve::FILE_NAME);
+    ok(&run("a", "echo a1 > a1"));
+    ok(&run("b", "echo b1 > b1"));
+    let len = fs::metadata(&reserve).expect("the reserve is made").len();
+    assert_eq!(len, 8 << 20, "{mode}");
+    // A's files so far are committed in a snapshot.
+    ok(&home.run(&["suspend", "a"]));
+    // A fills the disk.
+    let filled = run("a", "dd if=/dev/zero of=big bs=1M");
+    let why = stderr(&filled);
+    assert_eq!(filled.status.code(), Some(1), "{mode}: {why}");
+    assert!(why.contains("No space left on device"), "{mode}: {why}");
+    assert!(
+        why.contains("the disk holding the workspace is full"),
+        "{mode}: the note names the disk: {why}"
+    );
+    assert!(!reserve.exists(), "{mode}: the reserve was given back");
+    // B keeps running, committing and snapshotting, and its files come back.
+    for i in 0..3 {
+        let out = ok(&run("b", &format!("cat b1 && echo b{i} >> log")));
+        assert_eq!(out, "b1\n", "{mode}");
+    }
+    ok(&home.run(&["suspend", "b"]));
+    assert_eq!(ok(&run("b", "cat b1 log")), "b1\nb0\nb1\nb2\n", "{mode}");
+    ok(&home.run(&["suspend", "b"]));
+    // A recovers once it frees the space: it runs, snapshots, and its files come back.
+    assert_eq!(ok(&run("a", "rm big && cat a1")), "a1\n", "{mode}");
+    ok(&home.run(&["suspend", "a"]));
+    assert_eq!(ok(&run("a", "ls; cat a1")), "a1\na1\n", "{mode}");
+    ok(&home.run(&["suspend", "a"]));
+    // There is room again: the next commit made the reserve again.
+    assert_eq!(
+        fs::metadata(&reserve).map(|m| m.len()).ok(),
+        Some(8 << 20),
+        "{mode}"
+    );
+    // Nothing committed was lost: both journals replay as recorded.
+    for task in ["a", "b"] {
+        ok(&home.run(&["replay", task]));
+    }
+    ok(&home.run(&["rm", "a"]));
+    ok(&home.run(&["rm", "b"]));
 }
 
 /// `terminal.local_network` (issue 31's Network paragraph): `isolated` reaches the host's

@@ -113,6 +113,7 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
             request_id: *request_id,
             exit_code: 0,
             timed_out: false,
+            memory_killed: false,
         },
         Command::TakeSnapshot { seq, .. } => Event::SnapshotTaken {
             seq: *seq,

@@ -343,6 +343,11 @@ impl Taskbox {
         ));
         let mut text = if res.timed_out {
             format!("exit code: {} (timed out)\n", res.exit_code)
+        } else if res.memory_killed {
+            format!(
+                "exit code: {} (killed by the memory limit)\n",
+                res.exit_code
+            )
         } else {
             format!("exit code: {}\n", res.exit_code)
         };

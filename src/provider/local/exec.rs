@@ -306,8 +306,8 @@ impl LocalProvider {
         let pgid = proc.id().expect("a child that was just started has a pid");
         let mut group = GroupGuard { pgid: Some(pgid) };
         let stdout = Pump::start(child.stdout, OutputStream::Stdout, io.output.clone());
-        // Kept for a note after the command's own output (the memory limit's).
-        let live_note = oom.as_ref().and(io.output.clone());
+        // Kept for a note after the command's own output (the memory limit's, a full disk's).
+        let live_note = io.output.clone();
         let stderr = Pump::start(child.stderr, OutputStream::Stderr, io.output);
         let feeder = feed_stdin(child.stdin, io.stdin);
         let mut cancel = io.cancel;
@@ -467,22 +467,29 @@ impl LocalProvider {
                 let mut out = output(exit_code(status), false, stdout, stderr, duration_ms);
                 // Killed by the memory limit (a process of the sandbox was, while it ran): said
                 // in its stderr; the sandbox lives on.
+                let mut note = None;
                 if let Some((before, counter)) = oom {
                     if counter.count() > before {
-                        let note = counter.note();
-                        if let Some(bytes) = out.stderr_bytes.as_mut() {
-                            bytes.extend_from_slice(note.as_bytes());
-                        }
-                        out.stderr.push_str(&note);
+                        note = Some(counter.note());
                         out.memory_killed = true;
-                        if let Some(live) = live_note {
-                            let chunk = crate::provider::OutputChunk {
-                                stream: OutputStream::Stderr,
-                                data: note.into_bytes(),
-                            };
-                            // A reader that went away misses it; the capture keeps it.
-                            let _ = live.send(chunk).await;
-                        }
+                    }
+                }
+                // Failed with the disk full: say which disk and how much is free.
+                if note.is_none() && out.exit_code != 0 {
+                    note = disk_full_note(&self.root);
+                }
+                if let Some(note) = note {
+                    if let Some(bytes) = out.stderr_bytes.as_mut() {
+                        bytes.extend_from_slice(note.as_bytes());
+                    }
+                    out.stderr.push_str(&note);
+                    if let Some(live) = live_note {
+                        let chunk = crate::provider::OutputChunk {
+                            stream: OutputStream::Stderr,
+                            data: note.into_bytes(),
+                        };
+                        // A reader that went away misses it; the capture keeps it.
+                        let _ = live.send(chunk).await;
                     }
                 }
                 Ok(out)
@@ -653,6 +660,27 @@ fn feed_stdin(
         }
         let _ = pipe.shutdown().await;
     }))
+}
+
+/// Below this much free space, a command that failed is told the disk is full.
+const DISK_FULL_BELOW: u64 = 1 << 20;
+
+/// The note for a command that failed while the disk holding the workspaces (the local
+/// backend's `root`, in the data dir) is full, or `None` when it is not.
+fn disk_full_note(root: &Path) -> Option<String> {
+    let (available, total) = super::fsutil::free_space(root).ok()?;
+    let mb = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    (available < DISK_FULL_BELOW).then(|| {
+        format!(
+            "\nnote: the disk holding the workspace is full ({:.1} MB free of {:.1} MB, the \
+             filesystem of {}); \
+             the command may have failed for want of space. Delete files the task does not \
+             need and run it again: the files its snapshots hold are safe\n",
+            mb(available),
+            mb(total),
+            root.display()
+        )
+    })
 }
 
 fn output(

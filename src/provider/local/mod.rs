@@ -121,18 +121,7 @@ pub const BACKEND: crate::provider::registry::Entry = crate::provider::registry:
     build: |config, data_dir, installation_id, clock| {
         LocalProvider::new(data_dir.join("local"), installation_id.to_string(), clock)
             .map(|p| {
-                let p = p.with_isolation(isolation::Settings {
-                    mode: config.terminal.local_isolation,
-                    limits: isolation::Limits {
-                        cpu: config.terminal.container_cpu,
-                        memory_mb: config.terminal.container_memory,
-                        pids: config.terminal.container_pids,
-                    },
-                    network: isolation::Network {
-                        mode: config.terminal.local_network,
-                        pasta: config.terminal.local_pasta.clone(),
-                    },
-                });
+                let p = p.with_isolation(isolation::Settings::of(&config.terminal));
                 Arc::new(p) as Arc<dyn crate::provider::SandboxProvider>
             })
             .map_err(|e| crate::provider::SetupError::new("local", e, None))

@@ -245,10 +245,12 @@ impl SandboxProvider for ReplayProvider {
                 Event::CommandExited {
                     exit_code,
                     timed_out,
+                    memory_killed,
                     ..
                 } => Ok(ExecOutput {
                     exit_code,
                     timed_out,
+                    memory_killed,
                     stdout: String::new(),
                     stderr: String::new(),
                     duration_ms: self.clock.now_ms().saturating_sub(started),

@@ -336,8 +336,9 @@ struct Facts<'a> {
     timer: Option<TimerKind>,
     /// A probe found the sandbox gone.
     probed_gone: bool,
-    /// A command exited: its request, exit code and whether its timeout killed it.
-    exited: Option<(RequestId, i32, bool)>,
+    /// A command exited: its request, exit code, whether its timeout killed it and whether the
+    /// sandbox's memory limit killed a process of it.
+    exited: Option<(RequestId, i32, bool, bool)>,
 }
 
 impl<'a> Facts<'a> {
@@ -370,8 +371,9 @@ impl<'a> Facts<'a> {
                 request_id,
                 exit_code,
                 timed_out,
+                memory_killed,
             } => Facts {
-                exited: Some((*request_id, *exit_code, *timed_out)),
+                exited: Some((*request_id, *exit_code, *timed_out, *memory_killed)),
                 ..none
             },
             Event::CommandFailed { failure, .. }
@@ -595,10 +597,12 @@ fn mark_entry(
         }
     }
     let finished: Vec<(u64, String)> = match facts.exited {
-        Some((request_id, exit_code, timed_out)) => vec![(
+        Some((request_id, exit_code, timed_out, memory_killed)) => vec![(
             request_id,
             if timed_out {
                 "timed out".to_string()
+            } else if memory_killed {
+                format!("exit {exit_code}, memory limit")
             } else {
                 format!("exit {exit_code}")
             },

@@ -63,8 +63,13 @@ pub fn event_summary(ev: &Event, at: Millis) -> String {
             request_id,
             exit_code,
             timed_out,
+            memory_killed,
         } => {
-            let t = if *timed_out { " (timed out)" } else { "" };
+            let t = match (*timed_out, *memory_killed) {
+                (true, _) => " (timed out)",
+                (false, true) => " (memory limit)",
+                (false, false) => "",
+            };
             format!("{name} #{request_id} exit {exit_code}{t}")
         }
         Event::CommandFailed { request_id, .. } | Event::CommandNotStarted { request_id, .. } => {
@@ -131,10 +136,13 @@ pub fn command_summary(c: &Command, at: Millis) -> String {
                 Reply::Ran {
                     exit_code,
                     timed_out,
+                    memory_killed,
                     ..
                 } => {
                     if *timed_out {
                         "ran, timed out".to_string()
+                    } else if *memory_killed {
+                        format!("ran, exit {exit_code}, memory limit")
                     } else {
                         format!("ran, exit {exit_code}")
                     }

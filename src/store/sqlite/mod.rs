@@ -48,6 +48,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::error::StoreError;
+use super::reserve::{Held, Reserve};
 use super::{Backend, JournalEntry, SandboxRow, SnapshotRow, Sync, TaskMarks, TransitionRecord};
 use crate::core::{Millis, Task};
 use crate::ids::TaskId;
@@ -68,6 +69,9 @@ pub struct SqliteStore {
     known: Known,
     /// Serialization buffers, reused by every commit.
     bufs: Buffers,
+    /// The data dir's disk reserve, given back when a commit finds the disk full (set by the
+    /// engine that writes through this store; `None`: a reader's store, or none configured).
+    reserve: Option<Reserve>,
 }
 
 /// What `rows::query_tasks` reads: each task row with its journal's rows from the keyframe its
@@ -111,7 +115,15 @@ impl SqliteStore {
             not_full: false,
             known: Known::default(),
             bufs: Buffers::default(),
+            reserve: None,
         })
+    }
+
+    /// Keeps `reserve` for this store's commits: a commit that finds the disk full gives it back
+    /// and is tried once more; after every commit, a missing reserve is made again once there is
+    /// room ([`Reserve::ensure`]).
+    pub fn set_reserve(&mut self, reserve: Reserve) {
+        self.reserve = Some(reserve);
     }
 
     /// The store file.
@@ -240,13 +252,36 @@ impl SqliteStore {
         let first_task = Some(recs[0].task_after.id.as_str());
         if sync == Sync::Now {
             self.full_sync(first_task)?;
-            return self.commit_records(recs);
+            return self.commit_reserved(recs);
         }
         self.set_synchronous("NORMAL", first_task)?;
         self.not_full = true;
-        let result = self.commit_records(recs);
+        let result = self.commit_reserved(recs);
         // Not an error of the commit: if this fails, the next write sets FULL before writing.
         let _ = self.full_sync(first_task);
+        result
+    }
+
+    /// [`SqliteStore::commit_records`], once more after giving the disk reserve back if the disk
+    /// was full (the failed attempt wrote nothing: its transaction rolled back); then the
+    /// reserve is made again if it is missing and there is room.
+    fn commit_reserved(&mut self, recs: &[TransitionRecord<'_>]) -> Result<Vec<u64>, StoreError> {
+        let mut result = self.commit_records(recs);
+        if let (Err(StoreError::Full { .. }), Some(reserve)) = (&result, &self.reserve) {
+            if reserve.release() {
+                tracing::warn!(store = %self.path.display(), reserve = %reserve.path().display(),
+                    "the disk is full: gave the store's reserve back to commit");
+                result = self.commit_records(recs);
+            }
+        }
+        if let Some(reserve) = &self.reserve {
+            match reserve.ensure() {
+                Ok(Held::Made) => tracing::info!(reserve = %reserve.path().display(),
+                    "there is room again: the store's disk reserve is made again"),
+                Ok(Held::Kept | Held::NoRoom(_) | Held::Off) => {}
+                Err(e) => tracing::debug!(error = %e, "could not make the disk reserve"),
+            }
+        }
         result
     }
 

@@ -35,6 +35,7 @@ fn exited(request_id: RequestId) -> Event {
         request_id,
         exit_code: 0,
         timed_out: false,
+        memory_killed: false,
     }
 }
 

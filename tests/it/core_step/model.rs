@@ -380,6 +380,7 @@ impl Harness {
                     request_id,
                     exit_code: 0,
                     timed_out: false,
+                    memory_killed: false,
                 },
                 Outcome::Transient => Event::CommandFailed {
                     request_id,

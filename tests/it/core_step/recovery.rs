@@ -352,6 +352,7 @@ fn probing_after_work() -> Task {
             request_id: 3,
             exit_code: 0,
             timed_out: false,
+            memory_killed: false,
         },
         T0 + 5,
     );

@@ -117,6 +117,7 @@ fn stale_command_exit_is_absorbed() {
             request_id: 99,
             exit_code: 0,
             timed_out: false,
+            memory_killed: false,
         },
     );
     assert_eq!(tr.next, t);
@@ -251,6 +252,7 @@ fn the_idle_timer_snapshots_at_last_activity_plus_lifetime_and_not_before() {
             request_id: 2,
             exit_code: 0,
             timed_out: false,
+            memory_killed: false,
         },
         done_at,
     )
@@ -386,4 +388,82 @@ fn retry_policy_gives_up_after_max_attempts_and_honours_retry_after() {
     assert_eq!(p.decide(2, None), RetryDecision::RetryAfter(200));
     assert_eq!(p.decide(2, Some(5_000)), RetryDecision::RetryAfter(5_000));
     assert_eq!(p.decide(3, None), RetryDecision::GiveUp);
+}
+
+/// A command the sandbox's memory limit killed is a command that ran: its reply says so, the
+/// task stays running on the same sandbox; the journal's form of both leaves the flag out when it
+/// is false (the goldens and every journal from before it read as they were), and a journal
+/// from before it reads back as "not killed".
+#[test]
+fn a_memory_kill_is_recorded_in_the_exit_and_the_reply() {
+    let t = running_task();
+    let tr = run_step(
+        &t,
+        Event::RunRequested {
+            request_id: 2,
+            command: "hog".into(),
+            timeout_ms: 5_000,
+        },
+    );
+    let killed = Event::CommandExited {
+        request_id: 2,
+        exit_code: 137,
+        timed_out: false,
+        memory_killed: true,
+    };
+    let json = serde_json::to_value(&killed).expect("JSON");
+    assert_eq!(json["memory_killed"], true, "{json}");
+    let done = step(&tr.next, killed, T0 + 20).expect("valid");
+    assert_eq!(done.next.state, TaskState::Running);
+    assert_eq!(
+        done.next.sandbox.as_ref().map(|s| &s.id),
+        t.sandbox.as_ref().map(|s| &s.id),
+        "the sandbox lives on"
+    );
+    let reply = done
+        .commands
+        .iter()
+        .find_map(|c| match c {
+            Command::Reply { reply, .. } => Some(reply.clone()),
+            _ => None,
+        })
+        .expect("a reply");
+    assert!(
+        matches!(
+            reply,
+            Reply::Ran {
+                exit_code: 137,
+                timed_out: false,
+                memory_killed: true,
+                ..
+            }
+        ),
+        "{reply:?}"
+    );
+    let not_killed = Event::CommandExited {
+        request_id: 2,
+        exit_code: 0,
+        timed_out: false,
+        memory_killed: false,
+    };
+    let text = serde_json::to_string(&not_killed).expect("JSON");
+    assert!(!text.contains("memory_killed"), "{text}");
+    let old: Event = serde_json::from_str(
+        r#"{"type":"command_exited","request_id":2,"exit_code":0,"timed_out":false}"#,
+    )
+    .expect("a journal from before the flag reads");
+    assert_eq!(old, not_killed);
+    let old: Reply =
+        serde_json::from_str(r#"{"kind":"ran","exit_code":0,"timed_out":false,"notices":[]}"#)
+            .expect("a reply from before the flag reads");
+    assert!(
+        matches!(
+            old,
+            Reply::Ran {
+                memory_killed: false,
+                ..
+            }
+        ),
+        "{old:?}"
+    );
 }

@@ -258,6 +258,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 request_id,
                 exit_code,
                 timed_out,
+                memory_killed,
             },
         ) if cx.is_running(request_id) => {
             cx.t.running = None;
@@ -269,6 +270,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 Reply::Ran {
                     exit_code,
                     timed_out,
+                    memory_killed,
                     notices,
                 },
             );

@@ -17,6 +17,10 @@ pub enum Reply {
         exit_code: i32,
         /// Whether the timeout killed it.
         timed_out: bool,
+        /// Whether the sandbox's memory limit killed a process of the command (from
+        /// [`Event::CommandExited`](crate::Event::CommandExited)); absent when false.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        memory_killed: bool,
         /// What the caller should know (recreated sandbox, files lost...).
         notices: Vec<Notice>,
     },

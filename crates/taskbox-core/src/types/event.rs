@@ -96,6 +96,12 @@ pub enum Event {
         exit_code: i32,
         /// Whether the timeout killed it.
         timed_out: bool,
+        /// Whether the sandbox's memory limit killed a process of the command while it ran (an
+        /// isolated local sandbox, `terminal.container_memory`): the command ran, the sandbox
+        /// lives on. Absent from journals written before it existed and when false, so those
+        /// read, replay and compare as before.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        memory_killed: bool,
     },
     /// `RunCommand` could not run or complete the command.
     CommandFailed {

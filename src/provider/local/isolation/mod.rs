@@ -100,6 +100,22 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The settings `terminal.*` configures (as the backend registry builds them).
+    pub fn of(t: &crate::config::TerminalConfig) -> Settings {
+        Settings {
+            mode: t.local_isolation,
+            limits: Limits {
+                cpu: t.container_cpu,
+                memory_mb: t.container_memory,
+                pids: t.container_pids,
+            },
+            network: Network {
+                mode: t.local_network,
+                pasta: t.local_pasta.clone(),
+            },
+        }
+    }
+
     /// Whether commands run in namespaces of their sandbox's own.
     pub fn namespaces(&self) -> bool {
         self.mode == LocalIsolation::Namespaces
