@@ -7,6 +7,7 @@ mod hostile;
 mod lifecycle;
 mod recovery;
 mod security;
+mod slow;
 mod vercel;
 mod watch;
 
