@@ -179,3 +179,144 @@ fn half_sent_requests_neither_hold_the_server_nor_starve_its_socket() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// Sends `sig` to `pid` (a process this test started, directly or through the CLI).
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: `kill` takes a pid and a signal number and touches no memory of ours.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({pid}, {sig}): {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// A server stopped by SIGSTOP, let go on (SIGCONT) when dropped, however the test ends.
+struct Stopped(i32);
+
+impl Stopped {
+    fn new(pid: i32) -> Stopped {
+        signal(pid, libc::SIGSTOP);
+        let stopped = wait_for(Duration::from_secs(10), || {
+            taskbox::client::process_stopped(pid as u32).then_some(())
+        });
+        assert!(stopped.is_some(), "server {pid} did not stop");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as `signal`; the process may be gone already.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// How many Unix sockets carry the address `path` (the listener, its accepted and its queued
+/// connections).
+fn connections_to(path: &std::path::Path) -> usize {
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    let path = path.to_string_lossy();
+    table
+        .lines()
+        .filter(|line| line.split_whitespace().nth(7) == Some(&*path))
+        .count()
+}
+
+/// Waits (bounded) for `child` to exit; its status, or `None` after `limit` (it is killed).
+fn exit_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let status = wait_for(limit, || child.try_wait().expect("wait"));
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    status
+}
+
+/// A server that does not answer (SIGSTOPped): `taskbox run` ends at once on SIGINT, SIGTERM or
+/// SIGHUP with the shell's code for it, and `status` and `run` give up after the answer wait
+/// with an error naming the stopped server's pid and what to do (issue 32 item 2: `run` hung
+/// 621 s through SIGINT twice, SIGTERM and SIGHUP; `status` hung too).
+#[test]
+fn a_stopped_server_is_named_and_signals_end_the_wait() {
+    use std::os::unix::process::ExitStatusExt;
+    let h = ServerHome::new();
+    crate::support::ok(&h.home.run(&["run", "-t", "warm", "--", "true"]));
+    let pid = h.wait_for_server();
+    let socket = h.data().join("taskbox.sock");
+    let stopped = Stopped::new(pid);
+
+    for (sig, code) in [
+        (libc::SIGINT, 130),
+        (libc::SIGTERM, 143),
+        (libc::SIGHUP, 129),
+    ] {
+        let before = connections_to(&socket);
+        let mut child = h
+            .home
+            .cmd()
+            .args(["run", "-t", "warm", "--", "true"])
+            .env("TASKBOX_ANSWER_WAIT", "600")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn run");
+        // Its request waits in the stopped server's queue.
+        let queued = wait_for(Duration::from_secs(20), || {
+            (connections_to(&socket) > before).then_some(())
+        });
+        assert!(queued.is_some(), "the CLI never connected");
+        let started = Instant::now();
+        signal(child.id() as i32, sig);
+        let status = exit_within(&mut child, Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("`taskbox run` ignored signal {sig} for 20 s"));
+        // Caught (the shell's code), or — when it came before the CLI set its handlers — the
+        // signal's default action: either way, it ended the wait.
+        assert!(
+            status.code() == Some(code) || status.signal() == Some(sig),
+            "signal {sig}: {status:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    // Without a signal, the wait is bounded and the error names the server and the fix.
+    for args in [&["status"][..], &["run", "-t", "warm", "--", "true"][..]] {
+        let mut child = h
+            .home
+            .cmd()
+            .args(args)
+            .env("TASKBOX_ANSWER_WAIT", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let status = exit_within(&mut child, Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("{args:?} waited 30 s for a stopped server"));
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .expect("read stderr");
+        assert!(!status.success(), "{args:?}: {err}");
+        assert!(err.contains(&format!("pid {pid}")), "{args:?}: {err}");
+        assert!(err.contains("stopped"), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("kill -CONT {pid}")),
+            "{args:?}: {err}"
+        );
+    }
+
+    // Let go on, the server answers again.
+    drop(stopped);
+    let o = h.home.run(&["run", "-t", "warm", "--", "echo", "back"]);
+    assert_eq!(crate::support::stdout(&o), "back\n", "{}", stderr(&o));
+}
