@@ -93,6 +93,8 @@ pub enum ClientError {
         message: String,
         /// Where the server's log is.
         log: PathBuf,
+        /// The `hint:` the server printed with its error, if it did.
+        server_hint: Option<String>,
     },
 }
 
@@ -131,6 +133,11 @@ impl ClientError {
             ClientError::NoAnswer { pid: None, .. } => Some(
                 "its log is <data>/serve.log; TASKBOX_ANSWER_WAIT=SECONDS waits longer".into(),
             ),
+            ClientError::Start {
+                log,
+                server_hint: Some(hint),
+                ..
+            } => Some(format!("{hint} (the server's log: {})", log.display())),
             ClientError::Start { log, .. } => Some(format!("see {}", log.display())),
         }
     }

@@ -320,3 +320,59 @@ fn a_stopped_server_is_named_and_signals_end_the_wait() {
     let o = h.home.run(&["run", "-t", "warm", "--", "echo", "back"]);
     assert_eq!(crate::support::stdout(&o), "back\n", "{}", stderr(&o));
 }
+
+/// `config set` on a running server says the server keeps the value it read until it restarts,
+/// and how to restart it; once restarted, the new value applies (issue 32 item 13: a changed
+/// `terminal.timeout` was ignored, silently).
+#[test]
+fn config_set_names_the_running_server_and_its_restart() {
+    let h = ServerHome::new();
+    crate::support::ok(&h.home.run(&["run", "-t", "warm", "--", "true"]));
+    let pid = h.wait_for_server();
+    let o = h.home.run(&["config", "set", "terminal.timeout", "1"]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains(&format!("(pid {pid})")), "{err}");
+    assert!(
+        err.contains("terminal.timeout applies once it restarts"),
+        "{err}"
+    );
+    assert!(err.contains("taskbox serve --stop"), "{err}");
+    // The CLI's own key needs no restart: no note.
+    let o = h.home.run(&["config", "set", "terminal.server", "auto"]);
+    assert!(!stderr(&o).contains("restart"), "{}", stderr(&o));
+
+    crate::support::ok(&h.home.run(&["serve", "--stop"]));
+    let o = h.home.run(&["run", "-t", "warm", "--", "sleep", "3"]);
+    assert_eq!(o.status.code(), Some(124), "{}", stderr(&o));
+}
+
+/// An auto-started server that refuses its config: the CLI answers at once with the server's
+/// own error and hint, not "exited (exit status: 125)… see serve.log" after a minute of starts
+/// (issue 32 item 13).
+#[test]
+fn a_server_that_cannot_start_shows_its_error_on_the_cli() {
+    let h = ServerHome::new();
+    for (key, value) in [
+        ("terminal.backend", "vercel"),
+        ("terminal.container_cpu", "1"),
+        ("terminal.container_memory", "5120"),
+    ] {
+        crate::support::ok(&h.home.run(&["config", "set", key, value]));
+    }
+    let started = Instant::now();
+    let o = h.home.run(&["run", "-t", "x", "--", "true"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(125), "{err}");
+    assert!(err.contains("2048 MB per vCPU"), "{err}");
+    assert!(
+        err.contains("hint: set terminal.container_memory to 2048"),
+        "{err}"
+    );
+    assert!(err.contains("serve.log"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
+}
