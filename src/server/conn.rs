@@ -8,6 +8,7 @@
 //!   beyond which a connection is answered `503` at once and closed, so that TCP clients cannot
 //!   take the descriptors the Unix socket, the tasks and the journal need — the Unix socket has
 //!   no cap and its own accept loop, and is served whatever TCP does;
+//! - a bound on a request body's stalls ([`BODY_IDLE_TIMEOUT`], not for a run's stdin);
 //! - the answers hyper writes by itself when a request cannot be parsed (`400`, `414`, `431`,
 //!   with no body and no hook to give them one) made the API's JSON error, by
 //!   [`JsonParseErrors`] on the connection's writing side.
@@ -32,6 +33,11 @@ use crate::client::wire::ApiError;
 /// that speaks HTTP sends its head in one write.
 pub(super) const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a request's body may stall (no byte arriving) before the request fails (`400`):
+/// a client that sends a head and then half a body is not waited for either. The stdin of a
+/// run is exempt: a command's input may pause for as long as whoever types it.
+pub(super) const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The most a request's head may take; beyond it the answer is `431` (a JSON error).
 pub(super) const MAX_HEAD: usize = 64 * 1024;
 
@@ -47,6 +53,74 @@ const TCP_SHARE_OF_FDS: u64 = 4;
 pub(super) fn tcp_cap(nofile: Option<u64>) -> usize {
     let share = nofile.map_or(TCP_CONNECTIONS_MAX as u64, |n| n / TCP_SHARE_OF_FDS);
     (share.clamp(8, TCP_CONNECTIONS_MAX as u64)) as usize
+}
+
+/// The layer that bounds a request body's stalls by [`BODY_IDLE_TIMEOUT`] (every endpoint's
+/// but a run's stdin).
+pub(super) async fn body_idle_timeout(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if req.uri().path().ends_with("/stdin") {
+        return next.run(req).await;
+    }
+    let req = req.map(|body| axum::body::Body::new(IdleBody::new(body, BODY_IDLE_TIMEOUT)));
+    next.run(req).await
+}
+
+/// A request body that fails once no frame arrived for `idle`.
+struct IdleBody {
+    inner: axum::body::Body,
+    idle: Duration,
+    stall: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl IdleBody {
+    // The stall clock is the server's own wait on a peer, like hyper's head timeout.
+    #[allow(clippy::disallowed_methods)]
+    fn new(inner: axum::body::Body, idle: Duration) -> IdleBody {
+        IdleBody {
+            inner,
+            idle,
+            stall: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+}
+
+impl axum::body::HttpBody for IdleBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    // As `new`: the stall clock restarts at each frame.
+    #[allow(clippy::disallowed_methods)]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                let next = tokio::time::Instant::now() + this.idle;
+                this.stall.as_mut().reset(next);
+                Poll::Ready(frame)
+            }
+            Poll::Pending => match this.stall.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(axum::Error::new(format!(
+                    "no byte of the request body arrived for {} s",
+                    this.idle.as_secs()
+                ))))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// A listener this module accepts from.
