@@ -203,6 +203,8 @@ pub(super) fn config_cmd(cmd: ConfigCmd, paths: &Paths) -> Result<ExitCode, Fail
                 path.display()
             );
             note_env_override(&key);
+            #[cfg(feature = "server")]
+            note_running_server(&key, paths);
         }
         ConfigCmd::Show(args) => {
             let cfg = Config::load(path).map_err(Failure::from_config)?;
@@ -254,6 +256,27 @@ fn note_env_override(key: &str) {
     {
         eprintln!("note: {var} is set and overrides {key} where it is used");
     }
+}
+
+/// A server that runs read the config when it started, and keeps what it read: says so after
+/// `config set`, with how to restart it (issue 32 item 13: a changed `terminal.timeout` went
+/// unapplied, silently). `terminal.server` is the CLI's own, read at every command.
+#[cfg(feature = "server")]
+fn note_running_server(key: &str, paths: &Paths) {
+    use taskbox::client::blocking::BlockingClient;
+    if key == "terminal.server" || !BlockingClient::new(&paths.data_dir).probe(2_000) {
+        return;
+    }
+    let pid = taskbox::client::server_pid(&paths.data_dir)
+        .map(|p| format!(" (pid {p})"))
+        .unwrap_or_default();
+    eprintln!(
+        "note: the taskbox server{pid} running for {} read the config when it started: the new {key} applies once it restarts",
+        paths.data_dir.display()
+    );
+    eprintln!(
+        "hint: restart it with `taskbox serve --stop` (its live sandboxes are snapshotted first); the next command starts one with the new value"
+    );
 }
 
 /// The failure for a task that does not exist, with the closest existing name as a hint.

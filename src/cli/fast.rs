@@ -160,20 +160,46 @@ fn drive(
     let mut cancelled: Option<CancelSignal> = None;
     let mut give_up: Option<Instant> = None;
     let mut run_id: Option<String> = None;
+    // Each `answer_wait` without a line from the server, the server is looked at: a stopped or
+    // unanswering one ends the wait with an error naming it; a live one's silent command is
+    // waited for.
+    let answer_wait = taskbox::client::answer_wait();
+    let mut quiet_since = Instant::now();
     let outcome = match client.start_run(stream, task, &request) {
         Err(e) => Some(Err(e)),
         Ok(mut answer) => 'answer: loop {
-            let limit = match give_up {
-                Some(at) => match at.checked_duration_since(Instant::now()) {
-                    Some(left) => Some(left.as_millis() as u64 + 1),
-                    None => break None,
-                },
-                None => None,
-            };
-            match answer.next(Some(signals.fd.as_fd()), limit) {
+            let now = Instant::now();
+            let look_at = quiet_since + answer_wait;
+            let mut until = look_at;
+            if let Some(at) = give_up {
+                if at <= now {
+                    break None;
+                }
+                until = until.min(at);
+            }
+            let limit = until.saturating_duration_since(now).as_millis() as u64 + 1;
+            match answer.next(Some(signals.fd.as_fd()), Some(limit)) {
                 Err(e) => break Some(Err(e)),
                 Ok(Next::Woken) => {
-                    for signal in signals.take() {
+                    let arrived = signals.take();
+                    if arrived.is_empty() && Instant::now() >= look_at {
+                        let waited = quiet_since.elapsed();
+                        let probe_ms = answer_wait.as_millis() as u64;
+                        if let Some(e) = client.unanswered(waited, probe_ms) {
+                            break Some(Err(e));
+                        }
+                        quiet_since = Instant::now();
+                    }
+                    for signal in arrived {
+                        if run_id.is_none() {
+                            // The server has not answered: there is no run to cancel, and
+                            // nothing to wait for.
+                            cancelled = Some(signal);
+                            eprintln!(
+                                "note: the server had not answered yet; the command may still run when it does (`taskbox show {task}`)"
+                            );
+                            break 'answer None;
+                        }
                         if cancelled.is_some() {
                             break 'answer None;
                         }
@@ -184,30 +210,33 @@ fn drive(
                         }
                     }
                 }
-                Ok(Next::Event(event)) => match event {
-                    RunEvent::Started { run } => {
-                        if stdin {
-                            let (client, run) = (client.clone(), run.clone());
-                            // Ends with our stdin, or with the process.
-                            let _ = std::thread::Builder::new()
-                                .name("taskbox-stdin".into())
-                                .spawn(move || {
-                                    let _ = client.upload_stdin(&run, std::io::stdin().lock());
-                                });
+                Ok(Next::Event(event)) => {
+                    quiet_since = Instant::now();
+                    match event {
+                        RunEvent::Started { run } => {
+                            if stdin {
+                                let (client, run) = (client.clone(), run.clone());
+                                // Ends with our stdin, or with the process.
+                                let _ = std::thread::Builder::new()
+                                    .name("taskbox-stdin".into())
+                                    .spawn(move || {
+                                        let _ = client.upload_stdin(&run, std::io::stdin().lock());
+                                    });
+                            }
+                            if let Some(signal) = cancelled {
+                                cancel_in_background(client, &run, signal);
+                            }
+                            run_id = Some(run);
                         }
-                        if let Some(signal) = cancelled {
-                            cancel_in_background(client, &run, signal);
+                        RunEvent::Result(result) => break Some(Ok(result)),
+                        RunEvent::Error(e) => break Some(Err(ClientError::from(e))),
+                        output @ RunEvent::Output { .. } => {
+                            if let Some(chunk) = output.into_chunk() {
+                                printer.print(&chunk);
+                            }
                         }
-                        run_id = Some(run);
                     }
-                    RunEvent::Result(result) => break Some(Ok(result)),
-                    RunEvent::Error(e) => break Some(Err(ClientError::from(e))),
-                    output @ RunEvent::Output { .. } => {
-                        if let Some(chunk) = output.into_chunk() {
-                            printer.print(&chunk);
-                        }
-                    }
-                },
+                }
             }
         },
     };

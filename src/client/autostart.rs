@@ -42,6 +42,7 @@ pub async fn ensure_server(client: &Client) -> Result<Option<Started>, ClientErr
         data_dir: data_dir.clone(),
         message,
         log: log.clone(),
+        server_hint: None,
     };
     std::fs::create_dir_all(&data_dir)
         .map_err(|e| start_err(format!("cannot create the data dir: {e}")))?;
@@ -70,8 +71,11 @@ pub async fn ensure_server(client: &Client) -> Result<Option<Started>, ClientErr
     let mut child: Option<std::process::Child> = None;
     let mut pid = 0;
     let mut last_exit = None;
+    let mut log_from = 0;
     loop {
         if child.is_none() {
+            // What this server writes to the log starts here.
+            log_from = std::fs::metadata(&log).map_or(0, |m| m.len());
             let c = spawn_server(&exe, &log).map_err(|e| start_err(e.to_string()))?;
             pid = c.id();
             child = Some(c);
@@ -80,8 +84,18 @@ pub async fn ensure_server(client: &Client) -> Result<Option<Started>, ClientErr
             break;
         }
         if let Some(Ok(Some(status))) = child.as_mut().map(|c| c.try_wait()) {
-            // Most likely a server that is still stopping holds the serve lock; start
-            // another once it is gone.
+            let said = ServerSaid::read(&log, log_from);
+            // A server that is still stopping holds the serve lock: start another once it is
+            // gone. Any other failure (a config the server refuses…) would only repeat: it is
+            // the answer, with the server's own words.
+            if !said.already_running && !said.error.is_empty() {
+                return Err(ClientError::Start {
+                    data_dir: data_dir.clone(),
+                    message: format!("`taskbox serve` exited ({status}): {}", said.error),
+                    log: log.clone(),
+                    server_hint: said.hint,
+                });
+            }
             last_exit = Some(status);
             child = None;
         }
@@ -155,6 +169,56 @@ pub fn server_environment(
         .collect()
 }
 
+/// What a server that exited wrote to its log: its `error:` line with its `caused by:` lines,
+/// and its `hint:`.
+#[derive(Debug, Default)]
+struct ServerSaid {
+    error: String,
+    hint: Option<String>,
+    already_running: bool,
+}
+
+/// The most of a log read back for a server's error (its own lines are a few hundred bytes).
+const LOG_TAIL_MAX: u64 = 64 * 1024;
+
+impl ServerSaid {
+    /// The error lines in `log` from byte `from` on (what the last server started wrote).
+    fn read(log: &std::path::Path, from: u64) -> ServerSaid {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut text = String::new();
+        if let Ok(mut f) = std::fs::File::open(log) {
+            let len = f.metadata().map_or(0, |m| m.len());
+            let from = from.max(len.saturating_sub(LOG_TAIL_MAX));
+            if f.seek(SeekFrom::Start(from)).is_ok() {
+                let mut bytes = Vec::new();
+                let _ = f.take(LOG_TAIL_MAX).read_to_end(&mut bytes);
+                text = String::from_utf8_lossy(&bytes).into_owned();
+            }
+        }
+        ServerSaid::parse(&text)
+    }
+
+    fn parse(text: &str) -> ServerSaid {
+        let mut said = ServerSaid::default();
+        let mut in_error = false;
+        for line in text.lines() {
+            if let Some(e) = line.strip_prefix("error: ") {
+                said.error = e.trim().to_string();
+                said.already_running = e.contains("already running");
+                in_error = true;
+            } else if let (true, Some(c)) = (in_error, line.strip_prefix("  caused by: ")) {
+                said.error.push_str(": ");
+                said.error.push_str(c.trim());
+            } else if let (true, Some(h)) = (in_error, line.strip_prefix("hint: ")) {
+                said.hint = Some(h.trim().to_string());
+            } else {
+                in_error = false;
+            }
+        }
+        said
+    }
+}
+
 /// Starts `taskbox serve --auto` detached, its output appended to `log`.
 fn spawn_server(
     exe: &std::path::Path,
@@ -217,5 +281,31 @@ mod tests {
             .map(|(k, _)| k.to_string_lossy().into_owned())
             .collect();
         assert_eq!(kept, ["PATH", "HOME", "TASKBOX_HOME", "VERCEL_TOKEN"]);
+    }
+
+    #[test]
+    fn the_servers_error_and_hint_are_read_from_its_log() {
+        let log = "2026-12-06T03:44:52Z  INFO removing the socket file\n\
+                   error: vercel_sandbox backend: memory is 5120 but 2048 MB per vCPU\n\
+                   hint: set terminal.container_memory to 2048\n";
+        let said = ServerSaid::parse(log);
+        assert_eq!(
+            said.error,
+            "vercel_sandbox backend: memory is 5120 but 2048 MB per vCPU"
+        );
+        assert_eq!(
+            said.hint.as_deref(),
+            Some("set terminal.container_memory to 2048")
+        );
+        assert!(!said.already_running);
+        let said = ServerSaid::parse(
+            "error: a taskbox server is already running for /d (pid 7)\n  caused by: x\n",
+        );
+        assert!(said.already_running);
+        assert_eq!(
+            said.error,
+            "a taskbox server is already running for /d (pid 7): x"
+        );
+        assert!(ServerSaid::parse("  INFO serving\n").error.is_empty());
     }
 }

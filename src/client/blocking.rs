@@ -60,6 +60,9 @@ impl BlockingClient {
     /// Sends a run request on `stream` (from [`BlockingClient::connect`]) and reads the answer's
     /// head. From the first byte written on, the run may have reached the server: nothing
     /// here is retried. A refusal (not `200`) is the server's [`ApiError`](super::ApiError).
+    ///
+    /// The answer's head is read by the first [`RunStream::next`], so that waiting for it can
+    /// be interrupted and bounded as waiting for the output is.
     pub fn start_run(
         &self,
         stream: UnixStream,
@@ -70,16 +73,46 @@ impl BlockingClient {
             serde_json::to_vec(request).map_err(|e| self.protocol(format!("(encoding): {e}")))?;
         let mut conn = Conn::new(stream, self.socket.clone());
         conn.send(&format!("/tasks/{task}/run"), "application/json", &body)?;
-        let head = conn.read_head()?;
-        if head.status != 200 {
-            let body = conn.read_body_to_end(head.framing)?;
-            return Err(api_error(&self.socket, head.status, &body));
-        }
         Ok(RunStream {
             conn,
-            decoder: Decoder::new(head.framing),
+            decoder: None,
             data: Vec::new(),
         })
+    }
+
+    /// After `waited` without an answer, the [`ClientError::NoAnswer`] to give up with when the
+    /// server's process is stopped or a health probe on a second connection goes unanswered
+    /// for `probe_ms`; `None` while the server is alive (a silent command is waited for).
+    pub fn unanswered(&self, waited: std::time::Duration, probe_ms: u64) -> Option<ClientError> {
+        let pid = super::server_pid(&self.data_dir);
+        let stopped = pid.is_some_and(super::process_stopped);
+        if !stopped && self.probe(probe_ms) {
+            return None;
+        }
+        Some(ClientError::NoAnswer {
+            data_dir: self.data_dir.clone(),
+            pid,
+            stopped,
+            waited_secs: waited.as_secs(),
+        })
+    }
+
+    /// Whether `GET /v1/health` answers on a connection of its own within `limit_ms` (its
+    /// head is enough).
+    pub fn probe(&self, limit_ms: u64) -> bool {
+        let Ok(stream) = self.connect() else {
+            return false;
+        };
+        let mut conn = Conn::new(stream, self.socket.clone());
+        let head = format!(
+            "GET {API_PREFIX}/health HTTP/1.1\r\nHost: taskbox\r\nConnection: close\r\n\r\n"
+        );
+        if conn.write_all(head.as_bytes()).is_err() {
+            return false;
+        }
+        matches!(conn.wait_readable(None, Some(limit_ms)), Ok(true))
+            && conn.fill().is_ok()
+            && conn.buf.starts_with(b"HTTP/1.1 200")
     }
 
     /// Asks the server to cancel the run with `signal` (`POST /v1/runs/{run}/cancel`), on a
@@ -169,7 +202,8 @@ pub enum Next {
 #[derive(Debug)]
 pub struct RunStream {
     conn: Conn,
-    decoder: Decoder,
+    /// `None` until the answer's head is read.
+    decoder: Option<Decoder>,
     /// Body bytes not yet split into lines.
     data: Vec<u8>,
 }
@@ -185,14 +219,31 @@ impl RunStream {
         limit_ms: Option<u64>,
     ) -> Result<Next, ClientError> {
         loop {
+            let Some(decoder) = &mut self.decoder else {
+                match self.conn.head()? {
+                    Some(head) if head.status != 200 => {
+                        let body = self.conn.read_body_to_end(head.framing)?;
+                        return Err(api_error(&self.conn.socket, head.status, &body));
+                    }
+                    Some(head) => self.decoder = Some(Decoder::new(head.framing)),
+                    None => {
+                        if !self.conn.wait_readable(wake, limit_ms)? {
+                            return Ok(Next::Woken);
+                        }
+                        self.conn.fill()?;
+                    }
+                }
+                continue;
+            };
             // What arrived (with the head, or since) first.
-            self.decoder
+            decoder
                 .decode(&mut self.conn.buf, &mut self.data)
                 .map_err(|e| self.conn.protocol(format!("cut its answer short: {e}")))?;
+            let done = decoder.done();
             if let Some(event) = self.line()? {
                 return Ok(Next::Event(event));
             }
-            if self.decoder.done() || self.conn.eof {
+            if done || self.conn.eof {
                 return Err(self
                     .conn
                     .protocol("ended its answer before the command's result".into()));
@@ -347,17 +398,24 @@ impl Conn {
 
     /// Reads up to the end of the response's head and parses it.
     fn read_head(&mut self) -> Result<Head, ClientError> {
-        let end = loop {
-            if let Some(at) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break at;
+        loop {
+            if let Some(head) = self.head()? {
+                return Ok(head);
             }
+            self.fill()?;
+        }
+    }
+
+    /// The response's head, parsed, once `buf` holds all of it (`None`: read more first).
+    fn head(&mut self) -> Result<Option<Head>, ClientError> {
+        let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") else {
             if self.eof {
                 return Err(self.protocol("closed the connection before answering".into()));
             }
             if self.buf.len() > MAX_HEAD {
                 return Err(self.protocol("answered with a head of more than 64 KiB".into()));
             }
-            self.fill()?;
+            return Ok(None);
         };
         let rest = self.buf.split_off(end + 4);
         let head = std::mem::replace(&mut self.buf, rest);
@@ -393,7 +451,7 @@ impl Conn {
                 framing = Framing::Length(len);
             }
         }
-        Ok(Head { status, framing })
+        Ok(Some(Head { status, framing }))
     }
 
     /// The whole body of a response whose head was read.

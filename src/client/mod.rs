@@ -95,6 +95,19 @@ pub enum ClientError {
         /// What happened.
         what: String,
     },
+    /// The server took the request but does not answer: its process is stopped, or a probe
+    /// on a second connection got no answer either (it is stuck or overloaded).
+    #[error("the taskbox server{} for {data_dir} {}", pid.map(|p| format!(" (pid {p})")).unwrap_or_default(), if *stopped { format!("is stopped (SIGSTOP) and has not answered in {waited_secs} s") } else { format!("has not answered in {waited_secs} s, nor a health probe on a second connection") })]
+    NoAnswer {
+        /// The data dir.
+        data_dir: PathBuf,
+        /// The server's process, as its serve lock names it.
+        pid: Option<u32>,
+        /// Its process is stopped (state `T`).
+        stopped: bool,
+        /// How long the request waited.
+        waited_secs: u64,
+    },
     /// Starting a server failed.
     #[error("could not start a taskbox server for {data_dir}: {message}")]
     Start {
@@ -104,6 +117,8 @@ pub enum ClientError {
         message: String,
         /// Where the server's log is.
         log: PathBuf,
+        /// The `hint:` the server printed with its error, if it did.
+        server_hint: Option<String>,
     },
 }
 
@@ -134,6 +149,24 @@ impl ClientError {
             ClientError::Protocol { .. } => Some(
                 "`taskbox status` says whether a server runs; its log is <data>/serve.log".into(),
             ),
+            ClientError::NoAnswer {
+                pid: Some(pid),
+                stopped: true,
+                ..
+            } => Some(format!(
+                "`kill -CONT {pid}` lets it go on; `kill {pid}` stops it (the next command starts a new one under terminal.server = auto)"
+            )),
+            ClientError::NoAnswer { pid: Some(pid), .. } => Some(format!(
+                "its log is <data>/serve.log; `kill {pid}` stops it (the next command starts a new one under terminal.server = auto); TASKBOX_ANSWER_WAIT=SECONDS waits longer"
+            )),
+            ClientError::NoAnswer { pid: None, .. } => Some(
+                "its log is <data>/serve.log; TASKBOX_ANSWER_WAIT=SECONDS waits longer".into(),
+            ),
+            ClientError::Start {
+                log,
+                server_hint: Some(hint),
+                ..
+            } => Some(format!("{hint} (the server's log: {})", log.display())),
             ClientError::Start { log, .. } => Some(format!("see {}", log.display())),
         }
     }
@@ -235,6 +268,7 @@ pub struct Client {
     socket: PathBuf,
     /// A server on another machine instead of the data dir's socket.
     remote: Option<Remote>,
+    answer_wait: std::time::Duration,
 }
 
 /// A connection to a server: the Unix socket or TCP.
@@ -249,6 +283,7 @@ impl Client {
             data_dir: data_dir.to_path_buf(),
             socket: data_dir.join(SOCKET_FILE),
             remote: None,
+            answer_wait: answer_wait(),
         }
     }
 
@@ -662,13 +697,100 @@ impl Client {
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(bytes)))
             .map_err(|e| self.protocol(format!("(request): {e}")))?;
-        let resp = sender
-            .send_request(req)
-            .await
+        let resp = self
+            .answered(sender.send_request(req))
+            .await?
             .map_err(|e| self.protocol(format!("closed the connection before answering: {e}")))?;
         let status = resp.status();
         Ok((status, resp.into_body(), driver))
     }
+}
+
+impl Client {
+    /// Waits for `answer` (a request's answer head) as long as the server is alive: each
+    /// [`answer_wait`] without it, the server is looked at — its process stopped, or a health
+    /// probe on a second connection unanswered within the same bound, is
+    /// [`ClientError::NoAnswer`]. A slow answer of a live server (a suspend snapshotting
+    /// gigabytes) is waited for.
+    async fn answered<F: std::future::Future>(&self, answer: F) -> Result<F::Output, ClientError> {
+        tokio::pin!(answer);
+        let mut waited = std::time::Duration::ZERO;
+        loop {
+            match tokio::time::timeout(self.answer_wait, &mut answer).await {
+                Ok(out) => return Ok(out),
+                Err(_) => waited += self.answer_wait,
+            }
+            // A remote server's process is not this machine's to look at: only the probe.
+            let pid = match self.remote {
+                Some(_) => None,
+                None => server_pid(&self.data_dir),
+            };
+            let stopped = pid.is_some_and(process_stopped);
+            let alive = !stopped
+                && tokio::time::timeout(self.answer_wait, self.probe())
+                    .await
+                    .unwrap_or(false);
+            if !alive {
+                return Err(ClientError::NoAnswer {
+                    data_dir: self.data_dir.clone(),
+                    pid,
+                    stopped,
+                    waited_secs: waited.as_secs(),
+                });
+            }
+        }
+    }
+
+    /// Whether `GET /v1/health` answers on a connection of its own.
+    async fn probe(&self) -> bool {
+        let probe = async {
+            let stream = self.connect().await.ok()?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .ok()?;
+            let driver = AbortOnDrop(tokio::spawn(conn));
+            let req = Request::builder()
+                .method(Method::GET)
+                .uri(format!("{API_PREFIX}/health"))
+                .header(hyper::header::HOST, "taskbox")
+                .body(Full::new(Bytes::new()))
+                .ok()?;
+            let resp = sender.send_request(req).await.ok()?;
+            drop(driver);
+            Some(resp.status() == StatusCode::OK)
+        };
+        probe.await.unwrap_or(false)
+    }
+}
+
+/// How long the CLI waits for a server's answer before it looks whether the server is alive:
+/// `TASKBOX_ANSWER_WAIT` seconds (at least 1), else 20 s.
+pub fn answer_wait() -> std::time::Duration {
+    let secs = std::env::var("TASKBOX_ANSWER_WAIT")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .unwrap_or(20);
+    std::time::Duration::from_secs(secs)
+}
+
+/// The pid of the server of `data_dir`, as it wrote itself into its serve lock.
+pub fn server_pid(data_dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(data_dir.join("serve.lock"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Whether the process `pid` is stopped (`T`, by SIGSTOP or a debugger: `t`), from
+/// `/proc/PID/stat`; false when it cannot be read.
+pub fn process_stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command's name, which is in parentheses and may hold any byte.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next())
+        .is_some_and(|state| state == 'T' || state == 't')
 }
 
 /// An error answer's body (from the server at `server`) as the [`ApiError`] it should be.

@@ -173,7 +173,7 @@ pub struct Health {
 pub struct ApiError {
     /// Stable: `invalid_task_id`, `bad_request`, `not_found`, `unauthorized`, `provider`,
     /// `busy`, `lock`, `interrupted`, `invalid_command`, `method_not_allowed`,
-    /// `payload_too_large`, `internal`, `store`, `step`, `stopped`, `config`, `no_such_task`, `wrong_backend`,
+    /// `payload_too_large`, `headers_too_large`, `uri_too_long`, `too_many_connections`, `internal`, `store`, `step`, `stopped`, `config`, `no_such_task`, `wrong_backend`,
     /// `task_removed`, `in_flight`, `task_moved` and `task_elsewhere` (a fleet: the task moved
     /// to, or lives on, another server), and for a failed request its
     /// [`FailureReason`](crate::core::FailureReason) code (`command_failed`, `sandbox_expired`…).

@@ -45,6 +45,7 @@ pub(super) fn router(state: AppState) -> Router {
             )
         })
         .layer(axum::middleware::from_fn(json_errors))
+        .layer(axum::middleware::from_fn(super::conn::body_idle_timeout))
         .with_state(state)
 }
 

@@ -14,6 +14,7 @@
 //! snapshots) before it exits, so that no live sandbox outlives its engine.
 
 mod answer;
+mod conn;
 mod http;
 mod runs;
 mod watch;
@@ -24,7 +25,6 @@ pub mod socket;
 
 pub use http::require_token;
 
-use std::future::IntoFuture;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -302,29 +302,28 @@ impl Server {
             closing: closing.clone(),
         };
         let app = http::router(state);
-        let closed = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|v| *v).await;
-        };
         let mut servers = Vec::new();
-        servers.push(tokio::spawn(
-            axum::serve(unix, app.clone())
-                .with_graceful_shutdown(closed(closing.clone()))
-                .into_future(),
-        ));
+        // The Unix socket has an accept loop of its own and no cap: it is served whatever the
+        // TCP listener's clients do.
+        servers.push(tokio::spawn(conn::serve(
+            unix,
+            app.clone(),
+            None,
+            closing.clone(),
+        )));
         if let Some((listener, token)) = tcp {
             let guarded = app.layer(axum::middleware::from_fn_with_state(
                 token,
                 http::require_token,
             ));
-            // Output chunks of a run are small writes that must leave at once (no Nagle delay).
-            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            servers.push(tokio::spawn(
-                axum::serve(listener, guarded)
-                    .with_graceful_shutdown(closed(closing.clone()))
-                    .into_future(),
-            ));
+            let cap = conn::tcp_cap(open_files_limit());
+            tracing::info!(cap, "TCP connections served at once");
+            servers.push(tokio::spawn(conn::serve(
+                listener,
+                guarded,
+                Some(cap),
+                closing.clone(),
+            )));
         }
         tracing::info!(socket = %opts.data_dir.join(SOCKET_FILE).display(), auto = opts.auto, "serving");
 
@@ -386,6 +385,16 @@ fn raise_open_files_limit() -> std::io::Result<Option<(u64, u64)>> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(Some((from, lim.rlim_cur)))
+}
+
+/// This process's soft limit on open files, when it can be read.
+fn open_files_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the `rlimit` it is given, a valid one held for the call.
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0).then_some(lim.rlim_cur)
 }
 
 /// SIGTERM, SIGINT or SIGHUP.

@@ -126,3 +126,82 @@ fn the_official_python_sdk_drives_taskbox_mcp() {
     assert!(ok, "pytest tests/mcp failed:\n{out}");
     eprint!("{out}");
 }
+
+/// Over stdio, a line that is not JSON gets a JSON-RPC parse error (`-32700`, id null) and a
+/// 20 MB request an error naming the limit with its id, where rmcp alone dropped both silently
+/// (issue 32 item 14); the session goes on: `initialize` is answered after them.
+#[test]
+fn stdio_answers_a_malformed_line_and_an_oversized_request() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+
+    let home = crate::support::Home::new();
+    let mut child = home
+        .cmd()
+        .arg("mcp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn taskbox mcp");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let stdout = child.stdout.take().expect("stdout");
+    // The answers are read on a thread of their own, so that a missing one fails the test in
+    // bounded time rather than hanging it.
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let next = |what: &str| -> serde_json::Value {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("no answer to {what} within 60 s"));
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {line}"))
+    };
+
+    stdin.write_all(b"this is not json\n").expect("write");
+    stdin.flush().expect("flush");
+    let v = next("a malformed line");
+    assert_eq!(v["error"]["code"], -32700, "{v}");
+    assert_eq!(v["id"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["jsonrpc"], "2.0", "{v}");
+
+    let mut big = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"run","arguments":{"task":"t","command":""#.to_vec();
+    big.extend(std::iter::repeat_n(b'a', 20 * 1024 * 1024));
+    big.extend_from_slice(b"\"}}}\n");
+    stdin.write_all(&big).expect("write 20 MB");
+    stdin.flush().expect("flush");
+    let v = next("a 20 MB request");
+    assert_eq!(v["error"]["code"], -32600, "{v}");
+    assert_eq!(v["id"], 7, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("16 MiB"),
+        "{v}"
+    );
+
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"it","version":"1"}}}"#;
+    stdin
+        .write_all(format!("{init}\n").as_bytes())
+        .expect("write");
+    stdin.flush().expect("flush");
+    let v = next("initialize");
+    assert_eq!(v["id"], 1, "{v}");
+    assert_eq!(v["result"]["serverInfo"]["name"], "taskbox", "{v}");
+
+    drop(stdin);
+    let status =
+        crate::support::wait_for(Duration::from_secs(30), || child.try_wait().expect("wait"));
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}

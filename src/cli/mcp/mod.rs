@@ -13,6 +13,7 @@
 //! auto-started) goes to stderr, which MCP clients keep as the server's log.
 
 mod files;
+mod lines;
 mod tools;
 
 use std::path::PathBuf;
@@ -203,18 +204,24 @@ fn read_token(file: Option<&std::path::Path>) -> Result<Arc<String>, Failure> {
 
 /// Serves one MCP session on stdin/stdout until the client closes it (or a signal comes).
 async fn stdio(handler: tools::Taskbox) -> Result<ExitCode, Failure> {
+    let (stdin, stdout) = rmcp::transport::stdio_pipes();
+    let (guarded, streams) = lines::Guarded::new(stdin, stdout);
     let service = handler
-        .serve(rmcp::transport::stdio_pipes())
+        .serve(streams)
         .await
         .map_err(|e| Failure::new(format!("the MCP session could not start: {e}")))?;
     let stop = service.cancellation_token();
-    tokio::select! {
+    let res = tokio::select! {
         res = service.waiting() => {
-            res.map_err(|e| Failure::new(format!("the MCP session failed: {e}")))?;
+            res.map(|_| ()).map_err(|e| Failure::new(format!("the MCP session failed: {e}")))
         }
-        () = signals() => stop.cancel(),
-    }
-    Ok(ExitCode::SUCCESS)
+        () = signals() => {
+            stop.cancel();
+            Ok(())
+        }
+    };
+    guarded.finish().await;
+    res.map(|()| ExitCode::SUCCESS)
 }
 
 /// Serves streamable HTTP at `http://addr/mcp` until a signal, every request checked for the

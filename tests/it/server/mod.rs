@@ -8,6 +8,7 @@ mod lifecycle;
 mod recovery;
 mod remote;
 mod security;
+mod slow;
 mod vercel;
 mod watch;
 
