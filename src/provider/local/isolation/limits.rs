@@ -9,12 +9,14 @@
 //! that controller (`/proc/self/cgroup`).
 //!
 //! Every command joins them in its `pre_exec` hook, before it enters the namespaces (`enter`):
-//! the hook writes `0` to each `cgroup.procs`, so the process waiting for the command and the
-//! command itself, and everything the command starts, are counted. A move into a v1 cgroup may
-//! wait for an RCU grace period: measured on a hybrid machine (2 cores, load 8), joining the
-//! three v1 cgroups moved the median of a fork-and-exit from about 1.0–1.4 ms by under 0.4 ms,
-//! with rare outliers up to ~26 ms (10 ms without the joins) — small next to `bash`'s own
-//! start. Having the init fork each command (already in its cgroups) would avoid even those.
+//! the hook writes `0` to each `cgroup.procs` (v2) or `tasks` (v1), so the process waiting for
+//! the command and the command itself, and everything the command starts, are counted. A
+//! process move into a v1 cgroup (`cgroup.procs`) takes the global threadgroup lock, whose write
+//! side waits for an RCU grace period when no move happened just before: measured on this
+//! hybrid machine (kernel 6.18, 2 cores, load 2), writing the three v1 `cgroup.procs` from a
+//! forked child took a median 0.57 ms with a tail of 13–15 ms, and the same through `tasks` a
+//! median 0.59 ms with a tail of 0.7 ms. The forked hook has one thread, so moving that thread
+//! (`tasks`, which the kernel does without the global lock) moves the whole process.
 //!
 //! A command killed by the memory limit is noted after its output (`exec` compares the
 //! cgroup's `oom_kill` count before and after it, [`OomCounter`]); its exit code is the
@@ -200,7 +202,7 @@ pub struct Cgroups {
     /// The directory with the memory controller's files.
     memory: PathBuf,
     v2: bool,
-    /// Each directory's `cgroup.procs`, for a command's hook.
+    /// Each directory's `cgroup.procs` (v2) or `tasks` (v1), for a command's hook.
     procs: Vec<CString>,
     limits: Limits,
 }
@@ -220,10 +222,20 @@ impl Cgroups {
         let cgroups = Cgroups {
             memory: dirs[0].clone(),
             v2: matches!(hierarchy, Hierarchy::V2(_)),
+            // v1: the hook moves its own (only) thread through `tasks`, which the kernel does
+            // without the global threadgroup lock whose write side waits for an RCU grace
+            // period (up to ~14 ms per command when no move happened just before) — the
+            // forked hook is single-threaded, so its thread is the whole process. v2 has no
+            // such file for a domain cgroup: `cgroup.procs`.
             procs: dirs
                 .iter()
                 .map(|d| {
-                    CString::new(d.join("cgroup.procs").as_os_str().as_bytes())
+                    let file = if matches!(hierarchy, Hierarchy::V2(_)) {
+                        "cgroup.procs"
+                    } else {
+                        "tasks"
+                    };
+                    CString::new(d.join(file).as_os_str().as_bytes())
                         .map_err(|_| format!("a cgroup path with a NUL byte: {}", d.display()))
                 })
                 .collect::<Result<_, _>>()?,
@@ -274,7 +286,7 @@ impl Cgroups {
         Ok(())
     }
 
-    /// Each cgroup's `cgroup.procs` (what a command's hook writes `0` to).
+    /// Each cgroup's `cgroup.procs` or `tasks` (what a command's hook writes `0` to).
     pub(super) fn procs(&self) -> &[CString] {
         &self.procs
     }
