@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::server::{taskbox, BenchServer};
 use super::stats::{ms, Paired};
-use super::{median, BenchError, Ctx, Measurement, Mode, Quantity, Target};
+use super::{median, BenchError, Ctx, Measurement, Quantity, Target};
 use crate::config::{Config, StoreSetting};
 use crate::fake::{FakeOptions, FakeServer};
 use crate::store::{PgStore, PgTarget};
@@ -64,11 +64,7 @@ impl Drop for Scratch {
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(BenchError::io(BENCH, "start a tokio runtime"))
+    super::runtime(BENCH)
 }
 
 fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -147,11 +143,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
     };
     let mut rows = Vec::new();
     if ctx.wants("fleet.run_latency") {
-        let n = match ctx.opts.mode {
-            Mode::Quick => 10,
-            Mode::Standard => 200,
-            Mode::Full => 400,
-        };
+        let n = ctx.opts.mode.pick(10, 200, 400);
         ctx.say(&format!(
             "fleet.run_latency: {n} warm `taskbox run` through a server on each store"
         ));
@@ -159,11 +151,7 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         rows.push(run_latency(&ctx.opts.exe, &dir, &url, n)?);
     }
     if ctx.wants("fleet.takeover") {
-        let (tasks, rounds) = match ctx.opts.mode {
-            Mode::Quick => (4, 1),
-            Mode::Standard => (40, 3),
-            Mode::Full => (100, 5),
-        };
+        let (tasks, rounds) = ctx.opts.mode.pick((4, 1), (40, 3), (100, 5));
         ctx.say(&format!(
             "fleet.takeover: {rounds} round(s) of {tasks} tasks taken over after a SIGKILL"
         ));
@@ -193,19 +181,10 @@ fn run_latency(exe: &Path, dir: &Path, url: &str, n: usize) -> Result<Measuremen
             run_ok(exe, &sqlite_home, &sqlite_env, task, "echo ok", "ok\n")?;
         }
         let mut p = Paired::default();
+        let mut pg_run = || run_ok(exe, &pg_home, &pg_env, task, "echo ok", "ok\n");
+        let mut sqlite_run = || run_ok(exe, &sqlite_home, &sqlite_env, task, "echo ok", "ok\n");
         for i in 0..n {
-            let (s, b) = if i % 2 == 0 {
-                let s = run_ok(exe, &pg_home, &pg_env, task, "echo ok", "ok\n")?;
-                (
-                    s,
-                    run_ok(exe, &sqlite_home, &sqlite_env, task, "echo ok", "ok\n")?,
-                )
-            } else {
-                let b = run_ok(exe, &sqlite_home, &sqlite_env, task, "echo ok", "ok\n")?;
-                (run_ok(exe, &pg_home, &pg_env, task, "echo ok", "ok\n")?, b)
-            };
-            p.subject.push(s);
-            p.baseline.push(b);
+            p.take(i, &mut pg_run, &mut sqlite_run)?;
         }
         Ok::<_, BenchError>(p)
     })();
@@ -213,19 +192,13 @@ fn run_latency(exe: &Path, dir: &Path, url: &str, n: usize) -> Result<Measuremen
     rt.block_on(sqlite.stop());
     drop(db);
     let p = measured?;
-    Ok(Measurement::new(
+    Ok(Measurement::paired_ms(
         "fleet.run_latency",
         "a warm `taskbox run --task T 'echo ok'` through a server whose store is PostgreSQL (local backend; the database on this machine, durable commits)",
-        Quantity::new(p.subject_median(), "ms"),
         "the same through a server on the SQLite file (WAL, synchronous=FULL)",
-        Quantity::new(p.baseline_median(), "ms"),
-        Some(Quantity::new(p.added_median(), "ms")),
+        &p,
         Target::Report,
-        n,
-        vec![
-            p.spread("ms"),
-            "a command waits for one durable commit (its request) on either store; on PostgreSQL it is a round trip and the server's WAL flush, and the lease taken once per task".to_string(),
-        ],
+        vec!["a command waits for one durable commit (its request) on either store; on PostgreSQL it is a round trip and the server's WAL flush, and the lease taken once per task".to_string()],
     ))
 }
 

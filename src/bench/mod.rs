@@ -60,6 +60,15 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// `quick`, `standard` or `full`, as this mode is (a sample size, a workload).
+    pub fn pick<T>(self, quick: T, standard: T, full: T) -> T {
+        match self {
+            Mode::Quick => quick,
+            Mode::Standard => standard,
+            Mode::Full => full,
+        }
+    }
+
     /// The name used in output.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -267,6 +276,15 @@ impl Quantity {
     }
 }
 
+/// A tokio runtime of two workers, like the `taskbox` binary's, for the benchmark `bench`.
+fn runtime(bench: &'static str) -> Result<tokio::runtime::Runtime, BenchError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(BenchError::io(bench, "start a tokio runtime"))
+}
+
 /// Formats a number with about three significant digits and thousands separators.
 pub fn fmt_num(v: f64) -> String {
     if !v.is_finite() {
@@ -387,6 +405,29 @@ pub struct Measurement {
 }
 
 impl Measurement {
+    /// A row of paired samples in milliseconds: their medians, the median added, the spread
+    /// first among the `notes`.
+    pub(crate) fn paired_ms(
+        name: &str,
+        subject_is: impl Into<String>,
+        baseline_is: impl Into<String>,
+        p: &stats::Paired,
+        target: Target,
+        notes: Vec<String>,
+    ) -> Measurement {
+        Measurement::new(
+            name,
+            subject_is,
+            Quantity::new(p.subject_median(), "ms"),
+            baseline_is,
+            Quantity::new(p.baseline_median(), "ms"),
+            Some(Quantity::new(p.added_median(), "ms")),
+            target,
+            p.subject.len(),
+            std::iter::once(p.spread("ms")).chain(notes).collect(),
+        )
+    }
+
     /// A row; `ratio` and `met` are computed.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(

@@ -83,11 +83,7 @@ const FIRST_BYTE_COMMAND: &str = "date +%s%N; sleep 0.3; echo b";
 const WARMUP: usize = 3;
 
 pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
-    let n = match ctx.opts.mode {
-        Mode::Quick => 20,
-        Mode::Standard => 200,
-        Mode::Full => 400,
-    };
+    let n = ctx.opts.mode.pick(20, 200, 400);
     let mut rows = Vec::new();
     if ctx.wants("overhead.library") {
         ctx.say(&format!("overhead.library: {n} commands each side"));
@@ -97,7 +93,6 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             "overhead.library",
             "`echo ok` in a warm task, Orchestrator held open (local backend)",
             &p,
-            n,
             &sync,
             TARGET_LIBRARY_ADDED_MS,
         );
@@ -119,7 +114,6 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             "overhead.cli",
             "`taskbox run --task T 'echo ok'` through a running server, one process per command (local backend)",
             &p,
-            n,
             &sync,
             TARGET_CLI_ADDED_MS,
         );
@@ -144,20 +138,15 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             "overhead.cli_isolated",
             "`taskbox run --task T 'echo ok'` through a running server, each sandbox in its own namespaces (terminal.local_isolation = namespaces)",
             &p,
-            n,
             &sync,
             TARGET_CLI_ADDED_MS,
         );
         m.notes.truncate(1);
         rows.push(m);
-        rows.push(bwrap_row(&b, n));
+        rows.push(bwrap_row(&b));
     }
     if ctx.wants("overhead.first_command_isolated") {
-        let n = match ctx.opts.mode {
-            Mode::Quick => 5,
-            Mode::Standard => 30,
-            Mode::Full => 60,
-        };
+        let n = ctx.opts.mode.pick(5, 30, 60);
         ctx.say(&format!(
             "overhead.first_command_isolated: {n} new tasks' first `taskbox run` through a server, \
              terminal.local_isolation = namespaces, each side"
@@ -165,21 +154,15 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         let home = ctx.subdir("overhead-first-command")?;
         write_config(&home, LocalIsolation::Namespaces)?;
         let p = with_servers(&exe, &[&home], || first_commands(&exe, &home, n))?;
-        rows.push(Measurement::new(
+        rows.push(Measurement::paired_ms(
             "overhead.first_command_isolated",
             "a new task's first `taskbox run --task NEW 'echo ok'` through a running server: its isolated sandbox created (init, namespaces, workspace), the command run",
-            Quantity::new(p.subject_median(), "ms"),
             "`bash -c 'echo ok'` spawned bare",
-            Quantity::new(p.baseline_median(), "ms"),
-            Some(Quantity::new(p.added_median(), "ms")),
+            &p,
             Target::Below {
                 value: TARGET_FIRST_COMMAND_MS,
             },
-            n,
-            vec![
-                p.spread("ms"),
-                "each sample a task never seen before; the task is removed (`taskbox rm`) after its sample, outside the time".to_string(),
-            ],
+            vec!["each sample a task never seen before; the task is removed (`taskbox rm`) after its sample, outside the time".to_string()],
         ));
     }
     if ctx.wants("overhead.cli_oneshot") {
@@ -194,7 +177,6 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
             "overhead.cli_oneshot",
             "`taskbox run` with terminal.server = never: each process is a one-shot engine (local backend)",
             &p,
-            n,
             &sync,
             TARGET_CLI_ADDED_MS,
         );
@@ -218,49 +200,36 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         super::server::store_idle_tasks(&many, stored - 1)?;
         super::server::store_idle_tasks(&few, 1)?;
         let p = with_servers(&exe, &[&many, &few], || stored_pairs(&exe, &many, &few, n))?;
-        rows.push(Measurement::new(
+        rows.push(Measurement::paired_ms(
             "overhead.stored_tasks",
             format!("a warm `taskbox run` through a server, {stored} tasks stored"),
-            Quantity::new(p.subject_median(), "ms"),
             "the same, 2 tasks stored",
-            Quantity::new(p.baseline_median(), "ms"),
-            Some(Quantity::new(p.added_median(), "ms")),
+            &p,
             Target::RatioAtMost {
                 ratio: TARGET_STORED_RATIO,
             },
-            n,
-            vec![p.spread("ms")],
+            vec![],
         ));
     }
     if ctx.wants("overhead.first_byte") {
-        let n = match ctx.opts.mode {
-            Mode::Quick => 3,
-            Mode::Standard => 20,
-            Mode::Full => 40,
-        };
+        let n = ctx.opts.mode.pick(3, 20, 40);
         ctx.say(&format!(
             "overhead.first_byte: {n} `taskbox run` processes through a server, each side"
         ));
         let home = ctx.subdir("overhead-first-byte")?;
         write_config(&home, LocalIsolation::None)?;
         let p = with_servers(&exe, &[&home], || first_byte_pairs(&exe, &home, n))?;
-        rows.push(Measurement::new(
+        rows.push(Measurement::paired_ms(
             "overhead.first_byte",
             format!(
                 "the first line of `{FIRST_BYTE_COMMAND}` on a `taskbox run`'s stdout through a running server (local backend), after it was written"
             ),
-            Quantity::new(p.subject_median(), "ms"),
             "the same line read from a bare `bash -c` process's stdout pipe",
-            Quantity::new(p.baseline_median(), "ms"),
-            Some(Quantity::new(p.added_median(), "ms")),
+            &p,
             Target::Below {
                 value: TARGET_FIRST_BYTE_MS,
             },
-            n,
-            vec![
-                p.spread("ms"),
-                "the rest of the output comes 300 ms later: a caller that got the output only at the end would be 300 ms late".to_string(),
-            ],
+            vec!["the rest of the output comes 300 ms later: a caller that got the output only at the end would be 300 ms late".to_string()],
         ));
     }
     Ok(rows)
@@ -270,12 +239,12 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
 /// `bash -c`, alternating which goes first: (subject, baseline) pairs.
 fn first_byte_pairs(exe: &Path, home: &Path, n: usize) -> Result<Paired, BenchError> {
     let always = [("TASKBOX_SERVER".to_string(), "always".to_string())];
-    let subject = || {
+    let mut subject = || {
         let mut cmd = super::server::taskbox(exe, home, &always);
         cmd.args(["run", "--task", "bench-first-byte", FIRST_BYTE_COMMAND]);
         first_byte_of(cmd, "taskbox run")
     };
-    let bare = || {
+    let mut bare = || {
         let mut cmd = std::process::Command::new("bash");
         cmd.arg("-c").arg(FIRST_BYTE_COMMAND).stdin(Stdio::null());
         first_byte_of(cmd, "bash -c")
@@ -285,15 +254,7 @@ fn first_byte_pairs(exe: &Path, home: &Path, n: usize) -> Result<Paired, BenchEr
     bare()?;
     let mut p = Paired::default();
     for i in 0..n {
-        let (s, b) = if i % 2 == 0 {
-            let s = subject()?;
-            (s, bare()?)
-        } else {
-            let b = bare()?;
-            (subject()?, b)
-        };
-        p.subject.push(s);
-        p.baseline.push(b);
+        p.take(i, &mut subject, &mut bare)?;
     }
     Ok(p)
 }
@@ -366,15 +327,9 @@ fn stored_pairs(exe: &Path, many: &Path, few: &Path, n: usize) -> Result<Paired,
     }
     let mut p = Paired::default();
     for i in 0..n {
-        let (s, b) = if i % 2 == 0 {
-            let s = cli_once(exe, many, &always)?;
-            (s, cli_once(exe, few, &always)?)
-        } else {
-            let b = cli_once(exe, few, &always)?;
-            (cli_once(exe, many, &always)?, b)
-        };
-        p.subject.push(s);
-        p.baseline.push(b);
+        p.take(i, &mut || cli_once(exe, many, &always), &mut || {
+            cli_once(exe, few, &always)
+        })?;
     }
     Ok(p)
 }
@@ -389,35 +344,24 @@ fn row(
     name: &str,
     subject_is: &str,
     p: &Paired,
-    n: usize,
     sync: &[f64],
     target_added_ms: f64,
 ) -> Measurement {
     let sync_ms = median(sync);
     let added = p.added_median();
-    Measurement::new(
-        name,
-        subject_is,
-        Quantity::new(p.subject_median(), "ms"),
-        "`bash -c 'echo ok'` spawned bare",
-        Quantity::new(p.baseline_median(), "ms"),
-        Some(Quantity::new(p.added_median(), "ms")),
-        Target::AddedAtMost {
-            value: target_added_ms,
-            unit: "ms",
-        },
-        n,
-        vec![
-            p.spread("ms"),
-            format!(
-                "a durable SQLite commit (WAL, synchronous=FULL) costs {} ms on this disk (median, measured alongside); \
-                 a warm command waits for {COMMITS_PER_COMMAND} (its start and its result ride on the next synced commit), so {} ms of the {} ms added are disk syncs",
-                super::fmt_num(sync_ms),
-                super::fmt_num(COMMITS_PER_COMMAND * sync_ms),
-                super::fmt_num(added),
-            ),
-        ],
-    )
+    let syncs = format!(
+        "a durable SQLite commit (WAL, synchronous=FULL) costs {} ms on this disk (median, measured alongside); \
+         a warm command waits for {COMMITS_PER_COMMAND} (its start and its result ride on the next synced commit), so {} ms of the {} ms added are disk syncs",
+        super::fmt_num(sync_ms),
+        super::fmt_num(COMMITS_PER_COMMAND * sync_ms),
+        super::fmt_num(added),
+    );
+    let target = Target::AddedAtMost {
+        value: target_added_ms,
+        unit: "ms",
+    };
+    let bare = "`bash -c 'echo ok'` spawned bare";
+    Measurement::paired_ms(name, subject_is, bare, p, target, vec![syncs])
 }
 
 /// Runs the bare baseline once and checks its answer.
@@ -464,12 +408,7 @@ fn check_output(ok: bool, stdout: &[u8], what: &str) -> Result<(), BenchError> {
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
-    // Two workers, like the `taskbox` binary.
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(BenchError::io(BENCH, "start a tokio runtime"))
+    super::runtime(BENCH)
 }
 
 /// The subject and baseline, the durable-commit probe, and the local provider's exec alone
@@ -604,7 +543,7 @@ fn cli(
     if env.is_empty() {
         env.push(("TASKBOX_SERVER".into(), "always".into()));
     }
-    let subject = || cli_once(exe, home, &env);
+    let mut subject = || cli_once(exe, home, &env);
     for _ in 0..WARMUP {
         subject()?;
         bare_sync()?;
@@ -612,15 +551,7 @@ fn cli(
     let mut p = Paired::default();
     let mut sync = Vec::with_capacity(n);
     for i in 0..n {
-        let (s, b) = if i % 2 == 0 {
-            let s = subject()?;
-            (s, bare_sync()?)
-        } else {
-            let b = bare_sync()?;
-            (subject()?, b)
-        };
-        p.subject.push(s);
-        p.baseline.push(b);
+        p.take(i, &mut subject, &mut bare_sync)?;
         sync.push(probe.commit_one()?);
     }
     Ok((p, sync))
@@ -755,7 +686,7 @@ fn cli_isolated(
 }
 
 /// The row of isolated commands against bare `bwrap` (its pairs empty: `bwrap` is missing).
-fn bwrap_row(b: &Paired, n: usize) -> Measurement {
+fn bwrap_row(b: &Paired) -> Measurement {
     let bwrap = format!(
         "`bwrap {} bash -c '{COMMAND}'` spawned bare",
         BWRAP_ARGS.join(" ")
@@ -775,20 +706,9 @@ fn bwrap_row(b: &Paired, n: usize) -> Measurement {
             vec!["not measured: `bwrap` is not installed (Debian/Ubuntu: `apt-get install bubblewrap`)".to_string()],
         );
     }
-    Measurement::new(
-        "overhead.cli_isolated_bwrap",
-        subject_is,
-        Quantity::new(b.subject_median(), "ms"),
-        bwrap,
-        Quantity::new(b.baseline_median(), "ms"),
-        Some(Quantity::new(b.added_median(), "ms")),
-        Target::Report,
-        n,
-        vec![
-            b.spread("ms"),
-            "bwrap makes every namespace afresh per command; taskbox enters its sandbox's (made once, at its first command) and runs the command through the server".to_string(),
-        ],
-    )
+    let why = "bwrap makes every namespace afresh per command; taskbox enters its sandbox's (made once, at its first command) and runs the command through the server";
+    let name = "overhead.cli_isolated_bwrap";
+    Measurement::paired_ms(name, subject_is, bwrap, b, Target::Report, vec![why.into()])
 }
 
 /// New tasks' first `taskbox run` (a server runs for `home`) against bare `bash -c`,
@@ -822,15 +742,7 @@ fn first_commands(exe: &Path, home: &Path, n: usize) -> Result<Paired, BenchErro
     bare_sync()?;
     let mut p = Paired::default();
     for i in 0..n {
-        let (s, b) = if i % 2 == 0 {
-            let s = subject()?;
-            (s, bare_sync()?)
-        } else {
-            let b = bare_sync()?;
-            (subject()?, b)
-        };
-        p.subject.push(s);
-        p.baseline.push(b);
+        p.take(i, &mut subject, &mut bare_sync)?;
     }
     Ok(p)
 }

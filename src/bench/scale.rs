@@ -26,7 +26,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::stats::{median, percentile};
-use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
+use super::{BenchError, Ctx, Measurement, Quantity, Target};
 use crate::clock::TokioClock;
 use crate::config::Config;
 use crate::engine::Orchestrator;
@@ -489,11 +489,7 @@ fn spawn_child(ctx: &Ctx<'_>, kind: ChildKind, tasks: usize) -> Result<ScaleRun,
 }
 
 pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
-    let (tasks, reps) = match ctx.opts.mode {
-        Mode::Quick => (300, 1),
-        Mode::Standard => (10_000, 1),
-        Mode::Full => (10_000, 3),
-    };
+    let (tasks, reps) = ctx.opts.mode.pick((300, 1), (10_000, 1), (10_000, 3));
     let mut engine = Vec::new();
     let mut direct = Vec::new();
     for rep in 0..reps {

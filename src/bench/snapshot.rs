@@ -28,7 +28,7 @@ use std::time::Instant;
 use super::stats::Paired;
 use super::workspace::LARGE_FILE;
 use super::workspace::{generate_workspace, TreeSpec, TreeStats};
-use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
+use super::{BenchError, Ctx, Measurement, Quantity, Target};
 use crate::clock::SystemClock;
 use crate::config::{Config, LocalIsolation};
 use crate::ids::{SnapshotId, TaskId};
@@ -461,11 +461,11 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
     for tool in ["tar", "zstd"] {
         require(tool)?;
     }
-    let (tree, rounds) = match ctx.opts.mode {
-        Mode::Quick => (TreeSpec::quick(), 2),
-        Mode::Standard => (TreeSpec::standard(), 3),
-        Mode::Full => (TreeSpec::full(), 3),
-    };
+    let (tree, rounds) = ctx.opts.mode.pick(
+        (TreeSpec::quick(), 2),
+        (TreeSpec::standard(), 3),
+        (TreeSpec::full(), 3),
+    );
     ctx.say(&format!(
         "snapshot: a workspace of {} files, {rounds} rounds",
         tree.file_count()

@@ -33,6 +33,26 @@ pub struct Paired {
 }
 
 impl Paired {
+    /// Takes the `i`th pair: `subject` and `baseline` one after the other, the one going first
+    /// alternating with `i` so that neither always follows the other; the baseline's sample.
+    pub fn take<E>(
+        &mut self,
+        i: usize,
+        subject: &mut impl FnMut() -> Result<f64, E>,
+        baseline: &mut impl FnMut() -> Result<f64, E>,
+    ) -> Result<f64, E> {
+        let (s, b) = if i.is_multiple_of(2) {
+            let s = subject()?;
+            (s, baseline()?)
+        } else {
+            let b = baseline()?;
+            (subject()?, b)
+        };
+        self.subject.push(s);
+        self.baseline.push(b);
+        Ok(b)
+    }
+
     /// Median of the subject samples.
     pub fn subject_median(&self) -> f64 {
         median(&self.subject)

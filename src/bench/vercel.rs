@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use super::server::{taskbox, BenchServer};
 use super::stats::median;
-use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
+use super::{BenchError, Ctx, Measurement, Quantity, Target};
 use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::engine::Orchestrator;
@@ -269,11 +269,7 @@ async fn cli_per_command(
 }
 
 pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
-    let (commands, lifecycles) = match ctx.opts.mode {
-        Mode::Quick => (5, 1),
-        Mode::Standard => (50, 3),
-        Mode::Full => (100, 5),
-    };
+    let (commands, lifecycles) = ctx.opts.mode.pick((5, 1), (50, 3), (100, 5));
     ctx.say(&format!(
         "vercel: {commands} warm commands and {lifecycles} lifecycles against the fake server"
     ));

@@ -588,6 +588,33 @@ pub(super) fn check_all(
     }
 }
 
+/// Of the sandboxes the platform knows, those running (after reconciliation).
+pub(super) fn live(sandboxes: &[PlatformSandbox]) -> Vec<PlatformSandbox> {
+    sandboxes.iter().filter(|s| s.live).cloned().collect()
+}
+
+/// A seed's report on real time (`--http`, `--fleet`): no digest, no kept home, its span the
+/// seed's wall time since `started`; the caller fills in what it found.
+pub(super) fn real_time_report(
+    seed: u64,
+    opts: &super::ChaosOptions,
+    started: std::time::Instant,
+) -> super::SeedReport {
+    super::SeedReport {
+        seed,
+        tasks: opts.tasks,
+        counts: super::RunCounts::default(),
+        snapshots_expired: Vec::new(),
+        stale_sandboxes: 0,
+        violations: Vec::new(),
+        digest: String::new(),
+        virtual_ms: started.elapsed().as_millis() as u64,
+        home: None,
+        journal_file: None,
+        repro: opts.repro_command(seed),
+    }
+}
+
 /// What a seed's run left behind, for [`check_and_export`]: the arguments of [`check_all`],
 /// where the journal goes and when.
 pub(super) struct Evidence<'a> {

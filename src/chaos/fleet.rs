@@ -541,11 +541,7 @@ async fn seed_run(
         .filter(|s| s.installation_id == installation)
         .map(Into::into)
         .collect();
-    let live: Vec<PlatformSandbox> = platform_sandboxes
-        .iter()
-        .filter(|s| s.live)
-        .cloned()
-        .collect();
+    let live = driver::live(&platform_sandboxes);
     violations.extend(check::one_writer_per_token(&rec.entries, &writes));
     let data_dir = home.join("data");
     let (checked, journal_file) = driver::check_and_export(
@@ -577,18 +573,12 @@ async fn seed_run(
     counts.requests_moved = f.moved.load(Ordering::Relaxed);
     counts.takeovers = takeovers(&writes);
     Ok(SeedReport {
-        seed,
-        tasks: opts.tasks,
         counts,
         snapshots_expired: checked.expired,
         stale_sandboxes: checked.stale,
         violations,
-        digest: String::new(),
-        // Real time: the seed's span is its wall time.
-        virtual_ms: started.elapsed().as_millis() as u64,
-        home: None,
         journal_file,
-        repro: opts.repro_command(seed),
+        ..driver::real_time_report(seed, opts, started)
     })
 }
 

@@ -441,17 +441,11 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
         let _ = fake.shutdown().await;
     }
     Ok(SeedReport {
-        seed,
-        tasks: opts.tasks,
         counts: tally.counts(faults, stats.total, checked.counts),
         snapshots_expired: checked.expired,
-        stale_sandboxes: 0,
         violations,
-        digest: String::new(),
-        virtual_ms: started.elapsed().as_millis() as u64,
-        home: None,
         journal_file,
-        repro: opts.repro_command(seed),
+        ..driver::real_time_report(seed, opts, started)
     })
 }
 

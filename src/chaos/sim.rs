@@ -215,11 +215,7 @@ async fn seed_run(
         .collect();
     let platform_sandboxes: Vec<PlatformSandbox> = sandboxes.iter().map(Into::into).collect();
     let platform_snapshots: Vec<PlatformSnapshot> = snapshots.iter().map(Into::into).collect();
-    let live: Vec<PlatformSandbox> = platform_sandboxes
-        .iter()
-        .filter(|s| s.live)
-        .cloned()
-        .collect();
+    let live = driver::live(&platform_sandboxes);
     let (checked, journal_file) = driver::check_and_export(
         driver::Evidence {
             data_dir,

@@ -26,7 +26,7 @@ use std::time::Instant;
 use rusqlite::{params, Connection, TransactionBehavior};
 
 use super::stats::{median, percentile};
-use super::{BenchError, Ctx, Measurement, Mode, Quantity, Target};
+use super::{BenchError, Ctx, Measurement, Quantity, Target};
 use crate::config::Config;
 use crate::core::{step, Command, Event, Millis, Task, TaskSettings, TaskState};
 use crate::ids::TaskId;
@@ -562,11 +562,10 @@ fn json_bytes(dir: &Path, label: &str) -> Result<String, BenchError> {
 pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
     // Short rounds, many of them: the two sides alternate every few disk syncs, so a burst of
     // a neighbour's I/O hits both alike.
-    let (rounds, per_round, batch_per_round) = match ctx.opts.mode {
-        Mode::Quick => (5, 10, 2 * BATCH),
-        Mode::Standard => (41, 10, 2 * BATCH),
-        Mode::Full => (81, 10, 2 * BATCH),
-    };
+    let (rounds, per_round, batch_per_round) =
+        ctx.opts
+            .mode
+            .pick((5, 10, 2 * BATCH), (41, 10, 2 * BATCH), (81, 10, 2 * BATCH));
     let dir = ctx.subdir("journal")?;
     let settings = Config::default().task_settings();
     let per_task = lifecycle("probe", &settings)?.len();

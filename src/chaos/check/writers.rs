@@ -105,59 +105,52 @@ mod tests {
         }
     }
 
-    fn write(task_seq: u64, token: i64, owner: &str) -> FencedWrite {
-        FencedWrite {
-            task_id: "t".into(),
-            task_seq,
-            token,
-            owner: owner.into(),
-        }
+    /// The writes of entries 1, 2, …, each at its `(token, owner)`.
+    fn writes(by: &[(i64, &str)]) -> Vec<FencedWrite> {
+        (1..)
+            .zip(by)
+            .map(|(task_seq, &(token, owner))| FencedWrite {
+                task_id: "t".into(),
+                task_seq,
+                token,
+                owner: owner.into(),
+            })
+            .collect()
+    }
+
+    /// The one violation of `ws` over `entries`, and that it is one-writer-per-token's.
+    fn only_violation(entries: &[JournalEntry], ws: &[FencedWrite]) -> String {
+        let v = one_writer_per_token(entries, ws);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].invariant, Invariant::OneWriterPerToken);
+        v[0].detail.clone()
     }
 
     #[test]
     fn a_takeover_is_clean_and_a_stale_or_unfenced_or_shared_write_is_not() {
         let entries: Vec<_> = (1..=4).map(entry).collect();
-        let clean = [
-            write(1, 5, "a"),
-            write(2, 5, "a"),
-            write(3, 9, "b"),
-            write(4, 9, "b"),
-        ];
+        let clean = writes(&[(5, "a"), (5, "a"), (9, "b"), (9, "b")]);
         assert_eq!(one_writer_per_token(&entries, &clean), []);
 
         // A stale owner writes after the takeover.
-        let stale = [
-            write(1, 5, "a"),
-            write(2, 9, "b"),
-            write(3, 5, "a"),
-            write(4, 9, "b"),
-        ];
-        let v = one_writer_per_token(&entries, &stale);
-        assert_eq!(v.len(), 1, "{v:?}");
-        assert_eq!(v[0].invariant, Invariant::OneWriterPerToken);
+        let stale = writes(&[(5, "a"), (9, "b"), (5, "a"), (9, "b")]);
+        let detail = only_violation(&entries, &stale);
         assert!(
-            v[0].detail.contains("entry 3 was written at token 5 by a"),
-            "{v:?}"
+            detail.contains("entry 3 was written at token 5 by a"),
+            "{detail}"
         );
 
         // Two writers at one token.
-        let shared = [
-            write(1, 5, "a"),
-            write(2, 5, "b"),
-            write(3, 6, "b"),
-            write(4, 6, "b"),
-        ];
-        let v = one_writer_per_token(&entries, &shared);
-        assert_eq!(v.len(), 1, "{v:?}");
-        assert!(v[0].detail.contains("which a wrote at too"), "{v:?}");
+        let shared = writes(&[(5, "a"), (5, "b"), (6, "b"), (6, "b")]);
+        let detail = only_violation(&entries, &shared);
+        assert!(detail.contains("which a wrote at too"), "{detail}");
 
         // An entry nobody fenced.
-        let v = one_writer_per_token(&entries, &clean[..3]);
-        assert_eq!(v.len(), 1, "{v:?}");
-        assert!(v[0].detail.contains("entry 4"), "{v:?}");
+        let detail = only_violation(&entries, &clean[..3]);
+        assert!(detail.contains("entry 4"), "{detail}");
         assert!(
-            v[0].detail.contains("without a lease's fencing token"),
-            "{v:?}"
+            detail.contains("without a lease's fencing token"),
+            "{detail}"
         );
     }
 }

@@ -233,21 +233,7 @@ impl LocalProvider {
                     })?;
                 report.path = PathBuf::from(format!("/proc/self/fd/{}", enter.report_fd()));
                 let script = wrap_command(&req.command, &report.path, &cwd_file, None);
-                let mut command = tokio::process::Command::new("bash");
-                command
-                    .arg("-c")
-                    .arg(script)
-                    .stdin(if io.stdin.is_some() {
-                        Stdio::piped()
-                    } else {
-                        Stdio::null()
-                    })
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    // A clean environment: nothing of the server's reaches the command.
-                    .env_clear()
-                    .envs(full.iter().copied())
-                    .process_group(0);
+                let mut command = bash_command(script, io.stdin.is_some(), &full);
                 // SAFETY: `Enter::run` makes only async-signal-safe system calls on what
                 // `Enter::new` prepared (see `isolation::enter`).
                 unsafe {
@@ -267,23 +253,8 @@ impl LocalProvider {
                 let script = wrap_command(&req.command, &report.path, &cwd_file, cgroup.as_ref());
                 // No `pre_exec` hook: the standard library then spawns with `posix_spawn` (a
                 // `vfork`), not by forking this whole process.
-                let mut command = tokio::process::Command::new("bash");
-                command
-                    .arg("-c")
-                    .arg(script)
-                    .current_dir(&cwd)
-                    .stdin(if io.stdin.is_some() {
-                        Stdio::piped()
-                    } else {
-                        Stdio::null()
-                    })
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    // A clean environment: nothing of the server's reaches the command.
-                    .env_clear()
-                    .envs(full.iter().copied())
-                    // Its own process group, so a timeout kills everything the command started.
-                    .process_group(0);
+                let mut command = bash_command(script, io.stdin.is_some(), &full);
+                command.current_dir(&cwd);
                 match command.spawn() {
                     Ok(child) => Started::spawned(child),
                     // Discarded since the check above: its directory went away under the spawn.
@@ -668,7 +639,8 @@ const DISK_FULL_BELOW: u64 = 1 << 20;
 /// The note for a command that failed while the disk holding the workspaces (the local
 /// backend's `root`, in the data dir) is full, or `None` when it is not.
 fn disk_full_note(root: &Path) -> Option<String> {
-    let (available, total) = super::fsutil::free_space(root).ok()?;
+    let crate::store::reserve::Space { available, total } =
+        crate::store::reserve::space(root).ok()?;
     let mb = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
     (available < DISK_FULL_BELOW).then(|| {
         format!(
@@ -765,6 +737,23 @@ fn wrap_command(command: &str, report: &Path, cwd_file: &Path, cgroup: Option<&J
     script.extend_from_slice(b" EXIT; ");
     script.extend_from_slice(command.as_bytes());
     OsString::from_vec(script)
+}
+
+/// `bash -c SCRIPT` with piped output (and stdin when the caller has some), a clean
+/// environment of `env` only (nothing of the server's reaches the command) and a process group
+/// of its own (a timeout or a cancel kills everything the command started).
+fn bash_command(script: OsString, stdin: bool, env: &[(&str, &OsStr)]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new("bash");
+    command
+        .arg("-c")
+        .arg(script)
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env_clear()
+        .envs(env.iter().copied())
+        .process_group(0);
+    command
 }
 
 #[cfg(test)]

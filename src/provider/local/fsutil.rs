@@ -57,22 +57,3 @@ pub(super) fn remove_tree(path: &Path) -> io::Result<()> {
         }
     }
 }
-
-/// The bytes an unprivileged writer may still use on the filesystem holding `path`, and its
-/// size.
-pub(super) fn free_space(path: &Path) -> io::Result<(u64, u64)> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: an all-zero `statvfs` is a valid value (plain integers).
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated path; `st` is ours for statvfs to fill.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let unit = st.f_frsize as u64;
-    Ok((
-        (st.f_bavail as u64).saturating_mul(unit),
-        (st.f_blocks as u64).saturating_mul(unit),
-    ))
-}

@@ -191,6 +191,27 @@ pub(super) struct CloneArgs {
     pub(super) cgroup: u64,
 }
 
+impl CloneArgs {
+    /// `clone3` with these arguments: 0 in the child, the child's pid in the parent, or -1
+    /// (the error in `errno`). With no stack, the child continues on its copy of this thread's
+    /// stack, as after a `fork`.
+    ///
+    /// # Safety
+    /// As a `fork` of a multi-threaded process: until it execs or exits, the child may make
+    /// only async-signal-safe calls on values prepared before the clone, and must not return
+    /// into code that allocates or takes a lock.
+    pub(super) unsafe fn clone3(&self) -> libc::c_long {
+        // SAFETY: `self` is a valid `clone_args` of the size passed; the rest is the caller's.
+        unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                std::ptr::from_ref(self),
+                std::mem::size_of::<CloneArgs>(),
+            )
+        }
+    }
+}
+
 const CLONE_PIDFD: u64 = 0x1000;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
@@ -364,15 +385,9 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> Result<Started, CloneError> 
         }
         old
     };
-    // SAFETY: `args` is a valid `clone_args` of the size passed, with no stack: the child
-    // continues on its copy of this thread's stack, as after a `fork`.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            std::ptr::from_ref(&args),
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
+    // SAFETY: the child runs only `child_exec`, which makes async-signal-safe calls on the
+    // values prepared above and never returns.
+    let r = unsafe { args.clone3() };
     if r == 0 {
         // SAFETY: this is the child of the clone above (one thread, a copy of this process's
         // memory), and the pointers are to the values prepared before it, alive in the copy.

@@ -110,13 +110,7 @@ impl Init {
         // process (one thread, this one) and continues here with 0. It runs only `child`,
         // which makes async-signal-safe system calls on the plan prepared above and never
         // returns.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_clone3,
-                std::ptr::from_ref(&args),
-                std::mem::size_of::<CloneArgs>(),
-            )
-        };
+        let r = unsafe { args.clone3() };
         if r == 0 {
             // SAFETY: in the child of the clone above, as `child` requires.
             unsafe { child(&plan, keep) }
