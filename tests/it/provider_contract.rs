@@ -14,9 +14,11 @@ use std::time::Duration;
 
 use taskbox::chaos::PlantedBug;
 use taskbox::clock::{Clock, SystemClock, TokioClock};
+use taskbox::config::Config;
 use taskbox::core::{FailureKind, Millis};
 use taskbox::fake::{DropCreate, DropMode, FakeOptions, FakeServer, Faults};
 use taskbox::ids::{SandboxId, SnapshotId};
+use taskbox::provider::local::isolation::Settings;
 use taskbox::provider::local::LocalProvider;
 use taskbox::provider::sim::{SimFaults, SimProvider};
 use taskbox::provider::vercel::auth::Credentials;
@@ -457,11 +459,34 @@ fn real_time_runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// The local provider: real processes and files under a temporary data dir, on a manual clock.
+/// The local provider: real processes and files under a temporary data dir, on a manual clock;
+/// unisolated (the bare `LocalProvider::new`).
 struct Local {
     _dir: tempfile::TempDir,
     clock: Arc<ManualClock>,
     provider: LocalProvider,
+}
+
+impl Local {
+    /// A provider isolating its sandboxes as `isolation` says (none: unisolated).
+    fn open(isolation: Option<Settings>) -> Local {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(ManualClock(AtomicU64::new(START_MS)));
+        let mut provider = LocalProvider::new(
+            dir.path().join("local"),
+            INSTALLATION.to_string(),
+            clock.clone(),
+        )
+        .expect("provider");
+        if let Some(settings) = isolation {
+            provider = provider.with_isolation(settings);
+        }
+        Local {
+            _dir: dir,
+            clock,
+            provider,
+        }
+    }
 }
 
 impl Subject for Local {
@@ -470,20 +495,7 @@ impl Subject for Local {
         F: FnOnce(Self) -> Fut,
         Fut: Future<Output = ()>,
     {
-        let rt = real_time_runtime();
-        let dir = tempfile::tempdir().expect("temp dir");
-        let clock = Arc::new(ManualClock(AtomicU64::new(START_MS)));
-        let provider = LocalProvider::new(
-            dir.path().join("local"),
-            INSTALLATION.to_string(),
-            clock.clone(),
-        )
-        .expect("provider");
-        rt.block_on(promise(Local {
-            _dir: dir,
-            clock,
-            provider,
-        }));
+        real_time_runtime().block_on(promise(Local::open(None)));
     }
 
     fn provider(&self) -> &dyn SandboxProvider {
@@ -498,6 +510,40 @@ impl Subject for Local {
         self.clock.advance(ms);
         // Real processes run in real time: give them a moment to get where the test waits.
         tokio::time::sleep(Duration::from_millis(ms.min(20))).await;
+    }
+
+    fn lose_next_create(&self) -> bool {
+        false
+    }
+
+    fn heal(&self) {}
+}
+
+/// The local provider as the default configuration makes it: each sandbox in namespaces of its
+/// own (`terminal.local_isolation = namespaces`, its network through pasta), its limits.
+struct LocalIsolated(Local);
+
+impl Subject for LocalIsolated {
+    fn run<F, Fut>(promise: F)
+    where
+        F: FnOnce(Self) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let settings = Settings::of(&Config::default().terminal);
+        assert!(settings.namespaces(), "isolation is the default");
+        real_time_runtime().block_on(promise(LocalIsolated(Local::open(Some(settings)))));
+    }
+
+    fn provider(&self) -> &dyn SandboxProvider {
+        self.0.provider()
+    }
+
+    fn now(&self) -> Millis {
+        self.0.now()
+    }
+
+    async fn pass(&self, ms: u64) {
+        self.0.pass(ms).await;
     }
 
     fn lose_next_create(&self) -> bool {
@@ -755,5 +801,6 @@ macro_rules! promises {
 }
 
 contract!(Local, local);
+contract!(LocalIsolated, local_isolated);
 contract!(Sim, sim);
 contract!(Vercel, vercel);
