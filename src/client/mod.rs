@@ -22,6 +22,8 @@
 pub mod autostart;
 pub mod blocking;
 pub mod body;
+mod liveness;
+mod remote;
 mod watch;
 pub mod wire;
 
@@ -39,6 +41,9 @@ use crate::engine::{GcReport, ResumeResult, RunResult, SuspendResult};
 use crate::ids::TaskId;
 use crate::provider::live::cancel_requested;
 use crate::provider::{CancelSignal, ExecIo};
+pub use liveness::{answer_wait, process_stopped, server_pid};
+use remote::owner_address;
+pub use remote::Remote;
 pub use watch::Watch;
 pub use wire::{ApiError, Health, WatchEvent, SOCKET_FILE};
 use wire::{CancelRequest, GcRequest, RunEvent, RunRequest, API_PREFIX};
@@ -168,95 +173,6 @@ impl ClientError {
                 ..
             } => Some(format!("{hint} (the server's log: {})", log.display())),
             ClientError::Start { log, .. } => Some(format!("see {}", log.display())),
-        }
-    }
-}
-
-/// A server on another machine, reached over TCP (`taskbox --server URL`): where it listens
-/// and the bearer token it wants. Its `Debug` and every message name the URL, never the token.
-#[derive(Clone)]
-pub struct Remote {
-    /// The URL as the user gave it, without a trailing `/`.
-    url: String,
-    /// `host:port`, to connect to and to send as `Host`.
-    authority: String,
-    /// The bearer token.
-    token: Arc<String>,
-}
-
-impl std::fmt::Debug for Remote {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Remote")
-            .field("url", &self.url)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Remote {
-    /// A server at `url` (`http://HOST:PORT`, as `taskbox serve --listen` prints it), with
-    /// its bearer `token`: refused when the URL is not plain HTTP to a host, or the token is
-    /// missing or empty.
-    pub fn new(url: &str, token: Option<&str>) -> Result<Remote, ClientError> {
-        let bad = |what: String, hint: &str| ClientError::BadRemote {
-            what,
-            hint: hint.to_string(),
-        };
-        let form = "give it as http://HOST:PORT, the address of `taskbox serve --listen HOST:PORT`";
-        let Some(rest) = url.strip_prefix("http://") else {
-            return Err(if url.starts_with("https://") {
-                bad(
-                    format!("the server URL {url} is https: taskbox serve speaks plain HTTP"),
-                    "use http://HOST:PORT, and put the server behind a TLS tunnel or proxy of your own (ssh -L, a load balancer) when the network is not trusted",
-                )
-            } else {
-                bad(
-                    format!("the server URL `{url}` is not an http:// URL"),
-                    form,
-                )
-            });
-        };
-        let authority = rest.trim_end_matches('/');
-        if authority.is_empty() || authority.contains(['/', '@', '?', '#', ' ']) {
-            return Err(bad(
-                format!("the server URL `{url}` is not http://HOST:PORT (no user, path or query)"),
-                form,
-            ));
-        }
-        let authority = match authority.rsplit_once(':') {
-            Some((_, port)) if port.parse::<u16>().is_ok() => authority.to_string(),
-            _ if authority.ends_with(']') || !authority.contains(':') => format!("{authority}:80"),
-            _ => {
-                return Err(bad(
-                    format!("the server URL `{url}` has no valid port"),
-                    form,
-                ))
-            }
-        };
-        let token = token.map(str::trim).unwrap_or_default();
-        if token.is_empty() {
-            return Err(bad(
-                format!("--server {url} needs the server's bearer token"),
-                "set TASKBOX_TOKEN, or pass --token-file FILE with the token of the server's --token-file",
-            ));
-        }
-        Ok(Remote {
-            url: format!("http://{}", rest.trim_end_matches('/')),
-            authority,
-            token: Arc::new(token.to_string()),
-        })
-    }
-
-    /// The URL, for messages.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
-    /// The same token at another server's address (`HOST:PORT`).
-    fn at(&self, authority: &str) -> Remote {
-        Remote {
-            url: format!("http://{authority}"),
-            authority: authority.to_string(),
-            token: self.token.clone(),
         }
     }
 }
@@ -706,93 +622,6 @@ impl Client {
     }
 }
 
-impl Client {
-    /// Waits for `answer` (a request's answer head) as long as the server is alive: each
-    /// [`answer_wait`] without it, the server is looked at — its process stopped, or a health
-    /// probe on a second connection unanswered within the same bound, is
-    /// [`ClientError::NoAnswer`]. A slow answer of a live server (a suspend snapshotting
-    /// gigabytes) is waited for.
-    async fn answered<F: std::future::Future>(&self, answer: F) -> Result<F::Output, ClientError> {
-        tokio::pin!(answer);
-        let mut waited = std::time::Duration::ZERO;
-        loop {
-            match tokio::time::timeout(self.answer_wait, &mut answer).await {
-                Ok(out) => return Ok(out),
-                Err(_) => waited += self.answer_wait,
-            }
-            // A remote server's process is not this machine's to look at: only the probe.
-            let pid = match self.remote {
-                Some(_) => None,
-                None => server_pid(&self.data_dir),
-            };
-            let stopped = pid.is_some_and(process_stopped);
-            let alive = !stopped
-                && tokio::time::timeout(self.answer_wait, self.probe())
-                    .await
-                    .unwrap_or(false);
-            if !alive {
-                return Err(ClientError::NoAnswer {
-                    data_dir: self.data_dir.clone(),
-                    pid,
-                    stopped,
-                    waited_secs: waited.as_secs(),
-                });
-            }
-        }
-    }
-
-    /// Whether `GET /v1/health` answers on a connection of its own.
-    async fn probe(&self) -> bool {
-        let probe = async {
-            let stream = self.connect().await.ok()?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .ok()?;
-            let driver = AbortOnDrop(tokio::spawn(conn));
-            let req = Request::builder()
-                .method(Method::GET)
-                .uri(format!("{API_PREFIX}/health"))
-                .header(hyper::header::HOST, "taskbox")
-                .body(Full::new(Bytes::new()))
-                .ok()?;
-            let resp = sender.send_request(req).await.ok()?;
-            drop(driver);
-            Some(resp.status() == StatusCode::OK)
-        };
-        probe.await.unwrap_or(false)
-    }
-}
-
-/// How long the CLI waits for a server's answer before it looks whether the server is alive:
-/// `TASKBOX_ANSWER_WAIT` seconds (at least 1), else 20 s.
-pub fn answer_wait() -> std::time::Duration {
-    let secs = std::env::var("TASKBOX_ANSWER_WAIT")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|s| *s > 0)
-        .unwrap_or(20);
-    std::time::Duration::from_secs(secs)
-}
-
-/// The pid of the server of `data_dir`, as it wrote itself into its serve lock.
-pub fn server_pid(data_dir: &Path) -> Option<u32> {
-    std::fs::read_to_string(data_dir.join("serve.lock"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
-/// Whether the process `pid` is stopped (`T`, by SIGSTOP or a debugger: `t`), from
-/// `/proc/PID/stat`; false when it cannot be read.
-pub fn process_stopped(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The state follows the command's name, which is in parentheses and may hold any byte.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim_start().chars().next())
-        .is_some_and(|state| state == 'T' || state == 't')
-}
-
 /// An error answer's body (from the server at `server`) as the [`ApiError`] it should be.
 fn api_error(server: &str, status: StatusCode, body: &[u8]) -> ClientError {
     match serde_json::from_slice::<ApiError>(body) {
@@ -802,27 +631,6 @@ fn api_error(server: &str, status: StatusCode, body: &[u8]) -> ClientError {
             what: format!("answered {status}: {}", String::from_utf8_lossy(body)),
         },
     }
-}
-
-/// The TCP address a `task_elsewhere` answer names for the task's owner: its message quotes
-/// the owner as `` `HOST pid N since T at ADDR` `` (`at ADDR` only when that server listens on
-/// TCP). `None` without one, or for an address no client can dial (`0.0.0.0`, `[::]`).
-fn owner_address(error: &ApiError) -> Option<String> {
-    if error.code != "task_elsewhere" {
-        return None;
-    }
-    // The quoted parts are the task (`` `t1` ``) and the owner; the owner's has a pid.
-    let owner = error
-        .message
-        .split('`')
-        .skip(1)
-        .step_by(2)
-        .find(|quoted| quoted.contains(" pid "))?;
-    let (_, addr) = owner.rsplit_once(" at ")?;
-    let addr = addr.trim();
-    let (host, port) = addr.rsplit_once(':')?;
-    let unspecified = matches!(host, "0.0.0.0" | "[::]" | "::" | "");
-    (port.parse::<u16>().is_ok() && !unspecified).then(|| addr.to_string())
 }
 
 /// Refuses a socket file that belongs to another user: its owner would see every command.
