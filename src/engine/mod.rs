@@ -43,6 +43,7 @@ mod lease;
 // sleep paces it, so both follow a paused clock in simulation.
 #[allow(clippy::disallowed_methods)]
 mod lock;
+mod new_task;
 mod owner;
 mod paths;
 mod unload;
