@@ -3,17 +3,15 @@
 //! ended in recorded for the next command. Its output is forwarded as it is read, and its stdin
 //! fed from the caller's, when the exec has a live side ([`ExecIo`]).
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use super::cgroup::Join;
 use super::error::LocalError;
 use super::inflight::InFlight;
 use super::isolation;
@@ -23,36 +21,12 @@ use super::kill::{
 };
 use super::names::SandboxName;
 use super::output::{Captured, Pump};
+use super::script::{bash_command, host_environment, wrap_command};
 use super::spawn::{self, Spec, Started};
 use super::workspace::{relative_cwd, resolve_cwd};
 use super::{LocalProvider, Slot};
 use crate::provider::live::cancel_requested;
 use crate::provider::{ExecIo, ExecOutput, ExecRequest, OutputStream};
-
-/// The clean base of an unisolated command's environment: the server user's `PATH`, `HOME`,
-/// `USER`, `LOGNAME`, `LANG`, `LC_ALL`, `TZ` and `TMPDIR` where set (it runs as that user, on
-/// the host's filesystem), `PATH` and `LANG` else the isolated sandbox's, `TERM` else `dumb`,
-/// and the `TASKBOX_*` variables in `taskbox`. Nothing else of the server's environment —
-/// tokens, the variables of whoever started it — reaches a command.
-fn host_environment<'a>(taskbox: &'a [(&'a str, &'a OsStr)]) -> Vec<(&'a str, OsString)> {
-    let mut env: Vec<(&str, OsString)> = isolation::environment(&[])
-        .into_iter()
-        .filter(|(k, _)| *k != "HOME")
-        .map(|(k, v)| {
-            (
-                k,
-                std::env::var_os(k).filter(|v| !v.is_empty()).unwrap_or(v),
-            )
-        })
-        .collect();
-    for key in ["HOME", "USER", "LOGNAME", "LC_ALL", "TZ", "TMPDIR"] {
-        if let Some(v) = std::env::var_os(key) {
-            env.push((key, v));
-        }
-    }
-    env.extend(taskbox.iter().map(|(k, v)| (*k, v.to_os_string())));
-    env
-}
 
 /// How often a running command checks the sandbox deadline. The deadline lives on the injected
 /// clock (which may be virtual), so it is polled rather than turned into a timer. A cancelled
@@ -717,47 +691,11 @@ fn exit_code(status: ExitStatus) -> i32 {
         .unwrap_or(-1)
 }
 
-/// The script `bash -c` runs: the user's command, preceded (on the same line, so its line
-/// numbers are unchanged) by the join of the sandbox's cgroup ([`Join::script`], when there is
-/// one) and an EXIT trap that writes the final working directory to `report` (the report
-/// pipe's path; `cwd_file` when that cannot be opened) and exits with the command's own status. The trap also runs on `exit N`; it writes nothing to
-/// the command's stdout or stderr. (Subshells do not inherit the trap, so only the command's own
-/// shell reports.)
-fn wrap_command(command: &str, report: &Path, cwd_file: &Path, cgroup: Option<&Join>) -> OsString {
-    // `builtin` in case the command defined functions of these names; `>|` in case it set
-    // noclobber; `|| true` in case it set errexit and its directory was deleted meanwhile.
-    let mut trap_body = b"__taskbox_status=$?; { builtin pwd -P >| ".to_vec();
-    trap_body.extend_from_slice(&crate::shell::quote_bytes(report.as_os_str().as_bytes()));
-    trap_body.extend_from_slice(b"; } 2>/dev/null || { builtin pwd -P >| ");
-    trap_body.extend_from_slice(&crate::shell::quote_bytes(cwd_file.as_os_str().as_bytes()));
-    trap_body.extend_from_slice(b"; } 2>/dev/null || true; builtin exit $__taskbox_status");
-    let mut script = cgroup.map(|c| c.script(cwd_file)).unwrap_or_default();
-    script.extend_from_slice(b"trap ");
-    script.extend_from_slice(&crate::shell::quote_bytes(&trap_body));
-    script.extend_from_slice(b" EXIT; ");
-    script.extend_from_slice(command.as_bytes());
-    OsString::from_vec(script)
-}
-
-/// `bash -c SCRIPT` with piped output (and stdin when the caller has some), a clean
-/// environment of `env` only (nothing of the server's reaches the command) and a process group
-/// of its own (a timeout or a cancel kills everything the command started).
-fn bash_command(script: OsString, stdin: bool, env: &[(&str, &OsStr)]) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new("bash");
-    command
-        .arg("-c")
-        .arg(script)
-        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env_clear()
-        .envs(env.iter().copied())
-        .process_group(0);
-    command
-}
-
 #[cfg(test)]
 mod tests {
+    use std::os::unix::ffi::OsStrExt;
+    use std::process::Stdio;
+
     use super::*;
 
     /// Runs `wrap_command`'s script in `dir` with `report` as the report path.

@@ -87,6 +87,7 @@ mod kill;
 mod lifecycle;
 mod names;
 mod output;
+mod script;
 mod snapshot;
 mod spawn;
 mod temp;
