@@ -474,23 +474,6 @@ fn the_data_dir_is_private_whatever_the_umask() {
 // Each test runs with the local sandbox unisolated and, where this machine makes namespaces
 // (always under CI), isolated: a command's environment is built from scratch on both paths.
 
-/// The `terminal.local_isolation` modes to test here: `none`, and `namespaces` unless the
-/// kernel refuses them outside CI (then skipped with a line saying so).
-#[allow(clippy::print_stderr)] // a skip says so
-fn isolation_modes(test: &str) -> Vec<&'static str> {
-    match taskbox::provider::local::isolation::probe() {
-        Ok(()) => vec!["none", "namespaces"],
-        Err(e) => {
-            assert!(
-                !crate::support::under_ci(),
-                "{test}: isolation must work under CI: {e}"
-            );
-            eprintln!("SKIPPED {test} (namespaces): {e}");
-            vec!["none"]
-        }
-    }
-}
-
 /// The `NAME=VALUE` lines of `env`'s output, by name.
 fn env_lines(out: &str) -> std::collections::BTreeMap<String, String> {
     out.lines()
@@ -513,7 +496,7 @@ fn all_bytes(dir: &std::path::Path, out: &mut Vec<u8>) {
 
 #[test]
 fn run_env_and_terminal_env_reach_the_command_and_nothing_of_the_callers_does() {
-    for mode in isolation_modes("run_env_and_terminal_env_reach_the_command") {
+    for mode in crate::support::isolation_modes("run_env_and_terminal_env_reach_the_command") {
         let home = Home::new();
         ok(&home.run(&["config", "set", "terminal.local_isolation", mode]));
         ok(&home.run(&[
@@ -649,7 +632,9 @@ fn passed_values_are_secrets_never_journaled_shown_or_echoed_in_errors() {
 /// the server, nor through it to every later command.
 #[test]
 fn an_auto_started_server_keeps_no_variable_of_its_starter_from_commands() {
-    for mode in isolation_modes("an_auto_started_server_keeps_no_variable_of_its_starter") {
+    for mode in
+        crate::support::isolation_modes("an_auto_started_server_keeps_no_variable_of_its_starter")
+    {
         let h = crate::server::ServerHome::new();
         ok(&h
             .home

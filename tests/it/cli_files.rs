@@ -322,20 +322,9 @@ fn export_snapshot_writes_a_plain_tarball() {
 /// deadline included — and restores from it, and nothing of the old sandbox runs any more.
 #[test]
 fn never_mode_keeps_files_written_past_an_unwatched_deadline_in_a_late_checkpoint() {
-    for mode in ["none", "namespaces"] {
-        if mode == "namespaces" {
-            if let Err(e) = taskbox::provider::local::isolation::probe() {
-                assert!(
-                    !crate::support::under_ci(),
-                    "isolation must work under CI: {e}"
-                );
-                #[allow(clippy::print_stderr)] // a skip says so
-                {
-                    eprintln!("SKIPPED the isolated half: {e}");
-                }
-                continue;
-            }
-        }
+    for mode in crate::support::isolation_modes(
+        "never_mode_keeps_files_written_past_an_unwatched_deadline_in_a_late_checkpoint",
+    ) {
         let home = Home::new();
         ok(&home.run(&["config", "set", "terminal.local_isolation", mode]));
         ok(&home.run(&["config", "set", "terminal.sandbox_timeout_seconds", "3"]));

@@ -723,15 +723,9 @@ impl Drop for SmallDisk {
 #[test]
 #[allow(clippy::print_stderr)] // a skip says so
 fn one_task_filling_the_disk_does_not_stop_the_others() {
-    let isolated = isolation::probe().is_ok();
-    assert!(isolated || !under_ci(), "isolation must work under CI");
-    let modes: &[&str] = if isolated {
-        &["namespaces", "none"]
-    } else {
-        eprintln!("SKIPPED the isolated half of the full-disk test: no user namespaces here");
-        &["none"]
-    };
-    for mode in modes {
+    for mode in
+        crate::support::isolation_modes("one_task_filling_the_disk_does_not_stop_the_others")
+    {
         let home = crate::support::Home::new();
         let disk = match SmallDisk::mount(home.path(), 48) {
             Ok(d) => d,
@@ -890,6 +884,16 @@ mod network {
         found
     }
 
+    /// A listener on the host's `127.0.0.1` and one on its address `ip`, with their ports.
+    /// Connections complete in their backlogs: nothing needs to accept them.
+    fn listeners(ip: Ipv4Addr) -> (TcpListener, u16, TcpListener, u16) {
+        let loopback = TcpListener::bind("127.0.0.1:0").unwrap();
+        let lo_port = loopback.local_addr().unwrap().port();
+        let outside = TcpListener::bind((ip, 0)).unwrap();
+        let out_port = outside.local_addr().unwrap().port();
+        (loopback, lo_port, outside, out_port)
+    }
+
     /// A command connecting to `ip:port` within 3 s (a refused or dropped connection fails).
     fn connect(ip: &str, port: u16) -> String {
         format!("timeout 3 bash -c 'exec 3<>/dev/tcp/{ip}/{port}'")
@@ -915,11 +919,7 @@ mod network {
         let Some(ip) = host_address_or_skip(test) else {
             return;
         };
-        // Connections complete in the listeners' backlogs: nothing needs to accept them.
-        let loopback = TcpListener::bind("127.0.0.1:0").unwrap();
-        let lo_port = loopback.local_addr().unwrap().port();
-        let outside = TcpListener::bind((ip, 0)).unwrap();
-        let out_port = outside.local_addr().unwrap().port();
+        let (loopback, lo_port, outside, out_port) = listeners(ip);
         let id = env.create("net", 1, None).await;
         let first = env.run(&id, "true").await;
         assert_eq!(first.exit_code, 0, "{first:?}");
@@ -976,10 +976,7 @@ mod network {
         let Some(ip) = host_address_or_skip(test) else {
             return;
         };
-        let loopback = TcpListener::bind("127.0.0.1:0").unwrap();
-        let lo_port = loopback.local_addr().unwrap().port();
-        let outside = TcpListener::bind((ip, 0)).unwrap();
-        let out_port = outside.local_addr().unwrap().port();
+        let (loopback, lo_port, outside, out_port) = listeners(ip);
         let id = env.create("none", 1, None).await;
         let first = env.run(&id, "true").await;
         assert_eq!(first.stderr, "", "`none` is said on purpose: no note");

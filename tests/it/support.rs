@@ -144,6 +144,21 @@ pub fn under_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "FALSE" | "False"))
 }
 
+/// The `terminal.local_isolation` modes a test of both local paths runs: `none`, and
+/// `namespaces` unless the kernel refuses them outside CI (then skipped with a line saying so;
+/// under CI that fails).
+#[allow(clippy::print_stderr)] // a skip says so
+pub fn isolation_modes(test: &str) -> Vec<&'static str> {
+    match taskbox::provider::local::isolation::probe() {
+        Ok(()) => vec!["none", "namespaces"],
+        Err(e) => {
+            assert!(!under_ci(), "{test}: isolation must work under CI: {e}");
+            eprintln!("SKIPPED {test} (namespaces): {e}");
+            vec!["none"]
+        }
+    }
+}
+
 /// Whether any process runs a command line containing `marker` (a zombie's is empty).
 pub fn process_running(marker: &str) -> bool {
     std::fs::read_dir("/proc")

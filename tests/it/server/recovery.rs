@@ -183,20 +183,9 @@ fn a_server_killed_mid_restore_is_replaced_and_recovers_the_task() {
 /// processes before anything else; isolated, the sandbox ended with its server.
 #[test]
 fn a_command_does_not_outlive_the_server_killed_under_it() {
-    for mode in ["none", "namespaces"] {
-        if mode == "namespaces" {
-            if let Err(e) = taskbox::provider::local::isolation::probe() {
-                assert!(
-                    !crate::support::under_ci(),
-                    "isolation must work under CI: {e}"
-                );
-                #[allow(clippy::print_stderr)] // a skip says so
-                {
-                    eprintln!("SKIPPED the isolated half: {e}");
-                }
-                continue;
-            }
-        }
+    for mode in
+        crate::support::isolation_modes("a_command_does_not_outlive_the_server_killed_under_it")
+    {
         let h = ServerHome::new();
         ok(&h
             .home
