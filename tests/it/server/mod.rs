@@ -103,10 +103,23 @@ pub fn sigkill(pid: i32) {
     // the serve lock's among them, are closed by then). A killed process caught in a disk sync
     // exits only when the sync returns, which on a loaded disk (a CI machine writing back a
     // fresh build) can take more than 10 s: wait long, and say so if it never goes.
+    //
+    // Every thread of it, not only its main one: the main thread of a killed process can be a
+    // zombie while another still finishes a disk sync, and until that one exits the process's
+    // descriptors stay open — its socket still listening (a client's connection is queued,
+    // then reset when the socket closes) and its serve lock still held.
     wait_for(Duration::from_secs(120), || {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // Gone, or a zombie awaiting its parent.
-        (stat.is_empty() || stat.contains(") Z")).then_some(())
+        let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Some(()); // gone
+        };
+        threads
+            .flatten()
+            .all(|t| {
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                // Gone meanwhile, or a zombie awaiting its parent.
+                stat.is_empty() || stat.contains(") Z")
+            })
+            .then_some(())
     })
     .unwrap_or_else(|| panic!("process {pid} is still alive 120 s after its SIGKILL"));
 }
