@@ -14,10 +14,9 @@ use crate::provider::registry::Check;
 pub fn checks(config: &Config) -> Vec<Check> {
     let mut checks = vec![bash_check()];
     if config.terminal.local_isolation == crate::config::LocalIsolation::Namespaces {
-        checks.extend(namespace_checks(&super::isolation::Network {
-            mode: config.terminal.local_network,
-            pasta: config.terminal.local_pasta.clone(),
-        }));
+        checks.extend(namespace_checks(
+            &super::isolation::Settings::of(&config.terminal).network,
+        ));
     } else {
         checks.push(isolation_check());
     }

@@ -48,6 +48,7 @@
 //! every restore and every fork, and for every data dir, so absolute paths a command records in
 //! its files (shebangs, virtualenvs, build caches) stay true wherever its snapshot is restored.
 
+mod dns;
 mod enter;
 mod init;
 mod limits;
@@ -112,6 +113,7 @@ impl Settings {
             network: Network {
                 mode: t.local_network,
                 pasta: t.local_pasta.clone(),
+                resolv_conf: t.local_resolv_conf.clone().into(),
             },
         }
     }
@@ -130,6 +132,9 @@ pub struct Network {
     pub mode: LocalNetwork,
     /// The `pasta` program: a bare name looked up on `PATH`, or an absolute path.
     pub pasta: String,
+    /// The resolver configuration an `isolated` sandbox gets (`terminal.local_resolv_conf`;
+    /// see `dns`).
+    pub resolv_conf: std::path::PathBuf,
 }
 
 impl Default for Network {
@@ -137,30 +142,65 @@ impl Default for Network {
         Network {
             mode: LocalNetwork::default(),
             pasta: "pasta".into(),
+            resolv_conf: crate::config::DEFAULT_RESOLV_CONF.into(),
         }
     }
 }
 
 /// Starts a sandbox's init (see [`Init::start`]) with its network as `network` says. With
 /// `isolated`, the note is what its first command must say when `pasta` could not be attached
-/// (the sandbox then has its loopback only).
+/// (the sandbox then has its loopback only) or its DNS cannot be relayed.
 pub(super) fn start(
     workspace: &Path,
     root: &Path,
     network: &Network,
 ) -> Result<(Init, Option<String>), InitError> {
-    let mut init = Init::start(workspace, root, network.mode == LocalNetwork::Host)?;
+    let isolated = network.mode == LocalNetwork::Isolated;
+    let dns = if isolated {
+        dns::plan(&network.resolv_conf)
+    } else {
+        None
+    };
+    let mut init = Init::start(
+        workspace,
+        root,
+        network.mode == LocalNetwork::Host,
+        dns.as_ref(),
+    )?;
     let mut note = None;
-    if network.mode == LocalNetwork::Isolated {
+    if isolated {
         let attached = find_pasta(&network.pasta)
             .and_then(|program| init.attach_pasta(&program, &root.join("pasta.pid")));
-        if let Err(why) = attached {
-            tracing::info!(init = init.pid(), reason = %why,
-                "the sandbox has no outbound network (terminal.local_network = isolated)");
-            note = Some(degraded_note(&why));
+        match attached {
+            Err(why) => {
+                tracing::info!(init = init.pid(), reason = %why,
+                    "the sandbox has no outbound network (terminal.local_network = isolated)");
+                note = Some(degraded_note(&why));
+            }
+            Ok(()) => {
+                // Only with an outbound network: without one, it has no DNS either.
+                if let Some(resolver) = dns.as_ref().and_then(|d| d.relay_to) {
+                    let upstream = std::net::SocketAddrV4::new(resolver, dns::PORT);
+                    if let Err(why) = init.relay_dns(upstream) {
+                        tracing::warn!(init = init.pid(), reason = %why,
+                            "the sandbox's DNS cannot reach the host's resolver");
+                        note = Some(dns_note(resolver, &why));
+                    }
+                }
+            }
         }
     }
     Ok((init, note))
+}
+
+/// The note a sandbox's first command gets when its DNS cannot be relayed to the host's
+/// loopback resolver `resolver`.
+fn dns_note(resolver: std::net::Ipv4Addr, why: &str) -> String {
+    format!(
+        "taskbox: terminal.local_network = isolated: this sandbox has no DNS: the host's \
+         resolver {resolver} is on its loopback and cannot be relayed ({why}); point \
+         terminal.local_resolv_conf at a resolv.conf naming a resolver off the loopback\n"
+    )
 }
 
 /// The whole environment of an isolated command: `PATH`, `HOME` (the workspace), `LANG`,
