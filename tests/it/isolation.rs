@@ -1125,6 +1125,15 @@ mod network {
             return;
         };
         let id = host.create("host", 1, None).await;
+        // Its first command says so, once per sandbox (as `local_isolation = none` does).
+        let first = host.run(&id, "echo out; echo err >&2").await;
+        assert_eq!(first.exit_code, 0, "{first:?}");
+        assert_eq!(first.stdout, "out\n");
+        assert_eq!(
+            first.stderr,
+            format!("{}err\n", isolation::HOST_NETWORK_NOTE)
+        );
+        assert_eq!(host.run(&id, "echo err >&2").await.stderr, "err\n");
         host.ok(&id, &connect("127.0.0.1", lo_port)).await;
         host.ok(&id, &connect(&ip.to_string(), out_port)).await;
         // Everything else of the isolation holds: its own PID namespace, uid 1000.

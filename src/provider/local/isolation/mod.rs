@@ -59,7 +59,7 @@ mod seccomp;
 pub(super) use self::enter::Enter;
 pub(super) use self::init::Init;
 pub use self::limits::{support as limits_support, Cgroups, Limits, PREFIX as LIMITS_PREFIX};
-pub use self::network::{degraded_note, find_pasta, ADDRESS, GATEWAY};
+pub use self::network::{degraded_note, find_pasta, ADDRESS, GATEWAY, HOST_NETWORK_NOTE};
 pub use self::seccomp::DENIED;
 
 use std::io;
@@ -149,7 +149,8 @@ impl Default for Network {
 
 /// Starts a sandbox's init (see [`Init::start`]) with its network as `network` says. With
 /// `isolated`, the note is what its first command must say when `pasta` could not be attached
-/// (the sandbox then has its loopback only) or its DNS cannot be relayed.
+/// (the sandbox then has its loopback only) or its DNS cannot be relayed; with `host`, that it
+/// shares the host's network.
 pub(super) fn start(
     workspace: &Path,
     root: &Path,
@@ -168,6 +169,9 @@ pub(super) fn start(
         dns.as_ref(),
     )?;
     let mut note = None;
+    if network.mode == LocalNetwork::Host {
+        note = Some(HOST_NETWORK_NOTE.to_string());
+    }
     if isolated {
         let attached = find_pasta(&network.pasta)
             .and_then(|program| init.attach_pasta(&program, &root.join("pasta.pid")));
