@@ -80,14 +80,16 @@ impl Init {
     /// Starts the init of a sandbox whose workspace is `workspace`, building its root in the
     /// empty directory `root` (in its own mount namespace: the host sees nothing mounted), in a
     /// network namespace of its own unless `host_network`, with its DNS as `dns` says. Blocks
-    /// until it is ready (a few milliseconds).
+    /// until it is ready (a few milliseconds). The workspace is also at `alias` inside, where
+    /// given.
     pub(super) fn start(
         workspace: &Path,
         root: &Path,
         host_network: bool,
         dns: Option<&super::dns::Dns>,
+        alias: Option<&Path>,
     ) -> Result<Init, InitError> {
-        let plan = Plan::new(workspace, root, !host_network, dns)?;
+        let plan = Plan::new(workspace, root, !host_network, dns, alias)?;
         let namespaces = if host_network {
             NAMESPACES & !libc::CLONE_NEWNET
         } else {

@@ -98,6 +98,10 @@ pub struct Settings {
     pub limits: Limits,
     /// Its network.
     pub network: Network,
+    /// A second path inside where each sandbox's workspace also is (the fake Vercel's
+    /// `/vercel/sandbox`, so that its commands see the paths its API names); `None` for
+    /// taskbox's own sandboxes.
+    pub workspace_alias: Option<std::path::PathBuf>,
 }
 
 impl Settings {
@@ -115,6 +119,7 @@ impl Settings {
                 pasta: t.local_pasta.clone(),
                 resolv_conf: t.local_resolv_conf.clone().into(),
             },
+            workspace_alias: None,
         }
     }
 
@@ -150,11 +155,12 @@ impl Default for Network {
 /// Starts a sandbox's init (see [`Init::start`]) with its network as `network` says. With
 /// `isolated`, the note is what its first command must say when `pasta` could not be attached
 /// (the sandbox then has its loopback only) or its DNS cannot be relayed; with `host`, that it
-/// shares the host's network.
+/// shares the host's network. The workspace is also at `alias` inside, where given.
 pub(super) fn start(
     workspace: &Path,
     root: &Path,
     network: &Network,
+    alias: Option<&Path>,
 ) -> Result<(Init, Option<String>), InitError> {
     let isolated = network.mode == LocalNetwork::Isolated;
     let dns = if isolated {
@@ -167,6 +173,7 @@ pub(super) fn start(
         root,
         network.mode == LocalNetwork::Host,
         dns.as_ref(),
+        alias,
     )?;
     let mut note = None;
     if network.mode == LocalNetwork::Host {
@@ -434,7 +441,7 @@ fn with_probe_sandbox<T>(
             .map_err(|e| InitError::Prepare(format!("cannot make {}: {e}", d.display())))
     });
     let result = made.and_then(|()| {
-        let (init, note) = start(&workspace, &root, network)?;
+        let (init, note) = start(&workspace, &root, network, None)?;
         let init = std::sync::Arc::new(init);
         let result = check(init.clone(), note);
         if let Ok(init) = std::sync::Arc::try_unwrap(init) {

@@ -178,12 +178,14 @@ fn unescape_mountinfo(field: &str) -> PathBuf {
 impl Plan {
     /// The setup of a sandbox whose workspace is `workspace`, built in the empty directory
     /// `root` (which becomes its `/`); with its own network namespace's loopback brought up if
-    /// `loopback`, and its DNS as `dns` says (see `dns`).
+    /// `loopback`, and its DNS as `dns` says (see `dns`); the workspace also at `alias` where
+    /// given (the fake Vercel's `/vercel/sandbox`).
     pub(super) fn new(
         workspace: &Path,
         root: &Path,
         loopback: bool,
         dns: Option<&Dns>,
+        alias: Option<&Path>,
     ) -> Result<Plan, InitError> {
         let mut steps = Vec::new();
         let mut push = |step: Step, what: String| steps.push((step, what));
@@ -532,6 +534,54 @@ impl Plan {
             )?,
             format!("make {WORKSPACE} nosuid"),
         );
+
+        // The same tree at a second path (the sandbox's root is a tmpfs of its own: the path's
+        // directories are made there).
+        if let Some(alias) = alias {
+            let clear = NOT_FOR_RESOLV_CONF
+                .iter()
+                .all(|dir| !alias.starts_with(dir));
+            if !alias.is_absolute() || is_bound(alias) || !clear || alias == Path::new("/") {
+                return Err(InitError::Prepare(format!(
+                    "the workspace cannot also be at {} (an absolute path outside the system \
+                     directories, /dev, /proc, /tmp and {WORKSPACE})",
+                    alias.display()
+                )));
+            }
+            let mut dirs: Vec<&Path> = alias.ancestors().filter(|d| d.parent().is_some()).collect();
+            dirs.reverse();
+            for dir in dirs {
+                push(
+                    Step::Mkdir(cpath(&inside(&dir.to_string_lossy()))?),
+                    format!("make {}", dir.display()),
+                );
+            }
+            let at = inside(&alias.to_string_lossy());
+            push(
+                mount(
+                    Some(workspace.as_os_str().as_bytes()),
+                    &at,
+                    None,
+                    libc::MS_BIND | libc::MS_REC,
+                    None,
+                )?,
+                format!("bind the workspace at {}", alias.display()),
+            );
+            push(
+                mount(
+                    None,
+                    &at,
+                    None,
+                    libc::MS_REMOUNT
+                        | libc::MS_BIND
+                        | libc::MS_NOSUID
+                        | libc::MS_NODEV
+                        | kept_flags(workspace),
+                    None,
+                )?,
+                format!("make {} nosuid", alias.display()),
+            );
+        }
 
         push(
             Step::PivotRoot(cpath(root)?),
