@@ -97,7 +97,7 @@ fn isolation_check() -> Check {
         "isolation",
         format!(
             "terminal.local_isolation = none: commands run unisolated, as this user in the \
-             host's namespaces with the server's environment (your files, other tasks and \
+             host's namespaces (your files, other tasks and \
              taskbox's data are theirs to read and write); {stop}"
         ),
         "remove `terminal.local_isolation = none` from the config (namespaces is the default) \

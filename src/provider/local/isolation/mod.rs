@@ -85,8 +85,8 @@ pub(super) const REPORT_FD: i32 = 1000;
 /// What a sandbox's first command says before its own output in its stderr, where
 /// `terminal.local_isolation = none` was said on purpose.
 pub const UNISOLATED_NOTE: &str = "taskbox: warning: terminal.local_isolation = none: this \
-     sandbox's commands run unisolated, as the server's user in the host's namespaces, with the \
-     server's environment (they can read and write anything that user can, other tasks and \
+     sandbox's commands run unisolated, as the server's user in the host's namespaces (they \
+     can read and write anything that user can, other tasks and \
      taskbox's data included); remove the setting to run them in namespaces of their own\n";
 
 /// The isolation the local provider applies (see `terminal.local_isolation`).
