@@ -150,6 +150,9 @@ pub const DEFAULT_VERCEL_IMAGE: &str = "vercel/sandbox/universal";
 /// The default process limit of an isolated local sandbox (`terminal.container_pids`).
 pub const DEFAULT_CONTAINER_PIDS: u32 = 4096;
 
+/// `terminal.local_resolv_conf`'s default: the host's own resolver configuration.
+pub const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
+
 /// `terminal.store_reserve_mb`'s default: room for thousands of journal commits and the snapshot
 /// of a small workspace once a task filled the disk (see `store::reserve`).
 pub const DEFAULT_STORE_RESERVE_MB: u32 = 64;
@@ -389,6 +392,8 @@ config_keys! {
         "an isolated local sandbox's network: isolated (its own, outbound through pasta, no route to the host's loopback) | none (loopback only) | host (the host's, flagged by doctor)";
     local_pasta: String = "pasta".into(), parse pasta_program, env None,
         "the pasta program giving local_network = isolated its outbound access: a name looked up on PATH or an absolute path (where it is missing, the sandbox has loopback only)";
+    local_resolv_conf: String = DEFAULT_RESOLV_CONF.into(), parse resolv_conf, env None,
+        "the resolver configuration a local_network = isolated sandbox sees as /etc/resolv.conf: an absolute path (a resolver on the host's loopback is relayed to it)";
     timeout: u64 = 180, parse |v| lifetime(v, 1), env None,
         "per-command timeout, seconds (1 to 18000, Vercel's maximum sandbox lifetime)";
     lifetime_seconds: u64 = 300, parse |v| lifetime(v, 1), env None,

@@ -188,6 +188,16 @@ pub(super) fn pasta_program(value: &str) -> Result<String, String> {
     Ok(v.to_string())
 }
 
+pub(super) fn resolv_conf(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    if !v.starts_with('/') || v.contains('\0') {
+        return Err(format!(
+            "an absolute path to a resolv.conf (such as /etc/resolv.conf), not {v:?}"
+        ));
+    }
+    Ok(v.to_string())
+}
+
 pub(super) fn store_setting(value: &str) -> Result<StoreSetting, String> {
     let v = value.trim();
     let lower = v.get(..13).unwrap_or(v).to_ascii_lowercase();

@@ -1,11 +1,13 @@
-//! Commands that really run: one host process group per command, started in the session's
-//! workspace, its output kept as an append-only log that any number of readers (the `wait`
-//! stream, `/logs`, `?wait=true` polls) follow from the start.
+//! Commands that really run: one process group per command, contained in its session's local
+//! sandbox (see the fake's module docs) and started in its working directory there, its output
+//! kept as an append-only log that any number of readers (the `wait` stream, `/logs`,
+//! `?wait=true` polls) follow from the start.
 //!
 //! Each command gets its own process group so that a kill, a timeout or the session's stop
 //! reaches the processes it started too. Background processes a finished command left behind
 //! keep running (as in the real sandbox) until the session stops; then the local provider's stop
-//! finds them by the `TASKBOX_SANDBOX` variable every command inherits.
+//! ends the sandbox's PID namespace, and them with it (uncontained, by the `TASKBOX_SANDBOX`
+//! variable every command inherits).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,13 +21,14 @@ use tokio::sync::watch;
 use super::wire::CommandView;
 use crate::clock::Clock;
 use crate::core::Millis;
+use crate::provider::local::Contained;
 
 /// How long to keep reading a command's pipes after it exited: a background process it left
 /// behind may hold them open forever.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(250);
 
 /// What to run.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct SpawnSpec {
     pub id: String,
     pub session_id: String,
@@ -40,6 +43,10 @@ pub(crate) struct SpawnSpec {
     pub env: BTreeMap<String, String>,
     /// SIGKILL the command after this long (exit 137).
     pub timeout: Option<Duration>,
+    /// Its entry into the session's local sandbox (`cwd` and `home` are then paths inside it);
+    /// `None`: it runs on the host, in `host_cwd` (a fake whose local provider does not
+    /// isolate).
+    pub contained: Option<Contained>,
 }
 
 /// Which output stream a chunk came from.
@@ -298,19 +305,23 @@ impl Utf8Carry {
 }
 
 /// The environment every command starts from (the fake's own environment is not passed on, so
-/// the host's secrets stay out of the sandbox).
-fn base_env(home: &std::path::Path) -> Vec<(String, String)> {
+/// the host's secrets stay out of the sandbox); a `contained` command's `PATH` is the system's,
+/// not the fake's (whose directories the sandbox may not have).
+fn base_env(home: &std::path::Path, contained: bool) -> Vec<(String, String)> {
+    let path = match std::env::var("PATH") {
+        Ok(path) if !contained => path,
+        _ => "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+    };
     let mut env = vec![
-        (
-            "PATH".to_string(),
-            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
-        ),
+        ("PATH".to_string(), path),
         ("HOME".to_string(), home.display().to_string()),
         ("LANG".to_string(), "C.UTF-8".to_string()),
     ];
-    for key in ["USER", "LOGNAME"] {
-        if let Ok(v) = std::env::var(key) {
-            env.push((key.to_string(), v));
+    if !contained {
+        for key in ["USER", "LOGNAME"] {
+            if let Ok(v) = std::env::var(key) {
+                env.push((key.to_string(), v));
+            }
         }
     }
     env
@@ -335,13 +346,16 @@ pub(crate) fn spawn(spec: SpawnSpec, clock: Arc<dyn Clock>) -> Arc<CommandRun> {
     cmd.args(&spec.args)
         .current_dir(&spec.host_cwd)
         .env_clear()
-        .envs(base_env(&spec.home))
+        .envs(base_env(&spec.home, spec.contained.is_some()))
         .envs(&spec.env)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(contained) = spec.contained {
+        contained.install(&mut cmd);
+    }
     match cmd.spawn() {
         Ok(child) => {
             let pid = child.id().and_then(|p| i32::try_from(p).ok());
@@ -494,6 +508,7 @@ mod tests {
             home: dir.to_path_buf(),
             env: BTreeMap::from([("GREETING".to_string(), "hi".to_string())]),
             timeout: None,
+            contained: None,
         }
     }
 

@@ -34,7 +34,13 @@
 //! versioned archives, under `<data_dir>/local`. Commands do not go through
 //! `SandboxProvider::exec`, which runs a `bash -c` string to completion and returns bounded
 //! output: the API needs an executable with arguments and environment, output streamed while the
-//! command runs, and signals. The fake spawns them itself, in the local sandbox's workspace.
+//! command runs, and signals. The fake spawns them itself, contained as taskbox's own local
+//! commands are (`LocalProvider::contain`): each session's local sandbox has namespaces of its
+//! own, where its workspace is at `/vercel/sandbox`; a command enters them, so it sees that
+//! workspace and the read-only system and nothing else of the host's (no other session, no
+//! data dir, no home), runs as uid 1000, has its sandbox's loopback only for a network, and
+//! dies with the session's stop. Where the kernel refuses the namespaces, a command fails with
+//! a 500 naming the cause rather than run on the host.
 //!
 //! Every error answer is the service's JSON error object, the router's own included (405 for a
 //! wrong method, with `Allow`; 413 `payload_too_large` for a body over the limit). Uploads
@@ -43,12 +49,12 @@
 //! The API state lives in memory: a restarted fake has forgotten its sandboxes (and leaves their
 //! archives behind in the data directory).
 //!
-//! Known differences from the service: commands run on the host as the fake's user (`sudo` is
-//! accepted and ignored), so absolute `/vercel/sandbox` paths inside a command's own arguments
-//! are not rewritten (the API's `cwd` and file paths are); the file API reaches only
-//! `/vercel/sandbox`; ports get routes but nothing serves them; `git`/`tarball` sources, network
-//! policies, drives, `PATCH` and the rest of v3 (beyond `POST /v3/sandboxes`) are not
-//! implemented.
+//! Known differences from the service: commands run as uid 1000 in a sandbox of the host's
+//! kernel, not a microVM (`sudo` is accepted and ignored); `HOME` is `/vercel/sandbox`, whose
+//! tree is also at `/workspace`; the system is the host's, read-only; commands have no network
+//! but their loopback; the file API reaches only `/vercel/sandbox`; ports get routes but nothing
+//! serves them; `git`/`tarball` sources, network policies, drives, `PATCH` and the rest of v3
+//! (beyond `POST /v3/sandboxes`) are not implemented.
 
 mod conn;
 mod endpoint;
@@ -294,7 +300,8 @@ impl FakeServer {
             "fake-vercel".to_string(),
             Arc::clone(&opts.clock),
         )
-        .map_err(FakeError::Local)?;
+        .map_err(FakeError::Local)?
+        .with_isolation(sandbox_isolation());
         // What an earlier run left half-done (this process has nothing in flight yet).
         local.sweep_temporaries().map_err(FakeError::Local)?;
         let storage = http::Storage {
@@ -459,4 +466,21 @@ pub async fn serve(listen: SocketAddr, opts: FakeOptions) -> Result<(), FakeErro
     tokio::signal::ctrl_c().await.map_err(FakeError::Signal)?;
     tracing::info!("ctrl-c: shutting down fake-vercel");
     server.shutdown().await
+}
+
+/// How the fake contains a session's commands: each session's local sandbox in namespaces of
+/// its own (as `terminal.local_isolation = namespaces` makes taskbox's), its workspace at
+/// `/vercel/sandbox` inside as well, with its loopback only for a network (a test double needs
+/// none, and no `pasta` per session).
+fn sandbox_isolation() -> crate::provider::local::isolation::Settings {
+    use crate::provider::local::isolation::{Network, Settings};
+    Settings {
+        mode: crate::config::LocalIsolation::Namespaces,
+        network: Network {
+            mode: crate::config::LocalNetwork::None,
+            ..Network::default()
+        },
+        workspace_alias: Some(model::WORKSPACE_ROOT.into()),
+        ..Settings::default()
+    }
 }

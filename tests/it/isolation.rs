@@ -808,6 +808,16 @@ mod network {
 
     /// An isolated provider with the network `mode` (and `pasta`), or `None` as [`env`].
     fn net_env(test: &str, mode: LocalNetwork, pasta: &str) -> Option<Env> {
+        net_env_with(test, mode, pasta, None)
+    }
+
+    /// As [`net_env`], with the resolver configuration `resolv_conf` (else the host's).
+    fn net_env_with(
+        test: &str,
+        mode: LocalNetwork,
+        pasta: &str,
+        resolv_conf: Option<&Path>,
+    ) -> Option<Env> {
         let mut env = env(test)?;
         let clock = Arc::new(ManualClock(AtomicU64::new(START_MS)));
         env.provider = LocalProvider::new(
@@ -821,6 +831,8 @@ mod network {
             network: Network {
                 mode,
                 pasta: pasta.into(),
+                resolv_conf: resolv_conf
+                    .map_or_else(|| Network::default().resolv_conf, Path::to_path_buf),
             },
             ..Settings::default()
         });
@@ -967,6 +979,124 @@ mod network {
         drop((loopback, outside));
     }
 
+    /// A DNS server of the test's on the host's loopback: a real UDP socket at `ip:53` that
+    /// answers every `A` query for `example.test` with `192.0.2.7` and anything else with no
+    /// record, until the returned flag is set. `None` where port 53 cannot be bound (not root,
+    /// or taken).
+    fn dns_server(ip: Ipv4Addr) -> Option<(Arc<std::sync::atomic::AtomicBool>, Arc<AtomicU64>)> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let socket = std::net::UdpSocket::bind((ip, 53)).ok()?;
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let (done, queries) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let (stop, count) = (done.clone(), queries.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !stop.load(Ordering::Relaxed) {
+                let Ok((n, from)) = socket.recv_from(&mut buf) else {
+                    continue;
+                };
+                count.fetch_add(1, Ordering::Relaxed);
+                let query = &buf[..n];
+                // The question: labels up to a zero byte, then its type and class.
+                let mut end = 12;
+                while end < n && query[end] != 0 {
+                    end += usize::from(query[end]) + 1;
+                }
+                if end + 5 > n {
+                    continue;
+                }
+                let question = &query[12..end + 5];
+                let qtype = u16::from_be_bytes([query[end + 1], query[end + 2]]);
+                let name_ok = question[..end - 12 + 1] == *b"\x07example\x04test\x00";
+                let answer = name_ok && qtype == 1;
+                let mut reply = Vec::new();
+                reply.extend_from_slice(&query[..2]);
+                reply.extend_from_slice(&[0x81, 0x80, 0, 1, 0, u8::from(answer), 0, 0, 0, 0]);
+                reply.extend_from_slice(question);
+                if answer {
+                    reply.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+                    reply.extend_from_slice(&[192, 0, 2, 7]);
+                }
+                let _ = socket.send_to(&reply, from);
+            }
+        });
+        Some((done, queries))
+    }
+
+    /// `terminal.local_network = isolated` where the host's resolver is on its loopback (as
+    /// systemd-resolved's 127.0.0.53 is): the sandbox resolves through it (the relay of
+    /// `isolation::dns`), while a TCP listener on the same loopback stays out of reach.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::print_stderr)] // a skip says so
+    async fn isolated_resolves_through_a_resolver_on_the_host_loopback_which_stays_closed() {
+        let test = "net-dns";
+        if !have_pasta(test) {
+            return;
+        }
+        // An address of the loopback of its own, so that no other resolver or test is in the
+        // way.
+        let resolver = Ipv4Addr::new(127, 53, (std::process::id() % 250) as u8, 9);
+        let Some((done, queries)) = dns_server(resolver) else {
+            // SAFETY: geteuid cannot fail.
+            let root = unsafe { libc::geteuid() } == 0;
+            assert!(
+                !(under_ci() && root),
+                "{test}: CI runs as root: {resolver}:53 must be free"
+            );
+            eprintln!("SKIPPED {test}: cannot bind {resolver}:53 (not root, or taken)");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("resolv.conf");
+        fs::write(
+            &conf,
+            format!("nameserver {resolver}\noptions timeout:2 attempts:3\n"),
+        )
+        .unwrap();
+        let Some(env) = net_env_with(test, LocalNetwork::Isolated, "pasta", Some(&conf)) else {
+            return;
+        };
+        let (lo_tcp, lo_port) = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            (l, port)
+        };
+        let near = TcpListener::bind((resolver, 0)).unwrap();
+        let near_port = near.local_addr().unwrap().port();
+        let id = env.create("dns", 1, None).await;
+        let first = env.run(&id, "cat /etc/resolv.conf").await;
+        assert_eq!(first.exit_code, 0, "{first:?}");
+        assert!(
+            first.stdout.contains(&format!("nameserver {resolver}")),
+            "the sandbox's resolv.conf is the configured one: {first:?}"
+        );
+        let resolved = env.ok(&id, "getent hosts example.test").await;
+        assert!(
+            resolved.split_whitespace().next() == Some("192.0.2.7"),
+            "{resolved:?}"
+        );
+        assert!(queries.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+        // A name it does not know: no answer, and the command says so (exit 2).
+        env.fails(&id, "getent hosts other.test").await;
+        // The resolver's file is read-only inside.
+        env.fails(&id, "echo nameserver 10.9.9.9 > /etc/resolv.conf")
+            .await;
+        // Nothing else of the host's loopback: not its 127.0.0.1, not the resolver's own
+        // address on another port, not its TCP port 53 (the relay is UDP, to one address).
+        env.fails(&id, &connect("127.0.0.1", lo_port)).await;
+        env.fails(&id, &connect(&resolver.to_string(), near_port))
+            .await;
+        env.fails(&id, &connect(&resolver.to_string(), 53)).await;
+        env.provider.stop_sandbox(&id).await.expect("stop");
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        drop((lo_tcp, near));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn none_reaches_only_its_own_loopback_and_host_reaches_the_hosts() {
         let test = "net-none-host";
@@ -995,6 +1125,15 @@ mod network {
             return;
         };
         let id = host.create("host", 1, None).await;
+        // Its first command says so, once per sandbox (as `local_isolation = none` does).
+        let first = host.run(&id, "echo out; echo err >&2").await;
+        assert_eq!(first.exit_code, 0, "{first:?}");
+        assert_eq!(first.stdout, "out\n");
+        assert_eq!(
+            first.stderr,
+            format!("{}err\n", isolation::HOST_NETWORK_NOTE)
+        );
+        assert_eq!(host.run(&id, "echo err >&2").await.stderr, "err\n");
         host.ok(&id, &connect("127.0.0.1", lo_port)).await;
         host.ok(&id, &connect(&ip.to_string(), out_port)).await;
         // Everything else of the isolation holds: its own PID namespace, uid 1000.

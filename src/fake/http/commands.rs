@@ -3,6 +3,7 @@
 //! (where injected stream cuts happen).
 
 use std::io;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,12 +51,24 @@ pub(super) async fn run_command(
         .map(|s| s.env.clone())
         .unwrap_or_default();
     env.extend(req.env);
-    // The local provider's stop finds the processes a session left behind by
-    // `TASKBOX_SANDBOX` (its local sandbox's name).
-    env.insert(
-        "TASKBOX_WORKSPACE".to_string(),
-        workspace.display().to_string(),
-    );
+    // Contained in the session's local sandbox (its namespaces, where `/vercel/sandbox` is the
+    // workspace), as the local provider's own commands are, where it isolates; a fake that
+    // cannot make namespaces fails the command rather than run it on the host.
+    let contained = app
+        .local
+        .contain(
+            &super::shared::local_sandbox(&id),
+            std::path::Path::new(&cwd),
+        )
+        .await
+        .map_err(|e| ApiError::internal(format!("cannot contain the command: {e}")))?;
+    let (home, workspace_seen) = match contained {
+        Some(_) => (PathBuf::from(WORKSPACE_ROOT), WORKSPACE_ROOT.to_string()),
+        None => (app.home(&id), workspace.display().to_string()),
+    };
+    // The local provider's stop finds the processes an unisolated session left behind by
+    // `TASKBOX_SANDBOX` (its local sandbox's name); an isolated one's die with its namespaces.
+    env.insert("TASKBOX_WORKSPACE".to_string(), workspace_seen);
     env.insert(
         "TASKBOX_SANDBOX".to_string(),
         super::shared::local_sandbox(&id),
@@ -68,9 +81,10 @@ pub(super) async fn run_command(
         args: req.args,
         cwd,
         host_cwd,
-        home: app.home(&id),
+        home,
         env,
         timeout: req.timeout_ms.map(Duration::from_millis),
+        contained,
     };
     let run = exec::spawn(spec, Arc::clone(&app.clock));
     lock(&app.commands).insert(run.id.clone(), Arc::clone(&run));

@@ -14,10 +14,9 @@ use crate::provider::registry::Check;
 pub fn checks(config: &Config) -> Vec<Check> {
     let mut checks = vec![bash_check()];
     if config.terminal.local_isolation == crate::config::LocalIsolation::Namespaces {
-        checks.extend(namespace_checks(&super::isolation::Network {
-            mode: config.terminal.local_network,
-            pasta: config.terminal.local_pasta.clone(),
-        }));
+        checks.extend(namespace_checks(
+            &super::isolation::Settings::of(&config.terminal).network,
+        ));
     } else {
         checks.push(isolation_check());
     }
@@ -98,7 +97,7 @@ fn isolation_check() -> Check {
         "isolation",
         format!(
             "terminal.local_isolation = none: commands run unisolated, as this user in the \
-             host's namespaces with the server's environment (your files, other tasks and \
+             host's namespaces (your files, other tasks and \
              taskbox's data are theirs to read and write); {stop}"
         ),
         "remove `terminal.local_isolation = none` from the config (namespaces is the default) \

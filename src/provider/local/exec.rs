@@ -449,7 +449,7 @@ impl LocalProvider {
     /// The init holding the sandbox's namespaces: the running one, or a new one (its first
     /// command in this process, or one after a stop), with the note its command must print
     /// when its network fell back to loopback only. The caller holds the slot's lock.
-    fn sandbox_init(
+    pub(super) fn sandbox_init(
         &self,
         name: &SandboxName,
         slot: &Slot,
@@ -486,15 +486,17 @@ impl LocalProvider {
                 None
             }
         };
-        let (mut init, note) = match isolation::start(workspace, run_dir, &self.isolation.network) {
-            Ok(started) => started,
-            Err(e) => {
-                if let Some(cg) = cgroups {
-                    cg.remove();
+        let alias = self.isolation.workspace_alias.as_deref();
+        let (mut init, note) =
+            match isolation::start(workspace, run_dir, &self.isolation.network, alias) {
+                Ok(started) => started,
+                Err(e) => {
+                    if let Some(cg) = cgroups {
+                        cg.remove();
+                    }
+                    return Err(isolate(e));
                 }
-                return Err(isolate(e));
-            }
-        };
+            };
         if let Some(cg) = cgroups {
             init.set_cgroups(cg);
         }

@@ -76,6 +76,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod cgroup;
+mod contained;
 pub mod doctor;
 mod error;
 mod exec;
@@ -93,6 +94,7 @@ mod spawn;
 mod temp;
 mod workspace;
 
+pub use self::contained::Contained;
 pub use self::error::{IoContext, LocalError};
 pub use self::snapshot::export_snapshot;
 

@@ -31,6 +31,11 @@ pub struct Init {
     cgroups: Option<super::Cgroups>,
     /// The `pasta` giving its network namespace outbound access, ended with it.
     pasta: Option<super::network::Pasta>,
+    /// The UDP socket its init bound at the host's loopback resolver's address inside, until
+    /// [`Init::relay_dns`] relays it (see `dns`).
+    dns_socket: Option<OwnedFd>,
+    /// The relay of its DNS queries to the host's loopback resolver, ended with it.
+    dns_relay: Option<super::dns::Relay>,
 }
 
 /// The namespaces' names under `/proc/<pid>/ns/` and their flags, in the order a command
@@ -74,10 +79,17 @@ pub(super) const NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
 impl Init {
     /// Starts the init of a sandbox whose workspace is `workspace`, building its root in the
     /// empty directory `root` (in its own mount namespace: the host sees nothing mounted), in a
-    /// network namespace of its own unless `host_network`. Blocks until it is ready (a few
-    /// milliseconds).
-    pub fn start(workspace: &Path, root: &Path, host_network: bool) -> Result<Init, InitError> {
-        let plan = Plan::new(workspace, root, !host_network)?;
+    /// network namespace of its own unless `host_network`, with its DNS as `dns` says. Blocks
+    /// until it is ready (a few milliseconds). The workspace is also at `alias` inside, where
+    /// given.
+    pub(super) fn start(
+        workspace: &Path,
+        root: &Path,
+        host_network: bool,
+        dns: Option<&super::dns::Dns>,
+        alias: Option<&Path>,
+    ) -> Result<Init, InitError> {
+        let plan = Plan::new(workspace, root, !host_network, dns, alias)?;
         let namespaces = if host_network {
             NAMESPACES & !libc::CLONE_NEWNET
         } else {
@@ -140,6 +152,8 @@ impl Init {
             reaped: false,
             cgroups: None,
             pasta: None,
+            dns_socket: None,
+            dns_relay: None,
         };
         // Its namespaces, opened while it waits for the go (before it makes itself undumpable).
         for (name, flag) in NAMESPACE_FILES {
@@ -163,6 +177,10 @@ impl Init {
         let mut buf = [0u8; 8];
         let got = read_full(status_r.as_raw_fd(), &mut buf);
         if got == 1 && buf[0] == 0 {
+            init.dns_socket = plan
+                .dns_channel
+                .as_ref()
+                .and_then(|(server, _)| super::dns::receive_fd(server.as_raw_fd()));
             return Ok(init);
         }
         init.kill();
@@ -210,6 +228,19 @@ impl Init {
         };
         let pasta = super::network::Pasta::start(program, user, net, pidfile)?;
         self.pasta = Some(pasta);
+        Ok(())
+    }
+
+    /// Relays the DNS queries that reach the socket its init bound (see `dns`) to `upstream`,
+    /// the host's loopback resolver, until the sandbox ends. `Err` says why not.
+    pub(super) fn relay_dns(&mut self, upstream: std::net::SocketAddrV4) -> Result<(), String> {
+        let socket = self
+            .dns_socket
+            .take()
+            .ok_or("the sandbox's init could not bind a socket for it")?;
+        let relay = super::dns::Relay::start(socket, upstream)
+            .map_err(|e| format!("cannot start its thread: {e}"))?;
+        self.dns_relay = Some(relay);
         Ok(())
     }
 
@@ -300,6 +331,10 @@ impl Init {
         if let Some(pasta) = self.pasta.take() {
             pasta.end();
         }
+        self.dns_socket = None;
+        if let Some(relay) = self.dns_relay.take() {
+            relay.end();
+        }
         // Every process of the sandbox is dead: its cgroups can go.
         if let Some(cgroups) = self.cgroups.take() {
             cgroups.remove();
@@ -324,6 +359,8 @@ impl Drop for Init {
             reaped: false,
             cgroups: self.cgroups.take(),
             pasta: self.pasta.take(),
+            dns_socket: self.dns_socket.take(),
+            dns_relay: self.dns_relay.take(),
         };
         self.reaped = true;
         let _ = std::thread::Builder::new()
@@ -440,6 +477,23 @@ unsafe fn child(plan: &Plan, [status, lifeline, go]: [RawFd; 3]) -> ! {
                         libc::close(sock);
                     }
                     ok
+                }
+                Step::DnsSocket { addr, channel } => {
+                    let sock =
+                        libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+                    if sock >= 0 {
+                        let bound = libc::bind(
+                            sock,
+                            (addr as *const libc::sockaddr_in).cast(),
+                            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                        ) == 0;
+                        if bound {
+                            super::dns::send_fd(*channel, sock);
+                        }
+                        libc::close(sock);
+                    }
+                    // Without it the sandbox has no DNS (the server says so), not no start.
+                    true
                 }
             };
             if !ok {

@@ -48,6 +48,7 @@
 //! every restore and every fork, and for every data dir, so absolute paths a command records in
 //! its files (shebangs, virtualenvs, build caches) stay true wherever its snapshot is restored.
 
+mod dns;
 mod enter;
 mod init;
 mod limits;
@@ -58,7 +59,7 @@ mod seccomp;
 pub(super) use self::enter::Enter;
 pub(super) use self::init::Init;
 pub use self::limits::{support as limits_support, Cgroups, Limits, PREFIX as LIMITS_PREFIX};
-pub use self::network::{degraded_note, find_pasta, ADDRESS, GATEWAY};
+pub use self::network::{degraded_note, find_pasta, ADDRESS, GATEWAY, HOST_NETWORK_NOTE};
 pub use self::seccomp::DENIED;
 
 use std::io;
@@ -84,8 +85,8 @@ pub(super) const REPORT_FD: i32 = 1000;
 /// What a sandbox's first command says before its own output in its stderr, where
 /// `terminal.local_isolation = none` was said on purpose.
 pub const UNISOLATED_NOTE: &str = "taskbox: warning: terminal.local_isolation = none: this \
-     sandbox's commands run unisolated, as the server's user in the host's namespaces, with the \
-     server's environment (they can read and write anything that user can, other tasks and \
+     sandbox's commands run unisolated, as the server's user in the host's namespaces (they \
+     can read and write anything that user can, other tasks and \
      taskbox's data included); remove the setting to run them in namespaces of their own\n";
 
 /// The isolation the local provider applies (see `terminal.local_isolation`).
@@ -97,6 +98,10 @@ pub struct Settings {
     pub limits: Limits,
     /// Its network.
     pub network: Network,
+    /// A second path inside where each sandbox's workspace also is (the fake Vercel's
+    /// `/vercel/sandbox`, so that its commands see the paths its API names); `None` for
+    /// taskbox's own sandboxes.
+    pub workspace_alias: Option<std::path::PathBuf>,
 }
 
 impl Settings {
@@ -112,7 +117,9 @@ impl Settings {
             network: Network {
                 mode: t.local_network,
                 pasta: t.local_pasta.clone(),
+                resolv_conf: t.local_resolv_conf.clone().into(),
             },
+            workspace_alias: None,
         }
     }
 
@@ -130,6 +137,9 @@ pub struct Network {
     pub mode: LocalNetwork,
     /// The `pasta` program: a bare name looked up on `PATH`, or an absolute path.
     pub pasta: String,
+    /// The resolver configuration an `isolated` sandbox gets (`terminal.local_resolv_conf`;
+    /// see `dns`).
+    pub resolv_conf: std::path::PathBuf,
 }
 
 impl Default for Network {
@@ -137,30 +147,71 @@ impl Default for Network {
         Network {
             mode: LocalNetwork::default(),
             pasta: "pasta".into(),
+            resolv_conf: crate::config::DEFAULT_RESOLV_CONF.into(),
         }
     }
 }
 
 /// Starts a sandbox's init (see [`Init::start`]) with its network as `network` says. With
 /// `isolated`, the note is what its first command must say when `pasta` could not be attached
-/// (the sandbox then has its loopback only).
+/// (the sandbox then has its loopback only) or its DNS cannot be relayed; with `host`, that it
+/// shares the host's network. The workspace is also at `alias` inside, where given.
 pub(super) fn start(
     workspace: &Path,
     root: &Path,
     network: &Network,
+    alias: Option<&Path>,
 ) -> Result<(Init, Option<String>), InitError> {
-    let mut init = Init::start(workspace, root, network.mode == LocalNetwork::Host)?;
+    let isolated = network.mode == LocalNetwork::Isolated;
+    let dns = if isolated {
+        dns::plan(&network.resolv_conf)
+    } else {
+        None
+    };
+    let mut init = Init::start(
+        workspace,
+        root,
+        network.mode == LocalNetwork::Host,
+        dns.as_ref(),
+        alias,
+    )?;
     let mut note = None;
-    if network.mode == LocalNetwork::Isolated {
+    if network.mode == LocalNetwork::Host {
+        note = Some(HOST_NETWORK_NOTE.to_string());
+    }
+    if isolated {
         let attached = find_pasta(&network.pasta)
             .and_then(|program| init.attach_pasta(&program, &root.join("pasta.pid")));
-        if let Err(why) = attached {
-            tracing::info!(init = init.pid(), reason = %why,
-                "the sandbox has no outbound network (terminal.local_network = isolated)");
-            note = Some(degraded_note(&why));
+        match attached {
+            Err(why) => {
+                tracing::info!(init = init.pid(), reason = %why,
+                    "the sandbox has no outbound network (terminal.local_network = isolated)");
+                note = Some(degraded_note(&why));
+            }
+            Ok(()) => {
+                // Only with an outbound network: without one, it has no DNS either.
+                if let Some(resolver) = dns.as_ref().and_then(|d| d.relay_to) {
+                    let upstream = std::net::SocketAddrV4::new(resolver, dns::PORT);
+                    if let Err(why) = init.relay_dns(upstream) {
+                        tracing::warn!(init = init.pid(), reason = %why,
+                            "the sandbox's DNS cannot reach the host's resolver");
+                        note = Some(dns_note(resolver, &why));
+                    }
+                }
+            }
         }
     }
     Ok((init, note))
+}
+
+/// The note a sandbox's first command gets when its DNS cannot be relayed to the host's
+/// loopback resolver `resolver`.
+fn dns_note(resolver: std::net::Ipv4Addr, why: &str) -> String {
+    format!(
+        "taskbox: terminal.local_network = isolated: this sandbox has no DNS: the host's \
+         resolver {resolver} is on its loopback and cannot be relayed ({why}); point \
+         terminal.local_resolv_conf at a resolv.conf naming a resolver off the loopback\n"
+    )
 }
 
 /// The whole environment of an isolated command: `PATH`, `HOME` (the workspace), `LANG`,
@@ -390,7 +441,7 @@ fn with_probe_sandbox<T>(
             .map_err(|e| InitError::Prepare(format!("cannot make {}: {e}", d.display())))
     });
     let result = made.and_then(|()| {
-        let (init, note) = start(&workspace, &root, network)?;
+        let (init, note) = start(&workspace, &root, network, None)?;
         let init = std::sync::Arc::new(init);
         let result = check(init.clone(), note);
         if let Ok(init) = std::sync::Arc::try_unwrap(init) {

@@ -82,6 +82,14 @@ pub fn degraded_note(why: &str) -> String {
     )
 }
 
+/// What a sandbox's first command says before its own output in its stderr, where
+/// `terminal.local_network = host` was said on purpose (as [`super::UNISOLATED_NOTE`] does for
+/// `local_isolation = none`): every other layer holds, but not this one.
+pub const HOST_NETWORK_NOTE: &str = "taskbox: warning: terminal.local_network = host: this \
+     sandbox shares the host's network, its loopback services included (the taskbox server, \
+     databases): its commands reach whatever the server's user reaches; set \
+     terminal.local_network = isolated (outbound through pasta) or none to take it away\n";
+
 /// A running `pasta`, attached to one sandbox's network namespace.
 pub struct Pasta {
     child: Child,

@@ -2,9 +2,11 @@
 //! the clone (see `init`), so that the child neither allocates nor takes a lock.
 
 use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use super::dns::{self, Dns};
 use super::{InitError, HOSTNAME, UID, WORKSPACE};
 
 /// One step of the child's setup.
@@ -31,11 +33,54 @@ pub(super) enum Step {
     Hostname(CString),
     /// Bring the loopback interface up.
     LoopbackUp,
+    /// Bind a UDP socket to `addr` in the sandbox's network namespace and send it to the
+    /// server over the Unix socket `channel` (the DNS relay's, see `dns`). Its failure leaves
+    /// the sandbox without DNS, not without a start.
+    DnsSocket {
+        addr: libc::sockaddr_in,
+        channel: std::os::fd::RawFd,
+    },
 }
 
 /// What the child does, and a description of each step for errors.
 pub(super) struct Plan {
     pub(super) steps: Vec<(Step, String)>,
+    /// The server's end of the socket pair a [`Step::DnsSocket`] sends over, and the child's.
+    pub(super) dns_channel: Option<(OwnedFd, OwnedFd)>,
+}
+
+/// Whether the host path `path` is inside a system directory bound into every sandbox (so the
+/// sandbox sees it where the host does).
+pub(super) fn is_bound(path: &Path) -> bool {
+    SYSTEM_DIRS.iter().any(|dir| {
+        path.starts_with(dir) && std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
+    })
+}
+
+/// Directories of the sandbox's root that a bound `resolv.conf` may not be under: they are
+/// mounted over (or are the workspace).
+const NOT_FOR_RESOLV_CONF: &[&str] = &["/dev", "/tmp", "/proc", WORKSPACE];
+
+/// A Unix datagram socket pair, both ends close-on-exec: (server's, child's).
+fn socket_pair() -> Result<(OwnedFd, OwnedFd), InitError> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid array of two descriptors for socketpair to fill.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return Err(InitError::Prepare(format!(
+            "socketpair: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: socketpair succeeded: both are open descriptors nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 fn cstr(bytes: &[u8]) -> Result<CString, InitError> {
@@ -133,8 +178,15 @@ fn unescape_mountinfo(field: &str) -> PathBuf {
 impl Plan {
     /// The setup of a sandbox whose workspace is `workspace`, built in the empty directory
     /// `root` (which becomes its `/`); with its own network namespace's loopback brought up if
-    /// `loopback`.
-    pub(super) fn new(workspace: &Path, root: &Path, loopback: bool) -> Result<Plan, InitError> {
+    /// `loopback`, and its DNS as `dns` says (see `dns`); the workspace also at `alias` where
+    /// given (the fake Vercel's `/vercel/sandbox`).
+    pub(super) fn new(
+        workspace: &Path,
+        root: &Path,
+        loopback: bool,
+        dns: Option<&Dns>,
+        alias: Option<&Path>,
+    ) -> Result<Plan, InitError> {
         let mut steps = Vec::new();
         let mut push = |step: Step, what: String| steps.push((step, what));
         // SAFETY: getuid and getgid cannot fail.
@@ -404,6 +456,57 @@ impl Plan {
             );
         }
 
+        // The resolver configuration, where the sandbox's differs from what the host's /etc
+        // shows (a source of its own, or a symlink into a directory the sandbox does not see).
+        if let Some((source, target)) = dns.and_then(|d| d.bind.as_ref()) {
+            let clear = NOT_FOR_RESOLV_CONF
+                .iter()
+                .all(|dir| !target.starts_with(dir));
+            if clear && target.is_absolute() {
+                if !is_bound(target) {
+                    let mut dirs: Vec<&Path> = target.ancestors().skip(1).collect();
+                    dirs.reverse();
+                    for dir in dirs.into_iter().filter(|d| d.parent().is_some()) {
+                        push(
+                            Step::Mkdir(cpath(&inside(&dir.to_string_lossy()))?),
+                            format!("make {}", dir.display()),
+                        );
+                    }
+                    push(
+                        Step::Touch(cpath(&inside(&target.to_string_lossy()))?),
+                        format!("make {}", target.display()),
+                    );
+                }
+                let at = inside(&target.to_string_lossy());
+                push(
+                    mount(
+                        Some(source.as_os_str().as_bytes()),
+                        &at,
+                        None,
+                        libc::MS_BIND,
+                        None,
+                    )?,
+                    format!("bind {} at {}", source.display(), target.display()),
+                );
+                push(
+                    mount(
+                        None,
+                        &at,
+                        None,
+                        libc::MS_REMOUNT
+                            | libc::MS_BIND
+                            | libc::MS_RDONLY
+                            | libc::MS_NOSUID
+                            | libc::MS_NODEV
+                            | libc::MS_NOEXEC
+                            | kept_flags(source),
+                        None,
+                    )?,
+                    format!("make {} read-only", target.display()),
+                );
+            }
+        }
+
         // The workspace: the one tree shared with the host, writable.
         let ws = inside(WORKSPACE);
         push(Step::Mkdir(cpath(&ws)?), format!("make {WORKSPACE}"));
@@ -432,6 +535,54 @@ impl Plan {
             format!("make {WORKSPACE} nosuid"),
         );
 
+        // The same tree at a second path (the sandbox's root is a tmpfs of its own: the path's
+        // directories are made there).
+        if let Some(alias) = alias {
+            let clear = NOT_FOR_RESOLV_CONF
+                .iter()
+                .all(|dir| !alias.starts_with(dir));
+            if !alias.is_absolute() || is_bound(alias) || !clear || alias == Path::new("/") {
+                return Err(InitError::Prepare(format!(
+                    "the workspace cannot also be at {} (an absolute path outside the system \
+                     directories, /dev, /proc, /tmp and {WORKSPACE})",
+                    alias.display()
+                )));
+            }
+            let mut dirs: Vec<&Path> = alias.ancestors().filter(|d| d.parent().is_some()).collect();
+            dirs.reverse();
+            for dir in dirs {
+                push(
+                    Step::Mkdir(cpath(&inside(&dir.to_string_lossy()))?),
+                    format!("make {}", dir.display()),
+                );
+            }
+            let at = inside(&alias.to_string_lossy());
+            push(
+                mount(
+                    Some(workspace.as_os_str().as_bytes()),
+                    &at,
+                    None,
+                    libc::MS_BIND | libc::MS_REC,
+                    None,
+                )?,
+                format!("bind the workspace at {}", alias.display()),
+            );
+            push(
+                mount(
+                    None,
+                    &at,
+                    None,
+                    libc::MS_REMOUNT
+                        | libc::MS_BIND
+                        | libc::MS_NOSUID
+                        | libc::MS_NODEV
+                        | kept_flags(workspace),
+                    None,
+                )?,
+                format!("make {} nosuid", alias.display()),
+            );
+        }
+
         push(
             Step::PivotRoot(cpath(root)?),
             "pivot_root into the sandbox".into(),
@@ -450,10 +601,22 @@ impl Plan {
             Step::Hostname(cstr(HOSTNAME.as_bytes())?),
             "set the hostname".into(),
         );
+        let mut dns_channel = None;
         if loopback {
             push(Step::LoopbackUp, "bring the loopback interface up".into());
+            if let Some(resolver) = dns.and_then(|d| d.relay_to) {
+                let (server, child) = socket_pair()?;
+                push(
+                    Step::DnsSocket {
+                        addr: dns::sockaddr(resolver, dns::PORT),
+                        channel: child.as_raw_fd(),
+                    },
+                    format!("bind the DNS relay's socket at {resolver}:{}", dns::PORT),
+                );
+                dns_channel = Some((server, child));
+            }
         }
-        Ok(Plan { steps })
+        Ok(Plan { steps, dns_channel })
     }
 }
 
