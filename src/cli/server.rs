@@ -240,6 +240,7 @@ pub async fn serve(args: ServeArgs, paths: &Paths) -> Result<ExitCode, Failure> 
     let server = Server::start(ServeOptions {
         data_dir: paths.data_dir.clone(),
         config,
+        config_file: Some(paths.config_file.clone()),
         auto: args.auto,
         listen: args.listen.clone(),
         token,
