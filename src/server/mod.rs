@@ -16,6 +16,7 @@
 mod answer;
 mod conn;
 mod http;
+mod lend;
 mod reload;
 mod runs;
 mod watch;
@@ -25,6 +26,7 @@ pub mod idle;
 pub mod socket;
 
 pub use http::require_token;
+pub use lend::serve_guarded;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
