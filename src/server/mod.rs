@@ -15,6 +15,7 @@
 
 mod answer;
 mod conn;
+mod cost;
 mod http;
 mod lend;
 mod reload;
@@ -52,6 +53,8 @@ struct AppState {
     runs: Arc<runs::Runs>,
     /// Turns true when the server stops accepting requests (ends the watch streams).
     closing: tokio::sync::watch::Receiver<bool>,
+    /// The config file, followed: the config the server runs with now.
+    config: Arc<reload::ConfigWatch>,
 }
 
 /// The server's fixed facts, for `GET /v1/health`.
@@ -298,6 +301,7 @@ impl Server {
                 .await,
         );
         let state = AppState {
+            config: config.clone(),
             runs: Default::default(),
             orch: orch.clone(),
             activity: activity.clone(),

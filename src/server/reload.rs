@@ -100,6 +100,11 @@ impl ConfigWatch {
         watch
     }
 
+    /// The config the server runs with now.
+    pub(super) async fn running(&self) -> Config {
+        self.seen.lock().await.running.clone()
+    }
+
     /// Applies the file's live keys when it changed since it was last read; the file's error
     /// when it does not load.
     async fn refresh(&self) -> Result<(), Arc<ConfigError>> {
