@@ -258,9 +258,11 @@ fn note_env_override(key: &str) {
     }
 }
 
-/// A server that runs read the config when it started, and keeps what it read: says so after
-/// `config set`, with how to restart it (issue 32 item 13: a changed `terminal.timeout` went
-/// unapplied, silently). `terminal.server` is the CLI's own, read at every command.
+/// After `config set`, says what a running server makes of the new value: it applies a live key
+/// (`config::live`) from its next request, and reads any other key only as it starts — then
+/// this names the key and how to restart the server (issue 32 item 13: a changed
+/// `terminal.timeout` went unapplied, silently). `terminal.server` is the CLI's own, read at
+/// every command.
 #[cfg(feature = "server")]
 fn note_running_server(key: &str, paths: &Paths) {
     use taskbox::client::blocking::BlockingClient;
@@ -270,8 +272,12 @@ fn note_running_server(key: &str, paths: &Paths) {
     let pid = taskbox::client::server_pid(&paths.data_dir)
         .map(|p| format!(" (pid {p})"))
         .unwrap_or_default();
+    if taskbox::config::live::applies_live(key) {
+        eprintln!("note: the taskbox server{pid} applies the new {key} from its next command");
+        return;
+    }
     eprintln!(
-        "note: the taskbox server{pid} running for {} read the config when it started: the new {key} applies once it restarts",
+        "note: the taskbox server{pid} running for {} reads {key} only as it starts: the new value applies once it restarts",
         paths.data_dir.display()
     );
     eprintln!(

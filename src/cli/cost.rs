@@ -2,14 +2,16 @@
 //!
 //! Read-only and straight from the store, like `tasks` and `show` (no server, no provider, no
 //! credentials): the ledger is a fold over the journal (`taskbox::core::ledger`), which SQLite's
-//! WAL lets a reader see consistently while a server writes.
+//! WAL lets a reader see consistently while a server writes. With `--server URL` (or
+//! `TASKBOX_SERVER_URL`) the report is the remote server's `GET /v1/cost`, printed the same way:
+//! both are `cost --json`'s object, and the text is made from it.
 
-use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use clap::Args;
+use serde_json::Value;
 use taskbox::config::Config;
-use taskbox::core::ledger::{Ledger, Prices};
+use taskbox::core::ledger::Ledger;
 use taskbox::engine::cost::{self, ESTIMATE_BASIS};
 use taskbox::engine::Paths;
 use taskbox::store::StoreError;
@@ -31,11 +33,9 @@ pub struct CostArgs {
 }
 
 pub fn run(args: CostArgs, paths: &Paths) -> Result<ExitCode, Failure> {
-    let since_ms = match &args.since {
-        Some(s) => Some(cost::parse_since(s).map_err(|e| {
-            let hint = e.hint();
-            Failure::new(e.to_string()).code("invalid_since").hint(hint)
-        })?),
+    let since = args.since.as_deref().map(str::trim);
+    let since_ms = match since {
+        Some(s) => Some(cost::parse_since(s).map_err(since_failure)?),
         None => None,
     };
     let task = args.task.as_deref().map(task_id).transpose()?;
@@ -54,7 +54,7 @@ pub fn run(args: CostArgs, paths: &Paths) -> Result<ExitCode, Failure> {
         (None, Some(s)) => s.task_ids().map_err(store_err)?,
         (None, None) => Vec::new(),
     };
-    let mut rows: Vec<(TaskId, Ledger, Option<String>)> = Vec::new();
+    let mut rows: Vec<cost::CostRow> = Vec::new();
     if let Some(store) = &store {
         for id in ids {
             let (ledger, backend) =
@@ -66,112 +66,130 @@ pub fn run(args: CostArgs, paths: &Paths) -> Result<ExitCode, Failure> {
     if task.is_none() {
         rows.retain(|(_, l, _)| *l != Ledger::default());
     }
-    let since_text = args.since.as_deref().map(str::trim);
-    let totals = totals(&rows);
-    if args.json {
-        let tasks: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|(id, l, b)| {
-                let mut v = cost::ledger_json(l, b.as_deref(), &prices);
-                v["task"] = id.as_str().into();
-                v
-            })
-            .collect();
-        let mut out = serde_json::json!({
-            "since": since_text,
-            "from": taskbox::clock::format_ms(window.from),
-            "until": taskbox::clock::format_ms(window.until),
-            "tasks": tasks,
-        });
-        if task.is_none() {
-            out["totals"] = totals
-                .iter()
-                .map(|(b, l)| (b.clone(), cost::ledger_json(l, Some(b), &prices)))
-                .collect::<serde_json::Map<_, _>>()
-                .into();
-        }
-        print_json(&out)?;
+    let report = cost::report_json(&rows, &prices, since, window, task.is_none());
+    print(&report, args.json)
+}
+
+/// `taskbox --server URL cost`: the remote server's `GET /v1/cost`, printed as a local report
+/// is (its prices are the server's `cost.*` keys).
+#[cfg(feature = "server")]
+pub async fn remote(args: CostArgs, paths: &Paths) -> Result<ExitCode, Failure> {
+    let Some(client) = super::server::remote_client(paths) else {
+        return run(args, paths);
+    };
+    let since = args.since.as_deref().map(str::trim);
+    // Refused here as locally, before a request is sent.
+    if let Some(s) = since {
+        cost::parse_since(s).map_err(since_failure)?;
+    }
+    let task = args.task.as_deref().map(task_id).transpose()?;
+    let report = super::server::call(&client, taskbox::config::ServerMode::Always, |c| {
+        let task = task.clone();
+        let since = since.map(str::to_string);
+        async move { c.cost(task.as_ref(), since.as_deref()).await }
+    })
+    .await?;
+    print(&report, args.json)
+}
+
+fn since_failure(e: cost::SinceError) -> Failure {
+    let hint = e.hint();
+    Failure::new(e.to_string()).code("invalid_since").hint(hint)
+}
+
+/// Prints a report (`cost --json`'s object, made here or by a server): as it is with `json`,
+/// else one block per task, then the totals per backend when it lists several tasks.
+fn print(report: &Value, json: bool) -> Result<ExitCode, Failure> {
+    if json {
+        print_json(report)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let period = match since_text {
+    let period = match report["since"].as_str() {
         Some(s) => format!("the last {s}"),
         None => "all time".to_string(),
     };
-    if rows.is_empty() {
+    let empty = Vec::new();
+    let tasks = report["tasks"].as_array().unwrap_or(&empty);
+    if tasks.is_empty() {
         outln!("no task used anything in {period}");
         return Ok(ExitCode::SUCCESS);
     }
-    for (id, l, b) in &rows {
+    for t in tasks {
         outln!(
-            "{id} ({}), {period}:",
-            b.as_deref().unwrap_or("no backend yet")
+            "{} ({}), {period}:",
+            t["task"].as_str().unwrap_or("?"),
+            t["backend"].as_str().unwrap_or("no backend yet")
         );
-        print_ledger(l, b.as_deref(), &prices);
+        print_ledger(t);
     }
-    if task.is_none() && rows.len() > 1 {
-        for (b, l) in &totals {
-            outln!("total on {b} ({} task(s)), {period}:", count(&rows, b));
-            print_ledger(l, Some(b), &prices);
+    if let (Some(totals), true) = (report["totals"].as_object(), tasks.len() > 1) {
+        for (b, l) in totals {
+            let count = tasks
+                .iter()
+                .filter(|t| t["backend"].as_str().unwrap_or("unknown") == b)
+                .count();
+            outln!("total on {b} ({count} task(s)), {period}:");
+            print_ledger(l);
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn count(rows: &[(TaskId, Ledger, Option<String>)], backend: &str) -> usize {
-    rows.iter()
-        .filter(|(_, _, b)| b.as_deref().unwrap_or("unknown") == backend)
-        .count()
+/// A number of a ledger's JSON (`ledger_json`), 0 when missing.
+fn num(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or(0.0)
 }
 
-/// The rows' totals by backend (a snapshot shared by forks counted once).
-fn totals(rows: &[(TaskId, Ledger, Option<String>)]) -> BTreeMap<String, Ledger> {
-    let mut by: BTreeMap<String, Vec<&Ledger>> = BTreeMap::new();
-    for (_, l, b) in rows {
-        by.entry(b.clone().unwrap_or_else(|| "unknown".into()))
-            .or_default()
-            .push(l);
-    }
-    by.into_iter().map(|(b, ls)| (b, Ledger::sum(ls))).collect()
+/// A whole number of a ledger's JSON, 0 when missing.
+fn count(v: &Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or(0)
 }
 
-fn print_ledger(l: &Ledger, backend: Option<&str>, prices: &Prices) {
+fn print_ledger(l: &Value) {
     outln!(
         "  sandbox time       {} ({:.4} h)",
-        human_ms(l.sandbox_ms),
-        l.sandbox_hours()
+        human_ms(count(l, "sandbox_seconds").saturating_mul(1000)),
+        num(l, "sandbox_hours")
     );
-    outln!("  creations          {}", l.creations);
-    let priced = cost::is_priced(backend);
+    outln!("  creations          {}", count(l, "creations"));
+    let estimate = &l["estimate_usd"];
+    let priced = estimate.is_object();
     if priced {
         outln!(
             "  sessions reported  {} (usage the platform reported as the sessions ended)",
-            l.sessions_reported
+            count(l, "sessions_reported")
         );
-        if l.sessions_unknown > 0 {
+        let unknown = count(l, "sessions_unknown");
+        if unknown > 0 {
             outln!(
-                "  usage unknown      {} session(s): the platform did not answer when asked, so \
-                 their CPU, memory and transfer are missing below",
-                l.sessions_unknown
+                "  usage unknown      {unknown} session(s): the platform did not answer when asked, so \
+                 their CPU, memory and transfer are missing below"
             );
         }
-        outln!("  active CPU         {:.6} vCPU-hours", l.vcpu_hours());
-        outln!("  memory             {:.6} GB-hours", l.memory_gb_hours());
-        outln!("  transfer           {:.6} GB", l.transfer_gb());
+        outln!(
+            "  active CPU         {:.6} vCPU-hours",
+            num(l, "vcpu_hours")
+        );
+        outln!(
+            "  memory             {:.6} GB-hours",
+            num(l, "memory_gb_hours")
+        );
+        outln!("  transfer           {:.6} GB", num(l, "transfer_gb"));
     }
     outln!(
         "  snapshots kept     {} in {} snapshot(s)",
-        human_bytes(l.snapshot_bytes_kept()),
-        l.snapshots_kept.len()
+        human_bytes(count(l, "snapshot_bytes_kept")),
+        count(l, "snapshots_kept")
     );
     outln!(
         "  snapshot storage   {:.9} GB-months",
-        l.snapshot_gb_months()
+        num(l, "snapshot_gb_months")
     );
     if priced {
-        let e = l.estimate(prices);
+        let e = |k: &str| num(estimate, k);
         outln!(
             "  {ESTIMATE_BASIS}: ${:.6} (CPU ${:.6}, memory ${:.6}, creations ${:.6}, transfer ${:.6}, snapshots ${:.6}; prices: cost.* keys)",
-            e.total, e.active_cpu, e.memory, e.creations, e.transfer, e.snapshots
+            e("total"), e("active_cpu"), e("memory"), e("creations"), e("transfer"), e("snapshots")
         );
     } else {
         outln!("  no price: the local backend runs on this machine (figures are resource units)");

@@ -598,6 +598,10 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        #[cfg(feature = "server")]
+        Cmd::Cost(args) if server::remote_client(paths).is_some() => {
+            cost::remote(args, paths).await
+        }
         Cmd::Cost(args) => cost::run(args, paths),
         Cmd::Config(cmd) => config_cmd(cmd, paths),
         Cmd::ExportSnapshot(args) => export_snapshot(paths, &args),

@@ -68,12 +68,13 @@ fn served_remotely(cmd: &super::Cmd) -> bool {
             | Cmd::Gc(_)
             | Cmd::Status(_)
             | Cmd::Watch(_)
+            | Cmd::Cost(_)
     )
 }
 
 /// Reads `--server URL` (else `TASKBOX_SERVER_URL`) and the token (`--token-file`, else
 /// `TASKBOX_TOKEN`) for a command the server's API serves. A `--server` flag on a command that
-/// works on this machine's files (`config`, `cost`, `export`, `serve`…) is refused rather than
+/// works on this machine's files (`config`, `export`, `serve`…) is refused rather than
 /// ignored; the environment variable leaves those commands alone.
 pub fn choose_remote(
     flag: Option<&str>,
@@ -97,7 +98,7 @@ pub fn choose_remote(
                 "--server sends task commands to another machine's server, and this command works on this machine's files",
             )
             .code("usage")
-            .hint("--server works with run, suspend, resume, fork, rm, tasks, show, gc, status and watch; run this command on the server's machine"));
+            .hint("--server works with run, suspend, resume, fork, rm, tasks, show, gc, status, watch and cost; run this command on the server's machine"));
         }
         return Ok(());
     }
@@ -240,6 +241,7 @@ pub async fn serve(args: ServeArgs, paths: &Paths) -> Result<ExitCode, Failure> 
     let server = Server::start(ServeOptions {
         data_dir: paths.data_dir.clone(),
         config,
+        config_file: Some(paths.config_file.clone()),
         auto: args.auto,
         listen: args.listen.clone(),
         token,

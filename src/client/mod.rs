@@ -22,6 +22,7 @@
 pub mod autostart;
 pub mod blocking;
 pub mod body;
+mod cost;
 mod liveness;
 mod remote;
 mod watch;

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::{RetryPolicy, TaskSettings};
 
 mod env;
+pub mod live;
 mod values;
 
 pub use env::{CommandEnv, EnvError, MAX_ENV_BYTES, RESERVED_PREFIX};

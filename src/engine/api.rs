@@ -179,8 +179,8 @@ impl OrchestratorBuilder {
                 tx,
                 changes,
                 ownership,
-                settings,
-                env: self.config.terminal.env.clone(),
+                settings: std::sync::RwLock::new(settings),
+                env: std::sync::RwLock::new(self.config.terminal.env.clone()),
                 installation_id,
                 provider,
                 handle: Mutex::new(Some(handle)),
@@ -229,12 +229,13 @@ pub struct Orchestrator {
 
 /// What every clone of an [`Orchestrator`] shares.
 pub(super) struct Inner {
-    tx: mpsc::UnboundedSender<Msg>,
+    pub(super) tx: mpsc::UnboundedSender<Msg>,
     changes: broadcast::Sender<StateChange>,
     pub(super) ownership: Ownership,
-    settings: TaskSettings,
+    /// The settings new commands and tasks get ([`Orchestrator::reconfigure`] replaces them).
+    pub(super) settings: std::sync::RwLock<TaskSettings>,
     /// `terminal.env`: the variables every command gets, under a run's own.
-    env: CommandEnv,
+    pub(super) env: std::sync::RwLock<CommandEnv>,
     pub(super) installation_id: String,
     pub(super) provider: Arc<dyn SandboxProvider>,
     handle: Mutex<Option<JoinHandle<()>>>,
@@ -323,11 +324,12 @@ impl Orchestrator {
             });
         }
         // Saturating: a huge timeout must never wrap into a tiny one.
-        let timeout_ms = timeout.map_or(self.inner.settings.command_timeout_ms, |d| {
-            u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-        });
+        let timeout_ms = timeout.map_or_else(
+            || self.settings().command_timeout_ms,
+            |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1),
+        );
         // The run's own variables over `terminal.env`.
-        io.env = io.env.over(&self.inner.env);
+        io.env = io.env.over(&self.command_env());
         let answer = self
             .request(
                 task,

@@ -140,3 +140,85 @@ pub fn ledger_json(ledger: &Ledger, backend: Option<&str>, prices: &Prices) -> s
     }
     v
 }
+
+/// One task's row of a cost report: the task, its ledger over the window, its backend.
+pub type CostRow = (TaskId, Ledger, Option<String>);
+
+impl super::Orchestrator {
+    /// The ledgers `taskbox cost` reports, read on the event loop from the store (as `show`
+    /// reads): `task`'s alone ([`EngineError::NoTask`] when there is no such task), or every
+    /// task that used something in `window`.
+    pub async fn ledgers(
+        &self,
+        task: Option<TaskId>,
+        window: Window,
+    ) -> Result<Vec<CostRow>, EngineError> {
+        self.query(move |lp| {
+            let all = task.is_none();
+            let ids = match task {
+                Some(t) if lp.store.load_task(t.as_str())?.is_some() => vec![t],
+                Some(t) => {
+                    let names = lp.store.task_ids()?;
+                    return Err(EngineError::NoTask {
+                        suggestion: super::closest(t.as_str(), names.iter().map(TaskId::as_str)),
+                        task: t,
+                    });
+                }
+                None => lp.store.task_ids()?,
+            };
+            let mut rows = Vec::with_capacity(ids.len());
+            for id in ids {
+                let (ledger, backend) = task_ledger(&lp.store, &id, window)?;
+                rows.push((id, ledger, backend));
+            }
+            if all {
+                rows.retain(|(_, l, _)| *l != Ledger::default());
+            }
+            Ok(rows)
+        })
+        .await
+    }
+}
+
+/// `taskbox cost --json` (and `GET /v1/cost`): each row's ledger as [`ledger_json`] with its
+/// task, the window, and with `totals` (one ledger per backend, a snapshot shared by forks
+/// counted once) when the report is of every task (`all`).
+pub fn report_json(
+    rows: &[CostRow],
+    prices: &Prices,
+    since: Option<&str>,
+    window: Window,
+    all: bool,
+) -> serde_json::Value {
+    let tasks: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|(id, l, b)| {
+            let mut v = ledger_json(l, b.as_deref(), prices);
+            v["task"] = id.as_str().into();
+            v
+        })
+        .collect();
+    let mut out = serde_json::json!({
+        "since": since,
+        "from": crate::clock::format_ms(window.from),
+        "until": crate::clock::format_ms(window.until),
+        "tasks": tasks,
+    });
+    if all {
+        let mut by: std::collections::BTreeMap<String, Vec<&Ledger>> = Default::default();
+        for (_, l, b) in rows {
+            by.entry(b.clone().unwrap_or_else(|| "unknown".into()))
+                .or_default()
+                .push(l);
+        }
+        out["totals"] = by
+            .into_iter()
+            .map(|(b, ls)| {
+                let v = ledger_json(&Ledger::sum(ls), Some(&b), prices);
+                (b, v)
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+    }
+    out
+}

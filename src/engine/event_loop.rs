@@ -95,6 +95,11 @@ pub(super) enum Msg {
     Shutdown {
         done: oneshot::Sender<()>,
     },
+    /// New settings for the tasks from now on (`reconfigure.rs`).
+    Reconfigure {
+        settings: TaskSettings,
+        done: oneshot::Sender<()>,
+    },
     /// `taskbox rm`: mark the task removed and unload it; the answer says what to stop and
     /// delete (the API performs those calls).
     Remove {
@@ -259,6 +264,10 @@ impl EventLoop {
                 Msg::Shutdown { done } => {
                     self.cancel_timers(None);
                     self.shutdown = Some(done);
+                }
+                Msg::Reconfigure { settings, done } => {
+                    self.reconfigure(settings);
+                    let _ = done.send(());
                 }
             }
         }

@@ -46,6 +46,7 @@ mod lock;
 mod new_task;
 mod owner;
 mod paths;
+mod reconfigure;
 mod unload;
 // Timers are tokio sleeps, so they follow a paused clock in simulation.
 #[allow(clippy::disallowed_methods)]

@@ -34,6 +34,7 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/tasks/{task}/remove", post(remove))
         .route("/tasks/{task}/fork", post(fork))
         .route("/gc", post(gc))
+        .route("/cost", get(super::cost::cost))
         .route("/shutdown", post(shutdown));
     Router::new()
         .nest(API_PREFIX, v1)

@@ -15,7 +15,10 @@
 
 mod answer;
 mod conn;
+mod cost;
 mod http;
+mod lend;
+mod reload;
 mod runs;
 mod watch;
 // The idle clock: when the last request ended, and a periodic look at the loaded tasks.
@@ -24,6 +27,7 @@ pub mod idle;
 pub mod socket;
 
 pub use http::require_token;
+pub use lend::serve_guarded;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -49,6 +53,8 @@ struct AppState {
     runs: Arc<runs::Runs>,
     /// Turns true when the server stops accepting requests (ends the watch streams).
     closing: tokio::sync::watch::Receiver<bool>,
+    /// The config file, followed: the config the server runs with now.
+    config: Arc<reload::ConfigWatch>,
 }
 
 /// The server's fixed facts, for `GET /v1/health`.
@@ -179,8 +185,12 @@ pub fn read_token_file(path: &Path) -> Result<String, ServerError> {
 pub struct ServeOptions {
     /// The data dir.
     pub data_dir: PathBuf,
-    /// The configuration (read once, at start).
+    /// The configuration as the server starts (with the overrides of its flags and
+    /// environment).
     pub config: Config,
+    /// The file `config` was read from: the server follows it, applying the keys that need no
+    /// restart to the next request (`reload.rs`). `None`: no file is followed.
+    pub config_file: Option<PathBuf>,
     /// Started by the CLI: exit once idle with no live sandbox.
     pub auto: bool,
     /// Also listen on this TCP address (then `token` is required).
@@ -286,7 +296,12 @@ impl Server {
             .and_then(|(l, _)| l.local_addr().ok())
             .map(|a| a.to_string());
         let (closing_tx, closing) = tokio::sync::watch::channel(false);
+        let config = Arc::new(
+            reload::ConfigWatch::start(opts.config_file.clone(), orch.clone(), opts.config.clone())
+                .await,
+        );
         let state = AppState {
+            config: config.clone(),
             runs: Default::default(),
             orch: orch.clone(),
             activity: activity.clone(),
@@ -301,7 +316,10 @@ impl Server {
             stop: stop.clone(),
             closing: closing.clone(),
         };
-        let app = http::router(state);
+        let app = http::router(state).layer(axum::middleware::from_fn_with_state(
+            config,
+            reload::follow_config,
+        ));
         let mut servers = Vec::new();
         // The Unix socket has an accept loop of its own and no cap: it is served whatever the
         // TCP listener's clients do.

@@ -30,6 +30,7 @@ mod layering;
 mod live;
 mod local_provider;
 mod mcp;
+mod mcp_http;
 mod pg;
 mod provider_contract;
 mod redaction;

@@ -254,10 +254,9 @@ async fn serve_http(
         "taskbox mcp (pid {}) serving MCP over streamable HTTP at http://{bound}/mcp (bearer token required)",
         std::process::id()
     );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(signals())
-        .await
-        .map_err(|e| Failure::new(format!("the MCP HTTP server failed: {e}")))?;
+    // The server's own accept loop: a deadline for a request's head (a half-sent request is
+    // closed), a bound on a body's stalls and a connection cap.
+    taskbox::server::serve_guarded(listener, app, signals()).await;
     Ok(ExitCode::SUCCESS)
 }
 

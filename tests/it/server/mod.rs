@@ -6,6 +6,7 @@ mod gc;
 mod hostile;
 mod lifecycle;
 mod recovery;
+mod reload;
 mod remote;
 mod security;
 mod slow;

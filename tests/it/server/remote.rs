@@ -345,3 +345,93 @@ fn a_task_elsewhere_answer_is_followed_to_the_owner() {
     // Reads need no lease: any server of the fleet shows the task from the shared store.
     assert!(ok(&b.run(&["show", "moving", "--json"])).contains(r#""moving""#));
 }
+
+/// `taskbox --server URL cost` (issue 32 item 19): the remote server's `GET /v1/cost` is the
+/// report `cost` prints on the server's machine — the same tasks and figures in `--json`, the
+/// same text without — and its refusals (an unknown task, a bad `--since`) are clear errors.
+#[test]
+fn cost_over_the_server_is_the_servers_report() {
+    let r = Remote::start();
+    ok(&r.run(&["run", "-t", "priced", "--", "echo kept > f.txt"]));
+    ok(&r.run(&["run", "-t", "other", "--", "true"]));
+    ok(&r.run(&["suspend", "priced"]));
+    ok(&r.run(&["suspend", "other"]));
+
+    // Both suspended: nothing runs, so the figures hold still between the two reads — but
+    // storage, which grows with the time snapshots are kept.
+    let report = |o: std::process::Output| {
+        let mut v: serde_json::Value = serde_json::from_str(&ok(&o)).expect("JSON");
+        for t in v["tasks"].as_array_mut().expect("tasks") {
+            t["snapshot_gb_months"].take();
+        }
+        for (_, t) in v["totals"].as_object_mut().expect("totals").iter_mut() {
+            t["snapshot_gb_months"].take();
+        }
+        v
+    };
+    let local = report(r.server.home.run(&["cost", "--json"]));
+    let remote = report(r.run(&["cost", "--json"]));
+    assert_eq!(remote["tasks"], local["tasks"], "{remote}\n{local}");
+    assert_eq!(remote["totals"], local["totals"], "{remote}\n{local}");
+    let names: Vec<&str> = remote["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .filter_map(|t| t["task"].as_str())
+        .collect();
+    assert_eq!(names, ["other", "priced"], "{remote}");
+    assert_eq!(remote["tasks"][1]["creations"], 1, "{remote}");
+    assert!(
+        remote["tasks"][1]["snapshot_bytes_kept"].as_u64() > Some(0),
+        "{remote}"
+    );
+
+    // The text is the server machine's, and one task alone has no totals.
+    let text = ok(&r.run(&["cost", "priced", "--since", "1h"]));
+    assert_eq!(
+        text,
+        ok(&r.server.home.run(&["cost", "priced", "--since", "1h"])),
+        "{text}"
+    );
+    assert!(text.starts_with("priced (local), the last 1h:"), "{text}");
+    let one: serde_json::Value =
+        serde_json::from_str(&ok(&r.run(&["cost", "priced", "--json"]))).expect("JSON");
+    assert!(one.get("totals").is_none(), "{one}");
+
+    // TASKBOX_SERVER_URL alone sends it there too; the client has no data dir.
+    let o = r
+        .client
+        .cmd()
+        .env("TASKBOX_SERVER_URL", &r.url)
+        .env("TASKBOX_TOKEN", TOKEN)
+        .args(["cost", "--json"])
+        .output()
+        .expect("taskbox");
+    assert!(ok(&o).contains(r#""priced""#));
+    assert!(!r.client.path().join("data").exists());
+
+    let o = r.run(&["cost", "nope"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("no task named `nope`"),
+        "{}",
+        stderr(&o)
+    );
+    let o = r.run(&["cost", "--since", "7x"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("invalid --since `7x`"),
+        "{}",
+        stderr(&o)
+    );
+    // The server answers a bad `since` itself too (a client that skips the CLI's check).
+    let o = r
+        .client
+        .cmd()
+        .env("TASKBOX_TOKEN", TOKEN)
+        .args(["--server", &r.url, "cost", "--json", "--since", "0d"])
+        .output()
+        .expect("taskbox");
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("it is zero"), "{}", stderr(&o));
+}

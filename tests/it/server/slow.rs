@@ -358,32 +358,6 @@ fn a_stopped_server_is_named_and_signals_end_the_wait() {
     assert_eq!(crate::support::stdout(&o), "back\n", "{}", stderr(&o));
 }
 
-/// `config set` on a running server says the server keeps the value it read until it restarts,
-/// and how to restart it; once restarted, the new value applies (issue 32 item 13: a changed
-/// `terminal.timeout` was ignored, silently).
-#[test]
-fn config_set_names_the_running_server_and_its_restart() {
-    let h = ServerHome::new();
-    crate::support::ok(&h.home.run(&["run", "-t", "warm", "--", "true"]));
-    let pid = h.wait_for_server();
-    let o = h.home.run(&["config", "set", "terminal.timeout", "1"]);
-    let err = stderr(&o);
-    assert!(o.status.success(), "{err}");
-    assert!(err.contains(&format!("(pid {pid})")), "{err}");
-    assert!(
-        err.contains("terminal.timeout applies once it restarts"),
-        "{err}"
-    );
-    assert!(err.contains("taskbox serve --stop"), "{err}");
-    // The CLI's own key needs no restart: no note.
-    let o = h.home.run(&["config", "set", "terminal.server", "auto"]);
-    assert!(!stderr(&o).contains("restart"), "{}", stderr(&o));
-
-    crate::support::ok(&h.home.run(&["serve", "--stop"]));
-    let o = h.home.run(&["run", "-t", "warm", "--", "sleep", "3"]);
-    assert_eq!(o.status.code(), Some(124), "{}", stderr(&o));
-}
-
 /// An auto-started server that refuses its config: the CLI answers at once with the server's
 /// own error and hint, not "exited (exit status: 125)… see serve.log" after a minute of starts
 /// (issue 32 item 13).
