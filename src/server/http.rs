@@ -37,6 +37,7 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/shutdown", post(shutdown));
     Router::new()
         .nest(API_PREFIX, v1)
+        .route(super::metrics::PATH, get(super::metrics::metrics))
         .fallback(|| async {
             failure(
                 StatusCode::NOT_FOUND,

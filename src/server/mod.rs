@@ -16,6 +16,7 @@
 mod answer;
 mod conn;
 mod http;
+mod metrics;
 mod runs;
 mod watch;
 // The idle clock: when the last request ended, and a periodic look at the loaded tasks.

@@ -31,6 +31,7 @@ mod live;
 mod local_provider;
 mod mcp;
 mod pg;
+mod prom_text;
 mod provider_contract;
 mod redaction;
 mod replay;

@@ -5,6 +5,7 @@ mod fleet;
 mod gc;
 mod hostile;
 mod lifecycle;
+mod metrics;
 mod recovery;
 mod remote;
 mod security;
