@@ -10,6 +10,8 @@
     clippy::print_stderr
 )]
 
+mod api_fuzz;
+mod api_spec;
 mod bench;
 mod chaos;
 mod cli;
