@@ -76,3 +76,21 @@ pub fn format_ms(ms: Millis) -> String {
     let t = UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_millis(t).to_string()
 }
+
+/// A real-time measure of how long something took, for `/metrics` only (`crate::metrics`):
+/// what it reads never reaches the core, the journal or a decision, so it is not the engine's
+/// (possibly virtual) clock.
+#[derive(Debug, Clone, Copy)]
+pub struct Stopwatch(std::time::Instant);
+
+impl Stopwatch {
+    /// Starts measuring now.
+    pub fn start() -> Stopwatch {
+        Stopwatch(std::time::Instant::now())
+    }
+
+    /// Seconds since [`Stopwatch::start`].
+    pub fn elapsed_secs(&self) -> f64 {
+        self.0.elapsed().as_secs_f64()
+    }
+}

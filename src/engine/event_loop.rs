@@ -12,7 +12,7 @@ use tracing::{debug, info_span, warn};
 
 use super::batch::{batch_sync, Staged};
 use super::{EngineError, StateChange};
-use crate::clock::Clock;
+use crate::clock::{Clock, Stopwatch};
 use crate::core::{
     step, Event, FailureReason, ForkFrom, Millis, Reply, RequestId, Task, TaskSettings, TimerKind,
 };
@@ -583,7 +583,9 @@ impl EventLoop {
         let staged = std::mem::take(&mut self.staged);
         let records: Vec<TransitionRecord<'_>> = staged.iter().map(Staged::record).collect();
         let sync = batch_sync(&staged);
+        let watch = Stopwatch::start();
         let batch = self.store.commit_batch_with(&records, sync);
+        crate::metrics::global().commit_done(watch.elapsed_secs(), records.len(), batch.is_ok());
         drop(records);
         if batch.is_ok() {
             for s in staged {
@@ -598,7 +600,9 @@ impl EventLoop {
                 self.dropped(&s, message);
                 continue;
             }
+            let watch = Stopwatch::start();
             let one = self.store.commit(&s.record());
+            crate::metrics::global().commit_done(watch.elapsed_secs(), 1, one.is_ok());
             match one {
                 Ok(_) => self.committed(s),
                 Err(e) => {

@@ -94,8 +94,12 @@ impl Leases {
         .map_err(|_| EngineError::Stopped)??;
         tracing::debug!(task = %task, token = lease.token, "lease taken");
         let fresh_until = started + self.ttl - self.margin();
-        self.held()
-            .insert(task.clone(), Held { lease, fresh_until });
+        let held = {
+            let mut held = self.held();
+            held.insert(task.clone(), Held { lease, fresh_until });
+            held.len()
+        };
+        crate::metrics::global().lease_acquired(held);
         Ok(())
     }
 
@@ -111,6 +115,7 @@ impl Leases {
             h.abort();
         }
         let leases: Vec<Lease> = self.held().drain().map(|(_, h)| h.lease).collect();
+        crate::metrics::global().leases_held(0);
         if !release || leases.is_empty() {
             return;
         }
@@ -160,7 +165,9 @@ impl Fence for Leases {
     }
 
     fn lost(&self, task: &TaskId) {
-        self.held().remove(task);
+        let mut held = self.held();
+        held.remove(task);
+        crate::metrics::global().leases_held(held.len());
     }
 }
 
@@ -209,6 +216,7 @@ async fn renew(leases: std::sync::Weak<Leases>, tx: mpsc::UnboundedSender<Msg>) 
                 }
                 if is_lost {
                     held.remove(&id);
+                    crate::metrics::global().lease_lost(held.len());
                     gone.push(id);
                 } else if let Some(h) = held.get_mut(&id) {
                     h.fresh_until = fresh_until;

@@ -70,7 +70,13 @@ impl EventLoop {
             .partition(|s| &s.task == child);
         self.staged = rest;
         let records: Vec<TransitionRecord<'_>> = mine.iter().map(Staged::record).collect();
+        let watch = crate::clock::Stopwatch::start();
         let committed = self.store.commit_batch_with(&records, batch_sync(&mine));
+        crate::metrics::global().commit_done(
+            watch.elapsed_secs(),
+            records.len(),
+            committed.is_ok(),
+        );
         drop(records);
         if let Err(e) = committed {
             self.tasks.remove(child);

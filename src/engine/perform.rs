@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use super::event_loop::{Answer, Armed, EventLoop, Msg};
+use crate::clock::Stopwatch;
 use crate::core::retention::{self, Disposal};
 use crate::core::{Command, Event, Failure, Millis, Reply, RequestId, TimerKind};
 use crate::ids::{SnapshotId, TaskId};
@@ -80,6 +81,7 @@ impl EventLoop {
     fn schedule_timer(&mut self, id: &TaskId, timer: TimerKind, at: Millis, now: Millis) {
         let mut delay = at.saturating_sub(now);
         if timer == TimerKind::Retry {
+            crate::metrics::global().retry_scheduled();
             delay = self.jitter.apply(delay);
         }
         let key = (id.clone(), timer);
@@ -130,12 +132,29 @@ impl EventLoop {
         }
     }
 
+    /// The recorded size of the snapshot a `create_sandbox` restores (for `/metrics`), `None`
+    /// for any other call and for a fresh sandbox.
+    fn restored_bytes(&self, task: &TaskId, call: &Call) -> Option<u64> {
+        let Call::CreateSandbox { spec } = call else {
+            return None;
+        };
+        let source = spec.source_snapshot.as_ref()?;
+        let size = self.tasks.get(task).and_then(|t| {
+            t.snapshots
+                .iter()
+                .find(|s| s.id.as_ref() == Some(source))
+                .map(|s| s.size_bytes)
+        });
+        Some(size.unwrap_or(0))
+    }
+
     /// Runs one provider call in its own future, which only sends its outcome back to the loop.
     fn spawn_call(&mut self, task: &TaskId, call: Call, io: ExecIo) {
         self.call_started(task);
         let p = self.provider.clone();
         // Bounded creation concurrency keeps a burst of tasks under the provider's rate limits.
         let creates = matches!(call, Call::CreateSandbox { .. }).then(|| self.creates.clone());
+        let restored_bytes = self.restored_bytes(task, &call);
         let tx = self.tx.clone();
         let task = task.clone();
         tokio::spawn(async move {
@@ -144,7 +163,12 @@ impl EventLoop {
                     Some(creates) => Some(creates.acquire_owned().await),
                     None => None,
                 };
-                call.perform_live(&*p, io).await
+                // Counted from after the permit: the call's own time, not its wait.
+                let watch = Stopwatch::start();
+                let (event, output) = call.perform_live(&*p, io).await;
+                let secs = watch.elapsed_secs();
+                crate::metrics::global().call_done(call.name(), &event, secs, restored_bytes);
+                (event, output)
             };
             let _ = tx.send(Msg::Outcome {
                 task,

@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-use super::answer::{engine_failure, failure, task_id, Failure};
+use super::answer::{engine_failure, failure, json_object, task_id, Failure};
 use super::AppState;
 use crate::client::wire::{ApiError, GcRequest, Health, LiveTask, API_PREFIX};
 use crate::engine::EngineError;
@@ -38,6 +38,7 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/shutdown", post(shutdown));
     Router::new()
         .nest(API_PREFIX, v1)
+        .route(super::metrics::PATH, get(super::metrics::metrics))
         .fallback(|| async {
             failure(
                 StatusCode::NOT_FOUND,
@@ -104,7 +105,7 @@ fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(bytes).map_err(|e| {
+    json_object(bytes).map_err(|e| {
         failure(
             StatusCode::BAD_REQUEST,
             ApiError::new("bad_request", format!("the request body is not valid: {e}")),

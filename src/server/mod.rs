@@ -18,6 +18,7 @@ mod conn;
 mod cost;
 mod http;
 mod lend;
+mod metrics;
 mod reload;
 mod runs;
 mod watch;

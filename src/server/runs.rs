@@ -19,7 +19,7 @@ use axum::Json;
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 
-use super::answer::{engine_failure, failure, task_id, Failure};
+use super::answer::{engine_failure, failure, json_object, task_id, Failure};
 use super::AppState;
 use crate::client::body::ChannelBody;
 use crate::client::wire::{ApiError, CancelRequest, RunEvent, RunRequest};
@@ -69,7 +69,7 @@ pub(super) async fn run(
 ) -> Result<Response, Failure> {
     let busy = st.activity.begin();
     let task = task_id(&task)?;
-    let req: RunRequest = serde_json::from_slice(&bytes).map_err(|e| {
+    let req: RunRequest = json_object(&bytes).map_err(|e| {
         failure(
             StatusCode::BAD_REQUEST,
             ApiError::new("bad_request", format!("the request body is not valid: {e}"))
@@ -174,7 +174,7 @@ pub(super) async fn cancel(
     Path(run): Path<String>,
     bytes: Bytes,
 ) -> Result<Json<serde_json::Value>, Failure> {
-    let req: CancelRequest = serde_json::from_slice(&bytes).map_err(|e| {
+    let req: CancelRequest = json_object(&bytes).map_err(|e| {
         failure(
             StatusCode::BAD_REQUEST,
             ApiError::new("bad_request", format!("the request body is not valid: {e}"))

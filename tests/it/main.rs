@@ -10,6 +10,8 @@
     clippy::print_stderr
 )]
 
+mod api_fuzz;
+mod api_spec;
 mod bench;
 mod chaos;
 mod cli;
@@ -32,6 +34,7 @@ mod local_provider;
 mod mcp;
 mod mcp_http;
 mod pg;
+mod prom_text;
 mod provider_contract;
 mod redaction;
 mod replay;

@@ -1,10 +1,12 @@
 //! `taskbox serve` and the CLI as its client, end to end: real sockets, real processes (the
 //! built binary), each test in its own `TASKBOX_HOME`, every server killed at the end.
 
+mod api_cases;
 mod fleet;
 mod gc;
 mod hostile;
 mod lifecycle;
+mod metrics;
 mod recovery;
 mod reload;
 mod remote;
