@@ -77,7 +77,7 @@ pub fn format_ms(ms: Millis) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
-/// A real-time measure of how long something took, for `/metrics` only (`crate::metrics`):
+/// A real-time measure of how long something took, for `/metrics` only (`crate::engine::metrics`):
 /// what it reads never reaches the core, the journal or a decision, so it is not the engine's
 /// (possibly virtual) clock.
 #[derive(Debug, Clone, Copy)]

@@ -36,7 +36,6 @@ pub mod engine;
 #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
 pub mod fake;
 pub use taskbox_core::ids;
-pub mod metrics;
 pub mod provider;
 pub mod redact;
 pub mod replay;

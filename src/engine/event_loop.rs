@@ -585,7 +585,11 @@ impl EventLoop {
         let sync = batch_sync(&staged);
         let watch = Stopwatch::start();
         let batch = self.store.commit_batch_with(&records, sync);
-        crate::metrics::global().commit_done(watch.elapsed_secs(), records.len(), batch.is_ok());
+        crate::engine::metrics::global().commit_done(
+            watch.elapsed_secs(),
+            records.len(),
+            batch.is_ok(),
+        );
         drop(records);
         if batch.is_ok() {
             for s in staged {
@@ -602,7 +606,7 @@ impl EventLoop {
             }
             let watch = Stopwatch::start();
             let one = self.store.commit(&s.record());
-            crate::metrics::global().commit_done(watch.elapsed_secs(), 1, one.is_ok());
+            crate::engine::metrics::global().commit_done(watch.elapsed_secs(), 1, one.is_ok());
             match one {
                 Ok(_) => self.committed(s),
                 Err(e) => {

@@ -99,7 +99,7 @@ impl Leases {
             held.insert(task.clone(), Held { lease, fresh_until });
             held.len()
         };
-        crate::metrics::global().lease_acquired(held);
+        crate::engine::metrics::global().lease_acquired(held);
         Ok(())
     }
 
@@ -115,7 +115,7 @@ impl Leases {
             h.abort();
         }
         let leases: Vec<Lease> = self.held().drain().map(|(_, h)| h.lease).collect();
-        crate::metrics::global().leases_held(0);
+        crate::engine::metrics::global().leases_held(0);
         if !release || leases.is_empty() {
             return;
         }
@@ -167,7 +167,7 @@ impl Fence for Leases {
     fn lost(&self, task: &TaskId) {
         let mut held = self.held();
         held.remove(task);
-        crate::metrics::global().leases_held(held.len());
+        crate::engine::metrics::global().leases_held(held.len());
     }
 }
 
@@ -216,7 +216,7 @@ async fn renew(leases: std::sync::Weak<Leases>, tx: mpsc::UnboundedSender<Msg>) 
                 }
                 if is_lost {
                     held.remove(&id);
-                    crate::metrics::global().lease_lost(held.len());
+                    crate::engine::metrics::global().lease_lost(held.len());
                     gone.push(id);
                 } else if let Some(h) = held.get_mut(&id) {
                     h.fresh_until = fresh_until;

@@ -19,7 +19,8 @@
 //! `error` ([`EngineError`]), `event_loop` (the loop and its messages), `perform` (commands to
 //! provider calls and back to events), `gc`, `owner` (who may drive a task: `lock`, the per-task
 //! `flock` of the SQLite store, or `lease`, a fleet's leases on a PostgreSQL store, with
-//! `fleet` the loop's side of them) and `paths` (where taskbox keeps its files).
+//! `fleet` the loop's side of them), `paths` (where taskbox keeps its files) and `metrics` (the
+//! process's Prometheus counters, which the loop, its calls and its leases bump).
 //!
 //! [`Task`]: crate::core::Task
 //! [`Store`]: crate::store::Store
@@ -34,6 +35,7 @@ mod event_loop;
 mod fence;
 mod fleet;
 mod gc;
+pub mod metrics;
 // A lease's freshness is measured on this process's monotonic clock (`Instant`), and renewals
 // are paced by a tokio sleep: a fleet server's own timers, never a simulation's.
 #[cfg(feature = "postgres")]

@@ -72,7 +72,7 @@ impl EventLoop {
         let records: Vec<TransitionRecord<'_>> = mine.iter().map(Staged::record).collect();
         let watch = crate::clock::Stopwatch::start();
         let committed = self.store.commit_batch_with(&records, batch_sync(&mine));
-        crate::metrics::global().commit_done(
+        crate::engine::metrics::global().commit_done(
             watch.elapsed_secs(),
             records.len(),
             committed.is_ok(),

@@ -81,7 +81,7 @@ impl EventLoop {
     fn schedule_timer(&mut self, id: &TaskId, timer: TimerKind, at: Millis, now: Millis) {
         let mut delay = at.saturating_sub(now);
         if timer == TimerKind::Retry {
-            crate::metrics::global().retry_scheduled();
+            crate::engine::metrics::global().retry_scheduled();
             delay = self.jitter.apply(delay);
         }
         let key = (id.clone(), timer);
@@ -167,7 +167,12 @@ impl EventLoop {
                 let watch = Stopwatch::start();
                 let (event, output) = call.perform_live(&*p, io).await;
                 let secs = watch.elapsed_secs();
-                crate::metrics::global().call_done(call.name(), &event, secs, restored_bytes);
+                crate::engine::metrics::global().call_done(
+                    call.name(),
+                    &event,
+                    secs,
+                    restored_bytes,
+                );
                 (event, output)
             };
             let _ = tx.send(Msg::Outcome {

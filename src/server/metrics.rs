@@ -1,4 +1,4 @@
-//! `GET /metrics`: the process's Prometheus metrics ([`crate::metrics`]) in the text format,
+//! `GET /metrics`: the process's Prometheus metrics ([`crate::engine::metrics`]) in the text format,
 //! on the Unix socket and, behind the bearer token, on `--listen`. What is only known by
 //! looking is read here, at each scrape: every task's state (as `GET /v1/tasks` reads them)
 //! and the sandboxes of the loaded tasks.
@@ -25,10 +25,10 @@ pub(super) async fn metrics(State(st): State<AppState>) -> Result<Response, Fail
         .iter()
         .filter(|t| t.sandbox.is_some())
         .count();
-    let text = crate::metrics::global().render(tasks.iter().map(|t| t.state), open);
+    let text = crate::engine::metrics::global().render(tasks.iter().map(|t| t.state), open);
     Ok((
         StatusCode::OK,
-        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        [(header::CONTENT_TYPE, crate::engine::metrics::CONTENT_TYPE)],
         text,
     )
         .into_response())

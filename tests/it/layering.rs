@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["core", "ids"],
     // The one redaction of secrets: the store and the config show URLs through it.
     &["redact"],
-    &["store", "clock", "config", "rng", "shell", "metrics"],
+    &["store", "clock", "config", "rng", "shell"],
     // The snapshot store (files only) sits below every provider that keeps snapshots in it.
     &["retry", "snapshot_store"],
     &["provider"],

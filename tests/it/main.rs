@@ -23,6 +23,7 @@ mod cost;
 mod crash;
 mod docs;
 mod engine;
+mod engine_metrics;
 mod fake_vercel;
 mod fork;
 mod hermes;

@@ -59,7 +59,19 @@ fn scrape(h: &ServerHome) -> Exposition {
 
 #[test]
 fn metrics_parse_and_their_counters_move_as_the_cli_drives_tasks() {
+    for mode in crate::support::isolation_modes(
+        "metrics_parse_and_their_counters_move_as_the_cli_drives_tasks",
+    ) {
+        scrapes_move(mode);
+    }
+}
+
+/// The test, with `terminal.local_isolation = mode`.
+fn scrapes_move(mode: &str) {
     let h = ServerHome::new();
+    ok(&h
+        .home
+        .run(&["config", "set", "terminal.local_isolation", mode]));
     let token_file = h.home.path().join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token");
     std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");

@@ -9,8 +9,8 @@
 //! looking (tasks by state, open sandboxes) is set by the caller at each scrape
 //! ([`Metrics::render`]).
 //!
-//! It knows the core's events (to classify a provider call's outcome) and nothing above the
-//! store's layer; the engine calls it.
+//! It knows the core's events (to classify a provider call's outcome); the engine's loop, its
+//! calls and its leases record into it, the server renders it.
 
 use std::sync::LazyLock;
 
