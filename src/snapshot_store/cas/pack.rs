@@ -199,9 +199,33 @@ impl Cas {
             looked_at += 1;
             let mode = meta.mode() & 0o7777;
             let mtime_ns = nanos(meta.mtime(), meta.mtime_nsec());
+            // A file whose size, mtime, inode and ctime are its index entry's, with a ctime
+            // older than the index, has the owner and attributes the index recorded as they
+            // were then: a chown, a chmod or a setxattr would have moved its ctime. They are
+            // taken from there rather than listed again — a second snapshot spent most of its
+            // time reading attributes nobody changed (issue 32 item 9).
+            let unchanged = index
+                .filter(|_| meta.file_type().is_file())
+                .and_then(|index| {
+                    let old = known.get(rel.as_slice())?;
+                    let EntryKind::File { size, stat, .. } = &old.kind else {
+                        return None;
+                    };
+                    let ctime_ns = nanos(meta.ctime(), meta.ctime_nsec());
+                    let same = *size == meta.len()
+                        && old.mtime_ns == mtime_ns
+                        && (stat.dev, stat.ino, stat.ctime_ns)
+                            == (meta.dev(), meta.ino(), ctime_ns)
+                        && ctime_ns < index.written_ns;
+                    same.then(|| old.meta.clone()).flatten()
+                });
             // Its owner and extended attributes: what cannot be read of them is listed as left
             // out, and the entry kept without them.
-            let owned = match super::xattr::read(&abs, meta.uid(), meta.gid()) {
+            let read = match unchanged {
+                Some(m) => Ok(m),
+                None => super::xattr::read(&abs, meta.uid(), meta.gid()),
+            };
+            let owned = match read {
                 Ok(m) => m,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
                 Err(e) => {

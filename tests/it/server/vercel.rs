@@ -126,3 +126,71 @@ fn a_warm_command_through_the_server_is_one_request() {
     assert_eq!(stats["total"], 5, "requests per warm command: {stats}");
     assert_eq!(stats["requests"]["run_command"], 5, "{stats}");
 }
+
+/// A command does not outlive the server that ran it on Vercel either (issue 32 item 7): the
+/// command's timeout is sent to the platform with it (plus a grace for taskbox's own kill), so
+/// a server SIGKILLed under `--timeout 2 -- sleep 3600` leaves a command the platform kills
+/// by itself well before its hour; the restarted server records it as interrupted and runs
+/// the next command in the same sandbox.
+#[test]
+fn a_command_does_not_outlive_its_killed_server_on_the_fake_vercel() {
+    let (h, _fake) = vercel_home();
+    ok(&h.home.run(&["run", "-t", "v", "--", "true"]));
+    let pid = h.wait_for_server();
+    let marker = format!("36{}.5", std::process::id());
+    let cli = h
+        .home
+        .cmd()
+        .args([
+            "run",
+            "-t",
+            "v",
+            "--timeout",
+            "2",
+            "--",
+            &format!("sleep {marker}"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn taskbox");
+    // The sandbox's command: a process naming the marker other than the CLI that sent it.
+    let cli_pid = cli.id();
+    let command_runs = || {
+        std::fs::read_dir("/proc")
+            .expect("/proc")
+            .flatten()
+            .any(|e| {
+                e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) != Some(cli_pid)
+                    && std::fs::read(e.path().join("cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
+            })
+    };
+    let running = wait_for(Duration::from_secs(60), || command_runs().then_some(()));
+    assert!(running.is_some(), "the command never started");
+    let started = std::time::Instant::now();
+    super::sigkill(pid);
+    let mut cli = cli;
+    let _ = cli.wait();
+
+    // Its 2 s timeout and the 10 s grace, not its hour: the platform kills it.
+    let gone = wait_for(Duration::from_secs(60), || (!command_runs()).then_some(()));
+    assert!(
+        gone.is_some(),
+        "the command still runs {:?} after its server died",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(40),
+        "the command ran {:?} past its server",
+        started.elapsed()
+    );
+
+    // A new server recovers the task: the command is recorded as interrupted, and the task
+    // runs on.
+    let o = h.home.run(&["run", "-t", "v", "--", "echo after"]);
+    assert_eq!(stdout(&o), "after\n", "{}", stderr(&o));
+    assert_ne!(h.wait_for_server(), pid);
+    let show = ok(&h.home.run(&["show", "v", "--json"]));
+    assert!(show.contains("\"interrupted_command\""), "{show}");
+}
