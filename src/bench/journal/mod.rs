@@ -131,6 +131,10 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
             sandbox_id: sandbox_id.clone(),
             usage: None,
         },
+        Command::SampleActivity { sandbox_id } => Event::ActivitySampled {
+            sandbox_id: sandbox_id.clone(),
+            resources: None,
+        },
         Command::ExtendTimeout {
             sandbox_id,
             duration_ms,

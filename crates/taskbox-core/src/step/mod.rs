@@ -210,6 +210,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 deadline,
                 source_snapshot: source,
                 used: false,
+                activity: None,
             });
             cx.t.state = Running;
             cx.clear_op();
@@ -386,6 +387,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 Some(
                     SnapshotReason::Fork { .. }
                     | SnapshotReason::IdleReap
+                    | SnapshotReason::BusyCap
                     | SnapshotReason::Checkpoint
                     | SnapshotReason::LateCheckpoint { .. },
                 )
@@ -541,6 +543,19 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
             Event::ProbeFailed { .. },
         ) => {} // stale: no probe of this sandbox is outstanding
+        // ---- activity-aware idle ----
+        // running ---- activity sampled ----> running | snapshotting (see `timers`)
+        (
+            Running,
+            Event::ActivitySampled {
+                sandbox_id,
+                resources,
+            },
+        ) if !task.probing && cx.holds(&sandbox_id) => cx.activity_sampled(resources),
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::ActivitySampled { .. },
+        ) => {} // late: the sandbox is gone, busy, or being probed
         // ---- usage, for the cost ledger only ----
         (
             Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
