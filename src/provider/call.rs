@@ -300,6 +300,7 @@ impl Call {
                     expires_at: info.expires_at,
                     omitted: info.omitted,
                     usage: info.usage,
+                    resources: info.resources,
                 },
                 Err(e) => Event::SnapshotFailed {
                     seq: *seq,
@@ -551,6 +552,15 @@ mod tests {
                 Event::ProbeFailed {
                     sandbox_id: s(),
                     failure: failure("probe sandbox"),
+                },
+            ),
+            // A platform that measures nothing answers no sample: the sandbox counts as idle.
+            (
+                Command::SampleActivity { sandbox_id: s() },
+                "sample_activity",
+                Event::ActivitySampled {
+                    sandbox_id: s(),
+                    resources: None,
                 },
             ),
         ];

@@ -232,6 +232,10 @@ pub struct SnapshotInfo {
     /// reported, as on the local backend).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<crate::core::SessionUsage>,
+    /// What the sandbox's processes used over its life, read before the snapshot stopped them
+    /// ([`SandboxProvider::resources`]; `None`: not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<crate::core::Resources>,
 }
 
 /// A provider resource listed for reconciliation.

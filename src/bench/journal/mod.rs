@@ -122,6 +122,7 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
             expires_at: Some(now + 30 * 86_400_000),
             omitted: Vec::new(),
             usage: None,
+            resources: None,
         },
         Command::StopSandbox { sandbox_id } => Event::SandboxStopped {
             sandbox_id: sandbox_id.clone(),

@@ -284,6 +284,7 @@ impl SandboxProvider for ReplayProvider {
                     expires_at,
                     omitted,
                     usage,
+                    resources,
                     ..
                 } => Ok(SnapshotInfo {
                     id: snapshot_id,
@@ -291,6 +292,7 @@ impl SandboxProvider for ReplayProvider {
                     expires_at,
                     omitted,
                     usage,
+                    resources,
                 }),
                 Event::SnapshotFailed { failure, .. } => Err(recorded_error(&failure)),
                 other => Err(wrong_outcome("take snapshot", &other)),

@@ -1,6 +1,7 @@
 //! `taskbox serve` and the CLI as its client, end to end: real sockets, real processes (the
 //! built binary), each test in its own `TASKBOX_HOME`, every server killed at the end.
 
+mod busy;
 mod fleet;
 mod gc;
 mod hostile;

@@ -347,6 +347,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 expires_at,
                 omitted,
                 usage: _,
+                resources: _,
             },
         ) if cx.pending_seq() == Some(seq) => {
             let rec =

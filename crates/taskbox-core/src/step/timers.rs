@@ -106,9 +106,7 @@ impl Cx {
         };
         let before = sb.activity;
         let busy = match (before, resources) {
-            (Some(b), Some(r)) => {
-                busy_between(&b.resources, &r, now.saturating_sub(b.sampled_at))
-            }
+            (Some(b), Some(r)) => busy_between(&b.resources, &r, now.saturating_sub(b.sampled_at)),
             _ => false,
         };
         if let Some(resources) = resources {

@@ -5,8 +5,8 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 use super::{
-    Failure, ForkFrom, Millis, PlatformSnapshot, RequestId, Resources, SessionUsage, SnapshotRecord,
-    TaskSettings,
+    Failure, ForkFrom, Millis, PlatformSnapshot, RequestId, Resources, SessionUsage,
+    SnapshotRecord, TaskSettings,
 };
 
 /// Which timer fired.
@@ -142,6 +142,11 @@ pub enum Event {
         /// provider reports none (the local backend) and in journals written before it existed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         usage: Option<SessionUsage>,
+        /// What the sandbox's processes used over its life, read just before the snapshot
+        /// stopped them (the local backend's cgroups): the generation's resources, journaled as
+        /// it ends. Absent where not measured and in journals written before it existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resources: Option<Resources>,
     },
     /// `TakeSnapshot` failed.
     SnapshotFailed {
