@@ -451,6 +451,7 @@ fn the_ledger_folds_a_journal_into_units_and_prices() {
         source_snapshot: None,
         used: true,
         activity: None,
+        sampling: false,
     });
     let mut kept = idle.clone();
     kept.snapshots.push(SnapshotRecord {

@@ -399,6 +399,11 @@ pub struct SandboxRecord {
     /// written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activity: Option<SandboxActivity>,
+    /// A `SampleActivity` is out: the next command waits for its answer, so that a sample and
+    /// a command never race to the provider (a re-drive makes the calls in the journal's
+    /// order). Absent (false) while none is, and in journals written before it existed.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub sampling: bool,
 }
 
 /// A caller's request waiting in a task's queue.

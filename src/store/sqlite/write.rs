@@ -528,6 +528,7 @@ mod tests {
             source_snapshot: None,
             used: true,
             activity: None,
+            sampling: false,
         };
         let snapshot = SnapshotRecord {
             seq: 1,

@@ -246,3 +246,108 @@ proptest! {
         }
     }
 }
+
+/// A task whose one command ended at `T0 + 10`, with its first sample of the window out.
+fn sampling_task() -> Task {
+    let mut s = settings();
+    s.idle_lifetime_ms = 10_000;
+    s.max_busy_ms = 60_000;
+    let t = Task::new(tid("busy"), s, T0);
+    let ok = |t: &Task, ev: Event, now: Millis| step(t, ev, now).expect("valid").next;
+    let t = ok(
+        &t,
+        Event::RunRequested {
+            request_id: 1,
+            command: "yes &".into(),
+            timeout_ms: 5_000,
+        },
+        T0,
+    );
+    let t = ok(
+        &t,
+        Event::SandboxReady {
+            generation: 1,
+            sandbox_id: "s1".into(),
+            name: "s1".into(),
+            deadline: T0 + 300_000,
+        },
+        T0 + 5,
+    );
+    let t = ok(
+        &t,
+        Event::CommandExited {
+            request_id: 1,
+            exit_code: 0,
+            timed_out: false,
+            memory_killed: false,
+        },
+        T0 + 10,
+    );
+    let tr = step(
+        &t,
+        Event::TimerFired {
+            timer: TimerKind::Activity,
+        },
+        T0 + 5_010,
+    )
+    .expect("valid");
+    assert!(
+        matches!(tr.commands[..], [Command::SampleActivity { .. }]),
+        "{:?}",
+        tr.commands
+    );
+    tr.next
+}
+
+#[test]
+fn a_command_waits_for_the_sample_out_so_the_two_never_race_to_the_provider() {
+    let t = sampling_task();
+    let run = Event::RunRequested {
+        request_id: 2,
+        command: "ls".into(),
+        timeout_ms: 5_000,
+    };
+    let tr = step(&t, run, T0 + 5_011).expect("valid");
+    assert!(
+        !tr.commands
+            .iter()
+            .any(|c| matches!(c, Command::RunCommand { .. })),
+        "{:?}",
+        tr.commands
+    );
+    let sampled = Event::ActivitySampled {
+        sandbox_id: "s1".into(),
+        resources: None,
+    };
+    let tr = step(&tr.next, sampled, T0 + 5_012).expect("valid");
+    assert!(
+        tr.commands
+            .iter()
+            .any(|c| matches!(c, Command::RunCommand { request_id: 2, .. })),
+        "the command starts once the sample answered: {:?}",
+        tr.commands
+    );
+    // A second timer while a sample is out asks for no other.
+    let t = sampling_task();
+    let tr = step(
+        &t,
+        Event::TimerFired {
+            timer: TimerKind::Idle,
+        },
+        T0 + 10_010,
+    )
+    .expect("valid");
+    assert!(tr.commands.is_empty(), "{:?}", tr.commands);
+}
+
+#[test]
+fn a_restart_forgets_the_sample_that_was_out() {
+    let t = sampling_task();
+    assert!(t.sandbox.as_ref().is_some_and(|sb| sb.sampling));
+    let tr = step(&t, Event::Loaded, T0 + 5_100).expect("valid");
+    assert!(
+        tr.next.sandbox.as_ref().is_some_and(|sb| !sb.sampling),
+        "{:?}",
+        tr.next.sandbox
+    );
+}

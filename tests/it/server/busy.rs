@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 
 use super::ServerHome;
-use crate::support::{ok, stdout, wait_for};
+use crate::support::{ok, stderr, stdout, wait_for};
 
 fn show(h: &ServerHome, task: &str) -> Value {
     serde_json::from_str(&stdout(&h.home.run(&["show", task, "--json"]))).unwrap_or(Value::Null)
@@ -91,6 +91,16 @@ fn a_busy_sandbox_lives_past_its_lifetime_up_to_max_busy_and_a_sleeping_one_does
             (max_busy_ms..max_busy_ms + 10_000).contains(&kept),
             "{mode}: the busy sandbox was snapshotted {kept} ms after its command"
         );
+        // The samples are in the journals, which replay as they were recorded.
+        for task in ["busy", "sleepy"] {
+            let o = h.home.run(&["replay", task]);
+            assert!(
+                ok(&o).contains("replays cleanly") || stderr(&o).contains("replays cleanly"),
+                "{mode}: {task}: {}{}",
+                stdout(&o),
+                stderr(&o)
+            );
+        }
     }
 }
 

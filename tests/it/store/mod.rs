@@ -123,6 +123,7 @@ fn sandbox(task: &str, generation: u64, created_at: Millis) -> SandboxRecord {
         source_snapshot: None,
         used: false,
         activity: None,
+        sampling: false,
     }
 }
 
@@ -384,6 +385,7 @@ fn assert_rows_mirror(store: &Store, task: &Task) {
             source_snapshot: r.source_snapshot,
             used: false,
             activity: None,
+            sampling: false,
         })
         .collect();
     assert_eq!(running, task.sandbox.iter().cloned().collect::<Vec<_>>());

@@ -211,6 +211,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 source_snapshot: source,
                 used: false,
                 activity: None,
+                sampling: false,
             });
             cx.t.state = Running;
             cx.clear_op();
@@ -552,11 +553,18 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 sandbox_id,
                 resources,
             },
-        ) if !task.probing && cx.holds(&sandbox_id) => cx.activity_sampled(resources),
+        ) if cx.holds(&sandbox_id) => cx.activity_sampled(resources),
+        // snapshotting ---- activity sampled ----> snapshotting (the sample is out no more, should
+        // the snapshot fail and the sandbox run on)
+        (Snapshotting, Event::ActivitySampled { sandbox_id, .. }) if cx.holds(&sandbox_id) => {
+            if let Some(sb) = cx.t.sandbox.as_mut() {
+                sb.sampling = false;
+            }
+        }
         (
             Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
             Event::ActivitySampled { .. },
-        ) => {} // late: the sandbox is gone, busy, or being probed
+        ) => {} // late: the sandbox is gone
         // ---- usage, for the cost ledger only ----
         (
             Idle | Provisioning | Running | Snapshotting | Expired | Restoring,

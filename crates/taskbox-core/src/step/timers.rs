@@ -76,8 +76,10 @@ impl Cx {
         self.t.running.is_none() && self.t.queue.is_empty()
     }
 
+    /// Asks for a sample, unless one is out already.
     fn sample_activity(&mut self) {
-        if let Some(sb) = self.t.sandbox.as_ref() {
+        if let Some(sb) = self.t.sandbox.as_mut().filter(|sb| !sb.sampling) {
+            sb.sampling = true;
             let sandbox_id = sb.id.clone();
             self.cmds.push(Command::SampleActivity { sandbox_id });
         }
@@ -104,6 +106,10 @@ impl Cx {
         let Some(sb) = self.t.sandbox.as_mut() else {
             return;
         };
+        sb.sampling = false;
+        if self.t.probing {
+            return; // a restart's probe decides first; it re-arms the timers
+        }
         let before = sb.activity;
         let busy = match (before, resources) {
             (Some(b), Some(r)) => busy_between(&b.resources, &r, now.saturating_sub(b.sampled_at)),
@@ -121,6 +127,8 @@ impl Cx {
             });
         }
         if !verdict {
+            // A request that came meanwhile waited for this answer.
+            self.pump();
             return;
         }
         if !busy {
@@ -129,7 +137,14 @@ impl Cx {
             self.reap(SnapshotReason::BusyCap);
         } else {
             self.arm_idle();
+            // A checkpoint that fell due meanwhile waited for this answer.
+            self.pump();
         }
+    }
+
+    /// A sample is out: commands wait for its answer.
+    pub(super) fn sampling(&self) -> bool {
+        self.t.sandbox.as_ref().is_some_and(|sb| sb.sampling)
     }
 
     pub(super) fn arm_deadline(&mut self) {
