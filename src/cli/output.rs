@@ -414,7 +414,41 @@ pub fn cost_line(cost: &serde_json::Value) -> String {
             f("memory_gb_hours"),
         ));
     }
+    let r = &cost["resources"];
+    if r.is_object() {
+        s.push_str(&format!("\nresources:   {}", resources_text(r)));
+        for g in r["generations"].as_array().into_iter().flatten() {
+            s.push_str(&format!(
+                "\n  g{:<4} {}{}",
+                g["generation"],
+                resources_text(g),
+                if g["ended"] == true {
+                    ""
+                } else {
+                    " (live, as last sampled)"
+                }
+            ));
+        }
+    }
     s
+}
+
+/// `cpu 0.41 s, peak memory 52.4 MB, io 0.0 MB` from [`cost_line`]'s figures, each `not
+/// measured` where null.
+fn resources_text(r: &serde_json::Value) -> String {
+    let mb = |k: &str| {
+        r[k].as_u64().map_or("not measured".to_string(), |b| {
+            format!("{:.1} MB", b as f64 / 1e6)
+        })
+    };
+    let cpu = r["cpu_seconds"]
+        .as_f64()
+        .map_or("not measured".to_string(), |s| format!("{s:.2} s"));
+    format!(
+        "cpu {cpu}, peak memory {}, io {}",
+        mb("memory_peak_bytes"),
+        mb("io_bytes")
+    )
 }
 
 /// The tasks as a forest: each task once, its forks under it (a fork whose parent is not in

@@ -403,6 +403,8 @@ config_keys! {
         "a sandbox's platform lifetime at creation, seconds (1 to 18000)";
     max_sandbox_lifetime_seconds: u64 = 2_700, parse |v| lifetime(v, 1), env None,
         "the plan's cap on a sandbox's total lifetime, seconds (1 to 18000)";
+    max_busy_seconds: u64 = 3_600, parse |v| lifetime(v, 0), env None,
+        "how long after the last command a sandbox whose processes keep working (CPU or IO) is kept from its idle snapshot, seconds (0 to 18000; 0: idle counts from the last command only)";
     checkpoint_margin_seconds: u64 = 30, parse |v| lifetime(v, 0), env None,
         "seconds before the deadline to checkpoint (0 to 18000)";
     keep_snapshots: u32 = 2, parse |v| between_u32(v, 1, MAX_KEEP_SNAPSHOTS), env None,
@@ -638,6 +640,7 @@ impl Config {
                 .max_sandbox_lifetime_seconds
                 .max(t.sandbox_timeout_seconds)
                 .saturating_mul(1000),
+            max_busy_ms: t.max_busy_seconds.saturating_mul(1000),
             retry: RetryPolicy::default(),
             // Providers' properties, not the config's: the engine sets them.
             late_checkpoint: false,

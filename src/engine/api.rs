@@ -142,11 +142,16 @@ impl OrchestratorBuilder {
             )?),
         };
         // What the lifecycle depends on: the configuration, whether the provider keeps a
-        // sandbox's files past its deadline (then a late checkpoint saves them), and whether it
-        // reports what a session used (then a session that ended unasked is read for the ledger).
+        // sandbox's files past its deadline (then a late checkpoint saves them), whether it
+        // reports what a session used (then a session that ended unasked is read for the ledger),
+        // and whether it samples activity (then idle sees the processes' work).
         let mut settings = self.config.task_settings();
         settings.late_checkpoint = provider.keeps_files_after_deadline();
         settings.reports_usage = provider.reports_usage();
+        // Activity-aware idle only where the provider can tell busy processes from idle ones.
+        if !provider.measures_activity() {
+            settings.max_busy_ms = 0;
+        }
         let max_creates = self.config.terminal.max_concurrent_creates.max(1) as usize;
         let lp = EventLoop {
             store,

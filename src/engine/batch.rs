@@ -83,7 +83,8 @@ pub(super) fn calls_provider(cmd: &Command) -> bool {
         | Command::ExtendTimeout { .. }
         | Command::DeleteSnapshot { .. }
         | Command::ProbeSandbox { .. }
-        | Command::ReadUsage { .. } => true,
+        | Command::ReadUsage { .. }
+        | Command::SampleActivity { .. } => true,
         Command::ScheduleTimer { .. } | Command::Reply { .. } => false,
     }
 }

@@ -8,7 +8,7 @@
 
 use crate::core::ledger::{Ledger, LedgerBuilder, Prices, Window};
 use crate::core::retention;
-use crate::core::Millis;
+use crate::core::{Millis, Resources};
 use crate::ids::TaskId;
 use crate::store::{JournalEntry, Store};
 
@@ -109,6 +109,36 @@ pub fn window(since_ms: Option<u64>, now: Millis) -> Window {
     }
 }
 
+/// The figures of [`Resources`] as JSON: CPU seconds, peak memory and IO bytes, each `null`
+/// where not measured.
+fn figures_json(r: &Resources) -> serde_json::Value {
+    serde_json::json!({
+        "cpu_seconds": r.cpu_usec.map(|us| us as f64 / 1e6),
+        "memory_peak_bytes": r.memory_peak_bytes,
+        "io_bytes": r.io_bytes,
+    })
+}
+
+/// What the sandboxes' processes used: the total (CPU and IO added, the highest peak) and
+/// each generation's.
+fn resources_json(ledger: &Ledger) -> serde_json::Value {
+    let mut v = figures_json(&ledger.resources_total());
+    v["generations"] = ledger
+        .resources
+        .iter()
+        .map(|g| {
+            let mut one = figures_json(&g.resources);
+            one["task"] = g.task_id.as_str().into();
+            one["generation"] = g.generation.into();
+            one["sandbox_id"] = g.sandbox_id.as_str().into();
+            one["read_at"] = g.read_at.into();
+            one["ended"] = g.ended.into();
+            one
+        })
+        .collect();
+    v
+}
+
 /// A ledger as JSON: the resource figures, and for the Vercel backend the estimate at `prices`.
 pub fn ledger_json(ledger: &Ledger, backend: Option<&str>, prices: &Prices) -> serde_json::Value {
     let priced = is_priced(backend);
@@ -121,6 +151,9 @@ pub fn ledger_json(ledger: &Ledger, backend: Option<&str>, prices: &Prices) -> s
         "snapshots_kept": ledger.snapshots_kept.len(),
         "snapshot_gb_months": ledger.snapshot_gb_months(),
     });
+    if !ledger.resources.is_empty() {
+        v["resources"] = resources_json(ledger);
+    }
     if priced {
         let e = ledger.estimate(prices);
         v["sessions_reported"] = ledger.sessions_reported.into();

@@ -180,6 +180,12 @@ pub struct TaskView {
     pub journal: Vec<JournalEntry>,
     /// Its backend, and whether `taskbox rm` removed it.
     pub marks: TaskMarks,
+    /// What each of its sandbox generations' processes used (CPU time, peak memory, IO), from
+    /// its journal ([`Ledger::resources`](crate::core::ledger::Ledger::resources)): final for
+    /// a generation that ended with a snapshot, as last sampled for the live one. Absent when
+    /// nothing was measured (and from servers before it existed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<crate::core::ledger::GenerationResources>,
 }
 
 impl TaskView {
@@ -208,7 +214,10 @@ impl TaskView {
                 }
             }
         }
+        let (ledger, _) =
+            super::cost::task_ledger(store, id, crate::core::ledger::Window::until(Millis::MAX))?;
         Ok(Some(TaskView {
+            resources: ledger.resources,
             sandboxes: store.sandboxes(Some(id))?,
             snapshots,
             journal: store.journal_tail(id, journal_entries)?,

@@ -82,6 +82,11 @@ pub enum Call<R = RequestId> {
         /// The session.
         sandbox_id: SandboxId,
     },
+    /// [`Command::SampleActivity`]: `resources` of a live sandbox.
+    SampleActivity {
+        /// The sandbox.
+        sandbox_id: SandboxId,
+    },
 }
 
 /// A [`Call`] as the provider receives it: without the request an `exec` serves.
@@ -99,6 +104,7 @@ impl<R> Call<R> {
             Call::DeleteSnapshot { .. } => "delete_snapshot",
             Call::ProbeSandbox { .. } => "probe_sandbox",
             Call::ReadUsage { .. } => "read_usage",
+            Call::SampleActivity { .. } => "sample_activity",
         }
     }
 
@@ -146,6 +152,9 @@ impl<R> Call<R> {
                 sandbox_id: sandbox_id.clone(),
             },
             Call::ReadUsage { sandbox_id } => Call::ReadUsage {
+                sandbox_id: sandbox_id.clone(),
+            },
+            Call::SampleActivity { sandbox_id } => Call::SampleActivity {
                 sandbox_id: sandbox_id.clone(),
             },
         }
@@ -211,6 +220,9 @@ impl Call {
                 sandbox_id: sandbox_id.clone(),
             },
             Command::ReadUsage { sandbox_id } => Call::ReadUsage {
+                sandbox_id: sandbox_id.clone(),
+            },
+            Command::SampleActivity { sandbox_id } => Call::SampleActivity {
                 sandbox_id: sandbox_id.clone(),
             },
             Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
@@ -288,6 +300,7 @@ impl Call {
                     expires_at: info.expires_at,
                     omitted: info.omitted,
                     usage: info.usage,
+                    resources: info.resources,
                 },
                 Err(e) => Event::SnapshotFailed {
                     seq: *seq,
@@ -357,6 +370,17 @@ impl Call {
             Call::ReadUsage { sandbox_id } => Event::UsageRead {
                 sandbox_id: sandbox_id.clone(),
                 usage: usage_of(p, sandbox_id).await,
+            },
+            // A sample that cannot be read counts as idle: it never fails the task.
+            Call::SampleActivity { sandbox_id } => Event::ActivitySampled {
+                sandbox_id: sandbox_id.clone(),
+                resources: match p.resources(sandbox_id).await {
+                    Ok(resources) => resources,
+                    Err(e) => {
+                        tracing::debug!(sandbox = %sandbox_id, error = %e, "no activity sample");
+                        None
+                    }
+                },
             },
         };
         (event, None)
@@ -528,6 +552,15 @@ mod tests {
                 Event::ProbeFailed {
                     sandbox_id: s(),
                     failure: failure("probe sandbox"),
+                },
+            ),
+            // A platform that measures nothing answers no sample: the sandbox counts as idle.
+            (
+                Command::SampleActivity { sandbox_id: s() },
+                "sample_activity",
+                Event::ActivitySampled {
+                    sandbox_id: s(),
+                    resources: None,
                 },
             ),
         ];

@@ -10,7 +10,7 @@ use super::{
     ExecIo, ExecOutput, ExecRequest, ListedResource, Platform, ProviderError, ProviderFuture,
     SandboxInfo, SandboxProvider, SandboxSpec, SnapshotInfo,
 };
-use crate::core::{Millis, PlatformSnapshot, SessionUsage};
+use crate::core::{Millis, PlatformSnapshot, Resources, SessionUsage};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 /// A [`SandboxProvider`] that forwards every operation to [`Decorator::inner`] unless it
@@ -94,6 +94,11 @@ pub trait Decorator: Send + Sync {
         self.inner().session_usage(sandbox_id)
     }
 
+    /// See [`SandboxProvider::resources`].
+    fn resources<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, Option<Resources>> {
+        self.inner().resources(sandbox_id)
+    }
+
     /// See [`SandboxProvider::list_sandboxes`].
     fn list_sandboxes<'a>(
         &'a self,
@@ -123,6 +128,11 @@ pub trait Decorator: Send + Sync {
     /// See [`SandboxProvider::reports_usage`].
     fn reports_usage(&self) -> bool {
         self.inner().reports_usage()
+    }
+
+    /// See [`SandboxProvider::measures_activity`].
+    fn measures_activity(&self) -> bool {
+        self.inner().measures_activity()
     }
 }
 
@@ -192,6 +202,10 @@ impl<T: Decorator> Platform for T {
         Decorator::session_usage(self, sandbox_id).await
     }
 
+    async fn resources(&self, sandbox_id: &SandboxId) -> Result<Option<Resources>, ProviderError> {
+        Decorator::resources(self, sandbox_id).await
+    }
+
     async fn list_sandboxes(
         &self,
         installation_id: &str,
@@ -216,5 +230,9 @@ impl<T: Decorator> Platform for T {
 
     fn reports_usage(&self) -> bool {
         Decorator::reports_usage(self)
+    }
+
+    fn measures_activity(&self) -> bool {
+        Decorator::measures_activity(self)
     }
 }

@@ -232,6 +232,10 @@ pub struct SnapshotInfo {
     /// reported, as on the local backend).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<crate::core::SessionUsage>,
+    /// What the sandbox's processes used over its life, read before the snapshot stopped them
+    /// ([`SandboxProvider::resources`]; `None`: not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<crate::core::Resources>,
 }
 
 /// A provider resource listed for reconciliation.
@@ -329,6 +333,18 @@ pub trait SandboxProvider: Send + Sync {
         Box::pin(async { Ok(None) })
     }
 
+    /// What a live sandbox's processes used so far ([`Resources`](crate::core::Resources),
+    /// cumulative over the sandbox's life), read from outside it: activity-aware idle compares
+    /// two readings, and `show` and `cost` report the last one. `None` where nothing can be
+    /// measured. The default: none (a platform that cannot be measured from outside).
+    fn resources<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<crate::core::Resources>> {
+        let _ = sandbox_id;
+        Box::pin(async { Ok(None) })
+    }
+
     /// This installation's sandboxes (found by tag), for the reconciler.
     fn list_sandboxes<'a>(
         &'a self,
@@ -365,6 +381,16 @@ pub trait SandboxProvider: Send + Sync {
     ///
     /// [`TaskSettings::reports_usage`]: crate::core::TaskSettings::reports_usage
     fn reports_usage(&self) -> bool {
+        false
+    }
+
+    /// Whether [`Self::resources`] can tell a sandbox's busy processes from idle ones (CPU time
+    /// or IO). The engine then keeps a busy sandbox from its idle snapshot, up to
+    /// `terminal.max_busy_seconds` ([`TaskSettings::max_busy_ms`]); where not, idle counts from
+    /// the last command only. The default: no.
+    ///
+    /// [`TaskSettings::max_busy_ms`]: crate::core::TaskSettings::max_busy_ms
+    fn measures_activity(&self) -> bool {
         false
     }
 }

@@ -13,7 +13,7 @@ use super::{
     ExecIo, ExecOutput, ExecRequest, ListedResource, ProviderError, ProviderFuture, SandboxInfo,
     SandboxProvider, SandboxSpec, SnapshotInfo,
 };
-use crate::core::{Millis, PlatformSnapshot, SessionUsage};
+use crate::core::{Millis, PlatformSnapshot, Resources, SessionUsage};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 /// A platform's own error: it says, once, where it arises, whether the failure is retryable
@@ -120,6 +120,15 @@ pub trait Platform: Send + Sync {
         async { Ok(None) }
     }
 
+    /// See [`SandboxProvider::resources`]. The default: none.
+    fn resources(
+        &self,
+        sandbox_id: &SandboxId,
+    ) -> impl Future<Output = Result<Option<Resources>, Self::Error>> + Send {
+        let _ = sandbox_id;
+        async { Ok(None) }
+    }
+
     /// See [`SandboxProvider::sweep_temporaries`]. The default: nothing to sweep.
     fn sweep_temporaries(&self) -> impl Future<Output = Result<usize, Self::Error>> + Send {
         async { Ok(0) }
@@ -132,6 +141,11 @@ pub trait Platform: Send + Sync {
 
     /// See [`SandboxProvider::reports_usage`]. The default: no.
     fn reports_usage(&self) -> bool {
+        false
+    }
+
+    /// See [`SandboxProvider::measures_activity`]. The default: no.
+    fn measures_activity(&self) -> bool {
         false
     }
 }
@@ -227,6 +241,10 @@ impl<P: Platform> SandboxProvider for P {
         )
     }
 
+    fn resources<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, Option<Resources>> {
+        named("read resources", Platform::resources(self, sandbox_id))
+    }
+
     fn list_sandboxes<'a>(
         &'a self,
         installation_id: &'a str,
@@ -257,5 +275,9 @@ impl<P: Platform> SandboxProvider for P {
 
     fn reports_usage(&self) -> bool {
         Platform::reports_usage(self)
+    }
+
+    fn measures_activity(&self) -> bool {
+        Platform::measures_activity(self)
     }
 }

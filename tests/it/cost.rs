@@ -450,6 +450,8 @@ fn the_ledger_folds_a_journal_into_units_and_prices() {
         deadline: t0 + 5 * H,
         source_snapshot: None,
         used: true,
+        activity: None,
+        sampling: false,
     });
     let mut kept = idle.clone();
     kept.snapshots.push(SnapshotRecord {
@@ -484,6 +486,7 @@ fn the_ledger_folds_a_journal_into_units_and_prices() {
             active_cpu_ms: Some(H / 2),
             transfer_bytes: Some(2_000_000_000),
         }),
+        resources: None,
     };
     let entries = [(t0, &ready, &live), (t0 + H, &taken, &kept)];
     let month = 30 * 24 * H;

@@ -26,8 +26,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{SandboxId, SnapshotId};
-use crate::types::{Event, Millis, SessionUsage, SnapshotStatus, Task};
+use crate::ids::{SandboxId, SnapshotId, TaskId};
+use crate::types::{Event, Millis, Resources, SessionUsage, SnapshotStatus, Task};
 
 /// An hour in milliseconds.
 pub const HOUR_MS: u64 = 3_600_000;
@@ -101,6 +101,47 @@ pub struct Ledger {
     pub snapshot_spans: Vec<SnapshotSpan>,
     /// The snapshots still retained at the end of the window, by id, with their sizes.
     pub snapshots_kept: BTreeMap<SnapshotId, u64>,
+    /// What each sandbox generation's processes used, oldest first: as its snapshot ended it
+    /// (the [`Event::SnapshotTaken`]'s `resources`), else as last sampled
+    /// ([`Event::ActivitySampled`]), or on Vercel the active CPU its session reported. Absent
+    /// (empty) where nothing was measured, and in ledgers serialized before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<GenerationResources>,
+}
+
+/// What one sandbox generation's processes used (see [`Resources`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationResources {
+    /// The task it belongs to (several when ledgers are summed).
+    pub task_id: TaskId,
+    /// Which creation of the task's sandbox.
+    pub generation: u64,
+    /// The sandbox.
+    pub sandbox_id: SandboxId,
+    /// What it used.
+    pub resources: Resources,
+    /// When that was read.
+    pub read_at: Millis,
+    /// The generation had ended when it was read (its final figures); else it is live and may
+    /// use more.
+    pub ended: bool,
+}
+
+impl Ledger {
+    /// The figures of every generation together: CPU time and IO added, the highest peak.
+    pub fn resources_total(&self) -> Resources {
+        let add = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
+            (a, b) => a.or(b),
+        };
+        self.resources
+            .iter()
+            .fold(Resources::default(), |t, g| Resources {
+                cpu_usec: add(t.cpu_usec, g.resources.cpu_usec),
+                memory_peak_bytes: t.memory_peak_bytes.max(g.resources.memory_peak_bytes),
+                io_bytes: add(t.io_bytes, g.resources.io_bytes),
+            })
+    }
 }
 
 /// Folds a task's journal entries, oldest first, into its [`Ledger`].
@@ -192,8 +233,16 @@ impl LedgerBuilder {
             let first = session.is_none_or(|id| self.reported.insert(id.clone()));
             if first && w.contains(at) {
                 self.count_usage(at, u);
+                if let (Some(id), Some(cpu_ms)) = (session, u.active_cpu_ms) {
+                    let cpu = Resources {
+                        cpu_usec: Some(cpu_ms.saturating_mul(1000)),
+                        ..Resources::default()
+                    };
+                    self.record_resources(after, id, cpu, at, true);
+                }
             }
         }
+        self.fold_resources(at, event, after);
         // Sandbox time: from the entry that made a sandbox the task's to the one that ended it.
         let now_live = after.sandbox.as_ref().map(|s| &s.id);
         if self.live.as_ref().map(|(id, _)| id) != now_live {
@@ -228,6 +277,61 @@ impl LedgerBuilder {
         }
         for (id, size) in retained {
             self.held.entry(id.clone()).or_insert((size, at));
+        }
+    }
+
+    /// A generation's resources from the entry: the snapshot that ended it, or a sample.
+    fn fold_resources(&mut self, at: Millis, event: &Event, after: &Task) {
+        match event {
+            Event::SnapshotTaken {
+                resources: Some(r), ..
+            } => {
+                // The sandbox it ended was the task's until this entry.
+                if let Some(id) = self.live.as_ref().map(|(id, _)| id.clone()) {
+                    self.record_resources(after, &id, *r, at, true);
+                }
+            }
+            Event::ActivitySampled { .. } => {
+                if let Some(sb) = after.sandbox.as_ref() {
+                    if let Some(a) = sb.activity {
+                        let id = sb.id.clone();
+                        self.record_resources(after, &id, a.resources, a.sampled_at, false);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn record_resources(
+        &mut self,
+        task: &Task,
+        sandbox_id: &SandboxId,
+        resources: Resources,
+        read_at: Millis,
+        ended: bool,
+    ) {
+        let list = &mut self.ledger.resources;
+        let generation = match task.sandbox.as_ref().filter(|s| &s.id == sandbox_id) {
+            Some(sb) => sb.generation,
+            None => list
+                .iter()
+                .find(|g| &g.sandbox_id == sandbox_id)
+                .map_or(task.generation, |g| g.generation),
+        };
+        let g = GenerationResources {
+            task_id: task.id.clone(),
+            generation,
+            sandbox_id: sandbox_id.clone(),
+            resources,
+            read_at,
+            ended,
+        };
+        match list.iter_mut().find(|g| &g.sandbox_id == sandbox_id) {
+            Some(found) if !found.ended => *found = g,
+            // A final figure stays final; a later report only adds what it lacked.
+            Some(found) => found.resources = found.resources.merge(resources),
+            None => list.push(g),
         }
     }
 
@@ -306,6 +410,7 @@ impl Ledger {
             t.snapshot_spans.extend(l.snapshot_spans.iter().cloned());
             t.snapshots_kept
                 .extend(l.snapshots_kept.iter().map(|(k, v)| (k.clone(), *v)));
+            t.resources.extend(l.resources.iter().cloned());
         }
         t
     }

@@ -4,9 +4,14 @@
 //! `event.rs`) and what `step` emits ([`Command`], [`Reply`], in `command.rs`) are submodules,
 //! re-exported so every type keeps its path.
 
+mod activity;
 mod command;
 mod event;
 
+pub use activity::{
+    busy_between, sample_window_ms, Resources, SandboxActivity, BUSY_CPU_USEC_PER_SEC,
+    BUSY_IO_BYTES_PER_SEC,
+};
 pub use command::{Command, Reply};
 pub use event::{Event, TimerKind};
 
@@ -211,6 +216,12 @@ pub struct TaskSettings {
     /// `terminal.max_sandbox_lifetime_seconds` in ms: the plan's cap on a sandbox's total
     /// lifetime; extensions never go past `created_at + max_sandbox_lifetime_ms`.
     pub max_sandbox_lifetime_ms: u64,
+    /// `terminal.max_busy_seconds` in ms: how long after the last command a sandbox whose
+    /// processes keep working is kept from its idle snapshot (activity-aware idle). 0: idle
+    /// counts from the last command only — where the provider cannot sample activity, and in
+    /// journals written before it existed (absent, and not written while 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_busy_ms: u64,
     /// Retries of transient provider failures.
     pub retry: RetryPolicy,
     /// The provider keeps a sandbox's files after its deadline until it is stopped (the local
@@ -234,6 +245,10 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 impl Default for TaskSettings {
     fn default() -> Self {
         TaskSettings {
@@ -244,6 +259,7 @@ impl Default for TaskSettings {
             keep_snapshots: 2,
             checkpoint_margin_ms: 30_000,
             max_sandbox_lifetime_ms: 300_000,
+            max_busy_ms: 0,
             retry: RetryPolicy::default(),
             late_checkpoint: false,
             reports_usage: false,
@@ -378,6 +394,16 @@ pub struct SandboxRecord {
     /// journals written before it existed.
     #[serde(default)]
     pub used: bool,
+    /// What its processes did, as last sampled (activity-aware idle, and the resources it used
+    /// so far). Absent before the first sample, where nothing is sampled, and in journals
+    /// written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<SandboxActivity>,
+    /// A `SampleActivity` is out: the next command waits for its answer, so that a sample and
+    /// a command never race to the provider (a re-drive makes the calls in the journal's
+    /// order). Absent (false) while none is, and in journals written before it existed.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub sampling: bool,
 }
 
 /// A caller's request waiting in a task's queue.
@@ -519,6 +545,9 @@ pub enum SnapshotReason {
     },
     /// The sandbox was idle for `idle_lifetime_ms`.
     IdleReap,
+    /// Its processes were still busy `max_busy_ms` after the last command: activity-aware
+    /// idle kept it that long and no longer.
+    BusyCap,
     /// The deadline is near and the timeout cannot be extended further.
     Checkpoint,
     /// The sandbox is past its deadline (or was reported gone) on a provider that keeps its

@@ -122,6 +122,7 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
             expires_at: Some(now + 30 * 86_400_000),
             omitted: Vec::new(),
             usage: None,
+            resources: None,
         },
         Command::StopSandbox { sandbox_id } => Event::SandboxStopped {
             sandbox_id: sandbox_id.clone(),
@@ -130,6 +131,10 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
         Command::ReadUsage { sandbox_id } => Event::UsageRead {
             sandbox_id: sandbox_id.clone(),
             usage: None,
+        },
+        Command::SampleActivity { sandbox_id } => Event::ActivitySampled {
+            sandbox_id: sandbox_id.clone(),
+            resources: None,
         },
         Command::ExtendTimeout {
             sandbox_id,

@@ -88,6 +88,7 @@ mod kill;
 mod lifecycle;
 mod names;
 mod output;
+mod resources;
 mod script;
 mod snapshot;
 mod spawn;
@@ -111,7 +112,7 @@ use super::{
     ExecIo, ExecOutput, ExecRequest, ListedResource, SandboxInfo, SandboxSpec, SnapshotInfo,
 };
 use crate::clock::Clock;
-use crate::core::Millis;
+use crate::core::{Millis, Resources};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 // The snapshot store, as the local provider's submodules name it (`super::cas`).
 use crate::snapshot_store::{archive, cas};
@@ -410,6 +411,15 @@ impl super::Platform for LocalProvider {
     /// snapshotted.
     fn keeps_files_after_deadline(&self) -> bool {
         true
+    }
+
+    async fn resources(&self, sandbox_id: &SandboxId) -> Result<Option<Resources>, LocalError> {
+        Ok(self.read_resources(sandbox_id))
+    }
+
+    /// Where its sandboxes' cgroups can be made (see `resources`).
+    fn measures_activity(&self) -> bool {
+        self.can_measure()
     }
 }
 

@@ -122,6 +122,8 @@ impl LocalProvider {
                 // The local backend reports no platform usage: its ledger is sandbox time,
                 // creations and snapshot bytes, all read from the journal.
                 usage: None,
+                // Its processes were stopped by the first answer, which read them.
+                resources: None,
             });
         }
         let snap = SnapshotRef {
@@ -135,6 +137,8 @@ impl LocalProvider {
         check_owner(&name, "task", &meta.task_id, snap.task.as_str())?;
         // A VM is paused for its snapshot: stop every process so no file changes under the walk.
         // Its tracked changes count only once they are gone (see `stop_processes`).
+        // What they used, read from their cgroups before those go with them.
+        let resources = self.read_resources(sandbox_id);
         let quiesced = self.stop_processes(&name, &slot).await?;
         let tracker = super::lock(&self.trackers).remove(&name.name);
         let sandbox_dir = self.sandbox_dir(&name);
@@ -211,6 +215,7 @@ impl LocalProvider {
                 .map(|o| format!("{}: {}", o.path, o.reason))
                 .collect(),
             usage: None,
+            resources,
         })
     }
 

@@ -178,6 +178,7 @@ impl SnapshotState {
             expires_at: self.expires_at,
             omitted: Vec::new(),
             usage: None,
+            resources: None,
         }
     }
 

@@ -439,6 +439,7 @@ impl VercelProvider {
                 expires_at: snapshot.expires_at,
                 omitted: Vec::new(),
                 usage: None,
+                resources: None,
             }),
             SnapshotStatus::Failed => Err(ProviderError::new(
                 FailureKind::Permanent,

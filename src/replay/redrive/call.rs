@@ -18,6 +18,7 @@ pub(super) enum Key {
     Delete(SnapshotId),
     Probe(SandboxId),
     Usage(SandboxId),
+    Activity(SandboxId),
 }
 
 pub(super) fn command_key(c: &Command) -> Option<Key> {
@@ -30,6 +31,7 @@ pub(super) fn command_key(c: &Command) -> Option<Key> {
         Command::DeleteSnapshot { snapshot_id } => Key::Delete(snapshot_id.clone()),
         Command::ProbeSandbox { sandbox_id } => Key::Probe(sandbox_id.clone()),
         Command::ReadUsage { sandbox_id } => Key::Usage(sandbox_id.clone()),
+        Command::SampleActivity { sandbox_id } => Key::Activity(sandbox_id.clone()),
         Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
     })
 }
@@ -56,6 +58,7 @@ pub(super) fn outcome_key(e: &Event) -> Option<Key> {
             Key::Probe(sandbox_id.clone())
         }
         Event::UsageRead { sandbox_id, .. } => Key::Usage(sandbox_id.clone()),
+        Event::ActivitySampled { sandbox_id, .. } => Key::Activity(sandbox_id.clone()),
         Event::RunRequested { .. }
         | Event::SuspendRequested { .. }
         | Event::ResumeRequested { .. }

@@ -224,6 +224,7 @@ fn config_for(task: &TaskId, settings: &TaskSettings) -> Result<Config, RedriveE
     t.max_sandbox_lifetime_seconds = secs(settings.max_sandbox_lifetime_ms);
     t.checkpoint_margin_seconds = secs(settings.checkpoint_margin_ms);
     t.keep_snapshots = settings.keep_snapshots;
+    t.max_busy_seconds = secs(settings.max_busy_ms);
     let mut yields = c.task_settings();
     yields.late_checkpoint = settings.late_checkpoint;
     yields.reports_usage = settings.reports_usage;

@@ -284,6 +284,7 @@ impl SandboxProvider for ReplayProvider {
                     expires_at,
                     omitted,
                     usage,
+                    resources,
                     ..
                 } => Ok(SnapshotInfo {
                     id: snapshot_id,
@@ -291,6 +292,7 @@ impl SandboxProvider for ReplayProvider {
                     expires_at,
                     omitted,
                     usage,
+                    resources,
                 }),
                 Event::SnapshotFailed { failure, .. } => Err(recorded_error(&failure)),
                 other => Err(wrong_outcome("take snapshot", &other)),
@@ -419,6 +421,27 @@ impl SandboxProvider for ReplayProvider {
 
     fn reports_usage(&self) -> bool {
         self.reports_usage.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn resources<'a>(
+        &'a self,
+        sandbox_id: &'a SandboxId,
+    ) -> ProviderFuture<'a, Option<crate::core::Resources>> {
+        Box::pin(async move {
+            let call = Call::SampleActivity {
+                sandbox_id: sandbox_id.clone(),
+            };
+            match self.answer(call, "read resources").await? {
+                Event::ActivitySampled { resources, .. } => Ok(resources),
+                other => Err(wrong_outcome("read resources", &other)),
+            }
+        })
+    }
+
+    /// The recording's settings say whether activity was sampled (`max_busy_ms`, which the
+    /// re-drive's configuration reproduces): the replay answers every sample it recorded.
+    fn measures_activity(&self) -> bool {
+        true
     }
 
     fn list_sandboxes<'a>(

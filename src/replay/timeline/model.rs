@@ -403,6 +403,7 @@ impl<'a> Facts<'a> {
             | Event::SandboxStopped { .. }
             | Event::TimeoutExtended { .. }
             | Event::UsageRead { .. }
+            | Event::ActivitySampled { .. }
             | Event::ProbeFailed { .. } => none,
             Event::SandboxProbed { alive, .. } => Facts {
                 probed_gone: alive.is_none(),
@@ -439,6 +440,7 @@ fn command_facts(c: &Command) -> (Option<&SnapshotId>, Option<(RequestId, &Failu
         | Command::ExtendTimeout { .. }
         | Command::ProbeSandbox { .. }
         | Command::ReadUsage { .. }
+        | Command::SampleActivity { .. }
         | Command::ScheduleTimer { .. } => (None, None),
     }
 }
@@ -496,6 +498,7 @@ fn mark_entry(
             Some(SnapshotReason::Suspend { .. }) => "suspend",
             Some(SnapshotReason::Fork { .. }) => "fork",
             Some(SnapshotReason::IdleReap) => "idle reap",
+            Some(SnapshotReason::BusyCap) => "busy cap (processes still busy at max_busy_seconds)",
             Some(SnapshotReason::Checkpoint) => "checkpoint before the deadline",
             Some(SnapshotReason::LateCheckpoint { .. }) => "late checkpoint after the deadline",
             None => "snapshot",

@@ -22,6 +22,7 @@ fn timer_name(t: TimerKind) -> &'static str {
         TimerKind::Checkpoint => "checkpoint",
         TimerKind::Deadline => "deadline",
         TimerKind::Retry => "retry",
+        TimerKind::Activity => "activity",
     }
 }
 
@@ -98,6 +99,13 @@ pub fn event_summary(ev: &Event, at: Millis) -> String {
             Some(_) => format!("{name} {sandbox_id}"),
             None => format!("{name} {sandbox_id}: unknown"),
         },
+        Event::ActivitySampled {
+            sandbox_id,
+            resources,
+        } => match resources {
+            Some(r) => format!("{name} {sandbox_id}: {r}"),
+            None => format!("{name} {sandbox_id}: not measured"),
+        },
         Event::TimerFired { timer } => format!("{name} {}", timer_name(*timer)),
         Event::Loaded | Event::Recovered => name.to_string(),
     }
@@ -119,7 +127,8 @@ pub fn command_summary(c: &Command, at: Millis) -> String {
         Command::TakeSnapshot { seq, .. } => format!("{name} #{seq}"),
         Command::StopSandbox { sandbox_id }
         | Command::ProbeSandbox { sandbox_id }
-        | Command::ReadUsage { sandbox_id } => {
+        | Command::ReadUsage { sandbox_id }
+        | Command::SampleActivity { sandbox_id } => {
             format!("{name} {sandbox_id}")
         }
         Command::ExtendTimeout { duration_ms, .. } => format!("{name} +{}", fmt_dur(*duration_ms)),

@@ -184,7 +184,7 @@ fn present<'de, D: serde::Deserializer<'de>>(
 }
 
 /// The row of a sandbox the task `task_id` holds, from its record. It leaves out `used`, which
-/// every first command of a sandbox sets. Every field is named, so a new one does not compile
+/// every first command of a sandbox sets, and `activity` and `sampling`, which only sampling changes. Every field is named, so a new one does not compile
 /// until it is sorted into the row or out of it.
 fn held_row(task_id: &TaskId, sb: &SandboxRecord) -> SandboxRow {
     let SandboxRecord {
@@ -195,6 +195,8 @@ fn held_row(task_id: &TaskId, sb: &SandboxRecord) -> SandboxRow {
         deadline,
         source_snapshot,
         used: _,
+        activity: _,
+        sampling: _,
     } = sb;
     SandboxRow {
         provider_id: id.clone(),

@@ -527,6 +527,8 @@ mod tests {
             deadline: 9,
             source_snapshot: None,
             used: true,
+            activity: None,
+            sampling: false,
         };
         let snapshot = SnapshotRecord {
             seq: 1,
@@ -547,6 +549,19 @@ mod tests {
             Box::new(|t| t.settings.idle_lifetime_ms += 1),
             Box::new(|t| t.generation += 1),
             Box::new(move |t| t.sandbox = Some(sandbox.clone())),
+            Box::new(|t| {
+                if let Some(sb) = t.sandbox.as_mut() {
+                    sb.activity = Some(crate::core::SandboxActivity {
+                        sampled_at: 3,
+                        resources: crate::core::Resources {
+                            cpu_usec: Some(5),
+                            ..Default::default()
+                        },
+                        busy_at: Some(3),
+                    });
+                }
+            }),
+            Box::new(|t| t.settings.max_busy_ms = 8_000),
             Box::new(|t| t.restore_source = Some("snap-0".into())),
             Box::new(move |t| t.snapshots.push(snapshot.clone())),
             Box::new(|t| t.snapshot_reason = Some(SnapshotReason::Suspend { request_id: 2 })),

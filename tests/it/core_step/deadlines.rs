@@ -47,6 +47,7 @@ fn taken(seq: u64) -> Event {
         expires_at: None,
         omitted: Vec::new(),
         usage: None,
+        resources: None,
     }
 }
 

@@ -2,6 +2,7 @@
 //! transitions (in `transitions`) of recovery after a restart (in `recovery`) and of deadlines, late checkpoints, restore notes and the create bound (in `deadlines`). The start
 //! time and the task settings they share live here.
 
+mod busy;
 mod deadlines;
 mod model;
 mod reason;
@@ -21,6 +22,7 @@ fn settings() -> TaskSettings {
         keep_snapshots: 2,
         checkpoint_margin_ms: 30_000,
         max_sandbox_lifetime_ms: 600_000,
+        max_busy_ms: 0,
         retry: RetryPolicy {
             max_attempts: 3,
             initial_delay_ms: 100,

@@ -403,6 +403,7 @@ impl Harness {
                     expires_at: None,
                     omitted: Vec::new(),
                     usage: None,
+                    resources: None,
                 },
                 Outcome::Transient => Event::SnapshotFailed {
                     seq,
@@ -491,6 +492,10 @@ impl Harness {
             Command::ReadUsage { sandbox_id } => Event::UsageRead {
                 sandbox_id,
                 usage: None,
+            },
+            Command::SampleActivity { sandbox_id } => Event::ActivitySampled {
+                sandbox_id,
+                resources: None,
             },
             Command::ScheduleTimer { .. } | Command::Reply { .. } => return None,
         })

@@ -131,6 +131,7 @@ fn a_run_requested_while_probing_a_dead_sandbox_restores_it_first() {
             expires_at: None,
             omitted: Vec::new(),
             usage: None,
+            resources: None,
         },
         T0,
     );
@@ -332,6 +333,7 @@ fn probing_after_work() -> Task {
             expires_at: None,
             omitted: Vec::new(),
             usage: None,
+            resources: None,
         },
         T0,
     );

@@ -77,6 +77,7 @@ fn suspended_task() -> Task {
             expires_at: None,
             omitted: Vec::new(),
             usage: None,
+            resources: None,
         },
     );
     assert_eq!(tr.next.state, TaskState::Expired);
@@ -102,6 +103,7 @@ fn duplicate_snapshot_taken_is_absorbed() {
             expires_at: None,
             omitted: Vec::new(),
             usage: None,
+            resources: None,
         },
     );
     assert_eq!(tr.next, t, "a second 'snapshot taken' changes nothing");
@@ -169,6 +171,7 @@ fn restore_falls_back_to_older_snapshot_only_when_gone() {
             expires_at: None,
             omitted: Vec::new(),
             usage: None,
+            resources: None,
         },
     )
     .next;

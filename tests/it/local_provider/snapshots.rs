@@ -6,7 +6,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use taskbox::core::FailureKind;
-use taskbox::provider::SandboxProvider;
+use taskbox::provider::{SandboxProvider, SnapshotInfo};
 use taskbox::snapshot_store::archive::{self, ArchiveError};
 
 use super::{assert_kind, Env, INSTALLATION};
@@ -38,9 +38,17 @@ async fn snapshot_stops_the_sandbox_and_restores_files_modes_and_links() {
         FailureKind::SandboxGone,
     );
 
-    // Idempotent by seq: the same answer, even though the sandbox is gone now.
+    // Idempotent by seq: the same answer, even though the sandbox is gone now (but for what
+    // its processes used, read by the first answer as it stopped them, and gone with them).
     let again = env.provider.snapshot(&tid("snap"), &id, 1).await.unwrap();
-    assert_eq!(again, info);
+    assert_eq!(again.resources, None);
+    assert_eq!(
+        again,
+        SnapshotInfo {
+            resources: None,
+            ..info.clone()
+        }
+    );
 
     let restored = env.create("snap", 2, Some(info.id.as_str())).await;
     let ws = env.provider.workspace_path(&restored).unwrap();
@@ -254,7 +262,12 @@ async fn a_stale_archive_is_never_taken_for_a_new_snapshot() {
     let first = env.create("p", 1, None).await;
     env.run(&first, "echo v1 > old.txt").await;
     let old = env.provider.snapshot(&tid("p"), &first, 1).await.unwrap();
-    // A repeated call of the same operation finds its archive.
+    // A repeated call of the same operation finds its archive (what the processes used was
+    // read by the first answer, as it stopped them).
+    let old = SnapshotInfo {
+        resources: None,
+        ..old
+    };
     assert_eq!(
         env.provider.snapshot(&tid("p"), &first, 1).await.unwrap(),
         old

@@ -2,6 +2,7 @@
 //! built binary), each test in its own `TASKBOX_HOME`, every server killed at the end.
 
 mod api_cases;
+mod busy;
 mod fleet;
 mod gc;
 mod hostile;

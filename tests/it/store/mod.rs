@@ -122,6 +122,8 @@ fn sandbox(task: &str, generation: u64, created_at: Millis) -> SandboxRecord {
         deadline: created_at + 300_000,
         source_snapshot: None,
         used: false,
+        activity: None,
+        sampling: false,
     }
 }
 
@@ -193,6 +195,7 @@ fn lifecycle(id: &str, start: Millis) -> Vec<Owned> {
             expires_at: Some(start + 1_000_000),
             omitted: Vec::new(),
             usage: None,
+            resources: None,
         },
         vec![],
         |t| {
@@ -381,6 +384,8 @@ fn assert_rows_mirror(store: &Store, task: &Task) {
             deadline: r.deadline,
             source_snapshot: r.source_snapshot,
             used: false,
+            activity: None,
+            sampling: false,
         })
         .collect();
     assert_eq!(running, task.sandbox.iter().cloned().collect::<Vec<_>>());

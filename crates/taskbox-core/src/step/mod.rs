@@ -210,6 +210,8 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 deadline,
                 source_snapshot: source,
                 used: false,
+                activity: None,
+                sampling: false,
             });
             cx.t.state = Running;
             cx.clear_op();
@@ -346,6 +348,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 expires_at,
                 omitted,
                 usage: _,
+                resources: _,
             },
         ) if cx.pending_seq() == Some(seq) => {
             let rec =
@@ -386,6 +389,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 Some(
                     SnapshotReason::Fork { .. }
                     | SnapshotReason::IdleReap
+                    | SnapshotReason::BusyCap
                     | SnapshotReason::Checkpoint
                     | SnapshotReason::LateCheckpoint { .. },
                 )
@@ -541,6 +545,26 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
             Event::ProbeFailed { .. },
         ) => {} // stale: no probe of this sandbox is outstanding
+        // ---- activity-aware idle ----
+        // running ---- activity sampled ----> running | snapshotting (see `timers`)
+        (
+            Running,
+            Event::ActivitySampled {
+                sandbox_id,
+                resources,
+            },
+        ) if cx.holds(&sandbox_id) => cx.activity_sampled(resources),
+        // snapshotting ---- activity sampled ----> snapshotting (the sample is out no more, should
+        // the snapshot fail and the sandbox run on)
+        (Snapshotting, Event::ActivitySampled { sandbox_id, .. }) if cx.holds(&sandbox_id) => {
+            if let Some(sb) = cx.t.sandbox.as_mut() {
+                sb.sampling = false;
+            }
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::ActivitySampled { .. },
+        ) => {} // late: the sandbox is gone
         // ---- usage, for the cost ledger only ----
         (
             Idle | Provisioning | Running | Snapshotting | Expired | Restoring,

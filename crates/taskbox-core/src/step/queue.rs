@@ -58,8 +58,9 @@ impl Cx {
                     }
                 },
                 TaskState::Running => {
-                    // One command at a time, and none before the recovery probe has answered.
-                    if self.t.running.is_some() || self.t.probing {
+                    // One command at a time, and none before the recovery probe or an activity
+                    // sample has answered.
+                    if self.t.running.is_some() || self.t.probing || self.sampling() {
                         return;
                     }
                     // The recorded deadline passed while no timer could fire (taskbox was not

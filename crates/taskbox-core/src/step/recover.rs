@@ -13,6 +13,10 @@ impl Cx {
     /// probed — with later requests waiting for the probe's answer when `hold_for_probe`.
     /// Nothing in flight, nothing queued, nothing to delete: nothing happens.
     pub(super) fn recover(&mut self, state: TaskState, hold_for_probe: bool) {
+        // An activity sample's answer went with the previous process.
+        if let Some(sb) = self.t.sandbox.as_mut() {
+            sb.sampling = false;
+        }
         self.fail_queue(&FailureReason::Interrupted, self.t.attempts.max(1));
         self.emit_pending_deletes();
         match state {

@@ -104,6 +104,7 @@ impl Cx {
             }
             Some(
                 SnapshotReason::IdleReap
+                | SnapshotReason::BusyCap
                 | SnapshotReason::Checkpoint
                 | SnapshotReason::LateCheckpoint { .. },
             )

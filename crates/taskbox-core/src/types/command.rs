@@ -133,6 +133,16 @@ pub enum Command {
         /// The session that ended.
         sandbox_id: SandboxId,
     },
+    /// Emitted in `running` with no command running, as the idle timer nears (its
+    /// [`TimerKind::Activity`]) and when it falls due, where the provider samples activity
+    /// ([`TaskSettings::max_busy_ms`](super::TaskSettings::max_busy_ms) > 0): read what the
+    /// sandbox's processes used so far. Answered by
+    /// [`Event::ActivitySampled`](super::Event::ActivitySampled); the second answer decides
+    /// whether the sandbox is idle.
+    SampleActivity {
+        /// The sandbox.
+        sandbox_id: SandboxId,
+    },
     /// Emitted to arm a timer; a later timer of the same kind replaces it.
     ScheduleTimer {
         /// Which timer.
@@ -161,6 +171,7 @@ impl Command {
             Command::DeleteSnapshot { .. } => "delete_snapshot",
             Command::ProbeSandbox { .. } => "probe_sandbox",
             Command::ReadUsage { .. } => "read_usage",
+            Command::SampleActivity { .. } => "sample_activity",
             Command::ScheduleTimer { .. } => "schedule_timer",
             Command::Reply { .. } => "reply",
         }

@@ -5,8 +5,8 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 use super::{
-    Failure, ForkFrom, Millis, PlatformSnapshot, RequestId, SessionUsage, SnapshotRecord,
-    TaskSettings,
+    Failure, ForkFrom, Millis, PlatformSnapshot, RequestId, Resources, SessionUsage,
+    SnapshotRecord, TaskSettings,
 };
 
 /// Which timer fired.
@@ -21,6 +21,9 @@ pub enum TimerKind {
     Deadline,
     /// A backoff delay before retrying the operation in flight is over.
     Retry,
+    /// The idle timer falls due soon: take the first of the two activity samples that decide
+    /// whether the sandbox is idle (activity-aware idle).
+    Activity,
 }
 
 /// Everything that can happen to a task: caller requests, provider outcomes, timers, restarts.
@@ -139,6 +142,11 @@ pub enum Event {
         /// provider reports none (the local backend) and in journals written before it existed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         usage: Option<SessionUsage>,
+        /// What the sandbox's processes used over its life, read just before the snapshot
+        /// stopped them (the local backend's cgroups): the generation's resources, journaled as
+        /// it ends. Absent where not measured and in journals written before it existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resources: Option<Resources>,
     },
     /// `TakeSnapshot` failed.
     SnapshotFailed {
@@ -234,6 +242,15 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         usage: Option<SessionUsage>,
     },
+    /// `SampleActivity` answered: what the sandbox's processes used so far; `None` when it
+    /// could not be read (then the sandbox counts as idle, as without sampling).
+    ActivitySampled {
+        /// The sandbox.
+        sandbox_id: SandboxId,
+        /// Its counters, when read.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resources: Option<Resources>,
+    },
     /// A timer fired.
     TimerFired {
         /// Which one.
@@ -279,6 +296,7 @@ impl Event {
             Event::SandboxProbed { .. } => "sandbox_probed",
             Event::ProbeFailed { .. } => "probe_failed",
             Event::UsageRead { .. } => "usage_read",
+            Event::ActivitySampled { .. } => "activity_sampled",
             Event::TimerFired { .. } => "timer_fired",
             Event::Loaded => "loaded",
             Event::Recovered => "recovered",

@@ -18,6 +18,12 @@
 //! median 0.59 ms with a tail of 0.7 ms. The forked hook has one thread, so moving that thread
 //! (`tasks`, which the kernel does without the global lock) moves the whole process.
 //!
+//! The same cgroups are what the server reads a sandbox's resources from (`resources`: CPU time,
+//! peak memory, IO). Where v1's `cpuacct` and `blkio` are hierarchies of their own (this hybrid
+//! machine's `cpu` and `cpuacct` are mounted apart), the sandbox gets a cgroup in each too,
+//! with no limit, for their counters only; a hierarchy that cannot be written leaves that figure
+//! unmeasured. On v2, `io` is enabled beside the three where the hierarchy offers it.
+//!
 //! A command killed by the memory limit is noted after its output (`exec` compares the
 //! cgroup's `oom_kill` count before and after it, [`OomCounter`]); its exit code is the
 //! kernel's (137 for a shell killed outright).
@@ -55,11 +61,13 @@ impl Default for Limits {
 enum Hierarchy {
     /// One cgroup v2 directory under this one.
     V2(PathBuf),
-    /// One directory under each of these (memory, pids, cpu).
+    /// One directory under each of these (memory, pids, cpu), and under each hierarchy kept
+    /// for its counters only (`cpuacct` where not mounted with `cpu`, `blkio`).
     V1 {
         memory: PathBuf,
         pids: PathBuf,
         cpu: PathBuf,
+        counters: Vec<PathBuf>,
     },
 }
 
@@ -79,7 +87,9 @@ fn hierarchy() -> Result<&'static Hierarchy, &'static str> {
 pub fn support() -> Result<String, String> {
     match hierarchy()? {
         Hierarchy::V2(base) => Ok(format!("cgroup v2 under {}", base.display())),
-        Hierarchy::V1 { memory, pids, cpu } => Ok(format!(
+        Hierarchy::V1 {
+            memory, pids, cpu, ..
+        } => Ok(format!(
             "cgroup v1: {}, {}, {}",
             memory.display(),
             pids.display(),
@@ -109,10 +119,18 @@ fn probe() -> Result<Hierarchy, String> {
         Ok(base)
     };
     let found = (|| {
+        let cpu = v1("cpu")?;
+        // Counters only: a hierarchy missing or not writable leaves its figure unmeasured.
+        let counters = ["cpuacct", "blkio"]
+            .into_iter()
+            .filter_map(|c| v1(c).ok())
+            .filter(|base| *base != cpu)
+            .collect();
         Ok::<_, String>(Hierarchy::V1 {
             memory: v1("memory")?,
             pids: v1("pids")?,
-            cpu: v1("cpu")?,
+            cpu,
+            counters,
         })
     })();
     found.map_err(|v1_why| {
@@ -148,6 +166,15 @@ fn v2(base: &Path) -> Result<Hierarchy, String> {
                 base.display()
             )
         })?;
+    }
+    // IO counters where offered (not a limit: a hierarchy without `io` only leaves IO
+    // unmeasured).
+    if offered.split_whitespace().any(|o| o == "io")
+        && !enabled.split_whitespace().any(|o| o == "io")
+    {
+        if let Err(e) = fs::write(base.join("cgroup.subtree_control"), b"+io") {
+            tracing::debug!(cgroup = %base.display(), error = %e, "io is not counted per sandbox");
+        }
     }
     writable(base)?;
     Ok(Hierarchy::V2(base.to_path_buf()))
@@ -215,9 +242,16 @@ impl Cgroups {
         sweep(hierarchy);
         let dirs = match hierarchy {
             Hierarchy::V2(base) => vec![base.join(name)],
-            Hierarchy::V1 { memory, pids, cpu } => {
-                vec![memory.join(name), pids.join(name), cpu.join(name)]
-            }
+            Hierarchy::V1 {
+                memory,
+                pids,
+                cpu,
+                counters,
+            } => [memory, pids, cpu]
+                .into_iter()
+                .chain(counters)
+                .map(|base| base.join(name))
+                .collect(),
         };
         let cgroups = Cgroups {
             memory: dirs[0].clone(),
@@ -333,7 +367,12 @@ pub const PREFIX: &str = "taskbox.limits-";
 fn sweep(hierarchy: &Hierarchy) {
     let bases = match hierarchy {
         Hierarchy::V2(base) => vec![base],
-        Hierarchy::V1 { memory, pids, cpu } => vec![memory, pids, cpu],
+        Hierarchy::V1 {
+            memory,
+            pids,
+            cpu,
+            counters,
+        } => [memory, pids, cpu].into_iter().chain(counters).collect(),
     };
     for base in bases {
         let Ok(entries) = fs::read_dir(base) else {
