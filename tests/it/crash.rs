@@ -112,10 +112,13 @@ fn an_engine_dead_through_a_platform_stop_gets_the_files_back_from_the_platforms
         ok(&home.run(&["run", "-t", task, "--", "echo v1 > f"]));
         ok(&home.run(&["suspend", task]));
         ok(&home.run(&["run", "-t", task, "--", "echo v2 > f"]));
-        // The engine dies mid-command: once the command says it runs (the fake platform
-        // runs it as a process of this machine).
-        let started = home.path().join("mid-command-started");
-        let command = format!("touch {}; sleep 30", started.display());
+        // The engine dies mid-command: once the command runs (the fake platform contains it
+        // in a sandbox of this machine, where no host path is in sight: its `sleep` is seen in
+        // the host's process list, by an argument only the shell's expansion makes, so the
+        // command lines of `taskbox run` and of the shell do not match).
+        let marker = format!("30.{}{}", std::process::id(), u8::from(by_timeout));
+        let (stem, tail) = marker.split_at(3);
+        let command = format!("m={tail}; sleep {stem}${{m}}");
         let child = home
             .cmd()
             .args(["run", "-t", task, "--", &command])
@@ -123,8 +126,10 @@ fn an_engine_dead_through_a_platform_stop_gets_the_files_back_from_the_platforms
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("spawn taskbox run");
-        wait_for(Duration::from_secs(60), || started.exists().then_some(()))
-            .expect("the command started");
+        wait_for(Duration::from_secs(60), || {
+            process_running(&format!("sleep\0{marker}")).then_some(())
+        })
+        .expect("the command started");
         kill(child);
         let session = show(&home, task)["task"]["sandbox"]["id"]
             .as_str()

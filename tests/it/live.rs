@@ -124,15 +124,12 @@ fn read_until(
 /// only at the end would never arrive (no timing involved).
 fn output_arrives_as_it_is_produced(s: &Setup) {
     ok(&s.run(&["run", "-t", "live", "--", "true"]));
-    // The command runs as a process of this machine (local sandbox or the fake platform).
-    let go = tempfile::tempdir().expect("temp dir");
-    let go = go.path().join("go");
+    // The command runs in a sandbox of this machine (the local one's or the fake platform's),
+    // whose workspace is the one directory it shares with the host: the go is a file `go` put
+    // into every workspace under the test's home.
     let mut cmd = s.cmd();
-    let script = format!(
-        "echo a; for i in $(seq 600); do [ -e {go} ] && break; sleep 0.05; done; echo b",
-        go = go.display()
-    );
-    cmd.args(["run", "-t", "live", "--", &script]);
+    let script = "echo a; for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done; echo b";
+    cmd.args(["run", "-t", "live", "--", script]);
     let (mut child, rx) = spawn_reading(cmd);
     let mut seen = Vec::new();
     assert!(
@@ -140,7 +137,12 @@ fn output_arrives_as_it_is_produced(s: &Setup) {
         "`a` was not passed on while the command ran"
     );
     assert!(!seen.iter().any(|(_, b)| *b == b'b'), "`b` before the go");
-    std::fs::write(&go, "").expect("the go");
+    let given = give_go(s.home().path(), 8);
+    assert!(
+        given > 0,
+        "no workspace under {}",
+        s.home().path().display()
+    );
     assert!(
         read_until(&rx, &mut seen, b"b\n", Duration::from_secs(60)),
         "`b` was never printed"
@@ -149,6 +151,27 @@ fn output_arrives_as_it_is_produced(s: &Setup) {
     assert!(status.success(), "{status:?}");
     let bytes: Vec<u8> = seen.iter().map(|(_, b)| *b).collect();
     assert_eq!(bytes, b"a\nb\n", "exactly the command's output, in order");
+}
+
+/// Writes an empty `go` into every directory named `workspace` under `dir` (at most `depth`
+/// levels down); how many.
+fn give_go(dir: &std::path::Path, depth: u32) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut given = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if entry.file_name() == "workspace" {
+            given += usize::from(std::fs::write(path.join("go"), "").is_ok());
+        } else if depth > 0 {
+            given += give_go(&path, depth - 1);
+        }
+    }
+    given
 }
 
 /// Every byte value, through stdout unchanged; `--json` carries it as base64 and says so.

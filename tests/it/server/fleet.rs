@@ -180,10 +180,13 @@ fn a_server_paused_past_its_lease_cannot_commit_and_answers_task_moved() {
         run_json(&a, "paused", "echo one > f; cat f"),
         Ok("one\n".to_string())
     );
-    // A caller waits on A for a command that outlasts A's pause; the command says when it
-    // runs (the fake platform runs it as a process of this machine).
-    let started = fake_home.path().join("paused-command-started");
-    let command = format!("touch {}; sleep 3; echo late > g", started.display());
+    // A caller waits on A for a command that outlasts A's pause; the command is seen running
+    // in the host's process list (the fake platform contains it in a sandbox of this machine,
+    // where no host path is in sight), by a `sleep` argument only the shell's expansion makes,
+    // so that the command lines of `taskbox run` and of the shell do not match.
+    let (stem, tail) = ("3.0", std::process::id().to_string());
+    let marker = format!("sleep\0{stem}{tail}");
+    let command = format!("m={tail}; sleep {stem}${{m}}; echo late > g");
     let waiting = a
         .home
         .cmd()
@@ -192,8 +195,10 @@ fn a_server_paused_past_its_lease_cannot_commit_and_answers_task_moved() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn the waiting run");
-    wait_for(Duration::from_secs(30), || started.exists().then_some(()))
-        .expect("A's command started");
+    wait_for(Duration::from_secs(30), || {
+        crate::support::process_running(&marker).then_some(())
+    })
+    .expect("A's command started");
     signal(a_serve.id(), libc::SIGSTOP);
     // Once A's lease (2 s) is past, B takes the task over at a request.
     let out = wait_for(Duration::from_secs(30), || {

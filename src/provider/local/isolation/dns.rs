@@ -43,7 +43,8 @@ const IN_FLIGHT: usize = 64;
 /// and the loopback resolver to relay to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Dns {
-    /// The host file bound over `inside` (`None`: the sandbox sees the host's as it is).
+    /// The host file bound over the path inside (`None`: the sandbox sees the host's as it
+    /// is).
     pub(super) bind: Option<(PathBuf, PathBuf)>,
     /// The first nameserver of the file on the host's loopback, relayed (see [`Relay`]).
     pub(super) relay_to: Option<Ipv4Addr>,
@@ -62,10 +63,8 @@ pub(super) fn plan(source: &Path) -> Option<Dns> {
     } else {
         Some(etc.to_path_buf())
     };
-    let bind = inside.and_then(|inside| {
-        let seen = !linked || super::plan::is_bound(&inside);
-        (source != inside || !seen).then_some((source, inside))
-    });
+    // The plan leaves out a bind of a file over itself where the sandbox sees it anyway.
+    let bind = inside.and_then(|inside| (source != inside || linked).then_some((source, inside)));
     Some(Dns {
         bind,
         relay_to: loopback_nameserver(&text),

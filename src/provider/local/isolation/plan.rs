@@ -51,7 +51,7 @@ pub(super) struct Plan {
 
 /// Whether the host path `path` is inside a system directory bound into every sandbox (so the
 /// sandbox sees it where the host does).
-pub(super) fn is_bound(path: &Path) -> bool {
+fn is_bound(path: &Path) -> bool {
     SYSTEM_DIRS.iter().any(|dir| {
         path.starts_with(dir) && std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
     })
@@ -462,7 +462,9 @@ impl Plan {
             let clear = NOT_FOR_RESOLV_CONF
                 .iter()
                 .all(|dir| !target.starts_with(dir));
-            if clear && target.is_absolute() {
+            // A file over itself where the sandbox sees it anyway is no bind.
+            let seen = source == target && is_bound(target);
+            if clear && target.is_absolute() && !seen {
                 if !is_bound(target) {
                     let mut dirs: Vec<&Path> = target.ancestors().skip(1).collect();
                     dirs.reverse();
