@@ -37,6 +37,7 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/shutdown", post(shutdown));
     Router::new()
         .nest(API_PREFIX, v1)
+        .merge(super::dashboard::routes())
         .fallback(|| async {
             failure(
                 StatusCode::NOT_FOUND,
@@ -294,6 +295,11 @@ pub async fn require_token(State(token): State<Arc<String>>, req: Request, next:
         return next.run(req).await;
     }
     tracing::warn!(path = %req.uri().path(), "refused a TCP request without the right bearer token");
+    unauthorized()
+}
+
+/// The 401 of a TCP request without the right bearer token.
+pub(super) fn unauthorized() -> Response {
     failure(
         StatusCode::UNAUTHORIZED,
         ApiError::new("unauthorized", "missing or wrong bearer token").hint(
@@ -305,7 +311,7 @@ pub async fn require_token(State(token): State<Arc<String>>, req: Request, next:
 
 /// The token of an `Authorization` value of the `Bearer` scheme, whose name is
 /// case-insensitive (RFC 9110 §11.1: `bearer` and `BEARER` are `Bearer` too).
-fn bearer_token(value: &str) -> Option<&str> {
+pub(super) fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")
@@ -313,7 +319,7 @@ fn bearer_token(value: &str) -> Option<&str> {
 }
 
 /// Compares without an early exit, so timing does not reveal how much of a guess was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -15,6 +15,7 @@
 
 mod answer;
 mod conn;
+pub mod dashboard;
 mod http;
 mod runs;
 mod watch;
@@ -59,6 +60,8 @@ struct Info {
     auto: bool,
     idle_exit_seconds: u64,
     tcp: Option<String>,
+    /// The list prices of the dashboard's cost column (`cost.*`).
+    prices: crate::core::ledger::Prices,
 }
 
 /// How long in-flight HTTP requests get to finish once the server is told to stop.
@@ -205,7 +208,7 @@ pub struct Server {
     opts: ServeOptions,
     lock: socket::ServeLock,
     unix: tokio::net::UnixListener,
-    tcp: Option<(tokio::net::TcpListener, Arc<String>)>,
+    tcp: Option<(tokio::net::TcpListener, Arc<dashboard::auth::Guard>)>,
     orch: Orchestrator,
     started_at: crate::core::Millis,
 }
@@ -234,7 +237,14 @@ impl Server {
                         addr: addr.clone(),
                         source,
                     })?;
-                Some((l, token))
+                // The bearer token, or the dashboard's session cookie for reading
+                // (`dashboard::auth`).
+                let guard =
+                    dashboard::auth::Guard::new(&token).map_err(|source| ServerError::Io {
+                        what: "cannot draw the dashboard's session key from /dev/urandom".into(),
+                        source,
+                    })?;
+                Some((l, Arc::new(guard)))
             }
             _ => None,
         };
@@ -297,6 +307,7 @@ impl Server {
                 auto: opts.auto,
                 idle_exit_seconds: opts.config.terminal.server_idle_exit_seconds,
                 tcp: tcp_addr,
+                prices: opts.config.prices(),
             }),
             stop: stop.clone(),
             closing: closing.clone(),
@@ -311,10 +322,11 @@ impl Server {
             None,
             closing.clone(),
         )));
-        if let Some((listener, token)) = tcp {
+        if let Some((listener, guard)) = tcp {
+            // The bearer token, or the dashboard's session cookie for reading (`dashboard::auth`).
             let guarded = app.layer(axum::middleware::from_fn_with_state(
-                token,
-                http::require_token,
+                guard,
+                dashboard::auth::guard,
             ));
             let cap = conn::tcp_cap(open_files_limit());
             tracing::info!(cap, "TCP connections served at once");

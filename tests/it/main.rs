@@ -19,6 +19,7 @@ mod cli_input;
 mod core_step;
 mod cost;
 mod crash;
+mod dashboard;
 mod docs;
 mod engine;
 mod fake_vercel;
