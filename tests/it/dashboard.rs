@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::server::ServerHome;
-use crate::support::{install_lock, ok, run_bounded, skip, target_dir, Group};
+use crate::support::{install_lock, isolation_modes, ok, run_bounded, skip, target_dir, Group};
 
 /// The server's token in these tests.
 const TOKEN: &str = "dash-tok-8c1e5a7f3b9d2e60";
@@ -179,15 +179,25 @@ fn dashboard(home: &ServerHome) -> (Group, String, String) {
 /// The tasks table of `taskbox dashboard` shows a task the CLI started, then follows it without
 /// a reload: `suspend` turns it `expired` with one snapshot, a new task appears, a `run`
 /// restores it.
+/// In both local isolation modes (the commands use relative paths).
 #[test]
 fn the_tasks_table_follows_the_cli_live() {
-    let home = ServerHome::new();
-    ok(&home
-        .home
-        .run(&["run", "--task", "live", "--", "echo hi > f"]));
-    let (proc, url, token) = dashboard(&home);
-    browse(&home, "live", "dashboard", &url, &token, "live");
-    drop(proc);
+    for mode in isolation_modes("the_tasks_table_follows_the_cli_live") {
+        let home = ServerHome::new();
+        ok(&home
+            .home
+            .run(&["config", "set", "terminal.local_isolation", mode]));
+        ok(&home
+            .home
+            .run(&["run", "--task", "live", "--", "echo hi > f"]));
+        let (proc, url, token) = dashboard(&home);
+        let label = format!("dashboard-{mode}");
+        let shown = browse(&home, "live", &label, &url, &token, "live");
+        drop(proc);
+        if !shown {
+            return;
+        }
+    }
 }
 
 /// A task's page draws its timeline (the SVG's state bands), its snapshots with what made them,
@@ -219,5 +229,187 @@ fn a_wrong_or_missing_token_shows_the_login_and_no_data() {
     let (proc, url, token) = dashboard(&home);
     browse(&home, "auth", "dashboard", &url, &token, "secretive");
     drop(proc);
+    drop(serve);
+}
+
+/// An HTTP/1.1 GET of `path` on the server's Unix socket: the status line and the body.
+fn unix_get(data: &Path, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(data.join("taskbox.sock")).expect("socket");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: taskbox\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (
+        head.lines().next().unwrap_or_default().to_string(),
+        body.to_string(),
+    )
+}
+
+/// The dashboard's HTTP surface without a browser (so it runs wherever the server does): the
+/// guard (the login form, the cookie for reads only, the public assets), the all-tasks event
+/// stream, the snapshots with what made them, the timeline and the costs, secrets redacted;
+/// and on the Unix socket the page needs no login.
+#[test]
+fn the_dashboard_routes_answer_behind_the_guard() {
+    const SECRET: &str = "sup3rsecretvalue7788";
+    let home = ServerHome::new();
+    let (serve, url) = serve_tcp(&home);
+    ok(&home.home.run(&[
+        "run",
+        "--task",
+        "guarded",
+        "--",
+        &format!("API_TOKEN={SECRET} true"),
+    ]));
+    ok(&home.home.run(&["suspend", "guarded"]));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client");
+    rt.block_on(async {
+        let get = |path: &str, cookie: Option<&str>| {
+            let mut r = http.get(format!("{url}{}", path.trim_start_matches('/')));
+            if let Some(c) = cookie {
+                r = r.header("Cookie", c);
+            }
+            r.send()
+        };
+        // No credentials: the form for the page, the JSON 401 for the API, the assets public.
+        let r = get("/", None).await.expect("GET /");
+        assert_eq!(r.status(), 401);
+        let page = r.text().await.expect("body");
+        assert!(
+            page.contains("name=\"token\"") && !page.contains("guarded"),
+            "{page}"
+        );
+        let r = get("/v1/tasks", None).await.expect("GET /v1/tasks");
+        assert_eq!(r.status(), 401);
+        assert_eq!(
+            r.json::<serde_json::Value>().await.expect("json")["code"],
+            "unauthorized"
+        );
+        let r = get("/dashboard/costs", None).await.expect("costs");
+        assert_eq!(r.status(), 401);
+        let r = get("/dashboard/assets/app.js", None).await.expect("app.js");
+        assert_eq!(r.status(), 200);
+
+        // A wrong token: the form again, no cookie.
+        let login = |token: &str| {
+            http.post(format!("{url}dashboard/login"))
+                .header("Content-Type", "application/x-www-form-urlencoded")
+                .body(format!("token={token}"))
+                .send()
+        };
+        let r = login("wrong-token-000000000").await.expect("login");
+        assert_eq!(r.status(), 401);
+        assert!(r.headers().get("set-cookie").is_none());
+        assert!(r
+            .text()
+            .await
+            .expect("body")
+            .contains("That is not the server"));
+
+        // The right one: a session cookie that is not the token, for reads only.
+        let r = login(TOKEN).await.expect("login");
+        assert_eq!(r.status(), 303);
+        let set = r.headers()["set-cookie"]
+            .to_str()
+            .expect("ascii")
+            .to_string();
+        assert!(
+            set.contains("HttpOnly") && set.contains("SameSite=Strict") && !set.contains(TOKEN),
+            "{set}"
+        );
+        let cookie = set.split(';').next().expect("name=value").to_string();
+        let r = get("/v1/tasks", Some(&cookie)).await.expect("tasks");
+        assert_eq!(r.status(), 200);
+        assert!(r.text().await.expect("body").contains("guarded"));
+        let r = http
+            .post(format!("{url}v1/tasks/guarded/resume"))
+            .header("Cookie", &cookie)
+            .send()
+            .await
+            .expect("POST");
+        assert_eq!(r.status(), 401, "a POST with only the cookie is refused");
+
+        // What the task page reads: the snapshot made by the suspend, the timeline, the costs —
+        // none with the secret.
+        let r = get("/dashboard/tasks/guarded/snapshots", Some(&cookie))
+            .await
+            .expect("snaps");
+        let snaps: serde_json::Value = r.json().await.expect("json");
+        assert_eq!(snaps[0]["made_by"], "suspend", "{snaps}");
+        let r = get("/dashboard/tasks/guarded/timeline.svg", Some(&cookie))
+            .await
+            .expect("svg");
+        assert_eq!(r.headers()["content-type"], "image/svg+xml");
+        let svg = r.text().await.expect("body");
+        assert!(svg.starts_with("<svg") && svg.contains("guarded"), "{svg}");
+        let r = get("/dashboard/costs", Some(&cookie)).await.expect("costs");
+        let costs = r.text().await.expect("body");
+        assert!(costs.contains("\"backend\":\"local\""), "{costs}");
+        for text in [snaps.to_string(), svg, costs] {
+            assert!(
+                !text.contains(SECRET),
+                "a secret in the dashboard's data: {text}"
+            );
+        }
+        let r = get("/dashboard/tasks/nope/snapshots", Some(&cookie))
+            .await
+            .expect("404");
+        assert_eq!(r.status(), 404);
+
+        // The event stream: `hello`, then another task's transitions as the CLI makes them.
+        let mut events = get("/dashboard/events", Some(&cookie))
+            .await
+            .expect("events");
+        assert_eq!(events.status(), 200);
+        let first = events.chunk().await.expect("chunk").expect("a line");
+        assert_eq!(&first[..], b"{\"type\":\"hello\"}\n");
+        let cli = home
+            .home
+            .cmd()
+            .args(["run", "--task", "other", "--", "true"])
+            .output();
+        let mut seen = String::new();
+        while !seen.contains("\"task\":\"other\"") {
+            let chunk = tokio::time::timeout(Duration::from_secs(60), events.chunk())
+                .await
+                .expect("a transition within 60 s")
+                .expect("chunk")
+                .expect("the stream goes on");
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        assert!(seen.contains("\"type\":\"transition\""), "{seen}");
+        ok(&cli.expect("taskbox run"));
+
+        // Logging out forgets the cookie.
+        let r = http
+            .post(format!("{url}dashboard/logout"))
+            .send()
+            .await
+            .expect("logout");
+        assert_eq!(r.status(), 303);
+        assert!(r.headers()["set-cookie"]
+            .to_str()
+            .expect("ascii")
+            .contains("Max-Age=0"));
+    });
+    // The Unix socket is its owner's: the page, no login.
+    let (status, body) = unix_get(&home.data(), "/");
+    assert!(status.contains("200"), "{status}");
+    assert!(body.contains("/dashboard/assets/app.js"), "{body}");
     drop(serve);
 }
