@@ -50,6 +50,8 @@ struct AppState {
     runs: Arc<runs::Runs>,
     /// Turns true when the server stops accepting requests (ends the watch streams).
     closing: tokio::sync::watch::Receiver<bool>,
+    /// The dashboard's reads of whole journals, off the event loop.
+    dashboard: Arc<dashboard::Reader>,
 }
 
 /// The server's fixed facts, for `GET /v1/health`.
@@ -60,8 +62,6 @@ struct Info {
     auto: bool,
     idle_exit_seconds: u64,
     tcp: Option<String>,
-    /// The list prices of the dashboard's cost column (`cost.*`).
-    prices: crate::core::ledger::Prices,
 }
 
 /// How long in-flight HTTP requests get to finish once the server is told to stop.
@@ -307,10 +307,10 @@ impl Server {
                 auto: opts.auto,
                 idle_exit_seconds: opts.config.terminal.server_idle_exit_seconds,
                 tcp: tcp_addr,
-                prices: opts.config.prices(),
             }),
             stop: stop.clone(),
             closing: closing.clone(),
+            dashboard: Arc::new(dashboard::Reader::new(&opts.data_dir, &opts.config)),
         };
         let app = http::router(state);
         let mut servers = Vec::new();

@@ -1,7 +1,7 @@
 // Drives the dashboard in headless Chromium for tests/it/dashboard.rs (one scenario per run).
 //
 //   DASH_URL=http://127.0.0.1:PORT/ DASH_TOKEN=… DASH_TASK=demo DASH_SHOTS=DIR \
-//   TASKBOX_BIN=…/taskbox TASKBOX_HOME=… node drive.mjs live|task|auth
+//   TASKBOX_BIN=…/taskbox TASKBOX_HOME=… node drive.mjs live|task|fleet|auth
 //
 // Prints `ok SCENARIO` at the end; any failed check throws (exit 1) with what it saw. The CLI
 // commands the scenario needs (`taskbox suspend`, `taskbox run`) run from here, with the
@@ -111,6 +111,13 @@ try {
     await page.goto(`${URL_}#/server`);
     await page.getByText("Live sandboxes").waitFor();
     await shot("server");
+  } else if (scenario === "fleet") {
+    await login(TOKEN);
+    await page.goto(`${URL_}#/server`);
+    await page.locator(`#leases tr[data-task="${TASK}"]`).waitFor();
+    const owner = await page.locator("#servers tbody tr").first().textContent();
+    check(owner.includes("(this server)"), `this server is marked, saw ${owner}`);
+    await shot("server");
   } else if (scenario === "auth") {
     // No token: the login form, and nothing of the tasks.
     const res = await page.goto(URL_);
@@ -142,7 +149,7 @@ try {
     check(post === 401, `a POST with only the cookie answers 401, saw ${post}`);
     check(!page.url().includes(TOKEN), "the token is not in the URL");
   } else {
-    throw new Error(`unknown scenario ${scenario}: live, task or auth`);
+    throw new Error(`unknown scenario ${scenario}: live, task, fleet or auth`);
   }
   console.log(`ok ${scenario}`);
 } finally {

@@ -111,6 +111,11 @@ fn browse(home: &ServerHome, name: &str, label: &str, url: &str, token: &str, ta
 
 /// A server of `home` on `--listen 127.0.0.1:0` with [`TOKEN`]; the server process and its URL.
 fn serve_tcp(home: &ServerHome) -> (Group, String) {
+    serve_tcp_with(home, &[])
+}
+
+/// [`serve_tcp`] with more arguments for `taskbox serve`.
+fn serve_tcp_with(home: &ServerHome, more: &[&str]) -> (Group, String) {
     let token_file = home.home.path().join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token");
     std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
@@ -120,6 +125,7 @@ fn serve_tcp(home: &ServerHome) -> (Group, String) {
         .cmd()
         .args(["serve", "--listen", "127.0.0.1:0", "--token-file"])
         .arg(&token_file)
+        .args(more)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -411,5 +417,48 @@ fn the_dashboard_routes_answer_behind_the_guard() {
     let (status, body) = unix_get(&home.data(), "/");
     assert!(status.contains("200"), "{status}");
     assert!(body.contains("/dashboard/assets/app.js"), "{body}");
+    drop(serve);
+}
+
+/// On a fleet's PostgreSQL store the server page lists the leases — the task the CLI ran, held
+/// by this server with a fresh lease — and the servers that hold them; on SQLite it says no
+/// other server shares the store.
+#[test]
+fn the_server_page_shows_a_fleets_leases() {
+    let Some(db) = crate::pg::database() else {
+        return;
+    };
+    let home = ServerHome::new();
+    let (serve, url) = serve_tcp_with(&home, &["--store", &db.url]);
+    let pid = home.wait_for_server();
+    ok(&home.home.run(&["run", "--task", "leased", "--", "true"]));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let fleet: serde_json::Value = rt.block_on(async {
+        reqwest::Client::new()
+            .get(format!("{url}dashboard/fleet"))
+            .bearer_auth(TOKEN)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .expect("GET /dashboard/fleet")
+            .json()
+            .await
+            .expect("json")
+    });
+    assert_eq!(fleet["store"], "postgres", "{fleet}");
+    let lease = fleet["leases"]
+        .as_array()
+        .expect("leases")
+        .iter()
+        .find(|l| l["task_id"] == "leased")
+        .unwrap_or_else(|| panic!("no lease of the task: {fleet}"));
+    let owner = lease["owner"].as_str().expect("owner");
+    assert!(owner.contains(&format!("pid {pid} ")), "{owner}");
+    assert!(lease["remaining_ms"].as_i64().expect("ms") > 0, "{lease}");
+    assert!(lease["token"].as_i64().expect("token") > 0, "{lease}");
+    browse(&home, "fleet", "serve", &url, TOKEN, "leased");
     drop(serve);
 }

@@ -10,13 +10,18 @@
 //!   `/v1/tasks/{task}/watch` follows one task and never sees a new one);
 //! - `tasks/{task}/timeline.svg`: the picture of `taskbox replay --format svg`, redacted;
 //! - `tasks/{task}/snapshots`: the task's snapshots with what made each (suspend, idle, deadline);
-//! - `costs`: every task's ledger, as `taskbox cost --json` prints it.
+//! - `costs`: every task's ledger, as `taskbox cost --json` prints it;
+//! - `fleet`: on a PostgreSQL store, every task's lease (who holds it, its token, how long it
+//!   runs), the fleet's servers as far as their leases show them.
 //!
 //! Nothing here is on a command's path: the pages only read, and the event stream subscribes to
 //! the broadcast the event loop sends to whether anyone listens or not.
 
 pub mod auth;
 pub mod proxy;
+mod reader;
+
+pub use reader::Reader;
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -64,6 +69,7 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/dashboard/assets/style.css", get(style_css))
         .route("/dashboard/events", get(events))
         .route("/dashboard/costs", get(costs))
+        .route("/dashboard/fleet", get(fleet))
         .route("/dashboard/tasks/{task}/timeline.svg", get(timeline_svg))
         .route("/dashboard/tasks/{task}/snapshots", get(snapshots))
         // On the Unix socket there is nothing to log into: the form's target goes home.
@@ -168,16 +174,20 @@ async fn forward(
     }
 }
 
-/// The task's view with its last `entries` journal entries, or the API's 404.
-async fn view(st: &AppState, task: &TaskId, entries: usize) -> Result<TaskView, Failure> {
-    match st.orch.show(task, entries).await {
-        Ok(Some(v)) => Ok(v),
-        Ok(None) => Err(engine_failure(EngineError::NoTask {
-            task: task.clone(),
+/// The task's view as the store has it, with its last `entries` journal entries, or the API's
+/// 404; read by the dashboard's own connection, off the event loop.
+async fn view(st: &AppState, task: TaskId, entries: usize) -> Result<TaskView, Failure> {
+    let id = task.clone();
+    let found = st
+        .dashboard
+        .with(move |store| TaskView::load(store, &id, entries, None))
+        .await?;
+    found.ok_or_else(|| {
+        engine_failure(EngineError::NoTask {
+            task,
             suggestion: None,
-        })),
-        Err(e) => Err(engine_failure(e)),
-    }
+        })
+    })
 }
 
 fn encode_failure(what: &str, e: impl std::fmt::Display) -> Failure {
@@ -193,7 +203,7 @@ async fn timeline_svg(
     Path(task): Path<String>,
 ) -> Result<Response, Failure> {
     let task = task_id(task.trim_end_matches(".svg"))?;
-    let v = view(&st, &task, TIMELINE_ENTRIES).await?;
+    let v = view(&st, task, TIMELINE_ENTRIES).await?;
     let (entries, _) = redact_entries(&v.journal).map_err(|e| encode_failure("the journal", e))?;
     let svg = timeline::render_svg(&timeline::build(&entries));
     Ok((
@@ -217,7 +227,7 @@ async fn snapshots(
     Path(task): Path<String>,
 ) -> Result<Json<serde_json::Value>, Failure> {
     let task = task_id(&task)?;
-    let v = view(&st, &task, usize::MAX).await?;
+    let v = view(&st, task, usize::MAX).await?;
     let mut rows = Vec::new();
     for s in v.snapshots.iter().rev() {
         let made_by = made_by(&v, s.seq);
@@ -275,22 +285,43 @@ fn reason_name(v: &serde_json::Value) -> Option<String> {
 /// prints a task's (`task` added). Read on a page's load and after changes settle, never on a
 /// command's path.
 async fn costs(State(st): State<AppState>) -> Result<Json<serde_json::Value>, Failure> {
-    let tasks = st.orch.tasks().await.map_err(engine_failure)?;
     let window = cost::window(None, SystemClock.now_ms());
-    let mut out = Vec::with_capacity(tasks.len());
-    for t in tasks {
-        let Some(v) = st
-            .orch
-            .show(&t.id, usize::MAX)
-            .await
-            .map_err(engine_failure)?
-        else {
-            continue;
-        };
-        let ledger = cost::ledger_of(&v.journal, window);
-        let mut row = cost::ledger_json(&ledger, v.marks.backend.as_deref(), &st.info.prices);
-        row["task"] = t.id.as_str().into();
-        out.push(row);
+    let prices = st.dashboard.prices;
+    let rows = st
+        .dashboard
+        .with(move |store| {
+            let mut out = Vec::new();
+            for id in store.task_ids()? {
+                let (ledger, backend) = cost::task_ledger(store, &id, window)?;
+                let mut row = cost::ledger_json(&ledger, backend.as_deref(), &prices);
+                row["task"] = id.as_str().into();
+                out.push(row);
+            }
+            Ok(out)
+        })
+        .await?;
+    Ok(Json(serde_json::Value::Array(rows)))
+}
+
+/// `GET /dashboard/fleet`: `{"store": "postgres", "leases": [LeaseRow…]}` on a fleet's store;
+/// `{"store": "sqlite", "leases": null}` on a data dir's file, which no other server shares.
+async fn fleet(State(st): State<AppState>) -> Result<Json<serde_json::Value>, Failure> {
+    let leases = st.dashboard.with(leases).await?;
+    Ok(Json(match leases {
+        Some(rows) => serde_json::json!({ "store": "postgres", "leases": rows }),
+        None => serde_json::json!({ "store": "sqlite", "leases": null }),
+    }))
+}
+
+#[cfg(feature = "postgres")]
+fn leases(store: &crate::store::Store) -> Result<Option<Vec<crate::store::LeaseRow>>, EngineError> {
+    match store {
+        crate::store::Store::Postgres(pg) => Ok(Some(pg.leases()?)),
+        _ => Ok(None),
     }
-    Ok(Json(serde_json::Value::Array(out)))
+}
+
+#[cfg(not(feature = "postgres"))]
+fn leases(_: &crate::store::Store) -> Result<Option<Vec<serde_json::Value>>, EngineError> {
+    Ok(None)
 }

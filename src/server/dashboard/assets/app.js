@@ -298,7 +298,7 @@ function drawForks() {
 // ---- the server (and a fleet) ----
 
 async function viewServer(root) {
-  const h = await api("/v1/health");
+  const [h, fleet] = await Promise.all([api("/v1/health"), api("/dashboard/fleet")]);
   root.replaceChildren(
     el("h1", { text: "Server" }),
     el("div", { class: "card" }, el("dl", { class: "facts" },
@@ -307,13 +307,42 @@ async function viewServer(root) {
       el("dt", { text: "Data dir" }), el("dd", {}, el("code", { text: h.data_dir })),
       el("dt", { text: "Started by" }), el("dd", { text: h.auto ? `the CLI (exits after ${h.idle_exit_seconds}s idle with no live sandbox)` : "taskbox serve" }),
       el("dt", { text: "TCP" }), el("dd", { text: h.tcp || "none (Unix socket only)" }),
+      el("dt", { text: "Store" }), el("dd", { text: fleet.store === "postgres" ? "PostgreSQL (a fleet's servers share it)" : "the data dir's SQLite file" }),
       el("dt", { text: "Requests in flight" }), el("dd", { text: h.requests_in_flight }))),
     el("h2", { text: "Live sandboxes" }),
     h.live_tasks.length ? el("table", {}, el("thead", {}, el("tr", {}, ["Task", "State", "Sandbox", "Deadline"].map((x) => el("th", { text: x })))),
       el("tbody", {}, h.live_tasks.map((l) => el("tr", {}, el("td", {}, taskLink(l.task)), el("td", {}, badge(l.state)), el("td", {}, el("code", { text: l.sandbox })), el("td", { text: until(l.deadline) })))))
       : el("p", { class: "note", text: "None." }),
     el("h2", { text: "Fleet" }),
-    el("p", { class: "note", text: "On a PostgreSQL store several servers share the tasks; the API does not list the other servers or their leases yet, so this page shows this server only. A task another server drives answers task_elsewhere naming it." }));
+    fleetView(fleet, h));
+}
+
+function fleetView(fleet, h) {
+  if (fleet.store !== "postgres") {
+    return el("p", { class: "note", text: "This server keeps its tasks in the data dir's SQLite file: no other server shares them. A fleet shares a PostgreSQL store (docs/running.md)." });
+  }
+  const mine = (owner) => owner.includes(`pid ${h.pid} `);
+  const servers = new Map();
+  for (const l of fleet.leases) {
+    const s = servers.get(l.owner) || { live: 0, expired: 0 };
+    if (l.remaining_ms > 0) s.live += 1; else s.expired += 1;
+    servers.set(l.owner, s);
+  }
+  const inMs = (ms) => (ms > 0 ? "in " + dur(ms) : "expired " + dur(-ms) + " ago");
+  return el("div", { id: "fleet" },
+    el("table", { id: "servers" },
+      el("thead", {}, el("tr", {}, ["Server (lease owner)", "Leases held", "Expired (any server may take them over)"].map((x) => el("th", { text: x })))),
+      el("tbody", {}, [...servers].map(([owner, s]) => el("tr", {},
+        el("td", {}, el("code", { text: owner }), mine(owner) ? el("span", { class: "muted", text: " (this server)" }) : null),
+        el("td", { class: "num", text: s.live }), el("td", { class: "num", text: s.expired }))))),
+    el("h2", { text: "Leases" }),
+    fleet.leases.length ? el("table", { id: "leases" },
+      el("thead", {}, el("tr", {}, ["Task", "Owner", "Token", "Expires"].map((x) => el("th", { text: x })))),
+      el("tbody", {}, fleet.leases.map((l) => el("tr", { "data-task": l.task_id },
+        el("td", {}, taskLink(l.task_id)), el("td", {}, el("code", { text: l.owner })),
+        el("td", { class: "num", text: l.token }), el("td", { text: inMs(l.remaining_ms) })))))
+      : el("p", { class: "note", text: "No lease yet." }),
+    el("p", { class: "note", text: "Servers appear here by the leases they hold or held: a server that never drove a task is not listed." }));
 }
 
 // ---- routing ----
