@@ -103,8 +103,15 @@ try {
     check(made.includes("suspend"), `a snapshot made by the suspend, saw ${made}`);
     await page.locator('dd a[href="#/task/' + TASK + '-fork"]').waitFor();
     check(!(await page.textContent("#view")).includes("http"), "the fork is a link, not its URL as text");
-    check((await page.locator("#journal tbody tr").count()) > 0, "journal rows");
+    check((await page.locator("#journal tbody tr").count()) === 25, "a page of 25 journal entries");
     await shot("page");
+    // The older entries are on the next page, down to the first.
+    await page.click("text=older →");
+    await page.locator("text=page 2").waitFor();
+    const seqs = await page.locator("#journal tbody tr td:first-child").allTextContents();
+    check(seqs.includes("1") && !seqs.includes("26"), `page 2 holds the oldest entries, saw ${seqs}`);
+    await page.click("text=← newer");
+    await page.locator("text=page 1").waitFor();
     await page.goto(`${URL_}#/forks`);
     await page.locator(`#forks li[data-task="${TASK}-fork"]`).waitFor();
     await shot("forks");

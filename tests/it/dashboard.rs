@@ -141,6 +141,15 @@ fn serve_tcp_with(home: &ServerHome, more: &[&str]) -> (Group, String) {
     (serve, format!("http://{addr}/"))
 }
 
+/// The port of `http://127.0.0.1:PORT/`.
+fn url_port(url: &str) -> u16 {
+    url.trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {url}"))
+}
+
 /// `taskbox dashboard --json` for `home`: the process, its URL and the token from its file.
 fn dashboard(home: &ServerHome) -> (Group, String, String) {
     let child = home
@@ -196,10 +205,19 @@ fn the_tasks_table_follows_the_cli_live() {
         ok(&home
             .home
             .run(&["run", "--task", "live", "--", "echo hi > f"]));
-        let (proc, url, token) = dashboard(&home);
+        let (mut proc, url, token) = dashboard(&home);
         let label = format!("dashboard-{mode}");
         let shown = browse(&home, "live", &label, &url, &token, "live");
-        drop(proc);
+        // Ctrl-C ends `taskbox dashboard`, and its token file goes with it.
+        let token_file = home
+            .data()
+            .join(format!("dashboard-{}.token", url_port(&url)));
+        assert!(token_file.is_file(), "{}", token_file.display());
+        // SAFETY: signalling the child this test spawned (still running: not yet waited for).
+        unsafe { libc::kill(proc.0.id() as i32, libc::SIGINT) };
+        let status = proc.0.wait().expect("wait");
+        assert!(status.success(), "taskbox dashboard after Ctrl-C: {status}");
+        assert!(!token_file.exists(), "the token file is removed on exit");
         if !shown {
             return;
         }
@@ -207,7 +225,7 @@ fn the_tasks_table_follows_the_cli_live() {
 }
 
 /// A task's page draws its timeline (the SVG's state bands), its snapshots with what made them,
-/// its journal; the fork tree and the server page draw.
+/// its journal in pages; the fork tree and the server page draw.
 #[test]
 fn a_task_page_shows_its_timeline() {
     let home = ServerHome::new();
@@ -215,6 +233,12 @@ fn a_task_page_shows_its_timeline() {
     ok(&home
         .home
         .run(&["run", "--task", "page", "--", "echo hi > f"]));
+    // More than a page of journal entries (25): the older ones are a click away.
+    for n in 0..12 {
+        ok(&home
+            .home
+            .run(&["run", "--task", "page", "--", &format!("echo {n} >> f")]));
+    }
     ok(&home.home.run(&["suspend", "page"]));
     ok(&home.home.run(&["fork", "page", "page-fork"]));
     browse(&home, "task", "serve", &url, TOKEN, "page");
