@@ -23,10 +23,6 @@ mod reader;
 
 pub use reader::Reader;
 
-use std::convert::Infallible;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -36,6 +32,7 @@ use axum::{Json, Router};
 use tokio::sync::{broadcast, mpsc};
 
 use super::answer::{engine_failure, failure, task_id, Failure};
+use super::watch::{line, transition, LineStream};
 use super::AppState;
 use crate::client::wire::{ApiError, WatchEvent};
 use crate::clock::{Clock, SystemClock};
@@ -102,32 +99,6 @@ async fn style_css() -> Response {
 
 async fn home() -> Redirect {
     Redirect::to("/")
-}
-
-struct LineStream(mpsc::Receiver<Bytes>);
-
-impl futures_core::Stream for LineStream {
-    type Item = Result<Bytes, Infallible>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.0.poll_recv(cx).map(|l| l.map(Ok))
-    }
-}
-
-fn line(ev: &WatchEvent) -> Bytes {
-    let mut v = serde_json::to_vec(ev).unwrap_or_default();
-    v.push(b'\n');
-    Bytes::from(v)
-}
-
-fn transition(c: &StateChange) -> WatchEvent {
-    WatchEvent::Transition {
-        task: c.task_id.to_string(),
-        from: c.from.as_str().to_string(),
-        to: c.to.as_str().to_string(),
-        event: c.event.to_string(),
-        at: c.at,
-    }
 }
 
 /// `GET /dashboard/events`: the `transition` lines of `/v1/tasks/{task}/watch` for every task,
