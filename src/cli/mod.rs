@@ -14,6 +14,8 @@ mod bench;
 mod chaos;
 mod commands;
 mod cost;
+#[cfg(feature = "server")]
+mod dashboard;
 mod doctor;
 #[cfg(feature = "fake")]
 mod fake;
@@ -136,6 +138,10 @@ enum Cmd {
     /// per change), until the server stops.
     #[cfg(feature = "server")]
     Watch(TaskArgs),
+    /// Serve the dashboard of this data dir's server on a loopback port (a login token is
+    /// printed), until Ctrl-C: the tasks live, each task's timeline, the fork tree.
+    #[cfg(feature = "server")]
+    Dashboard(dashboard::DashboardArgs),
     /// Serve taskbox to MCP clients (coding agents): tools to run commands in a task's sandbox,
     /// suspend and resume it, list and show tasks, read and write its files.
     ///
@@ -378,6 +384,8 @@ impl Cmd {
             #[cfg(feature = "server")]
             Cmd::Watch(a) => a.json,
             #[cfg(feature = "server")]
+            Cmd::Dashboard(a) => a.json,
+            #[cfg(feature = "server")]
             Cmd::Serve(_) => false,
             #[cfg(feature = "mcp")]
             Cmd::Mcp(_) => false,
@@ -408,7 +416,7 @@ fn engine_in_process(cmd: &Cmd, paths: &Paths) -> bool {
         | Cmd::Export(_)
         | Cmd::ExportSnapshot(_) => false,
         #[cfg(feature = "server")]
-        Cmd::Status(_) | Cmd::Watch(_) => false,
+        Cmd::Status(_) | Cmd::Watch(_) | Cmd::Dashboard(_) => false,
         _ => true,
     }
 }
@@ -620,6 +628,8 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         Cmd::Mcp(args) => mcp::run(args, paths).await,
         #[cfg(feature = "server")]
         Cmd::Watch(args) => server::watch(paths, &task_id(&args.task)?, args.json).await,
+        #[cfg(feature = "server")]
+        Cmd::Dashboard(args) => dashboard::run(args, paths).await,
         Cmd::Gc(args) => {
             let report = match route(paths)? {
                 Route::InProcess => {

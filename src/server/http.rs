@@ -39,6 +39,7 @@ pub(super) fn router(state: AppState) -> Router {
     Router::new()
         .nest(API_PREFIX, v1)
         .route(super::metrics::PATH, get(super::metrics::metrics))
+        .merge(super::dashboard::routes())
         .fallback(|| async {
             failure(
                 StatusCode::NOT_FOUND,
@@ -296,6 +297,11 @@ pub async fn require_token(State(token): State<Arc<String>>, req: Request, next:
         return next.run(req).await;
     }
     tracing::warn!(path = %req.uri().path(), "refused a TCP request without the right bearer token");
+    unauthorized()
+}
+
+/// The 401 of a TCP request without the right bearer token.
+pub(super) fn unauthorized() -> Response {
     failure(
         StatusCode::UNAUTHORIZED,
         ApiError::new("unauthorized", "missing or wrong bearer token").hint(
@@ -307,7 +313,7 @@ pub async fn require_token(State(token): State<Arc<String>>, req: Request, next:
 
 /// The token of an `Authorization` value of the `Bearer` scheme, whose name is
 /// case-insensitive (RFC 9110 §11.1: `bearer` and `BEARER` are `Bearer` too).
-fn bearer_token(value: &str) -> Option<&str> {
+pub(super) fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")
@@ -315,7 +321,7 @@ fn bearer_token(value: &str) -> Option<&str> {
 }
 
 /// Compares without an early exit, so timing does not reveal how much of a guess was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -16,6 +16,7 @@
 mod answer;
 mod conn;
 mod cost;
+pub mod dashboard;
 mod http;
 mod lend;
 mod metrics;
@@ -56,6 +57,8 @@ struct AppState {
     closing: tokio::sync::watch::Receiver<bool>,
     /// The config file, followed: the config the server runs with now.
     config: Arc<reload::ConfigWatch>,
+    /// The dashboard's reads of whole journals, off the event loop.
+    dashboard: Arc<dashboard::Reader>,
 }
 
 /// The server's fixed facts, for `GET /v1/health`.
@@ -216,7 +219,7 @@ pub struct Server {
     opts: ServeOptions,
     lock: socket::ServeLock,
     unix: tokio::net::UnixListener,
-    tcp: Option<(tokio::net::TcpListener, Arc<String>)>,
+    tcp: Option<(tokio::net::TcpListener, Arc<dashboard::auth::Guard>)>,
     orch: Orchestrator,
     started_at: crate::core::Millis,
 }
@@ -245,7 +248,14 @@ impl Server {
                         addr: addr.clone(),
                         source,
                     })?;
-                Some((l, token))
+                // The bearer token, or the dashboard's session cookie for reading
+                // (`dashboard::auth`).
+                let guard =
+                    dashboard::auth::Guard::new(&token).map_err(|source| ServerError::Io {
+                        what: "cannot draw the dashboard's session key from /dev/urandom".into(),
+                        source,
+                    })?;
+                Some((l, Arc::new(guard)))
             }
             _ => None,
         };
@@ -316,6 +326,7 @@ impl Server {
             }),
             stop: stop.clone(),
             closing: closing.clone(),
+            dashboard: Arc::new(dashboard::Reader::new(&opts.data_dir, &opts.config)),
         };
         let app = http::router(state).layer(axum::middleware::from_fn_with_state(
             config,
@@ -330,10 +341,11 @@ impl Server {
             None,
             closing.clone(),
         )));
-        if let Some((listener, token)) = tcp {
+        if let Some((listener, guard)) = tcp {
+            // The bearer token, or the dashboard's session cookie for reading (`dashboard::auth`).
             let guarded = app.layer(axum::middleware::from_fn_with_state(
-                token,
-                http::require_token,
+                guard,
+                dashboard::auth::guard,
             ));
             let cap = conn::tcp_cap(open_files_limit());
             tracing::info!(cap, "TCP connections served at once");

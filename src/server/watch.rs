@@ -23,7 +23,8 @@ use crate::ids::TaskId;
 /// Lines buffered for a slow reader before the watcher waits for it.
 const BUFFERED_LINES: usize = 64;
 
-struct LineStream(mpsc::Receiver<Bytes>);
+/// A channel of lines as a response body (the dashboard's event stream uses it too).
+pub(super) struct LineStream(pub(super) mpsc::Receiver<Bytes>);
 
 impl futures_core::Stream for LineStream {
     type Item = Result<Bytes, Infallible>;
@@ -33,7 +34,7 @@ impl futures_core::Stream for LineStream {
     }
 }
 
-fn line(ev: &WatchEvent) -> Bytes {
+pub(super) fn line(ev: &WatchEvent) -> Bytes {
     let mut v = serde_json::to_vec(ev).unwrap_or_default();
     v.push(b'\n');
     Bytes::from(v)
@@ -47,7 +48,7 @@ fn state_of(t: &Task) -> WatchEvent {
     }
 }
 
-fn transition(c: &StateChange) -> WatchEvent {
+pub(super) fn transition(c: &StateChange) -> WatchEvent {
     WatchEvent::Transition {
         task: c.task_id.to_string(),
         from: c.from.as_str().to_string(),

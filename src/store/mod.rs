@@ -49,7 +49,7 @@ use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 pub use error::StoreError;
 #[cfg(feature = "postgres")]
-pub use postgres::{Fences, JournalWriter, Lease, PgStore, PgTarget};
+pub use postgres::{Fences, JournalWriter, Lease, LeaseRow, PgStore, PgTarget};
 pub use sqlite::SqliteStore;
 
 /// One transition to commit: the event that caused it, the task before (its state) and after,

@@ -21,6 +21,7 @@ mod cli_input;
 mod core_step;
 mod cost;
 mod crash;
+mod dashboard;
 mod docs;
 mod engine;
 mod engine_metrics;

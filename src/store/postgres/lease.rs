@@ -19,6 +19,19 @@ pub struct Lease {
     pub token: i64,
 }
 
+/// A task's lease as the `leases` table holds it ([`PgStore::leases`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LeaseRow {
+    /// The task.
+    pub task_id: String,
+    /// The server that holds (or last held) it: `HOST pid N since T at ADDR`.
+    pub owner: String,
+    /// The fencing token.
+    pub token: i64,
+    /// How long the lease still runs, in ms on the database's clock; negative once expired.
+    pub remaining_ms: i64,
+}
+
 /// Who wrote one fenced journal entry (migration 3's `journal_writers`): the token its commit
 /// carried and the lease's owner at that token.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -208,6 +221,29 @@ impl PgStore {
                     task_seq: u64::try_from(task_seq).unwrap_or(0),
                     token: rows::get::<i64>(&cx, r, 2, "journal_writers.token")?,
                     owner: rows::get::<String>(&cx, r, 3, "journal_writers.owner")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Every task's lease row, by owner then task: who holds it, its token and how long it
+    /// still runs on the database's clock (negative: expired, and any server may take the task
+    /// over). For the dashboard's fleet page.
+    pub fn leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
+        let rows = self.query_all(
+            "reading the leases",
+            "SELECT task_id, owner, token,
+                    CAST(EXTRACT(EPOCH FROM expires_at - now()) * 1000 AS BIGINT)
+             FROM leases ORDER BY owner, task_id",
+        )?;
+        let cx = self.cx(None);
+        rows.iter()
+            .map(|r| {
+                Ok(LeaseRow {
+                    task_id: rows::get::<String>(&cx, r, 0, "leases.task_id")?,
+                    owner: rows::get::<String>(&cx, r, 1, "leases.owner")?,
+                    token: rows::get::<i64>(&cx, r, 2, "leases.token")?,
+                    remaining_ms: rows::get::<i64>(&cx, r, 3, "leases.expires_at")?,
                 })
             })
             .collect()

@@ -49,7 +49,7 @@ use connection::{migrate, Fail, Session};
 use rows::JOURNAL_COLUMNS;
 use tokio_postgres::NoTls;
 
-pub use lease::{Fences, JournalWriter, Lease};
+pub use lease::{Fences, JournalWriter, Lease, LeaseRow};
 pub use target::PgTarget;
 
 /// An open PostgreSQL store. Like the SQLite store, give each thread its own.
