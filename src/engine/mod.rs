@@ -28,6 +28,7 @@
 
 mod api;
 mod batch;
+mod checkpoint;
 pub mod cost;
 mod error;
 mod event_loop;
@@ -53,6 +54,7 @@ mod perform;
 mod results;
 
 pub use api::{Orchestrator, OrchestratorBuilder};
+pub use checkpoint::{CheckpointResult, RewindResult};
 pub use error::{closest, EngineError};
 pub use gc::{GcItem, GcReport};
 #[cfg(feature = "server")]

@@ -115,7 +115,7 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
             timed_out: false,
             memory_killed: false,
         },
-        Command::TakeSnapshot { seq, .. } => Event::SnapshotTaken {
+        Command::TakeSnapshot { seq, .. } | Command::TakeCheckpoint { seq, .. } => Event::SnapshotTaken {
             seq: *seq,
             snapshot_id: format!("snap-{task}-{seq}").into(),
             size_bytes: 48 << 20,

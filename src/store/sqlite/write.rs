@@ -272,9 +272,14 @@ fn task_delta(prev: &Task, cur: &Task, out: &mut Vec<u8>) -> Result<bool, serde_
         files_behind,
         recent_creates,
         lineage,
+        rewound_to,
+        rewinding,
     } = cur;
-    // `lineage` is left out of the JSON when it is `None`.
-    if prev.lineage.is_some() != lineage.is_some() {
+    // `lineage`, `rewound_to` and `rewinding` are left out of the JSON when they are `None`.
+    if prev.lineage.is_some() != lineage.is_some()
+        || prev.rewound_to.is_some() != rewound_to.is_some()
+        || prev.rewinding.is_some() != rewinding.is_some()
+    {
         return Ok(false);
     }
     out.clear();
@@ -310,6 +315,8 @@ fn task_delta(prev: &Task, cur: &Task, out: &mut Vec<u8>) -> Result<bool, serde_
     member(out, "files_behind", &prev.files_behind, files_behind)?;
     member(out, "recent_creates", &prev.recent_creates, recent_creates)?;
     member(out, "lineage", &prev.lineage, lineage)?;
+    member(out, "rewound_to", &prev.rewound_to, rewound_to)?;
+    member(out, "rewinding", &prev.rewinding, rewinding)?;
     out.push(b'}');
     Ok(true)
 }

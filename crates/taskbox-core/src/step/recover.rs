@@ -14,6 +14,8 @@ impl Cx {
     /// Nothing in flight, nothing queued, nothing to delete: nothing happens.
     pub(super) fn recover(&mut self, state: TaskState, hold_for_probe: bool) {
         self.fail_queue(&FailureReason::Interrupted, self.t.attempts.max(1));
+        // A rewind's restore goes on (re-issued below); its caller is gone.
+        self.fail_rewinding(&FailureReason::Interrupted, self.t.attempts.max(1));
         self.emit_pending_deletes();
         match state {
             TaskState::Idle | TaskState::Expired => {}

@@ -55,11 +55,13 @@ impl Default for Limits {
 enum Hierarchy {
     /// One cgroup v2 directory under this one.
     V2(PathBuf),
-    /// One directory under each of these (memory, pids, cpu).
+    /// One directory under each of these (memory, pids, cpu; and freezer where it is
+    /// mounted, which pauses the sandbox's processes for a checkpoint).
     V1 {
         memory: PathBuf,
         pids: PathBuf,
         cpu: PathBuf,
+        freezer: Option<PathBuf>,
     },
 }
 
@@ -79,7 +81,9 @@ fn hierarchy() -> Result<&'static Hierarchy, &'static str> {
 pub fn support() -> Result<String, String> {
     match hierarchy()? {
         Hierarchy::V2(base) => Ok(format!("cgroup v2 under {}", base.display())),
-        Hierarchy::V1 { memory, pids, cpu } => Ok(format!(
+        Hierarchy::V1 {
+            memory, pids, cpu, ..
+        } => Ok(format!(
             "cgroup v1: {}, {}, {}",
             memory.display(),
             pids.display(),
@@ -113,6 +117,8 @@ fn probe() -> Result<Hierarchy, String> {
             memory: v1("memory")?,
             pids: v1("pids")?,
             cpu: v1("cpu")?,
+            // Optional: without it a checkpoint cannot pause the processes and says so.
+            freezer: v1("freezer").ok(),
         })
     })();
     found.map_err(|v1_why| {
@@ -201,6 +207,9 @@ pub struct Cgroups {
     dirs: Vec<PathBuf>,
     /// The directory with the memory controller's files.
     memory: PathBuf,
+    /// The directory that pauses its processes: v2's (`cgroup.freeze`) or v1's freezer
+    /// (`freezer.state`); `None` where neither is available.
+    freezer: Option<PathBuf>,
     v2: bool,
     /// Each directory's `cgroup.procs` (v2) or `tasks` (v1), for a command's hook.
     procs: Vec<CString>,
@@ -215,12 +224,24 @@ impl Cgroups {
         sweep(hierarchy);
         let dirs = match hierarchy {
             Hierarchy::V2(base) => vec![base.join(name)],
-            Hierarchy::V1 { memory, pids, cpu } => {
-                vec![memory.join(name), pids.join(name), cpu.join(name)]
+            Hierarchy::V1 {
+                memory,
+                pids,
+                cpu,
+                freezer,
+            } => {
+                let mut dirs = vec![memory.join(name), pids.join(name), cpu.join(name)];
+                dirs.extend(freezer.as_ref().map(|f| f.join(name)));
+                dirs
             }
+        };
+        let freezer = match hierarchy {
+            Hierarchy::V2(_) => Some(dirs[0].clone()),
+            Hierarchy::V1 { freezer, .. } => freezer.as_ref().map(|f| f.join(name)),
         };
         let cgroups = Cgroups {
             memory: dirs[0].clone(),
+            freezer,
             v2: matches!(hierarchy, Hierarchy::V2(_)),
             // v1: the hook moves its own (only) thread through `tasks`, which the kernel does
             // without the global threadgroup lock whose write side waits for an RCU grace
@@ -296,6 +317,11 @@ impl Cgroups {
         &self.dirs
     }
 
+    /// The cgroup that pauses the sandbox's processes, and whether it is v2's.
+    pub fn freezer(&self) -> Option<(&Path, bool)> {
+        self.freezer.as_deref().map(|d| (d, self.v2))
+    }
+
     /// The limits applied.
     pub fn limits(&self) -> Limits {
         self.limits
@@ -333,7 +359,12 @@ pub const PREFIX: &str = "taskbox.limits-";
 fn sweep(hierarchy: &Hierarchy) {
     let bases = match hierarchy {
         Hierarchy::V2(base) => vec![base],
-        Hierarchy::V1 { memory, pids, cpu } => vec![memory, pids, cpu],
+        Hierarchy::V1 {
+            memory,
+            pids,
+            cpu,
+            freezer,
+        } => [memory, pids, cpu].into_iter().chain(freezer).collect(),
     };
     for base in bases {
         let Ok(entries) = fs::read_dir(base) else {
