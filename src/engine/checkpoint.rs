@@ -40,6 +40,36 @@ pub struct RewindResult {
     pub notices: Vec<Notice>,
 }
 
+/// Reads what a rewind asks for: exactly one of `to` (`<task>.s<seq>`, `s<seq>` or a provider
+/// snapshot id) and `back` (at least 1). A `to` naming another task's snapshot
+/// (`<other>.s<seq>`) is refused here, naming that task: a rewind restores the task's own
+/// snapshots (a fork starts a new task from another's).
+pub fn rewind_to(task: &TaskId, to: Option<&str>, back: Option<u64>) -> Result<RewindTo, String> {
+    match (to, back) {
+        (Some(_), Some(_)) => Err("give either a snapshot to rewind to or how many back, not both".into()),
+        (None, None) => Err("name the snapshot to rewind to (`--to TASK.sN`) or how many back (`--back N`)".into()),
+        (None, Some(0)) => Err("--back counts snapshots before the current files: at least 1".into()),
+        (None, Some(n)) => Ok(RewindTo::Back { n }),
+        (Some(s), None) => {
+            let s = s.trim();
+            if s.is_empty() {
+                return Err("the snapshot to rewind to is empty: give `TASK.sN`, `sN` or a snapshot id".into());
+            }
+            if let Some((other, seq)) = s.rsplit_once(".s") {
+                let numbered = !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit());
+                if numbered && other != task.as_str() && TaskId::new(other).is_ok() {
+                    return Err(format!(
+                        "snapshot {s} is task {other}'s, not {task}'s: a rewind restores the task's \
+                         own snapshots (`taskbox fork {other} NEW --snapshot {s}` starts a new \
+                         task from it)"
+                    ));
+                }
+            }
+            Ok(RewindTo::parse(task, s))
+        }
+    }
+}
+
 impl Orchestrator {
     /// `taskbox checkpoint`: snapshots the task's live sandbox's files without stopping it,
     /// where the provider can (the local backend pauses its processes for the moment of the

@@ -54,7 +54,7 @@ mod perform;
 mod results;
 
 pub use api::{Orchestrator, OrchestratorBuilder};
-pub use checkpoint::{CheckpointResult, RewindResult};
+pub use checkpoint::{rewind_to, CheckpointResult, RewindResult};
 pub use error::{closest, EngineError};
 pub use gc::{GcItem, GcReport};
 #[cfg(feature = "server")]

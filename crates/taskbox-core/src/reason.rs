@@ -206,7 +206,7 @@ impl FailureReason {
                 "nothing of the request was performed; once the store accepts writes again, send it again",
             ),
             FailureReason::UnknownSnapshot { .. } => Some(
-                "`taskbox show <task>` lists the task's snapshots; fork from a complete one, or leave out --snapshot to fork from the latest",
+                "`taskbox show <task>` lists the task's snapshots; name a complete one (a fork without --snapshot starts from the latest)",
             ),
             FailureReason::NothingToFork { persistent: true } => Some(
                 "run a command in the task first (a fork starts from a snapshot of its files)",
