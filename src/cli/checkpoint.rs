@@ -88,9 +88,9 @@ pub(super) async fn checkpoint(args: CheckpointArgs, paths: &Paths) -> Result<Ex
         CheckpointOutcome::NoSandbox if named.is_empty() => {
             eprintln!("{task} has no live sandbox and no snapshot: nothing to checkpoint")
         }
-        CheckpointOutcome::NoSandbox => eprintln!(
-            "{task} has no live sandbox: nothing to checkpoint; its files are in {named}"
-        ),
+        CheckpointOutcome::NoSandbox => {
+            eprintln!("{task} has no live sandbox: nothing to checkpoint; its files are in {named}")
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -414,9 +414,7 @@ fn engine_in_process(cmd: &Cmd, paths: &Paths) -> bool {
         | Cmd::Gc(_)
         | Cmd::Fork(_)
         | Cmd::Checkpoint(_)
-        | Cmd::Rewind(_) => {
-            !matches!(route(paths), Ok(Route::Server(..)))
-        }
+        | Cmd::Rewind(_) => !matches!(route(paths), Ok(Route::Server(..))),
         Cmd::Tasks(_)
         | Cmd::Show(_)
         | Cmd::Cost(_)

@@ -452,8 +452,12 @@ impl Client {
         &self,
         task: &TaskId,
     ) -> Result<crate::engine::CheckpointResult, ClientError> {
-        self.call(Method::POST, &format!("/tasks/{task}/checkpoint"), None::<&()>)
-            .await
+        self.call(
+            Method::POST,
+            &format!("/tasks/{task}/checkpoint"),
+            None::<&()>,
+        )
+        .await
     }
 
     /// Rewinds the task to `to` (as [`crate::engine::rewind_to`] reads it) or `back`

@@ -69,16 +69,13 @@ impl CheckpointSetting {
 
 /// Reads `off`, `every_command` or a number of seconds (1 to a day).
 pub fn parse(value: &str) -> Result<CheckpointSetting, String> {
-    let expected = || {
-        format!("off | every_command | a number of seconds from 1 to {MAX_CHECKPOINT_SECONDS}")
-    };
+    let expected =
+        || format!("off | every_command | a number of seconds from 1 to {MAX_CHECKPOINT_SECONDS}");
     match value.trim() {
         "off" | "false" | "none" => Ok(CheckpointSetting::Off),
         "every_command" => Ok(CheckpointSetting::EveryCommand),
         n => match n.parse::<u64>() {
-            Ok(n) if (1..=MAX_CHECKPOINT_SECONDS).contains(&n) => {
-                Ok(CheckpointSetting::Seconds(n))
-            }
+            Ok(n) if (1..=MAX_CHECKPOINT_SECONDS).contains(&n) => Ok(CheckpointSetting::Seconds(n)),
             _ => Err(expected()),
         },
     }

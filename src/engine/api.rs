@@ -649,7 +649,11 @@ impl Orchestrator {
         self.shutdown_within(Duration::from_secs(60)).await
     }
 
-    pub(super) async fn request(&self, task: &TaskId, req: ApiRequest) -> Result<Answer, EngineError> {
+    pub(super) async fn request(
+        &self,
+        task: &TaskId,
+        req: ApiRequest,
+    ) -> Result<Answer, EngineError> {
         // A command's caller may cancel while the task is still another process's: the wait
         // ends then, and nothing ran.
         let cancel = match &req {

@@ -46,14 +46,23 @@ pub struct RewindResult {
 /// snapshots (a fork starts a new task from another's).
 pub fn rewind_to(task: &TaskId, to: Option<&str>, back: Option<u64>) -> Result<RewindTo, String> {
     match (to, back) {
-        (Some(_), Some(_)) => Err("give either a snapshot to rewind to or how many back, not both".into()),
-        (None, None) => Err("name the snapshot to rewind to (`--to TASK.sN`) or how many back (`--back N`)".into()),
-        (None, Some(0)) => Err("--back counts snapshots before the current files: at least 1".into()),
+        (Some(_), Some(_)) => {
+            Err("give either a snapshot to rewind to or how many back, not both".into())
+        }
+        (None, None) => Err(
+            "name the snapshot to rewind to (`--to TASK.sN`) or how many back (`--back N`)".into(),
+        ),
+        (None, Some(0)) => {
+            Err("--back counts snapshots before the current files: at least 1".into())
+        }
         (None, Some(n)) => Ok(RewindTo::Back { n }),
         (Some(s), None) => {
             let s = s.trim();
             if s.is_empty() {
-                return Err("the snapshot to rewind to is empty: give `TASK.sN`, `sN` or a snapshot id".into());
+                return Err(
+                    "the snapshot to rewind to is empty: give `TASK.sN`, `sN` or a snapshot id"
+                        .into(),
+                );
             }
             if let Some((other, seq)) = s.rsplit_once(".s") {
                 let numbered = !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit());

@@ -39,7 +39,9 @@ pub(super) enum ApiRequest {
     /// Checkpoint the task's live sandbox.
     Checkpoint,
     /// Rewind the task to one of its snapshots.
-    Rewind { to: crate::core::RewindTo },
+    Rewind {
+        to: crate::core::RewindTo,
+    },
 }
 
 /// The loop's answer to a request: the core's reply, and a command's captured output.

@@ -33,7 +33,10 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/tasks/{task}/watch", get(super::watch::watch))
         .route("/tasks/{task}/remove", post(remove))
         .route("/tasks/{task}/fork", post(fork))
-        .route("/tasks/{task}/checkpoint", post(super::checkpoint::checkpoint))
+        .route(
+            "/tasks/{task}/checkpoint",
+            post(super::checkpoint::checkpoint),
+        )
         .route("/tasks/{task}/rewind", post(super::checkpoint::rewind))
         .route("/gc", post(gc))
         .route("/shutdown", post(shutdown));

@@ -12,6 +12,7 @@
 
 mod bench;
 mod chaos;
+mod checkpoint;
 mod cli;
 mod cli_fast;
 mod cli_files;

@@ -891,9 +891,9 @@ impl Task {
         self.rewound_to
             .as_ref()
             .and_then(|id| {
-                self.snapshots.iter().find(|s| {
-                    s.id.as_ref() == Some(id) && s.status == SnapshotStatus::Complete
-                })
+                self.snapshots
+                    .iter()
+                    .find(|s| s.id.as_ref() == Some(id) && s.status == SnapshotStatus::Complete)
             })
             .or_else(|| self.latest_complete())
     }

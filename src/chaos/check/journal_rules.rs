@@ -112,7 +112,9 @@ fn task_journal(
                     | Reply::Resumed { notices, .. }
                     | Reply::Rewound { notices, .. }
                     | Reply::Failed { notices, .. } => lost(notices),
-                    Reply::Suspended { .. } | Reply::Forked { .. } | Reply::Checkpointed { .. } => 0,
+                    Reply::Suspended { .. } | Reply::Forked { .. } | Reply::Checkpointed { .. } => {
+                        0
+                    }
                 },
                 _ => 0,
             })

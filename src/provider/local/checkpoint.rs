@@ -29,7 +29,10 @@ enum Outcome {
     /// Nothing changed since `previous`: nothing written.
     Unchanged,
     /// A snapshot written: its data bytes, what it left out, and its manifest's id.
-    Taken { size_bytes: u64, omitted: Vec<String> },
+    Taken {
+        size_bytes: u64,
+        omitted: Vec<String>,
+    },
 }
 
 impl LocalProvider {
@@ -129,8 +132,9 @@ impl LocalProvider {
                 };
                 let mut reader = BufReader::new(file);
                 match archive::read_prefix_versioned(&mut reader) {
-                    Ok((version, _)) if version >= archive::VERSION => read_manifest(reader)
-                        .is_ok_and(|p| p.same_content(manifest)),
+                    Ok((version, _)) if version >= archive::VERSION => {
+                        read_manifest(reader).is_ok_and(|p| p.same_content(manifest))
+                    }
                     _ => false,
                 }
             };
@@ -146,7 +150,10 @@ impl LocalProvider {
             )?;
             let Some((size_bytes, stats, manifest)) = written else {
                 // The walk found the files as `previous` holds them: track from there.
-                return Ok((Outcome::Unchanged, restart_tracker(&workspace, &index, None)));
+                return Ok((
+                    Outcome::Unchanged,
+                    restart_tracker(&workspace, &index, None),
+                ));
             };
             for o in &stats.omitted {
                 tracing::warn!(snapshot = %snap2.id(), path = %o.path, reason = %o.reason,
@@ -227,7 +234,9 @@ impl LocalProvider {
             None if ended_init || slot.commands.load(std::sync::atomic::Ordering::SeqCst) == 0 => {
                 Ok(None)
             }
-            None => Err(no_freezer("it has no cgroup (cgroup v2 is not available here)")),
+            None => Err(no_freezer(
+                "it has no cgroup (cgroup v2 is not available here)",
+            )),
         }
     }
 }

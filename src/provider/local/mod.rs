@@ -76,12 +76,12 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod cgroup;
+mod checkpoint;
 pub mod doctor;
 mod error;
-mod checkpoint;
 mod exec;
-mod freeze;
 pub mod foreign;
+mod freeze;
 mod fsutil;
 mod inflight;
 pub mod isolation;

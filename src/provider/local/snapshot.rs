@@ -181,7 +181,9 @@ impl LocalProvider {
                 Some(tracked) => Walk::Tracked(Box::new(tracked)),
                 None => Walk::Full { index: &index },
             };
-            write_snapshot(&cas, &snap2, &workspace, source, &header, &path2, &tmp, None)
+            write_snapshot(
+                &cas, &snap2, &workspace, source, &header, &path2, &tmp, None,
+            )
         })
         .await;
         let (size_bytes, stats) = match written {

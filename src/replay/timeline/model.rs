@@ -357,12 +357,10 @@ impl<'a> Facts<'a> {
             Event::SuspendRequested { request_id }
             | Event::ResumeRequested { request_id }
             | Event::CheckpointRequested { request_id }
-            | Event::RewindRequested { request_id, .. } => {
-                Facts {
-                    request: Some((*request_id, true)),
-                    ..none
-                }
-            }
+            | Event::RewindRequested { request_id, .. } => Facts {
+                request: Some((*request_id, true)),
+                ..none
+            },
             Event::ForkRequested { .. } | Event::Forked { .. } | Event::SettingsChanged { .. } => {
                 none
             }
@@ -487,19 +485,21 @@ fn mark_entry(
             .snapshots
             .iter()
             .find(|s| s.id.as_deref() == Some(source.as_str()))
-            .map(|s| match rewinding.filter(|r| r.to.as_str() == source.as_str()) {
-                Some(r) => format!(
-                    " (#{}, taken {}: a rewind; the files before it are kept in {})",
-                    s.seq,
-                    clock_time(s.created_at.unwrap_or(s.started_at)),
-                    r.saved.as_deref().unwrap_or("no snapshot")
-                ),
-                None => format!(
-                    " (#{}, taken {}: the latest complete snapshot)",
-                    s.seq,
-                    clock_time(s.created_at.unwrap_or(s.started_at))
-                ),
-            })
+            .map(
+                |s| match rewinding.filter(|r| r.to.as_str() == source.as_str()) {
+                    Some(r) => format!(
+                        " (#{}, taken {}: a rewind; the files before it are kept in {})",
+                        s.seq,
+                        clock_time(s.created_at.unwrap_or(s.started_at)),
+                        r.saved.as_deref().unwrap_or("no snapshot")
+                    ),
+                    None => format!(
+                        " (#{}, taken {}: the latest complete snapshot)",
+                        s.seq,
+                        clock_time(s.created_at.unwrap_or(s.started_at))
+                    ),
+                },
+            )
             .unwrap_or_default();
         mark(
             MarkKind::Restore,
@@ -512,8 +512,12 @@ fn mark_entry(
             Some(SnapshotReason::IdleReap) => "idle reap",
             Some(SnapshotReason::Checkpoint) => "checkpoint before the deadline",
             Some(SnapshotReason::LateCheckpoint { .. }) => "late checkpoint after the deadline",
-            Some(SnapshotReason::Checkpointing { live: true, .. }) => "checkpoint, sandbox kept running",
-            Some(SnapshotReason::Checkpointing { live: false, .. }) => "checkpoint, sandbox stopped",
+            Some(SnapshotReason::Checkpointing { live: true, .. }) => {
+                "checkpoint, sandbox kept running"
+            }
+            Some(SnapshotReason::Checkpointing { live: false, .. }) => {
+                "checkpoint, sandbox stopped"
+            }
             Some(SnapshotReason::Rewind { .. }) => "the files kept before a rewind",
             None => "snapshot",
         };

@@ -29,5 +29,9 @@ fn settings() -> TaskSettings {
         },
         late_checkpoint: false,
         reports_usage: false,
+        live_checkpoint: false,
+        record_kinds: false,
+        checkpoint: taskbox::core::AutoCheckpoint::Off,
+        keep_checkpoints: 0,
     }
 }

@@ -317,7 +317,12 @@ impl Cx {
             .filter(|s| s.status == SnapshotStatus::Complete)
             .collect();
         for req in &self.t.queue {
-            let by_seq = |seq: u64| complete.iter().find(|s| s.seq == seq).and_then(|s| s.id.clone());
+            let by_seq = |seq: u64| {
+                complete
+                    .iter()
+                    .find(|s| s.seq == seq)
+                    .and_then(|s| s.id.clone())
+            };
             match req {
                 Request::Rewind {
                     to: RewindTo::Seq { seq },

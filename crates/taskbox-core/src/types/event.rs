@@ -5,8 +5,8 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 use super::{
-    Failure, ForkFrom, Millis, PlatformSnapshot, RequestId, RewindTo, SessionUsage,
-    SnapshotRecord, TaskSettings,
+    Failure, ForkFrom, Millis, PlatformSnapshot, RequestId, RewindTo, SessionUsage, SnapshotRecord,
+    TaskSettings,
 };
 
 /// Which timer fired.
