@@ -405,8 +405,8 @@ config_keys! {
         "complete snapshots kept per task (1 to 1000)";
     checkpoint: CheckpointSetting = CheckpointSetting::Off, parse checkpoint::parse, env None,
         "checkpoints taken by themselves: off | every_command (after each command; one that changed no file costs no snapshot) | <seconds> (after a command ending that long after the latest snapshot); on a backend whose snapshot stops the sandbox (Vercel) none are taken";
-    keep_checkpoints: u32 = 20, parse |v| between_u32(v, 1, MAX_KEEP_SNAPSHOTS), env None,
-        "complete checkpoints kept per task, counted apart from keep_snapshots so they never push a suspend's snapshot out (1 to 1000)";
+    keep_checkpoints: u32 = 20, parse |v| between_u32(v, 0, MAX_KEEP_SNAPSHOTS), env None,
+        "complete checkpoints kept per task, counted apart from keep_snapshots so they never push a suspend's snapshot out (1 to 1000; 0: counted with keep_snapshots, as before checkpoints existed)";
     max_concurrent_creates: u32 = 8, parse |v| between_u32(v, 1, MAX_CONCURRENT_CREATES),
         env None, "sandbox creations in flight at once (1 to 2000)";
     vercel_image: String = DEFAULT_VERCEL_IMAGE.into(), parse image,

@@ -379,6 +379,9 @@ pub(super) enum Walk<'a> {
     Tracked(Box<Tracked>),
 }
 
+// The walk's inputs, the archive's place and a checkpoint's "nothing changed" test: one call
+// for a snapshot and a checkpoint, rather than a struct built for one caller each.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn write_snapshot(
     cas: &Cas,
     snap: &SnapshotRef,

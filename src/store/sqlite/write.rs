@@ -546,6 +546,7 @@ mod tests {
             expires_at: None,
             omitted: vec!["a\"b".into()],
             taken_by: None,
+            kind: None,
         };
         type Change = Box<dyn Fn(&mut Task)>;
         let changes: Vec<Change> = vec![

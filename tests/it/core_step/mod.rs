@@ -2,6 +2,7 @@
 //! transitions (in `transitions`) of recovery after a restart (in `recovery`) and of deadlines, late checkpoints, restore notes and the create bound (in `deadlines`). The start
 //! time and the task settings they share live here.
 
+mod checkpoints;
 mod deadlines;
 mod model;
 mod reason;
