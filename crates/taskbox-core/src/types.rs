@@ -844,6 +844,11 @@ pub struct Task {
     /// keeps it. Absent otherwise, and in journals written before rewinds existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewound_to: Option<SnapshotId>,
+    /// The snapshot the last rewind kept the files from before in (rewinding to it undoes the
+    /// rewind), for as long as [`Task::rewound_to`] stands: retention keeps it. Absent
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewind_saved: Option<SnapshotId>,
     /// A rewind whose restore is in flight. Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewinding: Option<Rewinding>,
@@ -881,6 +886,7 @@ impl Task {
             recent_creates: Vec::new(),
             lineage: None,
             rewound_to: None,
+            rewind_saved: None,
             rewinding: None,
         }
     }

@@ -273,11 +273,13 @@ fn task_delta(prev: &Task, cur: &Task, out: &mut Vec<u8>) -> Result<bool, serde_
         recent_creates,
         lineage,
         rewound_to,
+        rewind_saved,
         rewinding,
     } = cur;
     // `lineage`, `rewound_to` and `rewinding` are left out of the JSON when they are `None`.
     if prev.lineage.is_some() != lineage.is_some()
         || prev.rewound_to.is_some() != rewound_to.is_some()
+        || prev.rewind_saved.is_some() != rewind_saved.is_some()
         || prev.rewinding.is_some() != rewinding.is_some()
     {
         return Ok(false);
@@ -316,6 +318,7 @@ fn task_delta(prev: &Task, cur: &Task, out: &mut Vec<u8>) -> Result<bool, serde_
     member(out, "recent_creates", &prev.recent_creates, recent_creates)?;
     member(out, "lineage", &prev.lineage, lineage)?;
     member(out, "rewound_to", &prev.rewound_to, rewound_to)?;
+    member(out, "rewind_saved", &prev.rewind_saved, rewind_saved)?;
     member(out, "rewinding", &prev.rewinding, rewinding)?;
     out.push(b'}');
     Ok(true)

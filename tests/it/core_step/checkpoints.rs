@@ -122,6 +122,7 @@ impl Harness {
 
     fn needed(&self) -> Vec<SnapshotId> {
         let mut needed: Vec<SnapshotId> = self.task.rewound_to.iter().cloned().collect();
+        needed.extend(self.task.rewind_saved.iter().cloned());
         needed.extend(self.task.rewinding.as_ref().map(|r| r.to.clone()));
         needed
     }

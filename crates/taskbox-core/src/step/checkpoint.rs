@@ -70,6 +70,7 @@ impl Cx {
             // The checkpoint holds the files as they are: nothing is behind it any more.
             self.t.files_behind = false;
             self.t.rewound_to = None;
+            self.t.rewind_saved = None;
             if let Some(sb) = self.t.sandbox.as_mut() {
                 sb.used = false;
             }
@@ -167,6 +168,7 @@ impl Cx {
         self.t.running = None;
         self.t.checkpoint_due = false;
         self.t.rewound_to = Some(to_id.clone());
+        self.t.rewind_saved = saved.as_ref().and_then(|s| s.0.clone());
         self.t.files_behind = false;
         self.t.rewinding = Some(Rewinding {
             request_id: id,
@@ -305,11 +307,14 @@ impl Cx {
     }
 
     /// Snapshots retention must keep whatever its count says: the one the files were rewound
-    /// to, the one a rewind in flight restores, and those queued rewinds and forks name
+    /// to and the one holding the files from before (the undo), the one a rewind in flight
+    /// restores, and those queued rewinds and forks name
     /// (for `--back N`, the newest N + 1).
     pub(super) fn needed_snapshots(&self) -> Vec<SnapshotId> {
         let mut needed: Vec<SnapshotId> = self.t.rewound_to.iter().cloned().collect();
+        needed.extend(self.t.rewind_saved.iter().cloned());
         needed.extend(self.t.rewinding.as_ref().map(|r| r.to.clone()));
+        needed.extend(self.t.rewinding.as_ref().and_then(|r| r.saved.clone()));
         let complete: Vec<&SnapshotRecord> = self
             .t
             .snapshots

@@ -475,6 +475,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 | None => {}
             }
             cx.t.rewound_to = None;
+            cx.t.rewind_saved = None;
             cx.prune_snapshots();
             cx.pump();
         }
