@@ -46,7 +46,7 @@ impl From<CheckpointSetting> for String {
 }
 
 impl CheckpointSetting {
-    /// The value as `config get` prints it (and [`parse`] reads it back).
+    /// The value as `config get` prints it (and `terminal.checkpoint`'s parser reads it back).
     pub fn render(self) -> String {
         match self {
             CheckpointSetting::Off => "off".into(),

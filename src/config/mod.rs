@@ -404,7 +404,7 @@ config_keys! {
     keep_snapshots: u32 = 2, parse |v| between_u32(v, 1, MAX_KEEP_SNAPSHOTS), env None,
         "complete snapshots kept per task (1 to 1000)";
     checkpoint: CheckpointSetting = CheckpointSetting::Off, parse checkpoint::parse, env None,
-        "checkpoints taken by themselves: off | every_command (after each command; one that changed no file costs no snapshot) | <seconds> (after a command ending that long after the latest snapshot); on a backend whose snapshot stops the sandbox (Vercel) none are taken";
+        "checkpoints taken by themselves: off | every_command (after each command; one that changed no file costs no snapshot) | a number of seconds (after a command ending that long after the latest snapshot); on a backend whose snapshot stops the sandbox (Vercel) none are taken";
     keep_checkpoints: u32 = 20, parse |v| between_u32(v, 0, MAX_KEEP_SNAPSHOTS), env None,
         "complete checkpoints kept per task, counted apart from keep_snapshots so they never push a suspend's snapshot out (1 to 1000; 0: counted with keep_snapshots, as before checkpoints existed)";
     max_concurrent_creates: u32 = 8, parse |v| between_u32(v, 1, MAX_CONCURRENT_CREATES),
