@@ -340,3 +340,47 @@ fn code(err: &EngineError) -> &'static str {
         _ => "other",
     }
 }
+
+/// `taskbox checkpoint` and `taskbox rewind` end to end, in a one-shot engine and through an
+/// auto-started server (the CLI as a client of `POST /v1/tasks/{task}/checkpoint` and
+/// `/rewind`): `--json`, what `show` lists, and the refusals with their codes.
+#[test]
+fn cli_checkpoint_and_rewind_through_a_server() {
+    use crate::support::{ok, stderr, Home};
+    let json = |s: &str| -> serde_json::Value {
+        serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+    };
+    for server in ["never", "auto"] {
+        let mut home = Home::new();
+        home.set_env("TASKBOX_SERVER", server);
+        ok(&home.run(&["run", "--task", "cli", "--", "echo one > f"]));
+        let first = json(&ok(&home.run(&["checkpoint", "cli", "--json"])));
+        assert_eq!(first["outcome"], "taken", "{first}");
+        let again = json(&ok(&home.run(&["checkpoint", "cli", "--json"])));
+        assert_eq!(again["outcome"], "unchanged", "{again}");
+        ok(&home.run(&["run", "--task", "cli", "--", "echo two > f"]));
+        let back = json(&ok(&home.run(&["rewind", "cli", "--back", "1", "--json"])));
+        assert_eq!(back["to"], first["snapshot_id"], "{back}");
+        assert_eq!(
+            ok(&home.run(&["run", "--task", "cli", "--", "cat f"])),
+            "one\n"
+        );
+        let show = ok(&home.run(&["show", "cli"]));
+        assert!(show.contains("checkpoint"), "{show}");
+        assert!(show.contains("(rewound to)"), "{show}");
+        for (args, code) in [
+            (vec!["rewind", "cli", "--to", "other.s1"], "bad_request"),
+            (vec!["rewind", "cli", "--back", "9"], "rewind_too_far"),
+            (vec!["rewind", "cli", "--to", "cli.s99"], "unknown_snapshot"),
+            (vec!["rewind", "cli"], "bad_request"),
+        ] {
+            let mut with_json = args.clone();
+            with_json.push("--json");
+            let out = home.run(&with_json);
+            assert!(!out.status.success(), "{args:?} succeeded");
+            let err = json(&String::from_utf8_lossy(&out.stdout));
+            assert_eq!(err["code"], code, "{args:?}: {err} {}", stderr(&out));
+        }
+        home.run(&["serve", "--stop"]);
+    }
+}
