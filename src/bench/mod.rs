@@ -28,6 +28,7 @@
 //! `taskbox` binary given in [`Options::exe`], with the hidden `bench --child` arguments) where
 //! nothing else has touched the heap; see [`run_child`].
 
+mod checkpoint;
 mod fleet;
 mod journal;
 mod overhead;
@@ -109,12 +110,18 @@ pub struct Options {
 }
 
 /// The benchmark groups, in run order.
-pub const GROUPS: [&str; 6] = [
-    "overhead", "journal", "scale", "snapshot", "vercel", "fleet",
+pub const GROUPS: [&str; 7] = [
+    "overhead",
+    "journal",
+    "scale",
+    "snapshot",
+    "checkpoint",
+    "vercel",
+    "fleet",
 ];
 
 /// Every benchmark (row) name, group first.
-pub const NAMES: [&str; 27] = [
+pub const NAMES: [&str; 31] = [
     "overhead.library",
     "overhead.cli",
     "overhead.cli_isolated",
@@ -137,6 +144,10 @@ pub const NAMES: [&str; 27] = [
     "snapshot.storage",
     "snapshot.create_isolated",
     "snapshot.restore_isolated",
+    "checkpoint.pause",
+    "checkpoint.unchanged",
+    "checkpoint.every_command",
+    "checkpoint.rewind",
     "vercel.per_command",
     "vercel.cli_per_command",
     "vercel.lifecycle",
@@ -583,6 +594,7 @@ pub fn run(opts: &Options, progress: Progress<'_>) -> Result<Report, BenchError>
             "journal" => journal::run(&mut ctx)?,
             "scale" => scale::run(&mut ctx)?,
             "snapshot" => snapshot::run(&mut ctx)?,
+            "checkpoint" => checkpoint::run(&mut ctx)?,
             "vercel" => vercel::run(&mut ctx)?,
             "fleet" => fleet::run(&mut ctx)?,
             _ => unreachable!("GROUPS lists the groups matched here"),

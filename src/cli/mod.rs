@@ -12,6 +12,7 @@ macro_rules! outln {
 mod bench;
 #[cfg(feature = "chaos")]
 mod chaos;
+mod checkpoint;
 mod commands;
 mod cost;
 #[cfg(feature = "server")]
@@ -102,6 +103,13 @@ enum Cmd {
     /// snapshotted first). The new task starts expired: its first command restores the
     /// snapshot into a sandbox of its own. Nothing is copied; the snapshot is shared.
     Fork(ForkArgs),
+    /// Snapshot a task's live sandbox without stopping it: its processes are paused for the
+    /// moment and run on (on a backend that cannot, the snapshot stops the sandbox and says so).
+    Checkpoint(checkpoint::CheckpointArgs),
+    /// Put a task's files back as one of its snapshots held them: the current files are kept
+    /// in a checkpoint first (rewinding to it undoes this), then the snapshot is restored into
+    /// a new sandbox (live processes end).
+    Rewind(checkpoint::RewindArgs),
     /// Remove a task: stop its sandbox, delete its snapshots (unless --keep-snapshots) and mark
     /// it removed. Its journal is kept for `taskbox replay`; its name is not reused.
     Rm(RmArgs),
@@ -372,6 +380,8 @@ impl Cmd {
             Cmd::Suspend(a) | Cmd::Resume(a) => a.json,
             Cmd::Rm(a) => a.json,
             Cmd::Fork(a) => a.json,
+            Cmd::Checkpoint(a) => a.json(),
+            Cmd::Rewind(a) => a.json(),
             Cmd::Tasks(a) => a.json,
             Cmd::Doctor(a) => a.json,
             Cmd::Show(a) => a.json,
@@ -406,9 +416,13 @@ impl Cmd {
 fn engine_in_process(cmd: &Cmd, paths: &Paths) -> bool {
     match cmd {
         #[cfg(feature = "server")]
-        Cmd::Run(_) | Cmd::Suspend(_) | Cmd::Resume(_) | Cmd::Gc(_) | Cmd::Fork(_) => {
-            !matches!(route(paths), Ok(Route::Server(..)))
-        }
+        Cmd::Run(_)
+        | Cmd::Suspend(_)
+        | Cmd::Resume(_)
+        | Cmd::Gc(_)
+        | Cmd::Fork(_)
+        | Cmd::Checkpoint(_)
+        | Cmd::Rewind(_) => !matches!(route(paths), Ok(Route::Server(..))),
         Cmd::Tasks(_)
         | Cmd::Show(_)
         | Cmd::Cost(_)
@@ -506,6 +520,8 @@ async fn dispatch(cmd: Cmd, paths: &Paths) -> Result<ExitCode, Failure> {
         }
         Cmd::Rm(args) => rm(args, paths).await,
         Cmd::Fork(args) => fork(args, paths).await,
+        Cmd::Checkpoint(args) => checkpoint::checkpoint(args, paths).await,
+        Cmd::Rewind(args) => checkpoint::rewind(args, paths).await,
         #[cfg(feature = "server")]
         Cmd::Tasks(args) if server::remote_client(paths).is_some() => {
             let client = server::remote_client(paths).expect("checked by the guard");

@@ -661,8 +661,20 @@ pub fn print_view(v: &TaskView) -> Result<(), Failure> {
         s.push_str("  (none)\n");
     }
     for snap in &t.snapshots {
+        // What made it (journals from before kinds were recorded say nothing: `-`), and the
+        // one a rewind restored while no newer snapshot holds the files.
+        let kind = match (snap.kind, snap.taken_by) {
+            (Some(k), _) => k.as_str(),
+            (None, Some(taskbox::core::SnapshotTaker::Platform)) => "platform",
+            (None, None) => "-",
+        };
+        let rewound = if snap.id.is_some() && snap.id == t.rewound_to {
+            "  (rewound to)"
+        } else {
+            ""
+        };
         s.push_str(&format!(
-            "  #{:<3} {:<9} {:<24} {:>10} bytes  {}\n",
+            "  #{:<3} {:<9} {:<24} {:>10} bytes  {}  {kind}{rewound}\n",
             snap.seq,
             snap.status.as_str(),
             snap.id.as_deref().unwrap_or("-"),

@@ -448,6 +448,35 @@ impl Client {
             .await
     }
 
+    /// Checkpoints the task; see [`crate::engine::Orchestrator::checkpoint`].
+    pub async fn checkpoint(
+        &self,
+        task: &TaskId,
+    ) -> Result<crate::engine::CheckpointResult, ClientError> {
+        self.call(
+            Method::POST,
+            &format!("/tasks/{task}/checkpoint"),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Rewinds the task to `to` (as [`crate::engine::rewind_to`] reads it) or `back`
+    /// snapshots; see [`crate::engine::Orchestrator::rewind`].
+    pub async fn rewind(
+        &self,
+        task: &TaskId,
+        to: Option<&str>,
+        back: Option<u64>,
+    ) -> Result<crate::engine::RewindResult, ClientError> {
+        let body = wire::RewindRequest {
+            to: to.map(str::to_string),
+            back,
+        };
+        self.call(Method::POST, &format!("/tasks/{task}/rewind"), Some(&body))
+            .await
+    }
+
     /// Removes the task; see [`crate::engine::Orchestrator::remove`].
     pub async fn remove(
         &self,

@@ -122,6 +122,17 @@ pub struct ForkRequest {
     pub snapshot: Option<String>,
 }
 
+/// `POST /v1/tasks/{task}/rewind`: exactly one of `to` and `back`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RewindRequest {
+    /// The snapshot: `<task>.s<seq>`, `s<seq>` or a provider id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// How many snapshots back from the one holding the current files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub back: Option<u64>,
+}
+
 /// `POST /v1/gc`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GcRequest {

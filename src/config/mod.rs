@@ -11,10 +11,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::{RetryPolicy, TaskSettings};
 
+mod checkpoint;
 mod env;
 pub mod live;
 mod values;
 
+pub use checkpoint::{CheckpointSetting, MAX_CHECKPOINT_SECONDS};
 pub use env::{CommandEnv, EnvError, MAX_ENV_BYTES, RESERVED_PREFIX};
 pub use values::Usd;
 use values::*;
@@ -409,6 +411,10 @@ config_keys! {
         "seconds before the deadline to checkpoint (0 to 18000)";
     keep_snapshots: u32 = 2, parse |v| between_u32(v, 1, MAX_KEEP_SNAPSHOTS), env None,
         "complete snapshots kept per task (1 to 1000)";
+    checkpoint: CheckpointSetting = CheckpointSetting::Off, parse checkpoint::parse, env None,
+        "checkpoints taken by themselves: off | every_command (after each command; one that changed no file costs no snapshot) | a number of seconds (after a command ending that long after the latest snapshot); on a backend whose snapshot stops the sandbox (Vercel) none are taken";
+    keep_checkpoints: u32 = 20, parse |v| between_u32(v, 0, MAX_KEEP_SNAPSHOTS), env None,
+        "complete checkpoints kept per task, counted apart from keep_snapshots so they never push a suspend's snapshot out (1 to 1000; 0: counted with keep_snapshots, as before checkpoints existed)";
     max_concurrent_creates: u32 = 8, parse |v| between_u32(v, 1, MAX_CONCURRENT_CREATES),
         env None, "sandbox creations in flight at once (1 to 2000)";
     vercel_image: String = DEFAULT_VERCEL_IMAGE.into(), parse image,
@@ -645,6 +651,10 @@ impl Config {
             // Providers' properties, not the config's: the engine sets them.
             late_checkpoint: false,
             reports_usage: false,
+            live_checkpoint: false,
+            record_kinds: false,
+            checkpoint: t.checkpoint.to_core(),
+            keep_checkpoints: t.keep_checkpoints,
         }
     }
 }

@@ -76,6 +76,12 @@ impl Render for ServerMode {
     }
 }
 
+impl Render for super::CheckpointSetting {
+    fn render(&self) -> String {
+        super::CheckpointSetting::render(*self)
+    }
+}
+
 impl Render for bool {
     fn render(&self) -> String {
         self.to_string()

@@ -36,6 +36,7 @@ pub struct OrchestratorBuilder {
     reconcile_on_start: bool,
     owner: Option<String>,
     on_lock_wait: Option<super::lock::LockWaitHook>,
+    record_kinds: bool,
 }
 
 impl OrchestratorBuilder {
@@ -44,6 +45,13 @@ impl OrchestratorBuilder {
     /// installation that a crash may have left behind.
     pub fn reconcile_on_start(mut self, yes: bool) -> Self {
         self.reconcile_on_start = yes;
+        self
+    }
+
+    /// Whether new snapshot records say what made them (default: yes). Re-drive sets what the
+    /// recorded engine did ([`TaskSettings::record_kinds`](crate::core::TaskSettings)).
+    pub fn record_kinds(mut self, yes: bool) -> Self {
+        self.record_kinds = yes;
         self
     }
 
@@ -152,6 +160,10 @@ impl OrchestratorBuilder {
         if !provider.measures_activity() {
             settings.max_busy_ms = 0;
         }
+        // Whether a checkpoint keeps the sandbox running; and this engine records what made
+        // each snapshot.
+        settings.live_checkpoint = provider.checkpoints_live();
+        settings.record_kinds = self.record_kinds;
         let max_creates = self.config.terminal.max_concurrent_creates.max(1) as usize;
         let lp = EventLoop {
             store,
@@ -259,6 +271,7 @@ impl Orchestrator {
             reconcile_on_start: true,
             owner: None,
             on_lock_wait: None,
+            record_kinds: true,
         }
     }
 
@@ -643,7 +656,11 @@ impl Orchestrator {
         self.shutdown_within(Duration::from_secs(60)).await
     }
 
-    async fn request(&self, task: &TaskId, req: ApiRequest) -> Result<Answer, EngineError> {
+    pub(super) async fn request(
+        &self,
+        task: &TaskId,
+        req: ApiRequest,
+    ) -> Result<Answer, EngineError> {
         // A command's caller may cancel while the task is still another process's: the wait
         // ends then, and nothing ran.
         let cancel = match &req {
@@ -738,7 +755,7 @@ fn cut(s: &str, max: usize) -> String {
     }
 }
 
-fn unexpected(task: &TaskId, reply: Reply) -> EngineError {
+pub(super) fn unexpected(task: &TaskId, reply: Reply) -> EngineError {
     EngineError::Request {
         task: task.clone(),
         reason: Box::new(FailureReason::UnexpectedReply {

@@ -79,6 +79,7 @@ pub(super) fn calls_provider(cmd: &Command) -> bool {
         Command::CreateSandbox { .. }
         | Command::RunCommand { .. }
         | Command::TakeSnapshot { .. }
+        | Command::TakeCheckpoint { .. }
         | Command::StopSandbox { .. }
         | Command::ExtendTimeout { .. }
         | Command::DeleteSnapshot { .. }

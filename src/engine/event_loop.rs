@@ -36,6 +36,12 @@ pub(super) enum ApiRequest {
         child: TaskId,
         from: ForkFrom,
     },
+    /// Checkpoint the task's live sandbox.
+    Checkpoint,
+    /// Rewind the task to one of its snapshots.
+    Rewind {
+        to: crate::core::RewindTo,
+    },
 }
 
 /// The loop's answer to a request: the core's reply, and a command's captured output.
@@ -351,6 +357,8 @@ impl EventLoop {
                 child,
                 from,
             },
+            ApiRequest::Checkpoint => Event::CheckpointRequested { request_id },
+            ApiRequest::Rewind { to } => Event::RewindRequested { request_id, to },
         };
         self.waiters.insert((task.clone(), request_id), respond);
         if let Err(e) = self.apply(&task, event) {
@@ -758,7 +766,9 @@ fn request_of(event: &Event) -> Option<RequestId> {
         Event::RunRequested { request_id, .. }
         | Event::SuspendRequested { request_id }
         | Event::ResumeRequested { request_id }
-        | Event::ForkRequested { request_id, .. } => Some(*request_id),
+        | Event::ForkRequested { request_id, .. }
+        | Event::CheckpointRequested { request_id }
+        | Event::RewindRequested { request_id, .. } => Some(*request_id),
         _ => None,
     }
 }

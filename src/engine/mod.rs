@@ -29,6 +29,7 @@
 
 mod api;
 mod batch;
+mod checkpoint;
 pub mod cost;
 mod error;
 mod event_loop;
@@ -56,6 +57,7 @@ mod perform;
 mod results;
 
 pub use api::{Orchestrator, OrchestratorBuilder};
+pub use checkpoint::{rewind_to, CheckpointResult, RewindResult};
 pub use error::{closest, EngineError};
 pub use gc::{GcItem, GcReport};
 #[cfg(feature = "server")]

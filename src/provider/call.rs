@@ -52,6 +52,17 @@ pub enum Call<R = RequestId> {
         /// The snapshot sequence number.
         seq: u64,
     },
+    /// [`Command::TakeCheckpoint`]: `checkpoint`.
+    Checkpoint {
+        /// The task (with `seq`, the operation's idempotency key).
+        task_id: TaskId,
+        /// The sandbox.
+        sandbox_id: SandboxId,
+        /// The snapshot sequence number.
+        seq: u64,
+        /// The latest snapshot, which may already hold the files.
+        previous: Option<SnapshotId>,
+    },
     /// [`Command::StopSandbox`]: `stop_sandbox`.
     StopSandbox {
         /// The sandbox.
@@ -99,6 +110,7 @@ impl<R> Call<R> {
             Call::CreateSandbox { .. } => "create_sandbox",
             Call::Exec { .. } => "exec",
             Call::Snapshot { .. } => "snapshot",
+            Call::Checkpoint { .. } => "checkpoint",
             Call::StopSandbox { .. } => "stop_sandbox",
             Call::ExtendTimeout { .. } => "extend_timeout",
             Call::DeleteSnapshot { .. } => "delete_snapshot",
@@ -130,6 +142,17 @@ impl<R> Call<R> {
                 task_id: task_id.clone(),
                 sandbox_id: sandbox_id.clone(),
                 seq: *seq,
+            },
+            Call::Checkpoint {
+                task_id,
+                sandbox_id,
+                seq,
+                previous,
+            } => Call::Checkpoint {
+                task_id: task_id.clone(),
+                sandbox_id: sandbox_id.clone(),
+                seq: *seq,
+                previous: previous.clone(),
             },
             Call::StopSandbox { sandbox_id } => Call::StopSandbox {
                 sandbox_id: sandbox_id.clone(),
@@ -201,6 +224,16 @@ impl Call {
                 task_id: task_id.clone(),
                 sandbox_id: sandbox_id.clone(),
                 seq: *seq,
+            },
+            Command::TakeCheckpoint {
+                sandbox_id,
+                seq,
+                previous,
+            } => Call::Checkpoint {
+                task_id: task_id.clone(),
+                sandbox_id: sandbox_id.clone(),
+                seq: *seq,
+                previous: previous.clone(),
             },
             Command::StopSandbox { sandbox_id } => Call::StopSandbox {
                 sandbox_id: sandbox_id.clone(),
@@ -302,6 +335,30 @@ impl Call {
                     usage: info.usage,
                     resources: info.resources,
                 },
+                Err(e) => Event::SnapshotFailed {
+                    seq: *seq,
+                    failure: e.to_failure(),
+                },
+            },
+            Call::Checkpoint {
+                task_id,
+                sandbox_id,
+                seq,
+                previous,
+            } => match p
+                .checkpoint(task_id, sandbox_id, *seq, previous.as_ref())
+                .await
+            {
+                Ok(Some(info)) => Event::SnapshotTaken {
+                    seq: *seq,
+                    snapshot_id: info.id,
+                    size_bytes: info.size_bytes,
+                    expires_at: info.expires_at,
+                    omitted: info.omitted,
+                    usage: info.usage,
+                    resources: info.resources,
+                },
+                Ok(None) => Event::CheckpointUnchanged { seq: *seq },
                 Err(e) => Event::SnapshotFailed {
                     seq: *seq,
                     failure: e.to_failure(),

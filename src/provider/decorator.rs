@@ -120,6 +120,22 @@ pub trait Decorator: Send + Sync {
         self.inner().sweep_temporaries()
     }
 
+    /// See [`SandboxProvider::checkpoint`].
+    fn checkpoint<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
+        seq: u64,
+        previous: Option<&'a SnapshotId>,
+    ) -> ProviderFuture<'a, Option<SnapshotInfo>> {
+        self.inner().checkpoint(task_id, sandbox_id, seq, previous)
+    }
+
+    /// See [`SandboxProvider::checkpoints_live`].
+    fn checkpoints_live(&self) -> bool {
+        self.inner().checkpoints_live()
+    }
+
     /// See [`SandboxProvider::keeps_files_after_deadline`].
     fn keeps_files_after_deadline(&self) -> bool {
         self.inner().keeps_files_after_deadline()
@@ -222,6 +238,20 @@ impl<T: Decorator> Platform for T {
 
     async fn sweep_temporaries(&self) -> Result<usize, ProviderError> {
         Decorator::sweep_temporaries(self).await
+    }
+
+    async fn checkpoint(
+        &self,
+        task_id: &TaskId,
+        sandbox_id: &SandboxId,
+        seq: u64,
+        previous: Option<&SnapshotId>,
+    ) -> Result<Option<SnapshotInfo>, ProviderError> {
+        Decorator::checkpoint(self, task_id, sandbox_id, seq, previous).await
+    }
+
+    fn checkpoints_live(&self) -> bool {
+        Decorator::checkpoints_live(self)
     }
 
     fn keeps_files_after_deadline(&self) -> bool {

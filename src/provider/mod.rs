@@ -289,6 +289,38 @@ pub trait SandboxProvider: Send + Sync {
         seq: u64,
     ) -> ProviderFuture<'a, SnapshotInfo>;
 
+    /// Snapshots the live sandbox's files without stopping it: its processes are paused for
+    /// the moment of the snapshot (so nothing they write lands half in it) and run on with
+    /// the same pids, open files and sockets. Idempotent by (`task_id`, `seq`). `Ok(None)`:
+    /// nothing changed since `previous` (the task's latest snapshot), and nothing was made.
+    /// Only called where [`Self::checkpoints_live`] says so; the default refuses.
+    fn checkpoint<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
+        seq: u64,
+        previous: Option<&'a SnapshotId>,
+    ) -> ProviderFuture<'a, Option<SnapshotInfo>> {
+        let _ = (task_id, sandbox_id, seq, previous);
+        let name = self.name();
+        Box::pin(async move {
+            Err(ProviderError::new(
+                FailureKind::Invalid,
+                "checkpoint",
+                format!("the {name} backend cannot snapshot a sandbox without stopping it"),
+            ))
+        })
+    }
+
+    /// Whether [`Self::checkpoint`] snapshots a live sandbox without stopping it (the local
+    /// backend). Elsewhere a checkpoint is a snapshot that stops the sandbox, and says so
+    /// ([`TaskSettings::live_checkpoint`]). The default: no.
+    ///
+    /// [`TaskSettings::live_checkpoint`]: crate::core::TaskSettings::live_checkpoint
+    fn checkpoints_live(&self) -> bool {
+        false
+    }
+
     /// Stops the sandbox (its files are discarded). Stopping a gone sandbox succeeds.
     fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()>;
 

@@ -134,6 +134,31 @@ pub trait Platform: Send + Sync {
         async { Ok(0) }
     }
 
+    /// See [`SandboxProvider::checkpoint`]: its error is already a provider error (it names
+    /// the operation). The default refuses (see [`Platform::checkpoints_live`]).
+    fn checkpoint(
+        &self,
+        task_id: &TaskId,
+        sandbox_id: &SandboxId,
+        seq: u64,
+        previous: Option<&SnapshotId>,
+    ) -> impl Future<Output = Result<Option<SnapshotInfo>, ProviderError>> + Send {
+        let _ = (task_id, sandbox_id, seq, previous);
+        let name = self.name();
+        async move {
+            Err(ProviderError::new(
+                crate::core::FailureKind::Invalid,
+                "checkpoint",
+                format!("the {name} backend cannot snapshot a sandbox without stopping it"),
+            ))
+        }
+    }
+
+    /// See [`SandboxProvider::checkpoints_live`]. The default: no.
+    fn checkpoints_live(&self) -> bool {
+        false
+    }
+
     /// See [`SandboxProvider::keeps_files_after_deadline`]. The default: no.
     fn keeps_files_after_deadline(&self) -> bool {
         false
@@ -189,6 +214,22 @@ impl<P: Platform> SandboxProvider for P {
             "take snapshot",
             Platform::snapshot(self, task_id, sandbox_id, seq),
         )
+    }
+
+    fn checkpoint<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        sandbox_id: &'a SandboxId,
+        seq: u64,
+        previous: Option<&'a SnapshotId>,
+    ) -> ProviderFuture<'a, Option<SnapshotInfo>> {
+        Box::pin(Platform::checkpoint(
+            self, task_id, sandbox_id, seq, previous,
+        ))
+    }
+
+    fn checkpoints_live(&self) -> bool {
+        Platform::checkpoints_live(self)
     }
 
     fn stop_sandbox<'a>(&'a self, sandbox_id: &'a SandboxId) -> ProviderFuture<'a, ()> {

@@ -66,6 +66,10 @@ pub(super) fn engine_failure(err: EngineError) -> Failure {
         EngineError::Request { reason, .. } => match **reason {
             FailureReason::UnknownSnapshot { .. } => StatusCode::NOT_FOUND,
             FailureReason::NothingToFork { .. } => StatusCode::CONFLICT,
+            // A rewind's refusals too: the task's files are unchanged.
+            FailureReason::SnapshotUnusable { .. }
+            | FailureReason::RewindTooFar { .. }
+            | FailureReason::NotPersistent => StatusCode::CONFLICT,
             _ => StatusCode::BAD_GATEWAY,
         },
         EngineError::Provider { .. } => StatusCode::BAD_GATEWAY,

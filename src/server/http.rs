@@ -33,6 +33,11 @@ pub(super) fn router(state: AppState) -> Router {
         .route("/tasks/{task}/watch", get(super::watch::watch))
         .route("/tasks/{task}/remove", post(remove))
         .route("/tasks/{task}/fork", post(fork))
+        .route(
+            "/tasks/{task}/checkpoint",
+            post(super::checkpoint::checkpoint),
+        )
+        .route("/tasks/{task}/rewind", post(super::checkpoint::rewind))
         .route("/gc", post(gc))
         .route("/cost", get(super::cost::cost))
         .route("/shutdown", post(shutdown));
@@ -100,9 +105,9 @@ async fn json_errors(req: Request, next: Next) -> Response {
     failure(status, err).into_response()
 }
 
-type Answer<T> = Result<Json<T>, Failure>;
+pub(super) type Answer<T> = Result<Json<T>, Failure>;
 
-fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
+pub(super) fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }

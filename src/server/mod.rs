@@ -14,6 +14,7 @@
 //! snapshots) before it exits, so that no live sandbox outlives its engine.
 
 mod answer;
+mod checkpoint;
 mod conn;
 mod cost;
 pub mod dashboard;

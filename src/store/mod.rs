@@ -186,7 +186,8 @@ pub struct SnapshotRow {
 
 impl SnapshotRow {
     /// The row of the task `task_id`'s snapshot record `rec`. It leaves out what the provider
-    /// could not keep (`omitted`) and who took it (`taken_by`); every field is named, so a new
+    /// could not keep (`omitted`), who took it (`taken_by`) and what made it (`kind`: `show`
+    /// reads it from the task's record); every field is named, so a new
     /// one does not compile until it is sorted into the row or out of it.
     pub fn of_record(task_id: &TaskId, rec: &crate::core::SnapshotRecord) -> SnapshotRow {
         let crate::core::SnapshotRecord {
@@ -200,6 +201,7 @@ impl SnapshotRow {
             expires_at,
             omitted: _,
             taken_by: _,
+            kind: _,
         } = rec;
         SnapshotRow {
             task_id: task_id.clone(),

@@ -465,6 +465,7 @@ fn the_ledger_folds_a_journal_into_units_and_prices() {
         expires_at: None,
         omitted: Vec::new(),
         taken_by: None,
+        kind: None,
     });
     let ready = Event::SandboxReady {
         generation: 1,

@@ -732,6 +732,7 @@ fn a_task_that_keeps_no_snapshots_has_nothing_to_fork() {
         expires_at: None,
         omitted: Vec::new(),
         taken_by: None,
+        kind: None,
     });
     let fork = |t: &Task| {
         let tr = step(

@@ -14,6 +14,7 @@ mod api_fuzz;
 mod api_spec;
 mod bench;
 mod chaos;
+mod checkpoint;
 mod cli;
 mod cli_fast;
 mod cli_files;

@@ -30,6 +30,8 @@ TOOLS = {
     "suspend_task",
     "resume_task",
     "fork_task",
+    "checkpoint_task",
+    "rewind_task",
     "list_tasks",
     "show_task",
     "read_file",

@@ -110,6 +110,23 @@ pub enum FailureReason {
         /// `terminal.container_persistent` for the task.
         persistent: bool,
     },
+    /// A rewind named a snapshot of the task that cannot be restored (deleted, failed,
+    /// pending, gone, expired).
+    SnapshotUnusable {
+        /// What was asked for (`demo.s3`).
+        snapshot: String,
+        /// Its status.
+        status: String,
+    },
+    /// `rewind --back N` asked for more snapshots than the task has before its current files.
+    RewindTooFar {
+        /// N.
+        back: u64,
+        /// Complete snapshots before the current files.
+        available: u64,
+    },
+    /// A checkpoint or rewind of a task that keeps no snapshots.
+    NotPersistent,
     /// The engine could not make the request's transition durable (an earlier transition of
     /// the task failed to commit), so it was dropped unperformed. Built by the engine.
     NotCommitted {
@@ -146,6 +163,9 @@ impl FailureReason {
             FailureReason::InterruptedCommand { .. } | FailureReason::Interrupted => "interrupted",
             FailureReason::UnknownSnapshot { .. } => "unknown_snapshot",
             FailureReason::NothingToFork { .. } => "nothing_to_fork",
+            FailureReason::SnapshotUnusable { .. } => "snapshot_unusable",
+            FailureReason::RewindTooFar { .. } => "rewind_too_far",
+            FailureReason::NotPersistent => "not_persistent",
             FailureReason::NotCommitted { .. } => "not_committed",
             FailureReason::UnexpectedReply { .. } => "unexpected_reply",
             FailureReason::Recorded { .. } => "failed",
@@ -186,13 +206,19 @@ impl FailureReason {
                 "nothing of the request was performed; once the store accepts writes again, send it again",
             ),
             FailureReason::UnknownSnapshot { .. } => Some(
-                "`taskbox show <task>` lists the task's snapshots; fork from a complete one, or leave out --snapshot to fork from the latest",
+                "`taskbox show <task>` lists the task's snapshots; name a complete one (a fork without --snapshot starts from the latest)",
             ),
             FailureReason::NothingToFork { persistent: true } => Some(
                 "run a command in the task first (a fork starts from a snapshot of its files)",
             ),
             FailureReason::NothingToFork { persistent: false } => Some(
                 "forks start from snapshots: `taskbox config set terminal.container_persistent true`",
+            ),
+            FailureReason::SnapshotUnusable { .. } | FailureReason::RewindTooFar { .. } => Some(
+                "`taskbox show <task>` lists the task's snapshots; rewind to a complete one",
+            ),
+            FailureReason::NotPersistent => Some(
+                "checkpoints are snapshots: `taskbox config set terminal.container_persistent true`",
             ),
             FailureReason::UnexpectedReply { .. } | FailureReason::Recorded { .. } => None,
         }
@@ -214,6 +240,9 @@ impl FailureReason {
             | FailureReason::Interrupted
             | FailureReason::UnknownSnapshot { .. }
             | FailureReason::NothingToFork { .. }
+            | FailureReason::SnapshotUnusable { .. }
+            | FailureReason::RewindTooFar { .. }
+            | FailureReason::NotPersistent
             | FailureReason::NotCommitted { .. }
             | FailureReason::UnexpectedReply { .. }
             | FailureReason::Recorded { .. } => None,
@@ -324,6 +353,20 @@ impl fmt::Display for FailureReason {
             FailureReason::NothingToFork { persistent: false } => f.write_str(
                 "the task keeps no snapshots (terminal.container_persistent is false), so there \
                  is nothing to fork from",
+            ),
+            FailureReason::SnapshotUnusable { snapshot, status } => write!(
+                f,
+                "snapshot {snapshot} is {status}, so it cannot be restored; the task's files are \
+                 unchanged"
+            ),
+            FailureReason::RewindTooFar { back, available } => write!(
+                f,
+                "cannot rewind {back} back: the task retains {available} complete snapshot(s) \
+                 before the one holding its current files; the task's files are unchanged"
+            ),
+            FailureReason::NotPersistent => f.write_str(
+                "the task keeps no snapshots (terminal.container_persistent is false), so it \
+                 has no checkpoints to take or rewind to",
             ),
             FailureReason::NotCommitted { message } => f.write_str(message),
             FailureReason::UnexpectedReply { reply } => {

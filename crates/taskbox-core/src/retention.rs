@@ -13,6 +13,7 @@
 //! Deleting is the last holder's to do: a fork shares its parent's snapshot, so a task that
 //! retires a snapshot another task still holds only releases it ([`Disposal::Release`]).
 
+use crate::ids::SnapshotId;
 use crate::types::{Millis, SnapshotRecord, SnapshotStatus, Task, TaskSettings};
 
 /// How many complete snapshots a task keeps: its `keep_snapshots`, and never fewer than one,
@@ -32,6 +33,49 @@ pub fn to_retire(snapshots: &[SnapshotRecord], keep: usize) -> Vec<usize> {
         .collect();
     let excess = complete.len().saturating_sub(keep);
     complete[..excess].to_vec()
+}
+
+/// The positions in `snapshots` (oldest first) of the complete snapshots to retire under the
+/// task's settings: checkpoints ([`SnapshotKind::is_checkpoint`]) and the other snapshots each
+/// keep their newest — `keep_checkpoints` and [`keep_count`] — when `keep_checkpoints` is set
+/// (so checkpoints never push a suspend's snapshot out), else all count together as
+/// [`to_retire`]; and a snapshot in `needed` (the one a rewind restored or will restore, one a
+/// queued fork names) is never retired.
+///
+/// [`SnapshotKind::is_checkpoint`]: crate::SnapshotKind::is_checkpoint
+pub fn to_retire_kept(
+    snapshots: &[SnapshotRecord],
+    settings: &TaskSettings,
+    needed: &[SnapshotId],
+) -> Vec<usize> {
+    let keep = keep_count(settings);
+    let mut retire = if settings.keep_checkpoints == 0 {
+        to_retire(snapshots, keep)
+    } else {
+        let is_checkpoint = |s: &SnapshotRecord| s.kind.is_some_and(|k| k.is_checkpoint());
+        let group = |checkpoints: bool, keep: usize| {
+            let complete: Vec<usize> = snapshots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.status == SnapshotStatus::Complete)
+                .filter(|(_, s)| is_checkpoint(s) == checkpoints)
+                .map(|(i, _)| i)
+                .collect();
+            let excess = complete.len().saturating_sub(keep);
+            complete[..excess].to_vec()
+        };
+        let mut both = group(true, settings.keep_checkpoints as usize);
+        both.extend(group(false, keep));
+        both.sort_unstable();
+        both
+    };
+    retire.retain(|&i| {
+        snapshots[i]
+            .id
+            .as_ref()
+            .is_none_or(|id| !needed.contains(id))
+    });
+    retire
 }
 
 /// How many complete snapshots of `snapshots` are newer than `seq`: retiring `seq` keeps the
@@ -135,6 +179,7 @@ mod tests {
             expires_at: None,
             omitted: Vec::new(),
             taken_by: None,
+            kind: None,
         }
     }
 

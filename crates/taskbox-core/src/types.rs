@@ -12,7 +12,7 @@ pub use activity::{
     busy_between, sample_window_ms, Resources, SandboxActivity, BUSY_CPU_USEC_PER_SEC,
     BUSY_IO_BYTES_PER_SEC,
 };
-pub use command::{Command, Reply};
+pub use command::{CheckpointOutcome, Command, Reply};
 pub use event::{Event, TimerKind};
 
 use std::collections::VecDeque;
@@ -239,14 +239,58 @@ pub struct TaskSettings {
     /// before.
     #[serde(default, skip_serializing_if = "is_false")]
     pub reports_usage: bool,
+    /// The provider can snapshot a live sandbox without stopping it (the local backend
+    /// freezes its processes for the moment of the snapshot): a checkpoint then keeps the
+    /// sandbox running ([`Command::TakeCheckpoint`]); elsewhere (Vercel, whose snapshot stops
+    /// the VM) a checkpoint is a snapshot that stops it, and says so. Set from the provider,
+    /// not the config; absent (false) in journals written before it existed.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub live_checkpoint: bool,
+    /// Each new snapshot record says what made it ([`SnapshotRecord::kind`]). Set by every
+    /// engine that knows kinds; absent (false) in journals written before, whose records then
+    /// replay without one.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub record_kinds: bool,
+    /// `terminal.checkpoint`: checkpoints taken by themselves after commands. Absent (off) in
+    /// journals written before it existed.
+    #[serde(default, skip_serializing_if = "AutoCheckpoint::is_off")]
+    pub checkpoint: AutoCheckpoint,
+    /// `terminal.keep_checkpoints`: complete checkpoints kept per task, counted apart from the
+    /// other snapshots so that they never push a suspend's snapshot out. `0` (journals written
+    /// before it existed): checkpoints count with `keep_snapshots`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub keep_checkpoints: u32,
 }
 
 fn is_false(b: &bool) -> bool {
     !*b
 }
 
-fn is_zero(n: &u64) -> bool {
-    *n == 0
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
+}
+
+/// `terminal.checkpoint`: when a live sandbox is checkpointed without being asked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AutoCheckpoint {
+    /// Only `taskbox checkpoint` (and a rewind) checkpoint.
+    #[default]
+    Off,
+    /// After every command; one that changed no file costs no snapshot.
+    EveryCommand,
+    /// After a command that ends at least this long after the latest snapshot.
+    Interval {
+        /// The interval, in milliseconds.
+        ms: u64,
+    },
+}
+
+impl AutoCheckpoint {
+    /// Whether no checkpoint is taken by itself.
+    pub fn is_off(&self) -> bool {
+        *self == AutoCheckpoint::Off
+    }
 }
 
 impl Default for TaskSettings {
@@ -263,6 +307,10 @@ impl Default for TaskSettings {
             retry: RetryPolicy::default(),
             late_checkpoint: false,
             reports_usage: false,
+            live_checkpoint: false,
+            record_kinds: false,
+            checkpoint: AutoCheckpoint::Off,
+            keep_checkpoints: 0,
         }
     }
 }
@@ -331,6 +379,51 @@ pub struct SnapshotRecord {
     /// Absent for taskbox's own snapshots (and in journals written before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub taken_by: Option<SnapshotTaker>,
+    /// What made it (suspend, idle, deadline, checkpoint, rewind...), when the engine that
+    /// took it recorded kinds ([`TaskSettings::record_kinds`]); absent in journals written
+    /// before, and for a snapshot the platform took ([`SnapshotRecord::taken_by`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<SnapshotKind>,
+}
+
+/// What made a snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotKind {
+    /// A suspend.
+    Suspend,
+    /// The sandbox idled for `terminal.lifetime_seconds`.
+    Idle,
+    /// Its deadline neared and could not be extended.
+    Deadline,
+    /// It was found past its deadline with its files still there.
+    LateCheckpoint,
+    /// A fork of the live task.
+    Fork,
+    /// `taskbox checkpoint`, or `terminal.checkpoint`.
+    Checkpoint,
+    /// The current files, kept before a rewind (rewinding to it undoes the rewind).
+    Rewind,
+}
+
+impl SnapshotKind {
+    /// The kind's name as stored and printed.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotKind::Suspend => "suspend",
+            SnapshotKind::Idle => "idle",
+            SnapshotKind::Deadline => "deadline",
+            SnapshotKind::LateCheckpoint => "late_checkpoint",
+            SnapshotKind::Fork => "fork",
+            SnapshotKind::Checkpoint => "checkpoint",
+            SnapshotKind::Rewind => "rewind",
+        }
+    }
+
+    /// Whether retention counts it among the checkpoints (`terminal.keep_checkpoints`).
+    pub fn is_checkpoint(self) -> bool {
+        matches!(self, SnapshotKind::Checkpoint | SnapshotKind::Rewind)
+    }
 }
 
 /// Who took a snapshot that taskbox did not ask for.
@@ -439,6 +532,18 @@ pub enum Request {
         /// Which snapshot.
         from: ForkFrom,
     },
+    /// Snapshot the live sandbox's files without stopping it.
+    Checkpoint {
+        /// Request id.
+        id: RequestId,
+    },
+    /// Keep the current files in a checkpoint, then restore `to` into a new sandbox.
+    Rewind {
+        /// Request id.
+        id: RequestId,
+        /// Which snapshot.
+        to: RewindTo,
+    },
 }
 
 impl Request {
@@ -448,9 +553,72 @@ impl Request {
             Request::Run { id, .. }
             | Request::Suspend { id }
             | Request::Resume { id }
-            | Request::Fork { id, .. } => *id,
+            | Request::Fork { id, .. }
+            | Request::Checkpoint { id }
+            | Request::Rewind { id, .. } => *id,
         }
     }
+}
+
+/// Which of a task's snapshots a rewind restores.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RewindTo {
+    /// The task's snapshot with this sequence number (`demo.s3`).
+    Seq {
+        /// The sequence number.
+        seq: u64,
+    },
+    /// The task's snapshot with this provider id.
+    Id {
+        /// The provider's snapshot id.
+        snapshot_id: SnapshotId,
+    },
+    /// `n` complete snapshots before the one that holds the current files (which the rewind
+    /// keeps first).
+    Back {
+        /// How many.
+        n: u64,
+    },
+}
+
+impl RewindTo {
+    /// Reads `--to`: `<task>.s<seq>` or `s<seq>`, else a provider snapshot id.
+    pub fn parse(task: &TaskId, s: &str) -> RewindTo {
+        match ForkFrom::parse(task, s) {
+            ForkFrom::Seq { seq } => RewindTo::Seq { seq },
+            ForkFrom::Id { snapshot_id } => RewindTo::Id { snapshot_id },
+            ForkFrom::Latest => RewindTo::Id {
+                snapshot_id: SnapshotId::from(s),
+            },
+        }
+    }
+}
+
+impl fmt::Display for RewindTo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RewindTo::Seq { seq } => write!(f, "snapshot seq {seq}"),
+            RewindTo::Id { snapshot_id } => write!(f, "snapshot {snapshot_id}"),
+            RewindTo::Back { n } => write!(f, "{n} snapshot(s) back"),
+        }
+    }
+}
+
+/// A rewind whose restore is in flight: answered when the restored sandbox is ready.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rewinding {
+    /// The rewind request.
+    pub request_id: RequestId,
+    /// The snapshot being restored.
+    pub to: SnapshotId,
+    /// Its sequence number.
+    pub to_seq: u64,
+    /// The snapshot holding the files as they were before the rewind (rewinding to it undoes
+    /// this rewind).
+    pub saved: Option<SnapshotId>,
+    /// Its sequence number.
+    pub saved_seq: Option<u64>,
 }
 
 /// Which of a task's snapshots a fork starts from.
@@ -561,6 +729,47 @@ pub enum SnapshotReason {
         /// The fork request.
         request_id: RequestId,
     },
+    /// A checkpoint: `taskbox checkpoint` (`request_id`) or `terminal.checkpoint` (none).
+    /// `live`: the sandbox keeps running ([`Command::TakeCheckpoint`]); otherwise the
+    /// platform's snapshot stops it.
+    Checkpointing {
+        /// The checkpoint request, if a caller asked.
+        request_id: Option<RequestId>,
+        /// Whether the sandbox keeps running.
+        live: bool,
+    },
+    /// The current files, kept before the rewind waiting at the front of the queue.
+    Rewind {
+        /// The rewind request.
+        request_id: RequestId,
+        /// Whether the sandbox keeps running (until the rewind replaces it).
+        live: bool,
+    },
+}
+
+impl SnapshotReason {
+    /// What a snapshot taken for this reason is, as its record says.
+    pub fn kind(self) -> SnapshotKind {
+        match self {
+            SnapshotReason::Suspend { .. } => SnapshotKind::Suspend,
+            // Idleness too: the rule that kept a busy sandbox ran out.
+            SnapshotReason::IdleReap | SnapshotReason::BusyCap => SnapshotKind::Idle,
+            SnapshotReason::Checkpoint => SnapshotKind::Deadline,
+            SnapshotReason::LateCheckpoint { .. } => SnapshotKind::LateCheckpoint,
+            SnapshotReason::Fork { .. } => SnapshotKind::Fork,
+            SnapshotReason::Checkpointing { .. } => SnapshotKind::Checkpoint,
+            SnapshotReason::Rewind { .. } => SnapshotKind::Rewind,
+        }
+    }
+
+    /// Whether the snapshot keeps the sandbox running.
+    pub fn is_live(self) -> bool {
+        matches!(
+            self,
+            SnapshotReason::Checkpointing { live: true, .. }
+                | SnapshotReason::Rewind { live: true, .. }
+        )
+    }
 }
 
 /// Something the caller of the next command should know: reported once, with the next reply.
@@ -656,6 +865,19 @@ pub struct Task {
     /// Absent in journals written before forks existed, and for tasks that are not forks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lineage: Option<Lineage>,
+    /// The snapshot the task's files were rewound to, while no newer snapshot holds them: a
+    /// restore uses it rather than the latest (the checkpoint the rewind kept), and retention
+    /// keeps it. Absent otherwise, and in journals written before rewinds existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewound_to: Option<SnapshotId>,
+    /// The snapshot the last rewind kept the files from before in (rewinding to it undoes the
+    /// rewind), for as long as [`Task::rewound_to`] stands: retention keeps it. Absent
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewind_saved: Option<SnapshotId>,
+    /// A rewind whose restore is in flight. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewinding: Option<Rewinding>,
 }
 
 /// The most sandboxes the core creates for one task in a minute, whatever the configuration
@@ -689,7 +911,23 @@ impl Task {
             files_behind: false,
             recent_creates: Vec::new(),
             lineage: None,
+            rewound_to: None,
+            rewind_saved: None,
+            rewinding: None,
         }
+    }
+
+    /// The snapshot a restore uses: the one the files were rewound to, while no newer one
+    /// holds them, else the latest complete one.
+    pub fn restore_point(&self) -> Option<&SnapshotRecord> {
+        self.rewound_to
+            .as_ref()
+            .and_then(|id| {
+                self.snapshots
+                    .iter()
+                    .find(|s| s.id.as_ref() == Some(id) && s.status == SnapshotStatus::Complete)
+            })
+            .or_else(|| self.latest_complete())
     }
 
     /// The latest complete snapshot: the one a restore must use.

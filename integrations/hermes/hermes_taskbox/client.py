@@ -171,6 +171,22 @@ class Client:
         """``POST /v1/tasks/{task}/suspend``: snapshot the task's files, stop its sandbox."""
         return self.request("POST", f"/v1/tasks/{_quote(task)}/suspend", timeout=None)
 
+    def checkpoint(self, task: str) -> Dict[str, Any]:
+        """``POST /v1/tasks/{task}/checkpoint``: snapshot the task's files without stopping its
+        sandbox (its processes pause for a moment). ``outcome`` says what happened: ``taken``,
+        ``unchanged`` (the latest snapshot holds the files), ``stopped`` (the backend's snapshot
+        stopped the sandbox) or ``no_sandbox``."""
+        return self.request("POST", f"/v1/tasks/{_quote(task)}/checkpoint", timeout=None)
+
+    def rewind(self, task: str, to: Optional[str] = None, back: Optional[int] = None) -> Dict[str, Any]:
+        """``POST /v1/tasks/{task}/rewind``: keep the current files in a checkpoint, then restore
+        snapshot ``to`` (``TASK.sN``) or the one ``back`` snapshots before. Exactly one of the
+        two; the answer's ``saved`` snapshot undoes the rewind."""
+        if (to is None) == (back is None):
+            raise TaskboxError("bad_request", "rewind takes exactly one of `to` and `back`")
+        body: Dict[str, Any] = {"to": to} if to is not None else {"back": back}
+        return self.request("POST", f"/v1/tasks/{_quote(task)}/rewind", body, timeout=None)
+
     def show(self, task: str, journal: int = 0) -> Dict[str, Any]:
         """``GET /v1/tasks/{task}``."""
         return self.request("GET", f"/v1/tasks/{_quote(task)}?journal={journal}")

@@ -446,6 +446,17 @@ class TaskboxEnvironment(BaseEnvironment):
         self.last_run = run
         return run
 
+    def checkpoint(self) -> dict:
+        """Snapshots the task's files now without stopping its sandbox (``POST
+        /v1/tasks/{task}/checkpoint``): its processes keep running."""
+        return self._client.checkpoint(self.task)
+
+    def rewind(self, to: Optional[str] = None, back: Optional[int] = None) -> dict:
+        """Puts the task's files back as snapshot ``to`` (``TASK.sN``) or ``back`` snapshots ago
+        held them, after keeping the current ones (the answer's ``saved`` undoes it); running
+        processes end."""
+        return self._client.rewind(self.task, to=to, back=back)
+
     def cleanup(self) -> None:
         """Suspends the task (snapshot, sandbox stopped), never deletes it; idempotent. A server
         is not started for it: with none running, no sandbox of this task is live."""

@@ -425,3 +425,35 @@ def test_hermes_forwarded_variables_reach_the_command_and_nothing_else_does(home
         clear_env_passthrough()
     shown = home.taskbox("show", "--json", "forwarded").stdout
     assert "Zq9x" not in shown, "a forwarded value was journaled"
+
+
+def test_checkpoint_keeps_processes_and_rewind_brings_files_back_undoably(home, provider):
+    from hermes_taskbox.client import TaskboxError
+
+    env = provider.create_environment(cwd="", timeout=60, task_id="undo")
+    assert env.execute("echo v1 > f.txt; (sleep 300) > /dev/null 2>&1 & echo $! > pid")["returncode"] == 0
+    first = env.checkpoint()
+    assert first["outcome"] == "taken", first
+    again = env.checkpoint()
+    assert again["outcome"] == "unchanged" and again["snapshot_id"] == first["snapshot_id"], again
+    # The sandbox lives on: the background process is still there.
+    assert env.execute("kill -0 $(cat pid) && echo alive")["output"].startswith("alive")
+    assert env.execute("rm f.txt")["returncode"] == 0
+    rewound = env.rewind(to=f"undo.s{first['seq']}")
+    assert rewound["to"] == first["snapshot_id"], rewound
+    assert rewound["saved"], rewound
+    assert env.execute("cat f.txt")["output"].startswith("v1\n")
+    # Undo: back to the files kept before the rewind.
+    undone = env.rewind(to=rewound["saved"])
+    assert undone["to"] == rewound["saved"]
+    assert "No such file" in env.execute("cat f.txt")["output"]
+    try:
+        env.rewind(back=40)
+        raise AssertionError("a rewind beyond what exists must be refused")
+    except TaskboxError as e:
+        assert e.code == "rewind_too_far", (e.code, e.message)
+    try:
+        env.rewind(to="other.s1")
+        raise AssertionError("another task's snapshot must be refused")
+    except TaskboxError as e:
+        assert e.code == "bad_request" and "other" in e.message, (e.code, e.message)

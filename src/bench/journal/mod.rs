@@ -115,15 +115,17 @@ fn outcome(task: &str, cmd: &Command, now: Millis) -> Option<Event> {
             timed_out: false,
             memory_killed: false,
         },
-        Command::TakeSnapshot { seq, .. } => Event::SnapshotTaken {
-            seq: *seq,
-            snapshot_id: format!("snap-{task}-{seq}").into(),
-            size_bytes: 48 << 20,
-            expires_at: Some(now + 30 * 86_400_000),
-            omitted: Vec::new(),
-            usage: None,
-            resources: None,
-        },
+        Command::TakeSnapshot { seq, .. } | Command::TakeCheckpoint { seq, .. } => {
+            Event::SnapshotTaken {
+                seq: *seq,
+                snapshot_id: format!("snap-{task}-{seq}").into(),
+                size_bytes: 48 << 20,
+                expires_at: Some(now + 30 * 86_400_000),
+                omitted: Vec::new(),
+                usage: None,
+                resources: None,
+            }
+        }
         Command::StopSandbox { sandbox_id } => Event::SandboxStopped {
             sandbox_id: sandbox_id.clone(),
             usage: None,

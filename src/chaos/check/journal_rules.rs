@@ -110,8 +110,11 @@ fn task_journal(
                 Command::Reply { reply, .. } => match reply {
                     Reply::Ran { notices, .. }
                     | Reply::Resumed { notices, .. }
+                    | Reply::Rewound { notices, .. }
                     | Reply::Failed { notices, .. } => lost(notices),
-                    Reply::Suspended { .. } | Reply::Forked { .. } => 0,
+                    Reply::Suspended { .. } | Reply::Forked { .. } | Reply::Checkpointed { .. } => {
+                        0
+                    }
                 },
                 _ => 0,
             })

@@ -30,6 +30,8 @@ use taskbox::engine::{Paths, RunResult, TaskView};
 use taskbox::provider::{CancelSignal, Canceller, ExecIo};
 use taskbox::TaskId;
 
+mod checkpoint;
+
 use super::super::output::{self, Failure};
 use super::files::{self, CheckedPath};
 use super::Engine;
@@ -232,6 +234,9 @@ fn tools() -> Vec<Tool> {
         )
         .annotate(ToolAnnotations::new().destructive(true).idempotent(true)),
     ]
+    .into_iter()
+    .chain(checkpoint::tools())
+    .collect()
 }
 
 /// Parses a tool's arguments; a mismatch is the tool's error, naming the tool and the field.
@@ -618,6 +623,14 @@ impl Taskbox {
             },
             "fork_task" => match args(name, raw) {
                 Ok(a) => self.fork_task(a).await,
+                Err(f) => Err(f),
+            },
+            "checkpoint_task" => match args(name, raw) {
+                Ok(a) => self.checkpoint_task(a).await,
+                Err(f) => Err(f),
+            },
+            "rewind_task" => match args(name, raw) {
+                Ok(a) => self.rewind_task(a).await,
                 Err(f) => Err(f),
             },
             "list_tasks" => args::<NoArgs>(name, raw).and_then(|_| self.list_tasks()),

@@ -149,6 +149,16 @@ pub enum LocalError {
         #[source]
         source: io::Error,
     },
+    /// A checkpoint could not pause (or resume) the sandbox's processes: no freezer where its
+    /// cgroups are, or the kernel did not freeze them in time. Nothing was taken; the
+    /// processes run on.
+    #[error("cannot pause the processes of sandbox `{sandbox}` for a checkpoint: {reason}")]
+    Freeze {
+        /// The sandbox.
+        sandbox: String,
+        /// Why, with the fix where known.
+        reason: String,
+    },
     /// A blocking helper task panicked or was cancelled.
     #[error("background work to {operation} did not finish: {message}")]
     Background {
@@ -176,6 +186,7 @@ impl LocalError {
             | LocalError::SpecName { .. }
             | LocalError::BadCommand { .. }
             | LocalError::Ownership { .. } => FailureKind::Invalid,
+            LocalError::Freeze { .. } => FailureKind::Permanent,
             LocalError::SandboxGone { .. } => FailureKind::SandboxGone,
             LocalError::NotStarted(inner) => inner.kind(),
             LocalError::SnapshotGone { .. } => FailureKind::SnapshotGone,

@@ -121,6 +121,7 @@ impl LocalProvider {
     /// inotify descriptor closed).
     pub(super) fn drop_tracker(&self, name: &SandboxName) {
         let tracker = super::lock(&self.trackers).remove(&name.name);
+        super::lock(&self.tracked_base).remove(&name.name);
         drop(tracker);
     }
 
@@ -347,6 +348,11 @@ impl LocalProvider {
         sync_dir(&self.root.join("tasks"))?;
         if let Some(tracker) = restored {
             super::lock(&self.trackers).insert(name.name.clone(), tracker);
+            // What the tracked changes are relative to: a checkpoint that finds none needs
+            // no snapshot when this is still the task's latest.
+            if let Some(src) = source {
+                super::lock(&self.tracked_base).insert(name.name.clone(), src.id());
+            }
         }
         Ok(meta)
     }

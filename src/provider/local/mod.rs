@@ -76,11 +76,13 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod cgroup;
+mod checkpoint;
 mod contained;
 pub mod doctor;
 mod error;
 mod exec;
 pub mod foreign;
+mod freeze;
 mod fsutil;
 mod inflight;
 pub mod isolation;
@@ -222,6 +224,9 @@ pub struct LocalProvider {
     /// The change trackers of the live sandboxes this process restored, by sandbox name
     /// (see `cas::Tracker`): dropped with their sandbox, consumed by its snapshot.
     trackers: Mutex<HashMap<String, cas::Tracker>>,
+    /// The snapshot each tracker's index holds (the restore's source, or the last
+    /// checkpoint), by sandbox name: a checkpoint finding no change since it needs none.
+    tracked_base: Mutex<HashMap<String, String>>,
     /// How commands are isolated (`terminal.local_isolation`).
     isolation: isolation::Settings,
     /// Whether that isolation was said (by [`LocalProvider::with_isolation`]) rather than the
@@ -280,6 +285,7 @@ impl LocalProvider {
             in_flight: Arc::new(Mutex::new(HashSet::new())),
             counter: AtomicU64::new(0),
             trackers: Mutex::new(HashMap::new()),
+            tracked_base: Mutex::new(HashMap::new()),
             isolation: isolation::Settings {
                 mode: crate::config::LocalIsolation::None,
                 ..isolation::Settings::default()
@@ -420,6 +426,23 @@ impl super::Platform for LocalProvider {
     /// Where its sandboxes' cgroups can be made (see `resources`).
     fn measures_activity(&self) -> bool {
         self.can_measure()
+    }
+
+    async fn checkpoint(
+        &self,
+        task_id: &TaskId,
+        sandbox_id: &SandboxId,
+        seq: u64,
+        previous: Option<&SnapshotId>,
+    ) -> Result<Option<SnapshotInfo>, crate::provider::ProviderError> {
+        self.checkpoint_sandbox(task_id, sandbox_id, seq, previous.map(|p| p.as_str()))
+            .await
+            .map_err(|e| crate::provider::PlatformError::into_provider(e, "checkpoint"))
+    }
+
+    /// The sandbox's processes are paused (a cgroup freezer) for the moment of a checkpoint.
+    fn checkpoints_live(&self) -> bool {
+        true
     }
 }
 

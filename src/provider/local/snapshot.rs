@@ -43,7 +43,7 @@ impl LocalProvider {
     /// The archive a previous call of this very operation wrote, if any: same installation,
     /// task, sandbox (generation) and sequence number, and taken from `instance` when the
     /// sandbox still exists.
-    fn find_taken(
+    pub(super) fn find_taken(
         &self,
         name: &SandboxName,
         seq: u64,
@@ -185,11 +185,14 @@ impl LocalProvider {
                 Some(tracked) => Walk::Tracked(Box::new(tracked)),
                 None => Walk::Full { index: &index },
             };
-            write_snapshot(&cas, &snap2, &workspace, source, &header, &path2, &tmp)
+            write_snapshot(
+                &cas, &snap2, &workspace, source, &header, &path2, &tmp, None,
+            )
         })
         .await;
         let (size_bytes, stats) = match written {
-            Ok(done) => done,
+            Ok(Some((size, stats, _))) => (size, stats),
+            Ok(None) => unreachable!("a snapshot writes whatever it packed"),
             Err(e) => {
                 meta.status = SandboxStatus::Running;
                 let _ = self.write_meta(&sandbox_dir, &meta);
@@ -337,7 +340,7 @@ fn read_header(path: &Path) -> Result<Option<(ArchiveHeader, u64)>, String> {
 }
 
 /// 64 random bits from `/dev/urandom`, as 16 lowercase hex digits.
-fn random_nonce() -> Result<String, LocalError> {
+pub(super) fn random_nonce() -> Result<String, LocalError> {
     super::cas::random_name().map_err(LocalError::io(
         "read random bytes from",
         Path::new("/dev/urandom"),
@@ -371,7 +374,7 @@ const MAX_MANIFEST_BYTES: u64 = 1 << 30;
 /// the snapshot keeps ([`data_bytes`], what a repeated call finds again in the manifest; the
 /// new contents are in the stats).
 /// How a snapshot finds what changed.
-enum Walk<'a> {
+pub(super) enum Walk<'a> {
     /// Every entry looked at, files matching the index at this path not read.
     Full {
         /// The workspace's index file.
@@ -381,7 +384,10 @@ enum Walk<'a> {
     Tracked(Box<Tracked>),
 }
 
-fn write_snapshot(
+// The walk's inputs, the archive's place and a checkpoint's "nothing changed" test: one call
+// for a snapshot and a checkpoint, rather than a struct built for one caller each.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write_snapshot(
     cas: &Cas,
     snap: &SnapshotRef,
     workspace: &Path,
@@ -389,7 +395,8 @@ fn write_snapshot(
     header: &ArchiveHeader,
     path: &Path,
     tmp: &Path,
-) -> Result<(u64, PackedStats), LocalError> {
+    unless_same: Option<&dyn Fn(&Manifest) -> bool>,
+) -> Result<Option<(u64, PackedStats, Manifest)>, LocalError> {
     let content = |source| LocalError::Content {
         snapshot: snap.id(),
         path: path.to_path_buf(),
@@ -402,6 +409,10 @@ fn write_snapshot(
         Walk::Tracked(tracked) => cas.pack_tracked(workspace, &tracked),
     }
     .map_err(content)?;
+    // A checkpoint of files a snapshot already holds writes nothing.
+    if unless_same.is_some_and(|same| same(&manifest)) {
+        return Ok(None);
+    }
     let dir = path.parent().expect("an archive path has a parent");
     let create = || {
         fs::create_dir_all(dir)?;
@@ -448,6 +459,7 @@ fn write_snapshot(
         tracing::trace!(manifest_bytes = size, "manifest written");
         Ok((data_bytes(&manifest), stats))
     })();
+    let result = result.map(|(size, stats)| Some((size, stats, manifest)));
     if result.is_err() {
         let _ = fs::remove_file(tmp);
     }
@@ -474,7 +486,7 @@ fn data_bytes(manifest: &Manifest) -> u64 {
 
 /// [`data_bytes`] of the version 3 archive at `path`; `None` for an older format (whose size
 /// is the archive's) or an archive that cannot be read.
-fn kept_bytes(path: &Path) -> Option<u64> {
+pub(super) fn kept_bytes(path: &Path) -> Option<u64> {
     let mut reader = BufReader::new(fs::File::open(path).ok()?);
     let (version, _) = archive::read_prefix_versioned(&mut reader).ok()?;
     if version < archive::VERSION {

@@ -25,7 +25,9 @@ pub(super) fn command_key(c: &Command) -> Option<Key> {
     Some(match c {
         Command::CreateSandbox { generation, .. } => Key::Create(*generation),
         Command::RunCommand { request_id, .. } => Key::Run(*request_id),
-        Command::TakeSnapshot { seq, .. } => Key::Snapshot(*seq),
+        Command::TakeSnapshot { seq, .. } | Command::TakeCheckpoint { seq, .. } => {
+            Key::Snapshot(*seq)
+        }
         Command::StopSandbox { sandbox_id } => Key::Stop(sandbox_id.clone()),
         Command::ExtendTimeout { sandbox_id, .. } => Key::Extend(sandbox_id.clone()),
         Command::DeleteSnapshot { snapshot_id } => Key::Delete(snapshot_id.clone()),
@@ -44,7 +46,9 @@ pub(super) fn outcome_key(e: &Event) -> Option<Key> {
         Event::CommandExited { request_id, .. }
         | Event::CommandFailed { request_id, .. }
         | Event::CommandNotStarted { request_id, .. } => Key::Run(*request_id),
-        Event::SnapshotTaken { seq, .. } | Event::SnapshotFailed { seq, .. } => Key::Snapshot(*seq),
+        Event::SnapshotTaken { seq, .. }
+        | Event::SnapshotFailed { seq, .. }
+        | Event::CheckpointUnchanged { seq } => Key::Snapshot(*seq),
         Event::SandboxStopped { sandbox_id, .. } | Event::StopFailed { sandbox_id, .. } => {
             Key::Stop(sandbox_id.clone())
         }
@@ -63,6 +67,8 @@ pub(super) fn outcome_key(e: &Event) -> Option<Key> {
         | Event::SuspendRequested { .. }
         | Event::ResumeRequested { .. }
         | Event::ForkRequested { .. }
+        | Event::CheckpointRequested { .. }
+        | Event::RewindRequested { .. }
         | Event::Forked { .. }
         | Event::SettingsChanged { .. }
         | Event::TimerFired { .. }

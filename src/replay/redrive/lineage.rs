@@ -101,6 +101,7 @@ pub(super) fn seed(
             expires_at: None,
             omitted: Vec::new(),
             taken_by: None,
+            kind: None,
         }];
         store.commit(&TransitionRecord {
             at: first.at,

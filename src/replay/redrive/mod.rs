@@ -225,9 +225,19 @@ fn config_for(task: &TaskId, settings: &TaskSettings) -> Result<Config, RedriveE
     t.checkpoint_margin_seconds = secs(settings.checkpoint_margin_ms);
     t.keep_snapshots = settings.keep_snapshots;
     t.max_busy_seconds = secs(settings.max_busy_ms);
+    t.keep_checkpoints = settings.keep_checkpoints;
+    t.checkpoint = match settings.checkpoint {
+        crate::core::AutoCheckpoint::Off => crate::config::CheckpointSetting::Off,
+        crate::core::AutoCheckpoint::EveryCommand => crate::config::CheckpointSetting::EveryCommand,
+        crate::core::AutoCheckpoint::Interval { ms } => {
+            crate::config::CheckpointSetting::Seconds(secs(ms))
+        }
+    };
     let mut yields = c.task_settings();
     yields.late_checkpoint = settings.late_checkpoint;
     yields.reports_usage = settings.reports_usage;
+    yields.live_checkpoint = settings.live_checkpoint;
+    yields.record_kinds = settings.record_kinds;
     if yields != *settings {
         return Err(RedriveError::Unsupported {
             task: task.clone(),
@@ -282,7 +292,9 @@ async fn drive(
         };
         provider.set_keeps_files_after_deadline(s.settings.late_checkpoint);
         provider.set_reports_usage(s.settings.reports_usage);
+        provider.set_checkpoints_live(s.settings.live_checkpoint);
         let orch = Orchestrator::builder(data_dir, config_for(&task_id, &s.settings)?)
+            .record_kinds(s.settings.record_kinds)
             .provider(provider.clone())
             .clock(Arc::new(clock))
             .jitter(Jitter::None)

@@ -28,6 +28,9 @@ pub struct ReplayProvider {
     keeps_files: std::sync::atomic::AtomicBool,
     /// Whether the recorded provider reported session usage (the session's `reports_usage`).
     reports_usage: std::sync::atomic::AtomicBool,
+    /// Whether the recorded provider checkpointed live sandboxes (the session's
+    /// `live_checkpoint`).
+    checkpoints_live: std::sync::atomic::AtomicBool,
     /// The task re-driven (each re-drive has a provider of its own): the probe's call names it.
     task_id: TaskId,
     /// The platform snapshot the last recorded probe of each sandbox found, answered by
@@ -69,6 +72,7 @@ impl ReplayProvider {
             }),
             keeps_files: std::sync::atomic::AtomicBool::new(false),
             reports_usage: std::sync::atomic::AtomicBool::new(false),
+            checkpoints_live: std::sync::atomic::AtomicBool::new(false),
             task_id,
             platform_snapshots: Mutex::default(),
             usages: Mutex::default(),
@@ -80,6 +84,13 @@ impl ReplayProvider {
     pub(super) fn set_keeps_files_after_deadline(&self, keeps: bool) {
         self.keeps_files
             .store(keeps, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Answers [`SandboxProvider::checkpoints_live`] as the recorded provider did (the
+    /// session's `live_checkpoint` setting).
+    pub(super) fn set_checkpoints_live(&self, live: bool) {
+        self.checkpoints_live
+            .store(live, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Answers [`SandboxProvider::reports_usage`] as the recorded provider did (the session's

@@ -354,12 +354,13 @@ impl<'a> Facts<'a> {
                 request: Some((*request_id, false)),
                 ..none
             },
-            Event::SuspendRequested { request_id } | Event::ResumeRequested { request_id } => {
-                Facts {
-                    request: Some((*request_id, true)),
-                    ..none
-                }
-            }
+            Event::SuspendRequested { request_id }
+            | Event::ResumeRequested { request_id }
+            | Event::CheckpointRequested { request_id }
+            | Event::RewindRequested { request_id, .. } => Facts {
+                request: Some((*request_id, true)),
+                ..none
+            },
             Event::ForkRequested { .. } | Event::Forked { .. } | Event::SettingsChanged { .. } => {
                 none
             }
@@ -404,6 +405,7 @@ impl<'a> Facts<'a> {
             | Event::TimeoutExtended { .. }
             | Event::UsageRead { .. }
             | Event::ActivitySampled { .. }
+            | Event::CheckpointUnchanged { .. }
             | Event::ProbeFailed { .. } => none,
             Event::SandboxProbed { alive, .. } => Facts {
                 probed_gone: alive.is_none(),
@@ -432,10 +434,13 @@ fn command_facts(c: &Command) -> (Option<&SnapshotId>, Option<(RequestId, &Failu
         Command::Reply { request_id, reply } => match reply {
             Reply::Suspended { snapshot_id, .. } => (snapshot_id.as_ref(), None),
             Reply::Failed { reason, .. } => (None, Some((*request_id, reason))),
+            Reply::Checkpointed { snapshot_id, .. } => (snapshot_id.as_ref(), None),
+            Reply::Rewound { to, .. } => (Some(to), None),
             Reply::Ran { .. } | Reply::Forked { .. } | Reply::Resumed { .. } => (None, None),
         },
         Command::RunCommand { .. }
         | Command::TakeSnapshot { .. }
+        | Command::TakeCheckpoint { .. }
         | Command::StopSandbox { .. }
         | Command::ExtendTimeout { .. }
         | Command::ProbeSandbox { .. }
@@ -469,6 +474,7 @@ fn mark_entry(
     let facts = Facts::of(&e.event);
     let restored = from == TaskState::Restoring && to == TaskState::Running;
     let snapshotted = from == TaskState::Snapshotting && to != TaskState::Snapshotting;
+    let rewinding = prev.and_then(|t| t.rewinding.as_ref());
     if let Some(sandbox_id) = facts.ready.filter(|_| restored) {
         let source = e
             .task_after
@@ -481,13 +487,21 @@ fn mark_entry(
             .snapshots
             .iter()
             .find(|s| s.id.as_deref() == Some(source.as_str()))
-            .map(|s| {
-                format!(
-                    " (#{}, taken {}: the latest complete snapshot)",
-                    s.seq,
-                    clock_time(s.created_at.unwrap_or(s.started_at))
-                )
-            })
+            .map(
+                |s| match rewinding.filter(|r| r.to.as_str() == source.as_str()) {
+                    Some(r) => format!(
+                        " (#{}, taken {}: a rewind; the files before it are kept in {})",
+                        s.seq,
+                        clock_time(s.created_at.unwrap_or(s.started_at)),
+                        r.saved.as_deref().unwrap_or("no snapshot")
+                    ),
+                    None => format!(
+                        " (#{}, taken {}: the latest complete snapshot)",
+                        s.seq,
+                        clock_time(s.created_at.unwrap_or(s.started_at))
+                    ),
+                },
+            )
             .unwrap_or_default();
         mark(
             MarkKind::Restore,
@@ -501,6 +515,13 @@ fn mark_entry(
             Some(SnapshotReason::BusyCap) => "busy cap (processes still busy at max_busy_seconds)",
             Some(SnapshotReason::Checkpoint) => "checkpoint before the deadline",
             Some(SnapshotReason::LateCheckpoint { .. }) => "late checkpoint after the deadline",
+            Some(SnapshotReason::Checkpointing { live: true, .. }) => {
+                "checkpoint, sandbox kept running"
+            }
+            Some(SnapshotReason::Checkpointing { live: false, .. }) => {
+                "checkpoint, sandbox stopped"
+            }
+            Some(SnapshotReason::Rewind { .. }) => "the files kept before a rewind",
             None => "snapshot",
         };
         mark(

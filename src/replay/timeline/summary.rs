@@ -35,9 +35,13 @@ pub fn event_summary(ev: &Event, at: Millis) -> String {
             command,
             ..
         } => format!("{name} #{request_id} `{}`", shorten(command, 40)),
-        Event::SuspendRequested { request_id } | Event::ResumeRequested { request_id } => {
+        Event::SuspendRequested { request_id }
+        | Event::ResumeRequested { request_id }
+        | Event::CheckpointRequested { request_id } => {
             format!("{name} #{request_id}")
         }
+        Event::RewindRequested { request_id, to } => format!("{name} #{request_id} to {to}"),
+        Event::CheckpointUnchanged { seq } => format!("{name} #{seq} (nothing changed)"),
         Event::SettingsChanged { .. } => name.to_string(),
         Event::ForkRequested {
             request_id,
@@ -124,7 +128,9 @@ pub fn command_summary(c: &Command, at: Millis) -> String {
             None => format!("{name} g{generation}"),
         },
         Command::RunCommand { request_id, .. } => format!("{name} #{request_id}"),
-        Command::TakeSnapshot { seq, .. } => format!("{name} #{seq}"),
+        Command::TakeSnapshot { seq, .. } | Command::TakeCheckpoint { seq, .. } => {
+            format!("{name} #{seq}")
+        }
         Command::StopSandbox { sandbox_id }
         | Command::ProbeSandbox { sandbox_id }
         | Command::ReadUsage { sandbox_id }
@@ -161,6 +167,19 @@ pub fn command_summary(c: &Command, at: Millis) -> String {
                 Reply::Forked { child, snapshot } => format!(
                     "forked {child} from {}",
                     snapshot.id.as_deref().unwrap_or("?")
+                ),
+                Reply::Checkpointed {
+                    snapshot_id,
+                    outcome,
+                    ..
+                } => format!(
+                    "checkpoint {} ({})",
+                    snapshot_id.as_deref().unwrap_or("none"),
+                    outcome.as_str()
+                ),
+                Reply::Rewound { to, saved, .. } => format!(
+                    "rewound to {to} (the files before: {})",
+                    saved.as_deref().unwrap_or("none")
                 ),
                 Reply::Failed { attempts, .. } => format!("failed after {attempts} attempt(s)"),
             };

@@ -282,6 +282,36 @@ impl Manifest {
         Ok(Manifest { root, entries })
     }
 
+    /// Whether `self` and `other` hold the same files: the same entries with the same modes,
+    /// times, owners, attributes and contents. The stat fields change detection keeps (inode,
+    /// ctime) are left out, since a restore gives every file new ones.
+    pub fn same_content(&self, other: &Manifest) -> bool {
+        let kind_eq = |a: &EntryKind, b: &EntryKind| match (a, b) {
+            (
+                EntryKind::File {
+                    size: sa,
+                    chunks: ca,
+                    ..
+                },
+                EntryKind::File {
+                    size: sb,
+                    chunks: cb,
+                    ..
+                },
+            ) => sa == sb && ca == cb,
+            (a, b) => a == b,
+        };
+        self.root == other.root
+            && self.entries.len() == other.entries.len()
+            && self.entries.iter().zip(&other.entries).all(|(a, b)| {
+                a.path == b.path
+                    && a.mode == b.mode
+                    && a.mtime_ns == b.mtime_ns
+                    && a.meta == b.meta
+                    && kind_eq(&a.kind, &b.kind)
+            })
+    }
+
     /// Every chunk hash the manifest refers to.
     pub fn hashes(&self) -> impl Iterator<Item = &Hash> {
         self.entries

@@ -235,6 +235,18 @@ impl Tracker {
         })
     }
 
+    /// Whether nothing changed since the index, as far as the events queued so far say (read
+    /// first), and tracking is still trusted; watching goes on. Ask it only while nothing can
+    /// write to the workspace (its processes paused): a checkpoint that finds nothing changed
+    /// needs no snapshot.
+    pub fn unchanged(&self) -> bool {
+        if let Some(inotify) = &self.inotify {
+            drain(inotify, &self.state);
+        }
+        let state = lock(&self.state);
+        state.broken.is_none() && state.changes.is_empty()
+    }
+
     fn stop_reader(&mut self) {
         drop(self.stop.take());
         if let Some(reader) = self.reader.take() {

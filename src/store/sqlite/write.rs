@@ -272,9 +272,16 @@ fn task_delta(prev: &Task, cur: &Task, out: &mut Vec<u8>) -> Result<bool, serde_
         files_behind,
         recent_creates,
         lineage,
+        rewound_to,
+        rewind_saved,
+        rewinding,
     } = cur;
-    // `lineage` is left out of the JSON when it is `None`.
-    if prev.lineage.is_some() != lineage.is_some() {
+    // `lineage`, `rewound_to` and `rewinding` are left out of the JSON when they are `None`.
+    if prev.lineage.is_some() != lineage.is_some()
+        || prev.rewound_to.is_some() != rewound_to.is_some()
+        || prev.rewind_saved.is_some() != rewind_saved.is_some()
+        || prev.rewinding.is_some() != rewinding.is_some()
+    {
         return Ok(false);
     }
     out.clear();
@@ -310,6 +317,9 @@ fn task_delta(prev: &Task, cur: &Task, out: &mut Vec<u8>) -> Result<bool, serde_
     member(out, "files_behind", &prev.files_behind, files_behind)?;
     member(out, "recent_creates", &prev.recent_creates, recent_creates)?;
     member(out, "lineage", &prev.lineage, lineage)?;
+    member(out, "rewound_to", &prev.rewound_to, rewound_to)?;
+    member(out, "rewind_saved", &prev.rewind_saved, rewind_saved)?;
+    member(out, "rewinding", &prev.rewinding, rewinding)?;
     out.push(b'}');
     Ok(true)
 }
@@ -541,6 +551,7 @@ mod tests {
             expires_at: None,
             omitted: vec!["a\"b".into()],
             taken_by: None,
+            kind: None,
         };
         type Change = Box<dyn Fn(&mut Task)>;
         let changes: Vec<Change> = vec![

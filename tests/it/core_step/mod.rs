@@ -3,6 +3,7 @@
 //! time and the task settings they share live here.
 
 mod busy;
+mod checkpoints;
 mod deadlines;
 mod model;
 mod reason;
@@ -31,5 +32,9 @@ fn settings() -> TaskSettings {
         },
         late_checkpoint: false,
         reports_usage: false,
+        live_checkpoint: false,
+        record_kinds: false,
+        checkpoint: taskbox::core::AutoCheckpoint::Off,
+        keep_checkpoints: 0,
     }
 }

@@ -395,29 +395,31 @@ impl Harness {
                     failure: permanent(),
                 },
             },
-            Command::TakeSnapshot { seq, .. } => match outcome {
-                Outcome::Ok => Event::SnapshotTaken {
-                    seq,
-                    snapshot_id: format!("snap-{seq}").into(),
-                    size_bytes: 10,
-                    expires_at: None,
-                    omitted: Vec::new(),
-                    usage: None,
-                    resources: None,
-                },
-                Outcome::Transient => Event::SnapshotFailed {
-                    seq,
-                    failure: transient(),
-                },
-                Outcome::SandboxGone => Event::SnapshotFailed {
-                    seq,
-                    failure: gone(FailureKind::SandboxGone),
-                },
-                _ => Event::SnapshotFailed {
-                    seq,
-                    failure: permanent(),
-                },
-            },
+            Command::TakeSnapshot { seq, .. } | Command::TakeCheckpoint { seq, .. } => {
+                match outcome {
+                    Outcome::Ok => Event::SnapshotTaken {
+                        seq,
+                        snapshot_id: format!("snap-{seq}").into(),
+                        size_bytes: 10,
+                        expires_at: None,
+                        omitted: Vec::new(),
+                        usage: None,
+                        resources: None,
+                    },
+                    Outcome::Transient => Event::SnapshotFailed {
+                        seq,
+                        failure: transient(),
+                    },
+                    Outcome::SandboxGone => Event::SnapshotFailed {
+                        seq,
+                        failure: gone(FailureKind::SandboxGone),
+                    },
+                    _ => Event::SnapshotFailed {
+                        seq,
+                        failure: permanent(),
+                    },
+                }
+            }
             Command::StopSandbox { sandbox_id } => Event::SandboxStopped {
                 sandbox_id,
                 usage: None,

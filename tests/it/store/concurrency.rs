@@ -286,6 +286,7 @@ fn apply(t: &mut Task, change: Change, at: taskbox::core::Millis) {
                 expires_at: None,
                 omitted: Vec::new(),
                 taken_by: None,
+                kind: None,
             });
             t.state = TaskState::Snapshotting;
         }

@@ -184,6 +184,7 @@ fn lifecycle(id: &str, start: Millis) -> Vec<Owned> {
                 expires_at: None,
                 omitted: Vec::new(),
                 taken_by: None,
+                kind: None,
             });
         },
     );
@@ -368,6 +369,7 @@ fn assert_rows_mirror(store: &Store, task: &Task) {
             expires_at: r.expires_at,
             omitted: Vec::new(),
             taken_by: None,
+            kind: None,
         })
         .collect();
     assert_eq!(records, task.snapshots);

@@ -23,6 +23,7 @@ fn sandbox_and_snapshot_scenario() -> Vec<Owned> {
         expires_at: None,
         omitted: Vec::new(),
         taken_by: None,
+        kind: None,
     };
     s.step(Event::Recovered, vec![], |t| {
         t.state = TaskState::Running;
@@ -218,6 +219,7 @@ fn rows_mirror_the_task_after_every_commit_including_no_op_ones(db) {
         expires_at: None,
         omitted: Vec::new(),
         taken_by: None,
+        kind: None,
     });
     let mut other = db.open();
     other.commit(&quiet(theirs.clone(), 90_000).rec()).expect("commit");

@@ -11,6 +11,7 @@
 //! (taking, adopting and retiring snapshots, by [`crate::retention`]), `retry` (re-issuing and
 //! giving up), `timers`, `recover` (restart reconciliation) and `fork`.
 
+mod checkpoint;
 mod fork;
 mod queue;
 mod recover;
@@ -129,6 +130,23 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             cx.pump();
         }
 
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::CheckpointRequested { request_id },
+        ) => {
+            cx.accept_request(request_id)?;
+            cx.t.queue.push_back(Request::Checkpoint { id: request_id });
+            cx.pump();
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::RewindRequested { request_id, to },
+        ) => {
+            cx.accept_request(request_id)?;
+            cx.t.queue.push_back(Request::Rewind { id: request_id, to });
+            cx.pump();
+        }
+
         // ---- forks ----
         // (new) ---- forked ----> expired, the parent's snapshot its restore source
         (Idle, Event::Forked { parent, snapshot })
@@ -208,7 +226,7 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 generation,
                 created_at: now,
                 deadline,
-                source_snapshot: source,
+                source_snapshot: source.clone(),
                 used: false,
                 activity: None,
                 sampling: false,
@@ -218,6 +236,8 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
             cx.t.last_activity = now;
             cx.arm_idle();
             cx.arm_deadline();
+            // A rewind's restore: answer it (it names both snapshots).
+            cx.answer_rewind(source.as_ref());
             cx.pump();
         }
         (
@@ -277,7 +297,13 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                 },
             );
             cx.arm_idle();
-            cx.pump();
+            // running ---- command exited, `terminal.checkpoint` due ----> snapshotting (live)
+            if cx.auto_checkpoint_due() {
+                let reason = cx.checkpoint_reason(None);
+                cx.begin_checkpoint(reason);
+            } else {
+                cx.pump();
+            }
         }
         (
             Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
@@ -338,6 +364,49 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
         ) => {}
 
         // ---- snapshots ----
+        // snapshotting ---- live checkpoint taken ----> running (the sandbox runs on)
+        (
+            Snapshotting,
+            Event::SnapshotTaken {
+                seq,
+                snapshot_id,
+                size_bytes,
+                expires_at,
+                omitted,
+                usage: _,
+                // A live checkpoint ends no generation: its figures come with the snapshot
+                // that does.
+                resources: _,
+            },
+        ) if cx.pending_seq() == Some(seq)
+            && task.snapshot_reason.is_some_and(SnapshotReason::is_live) =>
+        {
+            let rec =
+                cx.t.snapshots
+                    .last_mut()
+                    .expect("pending_seq found a record");
+            rec.status = SnapshotStatus::Complete;
+            rec.id = Some(snapshot_id.clone());
+            rec.size_bytes = size_bytes;
+            rec.created_at = Some(now);
+            rec.expires_at = expires_at;
+            rec.omitted = omitted;
+            cx.finish_live_checkpoint(Some(snapshot_id));
+        }
+        // snapshotting ---- live checkpoint found nothing changed ----> running, no snapshot
+        (Snapshotting, Event::CheckpointUnchanged { seq })
+            if cx.pending_seq() == Some(seq)
+                && task.snapshot_reason.is_some_and(SnapshotReason::is_live) =>
+        {
+            // Nothing was made for this sequence number: the record goes, and the number is
+            // taken again by the next snapshot (the provider wrote nothing under it).
+            cx.t.snapshots.pop();
+            cx.finish_live_checkpoint(None);
+        }
+        (
+            Idle | Provisioning | Running | Snapshotting | Expired | Restoring,
+            Event::CheckpointUnchanged { .. },
+        ) => {} // stale: an attempt already answered
         // snapshotting ---- snapshot taken ----> expired
         (
             Snapshotting,
@@ -384,17 +453,36 @@ pub fn step(task: &Task, event: Event, now: Millis) -> Result<Transition, StepEr
                         omitted,
                     },
                 ),
+                // The platform cannot checkpoint a running sandbox: say it stopped.
+                Some(SnapshotReason::Checkpointing {
+                    request_id: Some(request_id),
+                    ..
+                }) => cx.reply(
+                    request_id,
+                    Reply::Checkpointed {
+                        snapshot_id: Some(snapshot_id),
+                        seq: Some(seq),
+                        outcome: CheckpointOutcome::Stopped,
+                    },
+                ),
                 // The fork request waits at the front of the queue: `pump` below answers it
                 // with this snapshot, now the latest.
+                // So does a rewind waiting at the front, served now that the files are kept.
                 Some(
                     SnapshotReason::Fork { .. }
+                    | SnapshotReason::Rewind { .. }
                     | SnapshotReason::IdleReap
                     | SnapshotReason::BusyCap
                     | SnapshotReason::Checkpoint
-                    | SnapshotReason::LateCheckpoint { .. },
+                    | SnapshotReason::LateCheckpoint { .. }
+                    | SnapshotReason::Checkpointing {
+                        request_id: None, ..
+                    },
                 )
                 | None => {}
             }
+            cx.t.rewound_to = None;
+            cx.t.rewind_saved = None;
             cx.prune_snapshots();
             cx.pump();
         }

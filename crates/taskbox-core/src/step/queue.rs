@@ -52,6 +52,33 @@ impl Cx {
                             self.answer_fork(id, child, &from);
                         }
                     }
+                    // No live sandbox: nothing to checkpoint; the latest snapshot (if any) holds
+                    // the files, and the answer says which.
+                    Some(Request::Checkpoint { id }) => {
+                        let id = *id;
+                        self.t.queue.pop_front();
+                        let latest = self.kept_snapshot_id().and_then(|sid| {
+                            self.t
+                                .snapshots
+                                .iter()
+                                .find(|s| s.id.as_ref() == Some(&sid))
+                                .map(|s| (sid.clone(), s.seq))
+                        });
+                        let (snapshot_id, seq) = latest.unzip();
+                        self.reply(
+                            id,
+                            Reply::Checkpointed {
+                                snapshot_id,
+                                seq,
+                                outcome: CheckpointOutcome::NoSandbox,
+                            },
+                        );
+                    }
+                    // The latest snapshot holds the current files: restore the one named.
+                    Some(Request::Rewind { .. }) => {
+                        self.start_rewind();
+                        return;
+                    }
                     Some(Request::Run { .. } | Request::Resume { .. }) => {
                         self.begin_sandbox();
                         return;
@@ -93,6 +120,27 @@ impl Cx {
                             self.begin_snapshot(SnapshotReason::Fork { request_id });
                             return;
                         }
+                    }
+                    // A rewind keeps the current files first, waiting at the front of the queue
+                    // until they are kept (`finish_live_checkpoint`, or — the platform's
+                    // snapshot stopping the sandbox — the `expired` arm above).
+                    if let Some(Request::Rewind { id, .. }) = self.t.queue.front() {
+                        let request_id = *id;
+                        if self.t.settings.persistent {
+                            let live = self.t.settings.live_checkpoint;
+                            self.begin_checkpoint(SnapshotReason::Rewind { request_id, live });
+                            return;
+                        }
+                        self.t.queue.pop_front();
+                        self.reply(
+                            request_id,
+                            Reply::Failed {
+                                reason: FailureReason::NotPersistent,
+                                attempts: 1,
+                                notices: Vec::new(),
+                            },
+                        );
+                        continue;
                     }
                     let Some(req) = self.t.queue.pop_front() else {
                         return;
@@ -157,6 +205,24 @@ impl Cx {
                         // A named snapshot is already taken; a task that is not persistent has
                         // nothing to snapshot (`fork_source` says so).
                         Request::Fork { id, child, from } => self.answer_fork(id, child, &from),
+                        // running ---- checkpoint ----> snapshotting (live where it can be)
+                        Request::Checkpoint { id } => {
+                            if self.t.settings.persistent {
+                                let reason = self.checkpoint_reason(Some(id));
+                                self.begin_checkpoint(reason);
+                                return;
+                            }
+                            self.reply(
+                                id,
+                                Reply::Failed {
+                                    reason: FailureReason::NotPersistent,
+                                    attempts: 1,
+                                    notices: Vec::new(),
+                                },
+                            );
+                        }
+                        // Handled above, before the pop.
+                        Request::Rewind { .. } => {}
                     }
                 }
                 TaskState::Provisioning | TaskState::Snapshotting | TaskState::Restoring => return,
@@ -177,7 +243,9 @@ impl Cx {
                         },
                     );
                 }
-                Request::Fork { id, .. } => self.reply(
+                Request::Fork { id, .. }
+                | Request::Checkpoint { id }
+                | Request::Rewind { id, .. } => self.reply(
                     id,
                     Reply::Failed {
                         reason: reason.clone(),

@@ -18,6 +18,8 @@ impl Cx {
             sb.sampling = false;
         }
         self.fail_queue(&FailureReason::Interrupted, self.t.attempts.max(1));
+        // A rewind's restore goes on (re-issued below); its caller is gone.
+        self.fail_rewinding(&FailureReason::Interrupted, self.t.attempts.max(1));
         self.emit_pending_deletes();
         match state {
             TaskState::Idle | TaskState::Expired => {}

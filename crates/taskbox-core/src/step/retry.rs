@@ -21,7 +21,16 @@ impl Cx {
             TaskState::Snapshotting => {
                 if let (Some(seq), Some(sb)) = (self.pending_seq(), self.t.sandbox.as_ref()) {
                     let sandbox_id = sb.id.clone();
-                    self.cmds.push(Command::TakeSnapshot { sandbox_id, seq });
+                    if self.t.snapshot_reason.is_some_and(SnapshotReason::is_live) {
+                        let previous = self.t.restore_point().and_then(|s| s.id.clone());
+                        self.cmds.push(Command::TakeCheckpoint {
+                            sandbox_id,
+                            seq,
+                            previous,
+                        });
+                    } else {
+                        self.cmds.push(Command::TakeSnapshot { sandbox_id, seq });
+                    }
                 }
             }
             TaskState::Running if self.t.probing => {
@@ -75,11 +84,26 @@ impl Cx {
             failure: failure.clone(),
         };
         self.fail_snapshot_requester(reason, attempts);
-        if matches!(
-            self.t.snapshot_reason,
-            Some(SnapshotReason::Suspend { .. } | SnapshotReason::Fork { .. })
-        ) {
-            self.t.snapshot_reason = Some(SnapshotReason::IdleReap);
+        match self.t.snapshot_reason {
+            Some(SnapshotReason::Suspend { .. } | SnapshotReason::Fork { .. }) => {
+                self.t.snapshot_reason = Some(SnapshotReason::IdleReap);
+            }
+            // A live checkpoint stays live (its sandbox runs on); nobody waits for it now.
+            Some(
+                SnapshotReason::Checkpointing { live, .. } | SnapshotReason::Rewind { live, .. },
+            ) => {
+                self.t.snapshot_reason = Some(SnapshotReason::Checkpointing {
+                    request_id: None,
+                    live,
+                });
+            }
+            Some(
+                SnapshotReason::IdleReap
+                | SnapshotReason::BusyCap
+                | SnapshotReason::Checkpoint
+                | SnapshotReason::LateCheckpoint { .. },
+            )
+            | None => {}
         }
         let delay = self
             .t
@@ -107,6 +131,7 @@ impl Cx {
                 self.settle_without_sandbox();
                 self.t.restore_source = None;
                 self.clear_op();
+                self.fail_rewinding(&reason, attempts);
                 self.fail_queue(&reason, attempts);
             }
             TaskState::Snapshotting

@@ -35,7 +35,7 @@ impl Cx {
         self.t.attempts = 1;
         self.t.retry_at = None;
         let source = if self.t.settings.persistent {
-            self.t.latest_complete().and_then(|s| s.id.clone())
+            self.t.restore_point().and_then(|s| s.id.clone())
         } else {
             None
         };
@@ -119,7 +119,7 @@ impl Cx {
             }
         }
         let latest = if self.t.settings.persistent {
-            self.t.latest_complete().map(|s| {
+            self.t.restore_point().map(|s| {
                 (
                     s.id.as_deref().unwrap_or_default().to_string(),
                     s.created_at.unwrap_or(0),

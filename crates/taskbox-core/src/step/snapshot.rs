@@ -20,7 +20,7 @@ impl Cx {
     /// The snapshot holding the task's files while it has no sandbox.
     pub(super) fn kept_snapshot_id(&self) -> Option<SnapshotId> {
         if self.t.settings.persistent {
-            self.t.latest_complete().and_then(|s| s.id.clone())
+            self.t.restore_point().and_then(|s| s.id.clone())
         } else {
             None
         }
@@ -46,6 +46,7 @@ impl Cx {
             expires_at: None,
             omitted: Vec::new(),
             taken_by: None,
+            kind: self.t.settings.record_kinds.then(|| reason.kind()),
         });
         self.t.snapshot_reason = Some(reason);
         self.t.state = TaskState::Snapshotting;
@@ -86,6 +87,7 @@ impl Cx {
             expires_at: found.expires_at,
             omitted: Vec::new(),
             taken_by: Some(SnapshotTaker::Platform),
+            kind: None,
         });
     }
 
@@ -94,7 +96,9 @@ impl Cx {
     pub(super) fn fail_snapshot_requester(&mut self, reason: FailureReason, attempts: u32) -> bool {
         let request_id = match self.t.snapshot_reason {
             Some(SnapshotReason::Suspend { request_id }) => request_id,
-            Some(SnapshotReason::Fork { request_id }) => {
+            Some(
+                SnapshotReason::Fork { request_id } | SnapshotReason::Rewind { request_id, .. },
+            ) => {
                 let before = self.t.queue.len();
                 self.t.queue.retain(|r| r.id() != request_id);
                 if self.t.queue.len() == before {
@@ -102,11 +106,18 @@ impl Cx {
                 }
                 request_id
             }
+            Some(SnapshotReason::Checkpointing {
+                request_id: Some(request_id),
+                ..
+            }) => request_id,
             Some(
                 SnapshotReason::IdleReap
                 | SnapshotReason::BusyCap
                 | SnapshotReason::Checkpoint
-                | SnapshotReason::LateCheckpoint { .. },
+                | SnapshotReason::LateCheckpoint { .. }
+                | SnapshotReason::Checkpointing {
+                    request_id: None, ..
+                },
             )
             | None => return false,
         };
@@ -131,13 +142,16 @@ impl Cx {
                 }
             }
         }
+        if self.t.rewound_to.is_some() && self.t.rewound_to == gone {
+            self.t.rewound_to = None;
+        }
         let gone_id = gone.as_deref().unwrap_or_default();
         self.t.recent_creates.push(self.now);
         self.t.generation += 1;
         self.t.attempts = 1;
         self.t.retry_at = None;
         let next = if self.t.settings.persistent {
-            self.t.latest_complete().and_then(|s| s.id.clone())
+            self.t.restore_point().and_then(|s| s.id.clone())
         } else {
             None
         };
@@ -162,11 +176,12 @@ impl Cx {
         self.emit_create();
     }
 
-    /// Keeps the newest `keep_snapshots` complete snapshots; the rest are deleted
-    /// ([`retention::to_retire`]).
+    /// Keeps the newest `keep_snapshots` complete snapshots (and `keep_checkpoints`
+    /// checkpoints apart, when set) and every one still needed; the rest are deleted
+    /// ([`retention::to_retire_kept`]).
     pub(super) fn prune_snapshots(&mut self) {
-        let keep = retention::keep_count(&self.t.settings);
-        for i in retention::to_retire(&self.t.snapshots, keep) {
+        let needed = self.needed_snapshots();
+        for i in retention::to_retire_kept(&self.t.snapshots, &self.t.settings, &needed) {
             self.t.snapshots[i].status = SnapshotStatus::Deleting;
         }
         self.emit_pending_deletes();

@@ -40,6 +40,30 @@ pub enum Reply {
         /// The snapshot record (this task's) the child starts from.
         snapshot: SnapshotRecord,
     },
+    /// A checkpoint request is answered.
+    Checkpointed {
+        /// The snapshot holding the files now (`None`: the task has none).
+        snapshot_id: Option<SnapshotId>,
+        /// Its sequence number.
+        seq: Option<u64>,
+        /// What happened.
+        outcome: CheckpointOutcome,
+    },
+    /// A rewind is done: the task's sandbox is a new one, restored from `to`.
+    Rewound {
+        /// The snapshot restored.
+        to: SnapshotId,
+        /// Its sequence number.
+        to_seq: u64,
+        /// The snapshot holding the files as they were before (rewinding to it undoes this).
+        saved: Option<SnapshotId>,
+        /// Its sequence number.
+        saved_seq: Option<u64>,
+        /// The new sandbox.
+        sandbox_id: SandboxId,
+        /// What the caller should know.
+        notices: Vec<Notice>,
+    },
     /// The task has a live sandbox.
     Resumed {
         /// The sandbox.
@@ -61,6 +85,34 @@ pub enum Reply {
         /// What the caller should know.
         notices: Vec<Notice>,
     },
+}
+
+/// What a checkpoint did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointOutcome {
+    /// A new snapshot was taken; the sandbox and its processes run on.
+    Taken,
+    /// Nothing changed since the latest snapshot, which holds the files: none was taken.
+    Unchanged,
+    /// The platform cannot snapshot a running sandbox: the snapshot stopped it, and the next
+    /// command restores it (live processes ended).
+    Stopped,
+    /// The task has no live sandbox: nothing to checkpoint; its files are in the latest
+    /// snapshot, if any.
+    NoSandbox,
+}
+
+impl CheckpointOutcome {
+    /// The outcome's name as printed (`taken`, `unchanged`, `stopped`, `no_sandbox`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckpointOutcome::Taken => "taken",
+            CheckpointOutcome::Unchanged => "unchanged",
+            CheckpointOutcome::Stopped => "stopped",
+            CheckpointOutcome::NoSandbox => "no_sandbox",
+        }
+    }
 }
 
 /// An effect to perform, emitted by `step` and committed to the journal before it is performed.
@@ -96,6 +148,21 @@ pub enum Command {
         sandbox_id: SandboxId,
         /// The snapshot sequence number.
         seq: u64,
+    },
+    /// Emitted entering `snapshotting` for a live checkpoint (a checkpoint or the files kept
+    /// before a rewind, on a provider that can, [`TaskSettings::live_checkpoint`](super::TaskSettings))
+    /// and on retry or recovery: snapshot the sandbox's files without stopping it (its
+    /// processes paused for the moment). Idempotent by (task, seq). Answered by
+    /// [`Event::SnapshotTaken`](super::Event::SnapshotTaken), or
+    /// [`Event::CheckpointUnchanged`](super::Event::CheckpointUnchanged) when nothing changed
+    /// since `previous`.
+    TakeCheckpoint {
+        /// The sandbox.
+        sandbox_id: SandboxId,
+        /// The snapshot sequence number.
+        seq: u64,
+        /// The task's latest complete snapshot, which may already hold the files.
+        previous: Option<SnapshotId>,
     },
     /// Emitted when a sandbox is no longer wanted (non-persistent suspend or reap, a stale
     /// sandbox from an earlier generation).
@@ -166,6 +233,7 @@ impl Command {
             Command::CreateSandbox { .. } => "create_sandbox",
             Command::RunCommand { .. } => "run_command",
             Command::TakeSnapshot { .. } => "take_snapshot",
+            Command::TakeCheckpoint { .. } => "take_checkpoint",
             Command::StopSandbox { .. } => "stop_sandbox",
             Command::ExtendTimeout { .. } => "extend_timeout",
             Command::DeleteSnapshot { .. } => "delete_snapshot",

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{SandboxId, SnapshotId, TaskId};
 
 use super::{
-    Failure, ForkFrom, Millis, PlatformSnapshot, RequestId, Resources, SessionUsage,
+    Failure, ForkFrom, Millis, PlatformSnapshot, RequestId, Resources, RewindTo, SessionUsage,
     SnapshotRecord, TaskSettings,
 };
 
@@ -59,6 +59,28 @@ pub enum Event {
         child: TaskId,
         /// Which snapshot.
         from: ForkFrom,
+    },
+    /// A caller asked to checkpoint the task: snapshot its live sandbox's files without
+    /// stopping it (where the provider can); answered with
+    /// [`Reply::Checkpointed`](super::Reply::Checkpointed).
+    CheckpointRequested {
+        /// Request id.
+        request_id: RequestId,
+    },
+    /// A caller asked to rewind the task to one of its snapshots: the current files are kept
+    /// in a checkpoint first, then `to` is restored into a new sandbox; answered with
+    /// [`Reply::Rewound`](super::Reply::Rewound).
+    RewindRequested {
+        /// Request id.
+        request_id: RequestId,
+        /// Which snapshot.
+        to: RewindTo,
+    },
+    /// `TakeCheckpoint` found nothing changed since the snapshot it named as `previous`: no
+    /// snapshot was made, the sandbox runs on.
+    CheckpointUnchanged {
+        /// The sequence number the checkpoint would have had.
+        seq: u64,
     },
     /// The first event of a forked task (after its creation): it starts `expired`, its files
     /// held in `snapshot`, the parent's record of it (shared on the provider).
@@ -277,6 +299,9 @@ impl Event {
             Event::SuspendRequested { .. } => "suspend_requested",
             Event::ResumeRequested { .. } => "resume_requested",
             Event::ForkRequested { .. } => "fork_requested",
+            Event::CheckpointRequested { .. } => "checkpoint_requested",
+            Event::RewindRequested { .. } => "rewind_requested",
+            Event::CheckpointUnchanged { .. } => "checkpoint_unchanged",
             Event::Forked { .. } => "forked",
             Event::SettingsChanged { .. } => "settings_changed",
             Event::SandboxReady { .. } => "sandbox_ready",

@@ -61,13 +61,15 @@ impl Default for Limits {
 enum Hierarchy {
     /// One cgroup v2 directory under this one.
     V2(PathBuf),
-    /// One directory under each of these (memory, pids, cpu), and under each hierarchy kept
-    /// for its counters only (`cpuacct` where not mounted with `cpu`, `blkio`).
+    /// One directory under each of these (memory, pids, cpu), under each hierarchy kept for
+    /// its counters only (`cpuacct` where not mounted with `cpu`, `blkio`), and under freezer
+    /// where it is mounted (it pauses the sandbox's processes for a checkpoint).
     V1 {
         memory: PathBuf,
         pids: PathBuf,
         cpu: PathBuf,
         counters: Vec<PathBuf>,
+        freezer: Option<PathBuf>,
     },
 }
 
@@ -131,6 +133,8 @@ fn probe() -> Result<Hierarchy, String> {
             pids: v1("pids")?,
             cpu,
             counters,
+            // Optional: without it a checkpoint cannot pause the processes and says so.
+            freezer: v1("freezer").ok(),
         })
     })();
     found.map_err(|v1_why| {
@@ -228,6 +232,9 @@ pub struct Cgroups {
     dirs: Vec<PathBuf>,
     /// The directory with the memory controller's files.
     memory: PathBuf,
+    /// The directory that pauses its processes: v2's (`cgroup.freeze`) or v1's freezer
+    /// (`freezer.state`); `None` where neither is available.
+    freezer: Option<PathBuf>,
     v2: bool,
     /// Each directory's `cgroup.procs` (v2) or `tasks` (v1), for a command's hook.
     procs: Vec<CString>,
@@ -247,14 +254,21 @@ impl Cgroups {
                 pids,
                 cpu,
                 counters,
+                freezer,
             } => [memory, pids, cpu]
                 .into_iter()
                 .chain(counters)
+                .chain(freezer)
                 .map(|base| base.join(name))
                 .collect(),
         };
+        let freezer = match hierarchy {
+            Hierarchy::V2(_) => Some(dirs[0].clone()),
+            Hierarchy::V1 { freezer, .. } => freezer.as_ref().map(|f| f.join(name)),
+        };
         let cgroups = Cgroups {
             memory: dirs[0].clone(),
+            freezer,
             v2: matches!(hierarchy, Hierarchy::V2(_)),
             // v1: the hook moves its own (only) thread through `tasks`, which the kernel does
             // without the global threadgroup lock whose write side waits for an RCU grace
@@ -330,6 +344,11 @@ impl Cgroups {
         &self.dirs
     }
 
+    /// The cgroup that pauses the sandbox's processes, and whether it is v2's.
+    pub fn freezer(&self) -> Option<(&Path, bool)> {
+        self.freezer.as_deref().map(|d| (d, self.v2))
+    }
+
     /// The limits applied.
     pub fn limits(&self) -> Limits {
         self.limits
@@ -372,7 +391,12 @@ fn sweep(hierarchy: &Hierarchy) {
             pids,
             cpu,
             counters,
-        } => [memory, pids, cpu].into_iter().chain(counters).collect(),
+            freezer,
+        } => [memory, pids, cpu]
+            .into_iter()
+            .chain(counters)
+            .chain(freezer)
+            .collect(),
     };
     for base in bases {
         let Ok(entries) = fs::read_dir(base) else {
