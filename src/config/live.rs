@@ -20,6 +20,9 @@ pub const LIVE_KEYS: &[&str] = &[
     "terminal.max_sandbox_lifetime_seconds",
     "terminal.checkpoint_margin_seconds",
     "terminal.keep_snapshots",
+    "terminal.keep_checkpoints",
+    "terminal.checkpoint",
+    "terminal.max_busy_seconds",
     "terminal.env",
     "terminal.server",
     "cost.active_cpu_hour_usd",
@@ -55,6 +58,9 @@ pub fn reload(running: &Config, file: &Config) -> Reloaded {
     to.max_sandbox_lifetime_seconds = from.max_sandbox_lifetime_seconds;
     to.checkpoint_margin_seconds = from.checkpoint_margin_seconds;
     to.keep_snapshots = from.keep_snapshots;
+    to.keep_checkpoints = from.keep_checkpoints;
+    to.checkpoint = from.checkpoint;
+    to.max_busy_seconds = from.max_busy_seconds;
     // Compared and copied as values: `config get` shows its values hidden.
     to.env = from.env.clone();
     to.server = from.server;

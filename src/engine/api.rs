@@ -154,16 +154,8 @@ impl OrchestratorBuilder {
         // reports what a session used (then a session that ended unasked is read for the ledger),
         // and whether it samples activity (then idle sees the processes' work).
         let mut settings = self.config.task_settings();
-        settings.late_checkpoint = provider.keeps_files_after_deadline();
-        settings.reports_usage = provider.reports_usage();
-        // Activity-aware idle only where the provider can tell busy processes from idle ones.
-        if !provider.measures_activity() {
-            settings.max_busy_ms = 0;
-        }
-        // Whether a checkpoint keeps the sandbox running; and this engine records what made
-        // each snapshot.
-        settings.live_checkpoint = provider.checkpoints_live();
         settings.record_kinds = self.record_kinds;
+        with_provider_properties(&mut settings, provider.as_ref());
         let max_creates = self.config.terminal.max_concurrent_creates.max(1) as usize;
         let lp = EventLoop {
             store,
@@ -245,6 +237,19 @@ pub struct Orchestrator {
 }
 
 /// What every clone of an [`Orchestrator`] shares.
+/// What of a task's settings the provider decides, not the config: set at open and kept by
+/// [`Orchestrator::reconfigure`].
+pub(super) fn with_provider_properties(settings: &mut TaskSettings, provider: &dyn SandboxProvider) {
+    settings.late_checkpoint = provider.keeps_files_after_deadline();
+    settings.reports_usage = provider.reports_usage();
+    // Activity-aware idle only where the provider can tell busy processes from idle ones.
+    if !provider.measures_activity() {
+        settings.max_busy_ms = 0;
+    }
+    // Whether a checkpoint keeps the sandbox running.
+    settings.live_checkpoint = provider.checkpoints_live();
+}
+
 pub(super) struct Inner {
     pub(super) tx: mpsc::UnboundedSender<Msg>,
     changes: broadcast::Sender<StateChange>,

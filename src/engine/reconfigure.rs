@@ -28,9 +28,10 @@ impl Orchestrator {
         let settings = {
             let running = self.settings();
             let mut next = config.task_settings();
-            // The provider's properties, not the config's: they stay as the engine set them.
-            next.late_checkpoint = running.late_checkpoint;
-            next.reports_usage = running.reports_usage;
+            // The provider's properties, not the config's, and whether this engine records
+            // what made each snapshot: they stay as the engine set them.
+            next.record_kinds = running.record_kinds;
+            super::api::with_provider_properties(&mut next, self.inner.provider.as_ref());
             next
         };
         *self.inner.env.write().expect("env lock") = config.terminal.env.clone();
