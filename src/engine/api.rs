@@ -239,7 +239,10 @@ pub struct Orchestrator {
 /// What every clone of an [`Orchestrator`] shares.
 /// What of a task's settings the provider decides, not the config: set at open and kept by
 /// [`Orchestrator::reconfigure`].
-pub(super) fn with_provider_properties(settings: &mut TaskSettings, provider: &dyn SandboxProvider) {
+pub(super) fn with_provider_properties(
+    settings: &mut TaskSettings,
+    provider: &dyn SandboxProvider,
+) {
     settings.late_checkpoint = provider.keeps_files_after_deadline();
     settings.reports_usage = provider.reports_usage();
     // Activity-aware idle only where the provider can tell busy processes from idle ones.

@@ -2,9 +2,11 @@
 //! checked from a path, and an engine error mapped to its status and code. Below the handlers
 //! (`http`, `runs`, `watch`), which all answer through it.
 
+use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::de::DeserializeOwned;
 
 use crate::client::wire::ApiError;
 use crate::core::FailureReason;
@@ -122,4 +124,21 @@ pub(super) fn engine_failure(err: EngineError) -> Failure {
             retryable,
         },
     )
+}
+
+/// What a JSON endpoint answers.
+pub(super) type Answer<T> = Result<Json<T>, Failure>;
+
+/// A request body as `T`: empty (or blank) is `T::default()`, anything else must be a JSON
+/// object of its fields (400 `bad_request` otherwise).
+pub(super) fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    json_object(bytes).map_err(|e| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            ApiError::new("bad_request", format!("the request body is not valid: {e}")),
+        )
+    })
 }

@@ -7,8 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 
-use super::answer::{engine_failure, failure, task_id};
-use super::http::{body, Answer};
+use super::answer::{body, engine_failure, failure, task_id, Answer};
 use super::AppState;
 use crate::client::wire::{ApiError, RewindRequest};
 

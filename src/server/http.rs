@@ -11,10 +11,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-use super::answer::{engine_failure, failure, json_object, task_id, Failure};
+use super::answer::{body, engine_failure, failure, task_id, Answer};
 use super::AppState;
 use crate::client::wire::{ApiError, GcRequest, Health, LiveTask, API_PREFIX};
 use crate::engine::EngineError;
@@ -103,20 +102,6 @@ async fn json_errors(req: Request, next: Next) -> Response {
         ),
     };
     failure(status, err).into_response()
-}
-
-pub(super) type Answer<T> = Result<Json<T>, Failure>;
-
-pub(super) fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Failure> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    json_object(bytes).map_err(|e| {
-        failure(
-            StatusCode::BAD_REQUEST,
-            ApiError::new("bad_request", format!("the request body is not valid: {e}")),
-        )
-    })
 }
 
 async fn health(State(st): State<AppState>) -> Answer<Health> {

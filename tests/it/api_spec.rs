@@ -31,7 +31,9 @@ fn router_routes() -> BTreeSet<(String, String)> {
         .expect("http.rs builds its routes as `let v1 = Router::new()…;`");
     let mut routes = BTreeSet::new();
     for route in v1.split(".route(").skip(1) {
+        // rustfmt puts a long route's path on a line of its own.
         let path = route
+            .trim_start()
             .strip_prefix('"')
             .and_then(|r| r.split_once('"'))
             .map(|(p, _)| p)
