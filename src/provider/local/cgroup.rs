@@ -192,18 +192,26 @@ pub(super) fn recorded(sandbox_dir: &Path, sandbox: &str) -> Option<PathBuf> {
     ours.then_some(path)
 }
 
-/// Removes every empty sandbox cgroup (`taskbox-*`) where this process makes them; cgroups with
-/// processes stay (the kernel refuses to remove them).
-pub(super) fn remove_empty() {
+/// Removes every empty cgroup of this installation's sandboxes (`taskbox-<sandbox name>-<hash>`,
+/// the sandbox name ending in the installation's prefix) where this process makes them;
+/// cgroups with processes stay (the kernel refuses to remove them), and another installation's
+/// (another data dir on this machine) are its own gc's to remove.
+pub(super) fn remove_empty(installation_id: &str) {
     let Ok(base) = support() else {
         return;
     };
     let Ok(entries) = fs::read_dir(base) else {
         return;
     };
+    let ours = format!("-{}", crate::provider::installation_prefix(installation_id));
     for entry in entries.flatten() {
         let name = entry.file_name();
-        if name.to_str().is_some_and(|n| n.starts_with("taskbox-")) {
+        let sandbox = name
+            .to_str()
+            .filter(|n| n.starts_with("taskbox-"))
+            .and_then(|n| n.rsplit_once('-'))
+            .map(|(sandbox, _hash)| sandbox);
+        if sandbox.is_some_and(|s| s.ends_with(&ours)) {
             let _ = fs::remove_dir(entry.path());
         }
     }

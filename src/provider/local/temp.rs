@@ -46,7 +46,7 @@ impl LocalProvider {
         // Sandbox cgroups left empty (a sandbox whose last processes ended on their own and
         // that was never stopped): the kernel removes only empty ones, and a command makes
         // its sandbox's again as it starts.
-        super::cgroup::remove_empty();
+        super::cgroup::remove_empty(&self.installation_id);
         let mut stale = Vec::new();
         for place in ["tmp", "trash"] {
             let dir = self.root.join(place);

@@ -174,6 +174,32 @@ fn every_command_runs_in_the_sandbox_cgroup_which_lives_until_the_sandbox_stops(
     );
 }
 
+/// gc removes the empty cgroups of its own installation's sandboxes, never another data dir's
+/// (tests running side by side each have their own: one's gc used to take every `taskbox-*`).
+#[test]
+fn gc_removes_only_its_own_installations_empty_cgroups() {
+    if !cgroups_or_skip() {
+        return;
+    }
+    let (a, b) = (unisolated_home(), unisolated_home());
+    let out = a.run(&["run", "-t", "mine", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let record = a.path().join("data/local/tasks/mine/cgroup");
+    let recorded = std::fs::read_to_string(&record).expect("the sandbox records its cgroup");
+    let dir = std::path::PathBuf::from(recorded.trim());
+    assert!(dir.is_dir(), "{}", dir.display());
+    let out = b.run(&["gc"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        dir.is_dir(),
+        "another installation's gc removed {}",
+        dir.display()
+    );
+    let out = a.run(&["gc"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!dir.exists(), "its own gc left {}", dir.display());
+}
+
 /// A command that cannot join its sandbox's cgroup runs nothing and fails with an error that
 /// names the cgroup, rather than running outside it.
 #[test]
