@@ -69,6 +69,13 @@ fn action() -> impl Strategy<Value = Action> {
     ]
 }
 
+/// What a rewind names: `--to TASK.sN` (or a snapshot id), or `--back N`.
+#[derive(Debug)]
+enum Target {
+    To(String),
+    Back(u64),
+}
+
 /// A snapshot the model has seen: the files it holds and what made it.
 #[derive(Debug, Clone)]
 struct Snap {
@@ -321,11 +328,11 @@ impl Model {
                         format!("{TASK}.s{seq}")
                     }
                 };
-                self.rewind(&before, &["--to", &to])?;
+                self.rewind(&before, Target::To(to))?;
             }
-            Action::RewindBack(n) => self.rewind(&before, &["--back", &n.to_string()])?,
+            Action::RewindBack(n) => self.rewind(&before, Target::Back(*n))?,
             Action::Undo => match self.last_saved.clone() {
-                Some(saved) => self.rewind(&before, &["--to", &saved])?,
+                Some(saved) => self.rewind(&before, Target::To(saved))?,
                 None => self.checkpoint(&before)?,
             },
             Action::Suspend => {
@@ -484,8 +491,8 @@ impl Model {
 
     /// `rewind ARGS`: the model predicts the snapshot that keeps the files, then the target
     /// (or the refusal), from the complete snapshots it knows.
-    fn rewind(&mut self, before: &Files, args: &[&str]) -> Result<(), TestCaseError> {
-        if self.live && self.changed().is_none() && matches!(args, ["--back", _]) {
+    fn rewind(&mut self, before: &Files, target: Target) -> Result<(), TestCaseError> {
+        if self.live && self.changed().is_none() && matches!(target, Target::Back(_)) {
             // Whether a checkpoint is kept first moves where `--back` counts from, and the
             // model cannot say (files changed back to what the snapshot holds, or after a
             // crash): a checkpoint first settles it.
@@ -509,8 +516,8 @@ impl Model {
             .map(|(q, _)| *q)
             .collect();
         // 2. The target, or why none (`None` in the list: the checkpoint about to be kept).
-        let predicted: Result<Option<u64>, &str> = match args {
-            ["--to", name] => {
+        let predicted: Result<Option<u64>, &str> = match &target {
+            Target::To(name) => {
                 let seq = name
                     .strip_prefix(&format!("{TASK}.s"))
                     .and_then(|s| s.parse::<u64>().ok())
@@ -526,8 +533,8 @@ impl Model {
                     Some((q, _)) => Ok(Some(q)),
                 }
             }
-            ["--back", n] => {
-                let n: usize = n.parse().expect("n");
+            Target::Back(n) => {
+                let n = usize::try_from(*n).expect("a small n");
                 let mut list: Vec<Option<u64>> = complete.iter().copied().map(Some).collect();
                 let pos = match will_save {
                     Some(true) => {
@@ -544,10 +551,13 @@ impl Model {
                     false => Ok(list[pos - n]),
                 }
             }
-            _ => unreachable!("rewind args"),
+        };
+        let args = match &target {
+            Target::To(name) => vec!["--to".to_string(), name.clone()],
+            Target::Back(n) => vec!["--back".to_string(), n.to_string()],
         };
         let mut full = vec!["rewind", TASK];
-        full.extend_from_slice(args);
+        full.extend(args.iter().map(String::as_str));
         full.push("--json");
         let out = self.run(&full);
         let v = self.json(&out)?;
