@@ -15,6 +15,7 @@ mod api_spec;
 mod bench;
 mod chaos;
 mod checkpoint;
+mod checkpoint_prop;
 mod cli;
 mod cli_fast;
 mod cli_files;
