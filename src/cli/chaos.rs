@@ -54,7 +54,7 @@ pub struct ChaosArgs {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
-    /// Plant a known bug, to show that the checker catches it (`oldest-restore`, `ignore-platform-snapshot`).
+    /// Plant a known bug, to show that the checker catches it (`oldest-restore`, `ignore-platform-snapshot`, `rewind-latest`).
     #[arg(long, hide = true)]
     planted_bug: Option<String>,
 }
