@@ -12,12 +12,13 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::check::{self, Invariant, JournalCounts, PlatformSandbox, PlatformSnapshot, Violation};
-use super::workload::{Op, TaskPlan};
+use super::workload::{Op, RewindOp, TaskPlan};
 use super::{ChaosError, RunCounts};
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::core::{ForkFrom, Millis, Task};
-use crate::engine::{EngineError, Orchestrator};
+use crate::core::{ForkFrom, Millis, Notice, RewindTo, SnapshotStatus, Task};
+use crate::engine::{EngineError, Orchestrator, RewindResult, RunResult};
+use crate::ids::SnapshotId;
 use crate::provider::SandboxProvider;
 use crate::retry::Jitter;
 use crate::rng::SplitMix64;
@@ -30,6 +31,21 @@ const JITTER_SALT: u64 = 0x0017_7E50_0000_0001;
 /// What happens on the platform while the engine is dead (between a crash and the restart).
 pub(super) type WhileDead =
     Arc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+
+/// What the command after a rewind would see in a snapshot's files, by snapshot id: `(stdout,
+/// stderr)` of [`Driver::probe`] run on them (`None`: the platform does not know it). The
+/// platform's ground truth, never the engine's.
+pub(super) type SnapshotView = Arc<dyn Fn(&str) -> Option<(String, String)> + Send + Sync>;
+
+/// How the driver checks rewinds: the command that shows the files (run before and after each
+/// rewind), and where the platform says what a snapshot holds (when it can).
+#[derive(Clone)]
+pub(super) struct RewindCheck {
+    /// A command that prints every file the workload writes.
+    pub(super) probe: String,
+    /// What a snapshot holds, as that command would print it.
+    pub(super) view: Option<SnapshotView>,
+}
 
 /// The engine of a seed, which crashes and restarts: the current orchestrator and its epoch.
 pub(super) struct Driver {
@@ -52,6 +68,9 @@ pub(super) struct Driver {
     pending_crashes: Mutex<Vec<JoinHandle<()>>>,
     errors: Mutex<Vec<String>>,
     while_dead: Mutex<Option<WhileDead>>,
+    rewind_check: Mutex<Option<RewindCheck>>,
+    /// Broken invariants the workers saw (rewind-restores).
+    violations: Mutex<Vec<Violation>>,
 }
 
 impl Driver {
@@ -78,6 +97,8 @@ impl Driver {
             pending_crashes: Mutex::new(Vec::new()),
             errors: Mutex::new(Vec::new()),
             while_dead: Mutex::new(None),
+            rewind_check: Mutex::new(None),
+            violations: Mutex::new(Vec::new()),
         }))
     }
 
@@ -103,6 +124,25 @@ impl Driver {
     /// Sets what the platform does while the engine is dead after each crash.
     pub(super) fn set_while_dead(&self, hook: WhileDead) {
         *self.while_dead.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+    }
+
+    /// Sets how rewinds are checked (without it, the workload's rewinds run unchecked).
+    pub(super) fn set_rewind_check(&self, check: RewindCheck) {
+        *self.rewind_check.lock().unwrap_or_else(|p| p.into_inner()) = Some(check);
+    }
+
+    fn rewind_check(&self) -> Option<RewindCheck> {
+        self.rewind_check
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn violation(&self, v: Violation) {
+        self.violations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(v);
     }
 
     pub(super) fn current(&self) -> (u64, Orchestrator) {
@@ -216,6 +256,9 @@ pub(super) struct Tally {
     pub(super) ok: u64,
     pub(super) failed: u64,
     pub(super) interrupted: u64,
+    pub(super) checkpoints: u64,
+    pub(super) rewinds: u64,
+    pub(super) rewinds_checked: u64,
 }
 
 impl Tally {
@@ -236,6 +279,9 @@ impl Tally {
             provider_calls,
             requests_moved: 0,
             takeovers: 0,
+            checkpoints: self.checkpoints,
+            rewinds: self.rewinds,
+            rewinds_checked: self.rewinds_checked,
             journal,
         }
     }
@@ -256,6 +302,8 @@ async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
     // Only `run` creates a task: a `suspend` or `resume` before any run of it was answered
     // (committed) is refused with `NoTask`, as it should be; after one, `NoTask` is a lost task.
     let mut created = false;
+    // What the task's earlier rewinds saved (what an undo goes back to).
+    let mut rewinds = Rewinds::default();
     for step in plan.steps {
         tally.steps += 1;
         if let Some(after) = step.crash_after_ms {
@@ -281,6 +329,13 @@ async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
                 tokio::time::sleep(Duration::from_millis(*ms)).await;
                 Ok(())
             }
+            Op::Checkpoint => orch.checkpoint(&task).await.map(|_| tally.checkpoints += 1),
+            Op::Rewind { to } => rewind(&d, &orch, &task, *to, &mut rewinds)
+                .await
+                .map(|checked| {
+                    tally.rewinds += 1;
+                    tally.rewinds_checked += u64::from(checked);
+                }),
         };
         drop(orch);
         if matches!(step.op, Op::Run { .. })
@@ -312,6 +367,162 @@ async fn worker(d: Arc<Driver>, plan: TaskPlan) -> Tally {
         }
     }
     tally
+}
+
+/// What a task's earlier rewinds saved: the snapshot the latest one kept the files from before
+/// it in, and for every snapshot a rewind saved them in, what the probe showed of them then.
+#[derive(Default)]
+struct Rewinds {
+    last_saved: Option<SnapshotId>,
+    saved: BTreeMap<SnapshotId, (String, String)>,
+}
+
+/// Runs the probe command: what it printed, `None` if it failed (a fault); an engine that
+/// stopped is the caller's to handle.
+async fn probe(
+    orch: &Orchestrator,
+    task: &TaskId,
+    command: &str,
+) -> Result<Option<RunResult>, EngineError> {
+    match orch.run(task, command, None).await {
+        Ok(r) => Ok(Some(r)),
+        Err(EngineError::Request { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a reply's notices say its files came from somewhere other than `to` (a restore that
+/// fell back to another snapshot, or files lost): then it does not show `to`'s files, and says
+/// so.
+fn restored_elsewhere(notices: &[Notice], to: &SnapshotId) -> bool {
+    notices.iter().any(|n| match n {
+        Notice::Recreated {
+            from_snapshot,
+            changes_lost,
+            ..
+        } => from_snapshot.as_ref() != Some(to) || *changes_lost,
+        Notice::FilesLost { .. } => true,
+        Notice::LateCheckpoint { .. } | Notice::SandboxExpired { .. } => false,
+    })
+}
+
+/// One rewind step: the probe (the files before), the rewind, the probe again (the files
+/// after), and the **rewind-restores** checks: the command after a rewind answered OK sees
+/// exactly the files of the snapshot rewound to; the snapshot the rewind saved holds the files
+/// from before; and an undo (a rewind to that saved snapshot) gives those files back.
+/// Whether the files restored were compared with the snapshot's.
+async fn rewind(
+    d: &Driver,
+    orch: &Orchestrator,
+    task: &TaskId,
+    op: RewindOp,
+    earlier: &mut Rewinds,
+) -> Result<bool, EngineError> {
+    let to = match op {
+        RewindOp::Back { n } => RewindTo::Back { n },
+        RewindOp::Undo => match &earlier.last_saved {
+            Some(saved) => RewindTo::Id {
+                snapshot_id: saved.clone(),
+            },
+            None => RewindTo::Back { n: 1 },
+        },
+        RewindOp::To { pick } => {
+            let retained: Vec<u64> = orch
+                .tasks()
+                .await?
+                .iter()
+                .find(|t| t.id == *task)
+                .map(|t| {
+                    t.snapshots
+                        .iter()
+                        .filter(|s| s.status == SnapshotStatus::Complete)
+                        .map(|s| s.seq)
+                        .collect()
+                })
+                .unwrap_or_default();
+            match retained.len() as u64 {
+                0 => RewindTo::Back { n: 1 },
+                n => RewindTo::Seq {
+                    seq: retained[(pick % n) as usize],
+                },
+            }
+        }
+    };
+    let Some(check) = d.rewind_check() else {
+        return orch.rewind(task, to).await.map(|_| false);
+    };
+    let before = probe(orch, task, &check.probe)
+        .await?
+        .map(|r| (r.stdout, r.stderr));
+    let answer = orch.rewind(task, to).await?;
+    let after = probe(orch, task, &check.probe).await?;
+    let (findings, checked) =
+        rewind_findings(&check, &answer, before.as_ref(), after.as_ref(), earlier);
+    for detail in findings {
+        d.violation(Violation::new(
+            Invariant::RewindRestores,
+            Some(task.as_str()),
+            detail,
+        ));
+    }
+    if let Some(saved) = answer.saved {
+        if let Some(before) = before {
+            earlier.saved.insert(saved.clone(), before);
+        }
+        earlier.last_saved = Some(saved);
+    }
+    Ok(checked)
+}
+
+/// What is wrong with a rewind that answered `answer`, given what the probe showed before and
+/// after it, and what earlier rewinds saved; and whether the files after it were compared with
+/// the snapshot's.
+fn rewind_findings(
+    check: &RewindCheck,
+    answer: &RewindResult,
+    before: Option<&(String, String)>,
+    after: Option<&RunResult>,
+    earlier: &Rewinds,
+) -> (Vec<String>, bool) {
+    let mut out = Vec::new();
+    let to = &answer.to;
+    // The command after the rewind shows `to`'s files, unless its reply (or the rewind's) says
+    // they came from elsewhere.
+    let after = after
+        .filter(|r| !restored_elsewhere(&answer.notices, to) && !restored_elsewhere(&r.notices, to))
+        .map(|r| (r.stdout.clone(), r.stderr.clone()));
+    let view = |id: &SnapshotId| check.view.as_ref().and_then(|v| v(id.as_str()));
+    let mut checked = false;
+    if let (Some(seen), Some(held)) = (&after, view(to)) {
+        checked = true;
+        if *seen != held {
+            out.push(format!(
+                "rewound to {to} (seq {}) into sandbox {}, but the next command saw {seen:?}, \
+                 and that snapshot holds {held:?}",
+                answer.to_seq, answer.sandbox_id
+            ));
+        }
+    }
+    if let (Some(saved), Some(before)) = (&answer.saved, before) {
+        if let Some(held) = view(saved).filter(|held| held != before) {
+            out.push(format!(
+                "the rewind to {to} saved the files from before in {saved} (seq {}), but that \
+                 snapshot holds {held:?}, and the files were {before:?}",
+                answer.saved_seq.unwrap_or(0)
+            ));
+        }
+    }
+    // Undoable: a rewind to a snapshot an earlier rewind saved the files in gives them back.
+    if let (Some(seen), Some(before)) = (&after, earlier.saved.get(to)) {
+        checked = true;
+        if before != seen {
+            out.push(format!(
+                "rewound to {to}, which an earlier rewind saved the files in, but the next \
+                 command saw {seen:?}, and the files before that rewind were {before:?}",
+            ));
+        }
+    }
+    (out, checked)
 }
 
 /// Plays every task's workload at once (bounded by `bound` of the runtime's time), then waits
@@ -358,6 +569,9 @@ pub(super) async fn join_workers(
                         tally.ok += t.ok;
                         tally.failed += t.failed;
                         tally.interrupted += t.interrupted;
+                        tally.checkpoints += t.checkpoints;
+                        tally.rewinds += t.rewinds;
+                        tally.rewinds_checked += t.rewinds_checked;
                     }
                     Err(e) => error(format!("a task's worker panicked: {e}")),
                 }
@@ -463,6 +677,7 @@ pub(super) async fn settle(
     for e in d.errors.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
         violations.push(Violation::new(Invariant::EngineError, None, e));
     }
+    violations.append(&mut d.violations.lock().unwrap_or_else(|p| p.into_inner()));
     let crashes = d.crashes.load(Ordering::Relaxed);
     let crash_times = d
         .crash_times
@@ -528,6 +743,17 @@ pub(super) fn check_all(
         .iter()
         .cloned()
         .partition(|s| adopted_ids.contains(&s.id));
+    // A restore from the snapshot the files were rewound to is not from the newest one, by
+    // design: the journal's rule and the driver's rewind check judge those.
+    let rewound = check::rewound_restores(&rec.entries);
+    let newest_due: Vec<PlatformSandbox> = adopted
+        .iter()
+        .filter(|s| {
+            !matches!((s.generation, &s.source_snapshot), (Some(g), Some(src))
+                if rewound.contains(&(s.task_id.clone(), g, src.clone())))
+        })
+        .cloned()
+        .collect();
     // The workload's tasks and the forks made of them.
     let mut ids: Vec<&str> = task_ids.iter().map(String::as_str).collect();
     for t in &rec.tasks {
@@ -544,7 +770,7 @@ pub(super) fn check_all(
             .and_then(|t| t.lineage.as_ref())
             .map(|l| l.snapshot.as_str());
         violations.extend(check::restores_of(
-            &adopted,
+            &newest_due,
             snapshots,
             &retired_at,
             id,

@@ -304,8 +304,8 @@ impl Fleet {
                 Op::Run { command } => orch.run(task, command, None).await.map(drop),
                 Op::Suspend => orch.suspend(task).await.map(drop),
                 Op::Resume => orch.resume(task).await.map(drop),
-                // The fleet's workload forks nothing and waits outside.
-                Op::Fork { .. } | Op::Wait { .. } => Ok(()),
+                // The fleet's workload forks, checkpoints and rewinds nothing, and waits outside.
+                Op::Fork { .. } | Op::Wait { .. } | Op::Checkpoint | Op::Rewind { .. } => Ok(()),
             };
             drop(orch);
             let Err(EngineError::Store(StoreError::LeaseHeld { owner: held_by, .. })) = &result

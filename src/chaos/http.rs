@@ -174,6 +174,12 @@ async fn seed_run(seed: u64, opts: &ChaosOptions, home: &Path) -> Result<SeedRep
             seed,
             source: Box::new(source),
         })?;
+    // The fake keeps its snapshots' files to itself: a rewind is checked against what earlier
+    // rewinds saved (undoable), not against the platform's record.
+    d.set_rewind_check(driver::RewindCheck {
+        probe: "cat f0; cat f1; cat f2; cat log".into(),
+        view: None,
+    });
 
     // ---- the workload, with the fault driver acting beside it ----
     let stop = Arc::new(AtomicBool::new(false));

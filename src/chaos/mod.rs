@@ -402,6 +402,17 @@ pub struct RunCounts {
     /// `--fleet`: times a task's journal passed to a newer fencing token under another engine.
     #[serde(skip_serializing_if = "is_zero")]
     pub takeovers: u64,
+    /// Checkpoints answered.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub checkpoints: u64,
+    /// Rewinds answered.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub rewinds: u64,
+    /// Rewinds whose restored files were compared with the platform's record of the snapshot
+    /// rewound to (the rest: the command after it failed, or a fault made the engine restore
+    /// from elsewhere and say so).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub rewinds_checked: u64,
     /// What the journal shows: retries, restores, fallbacks, files lost, recoveries, forks.
     pub journal: JournalCounts,
 }
@@ -418,6 +429,9 @@ impl RunCounts {
         self.provider_calls += r.provider_calls;
         self.requests_moved += r.requests_moved;
         self.takeovers += r.takeovers;
+        self.checkpoints += r.checkpoints;
+        self.rewinds += r.rewinds;
+        self.rewinds_checked += r.rewinds_checked;
         let j = &mut self.journal;
         j.entries += r.journal.entries;
         j.retries += r.journal.retries;

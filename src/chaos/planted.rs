@@ -28,6 +28,9 @@ pub enum PlantedBug {
     /// found: the engine restores an older one (HTTP runs, where the platform stops sandboxes
     /// while the engine is dead).
     IgnorePlatformSnapshot,
+    /// Every restore uses the task's newest snapshot instead of the one the engine chose: a
+    /// rewind restores the latest snapshot (the one it just saved) instead of the one named.
+    RewindLatest,
 }
 
 impl PlantedBug {
@@ -36,6 +39,7 @@ impl PlantedBug {
         match self {
             PlantedBug::OldestRestore => "oldest-restore",
             PlantedBug::IgnorePlatformSnapshot => "ignore-platform-snapshot",
+            PlantedBug::RewindLatest => "rewind-latest",
         }
     }
 
@@ -44,6 +48,7 @@ impl PlantedBug {
         match self {
             PlantedBug::OldestRestore => Arc::new(OldestRestore::new(inner)),
             PlantedBug::IgnorePlatformSnapshot => Arc::new(IgnorePlatformSnapshot { inner }),
+            PlantedBug::RewindLatest => Arc::new(OldestRestore::newest(inner)),
         }
     }
 }
@@ -56,7 +61,9 @@ impl fmt::Display for PlantedBug {
 
 /// An unknown `--planted-bug` name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown planted bug `{0}`; known: oldest-restore, ignore-platform-snapshot")]
+#[error(
+    "unknown planted bug `{0}`; known: oldest-restore, ignore-platform-snapshot, rewind-latest"
+)]
 pub struct UnknownPlantedBug(pub String);
 
 impl FromStr for PlantedBug {
@@ -66,16 +73,21 @@ impl FromStr for PlantedBug {
         match s {
             "oldest-restore" => Ok(PlantedBug::OldestRestore),
             "ignore-platform-snapshot" => Ok(PlantedBug::IgnorePlatformSnapshot),
+            "rewind-latest" => Ok(PlantedBug::RewindLatest),
             other => Err(UnknownPlantedBug(other.to_string())),
         }
     }
 }
 
 /// A provider decorator that rewrites every restore's `source_snapshot` to the task's oldest
-/// snapshot that it has seen taken and not deleted: the "restores a stale snapshot" bug.
+/// snapshot that it has seen taken and not deleted: the "restores a stale snapshot" bug (or,
+/// made by [`OldestRestore::newest`], to its newest: the "rewind restores the latest snapshot
+/// instead of the one named" bug, which changes nothing but the restores of rewinds).
 #[doc(hidden)]
 pub struct OldestRestore {
     inner: Arc<dyn SandboxProvider>,
+    /// Restore the newest snapshot instead of the oldest.
+    newest: bool,
     /// Per task, the snapshots taken (and not deleted) through this decorator, oldest first.
     taken: Mutex<BTreeMap<TaskId, Vec<SnapshotId>>>,
 }
@@ -85,7 +97,16 @@ impl OldestRestore {
     pub fn new(inner: Arc<dyn SandboxProvider>) -> OldestRestore {
         OldestRestore {
             inner,
+            newest: false,
             taken: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Decorates `inner`, restoring the newest snapshot instead of the oldest.
+    pub fn newest(inner: Arc<dyn SandboxProvider>) -> OldestRestore {
+        OldestRestore {
+            newest: true,
+            ..OldestRestore::new(inner)
         }
     }
 
@@ -103,10 +124,13 @@ impl Decorator for OldestRestore {
         Box::pin(async move {
             let mut spec = spec.clone();
             if spec.source_snapshot.is_some() {
-                let oldest = self
-                    .taken()
-                    .get(&spec.task_id)
-                    .and_then(|ids| ids.first().cloned());
+                let oldest = self.taken().get(&spec.task_id).and_then(|ids| {
+                    if self.newest {
+                        ids.last().cloned()
+                    } else {
+                        ids.first().cloned()
+                    }
+                });
                 if let Some(oldest) = oldest {
                     spec.source_snapshot = Some(oldest);
                 }

@@ -160,6 +160,22 @@ fn config() -> Config {
     c
 }
 
+/// The command that shows every file the simulated workload writes (run before and after each
+/// rewind).
+const PROBE: &str = "cat f0; cat f1; cat f2; cat log";
+
+/// What [`PROBE`] prints in a sandbox holding `files`: `(stdout, stderr)`.
+fn probe_view(files: &std::collections::BTreeMap<String, String>) -> (String, String) {
+    let (mut out, mut err) = (String::new(), String::new());
+    for name in ["f0", "f1", "f2", "log"] {
+        match files.get(name) {
+            Some(content) => out.push_str(content),
+            None => err.push_str(&format!("cat: {name}: No such file or directory\n")),
+        }
+    }
+    (out, err)
+}
+
 async fn seed_run(
     seed: u64,
     opts: &ChaosOptions,
@@ -192,6 +208,17 @@ async fn seed_run(
             seed,
             source: Box::new(source),
         })?;
+    let records = sim.clone();
+    d.set_rewind_check(driver::RewindCheck {
+        probe: PROBE.into(),
+        view: Some(Arc::new(move |id: &str| {
+            records
+                .snapshots()
+                .into_iter()
+                .find(|s| s.id == id)
+                .map(|s| probe_view(&s.files))
+        })),
+    });
 
     // The workload, under faults; then faults off, and every task settles.
     let (tally, mut violations) = driver::run_workload(&d, plans, WORKLOAD_BOUND).await;

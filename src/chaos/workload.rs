@@ -32,6 +32,34 @@ pub enum Op {
         /// Which snapshot (`None`: the latest).
         seq: Option<u64>,
     },
+    /// Checkpoint the task (on the simulated platform and the fake Vercel a checkpoint stops
+    /// the sandbox: it answers `stopped`).
+    Checkpoint,
+    /// Rewind the task, with a command before (the files before) and after (the files
+    /// restored), which the driver checks.
+    Rewind {
+        /// To which snapshot.
+        to: RewindOp,
+    },
+}
+
+/// Which snapshot a [`Op::Rewind`] goes back to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RewindOp {
+    /// One of the complete snapshots the task retains when the step runs: the `pick`-th (modulo
+    /// their number), oldest first, named by `<task>.s<seq>`.
+    To {
+        /// Which one.
+        pick: u64,
+    },
+    /// `--back n`.
+    Back {
+        /// How many snapshots back.
+        n: u64,
+    },
+    /// Undo the task's previous rewind: rewind to the snapshot it saved (`--back 1` when there
+    /// was none).
+    Undo,
 }
 
 impl Op {
@@ -43,6 +71,8 @@ impl Op {
             Op::Resume => "resume",
             Op::Wait { .. } => "wait",
             Op::Fork { .. } => "fork",
+            Op::Checkpoint => "checkpoint",
+            Op::Rewind { .. } => "rewind",
         }
     }
 }
@@ -128,7 +158,8 @@ fn file_op(kind: usize, file: &str, value: u64) -> Op {
 }
 
 /// How the simulator's command language is scaled: the weights of its kinds (write, append,
-/// cat, long command, wait, suspend, resume and, when there is an eighth, fork), the long
+/// cat, long command, wait, suspend, resume and, when there are more, fork, checkpoint and
+/// rewind), the long
 /// command's sleep and the waits' spans with their weights.
 struct Scale {
     kinds: &'static [u64],
@@ -140,7 +171,7 @@ struct Scale {
 /// to wait for them; waits short, past the idle lifetime (reaped into a snapshot), past the
 /// sandbox's platform timeout, and between.
 const SIM: Scale = Scale {
-    kinds: &[4, 3, 4, 2, 4, 2, 1, 1],
+    kinds: &[4, 3, 4, 2, 4, 2, 1, 1, 2, 2],
     sleep: (1_000, 90_000),
     waits: &[
         (4, (0, 5_000)),
@@ -178,8 +209,23 @@ fn op(r: &mut SplitMix64, scale: &Scale) -> Op {
         }
         5 => Op::Suspend,
         6 => Op::Resume,
-        _ => fork_op(r),
+        7 => fork_op(r),
+        8 => Op::Checkpoint,
+        _ => rewind_op(r),
     }
+}
+
+/// A rewind: mostly to a snapshot the task retains, sometimes `--back 1` or `2`, sometimes an
+/// undo of the previous one.
+fn rewind_op(r: &mut SplitMix64) -> Op {
+    let to = match r.weighted(&[3, 2, 2]) {
+        0 => RewindOp::To {
+            pick: r.between(0, 7),
+        },
+        1 => RewindOp::Back { n: r.between(1, 2) },
+        _ => RewindOp::Undo,
+    };
+    Op::Rewind { to }
 }
 
 /// A fork, mostly from the latest snapshot; its child is named by [`plan`].
@@ -194,10 +240,10 @@ fn fork_op(r: &mut SplitMix64) -> Op {
 fn http_op(r: &mut SplitMix64) -> Op {
     let file = format!("f{}", r.between(0, 2));
     let value = r.between(0, 9999);
-    // Weights: write, append, cat, long command, wait, suspend, resume, fork. A fork (whose
-    // child then restores the parent's snapshot) puts the fork-source and
+    // Weights: write, append, cat, long command, wait, suspend, resume, fork, checkpoint,
+    // rewind. A fork (whose child then restores the parent's snapshot) puts the fork-source and
     // deleted-while-referenced checks to work against the real client and the fake server.
-    match r.weighted(&[4, 3, 4, 2, 3, 2, 1, 1]) {
+    match r.weighted(&[4, 3, 4, 2, 3, 2, 1, 1, 1, 1]) {
         0 => Op::Run {
             command: format!("echo {value} > {file}"),
         },
@@ -219,7 +265,9 @@ fn http_op(r: &mut SplitMix64) -> Op {
         },
         5 => Op::Suspend,
         6 => Op::Resume,
-        _ => fork_op(r),
+        7 => fork_op(r),
+        8 => Op::Checkpoint,
+        _ => rewind_op(r),
     }
 }
 

@@ -54,7 +54,7 @@ pub struct ChaosArgs {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     json: bool,
-    /// Plant a known bug, to show that the checker catches it (`oldest-restore`, `ignore-platform-snapshot`).
+    /// Plant a known bug, to show that the checker catches it (`oldest-restore`, `ignore-platform-snapshot`, `rewind-latest`).
     #[arg(long, hide = true)]
     planted_bug: Option<String>,
 }
@@ -280,6 +280,13 @@ fn table(r: &ChaosReport) -> String {
         t.counts.journal.recoveries.to_string(),
     );
     row("tasks forked", t.counts.journal.forks.to_string());
+    if r.fleet.is_none() {
+        row("checkpoints answered", t.counts.checkpoints.to_string());
+        row(
+            "rewinds answered (files checked)",
+            format!("{} ({})", t.counts.rewinds, t.counts.rewinds_checked),
+        );
+    }
     row("violations", t.violations.to_string());
     let _ = writeln!(s);
     if !r.digest.is_empty() {

@@ -245,8 +245,10 @@ fn task_journal(
                     generation,
                     ..
                 } => {
+                    // The restore point: the latest complete snapshot, or the one the files
+                    // were rewound to while no newer one holds them.
                     let latest = if t.settings.persistent {
-                        t.latest_complete().and_then(|s| s.id.clone())
+                        t.restore_point().and_then(|s| s.id.clone())
                     } else {
                         None
                     };

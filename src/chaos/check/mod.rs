@@ -6,7 +6,8 @@
 //! The invariants, each named in [`Invariant`]:
 //! - **restored-latest**: every sandbox created from a snapshot used the task's newest snapshot
 //!   present at that moment, and one created fresh had none to use ([`restores`]); every create
-//!   the journal shows asks for the task's latest complete snapshot ([`journal`]).
+//!   the journal shows asks for the task's latest complete snapshot, or the one its files were
+//!   rewound to while no newer one holds them ([`journal`]).
 //! - **snapshot-kept**: a snapshot complete in the store is present on the platform, unless the
 //!   platform expired it (those are reported, not violations); one the store calls gone is gone;
 //!   the engine never asks to delete a snapshot it still calls complete ([`snapshots_kept`],
@@ -63,7 +64,7 @@ pub use journal_rules::journal;
 pub use platform::{PlatformSandbox, PlatformSnapshot};
 pub use snapshots::{
     adopted_sandboxes, deleted_while_referenced, forks, restores, restores_of, retired_at,
-    retired_at_for, snapshots_kept,
+    retired_at_for, rewound_restores, snapshots_kept,
 };
 pub use writers::{one_writer_per_token, FencedWrite};
 
@@ -95,6 +96,9 @@ pub enum Invariant {
     DeletedWhileReferenced,
     /// A live sandbox stayed idle past its idle lifetime (plus slack) without being reaped.
     IdleReaped,
+    /// After a rewind, the files were not those of the snapshot rewound to, or the snapshot it
+    /// saved did not hold the files from before.
+    RewindRestores,
     /// On a shared store: an entry written without a fencing token, by a second writer at one
     /// token, or with a token older than an earlier entry's (a stale owner after a takeover).
     OneWriterPerToken,
@@ -116,6 +120,7 @@ impl Invariant {
             Invariant::ForkSource => "fork-source",
             Invariant::DeletedWhileReferenced => "deleted-while-referenced",
             Invariant::IdleReaped => "idle-reaped",
+            Invariant::RewindRestores => "rewind-restores",
             Invariant::OneWriterPerToken => "one-writer-per-token",
         }
     }

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::core::{Event, Millis, SnapshotStatus, Task};
+use crate::core::{Command, Event, Millis, SnapshotStatus, Task};
 use crate::store::JournalEntry;
 
 use super::{Invariant, PlatformSandbox, PlatformSnapshot, Violation};
@@ -233,6 +233,34 @@ pub fn deleted_while_referenced(
                         last.task_seq
                     ),
                 ));
+            }
+        }
+    }
+    out
+}
+
+/// The restores from a snapshot the task's files were rewound to: `(task, generation,
+/// snapshot)` of every create a journal entry issues from its task's `rewound_to` — the
+/// rewind's own restore, and any restore while the files stay rewound. Those are not from the
+/// newest snapshot by design; the journal's rule (`restored-latest` there) checks that the
+/// engine asked for the restore point, and the chaos driver that the files are that
+/// snapshot's (`rewind-restores`).
+pub fn rewound_restores(entries: &[JournalEntry]) -> BTreeSet<(String, u64, String)> {
+    let mut out = BTreeSet::new();
+    for e in entries {
+        let Some(rewound) = &e.task_after.rewound_to else {
+            continue;
+        };
+        for c in &e.commands {
+            if let Command::CreateSandbox {
+                source_snapshot: Some(source),
+                generation,
+                ..
+            } = c
+            {
+                if source == rewound {
+                    out.insert((e.task_id.to_string(), *generation, source.to_string()));
+                }
             }
         }
     }

@@ -340,6 +340,8 @@ async fn drive(
                         }
                         forked
                     }
+                    Event::CheckpointRequested { .. } => orch.checkpoint(&task).await.map(drop),
+                    Event::RewindRequested { to, .. } => orch.rewind(&task, to).await.map(drop),
                     _ => orch.resume(&task).await.map(drop),
                 }
             }));

@@ -95,7 +95,9 @@ pub(super) fn plan(
             Event::RunRequested { .. }
             | Event::SuspendRequested { .. }
             | Event::ResumeRequested { .. }
-            | Event::ForkRequested { .. } => s.requests.push(i),
+            | Event::ForkRequested { .. }
+            | Event::CheckpointRequested { .. }
+            | Event::RewindRequested { .. } => s.requests.push(i),
             _ => {}
         }
     }
