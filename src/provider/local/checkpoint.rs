@@ -17,9 +17,7 @@ use super::cas::{Index, Limits, Tracker};
 use super::error::LocalError;
 use super::freeze::{Freezer, Frozen};
 use super::names::{check_owner, SandboxName, SnapshotRef};
-use super::snapshot::{
-    kept_bytes, random_nonce, read_manifest, write_snapshot, Walk, ARCHIVE_EXT, INDEX_FILE,
-};
+use super::snapshot::{kept_bytes, random_nonce, read_manifest, write_snapshot, Walk, INDEX_FILE};
 use super::{cgroup, run_blocking, LocalProvider, Slot};
 use crate::ids::TaskId;
 use crate::provider::SnapshotInfo;
@@ -73,22 +71,7 @@ impl LocalProvider {
             nonce: Some(random_nonce()?),
         };
         let path = self.snapshot_path(&snap);
-        let header = ArchiveHeader {
-            task_id: snap.task.to_string(),
-            seq,
-            installation_id: meta.installation_id.clone(),
-            created_at: self.clock.now_ms(),
-            source_sandbox: name.name.clone(),
-            generation: Some(name.generation),
-            instance: Some(meta.instance.clone()),
-            nonce: snap.nonce.clone(),
-            cwd: Some(meta.cwd.clone()),
-        };
-        let dir = path
-            .parent()
-            .expect("an archive path has a parent")
-            .to_path_buf();
-        let (tmp, in_flight) = self.temp_path(&dir, &format!("{seq}.{ARCHIVE_EXT}."), ".tmp");
+        let (header, tmp, in_flight) = self.archive_start(&snap, &path, &name, &meta);
         let sandbox_dir = self.sandbox_dir(&name);
         let workspace = self.workspace_dir(&name);
         let index = sandbox_dir.join(INDEX_FILE);

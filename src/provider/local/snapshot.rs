@@ -21,7 +21,8 @@ use super::cas::{Cas, Index, Manifest, PackedStats, Tracked};
 use super::error::LocalError;
 use super::fsutil::{ignore_not_found, sync_dir};
 use super::names::{check_owner, SandboxName, SnapshotRef};
-use super::workspace::SandboxStatus;
+use super::temp::InFlight;
+use super::workspace::{SandboxMeta, SandboxStatus};
 use super::{run_blocking, LocalProvider};
 use crate::core::Millis;
 use crate::ids::TaskId;
@@ -31,6 +32,32 @@ use crate::provider::{ListedResource, SnapshotInfo};
 pub(super) const ARCHIVE_EXT: &str = "tbx";
 
 impl LocalProvider {
+    /// The header of the archive `snap` of the sandbox `name` (its meta `meta`), and the
+    /// temporary path beside `path` it is written at, marked in flight.
+    pub(super) fn archive_start(
+        &self,
+        snap: &SnapshotRef,
+        path: &Path,
+        name: &SandboxName,
+        meta: &SandboxMeta,
+    ) -> (ArchiveHeader, PathBuf, InFlight) {
+        let seq = snap.seq;
+        let header = ArchiveHeader {
+            task_id: snap.task.to_string(),
+            seq,
+            installation_id: meta.installation_id.clone(),
+            created_at: self.clock.now_ms(),
+            source_sandbox: name.name.clone(),
+            generation: Some(name.generation),
+            instance: Some(meta.instance.clone()),
+            nonce: snap.nonce.clone(),
+            cwd: Some(meta.cwd.clone()),
+        };
+        let dir = path.parent().expect("an archive path has a parent");
+        let (tmp, in_flight) = self.temp_path(dir, &format!("{seq}.{ARCHIVE_EXT}."), ".tmp");
+        (header, tmp, in_flight)
+    }
+
     pub(super) fn snapshot_path(&self, snap: &SnapshotRef) -> PathBuf {
         self.task_snapshots_dir(&snap.task)
             .join(snap.file_name(ARCHIVE_EXT))
@@ -145,22 +172,7 @@ impl LocalProvider {
         meta.status = SandboxStatus::Snapshotting;
         self.write_meta(&sandbox_dir, &meta)?;
 
-        let header = ArchiveHeader {
-            task_id: snap.task.to_string(),
-            seq,
-            installation_id: meta.installation_id.clone(),
-            created_at: self.clock.now_ms(),
-            source_sandbox: name.name.clone(),
-            generation: Some(name.generation),
-            instance: Some(meta.instance.clone()),
-            nonce: snap.nonce.clone(),
-            cwd: Some(meta.cwd.clone()),
-        };
-        let dir = path
-            .parent()
-            .expect("an archive path has a parent")
-            .to_path_buf();
-        let (tmp, in_flight) = self.temp_path(&dir, &format!("{seq}.{ARCHIVE_EXT}."), ".tmp");
+        let (header, tmp, in_flight) = self.archive_start(&snap, &path, &name, &meta);
         let workspace = self.workspace_dir(&name);
         let index = sandbox_dir.join(INDEX_FILE);
         let (snap2, path2, cas) = (snap.clone(), path.clone(), self.cas.clone());

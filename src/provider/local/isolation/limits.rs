@@ -73,6 +73,29 @@ enum Hierarchy {
     },
 }
 
+impl Hierarchy {
+    /// The directories a sandbox's limit cgroups are made under: v2's one; v1's memory, pids
+    /// and cpu first (`Cgroups::make` takes the memory one first), then the counters' and the
+    /// freezer's.
+    fn bases(&self) -> Box<dyn Iterator<Item = &PathBuf> + '_> {
+        match self {
+            Hierarchy::V2(base) => Box::new(std::iter::once(base)),
+            Hierarchy::V1 {
+                memory,
+                pids,
+                cpu,
+                counters,
+                freezer,
+            } => Box::new(
+                [memory, pids, cpu]
+                    .into_iter()
+                    .chain(counters)
+                    .chain(freezer),
+            ),
+        }
+    }
+}
+
 /// The period of the CPU quota, microseconds.
 const CPU_PERIOD_US: u64 = 100_000;
 
@@ -247,21 +270,7 @@ impl Cgroups {
     pub fn make(name: &str, limits: Limits) -> Result<Cgroups, String> {
         let hierarchy = hierarchy()?;
         sweep(hierarchy);
-        let dirs = match hierarchy {
-            Hierarchy::V2(base) => vec![base.join(name)],
-            Hierarchy::V1 {
-                memory,
-                pids,
-                cpu,
-                counters,
-                freezer,
-            } => [memory, pids, cpu]
-                .into_iter()
-                .chain(counters)
-                .chain(freezer)
-                .map(|base| base.join(name))
-                .collect(),
-        };
+        let dirs: Vec<PathBuf> = hierarchy.bases().map(|base| base.join(name)).collect();
         let freezer = match hierarchy {
             Hierarchy::V2(_) => Some(dirs[0].clone()),
             Hierarchy::V1 { freezer, .. } => freezer.as_ref().map(|f| f.join(name)),
@@ -384,21 +393,7 @@ pub const PREFIX: &str = "taskbox.limits-";
 /// exits with its sandbox's init; a killed server never removed its own): their sandboxes'
 /// inits died with them, so they are empty, and the kernel refuses to remove any that is not.
 fn sweep(hierarchy: &Hierarchy) {
-    let bases = match hierarchy {
-        Hierarchy::V2(base) => vec![base],
-        Hierarchy::V1 {
-            memory,
-            pids,
-            cpu,
-            counters,
-            freezer,
-        } => [memory, pids, cpu]
-            .into_iter()
-            .chain(counters)
-            .chain(freezer)
-            .collect(),
-    };
-    for base in bases {
+    for base in hierarchy.bases() {
         let Ok(entries) = fs::read_dir(base) else {
             continue;
         };
