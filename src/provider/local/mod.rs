@@ -95,6 +95,8 @@ mod script;
 mod snapshot;
 mod spawn;
 mod temp;
+// A temporary path's in-flight mark, which the snapshot code holds while it writes.
+use temp::InFlight;
 mod workspace;
 
 pub use self::contained::Contained;
