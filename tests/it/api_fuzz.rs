@@ -16,7 +16,6 @@
 //! goes away, which schemathesis reads to its end: a read timeout, not a finding). Their
 //! answers are covered by `tests/it/server/watch.rs` and `lifecycle.rs`.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -138,20 +137,7 @@ fn schemathesis_finds_no_failing_case_on_a_live_server() {
         "[terminal]\ntimeout = 10\n",
     )
     .expect("config");
-    let token_file = h.home.path().join("token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token");
-    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let mut serve = h.spawn_serve(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--token-file",
-        token_file.to_str().expect("utf-8"),
-    ]);
-    h.wait_for_server();
-    let addr = h.status().expect("status")["tcp"]
-        .as_str()
-        .expect("the server's TCP address")
-        .to_string();
+    let (mut serve, addr) = h.serve_tcp(TOKEN, &[]);
     // The spec's example task (`demo`): the examples phase reaches a task that exists.
     ok(&h
         .home

@@ -3,7 +3,6 @@
 //! counters between them moved by what the CLI did.
 
 use std::io::{Read, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use super::ServerHome;
@@ -72,20 +71,7 @@ fn scrapes_move(mode: &str) {
     ok(&h
         .home
         .run(&["config", "set", "terminal.local_isolation", mode]));
-    let token_file = h.home.path().join("token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token");
-    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let mut serve = h.spawn_serve(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--token-file",
-        token_file.to_str().expect("utf-8"),
-    ]);
-    h.wait_for_server();
-    let addr = h.status().expect("status")["tcp"]
-        .as_str()
-        .expect("the server's TCP address")
-        .to_string();
+    let (mut serve, addr) = h.serve_tcp(TOKEN, &[]);
 
     let before = scrape(&h);
     for family in [

@@ -61,6 +61,32 @@ impl ServerHome {
     }
 
     /// `taskbox serve ARGS` in the foreground, its stderr in `<home>/serve.stderr`.
+    /// `taskbox serve --listen 127.0.0.1:0` with `token` in a 0600 token file (and `more`
+    /// arguments), once it answers: the child and its TCP address.
+    pub fn serve_tcp(&self, token: &str, more: &[&str]) -> (Child, String) {
+        let token_file = self.home.path().join("token");
+        std::fs::write(&token_file, format!("{token}\n")).expect("token");
+        std::fs::set_permissions(
+            &token_file,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .expect("chmod");
+        let mut args = vec![
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+            token_file.to_str().expect("utf-8"),
+        ];
+        args.extend_from_slice(more);
+        let serve = self.spawn_serve(&args);
+        self.wait_for_server();
+        let addr = self.status().expect("status")["tcp"]
+            .as_str()
+            .expect("the server's TCP address")
+            .to_string();
+        (serve, addr)
+    }
+
     pub fn spawn_serve(&self, args: &[&str]) -> Child {
         let log = std::fs::File::create(self.home.path().join("serve.stderr")).expect("log");
         self.home

@@ -4,7 +4,6 @@
 //! Unix socket; a wrong token and a dead URL are clear errors (exit 125) that never show a token.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -30,21 +29,7 @@ impl Remote {
 
     /// `server` serving TCP with [`TOKEN`] (its config and environment as the caller set them).
     fn serve(server: ServerHome) -> Remote {
-        let token_file = server.home.path().join("token");
-        std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token");
-        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600))
-            .expect("chmod");
-        let serve = server.spawn_serve(&[
-            "--listen",
-            "127.0.0.1:0",
-            "--token-file",
-            token_file.to_str().expect("utf-8"),
-        ]);
-        server.wait_for_server();
-        let addr = server.status().expect("status")["tcp"]
-            .as_str()
-            .expect("the server's TCP address")
-            .to_string();
+        let (serve, addr) = server.serve_tcp(TOKEN, &[]);
         Remote {
             server,
             _serve: KillOnDrop(serve),
