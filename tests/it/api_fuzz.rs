@@ -21,7 +21,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::server::ServerHome;
-use crate::support::{install_lock, ok, run_bounded, skip};
+use crate::support::{ok, python_venv, run_bounded, skip};
 
 /// The whole schemathesis run's bound (it ends by itself well before: `--max-examples`).
 const RUN_LIMIT: Duration = Duration::from_secs(240);
@@ -47,78 +47,10 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The first lines of a failed tool's stderr, for the skip message.
-fn head(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes)
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .take(4)
-        .collect::<Vec<_>>()
-        .join(" | ")
-}
-
-/// The venv's python with `tests/api/requirements.txt` installed, making and installing it if
-/// needed. `Err` says why it cannot (no `python3`, no `venv` module, no PyPI, a failed install).
+/// The venv's python with `tests/api/requirements.txt` installed (`target/py-api`), making and
+/// installing it if needed. `Err` says why it cannot.
 pub fn python() -> Result<PathBuf, String> {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .expect("the target dir")
-        .join("py-api");
-    let requirements = repo().join("tests/api/requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements)
-        .map_err(|e| format!("cannot read {}: {e}", requirements.display()))?;
-    let python = venv.join("bin/python");
-    let stamp = venv.join("taskbox-requirements.txt");
-    let installed = || std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted);
-    if installed() && python.is_file() {
-        return Ok(python);
-    }
-    let parent = venv.parent().expect("the venv has a parent");
-    let _lock = install_lock(&parent.join("py-api.lock"))?;
-    // Another test process may have installed it while this one waited for the lock.
-    if installed() && python.is_file() {
-        return Ok(python);
-    }
-    match Command::new("python3").arg("--version").output() {
-        Ok(o) if o.status.success() => {}
-        _ => return Err("`python3` is not installed (schemathesis needs Python >= 3.9)".into()),
-    }
-    if !python.is_file() {
-        let out = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .output()
-            .map_err(|e| format!("cannot run `python3 -m venv`: {e}"))?;
-        if !out.status.success() {
-            let _ = std::fs::remove_dir_all(&venv);
-            return Err(format!(
-                "`python3 -m venv` failed (on Debian: apt-get install python3-venv): {}",
-                head(&out.stderr)
-            ));
-        }
-    }
-    let out = Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-        ])
-        .args(["--retries", "1", "--timeout", "60", "-r"])
-        .arg(&requirements)
-        .output()
-        .map_err(|e| format!("cannot run pip: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "`pip install -r tests/api/requirements.txt` failed (is PyPI reachable?): {}",
-            head(&out.stderr)
-        ));
-    }
-    std::fs::write(&stamp, &wanted)
-        .map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
-    Ok(python)
+    python_venv("py-api", "tests/api/requirements.txt", "Python >= 3.9")
 }
 
 #[test]

@@ -7,11 +7,11 @@
 //! `python3`, its `venv` module or PyPI is missing, the test says it is skipped and why —
 //! except under `CI=true`, where it fails: CI must run it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::support::{install_lock, run_bounded, skip};
+use crate::support::{python_venv, run_bounded, skip};
 
 /// How long pytest may take (every test in it is bounded by itself, too).
 const PYTEST_LIMIT: Duration = Duration::from_secs(600);
@@ -20,90 +20,9 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The venv: under the target dir, so it is git-ignored and goes with `cargo clean`.
-fn venv_dir() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .expect("the target dir")
-        .join("py-mcp")
-}
-
-/// The first lines of a failed tool's stderr, for the skip message.
-fn head(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes)
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .take(4)
-        .collect::<Vec<_>>()
-        .join(" | ")
-}
-
-/// Makes sure the venv has the requirements, creating and installing it if not. `Err` says why
-/// it cannot (no `python3`, no `venv` module, no PyPI, a failed install).
-fn ensure_venv(venv: &Path) -> Result<PathBuf, String> {
-    let requirements = repo().join("tests/mcp/requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements)
-        .map_err(|e| format!("cannot read {}: {e}", requirements.display()))?;
-    let python = venv.join("bin/python");
-    let stamp = venv.join("taskbox-requirements.txt");
-    let installed = || std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted);
-    if installed() && python.is_file() {
-        return Ok(python);
-    }
-    let parent = venv.parent().expect("the venv has a parent");
-    std::fs::create_dir_all(parent)
-        .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-    let lock_path = parent.join("py-mcp.lock");
-    let _lock_file = install_lock(&lock_path)?;
-    // Another test process may have installed it while this one waited for the lock.
-    if installed() && python.is_file() {
-        return Ok(python);
-    }
-    match Command::new("python3").arg("--version").output() {
-        Ok(o) if o.status.success() => {}
-        _ => return Err("`python3` is not installed (the test needs Python >= 3.10)".into()),
-    }
-    if !python.is_file() {
-        let out = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(venv)
-            .output()
-            .map_err(|e| format!("cannot run `python3 -m venv`: {e}"))?;
-        if !out.status.success() {
-            let _ = std::fs::remove_dir_all(venv);
-            return Err(format!(
-                "`python3 -m venv` failed (on Debian: apt-get install python3-venv): {}",
-                head(&out.stderr)
-            ));
-        }
-    }
-    let out = Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-        ])
-        .args(["--retries", "1", "--timeout", "60", "-r"])
-        .arg(&requirements)
-        .output()
-        .map_err(|e| format!("cannot run pip: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "`pip install -r tests/mcp/requirements.txt` failed (is PyPI reachable?): {}",
-            head(&out.stderr)
-        ));
-    }
-    std::fs::write(&stamp, &wanted)
-        .map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
-    Ok(python)
-}
-
 #[test]
 fn the_official_python_sdk_drives_taskbox_mcp() {
-    let python = match ensure_venv(&venv_dir()) {
+    let python = match python_venv("py-mcp", "tests/mcp/requirements.txt", "Python >= 3.10") {
         Ok(p) => p,
         Err(reason) => {
             skip(reason);

@@ -1,6 +1,6 @@
 //! Shared helpers for the integration tests.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -323,4 +323,90 @@ pub async fn live_sandbox(
         .sandbox
         .expect("a live sandbox")
         .id
+}
+
+/// The first lines of a failed tool's stderr, for a skip message.
+pub fn head(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take(4)
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// The python of the venv `target/<name>` (under the target dir, so it is git-ignored and goes
+/// with `cargo clean`) with the repository's `requirements` file installed, making and
+/// installing it if needed, one test process at a time (`target/<name>.lock`). `Err` says why
+/// it cannot (no `python3`, no `venv` module, no PyPI, a failed install); `needs` names the
+/// Python the requirements need.
+pub fn python_venv(name: &str, requirements: &str, needs: &str) -> Result<PathBuf, String> {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("the target dir")
+        .join(name);
+    let venv = venv.as_path();
+    let requirements_file = requirements;
+    let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join(requirements_file);
+    let wanted = std::fs::read_to_string(&requirements)
+        .map_err(|e| format!("cannot read {}: {e}", requirements.display()))?;
+    let python = venv.join("bin/python");
+    let stamp = venv.join("taskbox-requirements.txt");
+    let installed = || std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted);
+    if installed() && python.is_file() {
+        return Ok(python);
+    }
+    let parent = venv.parent().expect("the venv has a parent");
+    std::fs::create_dir_all(parent)
+        .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    let lock_path = parent.join(format!("{name}.lock"));
+    let _lock_file = install_lock(&lock_path)?;
+    // Another test process may have installed it while this one waited for the lock.
+    if installed() && python.is_file() {
+        return Ok(python);
+    }
+    match Command::new("python3").arg("--version").output() {
+        Ok(o) if o.status.success() => {}
+        _ => {
+            return Err(format!(
+                "`python3` is not installed (the test needs {needs})"
+            ))
+        }
+    }
+    if !python.is_file() {
+        let out = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(venv)
+            .output()
+            .map_err(|e| format!("cannot run `python3 -m venv`: {e}"))?;
+        if !out.status.success() {
+            let _ = std::fs::remove_dir_all(venv);
+            return Err(format!(
+                "`python3 -m venv` failed (on Debian: apt-get install python3-venv): {}",
+                head(&out.stderr)
+            ));
+        }
+    }
+    let out = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .args(["--retries", "1", "--timeout", "60", "-r"])
+        .arg(&requirements)
+        .output()
+        .map_err(|e| format!("cannot run pip: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`pip install -r {requirements_file}` failed (is PyPI reachable?): {}",
+            head(&out.stderr)
+        ));
+    }
+    std::fs::write(&stamp, &wanted)
+        .map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
+    Ok(python)
 }
