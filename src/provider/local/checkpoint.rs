@@ -43,14 +43,7 @@ impl LocalProvider {
     ) -> Result<Option<SnapshotInfo>, LocalError> {
         let task = TaskId::new(task_id)?;
         let name = SandboxName::parse(sandbox_id)?;
-        if name.task != task {
-            return Err(LocalError::Ownership {
-                sandbox: name.name.clone(),
-                what: "task",
-                owner: name.task.to_string(),
-                expected: task.to_string(),
-            });
-        }
+        check_owner(&name, "task", name.task.as_str(), task.as_str())?;
         let slot = self.slot(&name);
         let _guard = slot.lock.lock().await;
         let meta = self.existing_meta(&name)?;
