@@ -25,7 +25,8 @@
 //! the fake has one ([`FakeOptions::token`]; open otherwise):
 //! - `GET /_admin/faults`, `POST /_admin/faults` (a [`Faults`] JSON object, replacing the
 //!   current one);
-//! - `GET /_admin/stats` ([`Stats`]), `DELETE /_admin/stats` (reset);
+//! - `GET /_admin/stats` ([`Stats`], with the API requests in flight now), `DELETE /_admin/stats`
+//!   (reset);
 //! - `POST /_admin/expire-session/{sessionId}` (times the session out now and waits for it to
 //!   stop), `POST /_admin/expire-snapshot/{snapshotId}`.
 //!

@@ -18,6 +18,11 @@ pub struct Stats {
     pub responses: BTreeMap<String, BTreeMap<String, u64>>,
     /// Faults injected.
     pub injected: Injected,
+    /// API requests being answered now: counted, not yet answered (nor dropped by a client
+    /// gone). A test that killed an engine waits for none before it reads what the engine's
+    /// last request did — a command it asked for may start only after its caller died.
+    #[serde(default)]
+    pub in_flight: u64,
 }
 
 /// How many faults of each kind were injected.

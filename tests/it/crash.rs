@@ -64,7 +64,7 @@ fn states_seen(view: &Value) -> BTreeSet<String> {
 /// (the first command's `pwd` is `/workspace`).
 #[test]
 fn sigkill_at_random_points_never_loses_files_on_the_isolated_local_backend() {
-    kill_rounds(&Home::new(), false, 0x7A5C_B0C5, 24);
+    kill_rounds(&Home::new(), None, 0x7A5C_B0C5, 24);
 }
 
 #[test]
@@ -77,7 +77,7 @@ fn sigkill_at_random_points_never_loses_files_on_the_vercel_backend() {
     ok(&home.run(&["config", "set", "terminal.backend", "vercel_sandbox"]));
     ok(&home.run(&["config", "set", "terminal.container_memory", "2048"]));
     ok(&home.run(&["config", "set", "terminal.vercel_api_url", &fake.url]));
-    kill_rounds(&home, true, 0x5EED_0001, 16);
+    kill_rounds(&home, Some(&fake), 0x5EED_0001, 16);
 }
 
 /// The persistent-sandbox safety net: the engine dies (a one-shot CLI engine killed mid-command)
@@ -211,7 +211,14 @@ fn orphans_after_gc(home: &Home, task: &str, vercel: bool) -> Vec<String> {
         .collect()
 }
 
-fn kill_rounds(home: &Home, vercel: bool, seed: u64, rounds: u32) {
+/// `vercel`: the fake platform the task's sandboxes live on, if not the local backend.
+fn kill_rounds(
+    home: &Home,
+    fake: Option<&crate::vercel_engine::FakeProcess>,
+    seed: u64,
+    rounds: u32,
+) {
+    let vercel = fake.is_some();
     ok(&home.run(&["config", "set", "terminal.keep_snapshots", "2"]));
     let mut rng = Rng(seed);
     let task = "crashy";
@@ -289,8 +296,12 @@ fn kill_rounds(home: &Home, vercel: bool, seed: u64, rounds: u32) {
             if !vercel {
                 possible.insert(None);
             }
-            // Like a command in a microVM, a command whose caller died runs on in its sandbox:
-            // let it finish before looking at its files.
+            // Like a command in a microVM, a command whose caller died runs on in its sandbox —
+            // or starts there only now, its request still under way at the platform: let the
+            // request be answered, then the command finish, before looking at its files.
+            if let Some(fake) = fake {
+                fake.wait_quiet();
+            }
             let marker = format!("sleep 0.1{seed}{round}7");
             wait_for(Duration::from_secs(60), || {
                 (!process_running(&marker)).then_some(())

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use taskbox::clock::SystemClock;
@@ -20,7 +21,7 @@ use taskbox::provider::{Decorator, ProviderFuture, SandboxInfo, SandboxProvider,
 use taskbox::TaskId;
 
 use crate::support::tid;
-use crate::support::{ok, stderr, Home};
+use crate::support::{ok, stderr, wait_for, Home};
 
 pub(crate) fn vercel_config(url: &str) -> Config {
     let mut c = Config::default();
@@ -224,6 +225,34 @@ impl Decorator for CountingCreates {
 pub struct FakeProcess {
     child: Child,
     pub url: String,
+}
+
+impl FakeProcess {
+    /// Waits until the fake answers no API request (its `/_admin/stats`' `in_flight` is 0): a
+    /// killed engine's last request may still be under way, and a command it asked for may start
+    /// only after its caller died.
+    pub fn wait_quiet(&self) {
+        let stats = format!("{}/_admin/stats", self.url.trim_end_matches("/api"));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let quiet = wait_for(Duration::from_secs(60), || {
+            let v: serde_json::Value = rt.block_on(async {
+                reqwest::Client::new()
+                    .get(&stats)
+                    .bearer_auth("tok")
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()
+            })?;
+            (v["in_flight"] == 0).then_some(())
+        });
+        quiet.expect("the fake's requests in flight end");
+    }
 }
 
 impl Drop for FakeProcess {

@@ -1,6 +1,7 @@
 //! The guard every API request passes: counted, delayed, authenticated (bearer token) and
 //! possibly failed on purpose (injected 429s and 5xxs) before its handler runs.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +23,7 @@ pub(super) async fn guard(
     next: Next,
 ) -> Response {
     app.stats_mut().count_request(endpoint);
+    let _in_flight = InFlight::enter(&app);
     app.spawn_due();
     let latency = app.faults_state().latency_ms();
     if latency > 0 {
@@ -60,6 +62,22 @@ pub(super) async fn guard(
     app.stats_mut()
         .count_response(endpoint, resp.status().as_u16());
     resp
+}
+
+/// One request counted in [`Shared::in_flight`] until it is answered or its future dropped.
+struct InFlight<'a>(&'a Shared);
+
+impl<'a> InFlight<'a> {
+    fn enter(app: &'a Shared) -> Self {
+        app.in_flight.fetch_add(1, Ordering::SeqCst);
+        Self(app)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Bearer auth: 401 without a token; 403 with the wrong one when the fake has a token.

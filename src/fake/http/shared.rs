@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     /// Serializes creates and resumes, so a retried create finds the first one's sandbox.
     pub(super) create_lock: tokio::sync::Mutex<()>,
     pub(super) next_cmd: AtomicU64,
+    /// API requests in the guard now ([`Stats::in_flight`]).
+    pub(super) in_flight: AtomicU64,
     pub(super) nonce: String,
 }
 
@@ -113,6 +115,7 @@ impl Shared {
             homes_dir: storage.homes_dir,
             create_lock: tokio::sync::Mutex::new(()),
             next_cmd: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
             nonce,
         }
     }
@@ -134,7 +137,9 @@ impl Shared {
     }
 
     pub(crate) fn stats(&self) -> Stats {
-        self.stats_mut().clone()
+        let mut stats = self.stats_mut().clone();
+        stats.in_flight = self.in_flight.load(Ordering::SeqCst);
+        stats
     }
 
     pub(crate) fn reset_stats(&self) {
