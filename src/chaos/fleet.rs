@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -158,6 +158,9 @@ pub(super) fn run_seed(
 struct Engine {
     slot: Mutex<(u64, Orchestrator)>,
     crash_lock: tokio::sync::Mutex<()>,
+    /// Stopped for good (the settling stops every engine but the first): the load balancer
+    /// sends nothing there any more.
+    stopped: AtomicBool,
 }
 
 /// The fleet of a seed.
@@ -198,6 +201,11 @@ impl Fleet {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Whether engine `k` still takes requests (not stopped by the settling).
+    fn in_service(&self, k: usize) -> bool {
+        !self.engines[k].stopped.load(Ordering::Relaxed)
     }
 
     fn error(&self, e: String) {
@@ -315,11 +323,14 @@ impl Fleet {
             if started.elapsed() > ELSEWHERE_BOUND {
                 return result;
             }
-            // To the engine that holds it, if that one is alive; otherwise to the next one,
-            // which takes the task over once the dead one's lease expires.
+            // To the engine that holds it, if that one is alive; otherwise to the next one in
+            // service, which takes the task over once the dead one's lease expires.
             *route = match parse_owner(held_by) {
-                Some((k, epoch)) if k < n && self.current(k).0 == epoch => k,
-                _ => (*route + 1) % n,
+                Some((k, epoch)) if k < n && self.in_service(k) && self.current(k).0 == epoch => k,
+                _ => (1..=n)
+                    .map(|i| (*route + i) % n)
+                    .find(|&k| self.in_service(k))
+                    .unwrap_or(*route),
             };
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -453,6 +464,7 @@ async fn seed_run(
         opened.push(Engine {
             slot: Mutex::new((0, o)),
             crash_lock: tokio::sync::Mutex::new(()),
+            stopped: AtomicBool::new(false),
         });
     }
     let injector = {
@@ -607,6 +619,7 @@ fn takeovers(writes: &[FencedWrite]) -> u64 {
 async fn settle(f: &Arc<Fleet>, task_ids: &[String], violations: &mut Vec<Violation>) {
     tokio::time::sleep(SETTLE).await;
     for k in 1..f.engines.len() {
+        f.engines[k].stopped.store(true, Ordering::Relaxed);
         let (_, orch) = f.current(k);
         orch.shutdown_within(Duration::from_secs(60)).await;
     }

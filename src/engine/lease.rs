@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,10 @@ pub(crate) struct Leases {
     ttl: Duration,
     held: Mutex<HashMap<TaskId, Held>>,
     renewer: Mutex<Option<JoinHandle<()>>>,
+    /// Set by [`Leases::release_all`] (a stop or a crash): from then on no lease is taken, so
+    /// a request reaching a stopped server cannot hold a task nobody drives (the caller gets
+    /// [`EngineError::Stopped`] and the task stays free for the other servers).
+    closed: AtomicBool,
 }
 
 impl Leases {
@@ -64,6 +69,7 @@ impl Leases {
             ttl,
             held: Mutex::new(HashMap::new()),
             renewer: Mutex::new(None),
+            closed: AtomicBool::new(false),
         });
         let handle = tokio::spawn(renew(Arc::downgrade(&leases), tx));
         *leases.renewer.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
@@ -81,6 +87,9 @@ impl Leases {
     /// Takes the task's lease unless this server holds it; [`StoreError::LeaseHeld`](crate::store::StoreError::LeaseHeld) while
     /// another server's is fresh.
     pub(super) async fn acquire(self: &Arc<Self>, task: &TaskId) -> Result<(), EngineError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(EngineError::Stopped);
+        }
         if self.held().contains_key(task) {
             return Ok(());
         }
@@ -96,6 +105,20 @@ impl Leases {
         let fresh_until = started + self.ttl - self.margin();
         let held = {
             let mut held = self.held();
+            // Stopped while the lease was being taken (`release_all` drains under this lock):
+            // let it go rather than hold it for nobody.
+            if self.closed.load(Ordering::SeqCst) {
+                drop(held);
+                let store = self.store.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    if let Err(e) = store.release_lease(&lease) {
+                        tracing::warn!(task = %lease.task_id, error = %e,
+                            "could not release a lease taken while stopping (it expires by itself)");
+                    }
+                })
+                .await;
+                return Err(EngineError::Stopped);
+            }
             held.insert(task.clone(), Held { lease, fresh_until });
             held.len()
         };
@@ -106,6 +129,7 @@ impl Leases {
     /// Stops renewing; with `release`, lets every lease go so another server may take the
     /// tasks at once (a clean stop), otherwise leaves them to expire (as a crash would).
     pub(super) async fn release_all(&self, release: bool) {
+        self.closed.store(true, Ordering::SeqCst);
         if let Some(h) = self
             .renewer
             .lock()

@@ -113,3 +113,61 @@ fn an_installation_job_runs_on_one_server_at_a_time() {
     });
     assert!(taken, "b's advisory lock outlived its connection");
 }
+
+/// A stopped server takes no lease: a request reaching it after its stop (a client's retry, a
+/// load balancer that has not noticed yet) is answered "stopped" and leaves the task free, so
+/// another server drives it at once. (Found by the fleet chaos run: such a request took the
+/// lease before it found the event loop gone, and held the task for nobody until the lease
+/// expired — each retry taking it again.)
+#[test]
+fn a_stopped_server_takes_no_lease() {
+    use std::sync::Arc;
+    use taskbox::clock::SystemClock;
+    use taskbox::config::{Config, StoreSetting};
+    use taskbox::engine::{EngineError, Orchestrator};
+    use taskbox::provider::sim::{SimFaults, SimProvider};
+    use taskbox::TaskId;
+
+    let Some(db) = crate::pg::database() else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = Arc::new(SystemClock);
+        let sim = Arc::new(SimProvider::new(7, SimFaults::none(), clock.clone()));
+        let mut config = Config::default();
+        config.terminal.store = StoreSetting::postgres(&db.url);
+        // Long enough that only a release, never an expiry, frees the task within the test.
+        config.terminal.lease_seconds = 60;
+        let open = |name: &str| {
+            Orchestrator::builder(dir.path().join(name), config.clone())
+                .provider(sim.clone())
+                .clock(clock.clone())
+                .owner(name.to_string())
+                .reconcile_on_start(false)
+                .open()
+        };
+        let (a, b) = (
+            open("a").await.expect("open a"),
+            open("b").await.expect("open b"),
+        );
+        let task = TaskId::new("t").expect("id");
+        a.run(&task, "write f 1", None).await.expect("a runs");
+        a.shutdown().await;
+        match a.run(&task, "write f 2", None).await {
+            Err(EngineError::Stopped) => {}
+            other => panic!("a stopped server answered {other:?}"),
+        }
+        let out = b
+            .run(&task, "cat f", None)
+            .await
+            .expect("the task is free for another server at once");
+        assert_eq!(out.stdout, "1");
+        b.shutdown().await;
+    });
+}
