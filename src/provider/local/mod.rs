@@ -99,7 +99,7 @@ mod temp;
 use temp::InFlight;
 mod workspace;
 
-pub use self::contained::Contained;
+pub use self::contained::{Contained, ContainedChild};
 pub use self::error::{IoContext, LocalError};
 pub use self::snapshot::export_snapshot;
 

@@ -22,8 +22,10 @@
 //!
 //! A `vfork` on a stack of the child's own (x86-64 assembly) saved the copy of the server's page
 //! tables, 0.2–0.4 ms per unisolated command; it was dropped (issue 29) once measured beside this
-//! clone in one release run (docs/performance.md), since an isolated command, the default, is
-//! forked by its `pre_exec` hook (`isolation::enter`) anyway.
+//! clone in one release run (docs/performance.md), since an isolated command, the default, was
+//! then forked by a `pre_exec` hook anyway. (An isolated command is now started by a
+//! `vfork`-like clone of the standard C library's own, `isolation::enter`: its [`Stdio`] and
+//! [`Stdio::adopt`] are here.)
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;

@@ -13,13 +13,6 @@
 //! and waits for it and signals its process group as for an unisolated command. Between the
 //! clones and the exec both make only async-signal-safe system calls on values prepared
 //! before, and report a failed step through memory they share with the server.
-//!
-//! [`Enter::run`], the older way, is a `pre_exec` hook for a `Command` the caller spawns itself
-//! (the fake Vercel's contained commands and doctor's probe): the forked child of the server
-//! joins the cgroups and `setns`es the same way, then forks; the grandchild (in the sandbox's
-//! PID namespace) goes on to the exec, the child stays outside and waits for it, ending as it
-//! ended (its exit code, or the same signal), so that the caller's wait and its signals to the
-//! command's process group (which both share) work as for an unisolated command.
 
 use std::ffi::CString;
 use std::io;
@@ -84,107 +77,6 @@ impl Enter {
     /// only under a lower `RLIMIT_NOFILE`.
     pub fn report_fd(&self) -> RawFd {
         self.report_fd
-    }
-
-    /// The `pre_exec` hook.
-    ///
-    /// # Safety
-    /// Only in the forked child of a spawn (one thread), before its exec.
-    pub unsafe fn run(&self) -> io::Result<()> {
-        let report: RawFd = self.report.as_ref().map_or(-1, |r| r.as_raw_fd());
-        // SAFETY: (the whole body) async-signal-safe system calls on integers and on pointers
-        // into `self`, which the fork copied; nothing allocates or takes a lock.
-        unsafe {
-            // Into the sandbox's limit cgroups first (the hierarchies are not visible inside):
-            // the waiting child and the command are both counted, and all the command starts.
-            for procs in self.init.cgroups().map_or(&[][..], |c| c.procs()) {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-                let error = io::Error::last_os_error();
-                libc::close(fd);
-                if written != 1 {
-                    return Err(error);
-                }
-            }
-            for (fd, flag) in self.init.namespace_fds() {
-                if libc::setns(fd, flag) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            // Blocked across the fork: the waiting child never handles one (the group's
-            // signals are for the command; a SIGKILL still ends it).
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::sigprocmask(libc::SIG_SETMASK, &all, &mut old);
-            let pid = libc::fork();
-            if pid < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if pid == 0 {
-                // The command, in the sandbox's PID namespace.
-                libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-                if libc::chdir(self.cwd.as_ptr()) != 0 && libc::chdir(self.workspace.as_ptr()) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                if report >= 0 && report != self.report_fd {
-                    if libc::dup2(report, self.report_fd) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                } else if report >= 0 && libc::fcntl(report, libc::F_SETFD, 0) < 0 {
-                    // Already there (`dup2` would leave its close-on-exec flag): kept open.
-                    return Err(io::Error::last_os_error());
-                }
-                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                if let Some(filter) = &self.filter {
-                    let prog = libc::sock_fprog {
-                        len: filter.len() as u16,
-                        filter: filter.as_ptr().cast_mut(),
-                    };
-                    if libc::prctl(
-                        libc::PR_SET_SECCOMP,
-                        libc::SECCOMP_MODE_FILTER,
-                        std::ptr::from_ref(&prog),
-                        0,
-                        0,
-                    ) != 0
-                    {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                return Ok(());
-            }
-            // The waiting child: nothing of the server's stays open in it (the spawn's own
-            // error pipe included, whose end the spawn waits for).
-            libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
-            let mut status = 0;
-            loop {
-                let r = libc::waitpid(pid, &mut status, 0);
-                if r == pid {
-                    break;
-                }
-                if r < 0 && *libc::__errno_location() != libc::EINTR {
-                    libc::_exit(127);
-                }
-            }
-            if libc::WIFEXITED(status) {
-                libc::_exit(libc::WEXITSTATUS(status));
-            }
-            let signal = libc::WTERMSIG(status);
-            libc::signal(signal, libc::SIG_DFL);
-            let mut one: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut one);
-            libc::sigaddset(&mut one, signal);
-            libc::kill(libc::getpid(), signal);
-            libc::sigprocmask(libc::SIG_UNBLOCK, &one, std::ptr::null_mut());
-            libc::_exit(128 + signal)
-        }
     }
 }
 
@@ -259,7 +151,36 @@ struct Shared<'a> {
 /// Two stacks in one mapping, unmapped when dropped (after both clones are done with them).
 struct Stacks(*mut libc::c_void);
 
+// SAFETY: a mapping of this process's that only one spawn uses at a time (taken from the pool
+// and given back), and nothing else refers to.
+unsafe impl Send for Stacks {}
+
+/// The stacks of spawns that ended, for the next ones: a mapping made and unmapped per command
+/// costs its page faults and, in a process of many threads, the unmap's TLB shootdown.
+static POOL: std::sync::Mutex<Vec<Stacks>> = std::sync::Mutex::new(Vec::new());
+
+/// How many stacks the pool keeps (as many as commands spawned at once, at most).
+const POOL_SIZE: usize = 8;
+
 impl Stacks {
+    /// Stacks from the pool, or new ones.
+    fn take() -> io::Result<Stacks> {
+        let pooled = POOL.lock().ok().and_then(|mut pool| pool.pop());
+        match pooled {
+            Some(stacks) => Ok(stacks),
+            None => Stacks::map(),
+        }
+    }
+
+    /// Back to the pool (unmapped when it is full). Only once both clones are done with them.
+    fn give_back(self) {
+        if let Ok(mut pool) = POOL.lock() {
+            if pool.len() < POOL_SIZE {
+                pool.push(self);
+            }
+        }
+    }
+
     fn map() -> io::Result<Stacks> {
         // SAFETY: a new private anonymous mapping; nothing else refers to it.
         let at = unsafe {
@@ -313,6 +234,21 @@ impl Enter {
     /// is a path of the host's). Blocks until the command has exec'd (well under a
     /// millisecond). `Err` names the step that failed; nothing then runs.
     pub(in crate::provider::local) fn spawn(&self, spec: &Spec<'_>) -> io::Result<Started> {
+        let stdio = spawn::Stdio::make(spec.stdin_piped)?;
+        let pid = self.start([0, 1, 2].map(|i| stdio.child[i].as_raw_fd()), spec)?;
+        stdio.adopt(pid)
+    }
+
+    /// Starts `spec` as [`Enter::spawn`] does, with `stdio` as its stdin, stdout and stderr
+    /// (descriptors above 2, which it gets at 0, 1 and 2), and returns its pid: this process's
+    /// child, for the caller to wait for and reap.
+    pub(super) fn start(&self, stdio: [RawFd; 3], spec: &Spec<'_>) -> io::Result<u32> {
+        // (A `dup2` onto itself would leave its close-on-exec flag: the exec would close it.)
+        if stdio.iter().any(|fd| *fd <= 2) {
+            return Err(io::Error::other(
+                "a command's standard descriptor is one of this process's own (0-2)",
+            ));
+        }
         let programs = self.programs(spec)?;
         let argv = std::iter::once(spec.program.as_bytes())
             .chain(spec.args.iter().map(|a| a.as_bytes()))
@@ -324,11 +260,10 @@ impl Enter {
             .map(|(k, v)| cstring(&[k.as_bytes(), b"=", v.as_bytes()].concat()))
             .collect::<io::Result<Vec<_>>>()?;
         let (argv_ptrs, envp_ptrs) = (pointers(&argv), pointers(&envp));
-        let stdio = spawn::Stdio::make(spec.stdin_piped)?;
-        let stacks = Stacks::map()?;
+        let stacks = Stacks::take()?;
         let shared = Shared {
             enter: self,
-            stdio: [0, 1, 2].map(|i| stdio.child[i].as_raw_fd()),
+            stdio,
             report: self.report.as_ref().map_or(-1, |r| r.as_raw_fd()),
             programs: &programs,
             argv: argv_ptrs.as_ptr(),
@@ -370,7 +305,9 @@ impl Enter {
         unsafe {
             libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         }
-        drop(stacks);
+        // Both clones are done with them: the helper has exited (or was never made), and the
+        // command had exec'd or ended before the helper went on.
+        stacks.give_back();
         if helper < 0 {
             return Err(io::Error::new(
                 clone_error.kind(),
@@ -390,11 +327,10 @@ impl Enter {
             let errno = shared.errno.load(Ordering::SeqCst);
             return Err(self.failed(step, index, errno, spec));
         }
-        let pid = u32::try_from(pid)
+        u32::try_from(pid)
             .ok()
             .filter(|p| *p > 0)
-            .ok_or_else(|| io::Error::other("the helper entering the sandbox ended early"))?;
-        stdio.adopt(pid)
+            .ok_or_else(|| io::Error::other("the helper entering the sandbox ended early"))
     }
 
     /// Where `spec`'s program may be, in the order its exec tries them: its path, or each
