@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use super::wire::CommandView;
 use crate::clock::Clock;
 use crate::core::Millis;
-use crate::provider::local::Contained;
+use crate::provider::local::{Contained, ContainedChild};
 
 /// How long to keep reading a command's pipes after it exited: a background process it left
 /// behind may hold them open forever.
@@ -342,21 +342,34 @@ pub(crate) fn spawn(spec: SpawnSpec, clock: Arc<dyn Clock>) -> Arc<CommandRun> {
         inner: Mutex::new(Inner::default()),
         changed,
     });
-    let mut cmd = tokio::process::Command::new(&spec.command);
-    cmd.args(&spec.args)
-        .current_dir(&spec.host_cwd)
-        .env_clear()
-        .envs(base_env(&spec.home, spec.contained.is_some()))
-        .envs(&spec.env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    if let Some(contained) = spec.contained {
-        contained.install(&mut cmd);
-    }
-    match cmd.spawn() {
+    // The command's whole environment, the request's variables over the base.
+    let mut env: BTreeMap<String, String> = base_env(&spec.home, spec.contained.is_some())
+        .into_iter()
+        .collect();
+    env.extend(spec.env);
+    let started = match spec.contained {
+        // Started in the session's sandbox as the local provider starts its own commands.
+        Some(contained) => {
+            let env: Vec<(String, String)> = env.into_iter().collect();
+            contained
+                .spawn(&spec.command, &spec.args, &env)
+                .map(Child::Contained)
+        }
+        None => {
+            let mut cmd = tokio::process::Command::new(&spec.command);
+            cmd.args(&spec.args)
+                .current_dir(&spec.host_cwd)
+                .env_clear()
+                .envs(&env)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0)
+                .kill_on_drop(true);
+            cmd.spawn().map(Child::Host)
+        }
+    };
+    match started {
         Ok(child) => {
             let pid = child.id().and_then(|p| i32::try_from(p).ok());
             run.lock().group = pid;
@@ -368,9 +381,18 @@ pub(crate) fn spawn(spec: SpawnSpec, clock: Arc<dyn Clock>) -> Arc<CommandRun> {
             } else {
                 126
             };
+            let mut why = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                why.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
             run.push_log(
                 LogStream::Stderr,
-                format!("taskbox fake-vercel: cannot run `{}`: {e}\n", spec.command),
+                format!(
+                    "taskbox fake-vercel: cannot run `{}`: {why}\n",
+                    spec.command
+                ),
             );
             run.finish(Exit {
                 code,
@@ -403,20 +425,63 @@ async fn pump(run: Arc<CommandRun>, pipe: Option<impl AsyncRead + Unpin>, stream
     }
 }
 
+/// A running command: on the host (a fake whose local provider does not isolate), or in its
+/// session's sandbox.
+enum Child {
+    Host(tokio::process::Child),
+    Contained(ContainedChild),
+}
+
+impl Child {
+    fn id(&self) -> Option<u32> {
+        match self {
+            Child::Host(c) => c.id(),
+            Child::Contained(c) => c.id(),
+        }
+    }
+
+    fn take_stdout(&mut self) -> Option<Box<dyn AsyncRead + Unpin + Send>> {
+        match self {
+            Child::Host(c) => c
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn AsyncRead + Unpin + Send>),
+            Child::Contained(c) => c.stdout.take(),
+        }
+    }
+
+    fn take_stderr(&mut self) -> Option<Box<dyn AsyncRead + Unpin + Send>> {
+        match self {
+            Child::Host(c) => c
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn AsyncRead + Unpin + Send>),
+            Child::Contained(c) => c.stderr.take(),
+        }
+    }
+
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            Child::Host(c) => c.wait().await,
+            Child::Contained(c) => c.wait().await,
+        }
+    }
+}
+
 async fn supervise(
     run: Arc<CommandRun>,
-    mut child: tokio::process::Child,
+    mut child: Child,
     timeout: Option<Duration>,
     clock: Arc<dyn Clock>,
 ) {
     let out = tokio::spawn(pump(
         Arc::clone(&run),
-        child.stdout.take(),
+        child.take_stdout(),
         LogStream::Stdout,
     ));
     let err = tokio::spawn(pump(
         Arc::clone(&run),
-        child.stderr.take(),
+        child.take_stderr(),
         LogStream::Stderr,
     ));
     let (out_abort, err_abort) = (out.abort_handle(), err.abort_handle());

@@ -120,6 +120,69 @@ fn processes_with(marker: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The fields of `/proc/<pid>/stat` after its command name: state, ppid, pgrp, ...
+fn stat_fields(pid: u32) -> Vec<String> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// An isolated command's shell is the server's own child (no copy of the server waits between
+/// them, see `isolation::enter`), leads its own process group, and starts with no signal
+/// blocked and `SIGPIPE` at its default (though the server ignores it); a signal to its group
+/// from outside ends it with the signal's exit code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_command_is_the_servers_own_child() {
+    let Some(env) = env("own-child") else {
+        return;
+    };
+    let env = Arc::new(env);
+    let id = env.create("own-child", 1, None).await;
+    let out = env
+        .ok(
+            &id,
+            "grep -E '^SigBlk:' /proc/self/status; yes | head -c1 >/dev/null; \
+             echo pipe=${PIPESTATUS[0]}",
+        )
+        .await;
+    assert_eq!(out, "SigBlk:\t0000000000000000\npipe=141\n");
+    let marker = "taskbox-own-child-marker";
+    let running = {
+        let (env, id) = (env.clone(), id.clone());
+        tokio::spawn(async move { env.run(&id, &format!("sleep 30 # {marker}")).await })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let shell = loop {
+        if let [pid] = processes_with(marker)[..] {
+            break pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "the shell never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let fields = stat_fields(shell);
+    assert_eq!(
+        fields.get(1).map(String::as_str),
+        Some(std::process::id().to_string().as_str()),
+        "the shell's parent is this process (the server): {fields:?}"
+    );
+    assert_eq!(
+        fields.get(2).map(String::as_str),
+        Some(shell.to_string().as_str()),
+        "the shell leads its own group: {fields:?}"
+    );
+    // SAFETY: killpg(2) takes two integers; the group is the running shell's, whose exec has
+    // not returned (so it is not reaped and the id is still its own).
+    unsafe {
+        libc::killpg(shell as libc::pid_t, libc::SIGTERM);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the command ends on the signal")
+        .expect("the command's task");
+    assert_eq!(out.exit_code, 128 + libc::SIGTERM, "{out:?}");
+}
+
 /// Who a command is, where it is, what it may do, and what it sees of its environment.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_runs_unprivileged_in_the_workspace_with_a_clean_environment() {

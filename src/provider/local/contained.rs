@@ -1,15 +1,21 @@
 //! Commands another room spawns itself in a local sandbox — the fake Vercel's, whose API needs
 //! an executable with arguments, streamed output and signals rather than
 //! `SandboxProvider::exec`'s bounded `bash -c` — contained as the local provider's own are:
-//! they enter the sandbox's namespaces ([`Contained::install`]), so they see only its
+//! they start in the sandbox's namespaces ([`Contained::spawn`]), so they see only its
 //! workspace (also at [`isolation::Settings::workspace_alias`]) and the read-only system, run as
 //! uid [`isolation::UID`] under its limits, and die with its stop.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::path::Path;
+use std::process::ExitStatus;
+
+use tokio::io::AsyncRead;
 
 use super::isolation;
+use super::kill::kill_group;
 use super::names::SandboxName;
+use super::spawn::{Proc, Spec, Started};
 use super::{LocalError, LocalProvider};
 
 /// A prepared entry into one sandbox's namespaces, for one command.
@@ -54,14 +60,80 @@ impl LocalProvider {
 }
 
 impl Contained {
-    /// Makes `command` enter the sandbox before its exec (its environment stays the caller's
-    /// to set: nothing of the server's should be in it).
-    pub fn install(self, command: &mut tokio::process::Command) {
-        let enter = self.enter;
-        // SAFETY: `Enter::run` makes only async-signal-safe system calls on what `Enter::new`
-        // prepared (see `isolation::enter`).
-        unsafe {
-            command.pre_exec(move || enter.run());
+    /// Starts `program` with `args` in the sandbox, as the local provider starts its own
+    /// commands (see `isolation::enter`): this process's child, in its own process group, with
+    /// exactly the environment `env` (nothing of the server's should be in it; `program` is
+    /// found on its `PATH` inside), its stdin `/dev/null`, its stdout and stderr pipes. Must be
+    /// called within a tokio runtime. `Err`: nothing runs (`NotFound` when `program` is not
+    /// found inside).
+    pub fn spawn(
+        self,
+        program: &str,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> std::io::Result<ContainedChild> {
+        let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+        let env: Vec<(&str, &OsStr)> = env
+            .iter()
+            .map(|(k, v)| (k.as_str(), OsStr::new(v)))
+            .collect();
+        let spec = Spec {
+            program,
+            args: &args,
+            cwd: Path::new(isolation::WORKSPACE),
+            env: &env,
+            stdin_piped: false,
+        };
+        let Started {
+            proc,
+            stdin: _,
+            stdout,
+            stderr,
+        } = self.enter.spawn(&spec)?;
+        Ok(ContainedChild {
+            proc,
+            stdout,
+            stderr,
+        })
+    }
+}
+
+/// A command [`Contained::spawn`] started: its pid (its process group's id, while it is not
+/// reaped), its output pipes and its exit. Dropped before it was waited for to the end, its
+/// process group is killed (and it is reaped).
+pub struct ContainedChild {
+    proc: Proc,
+    /// Its stdout, until taken.
+    pub stdout: Option<Box<dyn AsyncRead + Unpin + Send>>,
+    /// Its stderr, until taken.
+    pub stderr: Option<Box<dyn AsyncRead + Unpin + Send>>,
+}
+
+impl std::fmt::Debug for ContainedChild {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContainedChild")
+            .field("pid", &self.proc.id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ContainedChild {
+    /// Its pid in this process's PID namespace, until it is reaped.
+    pub fn id(&self) -> Option<u32> {
+        self.proc.id()
+    }
+
+    /// Waits for it to exit and reaps it (cancel-safe).
+    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        self.proc.wait().await
+    }
+}
+
+impl Drop for ContainedChild {
+    fn drop(&mut self) {
+        // Not reaped, so the group's id is still its own.
+        if let Some(pgid) = self.proc.id() {
+            kill_group(pgid);
         }
     }
 }

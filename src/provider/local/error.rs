@@ -235,7 +235,7 @@ impl crate::provider::PlatformError for LocalError {
 /// reason, but a process out of descriptors or the system out of processes is not helped by
 /// looking for bash.
 fn spawn_hint(e: &io::Error) -> &'static str {
-    match e.raw_os_error() {
+    match os_error(e) {
         Some(libc::EMFILE) => {
             "the engine's process has as many files open as its limit allows: raise its \
              open-files limit (`ulimit -n` where `taskbox serve` starts) and restart it"
@@ -250,13 +250,32 @@ fn spawn_hint(e: &io::Error) -> &'static str {
     }
 }
 
+/// The errno of `e`, or of the first I/O error among its causes (an isolated command's spawn
+/// names the step that failed, with the errno beneath).
+fn os_error(e: &io::Error) -> Option<i32> {
+    if let Some(errno) = e.raw_os_error() {
+        return Some(errno);
+    }
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(errno) = c
+            .downcast_ref::<io::Error>()
+            .and_then(io::Error::raw_os_error)
+        {
+            return Some(errno);
+        }
+        cause = c.source();
+    }
+    None
+}
+
 /// I/O errors are permanent unless they are clearly about momentary resource pressure.
 fn io_kind(e: &io::Error) -> FailureKind {
     let transient = matches!(
         e.kind(),
         io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
     ) || matches!(
-        e.raw_os_error(),
+        os_error(e),
         Some(libc::EAGAIN | libc::EMFILE | libc::ENFILE | libc::EBUSY | libc::ENOMEM)
     );
     if transient {

@@ -16,8 +16,7 @@ use super::error::LocalError;
 use super::inflight::InFlight;
 use super::isolation;
 use super::kill::{
-    exited_unreaped, group_has_live_members, kill_group, signal_children, signal_group,
-    signal_shell, GroupGuard,
+    exited_unreaped, group_has_live_members, kill_group, signal_group, signal_shell, GroupGuard,
 };
 use super::names::SandboxName;
 use super::output::{Captured, Pump};
@@ -164,7 +163,6 @@ impl LocalProvider {
             .collect();
         let started = tokio::time::Instant::now();
         // Where the command's reported directory is relative to.
-        let isolated = init.is_some();
         let cwd_root = match init {
             Some(_) => Path::new(isolation::WORKSPACE),
             None => workspace.as_path(),
@@ -207,21 +205,18 @@ impl LocalProvider {
                     })?;
                 report.path = PathBuf::from(format!("/proc/self/fd/{}", enter.report_fd()));
                 let script = wrap_command(&req.command, &report.path, &cwd_file, None);
-                let mut command = bash_command(script, io.stdin.is_some(), &full);
-                // SAFETY: `Enter::run` makes only async-signal-safe system calls on what
-                // `Enter::new` prepared (see `isolation::enter`).
-                unsafe {
-                    command.pre_exec(move || enter.run());
-                }
-                match command.spawn() {
-                    Ok(child) => Started::spawned(child),
-                    Err(source) => {
-                        return Err(LocalError::Spawn {
-                            sandbox: name.name.clone(),
-                            source,
-                        })
-                    }
-                }
+                let spec = Spec {
+                    program: "bash",
+                    args: &[OsStr::new("-c"), &script],
+                    cwd: &inside,
+                    env: &full,
+                    stdin_piped: io.stdin.is_some(),
+                };
+                // The server's own child, born in the sandbox (see `isolation::enter`).
+                enter.spawn(&spec).map_err(|source| LocalError::Spawn {
+                    sandbox: name.name.clone(),
+                    source,
+                })?
             }
             (None, None) => {
                 let script = wrap_command(&req.command, &report.path, &cwd_file, cgroup.as_ref());
@@ -321,12 +316,7 @@ impl LocalProvider {
                     // the pid is still the shell's.
                     if let (Some(signal), Ok(false)) = (cancelled, exited_unreaped(pgid)) {
                         tracing::debug!(sandbox = %name.name, "a cancelled command's shell still runs; signalled again");
-                        if isolated {
-                            // The shell is the child of the process that waits for it.
-                            signal_children(pgid, signal.number());
-                        } else {
-                            signal_shell(pgid, signal.number());
-                        }
+                        signal_shell(pgid, signal.number());
                     }
                 }
                 () = &mut escalate, if cancelled.is_some() => {

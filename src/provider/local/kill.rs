@@ -43,25 +43,6 @@ pub(super) fn signal_shell(pid: u32, signal: i32) {
     }
 }
 
-/// Sends `signal` to the children of our child `pid` (an isolated command's shell, whose
-/// parent waits outside its sandbox's PID namespace: see `isolation::enter`), as listed in
-/// `/proc/<pid>/task/<pid>/children`. Callers pass an unreaped child, so its children are still
-/// its own (a child's pid cannot be reused before its parent has reaped it).
-pub(super) fn signal_children(pid: u32, signal: i32) {
-    let Ok(children) = fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) else {
-        return;
-    };
-    for child in children.split_whitespace() {
-        if let Ok(child) = child.parse::<libc::pid_t>() {
-            // SAFETY: kill(2) takes two integers and touches no memory of ours. `child` is an
-            // unreaped child of our unreaped child, so the pid is still that process's.
-            unsafe {
-                libc::kill(child, signal);
-            }
-        }
-    }
-}
-
 /// Whether our child `pid` has exited, without reaping it: it stays a zombie until it is waited
 /// for, so its pid (and with it its process group's id) cannot be reused meanwhile. An error
 /// (not our child, or reaped already) is returned as such.

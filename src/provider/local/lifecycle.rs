@@ -105,6 +105,7 @@ impl LocalProvider {
         let cgroup = cgroup::recorded(&self.sandbox_dir(name), &name.name);
         let no_commands = slot.commands.load(Ordering::SeqCst) == 0;
         // Its namespaces end first: once the init is reaped, nothing of them runs.
+        slot.kill_init().await;
         let ended = super::run_blocking_ref(|| Ok(slot.end_namespaces()))?;
         run_blocking("stop the sandbox's processes", move || {
             let emptied = match &cgroup {
@@ -134,6 +135,7 @@ impl LocalProvider {
     ) -> Result<bool, LocalError> {
         slot.stopped.send_modify(|n| *n += 1);
         self.drop_tracker(name);
+        slot.kill_init().await;
         super::run_blocking_ref(|| Ok(slot.end_namespaces()))?;
         let dir = self.sandbox_dir(name);
         let cgroup = cgroup::recorded(&dir, &name.name);

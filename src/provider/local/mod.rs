@@ -99,7 +99,7 @@ mod temp;
 use temp::InFlight;
 mod workspace;
 
-pub use self::contained::Contained;
+pub use self::contained::{Contained, ContainedChild};
 pub use self::error::{IoContext, LocalError};
 pub use self::snapshot::export_snapshot;
 
@@ -192,6 +192,15 @@ struct Slot {
 }
 
 impl Slot {
+    /// Kills the sandbox's init, if this process holds it, and waits without blocking until
+    /// it has exited (see `Init::killed`); [`Slot::end_namespaces`] then reaps it at once.
+    async fn kill_init(&self) {
+        let init = lock(&self.init).clone();
+        if let Some(init) = init {
+            init.killed().await;
+        }
+    }
+
     /// Ends the sandbox's namespaces, if this process holds them: every process in them is
     /// dead when this returns (blocking). Returns whether there were any.
     fn end_namespaces(&self) -> bool {

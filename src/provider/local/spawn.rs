@@ -22,8 +22,10 @@
 //!
 //! A `vfork` on a stack of the child's own (x86-64 assembly) saved the copy of the server's page
 //! tables, 0.2–0.4 ms per unisolated command; it was dropped (issue 29) once measured beside this
-//! clone in one release run (docs/performance.md), since an isolated command, the default, is
-//! forked by its `pre_exec` hook (`isolation::enter`) anyway.
+//! clone in one release run (docs/performance.md), since an isolated command, the default, was
+//! then forked by a `pre_exec` hook anyway. (An isolated command is now started by a
+//! `vfork`-like clone of the standard C library's own, `isolation::enter`: its [`Stdio`] and
+//! [`Stdio::adopt`] are here.)
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
@@ -467,8 +469,100 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> Result<Started, CloneError> 
     })
 }
 
+/// The three standard descriptors of a command about to be started some other way than
+/// [`clone_into_cgroup`] (an isolated command, `isolation::Enter::spawn`): the child's ends
+/// (stdin, stdout, stderr; every one close-on-exec, above 2), and ours, ready for the runtime.
+pub(super) struct Stdio {
+    pub(super) child: [OwnedFd; 3],
+    stdin: Option<Box<dyn AsyncWrite + Unpin + Send>>,
+    stdout: Box<dyn AsyncRead + Unpin + Send>,
+    stderr: Box<dyn AsyncRead + Unpin + Send>,
+}
+
+impl Stdio {
+    /// Its pipes (stdin from `/dev/null` unless `stdin_piped`).
+    #[cfg(target_os = "linux")]
+    pub(super) fn make(stdin_piped: bool) -> io::Result<Stdio> {
+        let (stdin_child, stdin_parent) = if stdin_piped {
+            let (r, w) = pipe()?;
+            (r, Some(w))
+        } else {
+            (open(Path::new("/dev/null"), libc::O_RDONLY)?, None)
+        };
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        // The server's own 0, 1 and 2 are open, so these are above them: a dup2 onto 0-2 never
+        // lands on one of them.
+        if [&stdin_child, &out_w, &err_w]
+            .iter()
+            .any(|fd| fd.as_raw_fd() <= 2)
+        {
+            return Err(io::Error::other(
+                "a pipe got a standard descriptor's number",
+            ));
+        }
+        let stdin = match stdin_parent {
+            Some(w) => Some(Box::new(tokio::net::unix::pipe::Sender::from_owned_fd(w)?)
+                as Box<dyn AsyncWrite + Unpin + Send>),
+            None => None,
+        };
+        Ok(Stdio {
+            child: [stdin_child, out_w, err_w],
+            stdin,
+            stdout: Box::new(tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)?),
+            stderr: Box::new(tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?),
+        })
+    }
+
+    /// The command started as this process's child `pid` (in its own process group), with
+    /// these pipes: watched through a pidfd as a cloned one is. `Err`: it could not be watched,
+    /// so it was killed (and is reaped by the drop); the caller reports it.
+    #[cfg(target_os = "linux")]
+    pub(super) fn adopt(self, pid: u32) -> io::Result<Started> {
+        let Stdio {
+            child,
+            stdin,
+            stdout,
+            stderr,
+        } = self;
+        drop(child);
+        let mut cloned = Cloned {
+            pid,
+            pidfd: None,
+            status: None,
+        };
+        // SAFETY: pidfd_open takes a pid and flags; `pid` is our unreaped child, so the number
+        // is still that process's.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0u32) };
+        let registered = if fd < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            // SAFETY: pidfd_open returned a new descriptor that nothing else owns, which the
+            // `AsyncFd` then owns until it is dropped (nothing else closes or replaces it).
+            unsafe {
+                let fd = OwnedFd::from_raw_fd(fd as RawFd);
+                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+                    .map_err(io::Error::from)
+            }
+        };
+        match registered {
+            Ok(pidfd) => cloned.pidfd = Some(pidfd),
+            Err(e) => {
+                signal_group(pid, libc::SIGKILL);
+                return Err(e);
+            }
+        }
+        Ok(Started {
+            proc: Proc::Cloned(cloned),
+            stdin,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+        })
+    }
+}
+
 /// Waits for our child `pid` to exit and reaps it (`None`: the wait failed).
-fn wait_blocking(pid: u32) -> Option<ExitStatus> {
+pub(super) fn wait_blocking(pid: u32) -> Option<ExitStatus> {
     loop {
         let mut status = 0;
         // SAFETY: waitpid(2) writes only into `status`, ours; `pid` is our unreaped child.

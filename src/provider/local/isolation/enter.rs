@@ -1,24 +1,28 @@
-//! A command entering its sandbox: the `pre_exec` hook of its `bash` (see the module docs of
-//! `isolation`).
+//! A command entering its sandbox (see the module docs of `isolation`).
 //!
-//! The hook runs in the forked child of the server, before the exec, so it may only make
-//! async-signal-safe system calls on values prepared before the fork ([`Enter::new`]). It
-//! `setns`es into the init's namespaces (through the descriptors the init's start opened, user
-//! namespace first), then forks: the grandchild (in the sandbox's PID
-//! namespace) goes on to the exec, the child stays outside and waits for it, ending as it ended
-//! (its exit code, or the same signal), so that the server's wait and its signals to the
-//! command's process group (which both share) work as for an unisolated command.
-//!
-//! Before all that, the hook moves itself into the sandbox's limit cgroups, where it has them
-//! (see `limits`): the command and everything it starts are born there.
+//! [`Enter::spawn`], the way a command starts: the server's spawning thread clones a *helper*
+//! that shares its memory and waits for it (`CLONE_VM | CLONE_VFORK`, on a stack of its own, as
+//! `posix_spawn` does: no copy of the server's page tables, none to tear down). The helper moves
+//! itself into the sandbox's limit cgroups, where it has them (see `limits`), `setns`es into
+//! the init's namespaces (through the descriptors the init's start opened, user namespace
+//! first), and, since entering a PID namespace places only the caller's *children* in it,
+//! clones the command the same way, as the *server's* child (`CLONE_PARENT`): born in the
+//! cgroups and the namespaces, it takes its own process group, resets the signals, takes its
+//! descriptors, enters its working directory, sets `no_new_privs`, installs the seccomp filter
+//! and execs. The helper then exits: the server reaps it, adopts the command's pid (a pidfd)
+//! and waits for it and signals its process group as for an unisolated command. Between the
+//! clones and the exec both make only async-signal-safe system calls on values prepared
+//! before, and report a failed step through memory they share with the server.
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::Arc;
 
+use super::super::spawn::{self, Spec, Started};
 use super::init::Init;
 use super::{REPORT_FD, WORKSPACE};
 
@@ -74,106 +78,487 @@ impl Enter {
     pub fn report_fd(&self) -> RawFd {
         self.report_fd
     }
+}
 
-    /// The `pre_exec` hook.
-    ///
-    /// # Safety
-    /// Only in the forked child of a spawn (one thread), before its exec.
-    pub unsafe fn run(&self) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
-        let report: RawFd = self.report.as_ref().map_or(-1, |r| r.as_raw_fd());
-        // SAFETY: (the whole body) async-signal-safe system calls on integers and on pointers
-        // into `self`, which the fork copied; nothing allocates or takes a lock.
+/// The size of each of the two stacks the helper and the command run on until the command's
+/// exec (only this module's code, a few small frames; untouched pages cost nothing).
+const STACK: usize = 256 * 1024;
+
+/// A step of [`Enter::spawn`] between its clones and the command's exec, as the helper or the
+/// command reports the one that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+enum Step {
+    /// Joining the limit cgroup whose `cgroup.procs` or `tasks` is the `index`th.
+    Cgroup = 1,
+    /// Entering the `index`th namespace.
+    Namespace,
+    /// Cloning the command.
+    Clone,
+    /// Its own process group.
+    ProcessGroup,
+    /// Its standard descriptors.
+    Descriptors,
+    /// Its working directory.
+    Directory,
+    /// The report descriptor.
+    Report,
+    /// `no_new_privs`.
+    NoNewPrivs,
+    /// The seccomp filter.
+    Seccomp,
+    /// The exec.
+    Exec,
+}
+
+impl Step {
+    const ALL: [Step; 10] = [
+        Step::Cgroup,
+        Step::Namespace,
+        Step::Clone,
+        Step::ProcessGroup,
+        Step::Descriptors,
+        Step::Directory,
+        Step::Report,
+        Step::NoNewPrivs,
+        Step::Seccomp,
+        Step::Exec,
+    ];
+}
+
+/// What the helper and the command read, and write back for the server: on the spawning
+/// thread's stack, shared through `CLONE_VM` until the command's exec.
+struct Shared<'a> {
+    enter: &'a Enter,
+    /// The command's stdin, stdout and stderr (close-on-exec, above 2).
+    stdio: [RawFd; 3],
+    /// The report pipe's write end (-1: none).
+    report: RawFd,
+    /// The program in each directory of the command's `PATH`, tried in turn.
+    programs: &'a [CString],
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    /// The top of the command's stack.
+    command_stack: *mut libc::c_void,
+    /// The command's pid (in the server's PID namespace), once cloned.
+    pid: AtomicI32,
+    /// The step that failed (0: none) and its index and errno.
+    step: AtomicU32,
+    index: AtomicU32,
+    errno: AtomicI32,
+}
+
+/// Two stacks in one mapping, unmapped when dropped (after both clones are done with them).
+struct Stacks(*mut libc::c_void);
+
+// SAFETY: a mapping of this process's that only one spawn uses at a time (taken from the pool
+// and given back), and nothing else refers to.
+unsafe impl Send for Stacks {}
+
+/// The stacks of spawns that ended, for the next ones: a mapping made and unmapped per command
+/// costs its page faults and, in a process of many threads, the unmap's TLB shootdown.
+static POOL: std::sync::Mutex<Vec<Stacks>> = std::sync::Mutex::new(Vec::new());
+
+/// How many stacks the pool keeps (as many as commands spawned at once, at most).
+const POOL_SIZE: usize = 8;
+
+impl Stacks {
+    /// Stacks from the pool, or new ones.
+    fn take() -> io::Result<Stacks> {
+        let pooled = POOL.lock().ok().and_then(|mut pool| pool.pop());
+        match pooled {
+            Some(stacks) => Ok(stacks),
+            None => Stacks::map(),
+        }
+    }
+
+    /// Back to the pool (unmapped when it is full). Only once both clones are done with them.
+    fn give_back(self) {
+        if let Ok(mut pool) = POOL.lock() {
+            if pool.len() < POOL_SIZE {
+                pool.push(self);
+            }
+        }
+    }
+
+    fn map() -> io::Result<Stacks> {
+        // SAFETY: a new private anonymous mapping; nothing else refers to it.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                2 * STACK,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Stacks(at))
+    }
+
+    /// The top of the `n`th (0 or 1), 16-byte aligned: stacks grow down on every
+    /// architecture Linux's `clone` wrapper supports here.
+    fn top(&self, n: usize) -> *mut libc::c_void {
+        ((self.0 as usize + (n + 1) * STACK) & !15) as *mut libc::c_void
+    }
+}
+
+impl Drop for Stacks {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `map` made, of that length, which nothing runs on any more.
         unsafe {
-            // Into the sandbox's limit cgroups first (the hierarchies are not visible inside):
-            // the waiting child and the command are both counted, and all the command starts.
-            for procs in self.init.cgroups().map_or(&[][..], |c| c.procs()) {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-                let error = io::Error::last_os_error();
-                libc::close(fd);
-                if written != 1 {
-                    return Err(error);
-                }
-            }
-            for (fd, flag) in self.init.namespace_fds() {
-                if libc::setns(fd, flag) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            // Blocked across the fork: the waiting child never handles one (the group's
-            // signals are for the command; a SIGKILL still ends it).
+            libc::munmap(self.0, 2 * STACK);
+        }
+    }
+}
+
+fn cstring(bytes: &[u8]) -> io::Result<CString> {
+    CString::new(bytes).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+fn pointers(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|c| c.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
+
+impl Enter {
+    /// Starts `spec` in the sandbox as this process's own child, in its own process group,
+    /// with exactly `spec.env` and its program found on that environment's `PATH` inside the
+    /// sandbox, starting in the directory [`Enter::new`] was given (`spec.cwd` is not used: it
+    /// is a path of the host's). Blocks until the command has exec'd (well under a
+    /// millisecond). `Err` names the step that failed; nothing then runs.
+    pub(in crate::provider::local) fn spawn(&self, spec: &Spec<'_>) -> io::Result<Started> {
+        let stdio = spawn::Stdio::make(spec.stdin_piped)?;
+        let pid = self.start([0, 1, 2].map(|i| stdio.child[i].as_raw_fd()), spec)?;
+        stdio.adopt(pid)
+    }
+
+    /// Starts `spec` as [`Enter::spawn`] does, with `stdio` as its stdin, stdout and stderr
+    /// (descriptors above 2, which it gets at 0, 1 and 2), and returns its pid: this process's
+    /// child, for the caller to wait for and reap.
+    pub(super) fn start(&self, stdio: [RawFd; 3], spec: &Spec<'_>) -> io::Result<u32> {
+        // (A `dup2` onto itself would leave its close-on-exec flag: the exec would close it.)
+        if stdio.iter().any(|fd| *fd <= 2) {
+            return Err(io::Error::other(
+                "a command's standard descriptor is one of this process's own (0-2)",
+            ));
+        }
+        let programs = self.programs(spec)?;
+        let argv = std::iter::once(spec.program.as_bytes())
+            .chain(spec.args.iter().map(|a| a.as_bytes()))
+            .map(cstring)
+            .collect::<io::Result<Vec<_>>>()?;
+        let envp = spec
+            .env
+            .iter()
+            .map(|(k, v)| cstring(&[k.as_bytes(), b"=", v.as_bytes()].concat()))
+            .collect::<io::Result<Vec<_>>>()?;
+        let (argv_ptrs, envp_ptrs) = (pointers(&argv), pointers(&envp));
+        let stacks = Stacks::take()?;
+        let shared = Shared {
+            enter: self,
+            stdio,
+            report: self.report.as_ref().map_or(-1, |r| r.as_raw_fd()),
+            programs: &programs,
+            argv: argv_ptrs.as_ptr(),
+            envp: envp_ptrs.as_ptr(),
+            command_stack: stacks.top(1),
+            pid: AtomicI32::new(0),
+            step: AtomicU32::new(0),
+            index: AtomicU32::new(0),
+            errno: AtomicI32::new(0),
+        };
+        // Every signal blocked across the clones (as `posix_spawn` does): the helper never
+        // unblocks them, and the command resets the handlers before it does, so neither runs
+        // one of the server's.
+        // SAFETY: all-zero `sigset_t`s are valid values, which `sigfillset` and
+        // `pthread_sigmask` fill in; this changes only this thread's mask.
+        let old = unsafe {
             let mut all: libc::sigset_t = std::mem::zeroed();
             let mut old: libc::sigset_t = std::mem::zeroed();
             libc::sigfillset(&mut all);
-            libc::sigprocmask(libc::SIG_SETMASK, &all, &mut old);
-            let pid = libc::fork();
-            if pid < 0 {
-                return Err(io::Error::last_os_error());
+            if libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old) != 0 {
+                return Err(io::Error::other("cannot block signals for the spawn"));
             }
-            if pid == 0 {
-                // The command, in the sandbox's PID namespace.
-                libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-                if libc::chdir(self.cwd.as_ptr()) != 0 && libc::chdir(self.workspace.as_ptr()) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-                if report >= 0 && report != self.report_fd {
-                    if libc::dup2(report, self.report_fd) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                } else if report >= 0 && libc::fcntl(report, libc::F_SETFD, 0) < 0 {
-                    // Already there (`dup2` would leave its close-on-exec flag): kept open.
-                    return Err(io::Error::last_os_error());
-                }
-                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                if let Some(filter) = &self.filter {
-                    let prog = libc::sock_fprog {
-                        len: filter.len() as u16,
-                        filter: filter.as_ptr().cast_mut(),
-                    };
-                    if libc::prctl(
-                        libc::PR_SET_SECCOMP,
-                        libc::SECCOMP_MODE_FILTER,
-                        std::ptr::from_ref(&prog),
-                        0,
-                        0,
-                    ) != 0
-                    {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                return Ok(());
+            old
+        };
+        // SAFETY: the helper shares this process's memory and this thread waits
+        // (`CLONE_VFORK`) until it has exited: it runs on a stack of its own, reads `shared`
+        // (alive on this thread's stack until then) and makes only async-signal-safe system
+        // calls, as does the command it clones, which it waits for the same way.
+        let helper = unsafe {
+            libc::clone(
+                helper,
+                stacks.top(0),
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                std::ptr::from_ref(&shared).cast_mut().cast(),
+            )
+        };
+        let clone_error = io::Error::last_os_error();
+        // SAFETY: restores the mask read above, on this thread.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        }
+        // Both clones are done with them: the helper has exited (or was never made), and the
+        // command had exec'd or ended before the helper went on.
+        stacks.give_back();
+        if helper < 0 {
+            return Err(io::Error::new(
+                clone_error.kind(),
+                format!("cannot clone a process to enter the sandbox: {clone_error}"),
+            ));
+        }
+        // It has exited (a vfork returns once its child exits or execs).
+        spawn::wait_blocking(helper as u32);
+        let pid = shared.pid.load(Ordering::SeqCst);
+        let step = shared.step.load(Ordering::SeqCst);
+        if step != 0 {
+            if pid > 0 {
+                // Cloned, but it ended before its exec: reaped here.
+                spawn::wait_blocking(pid as u32);
             }
-            // The waiting child: nothing of the server's stays open in it (the spawn's own
-            // error pipe included, whose end the spawn waits for).
-            libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
-            let mut status = 0;
-            loop {
-                let r = libc::waitpid(pid, &mut status, 0);
-                if r == pid {
+            let index = shared.index.load(Ordering::SeqCst) as usize;
+            let errno = shared.errno.load(Ordering::SeqCst);
+            return Err(self.failed(step, index, errno, spec));
+        }
+        u32::try_from(pid)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| io::Error::other("the helper entering the sandbox ended early"))
+    }
+
+    /// Where `spec`'s program may be, in the order its exec tries them: its path, or each
+    /// directory of the `PATH` in its environment (the system's default without one).
+    fn programs(&self, spec: &Spec<'_>) -> io::Result<Vec<CString>> {
+        if spec.program.contains('/') {
+            return Ok(vec![cstring(spec.program.as_bytes())?]);
+        }
+        let path = spec
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == "PATH")
+            .map_or(&b"/usr/bin:/bin"[..], |(_, v)| v.as_bytes());
+        path.split(|b| *b == b':')
+            .map(|dir| if dir.is_empty() { &b"."[..] } else { dir })
+            .map(|dir| cstring(&[dir, b"/", spec.program.as_bytes()].concat()))
+            .collect()
+    }
+
+    /// The error of the step `step` (its `index`th item) that failed with `errno`.
+    fn failed(&self, step: u32, index: usize, errno: i32, spec: &Spec<'_>) -> io::Error {
+        let source = io::Error::from_raw_os_error(errno);
+        let step = Step::ALL.into_iter().find(|s| *s as u32 == step);
+        let what = match step {
+            Some(Step::Cgroup) => format!(
+                "cannot join the sandbox's limit cgroup ({})",
+                self.init
+                    .cgroups()
+                    .and_then(|c| c.procs().get(index))
+                    .map_or_else(|| "?".into(), |p| p.to_string_lossy().into_owned())
+            ),
+            Some(Step::Namespace) => format!(
+                "cannot enter the sandbox's {} namespace",
+                self.init
+                    .namespace_fds()
+                    .nth(index)
+                    .map_or("?", |(_, flag)| namespace_name(flag))
+            ),
+            Some(Step::Clone) => "cannot start the command inside the sandbox".into(),
+            Some(Step::ProcessGroup) => "cannot give the command its own process group".into(),
+            Some(Step::Descriptors) => "cannot give the command its standard descriptors".into(),
+            Some(Step::Directory) => format!(
+                "cannot enter the command's directory {} (nor {WORKSPACE})",
+                self.cwd.to_string_lossy()
+            ),
+            Some(Step::Report) => "cannot give the command its report descriptor".into(),
+            Some(Step::NoNewPrivs) => "cannot set no_new_privs".into(),
+            Some(Step::Seccomp) => "cannot install the seccomp filter".into(),
+            Some(Step::Exec) => format!("cannot execute {} inside the sandbox", spec.program),
+            None => "cannot start the command inside the sandbox".into(),
+        };
+        io::Error::new(source.kind(), StepFailed { what, source })
+    }
+}
+
+/// A step of [`Enter::spawn`] that failed: what it was, and its errno as the source (which
+/// `LocalError`'s hints read).
+#[derive(Debug, thiserror::Error)]
+#[error("{what}")]
+struct StepFailed {
+    what: String,
+    #[source]
+    source: io::Error,
+}
+
+/// The name of the namespace `flag` stands for.
+fn namespace_name(flag: libc::c_int) -> &'static str {
+    match flag {
+        libc::CLONE_NEWUSER => "user",
+        libc::CLONE_NEWNS => "mount",
+        libc::CLONE_NEWPID => "PID",
+        libc::CLONE_NEWNET => "network",
+        libc::CLONE_NEWIPC => "IPC",
+        libc::CLONE_NEWUTS => "UTS",
+        libc::CLONE_NEWCGROUP => "cgroup",
+        _ => "?",
+    }
+}
+
+/// Records in `shared` that `step` (its `index`th item) failed with this thread's errno.
+///
+/// # Safety
+/// Only in the helper or the command, before the command's exec.
+unsafe fn record(shared: &Shared<'_>, step: Step, index: usize) {
+    // SAFETY: reads this thread's errno.
+    let errno = unsafe { *libc::__errno_location() };
+    shared.errno.store(errno, Ordering::SeqCst);
+    shared.index.store(index as u32, Ordering::SeqCst);
+    shared.step.store(step as u32, Ordering::SeqCst);
+}
+
+/// The helper, from its clone to its exit, sharing the server's memory (whose spawning thread
+/// waits, `CLONE_VFORK`): into the cgroups, into the namespaces, then the command's clone.
+/// Returns (exits) 0, or 1 with the failed step in `shared`.
+extern "C" fn helper(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the spawning thread's `Shared`, alive while it waits for this process;
+    // the rest are async-signal-safe system calls on it and on the `Enter` it points to.
+    unsafe {
+        let shared = &*arg.cast::<Shared<'_>>();
+        let enter = shared.enter;
+        // Into the sandbox's limit cgroups first (the hierarchies are not visible inside): the
+        // command is born in them, and all it starts. This process has one thread, so writing
+        // `tasks` (v1) moves all of it.
+        let procs = enter.init.cgroups().map_or(&[][..], |c| c.procs());
+        for (index, procs) in procs.iter().enumerate() {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                record(shared, Step::Cgroup, index);
+                return 1;
+            }
+            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+            if written != 1 {
+                record(shared, Step::Cgroup, index);
+                libc::close(fd);
+                return 1;
+            }
+            libc::close(fd);
+        }
+        for (index, (fd, flag)) in enter.init.namespace_fds().enumerate() {
+            if libc::setns(fd, flag) != 0 {
+                record(shared, Step::Namespace, index);
+                return 1;
+            }
+        }
+        // The command: the server's child (`CLONE_PARENT`), in the PID namespace just entered;
+        // this process waits until it has exec'd or ended (`CLONE_VFORK`).
+        let pid = libc::clone(
+            command,
+            shared.command_stack,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT | libc::SIGCHLD,
+            arg,
+        );
+        if pid < 0 {
+            record(shared, Step::Clone, 0);
+            return 1;
+        }
+        shared.pid.store(pid, Ordering::SeqCst);
+        0
+    }
+}
+
+/// The command, from its clone to its exec, in the sandbox's namespaces and cgroups, sharing
+/// the server's memory (the helper waits, `CLONE_VFORK`): its own process group, the server's
+/// signal handlers reset and every signal unblocked, its descriptors, its directory, the
+/// report descriptor, `no_new_privs`, the seccomp filter, the exec. A step that fails is
+/// recorded in `shared`, and it exits 127.
+extern "C" fn command(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the spawning thread's `Shared`, alive while the helper waits for this
+    // exec; the rest are async-signal-safe system calls on it and on the `Enter` it points to.
+    unsafe {
+        let shared = &*arg.cast::<Shared<'_>>();
+        let enter = shared.enter;
+        let fail = |step: Step| -> libc::c_int {
+            record(shared, step, 0);
+            libc::_exit(127)
+        };
+        if libc::setpgid(0, 0) != 0 {
+            return fail(Step::ProcessGroup);
+        }
+        // Handled signals back to the default before they are unblocked (ignored ones stay
+        // ignored, as across any exec, except `SIGPIPE`, which the server ignores and a
+        // command gets as the standard library's spawn gives it; glibc's own two refuse and
+        // are skipped).
+        for signal in 1..=64 {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, std::ptr::null(), &mut act) == 0
+                && act.sa_sigaction != libc::SIG_DFL
+                && (act.sa_sigaction != libc::SIG_IGN || signal == libc::SIGPIPE)
+            {
+                let mut default: libc::sigaction = std::mem::zeroed();
+                default.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(signal, &default, std::ptr::null_mut());
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        let [stdin, stdout, stderr] = shared.stdio;
+        if libc::dup2(stdin, 0) < 0 || libc::dup2(stdout, 1) < 0 || libc::dup2(stderr, 2) < 0 {
+            return fail(Step::Descriptors);
+        }
+        if libc::chdir(enter.cwd.as_ptr()) != 0 && libc::chdir(enter.workspace.as_ptr()) != 0 {
+            return fail(Step::Directory);
+        }
+        let report = shared.report;
+        if report >= 0 && report != enter.report_fd {
+            if libc::dup2(report, enter.report_fd) < 0 {
+                return fail(Step::Report);
+            }
+        } else if report >= 0 && libc::fcntl(report, libc::F_SETFD, 0) < 0 {
+            // Already there (`dup2` would leave its close-on-exec flag): kept open.
+            return fail(Step::Report);
+        }
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return fail(Step::NoNewPrivs);
+        }
+        if let Some(filter) = &enter.filter {
+            let prog = libc::sock_fprog {
+                len: filter.len() as u16,
+                filter: filter.as_ptr().cast_mut(),
+            };
+            if libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                std::ptr::from_ref(&prog),
+                0,
+                0,
+            ) != 0
+            {
+                return fail(Step::Seccomp);
+            }
+        }
+        // The program on the command's `PATH`, as `execvp` searches it: a directory without it
+        // (or one it may not search) is skipped, any other failure ends the search.
+        let mut errno = libc::ENOENT;
+        for program in shared.programs {
+            libc::execve(program.as_ptr(), shared.argv, shared.envp);
+            match *libc::__errno_location() {
+                libc::ENOENT | libc::ENOTDIR => {}
+                libc::EACCES => errno = libc::EACCES,
+                e => {
+                    errno = e;
                     break;
                 }
-                if r < 0 && *libc::__errno_location() != libc::EINTR {
-                    libc::_exit(127);
-                }
             }
-            if libc::WIFEXITED(status) {
-                libc::_exit(libc::WEXITSTATUS(status));
-            }
-            let signal = libc::WTERMSIG(status);
-            libc::signal(signal, libc::SIG_DFL);
-            let mut one: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut one);
-            libc::sigaddset(&mut one, signal);
-            libc::kill(libc::getpid(), signal);
-            libc::sigprocmask(libc::SIG_UNBLOCK, &one, std::ptr::null_mut());
-            libc::_exit(128 + signal)
         }
+        *libc::__errno_location() = errno;
+        fail(Step::Exec)
     }
 }

@@ -312,6 +312,40 @@ impl Init {
         {}
     }
 
+    /// Kills the init and waits, without blocking the thread, until it has exited. PID 1 of a
+    /// namespace exits only once every other process of it is reaped, and a command's shell is
+    /// this process's own child (see `enter`), reaped by its exec: a stop awaited beside that
+    /// exec (in the same task's runtime, one of a single thread) must let it run. The blocking
+    /// reap of [`Init::kill`] or [`Init::stop`] is then immediate.
+    pub async fn killed(&self) {
+        if self.reaped {
+            return;
+        }
+        // SAFETY: pidfd_send_signal on our pidfd, no siginfo, no flags.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            );
+        }
+        // A pidfd is readable once its process has exited. Without one to register, the
+        // blocking wait of `kill` or `stop` is what remains.
+        let Ok(fd) = self.pidfd.try_clone() else {
+            return;
+        };
+        // SAFETY: the `AsyncFd` owns the duplicated descriptor (nothing else closes or
+        // replaces it) until it is dropped at the end of this function.
+        let registered = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        };
+        if let Ok(fd) = registered {
+            let _ = fd.readable().await;
+        }
+    }
+
     fn end(&mut self) {
         if self.reaped {
             return;

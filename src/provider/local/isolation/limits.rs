@@ -8,14 +8,14 @@
 //! `cpu.cfs_quota_us` over `cpu.cfs_period_us`), made under the cgroup this process is in for
 //! that controller (`/proc/self/cgroup`).
 //!
-//! Every command joins them in its `pre_exec` hook, before it enters the namespaces (`enter`):
-//! the hook writes `0` to each `cgroup.procs` (v2) or `tasks` (v1), so the process waiting for
-//! the command and the command itself, and everything the command starts, are counted. A
+//! Every command's helper joins them before it enters the namespaces (`enter`): it writes `0`
+//! to each `cgroup.procs` (v2) or `tasks` (v1), so the command it then clones is born in them,
+//! and everything the command starts is counted. A
 //! process move into a v1 cgroup (`cgroup.procs`) takes the global threadgroup lock, whose write
 //! side waits for an RCU grace period when no move happened just before: measured on this
 //! hybrid machine (kernel 6.18, 2 cores, load 2), writing the three v1 `cgroup.procs` from a
 //! forked child took a median 0.57 ms with a tail of 13–15 ms, and the same through `tasks` a
-//! median 0.59 ms with a tail of 0.7 ms. The forked hook has one thread, so moving that thread
+//! median 0.59 ms with a tail of 0.7 ms. The helper has one thread, so moving that thread
 //! (`tasks`, which the kernel does without the global lock) moves the whole process.
 //!
 //! The same cgroups are what the server reads a sandbox's resources from (`resources`: CPU time,
@@ -279,10 +279,10 @@ impl Cgroups {
             memory: dirs[0].clone(),
             freezer,
             v2: matches!(hierarchy, Hierarchy::V2(_)),
-            // v1: the hook moves its own (only) thread through `tasks`, which the kernel does
-            // without the global threadgroup lock whose write side waits for an RCU grace
-            // period (up to ~14 ms per command when no move happened just before) — the
-            // forked hook is single-threaded, so its thread is the whole process. v2 has no
+            // v1: a command's helper moves its own (only) thread through `tasks`, which the
+            // kernel does without the global threadgroup lock whose write side waits for an
+            // RCU grace period (up to ~14 ms per command when no move happened just before) —
+            // the helper is single-threaded, so its thread is the whole process. v2 has no
             // such file for a domain cgroup: `cgroup.procs`.
             procs: dirs
                 .iter()

@@ -12,14 +12,17 @@
 //! nothing a command started outlives the sandbox, whatever it did (`setsid`, `env -i`,
 //! double forks): no process scan and no environment marker is needed.
 //!
-//! **How a command enters them.** Each command's `bash` is spawned by the server as before (its
-//! pipes, its process group, its wait), with a `pre_exec` hook (`Enter`, see `enter`): the
-//! forked child `setns`es into all seven namespaces (descriptors opened at the init's start),
-//! then forks
-//! once more, because entering a PID namespace places only the caller's *children* in it. The
-//! grandchild sets `no_new_privs`, installs the seccomp filter (`seccomp`), enters its working
-//! directory and execs `bash` with a clean environment; the child only waits for it and exits as
-//! it did, so the caller's wait, signals to the group and exit codes are unchanged.
+//! **How a command enters them.** Each command — the provider's own `bash`, the fake Vercel's
+//! contained commands (`Contained::spawn`), doctor's probe — is started by `Enter::spawn` (see
+//! `enter`): a helper that shares the server's memory (a `vfork`-like clone on a stack of its
+//! own) joins the sandbox's limit cgroups and `setns`es into all seven namespaces (descriptors
+//! opened at the init's start), then clones the command the same way as the *server's* child
+//! (`CLONE_PARENT`), because entering a PID namespace places only the caller's *children* in
+//! it. The command takes its own process group, sets `no_new_privs`, installs the seccomp
+//! filter (`seccomp`), enters its working directory and execs with a clean environment; the
+//! helper exits. The server waits for the command through a pidfd and signals its process
+//! group as for an unisolated command, so waits, signals and exit codes are unchanged — and no
+//! copy of the server's memory is made per command.
 //!
 //! **What a command sees.** The workspace at [`WORKSPACE`] (read-write, the only tree shared with
 //! the host); `/usr`, `/bin`, `/sbin`, `/lib*`, `/opt` and `/etc` read-only, with `/etc/shadow`,
@@ -276,20 +279,9 @@ pub fn layers(network: &Network) -> Vec<Layer> {
                       echo routes=$(grep -c '^[^I]' /proc/net/route); ls /proc | grep -c '^[0-9]'";
         let enter = Enter::new(init, std::path::Path::new(WORKSPACE), None)
             .map_err(|e| InitError::Prepare(e.to_string()))?;
-        let mut command = std::process::Command::new("bash");
-        command
-            .args(["-c", script])
-            .env_clear()
-            .envs(environment(&[]));
-        // SAFETY: `Enter::run` makes only async-signal-safe system calls on what `Enter::new`
-        // prepared (see `enter`).
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut command, move || enter.run());
-        }
-        let out = command
-            .output()
+        let out = probe_output(&enter, script)
             .map_err(|e| InitError::Prepare(format!("cannot run a probe command: {e}")))?;
-        Ok((String::from_utf8_lossy(&out.stdout).into_owned(), note))
+        Ok((String::from_utf8_lossy(&out).into_owned(), note))
     });
     let layer = |name, ok, detail: String| Layer {
         name,
@@ -361,6 +353,34 @@ pub fn layers(network: &Network) -> Vec<Layer> {
             ),
         },
     ]
+}
+
+/// What `bash -c script`, started through `enter` with the clean environment, printed on its
+/// stdout (blocking until it ended; its stdin and stderr are `/dev/null`).
+fn probe_output(enter: &Enter, script: &str) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let null = std::fs::File::open("/dev/null")?;
+    let (mut read, write) = std::io::pipe()?;
+    let env = environment(&[]);
+    let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+    let spec = super::spawn::Spec {
+        program: "bash",
+        args: &[std::ffi::OsStr::new("-c"), std::ffi::OsStr::new(script)],
+        cwd: Path::new(WORKSPACE),
+        env: &env,
+        stdin_piped: false,
+    };
+    let pid = enter.start(
+        [null.as_raw_fd(), write.as_raw_fd(), null.as_raw_fd()],
+        &spec,
+    )?;
+    drop(write);
+    let mut out = Vec::new();
+    let read_result = read.read_to_end(&mut out);
+    super::spawn::wait_blocking(pid);
+    read_result?;
+    Ok(out)
 }
 
 /// The network layer, from the probe sandbox's `note` (why `isolated` fell back) and whether it
