@@ -86,6 +86,7 @@ impl LocalProvider {
         let previous_path = previous
             .and_then(|p| SnapshotRef::parse(p).ok())
             .map(|p| self.snapshot_path(&p));
+        // The tracker's index holds `previous`'s files.
         let unchanged_base = previous.is_some() && base.as_deref() == previous;
         let cas = self.cas.clone();
         let (snap2, path2) = (snap.clone(), path.clone());
@@ -103,7 +104,13 @@ impl LocalProvider {
             if unchanged_base && tracker.as_ref().is_some_and(Tracker::unchanged) {
                 return Ok((Outcome::Unchanged, tracker));
             }
-            let same_as_previous = |manifest: &super::cas::Manifest| {
+            // Whether `manifest` holds `previous`'s files. Read from its archive, unless the
+            // tracker's index (handed over as `tracked`) holds them: then it is compared with
+            // that, in memory.
+            let same_as_previous = |manifest: &Manifest, tracked: Option<&Tracked>| {
+                if let Some(tracked) = tracked.filter(|_| unchanged_base) {
+                    return manifest.same_content(&tracked.index.manifest);
+                }
                 let Some(prev) = previous_path.as_ref() else {
                     return false;
                 };
@@ -236,7 +243,7 @@ impl Place<'_> {
         frozen: Option<Frozen>,
         mut tracker: Tracker,
         tracked: Tracked,
-        same_as_previous: impl Fn(&Manifest) -> bool,
+        same_as_previous: impl Fn(&Manifest, Option<&Tracked>) -> bool,
     ) -> Result<Answer, LocalError> {
         let content = |source| LocalError::Content {
             snapshot: self.snap.id(),
@@ -275,11 +282,13 @@ impl Place<'_> {
         // before the manifest naming them, as a snapshot's are.
         staged.commit().map_err(content)?;
         let mut tracker = tracker;
+        // Encoded once: the archive's body and the index's.
+        let body = manifest.encode();
         let keep_index = |tracker: &mut Option<Tracker>, manifest: Manifest| {
             let (Some(t), Some(stamp)) = (tracker.as_mut(), stamp) else {
                 return;
             };
-            match stamp.write(manifest) {
+            match stamp.write(manifest, &body) {
                 Ok(index) => t.set_index(index),
                 Err(e) => {
                     tracing::info!(error = %e, "the workspace's changes are not tracked after \
@@ -288,12 +297,19 @@ impl Place<'_> {
                 }
             }
         };
-        if same_as_previous(&manifest) {
+        if same_as_previous(&manifest, Some(&tracked)) {
             // The files as `previous` holds them: no snapshot; track from them.
             keep_index(&mut tracker, manifest);
             return Ok((Outcome::Unchanged, tracker));
         }
-        let size_bytes = write_manifest(self.snap, &manifest, self.header, self.path, self.tmp)?;
+        let size_bytes = write_manifest(
+            self.snap,
+            &manifest,
+            &body,
+            self.header,
+            self.path,
+            self.tmp,
+        )?;
         keep_index(&mut tracker, manifest);
         self.log(size_bytes, &stats, paused);
         Ok((taken(size_bytes, stats), tracker))
@@ -305,7 +321,7 @@ impl Place<'_> {
     fn walked(
         &self,
         frozen: Option<Frozen>,
-        same_as_previous: impl Fn(&Manifest) -> bool,
+        same_as_previous: impl Fn(&Manifest, Option<&Tracked>) -> bool,
     ) -> Result<Answer, LocalError> {
         let content = |source| LocalError::Content {
             snapshot: self.snap.id(),
@@ -322,11 +338,18 @@ impl Place<'_> {
         let tracker = restart_tracker(self.workspace, self.index, manifest.clone());
         let paused = frozen.as_ref().map(|f| f.took);
         drop(frozen);
-        if same_as_previous(&manifest) {
+        if same_as_previous(&manifest, None) {
             // The files as `previous` holds them: no snapshot.
             return Ok((Outcome::Unchanged, tracker));
         }
-        let size_bytes = write_manifest(self.snap, &manifest, self.header, self.path, self.tmp)?;
+        let size_bytes = write_manifest(
+            self.snap,
+            &manifest,
+            &manifest.encode(),
+            self.header,
+            self.path,
+            self.tmp,
+        )?;
         self.log(size_bytes, &stats, paused);
         Ok((taken(size_bytes, stats), tracker))
     }

@@ -62,7 +62,8 @@ impl Index {
     /// index only means the next snapshot reads every file).
     pub fn write(path: &Path, manifest: &Manifest) -> Result<(), CasError> {
         let tmp = path.with_extension("tmp");
-        fs::write(&tmp, encode_index(manifest, path)?).map_err(CasError::io("write", &tmp))?;
+        fs::write(&tmp, index_bytes(&manifest.encode(), path)?)
+            .map_err(CasError::io("write", &tmp))?;
         fs::rename(&tmp, path).map_err(CasError::io("move into place", path))
     }
 
@@ -123,12 +124,13 @@ impl Index {
 
 impl IndexStamp {
     /// Writes `manifest` as the index begun by [`Index::stamp`], with the time of that call,
-    /// and returns it as [`Index::read`] would give it back. On an error nothing is left.
-    pub fn write(mut self, manifest: Manifest) -> Result<Index, CasError> {
+    /// and returns it as [`Index::read`] would give it back. `body` is `manifest.encode()`
+    /// (which a checkpoint writes as its archive too). On an error nothing is left.
+    pub fn write(mut self, manifest: Manifest, body: &[u8]) -> Result<Index, CasError> {
         let tmp = self.tmp.clone();
         let written = (|| {
             self.file
-                .write_all(&encode_index(&manifest, &self.path)?)
+                .write_all(&index_bytes(body, &self.path)?)
                 .map_err(CasError::io("write", &tmp))?;
             // After the data: a write moves the time.
             self.file
@@ -157,10 +159,11 @@ impl IndexStamp {
     }
 }
 
-/// The bytes of an index file holding `manifest` (which will be at `path`).
-fn encode_index(manifest: &Manifest, path: &Path) -> Result<Vec<u8>, CasError> {
-    let body = zstd::bulk::compress(&manifest.encode(), 1)
-        .map_err(CasError::io("compress the index", path))?;
+/// The bytes of an index file (which will be at `path`) holding the manifest encoded as
+/// `encoded`.
+fn index_bytes(encoded: &[u8], path: &Path) -> Result<Vec<u8>, CasError> {
+    let body =
+        zstd::bulk::compress(encoded, 1).map_err(CasError::io("compress the index", path))?;
     let mut data = Vec::with_capacity(body.len() + 12);
     data.extend_from_slice(&INDEX_MAGIC);
     data.extend_from_slice(&INDEX_VERSION.to_le_bytes());

@@ -336,7 +336,8 @@ fn checkpoint_round(dir: &Path, cas: &Cas, ws: &Path, tracker: &mut Tracker, rou
     } else {
         tracker.rearm(ws, &got, &tracked.changes).unwrap();
         let stamp = Index::stamp(&index_path).unwrap();
-        tracker.set_index(stamp.write(got).unwrap());
+        let body = got.encode();
+        tracker.set_index(stamp.write(got, &body).unwrap());
     }
 }
 
