@@ -48,13 +48,24 @@ pub struct Index {
 }
 
 /// An index file begun before its manifest is known: its time is the time it was begun (see
-/// [`Index::stamp`]).
+/// [`Index::stamp`]). Dropped unwritten (a checkpoint that failed after it), its temporary
+/// file is removed.
 #[derive(Debug)]
 pub struct IndexStamp {
     path: PathBuf,
     tmp: PathBuf,
     file: File,
     modified: SystemTime,
+    /// Set once the file is renamed into place.
+    placed: bool,
+}
+
+impl Drop for IndexStamp {
+    fn drop(&mut self) {
+        if !self.placed {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 impl Index {
@@ -84,6 +95,7 @@ impl Index {
             tmp,
             file,
             modified,
+            placed: false,
         })
     }
 
@@ -128,7 +140,7 @@ impl IndexStamp {
     /// (which a checkpoint writes as its archive too). On an error nothing is left.
     pub fn write(mut self, manifest: Manifest, body: &[u8]) -> Result<Index, CasError> {
         let tmp = self.tmp.clone();
-        let written = (|| {
+        let written = (|| -> Result<fs::Metadata, CasError> {
             self.file
                 .write_all(&index_bytes(body, &self.path)?)
                 .map_err(CasError::io("write", &tmp))?;
@@ -143,19 +155,16 @@ impl IndexStamp {
             fs::rename(&tmp, &self.path).map_err(CasError::io("move into place", &self.path))?;
             Ok(meta)
         })();
-        match written {
-            Ok(meta) => Ok(Index {
-                manifest,
-                written_ns: meta
-                    .mtime()
-                    .saturating_mul(1_000_000_000)
-                    .saturating_add(meta.mtime_nsec()),
-            }),
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                Err(e)
-            }
-        }
+        // On an error the drop removes the temporary file.
+        let meta = written?;
+        self.placed = true;
+        Ok(Index {
+            manifest,
+            written_ns: meta
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(meta.mtime_nsec()),
+        })
     }
 }
 
