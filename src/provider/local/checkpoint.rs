@@ -1,23 +1,36 @@
 //! A checkpoint of a live local sandbox: pause its processes (the cgroup freezer,
 //! [`freeze`](super::freeze)), snapshot the workspace as a snapshot does (the content store,
-//! walking only what the change tracker saw change), start tracking again from the new
-//! snapshot, and resume them — the thaw is a guard's drop, so a failure never leaves them
-//! paused. The sandbox is not touched otherwise: same processes, same deadline.
+//! walking only what the change tracker saw change), and resume them — the thaw is a guard's
+//! drop, so a failure never leaves them paused. The sandbox is not touched otherwise: same
+//! processes, same deadline.
+//!
+//! The pause holds only what consistency needs: the tracker's changes handed over
+//! ([`Tracker::take`]), the changed entries looked at and their contents read into the content
+//! store's packs (the manifest naming them is then fixed), the tracker re-armed for the entries
+//! that may be new ([`Tracker::rearm`]; the others keep their watches, so a write after the
+//! thaw is never missed) and the index's time taken ([`Index::stamp`]). Making those contents
+//! durable ([`Staged::commit`](super::cas::Staged::commit)), writing the manifest's archive
+//! (temporary file, fsync, rename, in that order as before) and the index happen after the
+//! thaw, still under the content store's lock; whatever the processes write by then is the
+//! next checkpoint's. Without tracked changes (none, or untrusted) every entry is looked at and
+//! tracking starts anew, all of it paused, as before.
 //!
 //! A checkpoint that finds nothing changed since `previous` (the task's latest snapshot)
 //! writes nothing and answers `None`: the tracker, paused with the processes, says no event
-//! came since its index was the content of `previous`; without a tracker (this process did not
-//! restore the sandbox) the new manifest is compared with `previous`'s.
+//! came since its index was the content of `previous`; otherwise the new manifest is compared
+//! with `previous`'s.
 
 use std::fs;
 use std::io::BufReader;
+use std::path::Path;
+use std::time::Duration;
 
 use super::archive::{self, ArchiveHeader};
-use super::cas::{Index, Limits, Tracker};
+use super::cas::{Cas, Index, Limits, Manifest, PackedStats, Tracked, Tracker};
 use super::error::LocalError;
 use super::freeze::{Freezer, Frozen};
 use super::names::{check_owner, SandboxName, SnapshotRef};
-use super::snapshot::{kept_bytes, random_nonce, read_manifest, write_snapshot, Walk, INDEX_FILE};
+use super::snapshot::{kept_bytes, random_nonce, read_manifest, write_manifest, INDEX_FILE};
 use super::{cgroup, run_blocking, LocalProvider, Slot};
 use crate::ids::TaskId;
 use crate::provider::SnapshotInfo;
@@ -73,6 +86,7 @@ impl LocalProvider {
         let previous_path = previous
             .and_then(|p| SnapshotRef::parse(p).ok())
             .map(|p| self.snapshot_path(&p));
+        // The tracker's index holds `previous`'s files.
         let unchanged_base = previous.is_some() && base.as_deref() == previous;
         let cas = self.cas.clone();
         let (snap2, path2) = (snap.clone(), path.clone());
@@ -90,16 +104,13 @@ impl LocalProvider {
             if unchanged_base && tracker.as_ref().is_some_and(Tracker::unchanged) {
                 return Ok((Outcome::Unchanged, tracker));
             }
-            let walk = match tracker.map(Tracker::finish) {
-                Some(Ok(tracked)) => Walk::Tracked(Box::new(tracked)),
-                Some(Err(why)) => {
-                    tracing::info!(snapshot = %snap2.id(), reason = %why,
-                        "the checkpoint walks every file");
-                    Walk::Full { index: &index }
+            // Whether `manifest` holds `previous`'s files. Read from its archive, unless the
+            // tracker's index (handed over as `tracked`) holds them: then it is compared with
+            // that, in memory.
+            let same_as_previous = |manifest: &Manifest, tracked: Option<&Tracked>| {
+                if let Some(tracked) = tracked.filter(|_| unchanged_base) {
+                    return manifest.same_content(&tracked.index.manifest);
                 }
-                None => Walk::Full { index: &index },
-            };
-            let same_as_previous = |manifest: &super::cas::Manifest| {
                 let Some(prev) = previous_path.as_ref() else {
                     return false;
                 };
@@ -114,45 +125,29 @@ impl LocalProvider {
                     _ => false,
                 }
             };
-            let written = write_snapshot_unless(
-                &cas,
-                &snap2,
-                &workspace,
-                walk,
-                &header,
-                &path2,
-                &tmp,
-                same_as_previous,
-            )?;
-            let Some((size_bytes, stats, manifest)) = written else {
-                // The walk found the files as `previous` holds them: track from there.
-                return Ok((
-                    Outcome::Unchanged,
-                    restart_tracker(&workspace, &index, None),
-                ));
+            let at = Place {
+                cas: &cas,
+                snap: &snap2,
+                workspace: &workspace,
+                index: &index,
+                header: &header,
+                path: &path2,
+                tmp: &tmp,
             };
-            for o in &stats.omitted {
-                tracing::warn!(snapshot = %snap2.id(), path = %o.path, reason = %o.reason,
-                    "left out of the checkpoint");
+            let mut tracker = tracker;
+            match tracker.as_mut().map(Tracker::take) {
+                Some(Ok(tracked)) => {
+                    let tracker = tracker.expect("it handed its changes over");
+                    return at.tracked(frozen, tracker, tracked, same_as_previous);
+                }
+                Some(Err(why)) => {
+                    tracing::info!(snapshot = %snap2.id(), reason = %why,
+                        "the checkpoint walks every file");
+                }
+                None => {}
             }
-            // Track from the checkpoint on, before anything can write again.
-            let tracker = restart_tracker(&workspace, &index, Some(manifest));
-            let paused = frozen.as_ref().map(|f| f.took);
-            drop(frozen);
-            tracing::debug!(snapshot = %snap2.id(), size_bytes, ?paused,
-                tracked = stats.tracked, files_read = stats.files_read,
-                objects_written = stats.objects_written, "local checkpoint taken");
-            Ok((
-                Outcome::Taken {
-                    size_bytes,
-                    omitted: stats
-                        .omitted
-                        .into_iter()
-                        .map(|o| format!("{}: {}", o.path, o.reason))
-                        .collect(),
-                },
-                tracker,
-            ))
+            drop(tracker);
+            at.walked(frozen, same_as_previous)
         })
         .await?;
         let base_now = match &outcome {
@@ -217,34 +212,174 @@ impl LocalProvider {
     }
 }
 
-/// [`write_snapshot`], unless the packed manifest holds the same files as `same` says: then
-/// nothing is written and `None` comes back.
-#[allow(clippy::too_many_arguments)]
-fn write_snapshot_unless(
-    cas: &super::cas::Cas,
-    snap: &SnapshotRef,
-    workspace: &std::path::Path,
-    walk: Walk<'_>,
-    header: &ArchiveHeader,
-    path: &std::path::Path,
-    tmp: &std::path::Path,
-    same: impl Fn(&super::cas::Manifest) -> bool,
-) -> Result<Option<(u64, super::cas::PackedStats, super::cas::Manifest)>, LocalError> {
-    write_snapshot(cas, snap, workspace, walk, header, path, tmp, Some(&same))
+/// Where a checkpoint's snapshot comes from and goes: the blocking part's inputs.
+struct Place<'a> {
+    cas: &'a Cas,
+    snap: &'a SnapshotRef,
+    workspace: &'a Path,
+    /// The workspace's index file.
+    index: &'a Path,
+    header: &'a ArchiveHeader,
+    /// The archive's path, and the temporary one it is written at first.
+    path: &'a Path,
+    tmp: &'a Path,
 }
 
-/// A tracker of `workspace` from `manifest` (written as its index first), or from the index
-/// on disk when `manifest` is `None`; `None` (the next snapshot walks every file) when it
-/// cannot start.
-fn restart_tracker(
-    workspace: &std::path::Path,
-    index_path: &std::path::Path,
-    manifest: Option<super::cas::Manifest>,
-) -> Option<Tracker> {
-    let index = match manifest {
-        Some(m) => Index::write_kept(index_path, m).ok(),
-        None => Index::read(index_path),
-    }?;
+/// What the blocking part answers: the outcome, and the tracker to keep (`None`: the next
+/// snapshot walks every file).
+type Answer = (Outcome, Option<Tracker>);
+
+impl Place<'_> {
+    /// A checkpoint with the tracker's changes (handed over by [`Tracker::take`] while the
+    /// processes are paused). Paused: the changed entries are looked at and their contents
+    /// read into the store's packs (not fsynced yet), the tracker re-armed for the entries that
+    /// may be new, and the index's time stamped. Then they resume, and the manifest — fixed by
+    /// then: what it names is read — has its contents committed (fsynced, listed), is compared
+    /// with `previous`'s, written as the archive and kept as the tracker's new index. Whatever
+    /// the processes write after the thaw is the next checkpoint's: the tracker watched on
+    /// through it.
+    fn tracked(
+        &self,
+        frozen: Option<Frozen>,
+        mut tracker: Tracker,
+        tracked: Tracked,
+        same_as_previous: impl Fn(&Manifest, Option<&Tracked>) -> bool,
+    ) -> Result<Answer, LocalError> {
+        let content = |source| LocalError::Content {
+            snapshot: self.snap.id(),
+            path: self.path.to_path_buf(),
+            source: Box::new(source),
+        };
+        // Held until the manifest and the index are in place: gc cannot sweep what they name.
+        let _lock = self.cas.lock(false).map_err(content)?;
+        let (manifest, stats, staged) = self
+            .cas
+            .pack_tracked_staged(self.workspace, &tracked)
+            .map_err(content)?;
+        let armed = match &stats.fell_back {
+            // A walk the changes could not guide: they do not say which entries are new.
+            Some(why) => Err(why.clone()),
+            None => tracker
+                .rearm(self.workspace, &manifest, &tracked.changes)
+                .map_err(|e| e.to_string())
+                .and_then(|()| Index::stamp(self.index).map_err(|e| e.to_string())),
+        };
+        let (tracker, stamp) = match armed {
+            Ok(stamp) => (Some(tracker), Some(stamp)),
+            Err(why) => {
+                tracing::info!(snapshot = %self.snap.id(), reason = %why,
+                    "the checkpoint starts watching the workspace anew");
+                drop(tracker);
+                (
+                    restart_tracker(self.workspace, self.index, manifest.clone()),
+                    None,
+                )
+            }
+        };
+        let paused = frozen.as_ref().map(|f| f.took);
+        drop(frozen);
+        // The contents read are the manifest's whatever the processes write now: made durable
+        // before the manifest naming them, as a snapshot's are.
+        staged.commit().map_err(content)?;
+        let mut tracker = tracker;
+        // Encoded once: the archive's body and the index's.
+        let body = manifest.encode();
+        let keep_index = |tracker: &mut Option<Tracker>, manifest: Manifest| {
+            let (Some(t), Some(stamp)) = (tracker.as_mut(), stamp) else {
+                return;
+            };
+            match stamp.write(manifest, &body) {
+                Ok(index) => t.set_index(index),
+                Err(e) => {
+                    tracing::info!(error = %e, "the workspace's changes are not tracked after \
+                        the checkpoint; the next snapshot walks every file");
+                    *tracker = None;
+                }
+            }
+        };
+        if same_as_previous(&manifest, Some(&tracked)) {
+            // The files as `previous` holds them: no snapshot; track from them.
+            keep_index(&mut tracker, manifest);
+            return Ok((Outcome::Unchanged, tracker));
+        }
+        let size_bytes = write_manifest(
+            self.snap,
+            &manifest,
+            &body,
+            self.header,
+            self.path,
+            self.tmp,
+        )?;
+        keep_index(&mut tracker, manifest);
+        self.log(size_bytes, &stats, paused);
+        Ok((taken(size_bytes, stats), tracker))
+    }
+
+    /// A checkpoint without tracked changes: every entry looked at (files matching the index
+    /// on disk not read) and tracking started anew from the manifest, while the processes are
+    /// paused; the archive written after they resume.
+    fn walked(
+        &self,
+        frozen: Option<Frozen>,
+        same_as_previous: impl Fn(&Manifest, Option<&Tracked>) -> bool,
+    ) -> Result<Answer, LocalError> {
+        let content = |source| LocalError::Content {
+            snapshot: self.snap.id(),
+            path: self.path.to_path_buf(),
+            source: Box::new(source),
+        };
+        // Held until the manifest is in place: gc cannot sweep what it names.
+        let _lock = self.cas.lock(false).map_err(content)?;
+        let (manifest, stats) = self
+            .cas
+            .pack(self.workspace, Index::read(self.index).as_ref())
+            .map_err(content)?;
+        // Track from the checkpoint on, before anything can write again.
+        let tracker = restart_tracker(self.workspace, self.index, manifest.clone());
+        let paused = frozen.as_ref().map(|f| f.took);
+        drop(frozen);
+        if same_as_previous(&manifest, None) {
+            // The files as `previous` holds them: no snapshot.
+            return Ok((Outcome::Unchanged, tracker));
+        }
+        let size_bytes = write_manifest(
+            self.snap,
+            &manifest,
+            &manifest.encode(),
+            self.header,
+            self.path,
+            self.tmp,
+        )?;
+        self.log(size_bytes, &stats, paused);
+        Ok((taken(size_bytes, stats), tracker))
+    }
+
+    fn log(&self, size_bytes: u64, stats: &PackedStats, freezing: Option<Duration>) {
+        for o in &stats.omitted {
+            tracing::warn!(snapshot = %self.snap.id(), path = %o.path, reason = %o.reason,
+                "left out of the checkpoint");
+        }
+        tracing::debug!(snapshot = %self.snap.id(), size_bytes, ?freezing,
+            tracked = stats.tracked, files_read = stats.files_read,
+            objects_written = stats.objects_written, "local checkpoint taken");
+    }
+}
+
+fn taken(size_bytes: u64, stats: PackedStats) -> Outcome {
+    Outcome::Taken {
+        size_bytes,
+        omitted: stats
+            .omitted
+            .into_iter()
+            .map(|o| format!("{}: {}", o.path, o.reason))
+            .collect(),
+    }
+}
+
+/// A tracker of `workspace` from `manifest` (written as its index first); `None` (the next
+/// snapshot walks every file) when it cannot start.
+fn restart_tracker(workspace: &Path, index_path: &Path, manifest: Manifest) -> Option<Tracker> {
+    let index = Index::write_kept(index_path, manifest).ok()?;
     Tracker::start(workspace, index, Limits::default())
         .inspect_err(|e| {
             tracing::info!(error = %e, "the workspace's changes are not tracked after the \

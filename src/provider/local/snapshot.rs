@@ -189,14 +189,11 @@ impl LocalProvider {
                 Some(tracked) => Walk::Tracked(Box::new(tracked)),
                 None => Walk::Full { index: &index },
             };
-            write_snapshot(
-                &cas, &snap2, &workspace, source, &header, &path2, &tmp, None,
-            )
+            write_snapshot(&cas, &snap2, &workspace, source, &header, &path2, &tmp)
         })
         .await;
         let (size_bytes, stats) = match written {
-            Ok(Some((size, stats, _))) => (size, stats),
-            Ok(None) => unreachable!("a snapshot writes whatever it packed"),
+            Ok(written) => written,
             Err(e) => {
                 meta.status = SandboxStatus::Running;
                 let _ = self.write_meta(&sandbox_dir, &meta);
@@ -372,11 +369,6 @@ pub(super) const INDEX_FILE: &str = "index";
 /// The largest manifest read (a manifest of a million entries is about 100 MB).
 const MAX_MANIFEST_BYTES: u64 = 1 << 30;
 
-/// Packs `workspace` into the content store (reusing what its index says is unchanged) and
-/// writes the manifest archive to `tmp`, fsyncs it, renames it to `path` and fsyncs the
-/// directory: the snapshot exists only once all of it is durable. Returns the bytes of file data
-/// the snapshot keeps ([`data_bytes`], what a repeated call finds again in the manifest; the
-/// new contents are in the stats).
 /// How a snapshot finds what changed.
 pub(super) enum Walk<'a> {
     /// Every entry looked at, files matching the index at this path not read.
@@ -388,8 +380,12 @@ pub(super) enum Walk<'a> {
     Tracked(Box<Tracked>),
 }
 
-// The walk's inputs, the archive's place and a checkpoint's "nothing changed" test: one call
-// for a snapshot and a checkpoint, rather than a struct built for one caller each.
+/// Packs `workspace` into the content store (reusing what its index says is unchanged) and
+/// writes the manifest archive to `tmp`, fsyncs it, renames it to `path` and fsyncs the
+/// directory: the snapshot exists only once all of it is durable. Returns the bytes of file data
+/// the snapshot keeps ([`data_bytes`], what a repeated call finds again in the manifest; the
+/// new contents are in the stats).
+// The walk's inputs and the archive's place.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn write_snapshot(
     cas: &Cas,
@@ -399,8 +395,7 @@ pub(super) fn write_snapshot(
     header: &ArchiveHeader,
     path: &Path,
     tmp: &Path,
-    unless_same: Option<&dyn Fn(&Manifest) -> bool>,
-) -> Result<Option<(u64, PackedStats, Manifest)>, LocalError> {
+) -> Result<(u64, PackedStats), LocalError> {
     let content = |source| LocalError::Content {
         snapshot: snap.id(),
         path: path.to_path_buf(),
@@ -413,10 +408,23 @@ pub(super) fn write_snapshot(
         Walk::Tracked(tracked) => cas.pack_tracked(workspace, &tracked),
     }
     .map_err(content)?;
-    // A checkpoint of files a snapshot already holds writes nothing.
-    if unless_same.is_some_and(|same| same(&manifest)) {
-        return Ok(None);
-    }
+    let size = write_manifest(snap, &manifest, &manifest.encode(), header, path, tmp)?;
+    Ok((size, stats))
+}
+
+/// Writes the archive of snapshot `snap` holding `manifest` (whose contents are in the store)
+/// at `path`: at `tmp` first, fsynced, then renamed into place and the directory fsynced, so
+/// a crash leaves either no archive or a complete one. Its data bytes (see [`data_bytes`]).
+/// `body` is `manifest.encode()` (a checkpoint writes it as the index too). The caller holds
+/// the store's lock from the packing of `manifest` until this returns.
+pub(super) fn write_manifest(
+    snap: &SnapshotRef,
+    manifest: &Manifest,
+    body: &[u8],
+    header: &ArchiveHeader,
+    path: &Path,
+    tmp: &Path,
+) -> Result<u64, LocalError> {
     let dir = path.parent().expect("an archive path has a parent");
     let create = || {
         fs::create_dir_all(dir)?;
@@ -437,7 +445,6 @@ pub(super) fn write_snapshot(
         };
         let mut file = io::BufWriter::new(file);
         archive::write_prefix_version(&mut file, header, archive::VERSION).map_err(archive_err)?;
-        let body = manifest.encode();
         // Level -1 (`zstd --fast=1`): the manifest is written by every snapshot, and its size
         // matters less than its time. On the 17,000-entry `--full` bench tree (2.5 MB encoded)
         // it compresses at 760 MB/s against level 1's 520 MB/s, for 0.2 % more bytes: a third of
@@ -446,7 +453,7 @@ pub(super) fn write_snapshot(
         encoder
             .include_checksum(true)
             .map_err(LocalError::io("write", tmp))?;
-        io::Write::write_all(&mut encoder, &body).map_err(LocalError::io("write", tmp))?;
+        io::Write::write_all(&mut encoder, body).map_err(LocalError::io("write", tmp))?;
         let file = encoder
             .finish()
             .map_err(LocalError::io("write", tmp))?
@@ -461,9 +468,8 @@ pub(super) fn write_snapshot(
         fs::rename(tmp, path).map_err(LocalError::io("move into place", path))?;
         sync_dir(dir)?;
         tracing::trace!(manifest_bytes = size, "manifest written");
-        Ok((data_bytes(&manifest), stats))
+        Ok(data_bytes(manifest))
     })();
-    let result = result.map(|(size, stats)| Some((size, stats, manifest)));
     if result.is_err() {
         let _ = fs::remove_file(tmp);
     }

@@ -87,8 +87,8 @@ pub use self::gc::GcStats;
 pub use self::manifest::{Chunk, Entry, EntryKind, FileStat, Manifest, Meta, Root};
 pub(crate) use self::object::random_name;
 pub use self::object::{Catalog, Hash, CHUNK};
-pub use self::pack::PackedStats;
-pub use self::restore::Index;
+pub use self::pack::{PackedStats, Staged};
+pub use self::restore::{Index, IndexStamp};
 pub use self::track::{Changes, Limits, Tracked, Tracker, Untracked};
 
 use std::fs::{self, File};

@@ -97,8 +97,11 @@ impl Cas {
         workspace: &Path,
         index: Option<&Index>,
     ) -> Result<(Manifest, PackedStats), CasError> {
-        self.pack_with(workspace, index, None)
-            .map(|packed| packed.expect("a full walk always finishes"))
+        let (manifest, stats, staged) = self
+            .pack_with(workspace, index, None)?
+            .expect("a full walk always finishes");
+        staged.commit()?;
+        Ok((manifest, stats))
     }
 
     /// [`Cas::pack`] of a workspace whose changes since `tracked.index` were tracked
@@ -113,12 +116,29 @@ impl Cas {
         workspace: &Path,
         tracked: &Tracked,
     ) -> Result<(Manifest, PackedStats), CasError> {
+        let (manifest, stats, staged) = self.pack_tracked_staged(workspace, tracked)?;
+        staged.commit()?;
+        Ok((manifest, stats))
+    }
+
+    /// [`Cas::pack_tracked`] that leaves the new contents to be committed by the caller: read
+    /// and stored, but not fsynced nor listed in the catalog until [`Staged::commit`]. A
+    /// checkpoint reads the contents while the sandbox's processes are paused and commits them
+    /// after they resume, before the manifest naming them is written. The caller holds the
+    /// store's lock shared until it has committed them.
+    pub fn pack_tracked_staged(
+        &self,
+        workspace: &Path,
+        tracked: &Tracked,
+    ) -> Result<(Manifest, PackedStats, Staged), CasError> {
         match self.pack_with(workspace, Some(&tracked.index), Some(&tracked.changes))? {
             Ok(packed) => Ok(packed),
             Err(why) => {
-                let (manifest, mut stats) = self.pack(workspace, Some(&tracked.index))?;
+                let (manifest, mut stats, staged) = self
+                    .pack_with(workspace, Some(&tracked.index), None)?
+                    .expect("a full walk always finishes");
                 stats.fell_back = Some(why);
-                Ok((manifest, stats))
+                Ok((manifest, stats, staged))
             }
         }
     }
@@ -131,7 +151,7 @@ impl Cas {
         workspace: &Path,
         index: Option<&Index>,
         changes: Option<&Changes>,
-    ) -> Result<Result<(Manifest, PackedStats), String>, CasError> {
+    ) -> Result<Result<(Manifest, PackedStats, Staged), String>, CasError> {
         let mut stats = PackedStats {
             tracked: changes.is_some(),
             ..PackedStats::default()
@@ -457,18 +477,14 @@ impl Cas {
                 .find_map(Result::err)
                 .unwrap_or_else(|| CasError::manifest(message)));
         }
-        // Commit the packs: each fsynced and indexed, then the directory once.
-        let mut committed = false;
-        for w in writers {
-            if !w.is_empty() {
-                stats.objects_written += w.len() as u64;
-                committed = true;
-            }
-            stats.bytes_written += w.commit()?;
+        for w in writers.iter().filter(|w| !w.is_empty()) {
+            stats.objects_written += w.len() as u64;
+            stats.bytes_written += w.bytes;
         }
-        if committed {
-            sync_path(&self.packs_dir())?;
-        }
+        let staged = Staged {
+            writers,
+            packs_dir: self.packs_dir(),
+        };
         let mut omitted_files: HashSet<usize> = HashSet::new();
         let mut in_parts: HashSet<usize> = HashSet::new();
         for result in results {
@@ -545,7 +561,41 @@ impl Cas {
                 entries,
             },
             stats,
+            staged,
         )))
+    }
+}
+
+/// The contents a walk stored, not durable yet: [`Staged::commit`] makes them so. Dropped
+/// uncommitted, they are abandoned (their packs removed; nothing can refer to them yet: the
+/// store's catalog lists only committed packs).
+#[must_use = "the contents are abandoned unless committed"]
+pub struct Staged {
+    writers: Vec<PackWriter>,
+    packs_dir: std::path::PathBuf,
+}
+
+impl Staged {
+    /// Commits the packs: each fsynced and indexed, then their directory once. Once this
+    /// returns, the catalog lists the contents and they survive a crash.
+    pub fn commit(mut self) -> Result<(), CasError> {
+        let mut committed = false;
+        for w in std::mem::take(&mut self.writers) {
+            committed |= !w.is_empty();
+            w.commit()?;
+        }
+        if committed {
+            sync_path(&self.packs_dir)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        for w in self.writers.drain(..) {
+            w.abandon();
+        }
     }
 }
 

@@ -47,19 +47,56 @@ pub struct Index {
     pub written_ns: i64,
 }
 
+/// An index file begun before its manifest is known: its time is the time it was begun (see
+/// [`Index::stamp`]). Dropped unwritten (a checkpoint that failed after it), its temporary
+/// file is removed.
+#[derive(Debug)]
+pub struct IndexStamp {
+    path: PathBuf,
+    tmp: PathBuf,
+    file: File,
+    modified: SystemTime,
+    /// Set once the file is renamed into place.
+    placed: bool,
+}
+
+impl Drop for IndexStamp {
+    fn drop(&mut self) {
+        if !self.placed {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
 impl Index {
     /// Writes `manifest` as the index at `path` (temporary file and rename; no fsync: a lost
     /// index only means the next snapshot reads every file).
     pub fn write(path: &Path, manifest: &Manifest) -> Result<(), CasError> {
-        let body = zstd::bulk::compress(&manifest.encode(), 1)
-            .map_err(CasError::io("compress the index", path))?;
         let tmp = path.with_extension("tmp");
-        let mut data = Vec::with_capacity(body.len() + 12);
-        data.extend_from_slice(&INDEX_MAGIC);
-        data.extend_from_slice(&INDEX_VERSION.to_le_bytes());
-        data.extend_from_slice(&body);
-        fs::write(&tmp, &data).map_err(CasError::io("write", &tmp))?;
+        fs::write(&tmp, index_bytes(&manifest.encode(), path)?)
+            .map_err(CasError::io("write", &tmp))?;
         fs::rename(&tmp, path).map_err(CasError::io("move into place", path))
+    }
+
+    /// Begins the index at `path` now, to be written by [`IndexStamp::write`] later with the
+    /// time of this call: the time an index is trusted from (`written_ns`) must not be later
+    /// than the `lstat` of its files, or a file changed after them within the same tick of the
+    /// file system's clock would look unchanged. A checkpoint calls it while its processes are
+    /// still paused, and writes the index after they resume.
+    pub fn stamp(path: &Path) -> Result<IndexStamp, CasError> {
+        let tmp = path.with_extension("tmp");
+        let file = File::create(&tmp).map_err(CasError::io("create", &tmp))?;
+        let modified = file
+            .metadata()
+            .and_then(|m| m.modified())
+            .map_err(CasError::io("inspect", &tmp))?;
+        Ok(IndexStamp {
+            path: path.to_path_buf(),
+            tmp,
+            file,
+            modified,
+            placed: false,
+        })
     }
 
     /// [`Index::write`], returning the index as [`Index::read`] would give it back (without
@@ -95,6 +132,52 @@ impl Index {
                 .saturating_add(written.mtime_nsec()),
         })
     }
+}
+
+impl IndexStamp {
+    /// Writes `manifest` as the index begun by [`Index::stamp`], with the time of that call,
+    /// and returns it as [`Index::read`] would give it back. `body` is `manifest.encode()`
+    /// (which a checkpoint writes as its archive too). On an error nothing is left.
+    pub fn write(mut self, manifest: Manifest, body: &[u8]) -> Result<Index, CasError> {
+        let tmp = self.tmp.clone();
+        let written = (|| -> Result<fs::Metadata, CasError> {
+            self.file
+                .write_all(&index_bytes(body, &self.path)?)
+                .map_err(CasError::io("write", &tmp))?;
+            // After the data: a write moves the time.
+            self.file
+                .set_modified(self.modified)
+                .map_err(CasError::io("set the time of", &tmp))?;
+            let meta = self
+                .file
+                .metadata()
+                .map_err(CasError::io("inspect", &tmp))?;
+            fs::rename(&tmp, &self.path).map_err(CasError::io("move into place", &self.path))?;
+            Ok(meta)
+        })();
+        // On an error the drop removes the temporary file.
+        let meta = written?;
+        self.placed = true;
+        Ok(Index {
+            manifest,
+            written_ns: meta
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(meta.mtime_nsec()),
+        })
+    }
+}
+
+/// The bytes of an index file (which will be at `path`) holding the manifest encoded as
+/// `encoded`.
+fn index_bytes(encoded: &[u8], path: &Path) -> Result<Vec<u8>, CasError> {
+    let body =
+        zstd::bulk::compress(encoded, 1).map_err(CasError::io("compress the index", path))?;
+    let mut data = Vec::with_capacity(body.len() + 12);
+    data.extend_from_slice(&INDEX_MAGIC);
+    data.extend_from_slice(&INDEX_VERSION.to_le_bytes());
+    data.extend_from_slice(&body);
+    Ok(data)
 }
 
 fn time_of(ns: i64) -> SystemTime {

@@ -13,7 +13,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use proptest::prelude::*;
 use taskbox::provider::SandboxProvider;
-use taskbox::snapshot_store::cas::{Cas, Index, Limits, Manifest, Tracker};
+use taskbox::snapshot_store::cas::{Cas, Index, Limits, Manifest, Tracked, Tracker};
 
 use super::cas::{apply, big, build, capture, edit, restore_into, tree, unlock, Edit, Op};
 use super::Env;
@@ -311,6 +311,106 @@ proptest! {
         super::cas::assert_same(&expected, &capture(&dest));
         unlock(dir.path());
     }
+}
+
+/// One round of a checkpoint's tracker hand-over (as the local provider's checkpoint does it):
+/// the changes taken, the tracked snapshot checked against a full walk and restored, then the
+/// tracker re-armed from it (or started anew where the walk fell back) and given its index.
+fn checkpoint_round(dir: &Path, cas: &Cas, ws: &Path, tracker: &mut Tracker, round: usize) {
+    let tracked = tracker.take().unwrap();
+    let _lock = cas.lock(false).unwrap();
+    let (got, stats) = cas.pack_tracked(ws, &tracked).unwrap();
+    let (full, _) = cas.pack(ws, Some(&tracked.index)).unwrap();
+    assert!(
+        got == full,
+        "round {round}: tracked {got:#?}\nfull {full:#?}\nchanges {:?}",
+        tracked.changes
+    );
+    let dest = dir.join(format!("check{round}"));
+    restore_into(cas, &got, &dest).unwrap();
+    super::cas::assert_same(&capture(ws), &capture(&dest));
+    let index_path = dir.join("index");
+    if stats.fell_back.is_some() {
+        let index = Index::write_kept(&index_path, got).unwrap();
+        *tracker = Tracker::start(ws, index, Limits::default()).unwrap();
+    } else {
+        tracker.rearm(ws, &got, &tracked.changes).unwrap();
+        let stamp = Index::stamp(&index_path).unwrap();
+        let body = got.encode();
+        tracker.set_index(stamp.write(got, &body).unwrap());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: crate::support::proptest_cases(24, 24), failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct("proptest-regressions/tracked_rounds.txt"))), ..ProptestConfig::default() })]
+
+    /// A tracker handed over from checkpoint to checkpoint (`take`, `rearm`, `set_index`)
+    /// rather than started anew each time: after every round of random live edits, the tracked
+    /// snapshot is the full walk's and restores the tree exactly — edits in what an earlier
+    /// round created or moved (a new directory's files, a renamed one's) included.
+    #[test]
+    fn a_tracker_carried_over_checkpoints_misses_nothing(
+        ops in tree(),
+        rounds in proptest::collection::vec(proptest::collection::vec(live(), 0..5), 1..4),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let cas = Cas::open(dir.path().join("cas")).unwrap();
+        let outside = dir.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        let (ws, _, mut tracker) = restored(dir.path(), &cas, &ops, Limits::default());
+        for (round, edits) in rounds.iter().enumerate() {
+            for (n, e) in edits.iter().enumerate() {
+                apply_live(&ws, &outside, e, round * 100 + n);
+            }
+            checkpoint_round(dir.path(), &cas, &ws, &mut tracker, round);
+        }
+        unlock(dir.path());
+    }
+}
+
+/// The entries a checkpoint made new are watched from the next one on: a directory created
+/// (and one renamed) before a checkpoint, then written into after it — by a file written, one
+/// created and one renamed into it — is in the next checkpoint. Without the re-arming, the
+/// new directory has no watch and those writes are missed.
+#[test]
+fn what_a_checkpoint_made_new_is_watched_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cas = Cas::open(dir.path().join("cas")).unwrap();
+    let (ws, _, mut tracker) = restored(dir.path(), &cas, &twelve_dirs(), Limits::default());
+    let mut tops: Vec<PathBuf> = fs::read_dir(&ws)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    tops.sort();
+    fs::create_dir_all(ws.join("new/deeper")).unwrap();
+    fs::write(ws.join("new/deeper/f"), "one").unwrap();
+    fs::write(tops[0].join("kept"), "in a directory about to move").unwrap();
+    fs::rename(&tops[0], ws.join("moved")).unwrap();
+    checkpoint_round(dir.path(), &cas, &ws, &mut tracker, 0);
+    fs::write(ws.join("new/deeper/f"), "two").unwrap();
+    fs::write(ws.join("new/deeper/g"), "created").unwrap();
+    fs::write(ws.join("moved/kept"), "written after the move").unwrap();
+    fs::write(tops[1].join("h"), "elsewhere").unwrap();
+    fs::rename(tops[1].join("h"), ws.join("moved/h")).unwrap();
+    let tracked = tracker.take().unwrap();
+    assert!(!tracked.changes.is_empty());
+    checkpoint_round_after(dir.path(), &cas, &ws, &mut tracker, tracked);
+}
+
+/// [`checkpoint_round`]'s checks for changes already taken.
+fn checkpoint_round_after(
+    dir: &Path,
+    cas: &Cas,
+    ws: &Path,
+    tracker: &mut Tracker,
+    tracked: Tracked,
+) {
+    let _lock = cas.lock(false).unwrap();
+    let (got, _) = cas.pack_tracked(ws, &tracked).unwrap();
+    let dest = dir.join("check-after");
+    restore_into(cas, &got, &dest).unwrap();
+    super::cas::assert_same(&capture(ws), &capture(&dest));
+    tracker.rearm(ws, &got, &tracked.changes).unwrap();
 }
 
 /// Twelve directories at the top of the workspace.
