@@ -4,7 +4,8 @@
 //! its snapshots are answered by the backend's [`Entry`], never by matching on its name.
 //!
 //! A new backend is its folder under `src/provider/` (a [`Platform`](super::Platform), an
-//! [`Entry`] named `BACKEND`) and one line in [`BACKENDS`] (`provider/mod.rs`). The config keeps
+//! [`Entry`] named `BACKEND`) and one line in [`BACKENDS`] (`provider/mod.rs`); one that keeps
+//! snapshot archives under the data dir (a [`Foreign`]) also has a line in [`FOREIGN_NOTES`]. The config keeps
 //! `terminal.backend` as a well-spelled [`Backend`] name; [`resolve`] says which backend it
 //! names, and an unknown name is refused with the list of [`BACKENDS`] (by `taskbox config set`
 //! through [`check`], and where the config becomes a provider through [`from_config`]).
