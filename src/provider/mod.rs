@@ -40,6 +40,15 @@ pub use registry::{from_config, SetupError};
 /// here, not in the registry, which each backend's entry names: no import circle.)
 pub const BACKENDS: &[&registry::Entry] = &[&local::BACKEND, &vercel::BACKEND];
 
+/// Every backend's note about snapshot archives of another installation under the data dir
+/// ([`registry::take_foreign_notes`]), one line per backend that keeps archives there (its
+/// [`registry::Entry::foreign`]). A list apart from [`BACKENDS`] because `taskbox run`'s fast
+/// path takes these notes: naming the backends' entries would link every backend's provider
+/// (the local sandboxes, the Vercel client with its HTTP and TLS stacks) into the small front
+/// binary, whose start is most of what a warm command costs (ARCHITECTURE.md, "The CLI's fast
+/// path"; at 7a55a34 it grew from 1,745 to 13,779 relocations that way).
+pub const FOREIGN_NOTES: &[registry::TakeNote] = &[local::take_foreign_note];
+
 use std::future::Future;
 use std::pin::Pin;
 

@@ -4,7 +4,8 @@
 //! its snapshots are answered by the backend's [`Entry`], never by matching on its name.
 //!
 //! A new backend is its folder under `src/provider/` (a [`Platform`](super::Platform), an
-//! [`Entry`] named `BACKEND`) and one line in [`BACKENDS`] (`provider/mod.rs`). The config keeps
+//! [`Entry`] named `BACKEND`) and one line in [`BACKENDS`] (`provider/mod.rs`); one that keeps
+//! snapshot archives under the data dir (a [`Foreign`]) also has a line in [`FOREIGN_NOTES`]. The config keeps
 //! `terminal.backend` as a well-spelled [`Backend`] name; [`resolve`] says which backend it
 //! names, and an unknown name is refused with the list of [`BACKENDS`] (by `taskbox config set`
 //! through [`check`], and where the config becomes a provider through [`from_config`]).
@@ -64,9 +65,17 @@ pub struct Foreign {
     /// tasks the store does not know); returns the adopted tasks.
     pub adopt:
         fn(data_dir: &Path, tasks: &[ForeignTask]) -> Result<Vec<ForeignTask>, ProviderError>,
-    /// The note about such archives, once (then it is gone); `None` when there is none.
-    pub take_note: fn(data_dir: &Path) -> Option<String>,
+    // Its note, taken once by `taskbox run`, is its line of `FOREIGN_NOTES` (provider/mod.rs),
+    // not a field here: the fast path must not name the entries.
 }
+
+/// The note about a backend's archives of another installation under the data dir, once (then
+/// it is gone); `None` when there is none. One per backend with a [`Foreign`], in
+/// [`FOREIGN_NOTES`].
+pub type TakeNote = fn(data_dir: &Path) -> Option<String>;
+
+/// The notes' list (listed in the room's front, `provider/mod.rs`).
+pub use super::FOREIGN_NOTES;
 
 /// The newest archive of one task of another installation.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -85,10 +94,9 @@ pub struct ForeignTask {
 
 /// Every backend's note about archives of another installation under `data_dir`, once each.
 pub fn take_foreign_notes(data_dir: &Path) -> Vec<String> {
-    BACKENDS
+    FOREIGN_NOTES
         .iter()
-        .filter_map(|e| e.foreign)
-        .filter_map(|f| (f.take_note)(data_dir))
+        .filter_map(|take| take(data_dir))
         .collect()
 }
 
@@ -324,6 +332,18 @@ mod tests {
         assert!(resolve(&Backend::default()).is_ok());
         assert!(named("sim").is_none());
         assert!(named("replay").is_none());
+    }
+
+    #[test]
+    fn every_backend_that_keeps_foreign_archives_has_its_note() {
+        // `FOREIGN_NOTES` is a list apart (the fast path must not name the entries): one line
+        // for each backend with a `Foreign`, none for another.
+        let keeping = BACKENDS.iter().filter(|e| e.foreign.is_some()).count();
+        assert_eq!(FOREIGN_NOTES.len(), keeping);
+        // With no archives there is no note, and taking the notes leaves nothing behind.
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(take_foreign_notes(dir.path()).is_empty());
+        assert_eq!(std::fs::read_dir(dir.path()).expect("read").count(), 0);
     }
 
     #[test]

@@ -446,3 +446,55 @@ fn the_front_hands_everything_else_to_the_engine() {
         (Some(3), Some("e"))
     );
 }
+
+/// The front stays small: the loader relocates every pointer of a PIE at each start, which was
+/// most of what a warm `taskbox run` added over its command (docs/performance.md), so the front
+/// links only the fast path — not the providers, the HTTP client or the async runtime the
+/// engine holds. At c19a242 it had 5 % of the engine's relocations; naming the backend
+/// registry's entries from the fast path (7a55a34's foreign-archive note) took it to 37 %.
+#[test]
+fn the_front_links_a_small_share_of_the_engines_relocations() {
+    let front = Path::new(env!("CARGO_BIN_EXE_taskbox"));
+    let engine = front.with_file_name("taskbox-engine");
+    let (f, e) = (relative_relocations(front), relative_relocations(&engine));
+    assert!(
+        f * 5 < e,
+        "the front {} has {f} relative relocations, the engine {} {e}: the front must stay \
+         under a fifth of the engine (see what the fast path's modules name: a table of \
+         function pointers, such as provider::BACKENDS, links everything it points at)",
+        front.display(),
+        engine.display()
+    );
+}
+
+/// An ELF64 little-endian executable's `DT_RELACOUNT`: the relative relocations the loader
+/// applies at each start (what `readelf -d` prints as `RELACOUNT`).
+fn relative_relocations(path: &Path) -> u64 {
+    const PT_DYNAMIC: u32 = 2;
+    const DT_NULL: u64 = 0;
+    const DT_RELACOUNT: u64 = 0x6fff_fff9;
+    let elf = std::fs::read(path).expect("read the binary");
+    let u16_at = |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().expect("2 bytes"));
+    let u32_at = |at: usize| u32::from_le_bytes(elf[at..at + 4].try_into().expect("4 bytes"));
+    let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().expect("8 bytes"));
+    assert_eq!(
+        (&elf[..4], elf[4], elf[5]),
+        (&b"\x7fELF"[..], 2, 1),
+        "{}: an ELF64 little-endian file",
+        path.display()
+    );
+    let (phoff, phentsize, phnum) = (u64_at(0x20) as usize, u16_at(0x36), u16_at(0x38));
+    let dynamic = (0..usize::from(phnum))
+        .map(|i| phoff + i * usize::from(phentsize))
+        .find(|&h| u32_at(h) == PT_DYNAMIC)
+        .map(|h| (u64_at(h + 8) as usize, u64_at(h + 32) as usize))
+        .unwrap_or_else(|| panic!("{}: no dynamic section (a PIE has one)", path.display()));
+    let (offset, size) = dynamic;
+    (offset..offset + size)
+        .step_by(16)
+        .map(|at| (u64_at(at), u64_at(at + 8)))
+        .take_while(|&(tag, _)| tag != DT_NULL)
+        .find(|&(tag, _)| tag == DT_RELACOUNT)
+        .map(|(_, count)| count)
+        .unwrap_or_else(|| panic!("{}: no DT_RELACOUNT", path.display()))
+}

@@ -166,9 +166,14 @@ const FOREIGN: crate::provider::registry::Foreign = {
             foreign::adopt(&data_dir.join("local"), tasks)
                 .map_err(|e| e.into_provider("record the adoptions"))
         },
-        take_note: |data_dir| foreign::take_note(&data_dir.join("local")),
     }
 };
+
+/// The local backend's note about archives of another installation (its line of
+/// [`FOREIGN_NOTES`](crate::provider::FOREIGN_NOTES)).
+pub fn take_foreign_note(data_dir: &Path) -> Option<String> {
+    foreign::take_note(&data_dir.join("local"))
+}
 
 // ---------------------------------------------------------------------------------------------
 // The provider

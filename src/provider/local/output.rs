@@ -149,6 +149,9 @@ pub(super) struct Pump {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// The most a pump reads from its pipe at once.
+const PUMP_READ: usize = 64 * 1024;
+
 impl Pump {
     /// Drains `pipe`, forwarding each chunk to `live` (until its reader goes away).
     pub(super) fn start<R: AsyncRead + Unpin + Send + 'static>(
@@ -167,9 +170,13 @@ impl Pump {
             let give_up = give_up.clone();
             let mut live = live;
             tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
+                // Read into the spare capacity (`read_buf`), not a zeroed buffer: two pumps a
+                // command, and a `vec![0; 64 KiB]` each wrote and faulted in 128 KiB on the
+                // command's path for output that is usually a line.
+                let mut buf = Vec::with_capacity(PUMP_READ);
                 loop {
-                    match pipe.read(&mut buf).await {
+                    buf.clear();
+                    match pipe.read_buf(&mut buf).await {
                         Ok(0) | Err(_) => break,
                         Ok(n) => {
                             let detached = {
