@@ -335,14 +335,14 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> Result<Started, CloneError> 
         }
         Err(e) => return Err(e.into()),
     };
-    let (stdin_child, stdin_parent) = if spec.stdin_piped {
-        let (r, w) = pipe()?;
-        (r, Some(w))
-    } else {
-        (open(Path::new("/dev/null"), libc::O_RDONLY)?, None)
-    };
-    let (out_r, out_w) = pipe()?;
-    let (err_r, err_w) = pipe()?;
+    // The pipes, and our ends ready for the runtime before the clone: once the command runs,
+    // nothing can fail that would make the caller start it a second time.
+    let Stdio {
+        child: [stdin_child, out_w, err_w],
+        stdin,
+        stdout,
+        stderr,
+    } = Stdio::make(spec.stdin_piped)?;
     let (exec_r, exec_w) = pipe()?;
     let child_fds: [RawFd; 4] = [
         stdin_child.as_raw_fd(),
@@ -350,20 +350,10 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> Result<Started, CloneError> 
         err_w.as_raw_fd(),
         exec_w.as_raw_fd(),
     ];
-    // The server's own 0, 1 and 2 are open, so these are above them: a dup2 onto 0-2 never
-    // lands on one of them.
-    if child_fds.iter().any(|&fd| fd <= 2) {
+    // Above the server's own 0, 1 and 2 (open), as `Stdio::make`'s are.
+    if exec_w.as_raw_fd() <= 2 {
         return Err(io::Error::other("a pipe got a standard descriptor's number").into());
     }
-    // Our ends, ready for the runtime before the clone: once the command runs, nothing can fail
-    // that would make the caller start it a second time.
-    let stdin = match stdin_parent {
-        Some(w) => Some(Box::new(tokio::net::unix::pipe::Sender::from_owned_fd(w)?)
-            as Box<dyn AsyncWrite + Unpin + Send>),
-        None => None,
-    };
-    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)?;
-    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?;
 
     let mut pidfd: libc::c_int = -1;
     let args = CloneArgs {
@@ -464,8 +454,8 @@ fn try_clone(cgroup_dir: &Path, spec: &Spec<'_>) -> Result<Started, CloneError> 
     Ok(Started {
         proc: Proc::Cloned(cloned),
         stdin,
-        stdout: Some(Box::new(stdout)),
-        stderr: Some(Box::new(stderr)),
+        stdout: Some(stdout),
+        stderr: Some(stderr),
     })
 }
 

@@ -282,14 +282,8 @@ impl Init {
         self.end();
     }
 
-    /// Kills the init and waits until it has exited, which PID 1 of a namespace does only once
-    /// every other process of the namespace is gone (the kernel waits for them in its exit).
-    /// Not reaped: whoever holds the last reference does that. For a caller that shares it
-    /// (a command being spawned holds it a moment).
-    pub fn stop(&self) {
-        if self.reaped {
-            return;
-        }
+    /// Sends the init SIGKILL through its pidfd (nothing if it is gone already).
+    fn send_kill(&self) {
         // SAFETY: pidfd_send_signal on our pidfd, no siginfo, no flags.
         unsafe {
             libc::syscall(
@@ -300,6 +294,17 @@ impl Init {
                 0,
             );
         }
+    }
+
+    /// Kills the init and waits until it has exited, which PID 1 of a namespace does only once
+    /// every other process of the namespace is gone (the kernel waits for them in its exit).
+    /// Not reaped: whoever holds the last reference does that. For a caller that shares it
+    /// (a command being spawned holds it a moment).
+    pub fn stop(&self) {
+        if self.reaped {
+            return;
+        }
+        self.send_kill();
         let mut p = libc::pollfd {
             fd: self.pidfd.as_raw_fd(),
             events: libc::POLLIN,
@@ -321,16 +326,7 @@ impl Init {
         if self.reaped {
             return;
         }
-        // SAFETY: pidfd_send_signal on our pidfd, no siginfo, no flags.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.pidfd.as_raw_fd(),
-                libc::SIGKILL,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            );
-        }
+        self.send_kill();
         // A pidfd is readable once its process has exited. Without one to register, the
         // blocking wait of `kill` or `stop` is what remains.
         let Ok(fd) = self.pidfd.try_clone() else {
