@@ -12,13 +12,19 @@
 //! background), which the bare `tar` does not do.
 //!
 //! Both sides read a tree that is in the page cache (it was just written or restored). Rounds
-//! alternate which side goes first where the order can be swapped.
+//! alternate which side goes first where the order can be swapped. Every timed step starts on a
+//! settled disk: the stopped sandboxes' files removed and every dirty page written back
+//! (`sync`), so that no step is billed the writeback of the step before.
 //!
 //! The rows above measure an unisolated sandbox (`terminal.local_isolation = none`, set here
-//! whatever the default). `snapshot.create_isolated` and `snapshot.restore_isolated` take the
-//! first snapshot and its restore of the same tree in an isolated sandbox (`namespaces`: the
-//! snapshot also ends its init and namespaces, the restore starts them), each round before or
-//! after the unisolated ones in turn, against the unisolated figures of the same round.
+//! whatever the default). `snapshot.create_isolated` takes the first snapshot of the same tree
+//! in an isolated sandbox (`namespaces`) after a command ran in it, so that the snapshot also
+//! ends its init and namespaces, each round before or after the unisolated one in turn.
+//! `snapshot.restore_isolated` restores the round's snapshot, each time with its first command
+//! (`true`; an isolated sandbox starts its init and namespaces then), by an isolated and by an
+//! unisolated provider on the same store, two each in turns (ABBA, the order flipped each
+//! round): a restore is disk-bound, and this VM's disk drifted from 3 s to 9 s for the same
+//! restore within one run, so only restores made side by side compare.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -31,9 +37,9 @@ use super::workspace::{generate_workspace, TreeSpec, TreeStats};
 use super::{BenchError, Ctx, Measurement, Quantity, Target};
 use crate::clock::SystemClock;
 use crate::config::{Config, LocalIsolation};
-use crate::ids::{SnapshotId, TaskId};
+use crate::ids::{SandboxId, SnapshotId, TaskId};
 use crate::provider::local::{isolation, LocalProvider};
-use crate::provider::{ProviderError, SandboxProvider, SandboxSpec};
+use crate::provider::{ExecRequest, ProviderError, SandboxProvider, SandboxSpec};
 
 const BENCH: &str = "snapshot";
 
@@ -57,7 +63,38 @@ fn provider_err(action: &str) -> impl FnOnce(ProviderError) -> BenchError + '_ {
     move |e| BenchError::failed(BENCH, format!("{action}: {e}"))
 }
 
-/// Runs a baseline shell pipeline; its time in seconds.
+/// Writes every dirty page back to disk (`sync(2)`) before a timed step, so that the step is
+/// not billed the writeback of what the step before wrote (a workspace generated or unpacked,
+/// a restore's files): the restore rows are disk-bound, and an unpack or a restore just before
+/// leaves hundreds of megabytes to write back.
+fn sync() {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+}
+
+/// Waits until `provider`'s stopped sandboxes' files, renamed into `trash/`, are removed (in
+/// the background), then [`sync`]s: neither that removal nor the writeback left by the step
+/// before slows the next timed step down (a resume comes long after a suspend).
+fn settle(provider: &LocalProvider) -> Result<(), BenchError> {
+    let trash = provider.root().join("trash");
+    let waited = Instant::now();
+    while std::fs::read_dir(&trash)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false)
+    {
+        if waited.elapsed() > std::time::Duration::from_secs(300) {
+            return Err(BenchError::failed(
+                BENCH,
+                "a stopped sandbox's files were not removed within 300 s",
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    sync();
+    Ok(())
+}
+
+/// Runs a baseline shell pipeline (after a [`sync`]); its time in seconds.
 fn shell(script: &str, cwd: &Path, env: &[(&str, &Path)]) -> Result<f64, BenchError> {
     let mut cmd = std::process::Command::new("bash");
     cmd.arg("-c")
@@ -69,6 +106,7 @@ fn shell(script: &str, cwd: &Path, env: &[(&str, &Path)]) -> Result<f64, BenchEr
     for (k, v) in env {
         cmd.env(k, v);
     }
+    sync();
     let t = Instant::now();
     let out = cmd
         .output()
@@ -248,6 +286,7 @@ impl Bench<'_> {
     /// the next timed operation down: a resume comes long after a suspend.
     async fn snapshot(&mut self) -> Result<(SnapshotId, f64), BenchError> {
         self.seq += 1;
+        settle(&self.provider)?;
         let t = Instant::now();
         let info = self
             .provider
@@ -255,26 +294,14 @@ impl Bench<'_> {
             .await
             .map_err(provider_err("take the snapshot"))?;
         let took = t.elapsed().as_secs_f64();
-        let trash = self.provider.root().join("trash");
-        let waited = Instant::now();
-        while std::fs::read_dir(&trash)
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(false)
-        {
-            if waited.elapsed() > std::time::Duration::from_secs(300) {
-                return Err(BenchError::failed(
-                    BENCH,
-                    "a stopped sandbox's files were not removed within 300 s",
-                ));
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        settle(&self.provider)?;
         Ok((info.id, took))
     }
 
     /// Restores `snap` into the next sandbox; seconds.
     async fn restore(&mut self, snap: &SnapshotId) -> Result<f64, BenchError> {
         self.generation += 1;
+        settle(&self.provider)?;
         let t = Instant::now();
         let sb = self
             .provider
@@ -353,12 +380,12 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
             remove(&round_dir)?;
             std::fs::create_dir_all(&round_dir)
                 .map_err(BenchError::io(BENCH, "create the round's directory"))?;
-            // The isolated sandbox's snapshot and restore, before the unisolated ones in odd
-            // rounds, after them in even ones.
+            // The isolated sandbox's first snapshot, before the unisolated one in odd rounds,
+            // after it in even ones.
             let iso_dir = dir.join(format!("round{round}-isolated"));
             let mut iso = None;
             if round % 2 == 1 {
-                iso = Some(isolated_round(&iso_dir, tree).await?);
+                iso = Some(isolated_snapshot(&iso_dir, tree).await?);
             }
             let (mut b, stats) = open(&round_dir, tree, LocalIsolation::None).await?;
             r.tree = stats;
@@ -378,15 +405,16 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
                 b_first = pack(&b.workspace()?)?;
                 snap = id;
             }
-            let _ = snap;
             if iso.is_none() {
-                iso = Some(isolated_round(&iso_dir, tree).await?);
+                iso = Some(isolated_snapshot(&iso_dir, tree).await?);
             }
-            let (iso_snapshot, iso_restore) = iso.expect("the isolated round ran");
-            r.iso_first.subject.push(iso_snapshot);
+            r.iso_first
+                .subject
+                .push(iso.expect("the isolated snapshot was taken"));
             r.iso_first.baseline.push(s_first);
+            let (iso_restore, plain_restore) = paired_restores(&round_dir, &snap, round).await?;
             r.iso_restore.subject.push(iso_restore);
-            r.iso_restore.baseline.push(s_restore);
+            r.iso_restore.baseline.push(plain_restore);
             r.archive_bytes = std::fs::metadata(&archive)
                 .map_err(BenchError::io(
                     BENCH,
@@ -437,24 +465,101 @@ fn measure(dir: &Path, tree: &TreeSpec, rounds: usize) -> Result<Results, BenchE
     })
 }
 
-/// The first snapshot of the tree in an isolated sandbox (in `dir`, removed after) and its
-/// restore into the next one: their seconds.
-async fn isolated_round(dir: &Path, tree: &TreeSpec) -> Result<(f64, f64), BenchError> {
+/// The first snapshot of the tree in an isolated sandbox (in `dir`, removed after), taken
+/// after a command ran in it (so that its init and namespaces are up, and the snapshot ends
+/// them): its seconds.
+async fn isolated_snapshot(dir: &Path, tree: &TreeSpec) -> Result<f64, BenchError> {
     remove(dir)?;
     std::fs::create_dir_all(dir).map_err(BenchError::io(
         BENCH,
         "create the isolated round's directory",
     ))?;
     let (mut b, _) = open(dir, tree, LocalIsolation::Namespaces).await?;
-    let (id, snapshot) = b.snapshot().await?;
-    let restore = b.restore(&id).await?;
-    b.provider
-        .stop_sandbox(&b.sandbox)
-        .await
-        .map_err(provider_err("stop the isolated sandbox"))?;
+    first_command(&b.provider, &b.sandbox).await?;
+    let (_, snapshot) = b.snapshot().await?;
     drop(b);
     remove(dir)?;
-    Ok((snapshot, restore))
+    Ok(snapshot)
+}
+
+/// The task the paired restores restore into (a snapshot of [`TASK`] restores into another
+/// task as a fork's does).
+fn pair_task() -> TaskId {
+    TaskId::new("bench-snapshot-restore").expect("the bench's task id is valid")
+}
+
+/// `true` in `sandbox`, which must succeed.
+async fn first_command(provider: &LocalProvider, sandbox: &SandboxId) -> Result<(), BenchError> {
+    let out = provider
+        .exec(
+            sandbox,
+            &ExecRequest {
+                command: "true".into(),
+                timeout_ms: 60_000,
+            },
+        )
+        .await
+        .map_err(provider_err("run a sandbox's first command"))?;
+    if out.exit_code != 0 {
+        return Err(BenchError::failed(
+            BENCH,
+            format!(
+                "`true` exited {} in a sandbox: {}",
+                out.exit_code, out.stderr
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The restore comparison of one round: `snap` restored, each time with its first command
+/// (`true`: an isolated sandbox starts its init and namespaces then), by an isolated and an
+/// unisolated provider on the same store, in turns — ABBA, the order flipped each round — so
+/// that the disk's drift over the round (its writeback, the host's other guests) falls on both
+/// sides alike. Their mean seconds: (isolated, unisolated).
+async fn paired_restores(
+    dir: &Path,
+    snap: &SnapshotId,
+    round: usize,
+) -> Result<(f64, f64), BenchError> {
+    let provider = |mode| {
+        LocalProvider::new(dir.join("local"), "bench".into(), Arc::new(SystemClock))
+            .map(|p| p.with_isolation(settings(mode)))
+            .map_err(|e| BenchError::failed(BENCH, format!("open the local provider: {e}")))
+    };
+    let sides = [
+        provider(LocalIsolation::None)?,
+        provider(LocalIsolation::Namespaces)?,
+    ];
+    let order = if round.is_multiple_of(2) {
+        [1, 0, 0, 1]
+    } else {
+        [0, 1, 1, 0]
+    };
+    let mut took = [0.0_f64; 2];
+    for (generation, side) in (1_u64..).zip(order) {
+        let p = &sides[side];
+        settle(p)?;
+        let spec = SandboxSpec::new(
+            "bench",
+            &pair_task(),
+            generation,
+            Some(snap.clone()),
+            3_600_000,
+        );
+        let t = Instant::now();
+        let sb = p
+            .create_sandbox(&spec)
+            .await
+            .map_err(provider_err("restore the snapshot"))?;
+        first_command(p, &sb.id).await?;
+        took[side] += t.elapsed().as_secs_f64() / 2.0;
+        p.stop_sandbox(&sb.id)
+            .await
+            .map_err(provider_err("stop a restored sandbox"))?;
+    }
+    settle(&sides[0])?;
+    Ok((took[1], took[0]))
 }
 
 pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
@@ -552,9 +657,9 @@ pub(super) fn run(ctx: &mut Ctx<'_>) -> Result<Vec<Measurement>, BenchError> {
         ),
         Measurement::new(
             "snapshot.restore_isolated",
-            "its restore into an isolated sandbox (its init and namespaces started)",
+            "the round's snapshot restored into an isolated sandbox with its first command (`true`, which starts its init and namespaces), two per round in turns with the baseline (ABBA)",
             Quantity::new(r.iso_restore.subject_median(), "s"),
-            "the unisolated `snapshot.restore` of the same round",
+            "the same restore and first command by an unisolated provider on the same store",
             Quantity::new(r.iso_restore.baseline_median(), "s"),
             None,
             Target::RatioAtMost {
