@@ -133,7 +133,12 @@ fn cells(r: &Report) -> Vec<[String; 6]> {
         .iter()
         .map(|m| {
             let subject = match m.added {
-                Some(a) => format!("{} (+{} {})", m.subject.display(), fmt_num(a.value), a.unit),
+                // Signed: a subject faster than its baseline adds a negative time ("−1.27 ms").
+                Some(a) => {
+                    let sign = if a.value < 0.0 { "−" } else { "+" };
+                    let size = fmt_num(a.value.abs());
+                    format!("{} ({sign}{size} {})", m.subject.display(), a.unit)
+                }
                 None => m.subject.display(),
             };
             [
