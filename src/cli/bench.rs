@@ -127,18 +127,19 @@ const HEADER: [&str; 6] = [
     "result",
 ];
 
+/// An added time with its sign: `+2.82`, or `−1.23` for a subject faster than its baseline.
+fn signed(value: f64) -> String {
+    let sign = if value < 0.0 { "−" } else { "+" };
+    format!("{sign}{}", fmt_num(value.abs()))
+}
+
 /// The cells of each row, in [`HEADER`] order.
 fn cells(r: &Report) -> Vec<[String; 6]> {
     r.benchmarks
         .iter()
         .map(|m| {
             let subject = match m.added {
-                // Signed: a subject faster than its baseline adds a negative time ("−1.27 ms").
-                Some(a) => {
-                    let sign = if a.value < 0.0 { "−" } else { "+" };
-                    let size = fmt_num(a.value.abs());
-                    format!("{} ({sign}{size} {})", m.subject.display(), a.unit)
-                }
+                Some(a) => format!("{} ({} {})", m.subject.display(), signed(a.value), a.unit),
                 None => m.subject.display(),
             };
             [
@@ -225,4 +226,16 @@ pub fn table(r: &Report) -> String {
     }
     let _ = writeln!(out, "\n{}", footer(r));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::signed;
+
+    #[test]
+    fn an_added_time_keeps_its_sign() {
+        assert_eq!(signed(2.823), "+2.82");
+        assert_eq!(signed(-1.234), "−1.23");
+        assert_eq!(signed(0.0), "+0");
+    }
 }
