@@ -26,7 +26,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::archive::{self, ArchiveHeader};
-use super::cas::{Cas, Index, Limits, Manifest, PackedStats, Tracked, Tracker};
+use super::cas::{Cas, CasError, Index, Limits, Manifest, PackedStats, Tracked, Tracker};
 use super::error::LocalError;
 use super::freeze::{Freezer, Frozen};
 use super::names::{check_owner, SandboxName, SnapshotRef};
@@ -230,6 +230,15 @@ struct Place<'a> {
 type Answer = (Outcome, Option<Tracker>);
 
 impl Place<'_> {
+    /// A failure of the content store, as this checkpoint's snapshot's.
+    fn content(&self, source: CasError) -> LocalError {
+        LocalError::Content {
+            snapshot: self.snap.id(),
+            path: self.path.to_path_buf(),
+            source: Box::new(source),
+        }
+    }
+
     /// A checkpoint with the tracker's changes (handed over by [`Tracker::take`] while the
     /// processes are paused). Paused: the changed entries are looked at and their contents
     /// read into the store's packs (not fsynced yet), the tracker re-armed for the entries that
@@ -245,11 +254,7 @@ impl Place<'_> {
         tracked: Tracked,
         same_as_previous: impl Fn(&Manifest, Option<&Tracked>) -> bool,
     ) -> Result<Answer, LocalError> {
-        let content = |source| LocalError::Content {
-            snapshot: self.snap.id(),
-            path: self.path.to_path_buf(),
-            source: Box::new(source),
-        };
+        let content = |source| self.content(source);
         // Held until the manifest and the index are in place: gc cannot sweep what they name.
         let _lock = self.cas.lock(false).map_err(content)?;
         let (manifest, stats, staged) = self
@@ -323,11 +328,7 @@ impl Place<'_> {
         frozen: Option<Frozen>,
         same_as_previous: impl Fn(&Manifest, Option<&Tracked>) -> bool,
     ) -> Result<Answer, LocalError> {
-        let content = |source| LocalError::Content {
-            snapshot: self.snap.id(),
-            path: self.path.to_path_buf(),
-            source: Box::new(source),
-        };
+        let content = |source| self.content(source);
         // Held until the manifest is in place: gc cannot sweep what it names.
         let _lock = self.cas.lock(false).map_err(content)?;
         let (manifest, stats) = self
