@@ -254,7 +254,7 @@ impl SqliteStore {
             self.full_sync(first_task)?;
             return self.commit_reserved(recs);
         }
-        self.set_synchronous("NORMAL", first_task)?;
+        self.set_synchronous(false, first_task)?;
         self.not_full = true;
         let result = self.commit_reserved(recs);
         // Not an error of the commit: if this fails, the next write sets FULL before writing.
@@ -288,15 +288,24 @@ impl SqliteStore {
     /// Sets `synchronous = FULL` again if a [`Sync::WithNext`] commit could not.
     fn full_sync(&mut self, task: Option<&str>) -> Result<(), StoreError> {
         if self.not_full {
-            self.set_synchronous("FULL", task)?;
+            self.set_synchronous(true, task)?;
             self.not_full = false;
         }
         Ok(())
     }
 
-    fn set_synchronous(&self, mode: &str, task: Option<&str>) -> Result<(), StoreError> {
+    /// `synchronous = FULL` (`full`) or `NORMAL`. The statement is cached: a warm command's
+    /// commits switch the mode, and parsing the pragma anew each time showed in the server's
+    /// profile.
+    fn set_synchronous(&self, full: bool, task: Option<&str>) -> Result<(), StoreError> {
+        let sql = if full {
+            "PRAGMA synchronous = FULL"
+        } else {
+            "PRAGMA synchronous = NORMAL"
+        };
         self.conn
-            .pragma_update(None, "synchronous", mode)
+            .prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute([]).map(drop))
             .map_err(|e| StoreError::sql(&self.path, "choosing when a commit syncs", task, e))
     }
 
