@@ -5,7 +5,7 @@
 
 use std::ffi::OsStr;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitStatus;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -20,7 +20,7 @@ use super::kill::{
 };
 use super::names::SandboxName;
 use super::output::{Captured, Pump};
-use super::script::{bash_command, host_environment, wrap_command};
+use super::script::{bash_command, host_environment, wrap_command, Report};
 use super::spawn::{self, Spec, Started};
 use super::workspace::{relative_cwd, resolve_cwd};
 use super::{LocalProvider, Slot};
@@ -80,9 +80,15 @@ impl LocalProvider {
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
             // Its namespaces, made by its first command (under the lock: one init per sandbox).
             let (init, network_note) = if self.isolation.namespaces() {
-                let (init, note) = super::run_blocking_ref(|| {
-                    self.sandbox_init(&name, &slot, &workspace, &run_dir)
-                })?;
+                // A running init is taken as it is; only a new one (its clone, its namespaces'
+                // files, its cgroups) tells tokio that this thread blocks: `block_in_place`
+                // hands the worker to another thread, a wake-up per command otherwise.
+                let (init, note) = match slot.running_init() {
+                    Some(init) => (init, None),
+                    None => super::run_blocking_ref(|| {
+                        self.sandbox_init(&name, &slot, &workspace, &run_dir)
+                    })?,
+                };
                 (Some(init), note)
             } else {
                 (None, None)
@@ -91,8 +97,12 @@ impl LocalProvider {
             // Unisolated on purpose (`terminal.local_isolation = none`): said on the sandbox's
             // first command, whichever process runs it (a marker in its `run/`, made once).
             let warn = self.warn_unisolated() && first_unisolated(&run_dir);
-            // Its mark while it runs (under the lock: after the check for a dead server's).
-            let mark = InFlight::mark(&run_dir, &self.unique())?;
+            // Its mark while it runs (under the lock: after the check for a dead server's). An
+            // isolated command needs none: its sandbox ends with this process (see `inflight`).
+            let mark = match init {
+                Some(_) => None,
+                None => Some(InFlight::mark(&run_dir, &self.unique())?),
+            };
             // Subscribed under the lock: a discard after this point is seen by this command.
             (
                 meta,
@@ -132,7 +142,7 @@ impl LocalProvider {
         // The pipe the command's exit trap reports its working directory through (opened by
         // path, `/proc/<pid>/fd/<n>`: no descriptor of the command's is taken for it, and
         // nothing it starts inherits one). Without `/proc` the trap writes `cwd_file` instead.
-        let (mut report, report_writer) = ReportPipe::open(&name)?;
+        let (report, report_writer) = ReportPipe::open(&name)?;
         // Only an isolated command gets the write end (the server's `/proc/<pid>/fd/<n>` is
         // not visible inside its sandbox).
         let report_writer = init.is_some().then_some(report_writer);
@@ -170,7 +180,13 @@ impl LocalProvider {
         let cloned = match &cgroup {
             _ if init.is_some() => None,
             Some(join) => {
-                let script = wrap_command(&req.command, &report.path, &cwd_file, None);
+                let script = wrap_command(
+                    &req.command,
+                    Report::Path(&report.path),
+                    &cwd_file,
+                    &cwd,
+                    None,
+                );
                 let spec = Spec {
                     program: "bash",
                     args: &[OsStr::new("-c"), &script],
@@ -203,8 +219,13 @@ impl LocalProvider {
                             source,
                         }
                     })?;
-                report.path = PathBuf::from(format!("/proc/self/fd/{}", enter.report_fd()));
-                let script = wrap_command(&req.command, &report.path, &cwd_file, None);
+                let script = wrap_command(
+                    &req.command,
+                    Report::Fd(enter.report_fd()),
+                    &cwd_file,
+                    &inside,
+                    None,
+                );
                 let spec = Spec {
                     program: "bash",
                     args: &[OsStr::new("-c"), &script],
@@ -219,7 +240,13 @@ impl LocalProvider {
                 })?
             }
             (None, None) => {
-                let script = wrap_command(&req.command, &report.path, &cwd_file, cgroup.as_ref());
+                let script = wrap_command(
+                    &req.command,
+                    Report::Path(&report.path),
+                    &cwd_file,
+                    &cwd,
+                    cgroup.as_ref(),
+                );
                 // No `pre_exec` hook: the standard library then spawns with `posix_spawn` (a
                 // `vfork`), not by forking this whole process.
                 let mut command = bash_command(script, io.stdin.is_some(), &full);
@@ -392,8 +419,13 @@ impl LocalProvider {
                         source,
                     });
                 }
-                if let Some(reported) = reported_cwd.filter(|r| !r.is_empty()) {
-                    let rel = relative_cwd(cwd_root, &reported);
+                // Ended where it started (most commands never `cd`): nothing to record, and
+                // the sandbox's meta is not read again.
+                let moved = reported_cwd
+                    .filter(|r| !r.is_empty())
+                    .map(|r| relative_cwd(cwd_root, &r))
+                    .filter(|rel| *rel != meta.cwd);
+                if let Some(rel) = moved {
                     if let Err(e) = self.record_cwd(&name, &slot, &meta.instance, rel).await {
                         tracing::warn!(sandbox = %name.name, error = %e,
                             "could not record the command's working directory");
@@ -490,6 +522,7 @@ impl LocalProvider {
         if let Some(cg) = cgroups {
             init.set_cgroups(cg);
         }
+        isolation::start_spawner(&mut init);
         tracing::debug!(sandbox = %name.name, init = init.pid(), "made the sandbox's namespaces");
         let init = std::sync::Arc::new(init);
         *held = Some(init.clone());
@@ -685,6 +718,7 @@ fn exit_code(status: ExitStatus) -> i32 {
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
     use std::process::Stdio;
 
@@ -692,7 +726,7 @@ mod tests {
 
     /// Runs `wrap_command`'s script in `dir` with `report` as the report path.
     fn run_wrapped(dir: &Path, report: &Path, cwd_file: &Path, command: &str) -> i32 {
-        let script = wrap_command(command, report, cwd_file, None);
+        let script = wrap_command(command, Report::Path(report), cwd_file, dir, None);
         #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
         let status = std::process::Command::new("bash")
             .arg("-c")
@@ -732,6 +766,37 @@ mod tests {
                 "{f} is the command's own"
             );
         }
+
+        // Ended where it began: nothing reported, nothing in the file (the caller keeps the
+        // directory it had).
+        let pipe = ReportPipe::open(&name).unwrap().0;
+        assert_eq!(
+            run_wrapped(&ws, &pipe.path, &cwd_file, "cd sub; cd ..; exit 3"),
+            3
+        );
+        assert_eq!(pipe.take(), None);
+        assert!(!cwd_file.exists());
+
+        // Through a descriptor the shell inherited (an isolated command's).
+        let (pipe, writer) = ReportPipe::open(&name).unwrap();
+        let script = wrap_command("cd sub", Report::Fd(1000), &cwd_file, &ws, None);
+        let writer = writer.as_raw_fd();
+        let mut command = std::process::Command::new("bash");
+        command.arg("-c").arg(script).current_dir(&ws);
+        // SAFETY: only `dup2` between the fork and the exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                if libc::dup2(writer, 1000) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        #[allow(clippy::disallowed_methods)]
+        let status = command.status().expect("bash runs");
+        assert!(status.success());
+        assert_eq!(pipe.take().unwrap(), ws.join("sub").as_os_str().as_bytes());
+        assert!(!cwd_file.exists());
 
         // No pipe to open (no `/proc`): the file instead.
         let pipe = ReportPipe::open(&name).unwrap().0;

@@ -2,9 +2,9 @@
 //! under a command does not leave it running for good.
 //!
 //! An isolated sandbox ends with the server that ran it (its init holds a lifeline to the
-//! server). An unisolated one does not: a SIGKILLed server's command runs on — past its
-//! timeout, which only that server applied — in a sandbox a restarted server still uses. So
-//! each command leaves `run/inflight.<pid>.<n>` in its sandbox while it runs (`<pid>` the
+//! server), so its commands leave no mark. An unisolated one does not: a SIGKILLed server's
+//! command runs on — past its timeout, which only that server applied — in a sandbox a
+//! restarted server still uses. So each unisolated command leaves `run/inflight.<pid>.<n>` in its sandbox while it runs (`<pid>` the
 //! server's), removed when its exec ends in any way but the server's death. The next operation
 //! on the sandbox (the recovery's probe comes first) finds a mark whose process is gone: the
 //! command it stands for was interrupted, and the sandbox's processes are killed before anything

@@ -206,6 +206,11 @@ impl Slot {
         }
     }
 
+    /// The sandbox's init, while it runs (`None`: none yet, or it ended).
+    fn running_init(&self) -> Option<Arc<isolation::Init>> {
+        lock(&self.init).as_ref().filter(|i| i.alive()).cloned()
+    }
+
     /// Ends the sandbox's namespaces, if this process holds them: every process in them is
     /// dead when this returns (blocking). Returns whether there were any.
     fn end_namespaces(&self) -> bool {

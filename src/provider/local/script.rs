@@ -36,24 +36,48 @@ pub(super) fn host_environment<'a>(
     env
 }
 
+/// Where a command's EXIT trap writes its final working directory.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Report<'a> {
+    /// The report pipe's path, opened for writing (`/proc/<server>/fd/<n>`).
+    Path(&'a Path),
+    /// The report pipe's write end, which the shell inherited at this descriptor (an isolated
+    /// command's: no path of the server's is visible inside its sandbox).
+    Fd(std::os::fd::RawFd),
+}
+
 /// The script `bash -c` runs: the user's command, preceded (on the same line, so its line
 /// numbers are unchanged) by the join of the sandbox's cgroup ([`Join::script`], when there is
-/// one) and an EXIT trap that writes the final working directory to `report` (the report
-/// pipe's path; `cwd_file` when that cannot be opened) and exits with the command's own status. The trap also runs on `exit N`; it writes nothing to
+/// one) and an EXIT trap that writes the final working directory to `report` (`cwd_file` when
+/// that cannot be written) and exits with the command's own status — unless the shell's `$PWD`
+/// is still `start`, where it began: most commands never `cd`, and the caller then keeps the
+/// directory it had (a rename of the directory under the shell, or a `PWD` the command set to
+/// that value by hand, goes unnoticed). The trap also runs on `exit N`; it writes nothing to
 /// the command's stdout or stderr. (Subshells do not inherit the trap, so only the command's own
 /// shell reports.)
 pub(super) fn wrap_command(
     command: &str,
-    report: &Path,
+    report: Report<'_>,
     cwd_file: &Path,
+    start: &Path,
     cgroup: Option<&Join>,
 ) -> OsString {
+    let q = |p: &Path| crate::shell::quote_bytes(p.as_os_str().as_bytes());
     // `builtin` in case the command defined functions of these names; `>|` in case it set
-    // noclobber; `|| true` in case it set errexit and its directory was deleted meanwhile.
-    let mut trap_body = b"__taskbox_status=$?; { builtin pwd -P >| ".to_vec();
-    trap_body.extend_from_slice(&crate::shell::quote_bytes(report.as_os_str().as_bytes()));
+    // noclobber; `|| true` in case it set errexit and its directory was deleted meanwhile;
+    // `${PWD-}` in case it set nounset and unset PWD.
+    let mut trap_body = b"__taskbox_status=$?; [[ ${PWD-} == ".to_vec();
+    trap_body.extend_from_slice(&q(start));
+    trap_body.extend_from_slice(b" ]] || { builtin pwd -P ");
+    match report {
+        Report::Path(path) => {
+            trap_body.extend_from_slice(b">| ");
+            trap_body.extend_from_slice(&q(path));
+        }
+        Report::Fd(fd) => trap_body.extend_from_slice(format!(">&{fd}").as_bytes()),
+    }
     trap_body.extend_from_slice(b"; } 2>/dev/null || { builtin pwd -P >| ");
-    trap_body.extend_from_slice(&crate::shell::quote_bytes(cwd_file.as_os_str().as_bytes()));
+    trap_body.extend_from_slice(&q(cwd_file));
     trap_body.extend_from_slice(b"; } 2>/dev/null || true; builtin exit $__taskbox_status");
     let mut script = cgroup.map(|c| c.script(cwd_file)).unwrap_or_default();
     script.extend_from_slice(b"trap ");

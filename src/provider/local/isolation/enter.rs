@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use super::super::spawn::{self, Spec, Started};
+use super::child::{self, block_signals, join_cgroup, record, restore_signals, Exec, Step};
 use super::init::Init;
 use super::{REPORT_FD, WORKSPACE};
 
@@ -41,8 +42,13 @@ pub struct Enter {
 /// The descriptor an isolated command gets the report pipe's write end at: [`REPORT_FD`], or
 /// the highest one this process may open when its soft `RLIMIT_NOFILE` is lower (a server
 /// started under `ulimit -n 64`: `dup2` refuses a target at or above the limit, and the
-/// command inherits the limit).
+/// command inherits the limit). Read once: this process's limit does not change.
 fn report_fd() -> RawFd {
+    static FD: std::sync::OnceLock<RawFd> = std::sync::OnceLock::new();
+    *FD.get_or_init(report_fd_for_limit)
+}
+
+fn report_fd_for_limit() -> RawFd {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -84,68 +90,17 @@ impl Enter {
 /// exec (only this module's code, a few small frames; untouched pages cost nothing).
 const STACK: usize = 256 * 1024;
 
-/// A step of [`Enter::spawn`] between its clones and the command's exec, as the helper or the
-/// command reports the one that failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-enum Step {
-    /// Joining the limit cgroup whose `cgroup.procs` or `tasks` is the `index`th.
-    Cgroup = 1,
-    /// Entering the `index`th namespace.
-    Namespace,
-    /// Cloning the command.
-    Clone,
-    /// Its own process group.
-    ProcessGroup,
-    /// Its standard descriptors.
-    Descriptors,
-    /// Its working directory.
-    Directory,
-    /// The report descriptor.
-    Report,
-    /// `no_new_privs`.
-    NoNewPrivs,
-    /// The seccomp filter.
-    Seccomp,
-    /// The exec.
-    Exec,
-}
-
-impl Step {
-    const ALL: [Step; 10] = [
-        Step::Cgroup,
-        Step::Namespace,
-        Step::Clone,
-        Step::ProcessGroup,
-        Step::Descriptors,
-        Step::Directory,
-        Step::Report,
-        Step::NoNewPrivs,
-        Step::Seccomp,
-        Step::Exec,
-    ];
-}
-
-/// What the helper and the command read, and write back for the server: on the spawning
-/// thread's stack, shared through `CLONE_VM` until the command's exec.
+/// What the helper reads: the command's [`Exec`], the sandbox's cgroups and namespaces, and
+/// the command's stack. On the spawning thread's stack, shared through `CLONE_VM` until the
+/// command's exec.
 struct Shared<'a> {
-    enter: &'a Enter,
-    /// The command's stdin, stdout and stderr (close-on-exec, above 2).
-    stdio: [RawFd; 3],
-    /// The report pipe's write end (-1: none).
-    report: RawFd,
-    /// The program in each directory of the command's `PATH`, tried in turn.
-    programs: &'a [CString],
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
+    exec: Exec,
+    /// The sandbox's namespaces, user first.
+    namespaces: &'a [(RawFd, libc::c_int)],
+    /// The sandbox's limit cgroups' `cgroup.procs`/`tasks`.
+    cgroup_procs: &'a [CString],
     /// The top of the command's stack.
     command_stack: *mut libc::c_void,
-    /// The command's pid (in the server's PID namespace), once cloned.
-    pid: AtomicI32,
-    /// The step that failed (0: none) and its index and errno.
-    step: AtomicU32,
-    index: AtomicU32,
-    errno: AtomicI32,
 }
 
 /// Two stacks in one mapping, unmapped when dropped (after both clones are done with them).
@@ -241,7 +196,9 @@ impl Enter {
 
     /// Starts `spec` as [`Enter::spawn`] does, with `stdio` as its stdin, stdout and stderr
     /// (descriptors above 2, which it gets at 0, 1 and 2), and returns its pid: this process's
-    /// child, for the caller to wait for and reap.
+    /// child, for the caller to wait for and reap. Through the sandbox's spawner where it has
+    /// one (see `spawner`), otherwise (none, it ended, or the request does not fit its memory)
+    /// through a helper cloned for this command.
     pub(super) fn start(&self, stdio: [RawFd; 3], spec: &Spec<'_>) -> io::Result<u32> {
         // (A `dup2` onto itself would leave its close-on-exec flag: the exec would close it.)
         if stdio.iter().any(|fd| *fd <= 2) {
@@ -259,35 +216,63 @@ impl Enter {
             .iter()
             .map(|(k, v)| cstring(&[k.as_bytes(), b"=", v.as_bytes()].concat()))
             .collect::<io::Result<Vec<_>>>()?;
-        let (argv_ptrs, envp_ptrs) = (pointers(&argv), pointers(&envp));
+        let report = self.report.as_ref().map_or(-1, |r| r.as_raw_fd());
+        if let Some(spawner) = self.init.spawner() {
+            let request = super::spawner::Request {
+                stdio,
+                report,
+                report_fd: self.report_fd,
+                cwd: &self.cwd,
+                workspace: &self.workspace,
+                programs: &programs,
+                argv: &argv,
+                envp: &envp,
+            };
+            match spawner.spawn(&request) {
+                Ok(pid) => return Ok(pid),
+                Err(super::spawner::SpawnError::Step { step, index, errno }) => {
+                    return Err(self.failed(step, index as usize, errno, spec))
+                }
+                Err(super::spawner::SpawnError::Lost(e)) => return Err(e),
+                // Nothing was started: the helper's way below.
+                Err(super::spawner::SpawnError::Unavailable) => {}
+            }
+        }
+        let (programs_ptrs, argv_ptrs, envp_ptrs) =
+            (pointers(&programs), pointers(&argv), pointers(&envp));
+        let cgroup_procs = self.init.cgroups().map_or(&[][..], |c| c.procs());
+        let namespaces: Vec<(RawFd, libc::c_int)> = self.init.namespace_fds().collect();
         let stacks = Stacks::take()?;
         let shared = Shared {
-            enter: self,
-            stdio,
-            report: self.report.as_ref().map_or(-1, |r| r.as_raw_fd()),
-            programs: &programs,
-            argv: argv_ptrs.as_ptr(),
-            envp: envp_ptrs.as_ptr(),
+            exec: Exec {
+                stdio,
+                report,
+                report_fd: self.report_fd,
+                cwd: self.cwd.as_ptr(),
+                workspace: self.workspace.as_ptr(),
+                programs: programs_ptrs.as_ptr(),
+                argv: argv_ptrs.as_ptr(),
+                envp: envp_ptrs.as_ptr(),
+                reset_signals: true,
+                no_new_privs: true,
+                filter: self
+                    .filter
+                    .as_ref()
+                    .map_or(std::ptr::null(), |f| f.as_ptr()),
+                filter_len: self.filter.as_ref().map_or(0, |f| f.len() as u16),
+                pid: AtomicI32::new(0),
+                step: AtomicU32::new(0),
+                index: AtomicU32::new(0),
+                errno: AtomicI32::new(0),
+            },
+            namespaces: &namespaces,
+            cgroup_procs,
             command_stack: stacks.top(1),
-            pid: AtomicI32::new(0),
-            step: AtomicU32::new(0),
-            index: AtomicU32::new(0),
-            errno: AtomicI32::new(0),
         };
         // Every signal blocked across the clones (as `posix_spawn` does): the helper never
         // unblocks them, and the command resets the handlers before it does, so neither runs
         // one of the server's.
-        // SAFETY: all-zero `sigset_t`s are valid values, which `sigfillset` and
-        // `pthread_sigmask` fill in; this changes only this thread's mask.
-        let old = unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            if libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old) != 0 {
-                return Err(io::Error::other("cannot block signals for the spawn"));
-            }
-            old
-        };
+        let old = block_signals()?;
         // SAFETY: the helper shares this process's memory and this thread waits
         // (`CLONE_VFORK`) until it has exited: it runs on a stack of its own, reads `shared`
         // (alive on this thread's stack until then) and makes only async-signal-safe system
@@ -301,10 +286,7 @@ impl Enter {
             )
         };
         let clone_error = io::Error::last_os_error();
-        // SAFETY: restores the mask read above, on this thread.
-        unsafe {
-            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        }
+        restore_signals(&old);
         // Both clones are done with them: the helper has exited (or was never made), and the
         // command had exec'd or ended before the helper went on.
         stacks.give_back();
@@ -316,15 +298,16 @@ impl Enter {
         }
         // It has exited (a vfork returns once its child exits or execs).
         spawn::wait_blocking(helper as u32);
-        let pid = shared.pid.load(Ordering::SeqCst);
-        let step = shared.step.load(Ordering::SeqCst);
+        let exec = &shared.exec;
+        let pid = exec.pid.load(Ordering::SeqCst);
+        let step = exec.step.load(Ordering::SeqCst);
         if step != 0 {
             if pid > 0 {
                 // Cloned, but it ended before its exec: reaped here.
                 spawn::wait_blocking(pid as u32);
             }
-            let index = shared.index.load(Ordering::SeqCst) as usize;
-            let errno = shared.errno.load(Ordering::SeqCst);
+            let index = exec.index.load(Ordering::SeqCst) as usize;
+            let errno = exec.errno.load(Ordering::SeqCst);
             return Err(self.failed(step, index, errno, spec));
         }
         u32::try_from(pid)
@@ -411,154 +394,43 @@ fn namespace_name(flag: libc::c_int) -> &'static str {
     }
 }
 
-/// Records in `shared` that `step` (its `index`th item) failed with this thread's errno.
-///
-/// # Safety
-/// Only in the helper or the command, before the command's exec.
-unsafe fn record(shared: &Shared<'_>, step: Step, index: usize) {
-    // SAFETY: reads this thread's errno.
-    let errno = unsafe { *libc::__errno_location() };
-    shared.errno.store(errno, Ordering::SeqCst);
-    shared.index.store(index as u32, Ordering::SeqCst);
-    shared.step.store(step as u32, Ordering::SeqCst);
-}
-
 /// The helper, from its clone to its exit, sharing the server's memory (whose spawning thread
 /// waits, `CLONE_VFORK`): into the cgroups, into the namespaces, then the command's clone.
 /// Returns (exits) 0, or 1 with the failed step in `shared`.
 extern "C" fn helper(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the spawning thread's `Shared`, alive while it waits for this process;
-    // the rest are async-signal-safe system calls on it and on the `Enter` it points to.
+    // the rest are async-signal-safe system calls on it.
     unsafe {
         let shared = &*arg.cast::<Shared<'_>>();
-        let enter = shared.enter;
+        let exec = &shared.exec;
         // Into the sandbox's limit cgroups first (the hierarchies are not visible inside): the
         // command is born in them, and all it starts. This process has one thread, so writing
         // `tasks` (v1) moves all of it.
-        let procs = enter.init.cgroups().map_or(&[][..], |c| c.procs());
-        for (index, procs) in procs.iter().enumerate() {
-            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                record(shared, Step::Cgroup, index);
+        for (index, procs) in shared.cgroup_procs.iter().enumerate() {
+            if !join_cgroup(procs) {
+                record(exec, Step::Cgroup, index);
                 return 1;
             }
-            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-            if written != 1 {
-                record(shared, Step::Cgroup, index);
-                libc::close(fd);
-                return 1;
-            }
-            libc::close(fd);
         }
-        for (index, (fd, flag)) in enter.init.namespace_fds().enumerate() {
-            if libc::setns(fd, flag) != 0 {
-                record(shared, Step::Namespace, index);
+        for (index, (fd, flag)) in shared.namespaces.iter().enumerate() {
+            if libc::setns(*fd, *flag) != 0 {
+                record(exec, Step::Namespace, index);
                 return 1;
             }
         }
         // The command: the server's child (`CLONE_PARENT`), in the PID namespace just entered;
         // this process waits until it has exec'd or ended (`CLONE_VFORK`).
         let pid = libc::clone(
-            command,
+            child::command,
             shared.command_stack,
             libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT | libc::SIGCHLD,
-            arg,
+            std::ptr::from_ref(exec).cast_mut().cast(),
         );
         if pid < 0 {
-            record(shared, Step::Clone, 0);
+            record(exec, Step::Clone, 0);
             return 1;
         }
-        shared.pid.store(pid, Ordering::SeqCst);
+        exec.pid.store(pid, Ordering::SeqCst);
         0
-    }
-}
-
-/// The command, from its clone to its exec, in the sandbox's namespaces and cgroups, sharing
-/// the server's memory (the helper waits, `CLONE_VFORK`): its own process group, the server's
-/// signal handlers reset and every signal unblocked, its descriptors, its directory, the
-/// report descriptor, `no_new_privs`, the seccomp filter, the exec. A step that fails is
-/// recorded in `shared`, and it exits 127.
-extern "C" fn command(arg: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `arg` is the spawning thread's `Shared`, alive while the helper waits for this
-    // exec; the rest are async-signal-safe system calls on it and on the `Enter` it points to.
-    unsafe {
-        let shared = &*arg.cast::<Shared<'_>>();
-        let enter = shared.enter;
-        let fail = |step: Step| -> libc::c_int {
-            record(shared, step, 0);
-            libc::_exit(127)
-        };
-        if libc::setpgid(0, 0) != 0 {
-            return fail(Step::ProcessGroup);
-        }
-        // Handled signals back to the default before they are unblocked (ignored ones stay
-        // ignored, as across any exec, except `SIGPIPE`, which the server ignores and a
-        // command gets as the standard library's spawn gives it; glibc's own two refuse and
-        // are skipped).
-        for signal in 1..=64 {
-            let mut act: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(signal, std::ptr::null(), &mut act) == 0
-                && act.sa_sigaction != libc::SIG_DFL
-                && (act.sa_sigaction != libc::SIG_IGN || signal == libc::SIGPIPE)
-            {
-                let mut default: libc::sigaction = std::mem::zeroed();
-                default.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(signal, &default, std::ptr::null_mut());
-            }
-        }
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        let [stdin, stdout, stderr] = shared.stdio;
-        if libc::dup2(stdin, 0) < 0 || libc::dup2(stdout, 1) < 0 || libc::dup2(stderr, 2) < 0 {
-            return fail(Step::Descriptors);
-        }
-        if libc::chdir(enter.cwd.as_ptr()) != 0 && libc::chdir(enter.workspace.as_ptr()) != 0 {
-            return fail(Step::Directory);
-        }
-        let report = shared.report;
-        if report >= 0 && report != enter.report_fd {
-            if libc::dup2(report, enter.report_fd) < 0 {
-                return fail(Step::Report);
-            }
-        } else if report >= 0 && libc::fcntl(report, libc::F_SETFD, 0) < 0 {
-            // Already there (`dup2` would leave its close-on-exec flag): kept open.
-            return fail(Step::Report);
-        }
-        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-            return fail(Step::NoNewPrivs);
-        }
-        if let Some(filter) = &enter.filter {
-            let prog = libc::sock_fprog {
-                len: filter.len() as u16,
-                filter: filter.as_ptr().cast_mut(),
-            };
-            if libc::prctl(
-                libc::PR_SET_SECCOMP,
-                libc::SECCOMP_MODE_FILTER,
-                std::ptr::from_ref(&prog),
-                0,
-                0,
-            ) != 0
-            {
-                return fail(Step::Seccomp);
-            }
-        }
-        // The program on the command's `PATH`, as `execvp` searches it: a directory without it
-        // (or one it may not search) is skipped, any other failure ends the search.
-        let mut errno = libc::ENOENT;
-        for program in shared.programs {
-            libc::execve(program.as_ptr(), shared.argv, shared.envp);
-            match *libc::__errno_location() {
-                libc::ENOENT | libc::ENOTDIR => {}
-                libc::EACCES => errno = libc::EACCES,
-                e => {
-                    errno = e;
-                    break;
-                }
-            }
-        }
-        *libc::__errno_location() = errno;
-        fail(Step::Exec)
     }
 }

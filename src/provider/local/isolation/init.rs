@@ -36,6 +36,8 @@ pub struct Init {
     dns_socket: Option<OwnedFd>,
     /// The relay of its DNS queries to the host's loopback resolver, ended with it.
     dns_relay: Option<super::dns::Relay>,
+    /// The process that clones its commands (see `spawner`), ended with it.
+    spawner: Option<super::spawner::Spawner>,
 }
 
 /// The namespaces' names under `/proc/<pid>/ns/` and their flags, in the order a command
@@ -154,6 +156,7 @@ impl Init {
             pasta: None,
             dns_socket: None,
             dns_relay: None,
+            spawner: None,
         };
         // Its namespaces, opened while it waits for the go (before it makes itself undumpable).
         for (name, flag) in NAMESPACE_FILES {
@@ -245,6 +248,24 @@ impl Init {
     }
 
     /// The sandbox's limit cgroups, if it has them.
+    /// Starts the process that clones its commands (see `spawner`) with `filter` as its seccomp
+    /// filter, once its cgroups are set. Without one (it could not start: said in the log),
+    /// commands enter the sandbox by a helper of their own.
+    pub(super) fn start_spawner(&mut self, filter: Option<&[libc::sock_filter]>) {
+        let namespaces: Vec<(RawFd, libc::c_int)> = self.namespace_fds().collect();
+        let procs = self.cgroups.as_ref().map_or(&[][..], |c| c.procs());
+        match super::spawner::Spawner::start(&namespaces, procs, filter) {
+            Ok(spawner) => self.spawner = Some(spawner),
+            Err(e) => tracing::debug!(init = self.pid, error = %e,
+                "no spawner for the sandbox: each command enters it by a helper"),
+        }
+    }
+
+    /// The process that clones its commands, if it has one.
+    pub(super) fn spawner(&self) -> Option<&super::spawner::Spawner> {
+        self.spawner.as_ref()
+    }
+
     pub fn cgroups(&self) -> Option<&super::Cgroups> {
         self.cgroups.as_ref()
     }
@@ -305,6 +326,10 @@ impl Init {
             return;
         }
         self.send_kill();
+        // Not in the sandbox's PID namespace: it does not end with the init.
+        if let Some(spawner) = &self.spawner {
+            spawner.kill();
+        }
         let mut p = libc::pollfd {
             fd: self.pidfd.as_raw_fd(),
             events: libc::POLLIN,
@@ -327,6 +352,9 @@ impl Init {
             return;
         }
         self.send_kill();
+        if let Some(spawner) = &self.spawner {
+            spawner.kill();
+        }
         // A pidfd is readable once its process has exited. Without one to register, the
         // blocking wait of `kill` or `stop` is what remains.
         let Ok(fd) = self.pidfd.try_clone() else {
@@ -357,6 +385,8 @@ impl Init {
             }
         }
         self.reaped = true;
+        // Killed by the stop above: reaped as it drops.
+        self.spawner = None;
         // Its network namespace is gone with it: so is what carried its connections out.
         if let Some(pasta) = self.pasta.take() {
             pasta.end();
@@ -391,6 +421,7 @@ impl Drop for Init {
             pasta: self.pasta.take(),
             dns_socket: self.dns_socket.take(),
             dns_relay: self.dns_relay.take(),
+            spawner: self.spawner.take(),
         };
         self.reaped = true;
         let _ = std::thread::Builder::new()

@@ -33,7 +33,7 @@ use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// A sandbox's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,6 +261,9 @@ pub struct Cgroups {
     v2: bool,
     /// Each directory's `cgroup.procs` (v2) or `tasks` (v1), for a command's hook.
     procs: Vec<CString>,
+    /// Its memory controller's `memory.events` (v2) or `memory.oom_control` (v1), opened once
+    /// and read again from its start per command ([`OomCounter`]).
+    oom_file: Option<Arc<fs::File>>,
     limits: Limits,
 }
 
@@ -296,6 +299,7 @@ impl Cgroups {
                         .map_err(|_| format!("a cgroup path with a NUL byte: {}", d.display()))
                 })
                 .collect::<Result<_, _>>()?,
+            oom_file: None,
             dirs,
             limits,
         };
@@ -303,7 +307,25 @@ impl Cgroups {
             cgroups.remove();
             return Err(e);
         }
+        let mut cgroups = cgroups;
+        cgroups.open_files();
         Ok(cgroups)
+    }
+
+    /// Opens the memory controller's counter of OOM kills (where the kernel has it), which
+    /// every command reads twice.
+    fn open_files(&mut self) {
+        self.oom_file = fs::File::open(self.memory.join(self.oom_file_name()))
+            .ok()
+            .map(Arc::new);
+    }
+
+    fn oom_file_name(&self) -> &'static str {
+        if self.v2 {
+            "memory.events"
+        } else {
+            "memory.oom_control"
+        }
     }
 
     fn apply(&self) -> Result<(), String> {
@@ -365,13 +387,8 @@ impl Cgroups {
 
     /// What counts the processes the memory limit killed.
     pub fn oom_counter(&self) -> OomCounter {
-        let file = if self.v2 {
-            "memory.events"
-        } else {
-            "memory.oom_control"
-        };
         OomCounter {
-            file: self.memory.join(file),
+            file: self.oom_file.clone(),
             memory_mb: self.limits.memory_mb,
         }
     }
@@ -419,15 +436,21 @@ fn sweep(hierarchy: &Hierarchy) {
 /// `memory.events`, v1's `memory.oom_control`).
 #[derive(Debug, Clone)]
 pub struct OomCounter {
-    file: PathBuf,
+    /// The counter's file, open (`None` where the kernel has none).
+    file: Option<Arc<fs::File>>,
     memory_mb: u32,
 }
 
 impl OomCounter {
     /// The count so far (0 where the kernel does not count, or the cgroup is gone).
     pub fn count(&self) -> u64 {
-        fs::read_to_string(&self.file)
-            .ok()
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 512];
+        // Each read from offset 0 makes the kernel print the file anew.
+        self.file
+            .as_ref()
+            .and_then(|f| f.read_at(&mut buf, 0).ok())
+            .and_then(|n| std::str::from_utf8(&buf[..n]).ok())
             .and_then(|t| {
                 t.lines().find_map(|l| {
                     l.strip_prefix("oom_kill ")

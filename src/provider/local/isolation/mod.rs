@@ -51,6 +51,7 @@
 //! every restore and every fork, and for every data dir, so absolute paths a command records in
 //! its files (shebangs, virtualenvs, build caches) stay true wherever its snapshot is restored.
 
+mod child;
 mod dns;
 mod enter;
 mod init;
@@ -58,6 +59,7 @@ mod limits;
 mod network;
 mod plan;
 mod seccomp;
+mod spawner;
 
 pub(super) use self::enter::Enter;
 pub(super) use self::init::Init;
@@ -244,6 +246,13 @@ pub(super) fn environment<'a>(
     env
 }
 
+/// Starts the process that clones `init`'s commands, with the sandbox's seccomp filter (see
+/// `spawner`; without one, commands enter the sandbox by a helper of their own).
+pub fn start_spawner(init: &mut Init) {
+    let filter = seccomp::program();
+    init.start_spawner(filter.as_deref());
+}
+
 /// One layer of the isolation, as `taskbox doctor` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layer {
@@ -267,13 +276,14 @@ pub fn probe() -> Result<(), InitError> {
         mode: LocalNetwork::None,
         ..Network::default()
     };
-    with_probe_sandbox(&loopback, |_, _| Ok(()))
+    with_probe_sandbox(&loopback, false, |_, _| Ok(()))
 }
 
 /// Every layer of a sandbox with the network `network`, found by starting one and running a
 /// command in it: what doctor lists with ✓ or ✗ (never one ✓ for the whole).
 pub fn layers(network: &Network) -> Vec<Layer> {
-    let found = with_probe_sandbox(network, |init, note| {
+    // Through a spawner, as a sandbox's commands start (`spawner`).
+    let found = with_probe_sandbox(network, true, |init, note| {
         let script = "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; id -u; \
                       test -w /usr && echo usr-writable; \
                       echo routes=$(grep -c '^[^I]' /proc/net/route); ls /proc | grep -c '^[0-9]'";
@@ -358,6 +368,14 @@ pub fn layers(network: &Network) -> Vec<Layer> {
 /// What `bash -c script`, started through `enter` with the clean environment, printed on its
 /// stdout (blocking until it ended; its stdin and stderr are `/dev/null`).
 fn probe_output(enter: &Enter, script: &str) -> io::Result<Vec<u8>> {
+    probe_output_of(
+        enter,
+        &[std::ffi::OsStr::new("-c"), std::ffi::OsStr::new(script)],
+    )
+}
+
+/// What `bash` with `args` writes to its stdout in `enter`'s sandbox.
+fn probe_output_of(enter: &Enter, args: &[&std::ffi::OsStr]) -> io::Result<Vec<u8>> {
     use std::io::Read;
     use std::os::fd::AsRawFd;
     let null = std::fs::File::open("/dev/null")?;
@@ -366,7 +384,7 @@ fn probe_output(enter: &Enter, script: &str) -> io::Result<Vec<u8>> {
     let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
     let spec = super::spawn::Spec {
         program: "bash",
-        args: &[std::ffi::OsStr::new("-c"), std::ffi::OsStr::new(script)],
+        args,
         cwd: Path::new(WORKSPACE),
         env: &env,
         stdin_piped: false,
@@ -446,6 +464,7 @@ fn network_layer(network: &Network, note: Option<String>, no_route: bool) -> Lay
 /// directory and runs `check` with it and its network note.
 fn with_probe_sandbox<T>(
     network: &Network,
+    spawner: bool,
     check: impl FnOnce(std::sync::Arc<Init>, Option<String>) -> Result<T, InitError>,
 ) -> Result<T, InitError> {
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -461,7 +480,10 @@ fn with_probe_sandbox<T>(
             .map_err(|e| InitError::Prepare(format!("cannot make {}: {e}", d.display())))
     });
     let result = made.and_then(|()| {
-        let (init, note) = start(&workspace, &root, network, None)?;
+        let (mut init, note) = start(&workspace, &root, network, None)?;
+        if spawner {
+            start_spawner(&mut init);
+        }
         let init = std::sync::Arc::new(init);
         let result = check(init.clone(), note);
         if let Ok(init) = std::sync::Arc::try_unwrap(init) {
