@@ -7,9 +7,10 @@
 //!   serve`, what the CLI talks to by default), against one bare `bash -c` process per command.
 //! - `overhead.cli_isolated`: the same with `terminal.local_isolation = namespaces` (each
 //!   command enters its sandbox's namespaces; see `provider::local::isolation`).
-//! - `overhead.cli_isolated_bwrap`: the same isolated commands against a bare `bwrap` sandbox
-//!   (fresh namespaces per command, `--unshare-all`) running the same `bash`, measured in the
-//!   same interleaved run (a missing `bwrap` leaves the row without a baseline, saying so; under
+//! - `overhead.cli_isolated_bwrap`: isolated commands through the same server against a bare
+//!   `bwrap` sandbox (fresh namespaces per command, `--unshare-all`) running the same `bash`,
+//!   in a pass after the `overhead.cli_isolated` pairs (a `bwrap`'s namespace teardown slows
+//!   what runs after it; a missing `bwrap` leaves the row without a baseline, saying so; under
 //!   `CI` it fails the run instead).
 //! - `overhead.first_command_isolated`: a new task's first command (the server creates its
 //!   isolated sandbox: the init and its namespaces, the workspace, the first durable commit)
@@ -628,9 +629,17 @@ fn bwrap_once() -> Result<f64, BenchError> {
     Ok(took)
 }
 
-/// Isolated `taskbox run` processes (a server runs for `home`) against bare `bash -c` ones and,
-/// with `bwrap`, bare `bwrap` ones, in rotating order: the (taskbox, bash) pairs, the disk-sync
-/// probe, and the (taskbox, bwrap) pairs (empty without `bwrap`).
+/// Isolated `taskbox run` processes (a server runs for `home`) against bare `bash -c` ones, then,
+/// with `bwrap`, against bare `bwrap` ones in a pass of their own (each pass alternating which
+/// goes first): the (taskbox, bash) pairs, the disk-sync probe, and the (taskbox, bwrap) pairs
+/// (empty without `bwrap`).
+///
+/// Why two passes: a `bwrap --unshare-all` leaves the kernel tearing its network namespace down
+/// after it exits (a workqueue's, on a 2-CPU machine beside whatever runs next). Interleaved with
+/// the pairs, every `bwrap` slowed the commands measured after it, and the old rotation put the
+/// taskbox command right after one in two of three rounds and the bare shell never: measured
+/// side by side, a warm isolated command took +1.9–2.0 ms over bare `bash -c` with no `bwrap` in
+/// the loop and +2.3 ms with one per round (docs/performance.md, session 34).
 fn cli_isolated(
     exe: &Path,
     home: &Path,
@@ -639,48 +648,26 @@ fn cli_isolated(
 ) -> Result<(Paired, Vec<f64>, Paired), BenchError> {
     let mut probe = DurableProbe::open(&home.join("probe.db"))?;
     let env = [("TASKBOX_SERVER".to_string(), "always".to_string())];
-    let subject = || cli_once(exe, home, &env);
-    let sandboxed = || {
-        if bwrap {
-            bwrap_once().map(Some)
-        } else {
-            Ok(None)
-        }
-    };
+    let mut subject = || cli_once(exe, home, &env);
     for _ in 0..WARMUP {
         subject()?;
         bare_sync()?;
-        sandboxed()?;
     }
     let mut p = Paired::default();
-    let mut b = Paired::default();
     let mut sync = Vec::with_capacity(n);
     for i in 0..n {
-        // Each of the three goes first, second and third in turn.
-        let (s, bare, wrapped) = match i % 3 {
-            0 => {
-                let s = subject()?;
-                let bare = bare_sync()?;
-                (s, bare, sandboxed()?)
-            }
-            1 => {
-                let bare = bare_sync()?;
-                let wrapped = sandboxed()?;
-                (subject()?, bare, wrapped)
-            }
-            _ => {
-                let wrapped = sandboxed()?;
-                let s = subject()?;
-                (s, bare_sync()?, wrapped)
-            }
-        };
-        p.subject.push(s);
-        p.baseline.push(bare);
-        if let Some(w) = wrapped {
-            b.subject.push(s);
-            b.baseline.push(w);
-        }
+        p.take(i, &mut subject, &mut bare_sync)?;
         sync.push(probe.commit_one()?);
+    }
+    let mut b = Paired::default();
+    if bwrap {
+        let mut sandboxed = bwrap_once;
+        for _ in 0..WARMUP {
+            sandboxed()?;
+        }
+        for i in 0..n {
+            b.take(i, &mut subject, &mut sandboxed)?;
+        }
     }
     Ok((p, sync, b))
 }
@@ -692,7 +679,7 @@ fn bwrap_row(b: &Paired) -> Measurement {
         BWRAP_ARGS.join(" ")
     );
     let subject_is =
-        "the `overhead.cli_isolated` commands (`taskbox run` through a server, isolated)";
+        "isolated `taskbox run` commands through the `overhead.cli_isolated` server, in a pass of their own";
     if b.subject.is_empty() {
         return Measurement::new(
             "overhead.cli_isolated_bwrap",
