@@ -305,16 +305,7 @@ impl Init {
 
     /// Sends the init SIGKILL through its pidfd (nothing if it is gone already).
     fn send_kill(&self) {
-        // SAFETY: pidfd_send_signal on our pidfd, no siginfo, no flags.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.pidfd.as_raw_fd(),
-                libc::SIGKILL,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            );
-        }
+        super::sigkill(&self.pidfd);
     }
 
     /// Kills the init and waits until it has exited, which PID 1 of a namespace does only once

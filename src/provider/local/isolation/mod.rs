@@ -246,6 +246,21 @@ pub(super) fn environment<'a>(
     env
 }
 
+/// Sends SIGKILL to the process `pidfd` refers to (nothing if it is gone already).
+fn sigkill(pidfd: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal on a pidfd of ours, no siginfo, no flags.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        );
+    }
+}
+
 /// Starts the process that clones `init`'s commands, with the sandbox's seccomp filter (see
 /// `spawner`; without one, commands enter the sandbox by a helper of their own).
 pub fn start_spawner(init: &mut Init) {

@@ -382,16 +382,7 @@ impl Spawner {
 
     /// Sends it SIGKILL (nothing if it is gone already).
     pub(super) fn kill(&self) {
-        // SAFETY: pidfd_send_signal on our pidfd, no siginfo, no flags.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.pidfd.as_raw_fd(),
-                libc::SIGKILL,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            );
-        }
+        super::sigkill(&self.pidfd);
     }
 }
 
