@@ -467,6 +467,21 @@ fn the_front_links_a_small_share_of_the_engines_relocations() {
     );
 }
 
+/// Neither binary loads `libgcc_s.so` at its start: `build.rs` links the unwinder statically,
+/// and a `DT_NEEDED` entry for it would name the library in the binary.
+#[test]
+fn neither_binary_loads_libgcc_s_at_its_start() {
+    let front = Path::new(env!("CARGO_BIN_EXE_taskbox"));
+    for bin in [front.to_path_buf(), front.with_file_name("taskbox-engine")] {
+        let elf = std::fs::read(&bin).expect("read the binary");
+        assert!(
+            !elf.windows(13).any(|w| w == b"libgcc_s.so.1"),
+            "{} needs libgcc_s.so.1: build.rs should link the unwinder (libgcc_eh) into it",
+            bin.display()
+        );
+    }
+}
+
 /// An ELF64 little-endian executable's `DT_RELACOUNT`: the relative relocations the loader
 /// applies at each start (what `readelf -d` prints as `RELACOUNT`).
 fn relative_relocations(path: &Path) -> u64 {
