@@ -36,7 +36,6 @@ pub struct Enter {
     report: Option<OwnedFd>,
     /// Where the command finds `report` ([`report_fd`]).
     report_fd: RawFd,
-    filter: Option<Vec<libc::sock_filter>>,
 }
 
 /// The descriptor an isolated command gets the report pipe's write end at: [`REPORT_FD`], or
@@ -75,7 +74,6 @@ impl Enter {
             workspace: c(WORKSPACE.as_bytes())?,
             report,
             report_fd: report_fd(),
-            filter: super::seccomp::program(),
         })
     }
 
@@ -243,6 +241,7 @@ impl Enter {
         let cgroup_procs = self.init.cgroups().map_or(&[][..], |c| c.procs());
         let namespaces: Vec<(RawFd, libc::c_int)> = self.init.namespace_fds().collect();
         let stacks = Stacks::take()?;
+        let filter = super::seccomp::filter();
         let shared = Shared {
             exec: Exec {
                 stdio,
@@ -255,11 +254,8 @@ impl Enter {
                 envp: envp_ptrs.as_ptr(),
                 reset_signals: true,
                 no_new_privs: true,
-                filter: self
-                    .filter
-                    .as_ref()
-                    .map_or(std::ptr::null(), |f| f.as_ptr()),
-                filter_len: self.filter.as_ref().map_or(0, |f| f.len() as u16),
+                filter: filter.map_or(std::ptr::null(), |f| f.as_ptr()),
+                filter_len: filter.map_or(0, |f| f.len() as u16),
                 pid: AtomicI32::new(0),
                 step: AtomicU32::new(0),
                 index: AtomicU32::new(0),
@@ -420,11 +416,19 @@ extern "C" fn helper(arg: *mut libc::c_void) -> libc::c_int {
         }
         // The command: the server's child (`CLONE_PARENT`), in the PID namespace just entered;
         // this process waits until it has exec'd or ended (`CLONE_VFORK`).
+        // `CLONE_PARENT_SETTID`: the kernel writes its pid for the server before it runs, so a
+        // helper killed while it waits (the memory limit's killer) leaves no command unknown
+        // (see `spawner`).
         let pid = libc::clone(
             child::command,
             shared.command_stack,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT | libc::SIGCHLD,
+            libc::CLONE_VM
+                | libc::CLONE_VFORK
+                | libc::CLONE_PARENT
+                | libc::CLONE_PARENT_SETTID
+                | libc::SIGCHLD,
             std::ptr::from_ref(exec).cast_mut().cast(),
+            exec.pid.as_ptr(),
         );
         if pid < 0 {
             record(exec, Step::Clone, 0);

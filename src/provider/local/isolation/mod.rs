@@ -264,8 +264,7 @@ fn sigkill(pidfd: &std::os::fd::OwnedFd) {
 /// Starts the process that clones `init`'s commands, with the sandbox's seccomp filter (see
 /// `spawner`; without one, commands enter the sandbox by a helper of their own).
 pub fn start_spawner(init: &mut Init) {
-    let filter = seccomp::program();
-    init.start_spawner(filter.as_deref());
+    init.start_spawner(seccomp::filter());
 }
 
 /// One layer of the isolation, as `taskbox doctor` lists it.

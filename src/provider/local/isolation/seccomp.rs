@@ -82,9 +82,17 @@ fn errno(e: i32) -> u32 {
     libc::SECCOMP_RET_ERRNO | (e as u32 & libc::SECCOMP_RET_DATA)
 }
 
+/// The filter's program (`None`: no filter for this architecture), built once per process:
+/// every sandbox's spawner and every helper installs the same one.
+pub(super) fn filter() -> Option<&'static [libc::sock_filter]> {
+    static PROGRAM: std::sync::OnceLock<Option<Vec<libc::sock_filter>>> =
+        std::sync::OnceLock::new();
+    PROGRAM.get_or_init(program).as_deref()
+}
+
 /// The filter's program (`None`: no filter for this architecture).
 #[cfg(target_arch = "x86_64")]
-pub(super) fn program() -> Option<Vec<libc::sock_filter>> {
+fn program() -> Option<Vec<libc::sock_filter>> {
     // `struct seccomp_data`: nr at 0, arch at 4, args[0] at 16 (its low half, little-endian).
     let mut p = vec![
         stmt(BPF_LD_W_ABS, 4),
@@ -111,6 +119,6 @@ pub(super) fn program() -> Option<Vec<libc::sock_filter>> {
 
 /// The filter's program (`None`: no filter for this architecture).
 #[cfg(not(target_arch = "x86_64"))]
-pub(super) fn program() -> Option<Vec<libc::sock_filter>> {
+fn program() -> Option<Vec<libc::sock_filter>> {
     None
 }

@@ -34,8 +34,11 @@
 //! before a request is seen by the send (the socket's peer closed): nothing started, and the
 //! command is started through the helper instead, as it is whenever the request does not fit
 //! the shared memory. One that dies between the send and its answer (a moment of a few
-//! hundred microseconds) leaves the command's fate unknown unless it recorded the pid: the
-//! command then fails with that said. A stopped sandbox kills its spawner with its init
+//! hundred microseconds) may have cloned the command: the kernel wrote its pid into the shared
+//! `Exec` as it made it (`CLONE_PARENT_SETTID`), so the server adopts it all the same (a
+//! command unknown to the server would never be reaped, and the sandbox's init, which ends only
+//! once every process of its namespace is reaped, would never end); without a pid nothing
+//! started, and the command goes the helper's way. A stopped sandbox kills its spawner with its init
 //! (`Init::stop`), and the spawner exits by itself when the server's end of the socket closes
 //! (the server died): it is not in the sandbox's PID namespace, so the init's end does not end
 //! it. It is in the sandbox's cgroups (the commands it clones are born there): the freezer
@@ -81,7 +84,7 @@ pub(super) enum SpawnError {
     Unavailable,
     /// A step of the command's start failed (as `enter` names it): nothing runs.
     Step { step: u32, index: u32, errno: i32 },
-    /// The spawner ended while it started the command: whether it runs is unknown.
+    /// The spawner answered without a command and without a failed step (it never does).
     Lost(io::Error),
 }
 
@@ -345,12 +348,10 @@ impl Spawner {
         let pid = exec.pid.load(Ordering::SeqCst);
         if !answered {
             *broken = true;
+            // Cloned or not: the kernel wrote the pid as it cloned the command (see `serve`).
             return match u32::try_from(pid).ok().filter(|p| *p > 0) {
                 Some(pid) => Ok(pid),
-                None => Err(SpawnError::Lost(io::Error::other(
-                    "the sandbox's spawner ended while it started the command (it may not have \
-                     started)",
-                ))),
+                None => Err(SpawnError::Unavailable),
             };
         }
         let step = exec.step.load(Ordering::SeqCst);
@@ -599,11 +600,21 @@ unsafe fn child(args: &ChildArgs<'_>) -> ! {
                 (*exec).report = if count == 4 { fds[3] } else { -1 };
                 // The command: the server's child, born in the cgroups and the namespaces;
                 // this process waits until it has exec'd or ended.
+                // `CLONE_PARENT_SETTID`: the kernel writes the command's pid into the shared
+                // `Exec` before the command runs, so the server learns it even if this process
+                // is killed while it waits for the exec (the command then runs on, the
+                // server's child: unknown to it, it would never be reaped, and the sandbox's
+                // init, which ends only once every process of its namespace is reaped, never).
                 let pid = libc::clone(
                     child::command,
                     stack_top,
-                    libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT | libc::SIGCHLD,
+                    libc::CLONE_VM
+                        | libc::CLONE_VFORK
+                        | libc::CLONE_PARENT
+                        | libc::CLONE_PARENT_SETTID
+                        | libc::SIGCHLD,
                     exec.cast(),
+                    (*exec).pid.as_ptr(),
                 );
                 if pid < 0 {
                     child::record(&*exec, Step::Clone, 0);
@@ -654,21 +665,31 @@ mod tests {
                     .expect("UTF-8")
             };
             // Born with the spawner's no_new_privs and filter, in the sandbox's PID namespace
-            // (the init is 1), with the signals a helper's command gets.
+            // (the init is 1, the parent, outside, is 0), with the signals a helper's command
+            // gets.
             let layers = "grep -E '^(NoNewPrivs|Seccomp|Seccomp_filters|SigBlk|SigIgn|SigCgt):' \
-                          /proc/self/status; pwd; ls /proc | grep -c '^[0-9]'";
+                          /proc/self/status; pwd; echo parent=$PPID; cut -d')' -f1 /proc/1/stat";
             let through_spawner = run(layers);
+            let init_stat = std::fs::read_to_string(format!("/proc/{}/stat", init.pid()))
+                .expect("the init's stat");
+            let init_is_1 = format!("1 {}", init_stat.split_once(' ').expect("a stat").1);
+            let init_is_1 = init_is_1.split(')').next().expect("a name");
             for line in [
                 "NoNewPrivs:\t1",
                 "Seccomp:\t2",
                 "Seccomp_filters:\t1",
                 "/workspace",
+                "parent=0",
             ] {
                 assert!(
                     through_spawner.lines().any(|l| l == line),
                     "{line:?} in {through_spawner}"
                 );
             }
+            assert!(
+                through_spawner.lines().any(|l| l == init_is_1),
+                "the sandbox's 1 is its init ({init_is_1}): {through_spawner}"
+            );
             assert_eq!(spawner.started(), 1);
             // A request larger than the memory shared with the spawner: through a helper.
             let big = "x".repeat(100_000);
@@ -694,5 +715,93 @@ mod tests {
             Err(e) if refused(&e) => {}
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// This process's children in the PID namespace `ns` (a `/proc/<pid>/ns/pid` link), its
+    /// init included.
+    fn children_in(ns: &Path) -> Vec<u32> {
+        let me = std::process::id().to_string();
+        let target = std::fs::read_link(ns).ok();
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                let parent = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, r)| r.split_whitespace().nth(1));
+                parent == Some(me.as_str())
+                    && std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok() == target
+            })
+            .collect()
+    }
+
+    /// A spawner killed while it starts a command (a sandbox stopped as a command starts, or
+    /// the memory limit's killer) leaves no command the server does not know of: one it cloned
+    /// is returned to be waited for, whenever the kill lands. An unknown one would never be
+    /// reaped, and the sandbox's init, which ends only once every process of its namespace is
+    /// reaped, would never end (the stop waiting for it with it).
+    #[test]
+    fn a_spawner_killed_as_it_starts_a_command_leaves_no_command_unknown() {
+        let network = Network {
+            mode: LocalNetwork::None,
+            ..Network::default()
+        };
+        let mut unknown = Vec::new();
+        for round in 0..24u64 {
+            let result = with_probe_sandbox(&network, true, |init, _| {
+                let spawner = init.spawner().expect("the sandbox has a spawner");
+                let enter = Enter::new(init.clone(), Path::new(WORKSPACE), None)
+                    .map_err(|e| InitError::Prepare(e.to_string()))?;
+                let ns = std::path::PathBuf::from(format!("/proc/{}/ns/pid", init.pid()));
+                let null = std::fs::File::open("/dev/null").expect("/dev/null");
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&null);
+                let env = [("PATH", OsStr::new("/usr/bin:/bin"))];
+                let spec = super::super::super::spawn::Spec {
+                    program: "bash",
+                    args: &[OsStr::new("-c"), OsStr::new("exit 0")],
+                    cwd: Path::new(WORKSPACE),
+                    env: &env,
+                    stdin_piped: false,
+                };
+                let mut started = Vec::new();
+                std::thread::scope(|scope| {
+                    let killer = scope.spawn(|| {
+                        // A different moment of the spawner's loop each round.
+                        std::thread::sleep(std::time::Duration::from_micros(200 + round * 137));
+                        spawner.kill();
+                    });
+                    // Commands until the spawner is gone, and a few through helpers after.
+                    let mut after = 0;
+                    while after < 3 {
+                        if killer.is_finished() {
+                            after += 1;
+                        }
+                        if let Ok(pid) = enter.start([fd; 3], &spec) {
+                            started.push(pid);
+                        }
+                    }
+                });
+                let leaked: Vec<u32> = children_in(&ns)
+                    .into_iter()
+                    .filter(|pid| *pid != init.pid() && !started.contains(pid))
+                    .collect();
+                for pid in started.iter().chain(&leaked) {
+                    super::super::super::spawn::wait_blocking(*pid);
+                }
+                Ok(leaked)
+            });
+            match result {
+                Ok(leaked) => unknown.extend(leaked),
+                Err(e) if refused(&e) => return,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(
+            unknown.is_empty(),
+            "commands started but never returned: {unknown:?}"
+        );
     }
 }
