@@ -80,15 +80,7 @@ impl LocalProvider {
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
             // Its namespaces, made by its first command (under the lock: one init per sandbox).
             let (init, network_note) = if self.isolation.namespaces() {
-                // A running init is taken as it is; only a new one (its clone, its namespaces'
-                // files, its cgroups) tells tokio that this thread blocks: `block_in_place`
-                // hands the worker to another thread, a wake-up per command otherwise.
-                let (init, note) = match slot.running_init() {
-                    Some(init) => (init, None),
-                    None => super::run_blocking_ref(|| {
-                        self.sandbox_init(&name, &slot, &workspace, &run_dir)
-                    })?,
-                };
+                let (init, note) = self.command_init(&name, &slot, &workspace, &run_dir)?;
                 (Some(init), note)
             } else {
                 (None, None)
@@ -466,6 +458,23 @@ impl LocalProvider {
             Some(note) => out.with_stderr_prefix(note),
             None => out,
         })
+    }
+
+    /// The sandbox's init for a command (see [`LocalProvider::sandbox_init`]). A running one is
+    /// taken as it is; only a new one (its clone, its namespaces' files, its cgroups) tells
+    /// tokio that this thread blocks: `block_in_place` hands the worker to another thread, a
+    /// wake-up per command otherwise.
+    pub(super) fn command_init(
+        &self,
+        name: &SandboxName,
+        slot: &Slot,
+        workspace: &Path,
+        run_dir: &Path,
+    ) -> Result<(std::sync::Arc<isolation::Init>, Option<String>), LocalError> {
+        match slot.running_init() {
+            Some(init) => Ok((init, None)),
+            None => super::run_blocking_ref(|| self.sandbox_init(name, slot, workspace, run_dir)),
+        }
     }
 
     /// The init holding the sandbox's namespaces: the running one, or a new one (its first
