@@ -128,6 +128,40 @@ fn stat_fields(pid: u32) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Each host process in process group `pgid` or whose parent is `pgid`: its pid, its
+/// `/proc/<pid>/stat` fields, where it sleeps, and its signal masks.
+fn group_state(pgid: u32) -> String {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return "(no /proc)".into();
+    };
+    let mut lines = Vec::new();
+    for pid in procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    {
+        let fields = stat_fields(pid);
+        let related = [fields.get(1), fields.get(2)]
+            .iter()
+            .any(|f| f.map(String::as_str) == Some(pgid.to_string().as_str()));
+        if !related {
+            continue;
+        }
+        let wchan = fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let signals: Vec<&str> = status
+            .lines()
+            .filter(|l| l.starts_with("Sig") || l.starts_with("ShdPnd"))
+            .collect();
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        lines.push(format!(
+            "{pid} {:?} wchan={wchan} {signals:?} {}",
+            &fields[..fields.len().min(6)],
+            String::from_utf8_lossy(&cmdline).replace('\0', " ")
+        ));
+    }
+    lines.join("\n")
+}
+
 /// An isolated command's shell is the server's own child (no copy of the server waits between
 /// them, see `isolation::enter`), leads its own process group, and starts with no signal
 /// blocked and `SIGPIPE` at its default (though the server ignores it); a signal to its group
@@ -176,10 +210,16 @@ async fn an_isolated_command_is_the_servers_own_child() {
     unsafe {
         libc::killpg(shell as libc::pid_t, libc::SIGTERM);
     }
-    let out = tokio::time::timeout(Duration::from_secs(20), running)
-        .await
-        .expect("the command ends on the signal")
-        .expect("the command's task");
+    let mut running = running;
+    let Ok(out) = tokio::time::timeout(Duration::from_secs(20), &mut running).await else {
+        // What still runs, for a failure that says why (the shell, what it started).
+        panic!(
+            "the command did not end on the signal in 20 s; its group and the shell's \
+             children:\n{}",
+            group_state(shell)
+        );
+    };
+    let out = out.expect("the command's task");
     assert_eq!(out.exit_code, 128 + libc::SIGTERM, "{out:?}");
 }
 
