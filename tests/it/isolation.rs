@@ -1071,10 +1071,15 @@ mod network {
             "one pasta for the sandbox"
         );
         env.provider.stop_sandbox(&id).await.expect("stop");
+        // Killed by the stop, reaped beside it (its exit takes tens of milliseconds).
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !processes_with(&marker).is_empty() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert_eq!(
             processes_with(&marker),
             Vec::<u32>::new(),
-            "pasta outlived its sandbox's stop"
+            "pasta outlived its sandbox's stop by 5 s"
         );
         drop((loopback, outside));
     }
