@@ -49,7 +49,7 @@ impl LocalProvider {
         for dir in [&workspace, &run_dir] {
             fs::create_dir_all(dir).map_err(LocalError::io("create directory", dir))?;
         }
-        let (init, _note) = self.command_init(&name, &slot, &workspace, &run_dir)?;
+        let (init, _note) = self.sandbox_init(&name, &slot, &workspace, &run_dir)?;
         let enter = isolation::Enter::new(init, cwd, None).map_err(|source| LocalError::Spawn {
             sandbox: name.name.clone(),
             source,

@@ -80,7 +80,7 @@ impl LocalProvider {
             slot.deadline.store(meta.deadline, Ordering::SeqCst);
             // Its namespaces, made by its first command (under the lock: one init per sandbox).
             let (init, network_note) = if self.isolation.namespaces() {
-                let (init, note) = self.command_init(&name, &slot, &workspace, &run_dir)?;
+                let (init, note) = self.sandbox_init(&name, &slot, &workspace, &run_dir)?;
                 (Some(init), note)
             } else {
                 (None, None)
@@ -460,26 +460,12 @@ impl LocalProvider {
         })
     }
 
-    /// The sandbox's init for a command (see [`LocalProvider::sandbox_init`]). A running one is
-    /// taken as it is; only a new one (its clone, its namespaces' files, its cgroups) tells
-    /// tokio that this thread blocks: `block_in_place` hands the worker to another thread, a
-    /// wake-up per command otherwise.
-    pub(super) fn command_init(
-        &self,
-        name: &SandboxName,
-        slot: &Slot,
-        workspace: &Path,
-        run_dir: &Path,
-    ) -> Result<(std::sync::Arc<isolation::Init>, Option<String>), LocalError> {
-        match slot.running_init() {
-            Some(init) => Ok((init, None)),
-            None => super::run_blocking_ref(|| self.sandbox_init(name, slot, workspace, run_dir)),
-        }
-    }
-
     /// The init holding the sandbox's namespaces: the running one, or a new one (its first
     /// command in this process, or one after a stop), with the note its command must print
-    /// when its network fell back to loopback only. The caller holds the slot's lock.
+    /// when its network fell back to loopback only. The caller holds the slot's lock. A running
+    /// one is taken as it is; only a new one (its clone, its namespaces' files, its cgroups)
+    /// tells tokio that this thread blocks: `block_in_place` hands the worker to another
+    /// thread, a wake-up per command otherwise.
     pub(super) fn sandbox_init(
         &self,
         name: &SandboxName,
@@ -487,55 +473,60 @@ impl LocalProvider {
         workspace: &Path,
         run_dir: &Path,
     ) -> Result<(std::sync::Arc<isolation::Init>, Option<String>), LocalError> {
-        let mut held = super::lock(&slot.init);
-        if let Some(init) = held.as_ref().filter(|i| i.alive()) {
-            return Ok((init.clone(), None));
+        if let Some(init) = slot.running_init() {
+            return Ok((init, None));
         }
-        let isolate = |source| LocalError::Isolation {
-            sandbox: name.name.clone(),
-            source,
-        };
-        // Its limits, in cgroups of this init's own (a previous init's, ended, may still be
-        // being removed). Where no hierarchy allows them, doctor shows the ✗ and why.
-        let cgroups = match isolation::limits_support() {
-            Ok(_) => {
-                let dir = workspace.parent().unwrap_or(workspace);
-                let cg = format!(
-                    "{}{}-{}",
-                    isolation::LIMITS_PREFIX,
-                    super::cgroup::name(dir, &name.name),
-                    self.unique()
-                );
-                Some(
-                    isolation::Cgroups::make(&cg, self.isolation.limits)
-                        .map_err(|e| isolate(isolation::InitError::Prepare(e)))?,
-                )
+        super::run_blocking_ref(|| {
+            let mut held = super::lock(&slot.init);
+            if let Some(init) = held.as_ref().filter(|i| i.alive()) {
+                return Ok((init.clone(), None));
             }
-            Err(why) => {
-                tracing::warn!(sandbox = %name.name, reason = %why,
-                    "the sandbox runs without cpu, memory and process limits");
-                None
-            }
-        };
-        let alias = self.isolation.workspace_alias.as_deref();
-        let (mut init, note) =
-            match isolation::start(workspace, run_dir, &self.isolation.network, alias) {
-                Ok(started) => started,
-                Err(e) => {
-                    if let Some(cg) = cgroups {
-                        cg.remove();
-                    }
-                    return Err(isolate(e));
+            let isolate = |source| LocalError::Isolation {
+                sandbox: name.name.clone(),
+                source,
+            };
+            // Its limits, in cgroups of this init's own (a previous init's, ended, may still be
+            // being removed). Where no hierarchy allows them, doctor shows the ✗ and why.
+            let cgroups = match isolation::limits_support() {
+                Ok(_) => {
+                    let dir = workspace.parent().unwrap_or(workspace);
+                    let cg = format!(
+                        "{}{}-{}",
+                        isolation::LIMITS_PREFIX,
+                        super::cgroup::name(dir, &name.name),
+                        self.unique()
+                    );
+                    Some(
+                        isolation::Cgroups::make(&cg, self.isolation.limits)
+                            .map_err(|e| isolate(isolation::InitError::Prepare(e)))?,
+                    )
+                }
+                Err(why) => {
+                    tracing::warn!(sandbox = %name.name, reason = %why,
+                        "the sandbox runs without cpu, memory and process limits");
+                    None
                 }
             };
-        if let Some(cg) = cgroups {
-            init.set_cgroups(cg);
-        }
-        isolation::start_spawner(&mut init);
-        tracing::debug!(sandbox = %name.name, init = init.pid(), "made the sandbox's namespaces");
-        let init = std::sync::Arc::new(init);
-        *held = Some(init.clone());
-        Ok((init, note))
+            let alias = self.isolation.workspace_alias.as_deref();
+            let (mut init, note) =
+                match isolation::start(workspace, run_dir, &self.isolation.network, alias) {
+                    Ok(started) => started,
+                    Err(e) => {
+                        if let Some(cg) = cgroups {
+                            cg.remove();
+                        }
+                        return Err(isolate(e));
+                    }
+                };
+            if let Some(cg) = cgroups {
+                init.set_cgroups(cg);
+            }
+            isolation::start_spawner(&mut init);
+            tracing::debug!(sandbox = %name.name, init = init.pid(), "made the sandbox's namespaces");
+            let init = std::sync::Arc::new(init);
+            *held = Some(init.clone());
+            Ok((init, note))
+        })
     }
 
     /// Stores `rel` as the next command's starting directory, unless the sandbox was replaced

@@ -434,7 +434,6 @@ extern "C" fn helper(arg: *mut libc::c_void) -> libc::c_int {
             record(exec, Step::Clone, 0);
             return 1;
         }
-        exec.pid.store(pid, Ordering::SeqCst);
         0
     }
 }

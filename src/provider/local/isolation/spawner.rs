@@ -618,8 +618,6 @@ unsafe fn child(args: &ChildArgs<'_>) -> ! {
                 );
                 if pid < 0 {
                     child::record(&*exec, Step::Clone, 0);
-                } else {
-                    (*exec).pid.store(pid, Ordering::SeqCst);
                 }
             } else {
                 *libc::__errno_location() = libc::EBADF;
